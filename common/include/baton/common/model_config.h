@@ -1,0 +1,59 @@
+// The CED model configuration (DESIGN section 2), read from a Hugging Face style config.json.
+//
+// A ModelConfig that came out of ParseModelConfig or ValidateModelConfig is consistent: every
+// size is positive, the boundary P lies in [1, N), heads divide evenly, head_dim is even (RoPE
+// rotates halves). Code further down may rely on that and does not re-check.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include "absl/strings/string_view.h"
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace baton {
+
+struct ModelConfig {
+  int64_t vocab_size = 0;            // V
+  int64_t hidden_size = 0;           // d
+  int64_t intermediate_size = 0;     // I
+  int64_t num_hidden_layers = 0;     // N
+  int64_t n_prefill_layer = 0;       // P: first consumer layer, the boundary
+  int64_t num_attention_heads = 0;   // H
+  int64_t num_key_value_heads = 0;   // Hkv
+  int64_t head_dim = 0;              // hd
+  int64_t sliding_window = 0;        // W
+  int64_t max_backtrack = 5;         // ring capacity C = W + max_backtrack + 1
+  int64_t kv_block_size = 0;         // B
+  double rms_norm_eps = 1e-6;
+  double rope_theta = 10000.0;
+  bool tie_word_embeddings = false;
+  bool yoco_swa_share_hidden = false;
+  int64_t bos_token_id = 0;
+  int64_t eos_token_id = 0;
+
+  // D = N - P consumer layers (the boundary layer is the first of them, seed 9.2.1).
+  int64_t num_consumer_layers() const { return num_hidden_layers - n_prefill_layer; }
+  int64_t num_producer_layers() const { return n_prefill_layer; }
+  // C = W + max_backtrack + 1: slots in every SWA ring (134 for W = 128).
+  int64_t ring_capacity() const { return sliding_window + max_backtrack + 1; }
+  // R = W + (D - 1)(W - 1): the consumer SWA dependency span (seed equation 9.1).
+  int64_t dependency_span() const {
+    return sliding_window + (num_consumer_layers() - 1) * (sliding_window - 1);
+  }
+};
+
+// Checks the invariants stated in the file comment; the message names the field and what is
+// allowed.
+absl::Status ValidateModelConfig(const ModelConfig& config);
+
+// Parses config.json text. Unknown keys are ignored (Hugging Face configs carry many);
+// missing required keys and wrong types are errors naming the key.
+absl::StatusOr<ModelConfig> ParseModelConfig(absl::string_view json_text);
+absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& path);
+
+// The canonical config.json text (sorted keys), used for writing models and fingerprints.
+std::string ModelConfigToJson(const ModelConfig& config);
+
+}  // namespace baton

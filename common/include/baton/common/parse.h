@@ -1,0 +1,16 @@
+// Parsing of user-supplied text (command-line lists), with errors that name the field.
+#pragma once
+
+#include <cstdint>
+#include "absl/strings/string_view.h"
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace baton {
+
+// Parses "1,2,3" into integers. `field` names the input in error messages, e.g. "--chunks".
+// Empty items, non-numbers and values out of int64 range are errors.
+absl::StatusOr<std::vector<int64_t>> ParseIntList(absl::string_view text, absl::string_view field);
+
+}  // namespace baton

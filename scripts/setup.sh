@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# One-command set-up: installs the Debian 12 packages baton needs (as root, idempotent) and
+# builds everything into build/. Run from anywhere; re-running only rebuilds what changed.
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+build_dir="${BATON_BUILD_DIR:-$root/build}"
+
+packages=(
+  build-essential cmake ninja-build pkg-config git
+  libgrpc++-dev protobuf-compiler-grpc protobuf-compiler libprotobuf-dev
+  librocksdb-dev libucx-dev ucx-utils libabsl-dev
+  libgtest-dev libgmock-dev libbenchmark-dev
+  nlohmann-json3-dev libcli11-dev libopenblas-dev libssl-dev libspdlog-dev
+  prometheus-cpp-dev
+)
+
+missing=()
+for package in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$package")
+  fi
+done
+if ((${#missing[@]} > 0)); then
+  echo "setup: installing ${missing[*]}"
+  sudo_cmd=()
+  if [[ $(id -u) -ne 0 ]]; then sudo_cmd=(sudo); fi
+  "${sudo_cmd[@]}" apt-get update
+  DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y --no-install-recommends \
+    "${missing[@]}"
+else
+  echo "setup: all ${#packages[@]} Debian packages present"
+fi
+
+cmake -G Ninja -S "$root" -B "$build_dir" \
+  -DCMAKE_BUILD_TYPE="${CMAKE_BUILD_TYPE:-RelWithDebInfo}" \
+  -DBATON_WITH_CUDA="${BATON_WITH_CUDA:-AUTO}"
+cmake --build "$build_dir" -j "${BATON_JOBS:-2}"
+echo "setup: built into $build_dir"

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Runs baton's whole test suite (unit, CLI and multi-process e2e tests) with ctest.
+# Exits non-zero on any failure. Extra arguments go to ctest, e.g. `scripts/test.sh -L unit`.
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+build_dir="${BATON_BUILD_DIR:-$root/build}"
+
+if [[ ! -f "$build_dir/CMakeCache.txt" ]]; then
+  echo "test: no build in $build_dir; run scripts/setup.sh first" >&2
+  exit 1
+fi
+cmake --build "$build_dir" -j "${BATON_JOBS:-2}"
+ctest --test-dir "$build_dir" --output-on-failure -j "${BATON_JOBS:-2}" "$@"

@@ -1,0 +1,92 @@
+#include "baton/common/model_config.h"
+
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+
+namespace baton {
+namespace {
+
+using ::testing::HasSubstr;
+
+nlohmann::json TinyConfigJson() {
+  return {{"vocab_size", 512},        {"hidden_size", 128},        {"intermediate_size", 384},
+          {"num_hidden_layers", 8},   {"n_prefill_layer", 4},      {"num_attention_heads", 4},
+          {"num_key_value_heads", 1}, {"head_dim", 32},            {"sliding_window", 16},
+          {"kv_block_size", 16},      {"rms_norm_eps", 1e-5},      {"rope_theta", 10000.0},
+          {"tie_word_embeddings", true}, {"bos_token_id", 1},      {"eos_token_id", 2}};
+}
+
+TEST(ModelConfigTest, ParsesAndDerivesGroupSizes) {
+  auto config = ParseModelConfig(TinyConfigJson().dump());
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->num_producer_layers(), 4);
+  EXPECT_EQ(config->num_consumer_layers(), 4);
+  EXPECT_EQ(config->max_backtrack, 5);  // default
+  EXPECT_EQ(config->ring_capacity(), 22);
+  EXPECT_EQ(config->dependency_span(), 16 + 3 * 15);
+  EXPECT_TRUE(config->tie_word_embeddings);
+  EXPECT_FALSE(config->yoco_swa_share_hidden);
+}
+
+TEST(ModelConfigTest, RoundTripsThroughCanonicalJson) {
+  auto config = ParseModelConfig(TinyConfigJson().dump());
+  ASSERT_TRUE(config.ok());
+  auto again = ParseModelConfig(ModelConfigToJson(*config));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(ModelConfigToJson(*again), ModelConfigToJson(*config));
+}
+
+struct BadConfigCase {
+  const char* key;
+  nlohmann::json value;  // null: remove the key
+  const char* message;
+};
+
+TEST(ModelConfigTest, RejectsInconsistentConfigsNamingTheField) {
+  const BadConfigCase cases[] = {
+      {"hidden_size", nullptr, "'hidden_size' is missing"},
+      {"n_prefill_layer", 0, "'n_prefill_layer' is 0; it must lie in [1, num_hidden_layers)"},
+      {"n_prefill_layer", 8, "'n_prefill_layer' is 8"},
+      {"num_key_value_heads", 3, "'num_key_value_heads' is 3; it must divide"},
+      {"head_dim", 31, "'head_dim' is 31; it must be even"},
+      {"sliding_window", 0, "'sliding_window' is 0; it must be >= 1"},
+      {"vocab_size", "512", "'vocab_size' must be an integer"},
+      {"rms_norm_eps", 0.0, "'rms_norm_eps'"},
+      {"tie_word_embeddings", 1, "'tie_word_embeddings' must be true or false"},
+      {"eos_token_id", 512, "'eos_token_id' is 512; it must lie in [0, vocab_size)"},
+      {"max_backtrack", -1, "'max_backtrack' is -1"},
+  };
+  for (const BadConfigCase& c : cases) {
+    nlohmann::json json = TinyConfigJson();
+    if (c.value.is_null()) {
+      json.erase(c.key);
+    } else {
+      json[c.key] = c.value;
+    }
+    auto config = ParseModelConfig(json.dump());
+    ASSERT_FALSE(config.ok()) << c.key;
+    EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(config.status().message(), HasSubstr(c.message));
+  }
+}
+
+TEST(ModelConfigTest, RejectsTextThatIsNotAJsonObject) {
+  for (const char* bad : {"", "[1,2]", "{\"vocab_size\": ", "null"}) {
+    auto config = ParseModelConfig(bad);
+    ASSERT_FALSE(config.ok()) << bad;
+    EXPECT_THAT(config.status().message(), HasSubstr("not a JSON object"));
+  }
+}
+
+TEST(ModelConfigTest, MissingFileIsNotFound) {
+  auto config = LoadModelConfig("/nonexistent/config.json");
+  ASSERT_FALSE(config.ok());
+  EXPECT_EQ(config.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(config.status().message(), HasSubstr("/nonexistent/config.json"));
+}
+
+}  // namespace
+}  // namespace baton

@@ -1,0 +1,145 @@
+// `batonctl plan` run as a process: its JSON, its seed tables, and exit status 2 with a clear
+// message for bad input.
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+
+struct Result {
+  int exit_status = -1;
+  std::string out;
+  std::string err;
+};
+
+Result RunBatonctl(const std::string& args) {
+  const std::string err_path = ::testing::TempDir() + "/batonctl_stderr.txt";
+  const std::string command = std::string(BATONCTL_PATH) + " " + args + " 2>" + err_path;
+  Result result;
+  FILE* pipe = popen(command.c_str(), "r");
+  if (pipe == nullptr) return result;
+  std::array<char, 4096> buffer;
+  size_t n;
+  while ((n = fread(buffer.data(), 1, buffer.size(), pipe)) > 0) result.out.append(buffer.data(), n);
+  const int status = pclose(pipe);
+  result.exit_status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  std::ifstream err(err_path);
+  std::stringstream text;
+  text << err.rdbuf();
+  result.err = text.str();
+  return result;
+}
+
+TEST(BatonctlPlanTest, JsonHasThePlanAndEstimate) {
+  const Result r = RunBatonctl("plan --prompt-len 12 --keep 4 --mode compact --window 3 "
+                               "--max-backtrack 0 --json");
+  ASSERT_EQ(r.exit_status, 0) << r.err;
+  const auto json = nlohmann::json::parse(r.out);
+  EXPECT_EQ(json["ring_capacity"], 4);
+  EXPECT_EQ(json["total_consumer_rows"], 4);
+  EXPECT_EQ(json["total_swa_pairs"], 9);
+  ASSERT_EQ(json["chunks"].size(), 1u);
+  const auto& chunk = json["chunks"][0];
+  EXPECT_EQ(chunk["q_start"], 0);
+  EXPECT_EQ(chunk["q_len"], 12);
+  EXPECT_EQ(chunk["clip_prefix"], 8);
+  EXPECT_EQ(chunk["consumer_rows"], 4);
+  EXPECT_EQ(chunk["swa_pairs"], 9);
+  EXPECT_EQ(chunk["consumer_positions"], nlohmann::json({8, 9, 10, 11}));
+  EXPECT_EQ(chunk["swa_lo"], nlohmann::json({8, 8, 8, 9}));
+  EXPECT_EQ(chunk["consumer_slots"], nlohmann::json({0, 1, 2, 3}));
+}
+
+TEST(BatonctlPlanTest, ChunksAndChunkSizeTileFromValidStart) {
+  Result r = RunBatonctl("plan --prompt-len 1024 --keep 140 --mode compact --window 128 "
+                         "--chunks 256,256,256,256 --json");
+  ASSERT_EQ(r.exit_status, 0) << r.err;
+  auto json = nlohmann::json::parse(r.out);
+  EXPECT_EQ(json["total_consumer_rows"], 143);
+  EXPECT_EQ(json["ring_capacity"], 134);
+
+  r = RunBatonctl("plan --prompt-len 1000 --window 16 --chunk-size 300 --valid-start 100 --json");
+  ASSERT_EQ(r.exit_status, 0) << r.err;
+  json = nlohmann::json::parse(r.out);
+  ASSERT_EQ(json["chunks"].size(), 3u);
+  EXPECT_EQ(json["chunks"][0]["q_start"], 100);
+  EXPECT_EQ(json["chunks"][2]["q_len"], 300);
+  EXPECT_EQ(json["chunks"][0]["swa_lo"][0], 100);
+  EXPECT_EQ(json["total_consumer_rows"], 900);
+}
+
+TEST(BatonctlPlanTest, ModelConfigAddsFlops) {
+  const std::string path = ::testing::TempDir() + "/plan_config.json";
+  std::ofstream(path) << R"({"vocab_size": 512, "hidden_size": 128, "intermediate_size": 384,
+    "num_hidden_layers": 8, "n_prefill_layer": 4, "num_attention_heads": 4,
+    "num_key_value_heads": 1, "head_dim": 32, "sliding_window": 16, "kv_block_size": 16})";
+  const Result off = RunBatonctl("plan --prompt-len 512 --window 16 --json --model-config " + path);
+  ASSERT_EQ(off.exit_status, 0) << off.err;
+  const Result compact = RunBatonctl("plan --prompt-len 512 --window 16 --mode compact --keep 22 "
+                                     "--json --model-config " + path);
+  ASSERT_EQ(compact.exit_status, 0) << compact.err;
+  const auto off_json = nlohmann::json::parse(off.out);
+  const auto compact_json = nlohmann::json::parse(compact.out);
+  EXPECT_EQ(off_json["layer_rows"], 8 * 512);
+  EXPECT_EQ(compact_json["layer_rows"], 4 * 512 + 4 * 22);
+  EXPECT_LT(compact_json["flops"]["total"].get<double>(), off_json["flops"]["total"].get<double>());
+}
+
+TEST(BatonctlPlanTest, SeedTablesMatchTheSeedLayout) {
+  const Result r = RunBatonctl("plan --seed-tables");
+  ASSERT_EQ(r.exit_status, 0) << r.err;
+  for (const char* line : {"short         2/ 3    2/ 3    2/ 3\n",
+                           "long         12/33   12/ 9    4/ 9\n",
+                           "clipped       4/ 9    4/ 0    1/ 0\n",
+                           "crossing      4/12    4/ 3    2/ 3\n",
+                           "valid-start   2/ 3    2/ 3    2/ 3\n",
+                           "total consumer rows: 143 (one 1024-row chunk: 140)\n",
+                           "    64             2560                2560   1.0000\n",
+                           "  1024            40960               23280   0.5684\n",
+                           " 16384           655360              330480   0.5043\n"}) {
+    EXPECT_THAT(r.out, HasSubstr(line));
+  }
+}
+
+struct BadArgs {
+  const char* args;
+  const char* message;
+};
+
+TEST(BatonctlPlanTest, BadInputExitsTwoWithAClearMessage) {
+  const BadArgs cases[] = {
+      {"plan --prompt-len 12 --keep 3 --mode compact --window 3 --max-backtrack 0",
+       "keep K is 3 with truncation mode 'compact'; it must be >= the ring capacity"},
+      {"plan --prompt-len 0 --window 3", "prompt length L is 0"},
+      {"plan --prompt-len 12 --window 3 --chunks 4,4", "chunks: lengths sum to 8"},
+      {"plan --prompt-len 12 --window 3 --chunks 4,x,4", "--chunks: 'x' is not an integer"},
+      {"plan --prompt-len 12 --window 3 --valid-start 12", "s_valid is 12"},
+      {"plan --prompt-len 12 --window 3 --mode fast", "--mode: 'fast' is not a truncation mode"},
+      {"plan --prompt-len 12 --window 3 --chunk-size 0", "--chunk-size: chunk size is 0"},
+      {"plan --prompt-len twelve --window 3", "--prompt-len"},
+      {"plan --window 3", "--prompt-len is required"},
+      {"plan --prompt-len 12 --window 3 --chunk-size 4 --chunks 4,8", "excludes"},
+      {"plan --prompt-len 12 --window 3 --model-config /nonexistent.json",
+       "cannot open model config '/nonexistent.json'"},
+      {"frobnicate", "frobnicate"},
+  };
+  for (const BadArgs& c : cases) {
+    const Result r = RunBatonctl(c.args);
+    EXPECT_EQ(r.exit_status, 2) << c.args;
+    EXPECT_THAT(r.err, HasSubstr(c.message)) << c.args;
+    EXPECT_THAT(r.out, IsEmpty()) << c.args;
+  }
+}
+
+}  // namespace

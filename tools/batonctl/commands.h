@@ -1,0 +1,30 @@
+// batonctl's subcommands. Each Add*Command registers a subcommand and its options on the app
+// and returns it with a runner that main calls when that subcommand was chosen. Runners
+// return the process exit status: 0 on success, 2 on bad input (message on stderr), 1 on
+// other failures.
+#pragma once
+
+#include <functional>
+#include "absl/strings/string_view.h"
+
+#include "CLI/CLI.hpp"
+#include "absl/status/status.h"
+
+namespace baton::tools {
+
+struct Command {
+  CLI::App* subcommand = nullptr;
+  std::function<int()> run;
+};
+
+Command AddPlanCommand(CLI::App& app);
+
+inline constexpr int kExitOk = 0;
+inline constexpr int kExitFailure = 1;
+inline constexpr int kExitBadInput = 2;
+
+// Prints "batonctl <command>: error: <message>" and returns the matching exit status:
+// kExitBadInput for INVALID_ARGUMENT / OUT_OF_RANGE / NOT_FOUND, kExitFailure otherwise.
+int ReportError(absl::string_view command, const absl::Status& status);
+
+}  // namespace baton::tools
