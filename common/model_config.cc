@@ -82,13 +82,13 @@ absl::Status ValidateModelConfig(const ModelConfig& c) {
                      "; it must lie in [1, num_hidden_layers) = [1, ", c.num_hidden_layers, ")"));
   }
   if (c.num_attention_heads % c.num_key_value_heads != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "config field 'num_key_value_heads' is ", c.num_key_value_heads,
-        "; it must divide num_attention_heads (", c.num_attention_heads, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("config field 'num_key_value_heads' is ", c.num_key_value_heads,
+                     "; it must divide num_attention_heads (", c.num_attention_heads, ")"));
   }
   if (c.head_dim % 2 != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "config field 'head_dim' is ", c.head_dim, "; it must be even (RoPE rotates halves)"));
+    return absl::InvalidArgumentError(absl::StrCat("config field 'head_dim' is ", c.head_dim,
+                                                   "; it must be even (RoPE rotates halves)"));
   }
   if (absl::Status s = RequireAtLeast("max_backtrack", c.max_backtrack, 0); !s.ok()) return s;
   if (!(c.rms_norm_eps > 0)) {
@@ -139,14 +139,15 @@ absl::StatusOr<ModelConfig> ParseModelConfig(absl::string_view json_text) {
     if (absl::Status s = ReadInt(json, f.key, f.fallback, f.out); !s.ok()) return s;
   }
   // Hugging Face defaults: one KV head per query head, head_dim = hidden_size / heads.
-  if (absl::Status s = ReadInt(json, "num_key_value_heads", std::max<int64_t>(c.num_attention_heads, 0),
-                               &c.num_key_value_heads);
+  if (absl::Status s = ReadInt(json, "num_key_value_heads",
+                               std::max<int64_t>(c.num_attention_heads, 0), &c.num_key_value_heads);
       !s.ok()) {
     return s;
   }
   const int64_t default_head_dim =
       c.num_attention_heads > 0 ? c.hidden_size / c.num_attention_heads : 0;
-  if (absl::Status s = ReadInt(json, "head_dim", std::max<int64_t>(default_head_dim, 0), &c.head_dim);
+  if (absl::Status s =
+          ReadInt(json, "head_dim", std::max<int64_t>(default_head_dim, 0), &c.head_dim);
       !s.ok()) {
     return s;
   }

@@ -50,8 +50,7 @@ ChunkPlan PlanChunk(const TruncationSpec& spec, int64_t q_start, int64_t q_len) 
     chunk.consumer_slots.push_back(writes ? static_cast<int32_t>(pos % capacity) : -1);
   }
   for (int64_t pos = q_start; pos < k; ++pos) {
-    chunk.producer_slots.push_back(k - pos <= capacity ? static_cast<int32_t>(pos % capacity)
-                                                       : -1);
+    chunk.producer_slots.push_back(k - pos <= capacity ? static_cast<int32_t>(pos % capacity) : -1);
   }
   chunk.work = EstimateChunkWork(spec, q_start, q_len);
   return chunk;
@@ -96,11 +95,11 @@ absl::StatusOr<TruncationPlan> BuildTruncationPlan(const PlanRequest& request) {
 
 std::string DescribePlan(const TruncationPlan& plan) {
   const TruncationSpec& spec = plan.spec;
-  std::string out = absl::StrCat(
-      "prompt_len L=", spec.prompt_len, " keep K=", spec.keep, " mode=",
-      TruncationModeName(spec.mode), " window W=", spec.window, " max_backtrack=",
-      spec.max_backtrack, " ring_capacity C=", plan.ring_capacity, " s_keep=", spec.s_keep(),
-      " s_valid=", spec.s_valid, "\n");
+  std::string out =
+      absl::StrCat("prompt_len L=", spec.prompt_len, " keep K=", spec.keep,
+                   " mode=", TruncationModeName(spec.mode), " window W=", spec.window,
+                   " max_backtrack=", spec.max_backtrack, " ring_capacity C=", plan.ring_capacity,
+                   " s_keep=", spec.s_keep(), " s_valid=", spec.s_valid, "\n");
   for (size_t i = 0; i < plan.chunks.size(); ++i) {
     const ChunkPlan& c = plan.chunks[i];
     absl::StrAppend(&out, "chunk ", i, ": rows [", c.q_start, ", ", c.q_start + c.q_len,

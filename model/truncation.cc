@@ -18,7 +18,8 @@ absl::string_view TruncationModeName(TruncationMode mode) {
   return "unknown";
 }
 
-absl::StatusOr<TruncationMode> ParseTruncationMode(absl::string_view text, absl::string_view field) {
+absl::StatusOr<TruncationMode> ParseTruncationMode(absl::string_view text,
+                                                   absl::string_view field) {
   if (text == "off") return TruncationMode::kOff;
   if (text == "mask") return TruncationMode::kMask;
   if (text == "compact") return TruncationMode::kCompact;
@@ -30,7 +31,9 @@ int64_t TruncationSpec::s_keep() const {
   return truncated() ? std::max<int64_t>(0, prompt_len - keep) : 0;
 }
 
-int64_t TruncationSpec::retained_begin() const { return truncated() ? prompt_len - keep : 0; }
+int64_t TruncationSpec::retained_begin() const {
+  return truncated() ? prompt_len - keep : 0;
+}
 
 int64_t TruncationSpec::swa_lower_bound(int64_t pos) const {
   const int64_t lo = std::max({pos - window + 1, s_keep(), s_valid});
@@ -47,16 +50,15 @@ absl::Status ValidateTruncationSpec(const TruncationSpec& spec) {
                                                    "; it must lie in [1, ", kMaxPromptLen, "]"));
   }
   if (spec.window < 1 || spec.window > kMaxPromptLen) {
-    return absl::InvalidArgumentError(absl::StrCat("window W is ", spec.window,
-                                                   "; it must lie in [1, ", kMaxPromptLen, "]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("window W is ", spec.window, "; it must lie in [1, ", kMaxPromptLen, "]"));
   }
   if (spec.max_backtrack < 0 || spec.max_backtrack > kMaxPromptLen) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "max_backtrack is ", spec.max_backtrack, "; it must lie in [0, ", kMaxPromptLen, "]"));
+    return absl::InvalidArgumentError(absl::StrCat("max_backtrack is ", spec.max_backtrack,
+                                                   "; it must lie in [0, ", kMaxPromptLen, "]"));
   }
   if (spec.keep < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("keep K is ", spec.keep, "; it must be >= 0"));
+    return absl::InvalidArgumentError(absl::StrCat("keep K is ", spec.keep, "; it must be >= 0"));
   }
   if (spec.truncated() && spec.keep < spec.ring_capacity()) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -65,9 +67,8 @@ absl::Status ValidateTruncationSpec(const TruncationSpec& spec) {
         " (or use mode 'off')"));
   }
   if (spec.s_valid < 0 || spec.s_valid >= spec.prompt_len) {
-    return absl::InvalidArgumentError(absl::StrCat("s_valid is ", spec.s_valid,
-                                                   "; it must lie in [0, L) = [0, ",
-                                                   spec.prompt_len, ")"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "s_valid is ", spec.s_valid, "; it must lie in [0, L) = [0, ", spec.prompt_len, ")"));
   }
   return absl::OkStatus();
 }

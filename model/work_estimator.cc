@@ -30,8 +30,7 @@ ChunkWork EstimateChunkWork(const TruncationSpec& spec, int64_t q_start, int64_t
       SwaPrefixPairs(std::max<int64_t>(0, work.consumer_begin - swa_start), spec.window);
   // Row i sees block-KV keys 0..i: sum of (i + 1) over [begin, k).
   work.global_pairs = (k * (k + 1) - work.consumer_begin * (work.consumer_begin + 1)) / 2;
-  work.producer_swa_pairs =
-      SwaPrefixPairs(k, spec.window) - SwaPrefixPairs(q_start, spec.window);
+  work.producer_swa_pairs = SwaPrefixPairs(k, spec.window) - SwaPrefixPairs(q_start, spec.window);
   return work;
 }
 

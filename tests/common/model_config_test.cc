@@ -12,11 +12,11 @@ namespace {
 using ::testing::HasSubstr;
 
 nlohmann::json TinyConfigJson() {
-  return {{"vocab_size", 512},        {"hidden_size", 128},        {"intermediate_size", 384},
-          {"num_hidden_layers", 8},   {"n_prefill_layer", 4},      {"num_attention_heads", 4},
-          {"num_key_value_heads", 1}, {"head_dim", 32},            {"sliding_window", 16},
-          {"kv_block_size", 16},      {"rms_norm_eps", 1e-5},      {"rope_theta", 10000.0},
-          {"tie_word_embeddings", true}, {"bos_token_id", 1},      {"eos_token_id", 2}};
+  return {{"vocab_size", 512},           {"hidden_size", 128},   {"intermediate_size", 384},
+          {"num_hidden_layers", 8},      {"n_prefill_layer", 4}, {"num_attention_heads", 4},
+          {"num_key_value_heads", 1},    {"head_dim", 32},       {"sliding_window", 16},
+          {"kv_block_size", 16},         {"rms_norm_eps", 1e-5}, {"rope_theta", 10000.0},
+          {"tie_word_embeddings", true}, {"bos_token_id", 1},    {"eos_token_id", 2}};
 }
 
 TEST(ModelConfigTest, ParsesAndDerivesGroupSizes) {

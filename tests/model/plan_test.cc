@@ -13,7 +13,11 @@ using ::testing::HasSubstr;
 
 TruncationSpec Spec(int64_t L, int64_t K, TruncationMode mode, int64_t W, int64_t backtrack,
                     int64_t s_valid = 0) {
-  return {.prompt_len = L, .keep = K, .mode = mode, .window = W, .max_backtrack = backtrack,
+  return {.prompt_len = L,
+          .keep = K,
+          .mode = mode,
+          .window = W,
+          .max_backtrack = backtrack,
           .s_valid = s_valid};
 }
 
@@ -108,8 +112,9 @@ TEST(PlanTest, BadInputGetsAClearError) {
       {{Spec(12, 3, TruncationMode::kCompact, 3, 0), {}},
        "keep K is 3 with truncation mode 'compact'; it must be >= the ring capacity C = W + "
        "max_backtrack + 1 = 4"},
-      {{Spec(12, 133, TruncationMode::kMask, 128, 5), {}}, "ring capacity C = W + "
-                                                          "max_backtrack + 1 = 134"},
+      {{Spec(12, 133, TruncationMode::kMask, 128, 5), {}},
+       "ring capacity C = W + "
+       "max_backtrack + 1 = 134"},
       {{Spec(12, -1, TruncationMode::kOff, 3, 0), {}}, "keep K is -1; it must be >= 0"},
       {{Spec(12, 4, TruncationMode::kOff, 0, 0), {}}, "window W is 0"},
       {{Spec(12, 4, TruncationMode::kOff, 3, -1), {}}, "max_backtrack is -1"},

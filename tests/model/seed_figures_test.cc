@@ -156,8 +156,12 @@ TEST(SeedFiguresTest, Lab20Table) {
         {TruncationMode::kMask, {row.mask_rows, row.mask_pairs}},
         {TruncationMode::kCompact, {row.compact_rows, row.compact_pairs}}};
     for (const auto& [mode, counts] : expected) {
-      auto plan = BuildTruncationPlan({{.prompt_len = row.prompt_len, .keep = 4, .mode = mode,
-                                        .window = 3, .max_backtrack = 0, .s_valid = row.s_valid},
+      auto plan = BuildTruncationPlan({{.prompt_len = row.prompt_len,
+                                        .keep = 4,
+                                        .mode = mode,
+                                        .window = 3,
+                                        .max_backtrack = 0,
+                                        .s_valid = row.s_valid},
                                        row.chunks});
       ASSERT_TRUE(plan.ok()) << plan.status();
       const ChunkPlan& chunk = plan->chunks[row.chunk];
@@ -170,8 +174,11 @@ TEST(SeedFiguresTest, Lab20Table) {
 }
 
 TEST(SeedFiguresTest, ChunkedPromptRunsOnePlaceholderPerClippedChunk) {
-  const TruncationSpec spec{.prompt_len = 1024, .keep = 140, .mode = TruncationMode::kCompact,
-                            .window = 128, .max_backtrack = 5};
+  const TruncationSpec spec{.prompt_len = 1024,
+                            .keep = 140,
+                            .mode = TruncationMode::kCompact,
+                            .window = 128,
+                            .max_backtrack = 5};
   auto four = BuildTruncationPlan({spec, {256, 256, 256, 256}});
   ASSERT_TRUE(four.ok());
   EXPECT_EQ(four->total_consumer_rows(), 143);
@@ -192,8 +199,11 @@ TEST(SeedFiguresTest, RowWorkRatios) {
   const int64_t compact_rows[] = {2560, 23280, 330480};
   for (size_t i = 0; i < 3; ++i) {
     const int64_t L = expected[i].first;
-    const TruncationSpec spec{.prompt_len = L, .keep = 140, .mode = TruncationMode::kCompact,
-                              .window = 128, .max_backtrack = 5};
+    const TruncationSpec spec{.prompt_len = L,
+                              .keep = 140,
+                              .mode = TruncationMode::kCompact,
+                              .window = 128,
+                              .max_backtrack = 5};
     const int64_t lens[] = {L};
     const WorkEstimate estimate = EstimateWork(spec, lens, &config);
     ASSERT_TRUE(estimate.layer_rows.has_value());

@@ -35,11 +35,11 @@ struct GeneratedCase {
   PlanRequest request;
   std::string describe() const {
     std::string s = "L=" + std::to_string(request.spec.prompt_len) +
-                     " K=" + std::to_string(request.spec.keep) + " mode=" +
-                     std::string(TruncationModeName(request.spec.mode)) +
-                     " W=" + std::to_string(request.spec.window) +
-                     " mb=" + std::to_string(request.spec.max_backtrack) +
-                     " s_valid=" + std::to_string(request.spec.s_valid) + " chunks=";
+                    " K=" + std::to_string(request.spec.keep) +
+                    " mode=" + std::string(TruncationModeName(request.spec.mode)) +
+                    " W=" + std::to_string(request.spec.window) +
+                    " mb=" + std::to_string(request.spec.max_backtrack) +
+                    " s_valid=" + std::to_string(request.spec.s_valid) + " chunks=";
     for (int64_t len : request.chunk_lens) s += std::to_string(len) + ",";
     return s;
   }
@@ -93,8 +93,7 @@ TEST(WorkEstimatorTest, CountsEqualDirectEnumerationOfThePlan) {
     for (const ChunkPlan& chunk : plan->chunks) {
       ASSERT_EQ(chunk.q_start, expected_start);
       expected_start += chunk.q_len;
-      EXPECT_EQ(chunk.consumer_positions,
-                ExpectedConsumerRows(spec, chunk.q_start, chunk.q_len));
+      EXPECT_EQ(chunk.consumer_positions, ExpectedConsumerRows(spec, chunk.q_start, chunk.q_len));
       ASSERT_EQ(chunk.swa_lo.size(), chunk.consumer_positions.size());
       ASSERT_EQ(chunk.consumer_slots.size(), chunk.consumer_positions.size());
 
@@ -154,8 +153,12 @@ TEST(WorkEstimatorTest, ConfigAddsLayerRowsAndFlops) {
   config.sliding_window = 3;
   config.max_backtrack = 0;
   config.kv_block_size = 4;
-  const TruncationSpec spec{.prompt_len = 12, .keep = 4, .mode = TruncationMode::kCompact,
-                            .window = 3, .max_backtrack = 0, .s_valid = 0};
+  const TruncationSpec spec{.prompt_len = 12,
+                            .keep = 4,
+                            .mode = TruncationMode::kCompact,
+                            .window = 3,
+                            .max_backtrack = 0,
+                            .s_valid = 0};
   const int64_t lens[] = {12};
   const WorkEstimate estimate = EstimateWork(spec, lens, &config);
   ASSERT_TRUE(estimate.layer_rows.has_value());
@@ -168,8 +171,8 @@ TEST(WorkEstimatorTest, ConfigAddsLayerRowsAndFlops) {
   // Consumer rows 8..11 see 9 SWA pairs and 9 + 10 + 11 + 12 = 42 global pairs.
   EXPECT_DOUBLE_EQ(estimate.flops->consumer, 2 * (12 * 2.0 * 64 + 4 * row + (9 + 42) * pair));
   EXPECT_DOUBLE_EQ(estimate.flops->lm_head, 2.0 * 8 * 100);
-  const WorkEstimate off = EstimateWork({.prompt_len = 12, .window = 3, .max_backtrack = 0},
-                                        lens, &config);
+  const WorkEstimate off =
+      EstimateWork({.prompt_len = 12, .window = 3, .max_backtrack = 0}, lens, &config);
   EXPECT_LT(estimate.flops->total(), off.flops->total());
 }
 

@@ -31,7 +31,8 @@ Result RunBatonctl(const std::string& args) {
   if (pipe == nullptr) return result;
   std::array<char, 4096> buffer;
   size_t n;
-  while ((n = fread(buffer.data(), 1, buffer.size(), pipe)) > 0) result.out.append(buffer.data(), n);
+  while ((n = fread(buffer.data(), 1, buffer.size(), pipe)) > 0)
+    result.out.append(buffer.data(), n);
   const int status = pclose(pipe);
   result.exit_status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   std::ifstream err(err_path);
@@ -42,8 +43,9 @@ Result RunBatonctl(const std::string& args) {
 }
 
 TEST(BatonctlPlanTest, JsonHasThePlanAndEstimate) {
-  const Result r = RunBatonctl("plan --prompt-len 12 --keep 4 --mode compact --window 3 "
-                               "--max-backtrack 0 --json");
+  const Result r = RunBatonctl(
+      "plan --prompt-len 12 --keep 4 --mode compact --window 3 "
+      "--max-backtrack 0 --json");
   ASSERT_EQ(r.exit_status, 0) << r.err;
   const auto json = nlohmann::json::parse(r.out);
   EXPECT_EQ(json["ring_capacity"], 4);
@@ -62,8 +64,9 @@ TEST(BatonctlPlanTest, JsonHasThePlanAndEstimate) {
 }
 
 TEST(BatonctlPlanTest, ChunksAndChunkSizeTileFromValidStart) {
-  Result r = RunBatonctl("plan --prompt-len 1024 --keep 140 --mode compact --window 128 "
-                         "--chunks 256,256,256,256 --json");
+  Result r = RunBatonctl(
+      "plan --prompt-len 1024 --keep 140 --mode compact --window 128 "
+      "--chunks 256,256,256,256 --json");
   ASSERT_EQ(r.exit_status, 0) << r.err;
   auto json = nlohmann::json::parse(r.out);
   EXPECT_EQ(json["total_consumer_rows"], 143);
@@ -86,8 +89,10 @@ TEST(BatonctlPlanTest, ModelConfigAddsFlops) {
     "num_key_value_heads": 1, "head_dim": 32, "sliding_window": 16, "kv_block_size": 16})";
   const Result off = RunBatonctl("plan --prompt-len 512 --window 16 --json --model-config " + path);
   ASSERT_EQ(off.exit_status, 0) << off.err;
-  const Result compact = RunBatonctl("plan --prompt-len 512 --window 16 --mode compact --keep 22 "
-                                     "--json --model-config " + path);
+  const Result compact = RunBatonctl(
+      "plan --prompt-len 512 --window 16 --mode compact --keep 22 "
+      "--json --model-config " +
+      path);
   ASSERT_EQ(compact.exit_status, 0) << compact.err;
   const auto off_json = nlohmann::json::parse(off.out);
   const auto compact_json = nlohmann::json::parse(compact.out);
@@ -99,15 +104,14 @@ TEST(BatonctlPlanTest, ModelConfigAddsFlops) {
 TEST(BatonctlPlanTest, SeedTablesMatchTheSeedLayout) {
   const Result r = RunBatonctl("plan --seed-tables");
   ASSERT_EQ(r.exit_status, 0) << r.err;
-  for (const char* line : {"short         2/ 3    2/ 3    2/ 3\n",
-                           "long         12/33   12/ 9    4/ 9\n",
-                           "clipped       4/ 9    4/ 0    1/ 0\n",
-                           "crossing      4/12    4/ 3    2/ 3\n",
-                           "valid-start   2/ 3    2/ 3    2/ 3\n",
-                           "total consumer rows: 143 (one 1024-row chunk: 140)\n",
-                           "    64             2560                2560   1.0000\n",
-                           "  1024            40960               23280   0.5684\n",
-                           " 16384           655360              330480   0.5043\n"}) {
+  for (const char* line :
+       {"short         2/ 3    2/ 3    2/ 3\n", "long         12/33   12/ 9    4/ 9\n",
+        "clipped       4/ 9    4/ 0    1/ 0\n", "crossing      4/12    4/ 3    2/ 3\n",
+        "valid-start   2/ 3    2/ 3    2/ 3\n",
+        "total consumer rows: 143 (one 1024-row chunk: 140)\n",
+        "    64             2560                2560   1.0000\n",
+        "  1024            40960               23280   0.5684\n",
+        " 16384           655360              330480   0.5043\n"}) {
     EXPECT_THAT(r.out, HasSubstr(line));
   }
 }

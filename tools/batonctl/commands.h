@@ -5,10 +5,10 @@
 #pragma once
 
 #include <functional>
-#include "absl/strings/string_view.h"
 
 #include "CLI/CLI.hpp"
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 
 namespace baton::tools {
 

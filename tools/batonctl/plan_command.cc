@@ -94,8 +94,12 @@ std::string SeedTables() {
     const char* separator = " ";
     for (TruncationMode mode :
          {TruncationMode::kOff, TruncationMode::kMask, TruncationMode::kCompact}) {
-      TruncationSpec spec{.prompt_len = c.prompt_len, .keep = 4, .mode = mode, .window = 3,
-                          .max_backtrack = 0, .s_valid = c.s_valid};
+      TruncationSpec spec{.prompt_len = c.prompt_len,
+                          .keep = 4,
+                          .mode = mode,
+                          .window = 3,
+                          .max_backtrack = 0,
+                          .s_valid = c.s_valid};
       auto plan = model::BuildTruncationPlan({spec, c.chunk_lens});
       const model::ChunkWork& work = plan->chunks[c.reported_chunk].work;
       absl::StrAppendFormat(&out, "%s%2d/%2d", separator, work.consumer_rows,
@@ -107,13 +111,17 @@ std::string SeedTables() {
 
   out += "\nL=1024, keep=140, window=128, max_backtrack=5, compact, four 256-row chunks\n";
   out += "chunk  q_start  q_len  clip_prefix  consumer_rows\n";
-  TruncationSpec chunked{.prompt_len = 1024, .keep = 140, .mode = TruncationMode::kCompact,
-                         .window = 128, .max_backtrack = 5, .s_valid = 0};
+  TruncationSpec chunked{.prompt_len = 1024,
+                         .keep = 140,
+                         .mode = TruncationMode::kCompact,
+                         .window = 128,
+                         .max_backtrack = 5,
+                         .s_valid = 0};
   auto four = model::BuildTruncationPlan({chunked, {256, 256, 256, 256}});
   for (size_t i = 0; i < four->chunks.size(); ++i) {
     const model::ChunkPlan& c = four->chunks[i];
-    absl::StrAppendFormat(&out, "%5d  %7d  %5d  %11d  %13d\n", i, c.q_start, c.q_len,
-                          c.clip_prefix, c.work.consumer_rows);
+    absl::StrAppendFormat(&out, "%5d  %7d  %5d  %11d  %13d\n", i, c.q_start, c.q_len, c.clip_prefix,
+                          c.work.consumer_rows);
   }
   auto one = model::BuildTruncationPlan({chunked, {}});
   absl::StrAppendFormat(&out, "total consumer rows: %d (one 1024-row chunk: %d)\n",
@@ -122,8 +130,12 @@ std::string SeedTables() {
   out += "\nEqual layer costs, 20 producer + 20 consumer layers, keep=140\n";
   out += "length    full row-work    compact row-work    ratio\n";
   for (int64_t length : {64, 1024, 16384}) {
-    TruncationSpec spec{.prompt_len = length, .keep = 140, .mode = TruncationMode::kCompact,
-                        .window = 128, .max_backtrack = 5, .s_valid = 0};
+    TruncationSpec spec{.prompt_len = length,
+                        .keep = 140,
+                        .mode = TruncationMode::kCompact,
+                        .window = 128,
+                        .max_backtrack = 5,
+                        .s_valid = 0};
     auto plan = model::BuildTruncationPlan({spec, {}});
     const int64_t full = (20 + 20) * length;
     const int64_t compact = 20 * length + 20 * plan->total_consumer_rows();
@@ -147,8 +159,11 @@ int RunPlan(const PlanOptions& o, const CLI::App& command) {
   absl::StatusOr<TruncationMode> mode = model::ParseTruncationMode(o.mode, "--mode");
   if (!mode.ok()) return ReportError("plan", mode.status());
   model::PlanRequest request;
-  request.spec = {.prompt_len = o.prompt_len, .keep = o.keep, .mode = *mode,
-                  .window = o.window, .max_backtrack = o.max_backtrack,
+  request.spec = {.prompt_len = o.prompt_len,
+                  .keep = o.keep,
+                  .mode = *mode,
+                  .window = o.window,
+                  .max_backtrack = o.max_backtrack,
                   .s_valid = o.valid_start};
   if (!o.chunks.empty()) {
     absl::StatusOr<std::vector<int64_t>> lens = ParseIntList(o.chunks, "--chunks");
@@ -198,8 +213,8 @@ Command AddPlanCommand(CLI::App& app) {
                       "Ring slack: C = W + max_backtrack + 1 (default 5)");
   auto* size = command->add_option("--chunk-size", options->chunk_size,
                                    "Cut [s_valid, L) into chunks of S rows, the last shorter");
-  auto* list = command->add_option("--chunks", options->chunks,
-                                   "Chunk lengths a,b,c tiling [s_valid, L)");
+  auto* list =
+      command->add_option("--chunks", options->chunks, "Chunk lengths a,b,c tiling [s_valid, L)");
   size->excludes(list);
   command->add_option("--valid-start", options->valid_start,
                       "s_valid: rows before it came from a prefix hit (default 0)");

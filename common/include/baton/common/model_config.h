@@ -7,25 +7,25 @@
 
 #include <cstdint>
 #include <string>
-#include "absl/strings/string_view.h"
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace baton {
 
 struct ModelConfig {
-  int64_t vocab_size = 0;            // V
-  int64_t hidden_size = 0;           // d
-  int64_t intermediate_size = 0;     // I
-  int64_t num_hidden_layers = 0;     // N
-  int64_t n_prefill_layer = 0;       // P: first consumer layer, the boundary
-  int64_t num_attention_heads = 0;   // H
-  int64_t num_key_value_heads = 0;   // Hkv
-  int64_t head_dim = 0;              // hd
-  int64_t sliding_window = 0;        // W
-  int64_t max_backtrack = 5;         // ring capacity C = W + max_backtrack + 1
-  int64_t kv_block_size = 0;         // B
+  int64_t vocab_size = 0;           // V
+  int64_t hidden_size = 0;          // d
+  int64_t intermediate_size = 0;    // I
+  int64_t num_hidden_layers = 0;    // N
+  int64_t n_prefill_layer = 0;      // P: first consumer layer, the boundary
+  int64_t num_attention_heads = 0;  // H
+  int64_t num_key_value_heads = 0;  // Hkv
+  int64_t head_dim = 0;             // hd
+  int64_t sliding_window = 0;       // W
+  int64_t max_backtrack = 5;        // ring capacity C = W + max_backtrack + 1
+  int64_t kv_block_size = 0;        // B
   double rms_norm_eps = 1e-6;
   double rope_theta = 10000.0;
   bool tie_word_embeddings = false;

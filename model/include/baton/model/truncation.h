@@ -6,10 +6,10 @@
 #pragma once
 
 #include <cstdint>
-#include "absl/strings/string_view.h"
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace baton::model {
 

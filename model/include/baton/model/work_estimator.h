@@ -37,9 +37,9 @@ ChunkWork EstimateChunkWork(const TruncationSpec& spec, int64_t q_start, int64_t
 // FLOPs of matrix products and attention (2 per multiply-add); norms, RoPE and activations are
 // omitted as they are lower order.
 struct FlopCount {
-  double producer = 0;   // all producer layers
-  double consumer = 0;   // all consumer layers, block-KV projection included
-  double lm_head = 0;    // logits of the last prompt row (the sampled one)
+  double producer = 0;  // all producer layers
+  double consumer = 0;  // all consumer layers, block-KV projection included
+  double lm_head = 0;   // logits of the last prompt row (the sampled one)
   double total() const { return producer + consumer + lm_head; }
 };
 
