@@ -11,7 +11,7 @@ packages=(
   libgrpc++-dev protobuf-compiler-grpc protobuf-compiler libprotobuf-dev
   librocksdb-dev libucx-dev ucx-utils libabsl-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  nlohmann-json3-dev libcli11-dev libopenblas-dev libssl-dev libspdlog-dev
+  nlohmann-json3-dev libcli11-dev libopenblas-openmp-dev libssl-dev libspdlog-dev
   prometheus-cpp-dev
 )
 

@@ -18,6 +18,8 @@ struct Command {
 };
 
 Command AddPlanCommand(CLI::App& app);
+Command AddMakeModelCommand(CLI::App& app);
+Command AddForwardCommand(CLI::App& app);
 
 inline constexpr int kExitOk = 0;
 inline constexpr int kExitFailure = 1;

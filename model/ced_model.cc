@@ -1,0 +1,454 @@
+#include "baton/model/ced_model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "baton/kernels/attention.h"
+#include "baton/kernels/elementwise.h"
+#include "baton/kernels/gemm.h"
+
+namespace baton::model {
+
+// A run of consecutive positions of one request inside a batch. Its full rows (producers,
+// boundary, block KV) are rows [row_offset, row_offset + rows) of the batch; its consumer rows
+// are the last consumer_rows of those, at [consumer_offset, ...) of the consumer buffers.
+struct CedModel::Segment {
+  SequenceState* state = nullptr;
+  int64_t q_start = 0;
+  int64_t rows = 0;
+  int64_t row_offset = 0;
+  int64_t consumer_rows = 0;
+  int64_t consumer_offset = 0;
+  const int32_t* consumer_positions = nullptr;  // [consumer_rows]
+  const int32_t* swa_lo = nullptr;              // [consumer_rows]
+  const int32_t* consumer_slots = nullptr;      // [consumer_rows], -1: no ring write
+};
+
+namespace {
+
+void CopyRow(const float* from, float* to, int64_t n) {
+  std::memcpy(to, from, n * sizeof(float));
+}
+
+}  // namespace
+
+CedModel::CedModel(CedWeights weights) : weights_(std::move(weights)) {}
+
+absl::StatusOr<std::unique_ptr<CedModel>> CedModel::Load(const std::string& model_dir) {
+  absl::StatusOr<CedWeights> weights = LoadCedWeights(model_dir);
+  if (!weights.ok()) return weights.status();
+  return std::make_unique<CedModel>(*std::move(weights));
+}
+
+absl::Status CedModel::CheckTokens(std::span<const int32_t> tokens) const {
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    if (tokens[i] < 0 || tokens[i] >= config().vocab_size) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("token ", i, " is ", tokens[i],
+                       "; token ids must lie in [0, vocab_size) = [0, ", config().vocab_size, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+void CedModel::RunLayers(std::span<const Segment> segments, const int32_t* tokens, int64_t rows,
+                         const ProducerRowsCallback* on_producer_rows,
+                         std::span<const int64_t> logit_rows, float* logits) const {
+  using namespace kernels;
+  const ModelConfig& c = config();
+  const int64_t d = c.hidden_size, hd = c.head_dim;
+  const int64_t H = c.num_attention_heads, Hkv = c.num_key_value_heads;
+  const int64_t q_dim = H * hd, kv_dim = Hkv * hd, inter = c.intermediate_size;
+  const int64_t qkv_dim = q_dim + 2 * kv_dim;
+  const int64_t C = c.ring_capacity(), W = c.sliding_window, B = c.kv_block_size;
+  const int64_t D = c.num_consumer_layers();
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const StateLayout layout = state_layout();
+
+  int64_t consumer_total = 0;
+  std::vector<int32_t> positions(rows), producer_lo(rows);
+  for (const Segment& seg : segments) {
+    for (int64_t j = 0; j < seg.rows; ++j) {
+      const int64_t pos = seg.q_start + j;
+      positions[seg.row_offset + j] = static_cast<int32_t>(pos);
+      producer_lo[seg.row_offset + j] = static_cast<int32_t>(std::max<int64_t>(0, pos - W + 1));
+    }
+    consumer_total += seg.consumer_rows;
+  }
+  const int64_t max_rows = std::max(rows, consumer_total);
+  std::vector<float> h(rows * d), x(max_rows * d), qkv(max_rows * qkv_dim);
+  std::vector<float> attn(max_rows * q_dim), gate_up(max_rows * 2 * inter), act(max_rows * inter);
+  std::vector<AttentionParams> attention(segments.size());
+
+  // o_proj into the residual, then the SwiGLU MLP; shared by both layer groups.
+  auto output_and_mlp = [&](float* hidden, int64_t n, const std::vector<float>& o,
+                            const std::vector<float>& mlp_norm, const std::vector<float>& gate_up_w,
+                            const std::vector<float>& down) {
+    Gemm({.rows = n,
+          .in = q_dim,
+          .out = d,
+          .x = attn.data(),
+          .w = o.data(),
+          .y = hidden,
+          .beta = 1.0f});
+    RmsNorm(
+        {.rows = n, .dim = d, .x = hidden, .weight = mlp_norm.data(), .out = x.data(), .eps = eps});
+    Gemm({.rows = n,
+          .in = d,
+          .out = 2 * inter,
+          .x = x.data(),
+          .w = gate_up_w.data(),
+          .y = gate_up.data()});
+    SwiGlu({.rows = n, .inter = inter, .gate_up = gate_up.data(), .out = act.data()});
+    Gemm({.rows = n,
+          .in = inter,
+          .out = d,
+          .x = act.data(),
+          .w = down.data(),
+          .y = hidden,
+          .beta = 1.0f});
+  };
+  auto write_ring = [&](float* ring, int64_t layer, int64_t slot, const float* k, const float* v) {
+    CopyRow(k, ring + layout.ring_k_offset(layer) + slot * kv_dim, kv_dim);
+    CopyRow(v, ring + layout.ring_v_offset(layer) + slot * kv_dim, kv_dim);
+  };
+
+  Embedding(
+      {.rows = rows, .dim = d, .table = weights_.embed.data(), .ids = tokens, .out = h.data()});
+
+  // Producer layers: window-W SWA over every row; a segment's last C rows enter the ring.
+  for (int64_t l = 0; l < c.num_producer_layers(); ++l) {
+    const ProducerLayerWeights& w = weights_.producers[l];
+    RmsNorm({.rows = rows,
+             .dim = d,
+             .x = h.data(),
+             .weight = w.attn_norm.data(),
+             .out = x.data(),
+             .eps = eps});
+    Gemm(
+        {.rows = rows, .in = d, .out = qkv_dim, .x = x.data(), .w = w.qkv.data(), .y = qkv.data()});
+    Rope({.rows = rows,
+          .heads = H + Hkv,
+          .head_dim = hd,
+          .x = qkv.data(),
+          .stride = qkv_dim,
+          .positions = positions.data(),
+          .theta = c.rope_theta});
+    for (size_t s = 0; s < segments.size(); ++s) {
+      const Segment& seg = segments[s];
+      float* ring = seg.state->producer_swa();
+      const float* row0 = qkv.data() + seg.row_offset * qkv_dim;
+      if (on_producer_rows != nullptr && *on_producer_rows) {
+        (*on_producer_rows)(l, seg.q_start, seg.rows, row0 + q_dim, row0 + q_dim + kv_dim, qkv_dim);
+      }
+      attention[s] = {.rows = seg.rows,
+                      .num_heads = H,
+                      .num_kv_heads = Hkv,
+                      .head_dim = hd,
+                      .scale = scale,
+                      .q = row0,
+                      .q_stride = qkv_dim,
+                      .out = attn.data() + seg.row_offset * q_dim,
+                      .positions = positions.data() + seg.row_offset,
+                      .swa_lo = producer_lo.data() + seg.row_offset,
+                      .swa = {.ring_k = ring + layout.ring_k_offset(l),
+                              .ring_v = ring + layout.ring_v_offset(l),
+                              .ring_capacity = C,
+                              .tail_k = row0 + q_dim,
+                              .tail_v = row0 + q_dim + kv_dim,
+                              .tail_stride = qkv_dim,
+                              .tail_start = seg.q_start}};
+    }
+    Attention(attention);
+    // Ring writes come after attention: a new row may take the slot of a key still being read.
+    for (const Segment& seg : segments) {
+      for (int64_t j = std::max<int64_t>(0, seg.rows - C); j < seg.rows; ++j) {
+        const float* row = qkv.data() + (seg.row_offset + j) * qkv_dim;
+        write_ring(seg.state->producer_swa(), l, (seg.q_start + j) % C, row + q_dim,
+                   row + q_dim + kv_dim);
+      }
+    }
+    output_and_mlp(h.data(), rows, w.o, w.mlp_norm, w.gate_up, w.down);
+  }
+
+  // Boundary (layer P): shared rows s over every row, and from them every consumer layer's
+  // block KV, which is therefore exact whatever the truncation (seed 9.2.2).
+  const int64_t global_dim = D * 2 * kv_dim;
+  std::vector<float> shared(rows * d), global(rows * global_dim);
+  RmsNorm({.rows = rows,
+           .dim = d,
+           .x = h.data(),
+           .weight = weights_.consumers[0].attn_norm.data(),
+           .out = shared.data(),
+           .eps = eps});
+  Gemm({.rows = rows,
+        .in = d,
+        .out = global_dim,
+        .x = shared.data(),
+        .w = weights_.global_kv.data(),
+        .y = global.data()});
+  for (int64_t l = 0; l < D; ++l) {
+    Rope({.rows = rows,
+          .heads = Hkv,
+          .head_dim = hd,
+          .x = global.data() + l * 2 * kv_dim,
+          .stride = global_dim,
+          .positions = positions.data(),
+          .theta = c.rope_theta});
+  }
+  for (const Segment& seg : segments) {
+    const std::vector<float*>& pages = seg.state->pages();
+    for (int64_t j = 0; j < seg.rows; ++j) {
+      const int64_t pos = seg.q_start + j;
+      float* page = pages[pos / B];
+      const float* row = global.data() + (seg.row_offset + j) * global_dim;
+      for (int64_t l = 0; l < D; ++l) {
+        CopyRow(row + l * 2 * kv_dim, page + layout.page_k_offset(l) + (pos % B) * kv_dim, kv_dim);
+        CopyRow(row + l * 2 * kv_dim + kv_dim, page + layout.page_v_offset(l) + (pos % B) * kv_dim,
+                kv_dim);
+      }
+    }
+  }
+  if (consumer_total == 0) return;
+
+  // Consumer layers over each segment's consumer rows (the last rows of the segment).
+  std::vector<float> hc(consumer_total * d), sc(consumer_total * d);
+  for (const Segment& seg : segments) {
+    const int64_t first = seg.row_offset + seg.rows - seg.consumer_rows;
+    CopyRow(h.data() + first * d, hc.data() + seg.consumer_offset * d, seg.consumer_rows * d);
+    CopyRow(shared.data() + first * d, sc.data() + seg.consumer_offset * d, seg.consumer_rows * d);
+  }
+  std::vector<int32_t> consumer_positions(consumer_total);
+  for (const Segment& seg : segments) {
+    std::copy_n(seg.consumer_positions, seg.consumer_rows,
+                consumer_positions.begin() + seg.consumer_offset);
+  }
+  for (int64_t l = 0; l < D; ++l) {
+    const ConsumerLayerWeights& w = weights_.consumers[l];
+    RmsNorm({.rows = consumer_total,
+             .dim = d,
+             .x = hc.data(),
+             .weight = w.attn_norm.data(),
+             .out = x.data(),
+             .eps = eps});
+    if (!c.yoco_swa_share_hidden) {
+      Gemm({.rows = consumer_total,
+            .in = d,
+            .out = qkv_dim,
+            .x = x.data(),
+            .w = w.q_swa_kv.data(),
+            .y = qkv.data()});
+    } else {
+      // SWA K/V from the shared boundary rows instead of this layer's own input.
+      Gemm({.rows = consumer_total,
+            .in = d,
+            .out = q_dim,
+            .x = x.data(),
+            .w = w.q_swa_kv.data(),
+            .y = qkv.data(),
+            .y_stride = qkv_dim});
+      Gemm({.rows = consumer_total,
+            .in = d,
+            .out = 2 * kv_dim,
+            .x = sc.data(),
+            .w = w.q_swa_kv.data() + q_dim * d,
+            .y = qkv.data() + q_dim,
+            .y_stride = qkv_dim});
+    }
+    Rope({.rows = consumer_total,
+          .heads = H + Hkv,
+          .head_dim = hd,
+          .x = qkv.data(),
+          .stride = qkv_dim,
+          .positions = consumer_positions.data(),
+          .theta = c.rope_theta});
+    std::vector<BlockKvSource> block_kv(segments.size());
+    for (size_t s = 0; s < segments.size(); ++s) {
+      const Segment& seg = segments[s];
+      float* ring = seg.state->consumer_swa();
+      const float* row0 = qkv.data() + seg.consumer_offset * qkv_dim;
+      block_kv[s] = {.pages = seg.state->pages().data(),
+                     .block_size = B,
+                     .k_offset = layout.page_k_offset(l),
+                     .v_offset = layout.page_v_offset(l)};
+      attention[s] = {.rows = seg.consumer_rows,
+                      .num_heads = H,
+                      .num_kv_heads = Hkv,
+                      .head_dim = hd,
+                      .scale = scale,
+                      .q = row0,
+                      .q_stride = qkv_dim,
+                      .out = attn.data() + seg.consumer_offset * q_dim,
+                      .positions = seg.consumer_positions,
+                      .swa_lo = seg.swa_lo,
+                      .swa = {.ring_k = ring + layout.ring_k_offset(l),
+                              .ring_v = ring + layout.ring_v_offset(l),
+                              .ring_capacity = C,
+                              .tail_k = row0 + q_dim,
+                              .tail_v = row0 + q_dim + kv_dim,
+                              .tail_stride = qkv_dim,
+                              .tail_start = seg.consumer_rows > 0 ? seg.consumer_positions[0] : 0},
+                      .global = &block_kv[s]};
+    }
+    Attention(attention);
+    for (const Segment& seg : segments) {
+      for (int64_t r = 0; r < seg.consumer_rows; ++r) {
+        if (seg.consumer_slots[r] < 0) continue;
+        const float* row = qkv.data() + (seg.consumer_offset + r) * qkv_dim;
+        write_ring(seg.state->consumer_swa(), l, seg.consumer_slots[r], row + q_dim,
+                   row + q_dim + kv_dim);
+      }
+    }
+    output_and_mlp(hc.data(), consumer_total, w.o, w.mlp_norm, w.gate_up, w.down);
+  }
+
+  // Logits of the requested consumer rows.
+  const int64_t n = static_cast<int64_t>(logit_rows.size());
+  if (n == 0) return;
+  std::vector<float> final_rows(n * d);
+  for (int64_t i = 0; i < n; ++i)
+    CopyRow(hc.data() + logit_rows[i] * d, final_rows.data() + i * d, d);
+  RmsNorm({.rows = n,
+           .dim = d,
+           .x = final_rows.data(),
+           .weight = weights_.final_norm.data(),
+           .out = final_rows.data(),
+           .eps = eps});
+  Gemm({.rows = n,
+        .in = d,
+        .out = c.vocab_size,
+        .x = final_rows.data(),
+        .w = weights_.lm_head_data(),
+        .y = logits});
+}
+
+absl::StatusOr<PrefillResult> CedModel::Prefill(std::span<const int32_t> tokens,
+                                                const PrefillOptions& options,
+                                                SequenceState& state) const {
+  if (tokens.empty()) return absl::InvalidArgumentError("prompt is empty; it needs >= 1 token");
+  if (absl::Status s = CheckTokens(tokens); !s.ok()) return s;
+  const int64_t L = static_cast<int64_t>(tokens.size());
+  PlanRequest request;
+  request.spec = {.prompt_len = L,
+                  .keep = options.keep,
+                  .mode = options.mode,
+                  .window = config().sliding_window,
+                  .max_backtrack = config().max_backtrack,
+                  .s_valid = options.s_valid};
+  if (absl::Status s = ValidateTruncationSpec(request.spec); !s.ok()) return s;
+  if (state.length > options.s_valid) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "state already holds ", state.length, " positions; prefill with s_valid = ",
+        options.s_valid, " needs at most s_valid (a prefix hit loads exactly [0, s_valid))"));
+  }
+  if (options.chunk_size < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("chunk_size is ", options.chunk_size, "; it must be >= 0 (0: one chunk)"));
+  }
+  const int64_t chunk = options.chunk_size > 0 ? options.chunk_size : L;
+  absl::StatusOr<std::vector<int64_t>> lens = EvenChunks(L - options.s_valid, chunk);
+  if (!lens.ok()) return lens.status();
+  request.chunk_lens = *std::move(lens);
+  absl::StatusOr<TruncationPlan> plan = BuildTruncationPlan(request);
+  if (!plan.ok()) return plan.status();
+  if (absl::Status s = state.EnsurePages(L); !s.ok()) return s;
+
+  const ProducerRowsCallback* callback = &options.on_producer_rows;
+  // Positions a prefix hit would have loaded: producers and the boundary only.
+  for (int64_t start = state.length; start < options.s_valid; start += chunk) {
+    const int64_t rows = std::min(chunk, options.s_valid - start);
+    const Segment seg{.state = &state, .q_start = start, .rows = rows};
+    RunLayers({&seg, 1}, tokens.data() + start, rows, callback, {}, nullptr);
+  }
+  state.length = options.s_valid;
+  state.s_valid = options.s_valid;
+
+  PrefillResult result;
+  result.consumer_rows = plan->total_consumer_rows();
+  const int64_t V = config().vocab_size;
+  // The prompt's result: every row >= s_valid in off and mask, the retained rows in compact.
+  const int64_t result_begin = options.mode == TruncationMode::kCompact
+                                   ? std::max(request.spec.retained_begin(), options.s_valid)
+                                   : options.s_valid;
+  for (size_t i = 0; i < plan->chunks.size(); ++i) {
+    const ChunkPlan& chunk_plan = plan->chunks[i];
+    const int64_t m = static_cast<int64_t>(chunk_plan.consumer_positions.size());
+    const Segment seg{.state = &state,
+                      .q_start = chunk_plan.q_start,
+                      .rows = chunk_plan.q_len,
+                      .consumer_rows = m,
+                      .consumer_positions = chunk_plan.consumer_positions.data(),
+                      .swa_lo = chunk_plan.swa_lo.data(),
+                      .consumer_slots = chunk_plan.consumer_slots.data()};
+    std::vector<int64_t> logit_rows;
+    if (options.result_logits) {
+      for (int64_t r = 0; r < m; ++r) {
+        if (chunk_plan.consumer_positions[r] >= result_begin) logit_rows.push_back(r);
+      }
+    } else if (i + 1 == plan->chunks.size()) {
+      logit_rows.push_back(m - 1);
+    }
+    const size_t old = result.logits.size();
+    result.logits.resize(old + logit_rows.size() * V);
+    RunLayers({&seg, 1}, tokens.data() + chunk_plan.q_start, chunk_plan.q_len, callback, logit_rows,
+              result.logits.data() + old);
+    for (int64_t r : logit_rows) result.positions.push_back(chunk_plan.consumer_positions[r]);
+  }
+  state.length = L;
+  return result;
+}
+
+absl::Status CedModel::Decode(std::span<const DecodeItem> batch) const {
+  const int64_t n = static_cast<int64_t>(batch.size());
+  std::vector<int32_t> tokens(n), positions(n), swa_lo(n), slots(n);
+  std::vector<Segment> segments(n);
+  std::vector<int64_t> logit_rows(n);
+  for (int64_t i = 0; i < n; ++i) {
+    const DecodeItem& item = batch[i];
+    if (item.state == nullptr || item.logits == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat("decode item ", i, " has no state or logits"));
+    }
+    if (absl::Status s = CheckTokens({&item.token, 1}); !s.ok()) return s;
+    const int64_t t = item.state->length;
+    if (t < 1) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("decode item ", i, ": state holds no prompt; prefill first"));
+    }
+    if (absl::Status s = item.state->EnsurePages(t + 1); !s.ok()) return s;
+    tokens[i] = item.token;
+    positions[i] = static_cast<int32_t>(t);
+    swa_lo[i] =
+        static_cast<int32_t>(DecodeSwaLowerBound(t, config().sliding_window, item.state->s_valid));
+    slots[i] = static_cast<int32_t>(t % config().ring_capacity());
+    segments[i] = {.state = item.state,
+                   .q_start = t,
+                   .rows = 1,
+                   .row_offset = i,
+                   .consumer_rows = 1,
+                   .consumer_offset = i,
+                   .consumer_positions = &positions[i],
+                   .swa_lo = &swa_lo[i],
+                   .consumer_slots = &slots[i]};
+    logit_rows[i] = i;
+  }
+  std::vector<float> logits(n * config().vocab_size);
+  RunLayers(segments, tokens.data(), n, nullptr, logit_rows, logits.data());
+  for (int64_t i = 0; i < n; ++i) {
+    std::copy_n(logits.data() + i * config().vocab_size, config().vocab_size, batch[i].logits);
+    batch[i].state->length += 1;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace baton::model
+
+namespace baton::model {
+
+int32_t Argmax(std::span<const float> logits) {
+  return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+}
+
+}  // namespace baton::model

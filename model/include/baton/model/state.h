@@ -1,0 +1,84 @@
+// A request's StateBlock regions in memory (DESIGN section 4), each a separate allocation so
+// that a transport can move it without copying:
+//   - producer SWA (stored region): per producer layer, K and V rings of C slots;
+//   - consumer SWA (dropped region): per consumer layer, K and V rings of C slots;
+//   - block KV (stored region): pages of B positions, each holding every consumer layer's
+//     global K and V rows for those positions.
+// Ring slot of position p is p % C. Threading: a SequenceState belongs to one request and is
+// used by one thread at a time.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "baton/common/model_config.h"
+
+namespace baton::model {
+
+struct StateLayout {
+  int64_t producer_layers = 0;  // P
+  int64_t consumer_layers = 0;  // D
+  int64_t ring_capacity = 0;    // C
+  int64_t block_size = 0;       // B
+  int64_t kv_dim = 0;           // Hkv * hd
+
+  static StateLayout For(const ModelConfig& config);
+
+  // Producer ring of layer l: K at l * 2 * C * kv_dim, V right after, each [C, kv_dim].
+  int64_t producer_swa_floats() const { return producer_layers * 2 * ring_capacity * kv_dim; }
+  // Consumer ring of consumer layer l: same layout as the producer rings.
+  int64_t consumer_swa_floats() const { return consumer_layers * 2 * ring_capacity * kv_dim; }
+  // Page: for consumer layer l, K rows [B, kv_dim] at l * 2 * B * kv_dim, V rows after them.
+  int64_t page_floats() const { return consumer_layers * 2 * block_size * kv_dim; }
+  int64_t ring_k_offset(int64_t layer) const { return layer * 2 * ring_capacity * kv_dim; }
+  int64_t ring_v_offset(int64_t layer) const {
+    return ring_k_offset(layer) + ring_capacity * kv_dim;
+  }
+  int64_t page_k_offset(int64_t layer) const { return layer * 2 * block_size * kv_dim; }
+  int64_t page_v_offset(int64_t layer) const { return page_k_offset(layer) + block_size * kv_dim; }
+};
+
+// Where block-KV pages come from: the heap by default; a node's registered pool in serving.
+class PageAllocator {
+ public:
+  virtual ~PageAllocator() = default;
+  // Returns a page of layout.page_floats() floats, or nullptr when none is left.
+  virtual float* Allocate() = 0;
+  virtual void Free(float* page) = 0;
+};
+
+class SequenceState {
+ public:
+  // Pages come from `allocator` when given (it must outlive the state), else from the heap.
+  explicit SequenceState(const StateLayout& layout, PageAllocator* allocator = nullptr);
+  ~SequenceState();
+  SequenceState(const SequenceState&) = delete;
+  SequenceState& operator=(const SequenceState&) = delete;
+
+  const StateLayout& layout() const { return layout_; }
+  float* producer_swa() { return producer_swa_.data(); }
+  const float* producer_swa() const { return producer_swa_.data(); }
+  float* consumer_swa() { return consumer_swa_.data(); }
+  const float* consumer_swa() const { return consumer_swa_.data(); }
+  const std::vector<float*>& pages() const { return pages_; }
+
+  // Makes sure pages cover positions [0, positions); RESOURCE_EXHAUSTED when the allocator
+  // has none left (pages already held stay held).
+  absl::Status EnsurePages(int64_t positions);
+
+  // Positions whose state is present: block KV for [0, length), rings up to length - 1.
+  int64_t length = 0;
+  // Earliest valid consumer SWA position (H after a prefix hit; DESIGN section 3).
+  int64_t s_valid = 0;
+
+ private:
+  StateLayout layout_;
+  PageAllocator* allocator_;
+  std::vector<float> producer_swa_;
+  std::vector<float> consumer_swa_;
+  std::vector<float*> pages_;
+};
+
+}  // namespace baton::model

@@ -1,0 +1,73 @@
+// CED weights in memory (DESIGN section 2), loaded from a model directory holding config.json
+// and model.safetensors.
+//
+// At load, matrices that always run on the same input are stacked so that one GEMM computes
+// them: a producer's q, k, v; a consumer's q, swa_k, swa_v; every consumer layer's global k
+// and v (all projected from the boundary's shared rows); gate and up. Loading refuses any
+// missing or unexpected tensor, wrong shape, unknown dtype, truncated file or inconsistent
+// config with a message naming the tensor or field, and leaves nothing half-loaded.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "baton/common/model_config.h"
+#include "baton/model/safetensors.h"
+
+namespace baton::model {
+
+struct ProducerLayerWeights {
+  std::vector<float> attn_norm;  // [d]
+  std::vector<float> qkv;        // [H*hd + 2*Hkv*hd, d]: q_proj, k_proj, v_proj rows
+  std::vector<float> o;          // [d, H*hd]
+  std::vector<float> mlp_norm;   // [d]
+  std::vector<float> gate_up;    // [2*I, d]: gate_proj rows, then up_proj rows
+  std::vector<float> down;       // [d, I]
+};
+
+struct ConsumerLayerWeights {
+  std::vector<float> attn_norm;  // [d]
+  std::vector<float> q_swa_kv;   // [H*hd + 2*Hkv*hd, d]: q_proj, swa_k_proj, swa_v_proj rows
+  std::vector<float> o;          // [d, H*hd]
+  std::vector<float> mlp_norm;   // [d]
+  std::vector<float> gate_up;    // [2*I, d]
+  std::vector<float> down;       // [d, I]
+};
+
+struct CedWeights {
+  ModelConfig config;
+  std::vector<float> embed;                     // [V, d]
+  std::vector<ProducerLayerWeights> producers;  // layers [0, P)
+  std::vector<ConsumerLayerWeights> consumers;  // layers [P, N)
+  // [D * 2 * Hkv*hd, d]: for consumer l, global_k_proj rows then global_v_proj rows.
+  std::vector<float> global_kv;
+  std::vector<float> final_norm;  // [d]
+  std::vector<float> lm_head;     // [V, d]; empty when tie_word_embeddings
+  // Hex SHA-256 of the canonical config and of the weight file's bytes (DESIGN section 4).
+  std::string fingerprint;
+
+  const float* lm_head_data() const {
+    return config.tie_word_embeddings ? embed.data() : lm_head.data();
+  }
+};
+
+// One tensor of the file format and where its values live in CedWeights.
+struct TensorSlot {
+  std::string name;
+  std::vector<int64_t> shape;
+  float* data = nullptr;
+};
+
+// Sizes every buffer of `weights` for weights.config (zero-filled).
+void AllocateWeights(CedWeights& weights);
+// Every tensor the file must hold for weights.config, in a fixed order; buffers must be
+// allocated.
+std::vector<TensorSlot> WeightTensorSlots(CedWeights& weights);
+
+absl::StatusOr<CedWeights> LoadCedWeights(const std::string& model_dir);
+
+// Writes config.json and model.safetensors for `weights` into `model_dir` (created if absent).
+absl::Status SaveCedWeights(CedWeights& weights, const std::string& model_dir, Dtype dtype);
+
+}  // namespace baton::model

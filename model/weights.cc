@@ -1,0 +1,155 @@
+#include "baton/model/weights.h"
+
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "baton/common/hash.h"
+
+namespace baton::model {
+namespace {
+
+std::string Layer(int64_t layer, const char* suffix) {
+  return absl::StrCat("model.layers.", layer, ".", suffix);
+}
+
+}  // namespace
+
+void AllocateWeights(CedWeights& w) {
+  const ModelConfig& c = w.config;
+  const int64_t d = c.hidden_size, q = c.num_attention_heads * c.head_dim;
+  const int64_t kv = c.num_key_value_heads * c.head_dim, inter = c.intermediate_size;
+  w.embed.assign(c.vocab_size * d, 0.0f);
+  w.producers.assign(c.num_producer_layers(), {});
+  for (ProducerLayerWeights& p : w.producers) {
+    p.attn_norm.assign(d, 0.0f);
+    p.qkv.assign((q + 2 * kv) * d, 0.0f);
+    p.o.assign(d * q, 0.0f);
+    p.mlp_norm.assign(d, 0.0f);
+    p.gate_up.assign(2 * inter * d, 0.0f);
+    p.down.assign(d * inter, 0.0f);
+  }
+  w.consumers.assign(c.num_consumer_layers(), {});
+  for (ConsumerLayerWeights& l : w.consumers) {
+    l.attn_norm.assign(d, 0.0f);
+    l.q_swa_kv.assign((q + 2 * kv) * d, 0.0f);
+    l.o.assign(d * q, 0.0f);
+    l.mlp_norm.assign(d, 0.0f);
+    l.gate_up.assign(2 * inter * d, 0.0f);
+    l.down.assign(d * inter, 0.0f);
+  }
+  w.global_kv.assign(c.num_consumer_layers() * 2 * kv * d, 0.0f);
+  w.final_norm.assign(d, 0.0f);
+  w.lm_head.assign(c.tie_word_embeddings ? 0 : c.vocab_size * d, 0.0f);
+}
+
+std::vector<TensorSlot> WeightTensorSlots(CedWeights& w) {
+  const ModelConfig& c = w.config;
+  const int64_t d = c.hidden_size, q = c.num_attention_heads * c.head_dim;
+  const int64_t kv = c.num_key_value_heads * c.head_dim, inter = c.intermediate_size;
+  std::vector<TensorSlot> slots;
+  slots.push_back({"model.embed_tokens.weight", {c.vocab_size, d}, w.embed.data()});
+  // Norms, o_proj and the MLP have the same names and shapes in both layer groups.
+  auto common = [&](int64_t layer, std::vector<float>& attn_norm, std::vector<float>& o,
+                    std::vector<float>& mlp_norm, std::vector<float>& gate_up,
+                    std::vector<float>& down) {
+    slots.push_back({Layer(layer, "attn_norm.weight"), {d}, attn_norm.data()});
+    slots.push_back({Layer(layer, "self_attn.o_proj.weight"), {d, q}, o.data()});
+    slots.push_back({Layer(layer, "mlp_norm.weight"), {d}, mlp_norm.data()});
+    slots.push_back({Layer(layer, "mlp.gate_proj.weight"), {inter, d}, gate_up.data()});
+    slots.push_back({Layer(layer, "mlp.up_proj.weight"), {inter, d}, gate_up.data() + inter * d});
+    slots.push_back({Layer(layer, "mlp.down_proj.weight"), {d, inter}, down.data()});
+  };
+  for (int64_t l = 0; l < c.num_producer_layers(); ++l) {
+    ProducerLayerWeights& p = w.producers[l];
+    slots.push_back({Layer(l, "self_attn.q_proj.weight"), {q, d}, p.qkv.data()});
+    slots.push_back({Layer(l, "self_attn.k_proj.weight"), {kv, d}, p.qkv.data() + q * d});
+    slots.push_back({Layer(l, "self_attn.v_proj.weight"), {kv, d}, p.qkv.data() + (q + kv) * d});
+    common(l, p.attn_norm, p.o, p.mlp_norm, p.gate_up, p.down);
+  }
+  for (int64_t i = 0; i < c.num_consumer_layers(); ++i) {
+    const int64_t l = c.n_prefill_layer + i;
+    ConsumerLayerWeights& layer = w.consumers[i];
+    float* global = w.global_kv.data() + i * 2 * kv * d;
+    slots.push_back({Layer(l, "self_attn.q_proj.weight"), {q, d}, layer.q_swa_kv.data()});
+    slots.push_back(
+        {Layer(l, "self_attn.swa_k_proj.weight"), {kv, d}, layer.q_swa_kv.data() + q * d});
+    slots.push_back(
+        {Layer(l, "self_attn.swa_v_proj.weight"), {kv, d}, layer.q_swa_kv.data() + (q + kv) * d});
+    slots.push_back({Layer(l, "self_attn.global_k_proj.weight"), {kv, d}, global});
+    slots.push_back({Layer(l, "self_attn.global_v_proj.weight"), {kv, d}, global + kv * d});
+    common(l, layer.attn_norm, layer.o, layer.mlp_norm, layer.gate_up, layer.down);
+  }
+  slots.push_back({"model.norm.weight", {d}, w.final_norm.data()});
+  if (!c.tie_word_embeddings) {
+    slots.push_back({"lm_head.weight", {c.vocab_size, d}, w.lm_head.data()});
+  }
+  return slots;
+}
+
+absl::StatusOr<CedWeights> LoadCedWeights(const std::string& model_dir) {
+  const std::string config_path = model_dir + "/config.json";
+  const std::string weights_path = model_dir + "/model.safetensors";
+  CedWeights w;
+  absl::StatusOr<ModelConfig> config = LoadModelConfig(config_path);
+  if (!config.ok()) return config.status();
+  w.config = *config;
+  absl::StatusOr<SafetensorsFile> file = SafetensorsFile::Read(weights_path);
+  if (!file.ok()) return file.status();
+
+  AllocateWeights(w);
+  std::set<std::string> expected;
+  for (const TensorSlot& slot : WeightTensorSlots(w)) {
+    expected.insert(slot.name);
+    auto it = file->tensors().find(slot.name);
+    if (it == file->tensors().end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(weights_path, ": tensor '", slot.name, "' is missing",
+                       slot.name == "lm_head.weight" ? " (tie_word_embeddings is false)" : ""));
+    }
+    if (it->second.shape != slot.shape) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(weights_path, ": tensor '", slot.name, "' has shape [",
+                       absl::StrJoin(it->second.shape, ", "), "]; config.json requires [",
+                       absl::StrJoin(slot.shape, ", "), "]"));
+    }
+    file->CopyAsF32(it->second, slot.data);
+  }
+  for (const auto& [name, info] : file->tensors()) {
+    if (!expected.contains(name)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          weights_path, ": unexpected tensor '", name, "'",
+          name == "lm_head.weight" ? " (tie_word_embeddings is true: lm_head must be absent)"
+                                   : " (not part of a CED model with this config)"));
+    }
+  }
+  const Sha256Digest weights_digest = Sha256Of(file->bytes().data(), file->bytes().size());
+  Sha256 fingerprint;
+  fingerprint.Update(ModelConfigToJson(w.config));
+  fingerprint.Update(weights_digest.data(), weights_digest.size());
+  w.fingerprint = HexDigest(fingerprint.Finish());
+  return w;
+}
+
+absl::Status SaveCedWeights(CedWeights& weights, const std::string& model_dir, Dtype dtype) {
+  std::error_code error;
+  std::filesystem::create_directories(model_dir, error);
+  if (error) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("cannot create model directory '", model_dir, "': ", error.message()));
+  }
+  std::ofstream config(model_dir + "/config.json", std::ios::trunc);
+  config << ModelConfigToJson(weights.config);
+  config.close();
+  if (!config)
+    return absl::DataLossError(absl::StrCat("writing ", model_dir, "/config.json failed"));
+  std::vector<TensorToWrite> tensors;
+  for (const TensorSlot& slot : WeightTensorSlots(weights)) {
+    tensors.push_back({slot.name, slot.shape, slot.data});
+  }
+  return WriteSafetensors(model_dir + "/model.safetensors", tensors, dtype);
+}
+
+}  // namespace baton::model
