@@ -96,8 +96,9 @@ CedWeights GenerateWeights(const ModelConfig& config, uint64_t seed) {
     if (absl::StrContains(slot.name, "o_proj") || absl::StrContains(slot.name, "down_proj")) {
       std *= residual_scale;
     }
-    // Embeddings (also the tied lm_head) and lm_head give logits with a spread of a few units.
-    if (slot.name == "model.embed_tokens.weight" || slot.name == "lm_head.weight") std *= 3.0;
+    // A separate lm_head gets a wider spread; a tied one stays at 1/sqrt(d), since the current
+    // token's own embedding in the residual stream already raises its logit.
+    if (slot.name == "lm_head.weight") std *= 2.0;
     for (int64_t i = 0; i < numel; ++i) slot.data[i] = static_cast<float>(std * normal.Next());
   }
   return w;

@@ -1,46 +1,19 @@
 // `batonctl plan` run as a process: its JSON, its seed tables, and exit status 2 with a clear
 // message for bad input.
-#include <sys/wait.h>
-
-#include <array>
-#include <cstdio>
 #include <fstream>
-#include <sstream>
 #include <string>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "run_batonctl.h"
 
 namespace {
 
+using baton::testing::Result;
+using baton::testing::RunBatonctl;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
-
-struct Result {
-  int exit_status = -1;
-  std::string out;
-  std::string err;
-};
-
-Result RunBatonctl(const std::string& args) {
-  const std::string err_path = ::testing::TempDir() + "/batonctl_stderr.txt";
-  const std::string command = std::string(BATONCTL_PATH) + " " + args + " 2>" + err_path;
-  Result result;
-  FILE* pipe = popen(command.c_str(), "r");
-  if (pipe == nullptr) return result;
-  std::array<char, 4096> buffer;
-  size_t n;
-  while ((n = fread(buffer.data(), 1, buffer.size(), pipe)) > 0)
-    result.out.append(buffer.data(), n);
-  const int status = pclose(pipe);
-  result.exit_status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  std::ifstream err(err_path);
-  std::stringstream text;
-  text << err.rdbuf();
-  result.err = text.str();
-  return result;
-}
 
 TEST(BatonctlPlanTest, JsonHasThePlanAndEstimate) {
   const Result r = RunBatonctl(

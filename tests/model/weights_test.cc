@@ -1,0 +1,200 @@
+// Model files: generation is deterministic, BF16 widens on load, the fingerprint follows
+// config and weights, and every kind of bad file is refused with a message naming the
+// tensor or field.
+#include "baton/model/weights.h"
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "baton/model/ced_model.h"
+#include "baton/model/model_factory.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+
+namespace baton::model {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+void WriteFile(const std::string& path, const std::string& bytes) {
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+}
+
+class WeightsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = ::testing::TempDir() + "/weights_" +
+           ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    std::filesystem::remove_all(dir_);
+    config_ = *PresetConfig("tiny");
+    ASSERT_TRUE(MakeModel(config_, 1, dir_).ok());
+  }
+  std::string weights_path() const { return dir_ + "/model.safetensors"; }
+  std::string config_path() const { return dir_ + "/config.json"; }
+
+  // Rewrites model.safetensors from `weights` minus/plus tensors, with `edit` applied.
+  void Rewrite(const std::function<void(std::vector<TensorToWrite>&)>& edit) {
+    weights_ = GenerateWeights(config_, 1);
+    std::vector<TensorToWrite> tensors;
+    for (const TensorSlot& slot : WeightTensorSlots(weights_)) {
+      tensors.push_back({slot.name, slot.shape, slot.data});
+    }
+    edit(tensors);
+    ASSERT_TRUE(WriteSafetensors(weights_path(), tensors, Dtype::kF32).ok());
+  }
+
+  void ExpectRefused(const std::string& message) {
+    auto loaded = LoadCedWeights(dir_);
+    ASSERT_FALSE(loaded.ok()) << "expected: " << message;
+    EXPECT_THAT(loaded.status().message(), HasSubstr(message));
+  }
+
+  std::string dir_;
+  ModelConfig config_;
+  CedWeights weights_;
+};
+
+TEST_F(WeightsTest, GenerationIsDeterministicAndSeeded) {
+  const std::string again = ::testing::TempDir() + "/weights_again";
+  const std::string other = ::testing::TempDir() + "/weights_other";
+  ASSERT_TRUE(MakeModel(config_, 1, again).ok());
+  ASSERT_TRUE(MakeModel(config_, 2, other).ok());
+  EXPECT_EQ(ReadFile(weights_path()), ReadFile(again + "/model.safetensors"));
+  EXPECT_NE(ReadFile(weights_path()), ReadFile(other + "/model.safetensors"));
+  auto a = LoadCedWeights(dir_), b = LoadCedWeights(again), c = LoadCedWeights(other);
+  ASSERT_TRUE(a.ok() && b.ok() && c.ok());
+  EXPECT_EQ(a->fingerprint, b->fingerprint);
+  EXPECT_NE(a->fingerprint, c->fingerprint);
+  EXPECT_EQ(a->fingerprint.size(), 64u);
+}
+
+TEST_F(WeightsTest, GeneratedActivationsAreFiniteAndUnsaturated) {
+  auto model = CedModel::Load(dir_);
+  ASSERT_TRUE(model.ok());
+  std::vector<int32_t> prompt(200);
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>((i * 37 + 11) % 512);
+  SequenceState state((*model)->state_layout());
+  auto result = (*model)->Prefill(prompt, {.result_logits = true}, state);
+  ASSERT_TRUE(result.ok());
+  const int64_t V = 512;
+  for (size_t r = 0; r < result->positions.size(); ++r) {
+    const float* row = result->logits.data() + r * V;
+    double sum = 0, sq = 0, max_logit = -1e30;
+    for (int64_t v = 0; v < V; ++v) {
+      ASSERT_TRUE(std::isfinite(row[v])) << "row " << r;
+      sum += row[v];
+      sq += row[v] * row[v];
+      max_logit = std::max<double>(max_logit, row[v]);
+    }
+    const double mean = sum / V, spread = std::sqrt(sq / V - mean * mean);
+    // Logits spread over a few units: neither flat nor one-hot.
+    EXPECT_GT(spread, 0.3) << "row " << r;
+    EXPECT_LT(spread, 30) << "row " << r;
+    double z = 0;
+    for (int64_t v = 0; v < V; ++v) z += std::exp(row[v] - max_logit);
+    EXPECT_GT(1.0 / z, 1.0 / V) << "row " << r;
+    EXPECT_LT(1.0 / z, 0.9999) << "softmax saturated at row " << r;
+  }
+}
+
+TEST_F(WeightsTest, Bf16FileWidensToNearbyFloats) {
+  const std::string bf16 = ::testing::TempDir() + "/weights_bf16";
+  ASSERT_TRUE(MakeModel(config_, 1, bf16, Dtype::kBF16).ok());
+  auto wide = LoadCedWeights(dir_);
+  auto narrow = LoadCedWeights(bf16);
+  ASSERT_TRUE(wide.ok() && narrow.ok()) << narrow.status();
+  EXPECT_NE(wide->fingerprint, narrow->fingerprint);
+  ASSERT_EQ(wide->embed.size(), narrow->embed.size());
+  for (size_t i = 0; i < wide->embed.size(); ++i) {
+    ASSERT_NEAR(narrow->embed[i], wide->embed[i], std::abs(wide->embed[i]) / 256 + 1e-30);
+    ASSERT_EQ(narrow->embed[i], Bf16ToFloat(FloatToBf16(wide->embed[i])));
+  }
+}
+
+TEST_F(WeightsTest, FingerprintFollowsTheConfig) {
+  auto before = LoadCedWeights(dir_);
+  nlohmann::json json = nlohmann::json::parse(ReadFile(config_path()));
+  json["rope_theta"] = 20000.0;
+  WriteFile(config_path(), json.dump());
+  auto after = LoadCedWeights(dir_);
+  ASSERT_TRUE(before.ok() && after.ok());
+  EXPECT_NE(before->fingerprint, after->fingerprint);
+}
+
+TEST_F(WeightsTest, MissingTensorIsNamed) {
+  Rewrite([](std::vector<TensorToWrite>& t) {
+    std::erase_if(
+        t, [](const auto& x) { return x.name == "model.layers.5.self_attn.swa_k_proj.weight"; });
+  });
+  ExpectRefused("tensor 'model.layers.5.self_attn.swa_k_proj.weight' is missing");
+}
+
+TEST_F(WeightsTest, WrongShapeIsNamed) {
+  Rewrite([](std::vector<TensorToWrite>& t) {
+    for (auto& x : t) {
+      if (x.name == "model.layers.2.mlp.up_proj.weight") x.shape = {128, 384};
+    }
+  });
+  ExpectRefused(
+      "tensor 'model.layers.2.mlp.up_proj.weight' has shape [128, 384]; config.json "
+      "requires [384, 128]");
+}
+
+TEST_F(WeightsTest, UnexpectedTensorsAreRefused) {
+  std::vector<float> extra(512 * 128, 0.0f);
+  Rewrite([&](std::vector<TensorToWrite>& t) {
+    t.push_back({"lm_head.weight", {512, 128}, extra.data()});
+  });
+  ExpectRefused("unexpected tensor 'lm_head.weight' (tie_word_embeddings is true");
+  nlohmann::json json = nlohmann::json::parse(ReadFile(config_path()));
+  json["tie_word_embeddings"] = false;
+  WriteFile(config_path(), json.dump());
+  Rewrite([](std::vector<TensorToWrite>&) {});
+  ExpectRefused("tensor 'lm_head.weight' is missing (tie_word_embeddings is false)");
+}
+
+TEST_F(WeightsTest, UnknownDtypeIsNamed) {
+  std::string bytes = ReadFile(weights_path());
+  const size_t at = bytes.find("\"F32\"");
+  ASSERT_NE(at, std::string::npos);
+  bytes.replace(at, 5, "\"F16\"");
+  WriteFile(weights_path(), bytes);
+  ExpectRefused("dtype \"F16\" is not supported; allowed: F32, BF16");
+}
+
+TEST_F(WeightsTest, TruncatedFilesAreRefused) {
+  const std::string bytes = ReadFile(weights_path());
+  WriteFile(weights_path(), bytes.substr(0, bytes.size() - 100));
+  ExpectRefused("the file is truncated or corrupt");
+  WriteFile(weights_path(), bytes.substr(0, 5));
+  ExpectRefused("shorter than the 8-byte header length");
+  WriteFile(weights_path(), bytes.substr(0, 200));
+  ExpectRefused("exceeds the file");
+  std::filesystem::remove(weights_path());
+  ExpectRefused("cannot open weights file");
+}
+
+TEST_F(WeightsTest, InconsistentConfigIsNamed) {
+  nlohmann::json json = nlohmann::json::parse(ReadFile(config_path()));
+  json["n_prefill_layer"] = 8;
+  WriteFile(config_path(), json.dump());
+  ExpectRefused("'n_prefill_layer' is 8; it must lie in [1, num_hidden_layers)");
+  json["n_prefill_layer"] = 3;  // consistent, but the file's layers no longer match
+  json["hidden_size"] = 64;
+  WriteFile(config_path(), json.dump());
+  ExpectRefused(
+      "tensor 'model.embed_tokens.weight' has shape [512, 128]; config.json requires "
+      "[512, 64]");
+}
+
+}  // namespace
+}  // namespace baton::model

@@ -1,0 +1,84 @@
+// `batonctl make-model` and `batonctl forward` run as processes: the JSON interface that
+// outside checks use, and exit status 2 with a clear message for bad input.
+#include <filesystem>
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "run_batonctl.h"
+
+namespace {
+
+using baton::testing::Result;
+using baton::testing::RunBatonctl;
+using ::testing::HasSubstr;
+
+class BatonctlModelTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    const Result r = RunBatonctl("make-model --preset tiny --seed 3 --out " + Dir());
+    ASSERT_EQ(r.exit_status, 0) << r.err;
+  }
+  static std::string Dir() { return ::testing::TempDir() + "/batonctl_tiny"; }
+  static std::string Tokens(int n) {
+    std::string s;
+    for (int i = 0; i < n; ++i) s += (i ? "," : "") + std::to_string((i * 31 + 7) % 512);
+    return s;
+  }
+};
+
+TEST_F(BatonctlModelTest, ForwardReportsResultRowsAndGreedyTokens) {
+  const Result off =
+      RunBatonctl("forward --model " + Dir() + " --tokens " + Tokens(40) + " --decode 5 --json");
+  ASSERT_EQ(off.exit_status, 0) << off.err;
+  const auto json = nlohmann::json::parse(off.out);
+  ASSERT_EQ(json["positions"].size(), 40u);
+  EXPECT_EQ(json["positions"][0], 0);
+  EXPECT_EQ(json["positions"][39], 39);
+  ASSERT_EQ(json["logits"].size(), 40u);
+  EXPECT_EQ(json["logits"][0].size(), 512u);
+  ASSERT_EQ(json["tokens"].size(), 5u);
+  // The first token is the argmax of the last prompt row.
+  const auto& last = json["logits"][39];
+  size_t best = 0;
+  for (size_t v = 1; v < last.size(); ++v) {
+    if (last[v].get<double>() > last[best].get<double>()) best = v;
+  }
+  EXPECT_EQ(json["tokens"][0], best);
+
+  const Result compact = RunBatonctl("forward --model " + Dir() + " --tokens " + Tokens(40) +
+                                     " --mode compact --keep 25 --chunk-size 7 --decode 5 --json");
+  ASSERT_EQ(compact.exit_status, 0) << compact.err;
+  const auto cjson = nlohmann::json::parse(compact.out);
+  ASSERT_EQ(cjson["positions"].size(), 25u);  // retained rows only, no placeholder
+  EXPECT_EQ(cjson["positions"][0], 15);
+
+  const Result hit = RunBatonctl("forward --model " + Dir() + " --tokens " + Tokens(40) +
+                                 " --mode compact --keep 22 --valid-start 16 --json");
+  ASSERT_EQ(hit.exit_status, 0) << hit.err;
+  const auto hjson = nlohmann::json::parse(hit.out);
+  ASSERT_EQ(hjson["positions"].size(), 22u);
+  EXPECT_EQ(hjson["positions"][0], 18);
+  EXPECT_TRUE(hjson["tokens"].empty());
+}
+
+TEST_F(BatonctlModelTest, BadInputExitsTwoWithAClearMessage) {
+  const std::pair<std::string, std::string> cases[] = {
+      {"forward --model /nonexistent --tokens 1,2", "cannot open model config"},
+      {"forward --model " + Dir() + " --tokens 1,2,999", "token 2 is 999"},
+      {"forward --model " + Dir() + " --tokens 1,,2", "--tokens"},
+      {"forward --model " + Dir() + " --tokens 1,2 --mode compact --keep 5",
+       "keep K is 5 with truncation mode 'compact'"},
+      {"forward --model " + Dir() + " --tokens 1,2 --valid-start 2", "s_valid is 2"},
+      {"forward --model " + Dir() + " --tokens 1,2 --decode -1", "--decode is -1"},
+      {"make-model --preset huge --out /tmp/x", "--preset: preset 'huge' is unknown"},
+  };
+  for (const auto& [args, message] : cases) {
+    const Result r = RunBatonctl(args);
+    EXPECT_EQ(r.exit_status, 2) << args;
+    EXPECT_THAT(r.err, HasSubstr(message)) << args;
+  }
+}
+
+}  // namespace
