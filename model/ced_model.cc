@@ -116,6 +116,32 @@ void CedModel::RunLayers(std::span<const Segment> segments, const int32_t* token
     CopyRow(v, ring + layout.ring_v_offset(layer) + slot * kv_dim, kv_dim);
   };
 
+  // Attention over `n` rows whose q/k/v sit at qkv row `first`: SWA keys from `ring` (one
+  // layer's K/V rings) before tail_start and from these rows after it.
+  auto swa_attention = [&](int64_t n, int64_t first, const int32_t* row_positions,
+                           const int32_t* lo, const float* ring, int64_t layer, int64_t tail_start,
+                           const BlockKvSource* global_source) {
+    const float* row0 = qkv.data() + first * qkv_dim;
+    return AttentionParams{.rows = n,
+                           .num_heads = H,
+                           .num_kv_heads = Hkv,
+                           .head_dim = hd,
+                           .scale = scale,
+                           .q = row0,
+                           .q_stride = qkv_dim,
+                           .out = attn.data() + first * q_dim,
+                           .positions = row_positions,
+                           .swa_lo = lo,
+                           .swa = {.ring_k = ring + layout.ring_k_offset(layer),
+                                   .ring_v = ring + layout.ring_v_offset(layer),
+                                   .ring_capacity = C,
+                                   .tail_k = row0 + q_dim,
+                                   .tail_v = row0 + q_dim + kv_dim,
+                                   .tail_stride = qkv_dim,
+                                   .tail_start = tail_start},
+                           .global = global_source};
+  };
+
   Embedding(
       {.rows = rows, .dim = d, .table = weights_.embed.data(), .ids = tokens, .out = h.data()});
 
@@ -139,28 +165,13 @@ void CedModel::RunLayers(std::span<const Segment> segments, const int32_t* token
           .theta = c.rope_theta});
     for (size_t s = 0; s < segments.size(); ++s) {
       const Segment& seg = segments[s];
-      float* ring = seg.state->producer_swa();
       const float* row0 = qkv.data() + seg.row_offset * qkv_dim;
       if (on_producer_rows != nullptr && *on_producer_rows) {
         (*on_producer_rows)(l, seg.q_start, seg.rows, row0 + q_dim, row0 + q_dim + kv_dim, qkv_dim);
       }
-      attention[s] = {.rows = seg.rows,
-                      .num_heads = H,
-                      .num_kv_heads = Hkv,
-                      .head_dim = hd,
-                      .scale = scale,
-                      .q = row0,
-                      .q_stride = qkv_dim,
-                      .out = attn.data() + seg.row_offset * q_dim,
-                      .positions = positions.data() + seg.row_offset,
-                      .swa_lo = producer_lo.data() + seg.row_offset,
-                      .swa = {.ring_k = ring + layout.ring_k_offset(l),
-                              .ring_v = ring + layout.ring_v_offset(l),
-                              .ring_capacity = C,
-                              .tail_k = row0 + q_dim,
-                              .tail_v = row0 + q_dim + kv_dim,
-                              .tail_stride = qkv_dim,
-                              .tail_start = seg.q_start}};
+      attention[s] = swa_attention(seg.rows, seg.row_offset, positions.data() + seg.row_offset,
+                                   producer_lo.data() + seg.row_offset, seg.state->producer_swa(),
+                                   l, seg.q_start, nullptr);
     }
     Attention(attention);
     // Ring writes come after attention: a new row may take the slot of a key still being read.
@@ -268,30 +279,14 @@ void CedModel::RunLayers(std::span<const Segment> segments, const int32_t* token
     std::vector<BlockKvSource> block_kv(segments.size());
     for (size_t s = 0; s < segments.size(); ++s) {
       const Segment& seg = segments[s];
-      float* ring = seg.state->consumer_swa();
-      const float* row0 = qkv.data() + seg.consumer_offset * qkv_dim;
       block_kv[s] = {.pages = seg.state->pages().data(),
                      .block_size = B,
                      .k_offset = layout.page_k_offset(l),
                      .v_offset = layout.page_v_offset(l)};
-      attention[s] = {.rows = seg.consumer_rows,
-                      .num_heads = H,
-                      .num_kv_heads = Hkv,
-                      .head_dim = hd,
-                      .scale = scale,
-                      .q = row0,
-                      .q_stride = qkv_dim,
-                      .out = attn.data() + seg.consumer_offset * q_dim,
-                      .positions = seg.consumer_positions,
-                      .swa_lo = seg.swa_lo,
-                      .swa = {.ring_k = ring + layout.ring_k_offset(l),
-                              .ring_v = ring + layout.ring_v_offset(l),
-                              .ring_capacity = C,
-                              .tail_k = row0 + q_dim,
-                              .tail_v = row0 + q_dim + kv_dim,
-                              .tail_stride = qkv_dim,
-                              .tail_start = seg.consumer_rows > 0 ? seg.consumer_positions[0] : 0},
-                      .global = &block_kv[s]};
+      attention[s] =
+          swa_attention(seg.consumer_rows, seg.consumer_offset, seg.consumer_positions, seg.swa_lo,
+                        seg.state->consumer_swa(), l,
+                        seg.consumer_rows > 0 ? seg.consumer_positions[0] : 0, &block_kv[s]);
     }
     Attention(attention);
     for (const Segment& seg : segments) {

@@ -22,24 +22,19 @@ void AllocateWeights(CedWeights& w) {
   const int64_t d = c.hidden_size, q = c.num_attention_heads * c.head_dim;
   const int64_t kv = c.num_key_value_heads * c.head_dim, inter = c.intermediate_size;
   w.embed.assign(c.vocab_size * d, 0.0f);
+  // Both layer groups hold a norm, a stacked q/k/v-like projection, o_proj, a norm and an MLP.
+  auto allocate = [&](auto& layer, std::vector<float>& stacked_qkv) {
+    layer.attn_norm.assign(d, 0.0f);
+    stacked_qkv.assign((q + 2 * kv) * d, 0.0f);
+    layer.o.assign(d * q, 0.0f);
+    layer.mlp_norm.assign(d, 0.0f);
+    layer.gate_up.assign(2 * inter * d, 0.0f);
+    layer.down.assign(d * inter, 0.0f);
+  };
   w.producers.assign(c.num_producer_layers(), {});
-  for (ProducerLayerWeights& p : w.producers) {
-    p.attn_norm.assign(d, 0.0f);
-    p.qkv.assign((q + 2 * kv) * d, 0.0f);
-    p.o.assign(d * q, 0.0f);
-    p.mlp_norm.assign(d, 0.0f);
-    p.gate_up.assign(2 * inter * d, 0.0f);
-    p.down.assign(d * inter, 0.0f);
-  }
+  for (ProducerLayerWeights& p : w.producers) allocate(p, p.qkv);
   w.consumers.assign(c.num_consumer_layers(), {});
-  for (ConsumerLayerWeights& l : w.consumers) {
-    l.attn_norm.assign(d, 0.0f);
-    l.q_swa_kv.assign((q + 2 * kv) * d, 0.0f);
-    l.o.assign(d * q, 0.0f);
-    l.mlp_norm.assign(d, 0.0f);
-    l.gate_up.assign(2 * inter * d, 0.0f);
-    l.down.assign(d * inter, 0.0f);
-  }
+  for (ConsumerLayerWeights& l : w.consumers) allocate(l, l.q_swa_kv);
   w.global_kv.assign(c.num_consumer_layers() * 2 * kv * d, 0.0f);
   w.final_norm.assign(d, 0.0f);
   w.lm_head.assign(c.tie_word_embeddings ? 0 : c.vocab_size * d, 0.0f);

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <array>
 #include <cstdio>
@@ -20,7 +21,9 @@ struct Result {
 };
 
 Result RunBatonctl(const std::string& args) {
-  const std::string err_path = ::testing::TempDir() + "/batonctl_stderr.txt";
+  // One stderr file per process: ctest runs several of these test binaries at once.
+  const std::string err_path =
+      ::testing::TempDir() + "/batonctl_stderr_" + std::to_string(getpid()) + ".txt";
   const std::string command = std::string(BATONCTL_PATH) + " " + args + " 2>" + err_path;
   Result result;
   FILE* pipe = popen(command.c_str(), "r");

@@ -1,0 +1,182 @@
+// Prefill and decode figures of the CPU forward pass on one model, beside this machine's own
+// limits measured in the same run: OpenBLAS sgemm GFLOP/s and memcpy bandwidth. Prints a
+// table, or one JSON object with --json. Not a test: nothing here asserts a time.
+//
+//   baton_model_bench --model DIR [--lengths 1024,4096] [--keep 140] [--batches 1,8,32]
+//                     [--decode-context 512] [--repeats 3] [--json]
+#include <cblas.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <iostream>
+#include <random>
+
+#include "CLI/CLI.hpp"
+#include "absl/strings/str_format.h"
+#include "baton/common/parse.h"
+#include "baton/model/ced_model.h"
+#include "baton/model/work_estimator.h"
+#include "nlohmann/json.hpp"
+
+namespace {
+
+using baton::model::CedModel;
+using baton::model::TruncationMode;
+using Clock = std::chrono::steady_clock;
+
+template <typename F>
+double MedianSeconds(int repeats, F&& run) {
+  std::vector<double> times;
+  for (int i = 0; i < repeats; ++i) {
+    const auto start = Clock::now();
+    run();
+    times.push_back(std::chrono::duration<double>(Clock::now() - start).count());
+  }
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
+double SgemmGflops(int repeats) {
+  const int n = 2048;
+  std::vector<float> a(n * n, 0.5f), b(n * n, 0.25f), c(n * n);
+  const double seconds = MedianSeconds(repeats, [&] {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, n, 1.0f, a.data(), n, b.data(), n,
+                0.0f, c.data(), n);
+  });
+  return 2.0 * n * n * n / seconds / 1e9;
+}
+
+double MemcpyGBps(int repeats) {
+  const size_t bytes = size_t{256} << 20;
+  std::vector<char> from(bytes, 1), to(bytes, 0);
+  const double seconds =
+      MedianSeconds(repeats, [&] { std::memcpy(to.data(), from.data(), bytes); });
+  return static_cast<double>(bytes) / seconds / 1e9;
+}
+
+std::vector<int32_t> Prompt(int64_t length, int64_t vocab, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<int32_t> tokens(length);
+  for (auto& t : tokens) t = static_cast<int32_t>(rng() % vocab);
+  return tokens;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"baton CPU model benchmark"};
+  std::string model_dir, lengths_text = "1024,4096", batches_text = "1,8,32";
+  int64_t keep = 140, decode_context = 512;
+  int repeats = 3;
+  bool json_output = false;
+  app.add_option("--model", model_dir, "Model directory")->required();
+  app.add_option("--lengths", lengths_text, "Prefill lengths");
+  app.add_option("--keep", keep, "Compact keep K");
+  app.add_option("--batches", batches_text, "Decode batch sizes");
+  app.add_option("--decode-context", decode_context, "Prompt length before decode steps");
+  app.add_option("--repeats", repeats, "Repeats per figure (median)");
+  app.add_flag("--json", json_output, "Print one JSON object");
+  CLI11_PARSE(app, argc, argv);
+  auto lengths = baton::ParseIntList(lengths_text, "--lengths");
+  auto batches = baton::ParseIntList(batches_text, "--batches");
+  if (!lengths.ok() || !batches.ok()) {
+    std::cerr << (lengths.ok() ? batches.status() : lengths.status()).message() << "\n";
+    return 2;
+  }
+  auto loaded = CedModel::Load(model_dir);
+  if (!loaded.ok()) {
+    std::cerr << loaded.status().message() << "\n";
+    return 2;
+  }
+  const CedModel& model = **loaded;
+  const baton::ModelConfig& config = model.config();
+  nlohmann::json out;
+  out["machine"] = {{"sgemm_gflops", SgemmGflops(repeats)}, {"memcpy_gbps", MemcpyGBps(repeats)}};
+
+  for (int64_t L : *lengths) {
+    const auto prompt = Prompt(L, config.vocab_size, 1);
+    for (TruncationMode mode : {TruncationMode::kOff, TruncationMode::kCompact}) {
+      const int64_t k = mode == TruncationMode::kOff ? 0 : keep;
+      const double seconds = MedianSeconds(repeats, [&] {
+        baton::model::SequenceState state(model.state_layout());
+        auto result = model.Prefill(prompt, {.mode = mode, .keep = k}, state);
+        if (!result.ok()) std::abort();
+      });
+      const int64_t lens[] = {L};
+      const auto estimate = baton::model::EstimateWork(
+          {.prompt_len = L, .keep = k, .mode = mode, .window = config.sliding_window,
+           .max_backtrack = config.max_backtrack},
+          lens, &config);
+      out["prefill"].push_back({{"length", L},
+                                {"mode", std::string(baton::model::TruncationModeName(mode))},
+                                {"keep", k},
+                                {"seconds", seconds},
+                                {"tokens_per_s", L / seconds},
+                                {"model_flops", estimate.flops->total()},
+                                {"model_gflops_per_s", estimate.flops->total() / seconds / 1e9}});
+    }
+  }
+
+  // Decode: every request holds a decode_context-token prompt; one step for the whole batch.
+  int64_t weight_bytes = 0;
+  {
+    auto weights = baton::model::LoadCedWeights(model_dir);
+    for (const auto& slot : baton::model::WeightTensorSlots(*weights)) {
+      int64_t n = 1;
+      for (int64_t dim : slot.shape) n *= dim;
+      weight_bytes += n * 4;
+    }
+  }
+  const auto layout = model.state_layout();
+  for (int64_t batch : *batches) {
+    std::vector<std::unique_ptr<baton::model::SequenceState>> states;
+    for (int64_t i = 0; i < batch; ++i) {
+      states.push_back(std::make_unique<baton::model::SequenceState>(layout));
+      auto result = model.Prefill(Prompt(decode_context, config.vocab_size, 100 + i),
+                                  {.mode = TruncationMode::kCompact, .keep = keep}, *states.back());
+      if (!result.ok()) std::abort();
+    }
+    std::vector<std::vector<float>> logits(batch, std::vector<float>(config.vocab_size));
+    const int steps = 8;
+    const double seconds = MedianSeconds(repeats, [&] {
+      for (int s = 0; s < steps; ++s) {
+        std::vector<baton::model::DecodeItem> items;
+        for (int64_t i = 0; i < batch; ++i) items.push_back({states[i].get(), 7, logits[i].data()});
+        if (!model.Decode(items).ok()) std::abort();
+      }
+    }) / steps;
+    // Bytes one step must read: every weight once, plus each request's block KV and rings.
+    const int64_t context = decode_context + steps * repeats;
+    const int64_t state_bytes =
+        4 * (context * layout.consumer_layers * 2 * layout.kv_dim + layout.producer_swa_floats() +
+             layout.consumer_swa_floats());
+    const double bytes = static_cast<double>(weight_bytes + batch * state_bytes);
+    const double bound = bytes / (out["machine"]["memcpy_gbps"].get<double>() * 1e9);
+    out["decode"].push_back({{"batch", batch},
+                             {"step_ms", seconds * 1e3},
+                             {"bytes_read", bytes},
+                             {"bandwidth_bound_ms", bound * 1e3},
+                             {"step_over_bound", seconds / bound}});
+  }
+
+  if (json_output) {
+    std::cout << out.dump(2) << "\n";
+    return 0;
+  }
+  std::cout << absl::StrFormat("machine: sgemm %.1f GFLOP/s (2 cores), memcpy %.2f GB/s\n",
+                               out["machine"]["sgemm_gflops"].get<double>(),
+                               out["machine"]["memcpy_gbps"].get<double>());
+  for (const auto& p : out["prefill"]) {
+    std::cout << absl::StrFormat("prefill L=%-5d %-7s %8.1f tok/s %7.1f model GFLOP/s\n",
+                                 p["length"].get<int64_t>(), p["mode"].get<std::string>(),
+                                 p["tokens_per_s"].get<double>(),
+                                 p["model_gflops_per_s"].get<double>());
+  }
+  for (const auto& d : out["decode"]) {
+    std::cout << absl::StrFormat("decode batch=%-3d step %7.2f ms (bandwidth bound %.2f ms)\n",
+                                 d["batch"].get<int64_t>(), d["step_ms"].get<double>(),
+                                 d["bandwidth_bound_ms"].get<double>());
+  }
+  return 0;
+}
