@@ -18,6 +18,9 @@ repeats="${REPEATS:-3}"
 check_tokens="$(seq -s, 11 37 4000 | cut -d, -f1-60)"
 "$build/tools/batonctl" forward --model "$model" --tokens "$check_tokens" --json >"$work/check.json"
 "$build/bench/baton_model_bench" --model "$model" --repeats "$repeats" --json >"$work/baton.json"
+# Debian's torch reaches BLAS through libblas.so.3, which defaults to OpenBLAS's pthread build;
+# like baton, give it the OpenMP build so that its OpenMP threads and BLAS do not contend.
+LD_LIBRARY_PATH="/usr/lib/$(gcc -print-multiarch)/openblas-openmp${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
 /usr/bin/python3 "$root/bench/torch_ced.py" --model "$model" --repeats "$repeats" \
   --check "$work/check.json" --check-tokens "$check_tokens" >"$work/torch.json"
 /usr/bin/python3 - "$work/baton.json" "$work/torch.json" <<'PY'

@@ -117,11 +117,21 @@ class Ced:
         logits = self.norm(hc, self.t["model.norm.weight"]) @ self.lm_head.T
         return logits, cache
 
-    def decode(self, tokens, caches):
-        """One step for a batch of caches of equal length; returns logits [batch, V]."""
-        B, t = len(tokens), caches[0]["length"]
+    @staticmethod
+    def stack(caches):
+        """Batches per-request prefill caches of equal length into [B, n, kv] tensors."""
+        def group(key):
+            return [(torch.stack([c[key][l][0] for c in caches]), torch.stack([c[key][l][1] for c in caches]))
+                    for l in range(len(caches[0][key]))]
+        return {"producer": group("producer"), "global": group("global"), "consumer": group("consumer"),
+                "length": caches[0]["length"]}
+
+    def decode(self, tokens, cache):
+        """One step for a stacked batch cache (see stack); returns logits [batch, V]."""
+        t = cache["length"]
         pos = torch.tensor([t])
         h = self.t["model.embed_tokens.weight"][torch.tensor(tokens)]
+
         def step_attention(q, keys, values):
             # q [B, H*hd], keys/values [B, n, Hkv*hd]: batched one-row attention, all visible.
             qh = q.unflatten(-1, (self.H, self.hd))
@@ -129,17 +139,18 @@ class Ced:
             vh = values.unflatten(-1, (self.Hkv, self.hd)).repeat_interleave(self.H // self.Hkv, 2)
             scores = torch.einsum("bhd,bnhd->bhn", qh, kh) / self.hd ** 0.5
             return torch.einsum("bhn,bnhd->bhd", scores.softmax(-1), vh).flatten(-2)
+
         for l in range(self.P):
             x = self.norm(h, self.w(l, "attn_norm.weight"))
             q = self.rope(x @ self.w(l, "self_attn.q_proj.weight").T, pos, self.H)
             k = self.rope(x @ self.w(l, "self_attn.k_proj.weight").T, pos, self.Hkv)
             v = x @ self.w(l, "self_attn.v_proj.weight").T
-            keys = torch.stack([torch.cat([c["producer"][l][0][-(self.W - 1) :], k[i : i + 1]]) for i, c in enumerate(caches)])
-            values = torch.stack([torch.cat([c["producer"][l][1][-(self.W - 1) :], v[i : i + 1]]) for i, c in enumerate(caches)])
+            old_k, old_v = cache["producer"][l]
+            keys = torch.cat([old_k[:, -(self.W - 1):], k[:, None]], 1)
+            values = torch.cat([old_v[:, -(self.W - 1):], v[:, None]], 1)
             h = h + step_attention(q, keys, values) @ self.w(l, "self_attn.o_proj.weight").T
             h = self.mlp(h, l)
-            for i, c in enumerate(caches):
-                c["producer"][l] = (keys[i][-self.W :], values[i][-self.W :])
+            cache["producer"][l] = (keys, values)
         s = self.norm(h, self.w(self.P, "attn_norm.weight"))
         for j, l in enumerate(range(self.P, self.N)):
             kg = self.rope(s @ self.w(l, "self_attn.global_k_proj.weight").T, pos, self.Hkv)
@@ -149,19 +160,16 @@ class Ced:
             q = self.rope(x @ self.w(l, "self_attn.q_proj.weight").T, pos, self.H)
             ks = self.rope(src @ self.w(l, "self_attn.swa_k_proj.weight").T, pos, self.Hkv)
             vs = src @ self.w(l, "self_attn.swa_v_proj.weight").T
-            gk = [torch.cat([c["global"][j][0], kg[i : i + 1]]) for i, c in enumerate(caches)]
-            gv = [torch.cat([c["global"][j][1], vg[i : i + 1]]) for i, c in enumerate(caches)]
-            sk = [torch.cat([c["consumer"][j][0][-(self.W - 1) :], ks[i : i + 1]]) for i, c in enumerate(caches)]
-            sv = [torch.cat([c["consumer"][j][1][-(self.W - 1) :], vs[i : i + 1]]) for i, c in enumerate(caches)]
-            keys = torch.stack([torch.cat([a, b]) for a, b in zip(gk, sk)])
-            values = torch.stack([torch.cat([a, b]) for a, b in zip(gv, sv)])
-            h = h + step_attention(q, keys, values) @ self.w(l, "self_attn.o_proj.weight").T
+            gk = torch.cat([cache["global"][j][0], kg[:, None]], 1)
+            gv = torch.cat([cache["global"][j][1], vg[:, None]], 1)
+            sk = torch.cat([cache["consumer"][j][0][:, -(self.W - 1):], ks[:, None]], 1)
+            sv = torch.cat([cache["consumer"][j][1][:, -(self.W - 1):], vs[:, None]], 1)
+            out = step_attention(q, torch.cat([gk, sk], 1), torch.cat([gv, sv], 1))
+            h = h + out @ self.w(l, "self_attn.o_proj.weight").T
             h = self.mlp(h, l)
-            for i, c in enumerate(caches):
-                c["global"][j] = (gk[i], gv[i])
-                c["consumer"][j] = (sk[i][-self.W :], sv[i][-self.W :])
-        for c in caches:
-            c["length"] += 1
+            cache["global"][j] = (gk, gv)
+            cache["consumer"][j] = (sk, sv)
+        cache["length"] += 1
         return self.norm(h, self.t["model.norm.weight"]) @ self.lm_head.T
 
 
@@ -210,10 +218,10 @@ def main():
                 out["prefill"].append({"length": length, "mode": "off" if keep is None else "compact",
                                        "seconds": seconds, "tokens_per_s": length / seconds})
         for batch in [int(x) for x in args.batches.split(",")]:
-            caches = [model.prefill(prompt(args.decode_context, config["vocab_size"], 100 + i), args.keep)[1]
-                      for i in range(batch)]
+            cache = Ced.stack([model.prefill(prompt(args.decode_context, config["vocab_size"], 100 + i), args.keep)[1]
+                               for i in range(batch)])
             steps = 8
-            seconds = median_seconds(args.repeats, lambda: [model.decode([7] * batch, caches) for _ in range(steps)]) / steps
+            seconds = median_seconds(args.repeats, lambda: [model.decode([7] * batch, cache) for _ in range(steps)]) / steps
             out["decode"].append({"batch": batch, "step_ms": seconds * 1e3})
     print(json.dumps(out, indent=2))
 

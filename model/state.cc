@@ -12,11 +12,18 @@ StateLayout StateLayout::For(const ModelConfig& c) {
           .kv_dim = c.num_key_value_heads * c.head_dim};
 }
 
-SequenceState::SequenceState(const StateLayout& layout, PageAllocator* allocator)
+SequenceState::SequenceState(const StateLayout& layout, PageAllocator* allocator,
+                             float* producer_swa, float* consumer_swa)
     : layout_(layout),
       allocator_(allocator),
-      producer_swa_(layout.producer_swa_floats(), 0.0f),
-      consumer_swa_(layout.consumer_swa_floats(), 0.0f) {}
+      producer_swa_(producer_swa),
+      consumer_swa_(consumer_swa) {
+  if (producer_swa_ == nullptr || consumer_swa_ == nullptr) {
+    owned_rings_.assign(layout.producer_swa_floats() + layout.consumer_swa_floats(), 0.0f);
+    producer_swa_ = owned_rings_.data();
+    consumer_swa_ = owned_rings_.data() + layout.producer_swa_floats();
+  }
+}
 
 SequenceState::~SequenceState() {
   for (float* page : pages_) {

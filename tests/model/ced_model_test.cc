@@ -10,6 +10,7 @@
 #include "ced_reference.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "test_dir.h"
 
 namespace baton::model {
 namespace {
@@ -50,7 +51,7 @@ class CedModelTest : public ::testing::Test {
         new std::vector<Variant>{{"tiny", tiny, Dtype::kF32}, {"variant", variant, Dtype::kBF16}};
     models_ = new std::vector<std::unique_ptr<CedModel>>();
     for (const Variant& v : *variants_) {
-      const std::string dir = ::testing::TempDir() + "/ced_" + v.name;
+      const std::string dir = baton::testing::ProcessTempDir() + "/ced_" + v.name;
       ASSERT_TRUE(MakeModel(v.config, 7, dir, v.dtype).ok());
       auto model = CedModel::Load(dir);
       ASSERT_TRUE(model.ok()) << model.status();
@@ -63,7 +64,7 @@ class CedModelTest : public ::testing::Test {
   }
   static const CedModel& tiny() { return *(*models_)[0]; }
   static std::string ModelDir(size_t i) {
-    return ::testing::TempDir() + "/ced_" + (*variants_)[i].name;
+    return baton::testing::ProcessTempDir() + "/ced_" + (*variants_)[i].name;
   }
 
   static std::vector<int32_t> RandomTokens(std::mt19937_64& rng, int64_t n, int64_t vocab) {
@@ -205,7 +206,7 @@ TEST_F(CedModelTest, KeepOfSpanRIsExactAndOneLessIsNot) {
     for (int64_t i = 0; i < q_floats; ++i) layer.q_swa_kv[i] *= 3.0f;
     for (float& w : layer.o) w *= 4.0f;
   }
-  const std::string dir = ::testing::TempDir() + "/ced_span";
+  const std::string dir = baton::testing::ProcessTempDir() + "/ced_span";
   ASSERT_TRUE(SaveCedWeights(weights, dir, Dtype::kF32).ok());
   auto model = CedModel::Load(dir);
   ASSERT_TRUE(model.ok()) << model.status();

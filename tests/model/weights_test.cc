@@ -12,6 +12,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "test_dir.h"
 
 namespace baton::model {
 namespace {
@@ -32,7 +33,7 @@ void WriteFile(const std::string& path, const std::string& bytes) {
 class WeightsTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = ::testing::TempDir() + "/weights_" +
+    dir_ = baton::testing::ProcessTempDir() + "/weights_" +
            ::testing::UnitTest::GetInstance()->current_test_info()->name();
     std::filesystem::remove_all(dir_);
     config_ = *PresetConfig("tiny");
@@ -64,8 +65,8 @@ class WeightsTest : public ::testing::Test {
 };
 
 TEST_F(WeightsTest, GenerationIsDeterministicAndSeeded) {
-  const std::string again = ::testing::TempDir() + "/weights_again";
-  const std::string other = ::testing::TempDir() + "/weights_other";
+  const std::string again = baton::testing::ProcessTempDir() + "/weights_again";
+  const std::string other = baton::testing::ProcessTempDir() + "/weights_other";
   ASSERT_TRUE(MakeModel(config_, 1, again).ok());
   ASSERT_TRUE(MakeModel(config_, 2, other).ok());
   EXPECT_EQ(ReadFile(weights_path()), ReadFile(again + "/model.safetensors"));
@@ -107,7 +108,7 @@ TEST_F(WeightsTest, GeneratedActivationsAreFiniteAndUnsaturated) {
 }
 
 TEST_F(WeightsTest, Bf16FileWidensToNearbyFloats) {
-  const std::string bf16 = ::testing::TempDir() + "/weights_bf16";
+  const std::string bf16 = baton::testing::ProcessTempDir() + "/weights_bf16";
   ASSERT_TRUE(MakeModel(config_, 1, bf16, Dtype::kBF16).ok());
   auto wide = LoadCedWeights(dir_);
   auto narrow = LoadCedWeights(bf16);

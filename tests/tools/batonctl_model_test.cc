@@ -7,6 +7,7 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "run_batonctl.h"
+#include "test_dir.h"
 
 namespace {
 
@@ -20,7 +21,7 @@ class BatonctlModelTest : public ::testing::Test {
     const Result r = RunBatonctl("make-model --preset tiny --seed 3 --out " + Dir());
     ASSERT_EQ(r.exit_status, 0) << r.err;
   }
-  static std::string Dir() { return ::testing::TempDir() + "/batonctl_tiny"; }
+  static std::string Dir() { return baton::testing::ProcessTempDir() + "/batonctl_tiny"; }
   static std::string Tokens(int n) {
     std::string s;
     for (int i = 0; i < n; ++i) s += (i ? "," : "") + std::to_string((i * 31 + 7) % 512);

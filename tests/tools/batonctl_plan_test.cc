@@ -7,6 +7,7 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "run_batonctl.h"
+#include "test_dir.h"
 
 namespace {
 
@@ -56,7 +57,7 @@ TEST(BatonctlPlanTest, ChunksAndChunkSizeTileFromValidStart) {
 }
 
 TEST(BatonctlPlanTest, ModelConfigAddsFlops) {
-  const std::string path = ::testing::TempDir() + "/plan_config.json";
+  const std::string path = baton::testing::ProcessTempDir() + "/plan_config.json";
   std::ofstream(path) << R"({"vocab_size": 512, "hidden_size": 128, "intermediate_size": 384,
     "num_hidden_layers": 8, "n_prefill_layer": 4, "num_attention_heads": 4,
     "num_key_value_heads": 1, "head_dim": 32, "sliding_window": 16, "kv_block_size": 16})";

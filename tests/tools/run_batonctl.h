@@ -11,6 +11,7 @@
 #include <string>
 
 #include "gtest/gtest.h"
+#include "test_dir.h"
 
 namespace baton::testing {
 
@@ -23,7 +24,7 @@ struct Result {
 Result RunBatonctl(const std::string& args) {
   // One stderr file per process: ctest runs several of these test binaries at once.
   const std::string err_path =
-      ::testing::TempDir() + "/batonctl_stderr_" + std::to_string(getpid()) + ".txt";
+      baton::testing::ProcessTempDir() + "/batonctl_stderr_" + std::to_string(getpid()) + ".txt";
   const std::string command = std::string(BATONCTL_PATH) + " " + args + " 2>" + err_path;
   Result result;
   FILE* pipe = popen(command.c_str(), "r");

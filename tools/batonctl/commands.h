@@ -20,6 +20,7 @@ struct Command {
 Command AddPlanCommand(CLI::App& app);
 Command AddMakeModelCommand(CLI::App& app);
 Command AddForwardCommand(CLI::App& app);
+Command AddGenerateCommand(CLI::App& app);
 
 inline constexpr int kExitOk = 0;
 inline constexpr int kExitFailure = 1;

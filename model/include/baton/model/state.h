@@ -52,16 +52,18 @@ class PageAllocator {
 class SequenceState {
  public:
   // Pages come from `allocator` when given (it must outlive the state), else from the heap.
-  explicit SequenceState(const StateLayout& layout, PageAllocator* allocator = nullptr);
+  // Rings live in the given buffers (a node's registered pool; not owned) when both are set.
+  explicit SequenceState(const StateLayout& layout, PageAllocator* allocator = nullptr,
+                         float* producer_swa = nullptr, float* consumer_swa = nullptr);
   ~SequenceState();
   SequenceState(const SequenceState&) = delete;
   SequenceState& operator=(const SequenceState&) = delete;
 
   const StateLayout& layout() const { return layout_; }
-  float* producer_swa() { return producer_swa_.data(); }
-  const float* producer_swa() const { return producer_swa_.data(); }
-  float* consumer_swa() { return consumer_swa_.data(); }
-  const float* consumer_swa() const { return consumer_swa_.data(); }
+  float* producer_swa() { return producer_swa_; }
+  const float* producer_swa() const { return producer_swa_; }
+  float* consumer_swa() { return consumer_swa_; }
+  const float* consumer_swa() const { return consumer_swa_; }
   const std::vector<float*>& pages() const { return pages_; }
 
   // Makes sure pages cover positions [0, positions); RESOURCE_EXHAUSTED when the allocator
@@ -76,8 +78,9 @@ class SequenceState {
  private:
   StateLayout layout_;
   PageAllocator* allocator_;
-  std::vector<float> producer_swa_;
-  std::vector<float> consumer_swa_;
+  std::vector<float> owned_rings_;  // both rings when no external buffers were given
+  float* producer_swa_;
+  float* consumer_swa_;
   std::vector<float*> pages_;
 };
 

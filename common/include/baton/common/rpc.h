@@ -1,0 +1,65 @@
+// gRPC glue shared by every baton binary: the one place where absl::Status becomes
+// grpc::Status and back, server start-up (health service, reflection, a ready file that
+// tests and `baton up` wait for), the registration heartbeat to the router, and waiting for
+// SIGINT/SIGTERM.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "baton/v1/node.grpc.pb.h"
+#include "grpcpp/grpcpp.h"
+
+namespace baton {
+
+grpc::Status ToGrpcStatus(const absl::Status& status);
+absl::Status FromGrpcStatus(const grpc::Status& status);
+
+struct ServerOptions {
+  std::string host = "127.0.0.1";
+  int port = 0;            // 0: any free port
+  std::string ready_file;  // when set, "host:port" is written there once serving
+};
+
+struct StartedServer {
+  std::unique_ptr<grpc::Server> server;
+  std::string address;  // host:port actually bound
+};
+
+// Adds grpc.health.v1 and reflection, binds, starts, writes the ready file.
+absl::StatusOr<StartedServer> StartServer(grpc::ServerBuilder& builder,
+                                          const ServerOptions& options);
+
+// Registers a node with the router now and then every heartbeat, reporting its load, until
+// destroyed. Failures are retried: the router may start later or restart.
+class Heartbeat {
+ public:
+  using LoadFn = std::function<v1::LoadReport()>;
+  Heartbeat(std::string router_address, v1::RegisterRequest node, LoadFn load);
+  ~Heartbeat();
+
+ private:
+  void Run();
+  std::string router_address_;
+  v1::RegisterRequest node_;
+  LoadFn load_;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+// Blocks SIGINT and SIGTERM in this thread (call first in main, before starting threads, so
+// they inherit the mask) ...
+void BlockShutdownSignals();
+// ... and waits for one of them; returns the signal number.
+int WaitForShutdownSignal();
+
+}  // namespace baton

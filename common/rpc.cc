@@ -1,0 +1,100 @@
+#include "baton/common/rpc.h"
+
+#include <signal.h>
+
+#include <chrono>
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/health_check_service_interface.h"
+
+namespace baton {
+
+grpc::Status ToGrpcStatus(const absl::Status& status) {
+  if (status.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
+}
+
+absl::Status FromGrpcStatus(const grpc::Status& status) {
+  if (status.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
+}
+
+absl::StatusOr<StartedServer> StartServer(grpc::ServerBuilder& builder,
+                                          const ServerOptions& options) {
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  int port = 0;
+  builder.AddListeningPort(absl::StrCat(options.host, ":", options.port),
+                           grpc::InsecureServerCredentials(), &port);
+  StartedServer started;
+  started.server = builder.BuildAndStart();
+  if (started.server == nullptr || port == 0) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen on ", options.host, ":", options.port));
+  }
+  started.address = absl::StrCat(options.host, ":", port);
+  if (!options.ready_file.empty()) {
+    // Write then rename, so a reader never sees half an address.
+    const std::string partial = options.ready_file + ".partial";
+    std::ofstream(partial, std::ios::trunc) << started.address << "\n";
+    std::rename(partial.c_str(), options.ready_file.c_str());
+  }
+  return started;
+}
+
+Heartbeat::Heartbeat(std::string router_address, v1::RegisterRequest node, LoadFn load)
+    : router_address_(std::move(router_address)),
+      node_(std::move(node)),
+      load_(std::move(load)),
+      thread_([this] { Run(); }) {}
+
+Heartbeat::~Heartbeat() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stop_ = true;
+  }
+  wake_.notify_all();
+  thread_.join();
+}
+
+void Heartbeat::Run() {
+  auto stub = v1::Registry::NewStub(
+      grpc::CreateChannel(router_address_, grpc::InsecureChannelCredentials()));
+  std::chrono::milliseconds period(200);
+  std::unique_lock<std::mutex> lock(mutex_);
+  while (!stop_) {
+    lock.unlock();
+    v1::RegisterRequest request = node_;
+    *request.mutable_load() = load_();
+    v1::RegisterResponse response;
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    if (stub->Register(&context, request, &response).ok() && response.heartbeat_ms() > 0) {
+      period = std::chrono::milliseconds(response.heartbeat_ms());
+    }
+    lock.lock();
+    wake_.wait_for(lock, period, [this] { return stop_; });
+  }
+}
+
+void BlockShutdownSignals() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+}
+
+int WaitForShutdownSignal() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  int signal = 0;
+  sigwait(&set, &signal);
+  return signal;
+}
+
+}  // namespace baton

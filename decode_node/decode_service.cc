@@ -1,0 +1,471 @@
+#include "decode_service.h"
+
+#include <chrono>
+#include <cstring>
+#include <iostream>
+
+#include "absl/strings/str_cat.h"
+#include "baton/common/rpc.h"
+#include "baton/transfer/checksum.h"
+
+namespace baton::decode_node {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr uint32_t kStateFormatVersion = 1;
+
+grpc::Status Invalid(const std::string& message) {
+  return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, message);
+}
+
+}  // namespace
+
+struct DecodeService::Request {
+  // The slot and unused page credit go back only when the last holder lets go: an in-flight
+  // decode step keeps writing the rings of a request that was just cancelled.
+  ~Request() {
+    if (pool == nullptr) return;
+    const int64_t used = static_cast<int64_t>(state->pages().size());
+    state.reset();
+    pool->Unreserve(slot, reserved_pages - used);
+  }
+  StatePool* pool = nullptr;
+  std::string id;
+  Phase phase = Phase::kReserved;
+  int64_t slot = -1;
+  int64_t reserved_pages = 0;
+  std::unique_ptr<model::SequenceState> state;
+  uint32_t prompt_len = 0;
+  model::SamplingParams sampling;
+  uint32_t max_tokens = 0;
+  std::set<int32_t> stop_ids;
+  bool ignore_eos = false;
+  uint32_t completion = 0;  // completion tokens so far, counting those before this node
+  int32_t next_input = 0;
+  std::vector<int32_t> tokens;  // tokens produced here after the first (which the router has)
+  std::vector<float> logprobs;
+  size_t streamed = 0;
+  v1::FinishReason finish = v1::FINISH_REASON_UNSPECIFIED;
+  Clock::time_point deadline;  // reservation: commit by then; committed: attach by then
+  bool attached = false;
+  std::vector<float> logits;
+};
+
+DecodeService::DecodeService(const model::CedModel& model, const DecodeOptions& options)
+    : model_(model), options_(options) {
+  const model::StateLayout layout = model.state_layout();
+  const uint64_t bytes = StatePool::BytesFor(layout, options.slots, options.pages);
+  if (options.use_ucx) {
+    auto worker = transfer::UcxWorker::Create();
+    auto memory = worker.ok()
+                      ? (*worker)->Allocate(bytes)
+                      : absl::StatusOr<std::unique_ptr<transfer::UcxMemory>>(worker.status());
+    if (memory.ok()) {
+      ucx_ = *std::move(worker);
+      ucx_memory_ = *std::move(memory);
+    } else {
+      std::cerr << "baton-decode: UCX unavailable (" << memory.status().message()
+                << "); serving the gRPC transport only\n";
+    }
+  }
+  pool_ = std::make_unique<StatePool>(
+      layout, options.slots, options.pages,
+      ucx_memory_ != nullptr ? reinterpret_cast<void*>(ucx_memory_->address()) : nullptr);
+  decode_thread_ = std::thread([this] { DecodeLoop(); });
+  reap_thread_ = std::thread([this] { ReapLoop(); });
+  if (ucx_ != nullptr) ucx_thread_ = std::thread([this] { UcxProgressLoop(); });
+}
+
+DecodeService::~DecodeService() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stop_ = true;
+    requests_.clear();
+  }
+  changed_.notify_all();
+  decode_thread_.join();
+  reap_thread_.join();
+  if (ucx_thread_.joinable()) ucx_thread_.join();
+  pool_.reset();
+  ucx_memory_.reset();
+}
+
+void DecodeService::Erase(const std::string& id) {
+  auto it = requests_.find(id);
+  if (it == requests_.end()) return;
+  requests_.erase(it);  // memory returns when the Request is destroyed
+  changed_.notify_all();
+}
+
+grpc::Status DecodeService::Reserve(grpc::ServerContext* context, const v1::ReserveRequest* request,
+                                    v1::Reservation* reply) {
+  const ModelConfig& config = model_.config();
+  if (request->request_id().empty()) return Invalid("request_id: must not be empty");
+  if (request->model_fingerprint() != model_.fingerprint()) {
+    return grpc::Status(
+        grpc::StatusCode::FAILED_PRECONDITION,
+        absl::StrCat("model_fingerprint: this decode node serves ", model_.fingerprint()));
+  }
+  if (request->prompt_tokens() == 0) return Invalid("prompt_tokens: must be >= 1");
+  const auto& sampling = request->sampling();
+  if (sampling.max_tokens() <= request->completed_tokens()) {
+    return Invalid("sampling.max_tokens: must exceed completed_tokens");
+  }
+  const int64_t positions =
+      request->prompt_tokens() + (sampling.max_tokens() - request->completed_tokens());
+  const int64_t B = config.kv_block_size;
+  const int64_t pages = (positions + B - 1) / B;
+  if (pages > pool_->total_pages()) {
+    return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                        absl::StrCat("request needs ", pages, " block-KV pages; the pool has ",
+                                     pool_->total_pages()));
+  }
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (requests_.contains(request->request_id())) {
+    return grpc::Status(grpc::StatusCode::ALREADY_EXISTS,
+                        absl::StrCat("request_id: '", request->request_id(), "' is reserved"));
+  }
+  std::optional<int64_t> slot = pool_->TryReserve(pages);
+  if (!slot) {
+    if (waiting_ >= options_.max_waiting) {
+      return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                          "decode pools are full and the wait queue is at its bound");
+    }
+    ++waiting_;
+    while (!slot && !stop_ && !context->IsCancelled() &&
+           context->deadline() > std::chrono::system_clock::now()) {
+      changed_.wait_for(lock, std::chrono::milliseconds(50));
+      slot = pool_->TryReserve(pages);
+    }
+    --waiting_;
+    if (!slot) {
+      return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                          "decode pools stayed full until the request's deadline");
+    }
+  }
+  auto r = std::make_shared<Request>();
+  r->id = request->request_id();
+  r->slot = *slot;
+  r->reserved_pages = pages;
+  r->state = std::make_unique<model::SequenceState>(
+      model_.state_layout(), pool_.get(), pool_->producer_ring(*slot), pool_->consumer_ring(*slot));
+  r->pool = pool_.get();
+  if (absl::Status s = r->state->EnsurePages(positions); !s.ok()) return ToGrpcStatus(s);
+  r->prompt_len = request->prompt_tokens();
+  r->sampling = {.temperature = sampling.temperature(),
+                 .top_k = static_cast<int32_t>(sampling.top_k()),
+                 .top_p = sampling.top_p() > 0 ? sampling.top_p() : 1.0f,
+                 .seed = sampling.seed()};
+  r->max_tokens = sampling.max_tokens();
+  r->stop_ids.insert(sampling.stop_token_ids().begin(), sampling.stop_token_ids().end());
+  r->ignore_eos = sampling.ignore_eos();
+  r->completion = request->completed_tokens();
+  r->logits.resize(config.vocab_size);
+  r->deadline = Clock::now() + std::chrono::milliseconds(
+                                   request->timeout_ms() > 0 ? request->timeout_ms() : 10000);
+  const model::StateLayout& layout = model_.state_layout();
+  reply->set_request_id(r->id);
+  if (ucx_ != nullptr) {
+    reply->set_ucx_worker_address(ucx_->address());
+    reply->set_rkey(ucx_memory_->packed_rkey());
+  }
+  reply->set_producer_swa_addr(reinterpret_cast<uint64_t>(r->state->producer_swa()));
+  reply->set_consumer_swa_addr(reinterpret_cast<uint64_t>(r->state->consumer_swa()));
+  reply->set_producer_swa_bytes(sizeof(float) * layout.producer_swa_floats());
+  reply->set_consumer_swa_bytes(sizeof(float) * layout.consumer_swa_floats());
+  reply->set_page_bytes(sizeof(float) * layout.page_floats());
+  const int64_t prompt_pages = (r->prompt_len + B - 1) / B;
+  for (int64_t p = 0; p < prompt_pages; ++p) {
+    reply->add_page_addrs(reinterpret_cast<uint64_t>(r->state->pages()[p]));
+  }
+  requests_[r->id] = std::move(r);
+  return grpc::Status::OK;
+}
+
+uint64_t DecodeService::RegionBytes(v1::Region region, const Request& r) const {
+  const model::StateLayout& layout = model_.state_layout();
+  switch (region) {
+    case v1::REGION_PRODUCER_SWA:
+      return sizeof(float) * layout.producer_swa_floats();
+    case v1::REGION_CONSUMER_SWA:
+      return sizeof(float) * layout.consumer_swa_floats();
+    case v1::REGION_BLOCK_KV:
+      return sizeof(float) * layout.page_floats() *
+             ((r.prompt_len + layout.block_size - 1) / layout.block_size);
+    default:
+      return 0;
+  }
+}
+
+grpc::Status DecodeService::PushRegions(grpc::ServerContext* context,
+                                        grpc::ServerReader<v1::RegionChunk>* reader,
+                                        v1::PushRegionsResponse* reply) {
+  v1::RegionChunk chunk;
+  uint64_t total = 0;
+  const uint64_t page_bytes = sizeof(float) * model_.state_layout().page_floats();
+  while (reader->Read(&chunk)) {
+    std::shared_ptr<Request> r;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      auto it = requests_.find(chunk.request_id());
+      if (it == requests_.end() || it->second->phase != Phase::kReserved) {
+        return grpc::Status(
+            grpc::StatusCode::NOT_FOUND,
+            absl::StrCat("request_id: no open reservation '", chunk.request_id(), "'"));
+      }
+      r = it->second;
+    }
+    const uint64_t limit = RegionBytes(chunk.region(), *r);
+    if (limit == 0 || chunk.offset() + chunk.data().size() > limit) {
+      return Invalid(absl::StrCat("region chunk [", chunk.offset(), ", ",
+                                  chunk.offset() + chunk.data().size(), ") lies outside region ",
+                                  v1::Region_Name(chunk.region()), " of ", limit, " bytes"));
+    }
+    const char* data = chunk.data().data();
+    uint64_t offset = chunk.offset(), left = chunk.data().size();
+    while (left > 0) {
+      char* target;
+      uint64_t room;
+      if (chunk.region() == v1::REGION_BLOCK_KV) {
+        target =
+            reinterpret_cast<char*>(r->state->pages()[offset / page_bytes]) + offset % page_bytes;
+        room = page_bytes - offset % page_bytes;
+      } else {
+        float* base = chunk.region() == v1::REGION_PRODUCER_SWA ? r->state->producer_swa()
+                                                                : r->state->consumer_swa();
+        target = reinterpret_cast<char*>(base) + offset;
+        room = left;
+      }
+      const uint64_t n = std::min(left, room);
+      std::memcpy(target, data, n);
+      data += n;
+      offset += n;
+      left -= n;
+    }
+    total += chunk.data().size();
+  }
+  reply->set_bytes(total);
+  return grpc::Status::OK;
+}
+
+grpc::Status DecodeService::Commit(grpc::ServerContext* context, const v1::CommitRequest* request,
+                                   v1::CommitResponse* reply) {
+  const v1::StateHeader& h = request->header();
+  std::unique_lock<std::mutex> lock(mutex_);
+  auto it = requests_.find(h.request_id());
+  if (it == requests_.end() || it->second->phase != Phase::kReserved) {
+    return grpc::Status(grpc::StatusCode::NOT_FOUND,
+                        absl::StrCat("request_id: no open reservation '", h.request_id(), "'"));
+  }
+  std::shared_ptr<Request> r = it->second;
+  auto fail = [&](grpc::StatusCode code, const std::string& message) {
+    Erase(r->id);
+    return grpc::Status(code, message);
+  };
+  if (h.format_version() != kStateFormatVersion) {
+    return fail(grpc::StatusCode::FAILED_PRECONDITION,
+                absl::StrCat("header.format_version ", h.format_version(), "; expected ",
+                             kStateFormatVersion));
+  }
+  if (h.model_fingerprint() != model_.fingerprint()) {
+    return fail(grpc::StatusCode::FAILED_PRECONDITION, "header.model_fingerprint does not match");
+  }
+  if (h.prompt_len() != r->prompt_len) {
+    return fail(grpc::StatusCode::INVALID_ARGUMENT,
+                absl::StrCat("header.prompt_len ", h.prompt_len(), " but ", r->prompt_len,
+                             " were reserved"));
+  }
+  if (h.first_token() < 0 || h.first_token() >= model_.config().vocab_size) {
+    return fail(grpc::StatusCode::INVALID_ARGUMENT, "header.first_token outside the vocabulary");
+  }
+  const model::StateLayout& layout = model_.state_layout();
+  const uint64_t page_bytes = sizeof(float) * layout.page_floats();
+  const uint64_t kv_bytes = RegionBytes(v1::REGION_BLOCK_KV, *r);
+  std::vector<const void*> pages(r->state->pages().begin(), r->state->pages().end());
+  struct Check {
+    const char* name;
+    uint64_t expected, actual, bytes, expected_bytes;
+  } checks[] = {
+      {"producer_swa", h.producer_swa_checksum(),
+       transfer::Checksum(r->state->producer_swa(), sizeof(float) * layout.producer_swa_floats()),
+       h.producer_swa_bytes(), sizeof(float) * layout.producer_swa_floats()},
+      {"consumer_swa", h.consumer_swa_checksum(),
+       transfer::Checksum(r->state->consumer_swa(), sizeof(float) * layout.consumer_swa_floats()),
+       h.consumer_swa_bytes(), sizeof(float) * layout.consumer_swa_floats()},
+      {"block_kv", h.block_kv_checksum(), transfer::ChecksumPieces(pages, page_bytes, kv_bytes),
+       h.block_kv_bytes(), kv_bytes},
+  };
+  for (const Check& c : checks) {
+    if (c.bytes != c.expected_bytes || c.expected != c.actual) {
+      return fail(grpc::StatusCode::DATA_LOSS,
+                  absl::StrCat("region ", c.name, " failed its checksum after transfer"));
+    }
+  }
+  r->state->length = h.prompt_len();
+  r->state->s_valid = h.s_valid();
+  r->phase = Phase::kCommitted;
+  r->deadline = Clock::now() + std::chrono::milliseconds(options_.attach_timeout_ms);
+  // The first token was sampled by the prefill node; it counts, and may already finish.
+  r->completion += 1;
+  r->next_input = h.first_token();
+  if (r->completion >= r->max_tokens) {
+    r->finish = v1::FINISH_REASON_LENGTH;
+  } else if (r->stop_ids.contains(h.first_token())) {
+    r->finish = v1::FINISH_REASON_STOP;
+  } else if (!r->ignore_eos && h.first_token() == model_.config().eos_token_id) {
+    r->finish = v1::FINISH_REASON_EOS;
+  }
+  if (r->finish != v1::FINISH_REASON_UNSPECIFIED) r->phase = Phase::kFinished;
+  changed_.notify_all();
+  return grpc::Status::OK;
+}
+
+void DecodeService::Accept(Request& r, int32_t token, float logprob) {
+  r.tokens.push_back(token);
+  r.logprobs.push_back(logprob);
+  r.completion += 1;
+  r.next_input = token;
+  if (r.stop_ids.contains(token)) {
+    r.finish = v1::FINISH_REASON_STOP;
+  } else if (!r.ignore_eos && token == model_.config().eos_token_id) {
+    r.finish = v1::FINISH_REASON_EOS;
+  } else if (r.completion >= r.max_tokens) {
+    r.finish = v1::FINISH_REASON_LENGTH;
+  }
+  if (r.finish != v1::FINISH_REASON_UNSPECIFIED) r.phase = Phase::kFinished;
+}
+
+void DecodeService::DecodeLoop() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  while (!stop_) {
+    std::vector<std::shared_ptr<Request>> batch;
+    for (auto& [id, r] : requests_) {
+      if (r->phase == Phase::kCommitted &&
+          static_cast<int64_t>(batch.size()) < options_.max_batch) {
+        batch.push_back(r);
+      }
+    }
+    if (batch.empty()) {
+      changed_.wait_for(lock, std::chrono::milliseconds(100));
+      continue;
+    }
+    std::vector<model::DecodeItem> items;
+    for (auto& r : batch) items.push_back({r->state.get(), r->next_input, r->logits.data()});
+    lock.unlock();
+    const absl::Status status = model_.Decode(items);
+    std::vector<model::SampledToken> sampled;
+    for (auto& r : batch)
+      sampled.push_back(model::SampleToken(r->logits, r->sampling, r->completion));
+    lock.lock();
+    for (size_t i = 0; i < batch.size(); ++i) {
+      Request& r = *batch[i];
+      if (!status.ok()) {
+        std::cerr << "baton-decode: request " << r.id << ": " << status.message() << "\n";
+        r.finish = v1::FINISH_REASON_UNSPECIFIED;
+        r.phase = Phase::kFinished;
+        continue;
+      }
+      Accept(r, sampled[i].token, sampled[i].logprob);
+    }
+    changed_.notify_all();
+  }
+}
+
+grpc::Status DecodeService::Stream(grpc::ServerContext* context, const v1::StreamRequest* request,
+                                   grpc::ServerWriter<v1::DecodeOutput>* writer) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  auto it = requests_.find(request->request_id());
+  if (it == requests_.end() || it->second->phase == Phase::kReserved) {
+    return grpc::Status(
+        grpc::StatusCode::NOT_FOUND,
+        absl::StrCat("request_id: no committed request '", request->request_id(), "'"));
+  }
+  std::shared_ptr<Request> r = it->second;
+  r->attached = true;
+  while (true) {
+    const bool cancelled =
+        context->IsCancelled() || stop_ || context->deadline() < std::chrono::system_clock::now();
+    if (cancelled || !requests_.contains(r->id)) {
+      Erase(r->id);
+      return grpc::Status(grpc::StatusCode::CANCELLED, "stream cancelled; request freed");
+    }
+    const bool finished = r->phase == Phase::kFinished;
+    if (r->streamed < r->tokens.size() || finished) {
+      v1::DecodeOutput out;
+      for (size_t i = r->streamed; i < r->tokens.size(); ++i) {
+        out.add_token_ids(r->tokens[i]);
+        out.add_logprobs(r->logprobs[i]);
+      }
+      r->streamed = r->tokens.size();
+      if (finished) out.set_finish_reason(r->finish);
+      lock.unlock();
+      const bool written = writer->Write(out);
+      lock.lock();
+      if (!written || finished) {
+        Erase(r->id);
+        if (!written) return grpc::Status(grpc::StatusCode::CANCELLED, "client went away");
+        if (r->finish == v1::FINISH_REASON_UNSPECIFIED) {
+          return grpc::Status(grpc::StatusCode::INTERNAL, "decode step failed");
+        }
+        return grpc::Status::OK;
+      }
+      continue;
+    }
+    changed_.wait_for(lock, std::chrono::milliseconds(20));
+  }
+}
+
+grpc::Status DecodeService::Release(grpc::ServerContext* context, const v1::ReleaseRequest* request,
+                                    v1::ReleaseResponse* reply) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  Erase(request->request_id());
+  return grpc::Status::OK;
+}
+
+v1::LoadReport DecodeService::Load() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  v1::LoadReport load;
+  load.set_active_requests(static_cast<uint32_t>(requests_.size()));
+  load.set_queued_requests(static_cast<uint32_t>(waiting_));
+  load.set_free_pages(pool_->free_pages());
+  load.set_total_pages(pool_->total_pages());
+  load.set_free_slots(static_cast<uint32_t>(pool_->free_slots()));
+  load.set_total_slots(static_cast<uint32_t>(pool_->total_slots()));
+  return load;
+}
+
+grpc::Status DecodeService::Stats(grpc::ServerContext* context, const v1::StatsRequest* request,
+                                  v1::StatsResponse* reply) {
+  *reply->mutable_load() = Load();
+  std::lock_guard<std::mutex> lock(mutex_);
+  reply->set_reservations(static_cast<uint32_t>(requests_.size()));
+  return grpc::Status::OK;
+}
+
+void DecodeService::ReapLoop() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  while (!stop_) {
+    changed_.wait_for(lock, std::chrono::milliseconds(100));
+    const auto now = Clock::now();
+    std::vector<std::string> expired;
+    for (const auto& [id, r] : requests_) {
+      if (!r->attached && now > r->deadline) expired.push_back(id);
+    }
+    for (const std::string& id : expired) {
+      std::cerr << "baton-decode: request " << id << ": reservation expired; freed\n";
+      Erase(id);
+    }
+  }
+}
+
+void DecodeService::UcxProgressLoop() {
+  while (true) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (stop_) return;
+    }
+    if (ucx_->Progress() == 0) std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+}
+
+}  // namespace baton::decode_node

@@ -1,0 +1,88 @@
+// baton-decode's service (DESIGN sections 4 and 6): reservations in the state pool, the
+// StateBlock's arrival (UCX put by the prefill node, or PushRegions), the commit that checks
+// its checksums, continuous batching of every committed request, sampling and streaming.
+//
+// Lifecycle of a request: Reserve -> (regions arrive) -> Commit -> decode steps -> Stream
+// drains the tokens -> freed. A reservation not committed within its timeout, a stream
+// cancelled by the client or past its deadline, and a Release all free the slot and pages at
+// once. When the pool is short, Reserve waits (at most max_waiting requests at a time, each
+// until its deadline); past that bound it answers RESOURCE_EXHAUSTED.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "baton/model/ced_model.h"
+#include "baton/model/sampling.h"
+#include "baton/transfer/ucx.h"
+#include "baton/v1/node.grpc.pb.h"
+#include "state_pool.h"
+
+namespace baton::decode_node {
+
+struct DecodeOptions {
+  int64_t slots = 64;
+  int64_t pages = 4096;
+  int64_t max_batch = 64;
+  int64_t max_waiting = 64;           // Reserve calls that may wait for memory at once
+  int64_t attach_timeout_ms = 30000;  // committed but no stream attached
+  bool use_ucx = true;
+};
+
+class DecodeService final : public v1::DecodeNode::Service {
+ public:
+  DecodeService(const model::CedModel& model, const DecodeOptions& options);
+  ~DecodeService() override;
+
+  grpc::Status Reserve(grpc::ServerContext* context, const v1::ReserveRequest* request,
+                       v1::Reservation* reply) override;
+  grpc::Status PushRegions(grpc::ServerContext* context,
+                           grpc::ServerReader<v1::RegionChunk>* reader,
+                           v1::PushRegionsResponse* reply) override;
+  grpc::Status Commit(grpc::ServerContext* context, const v1::CommitRequest* request,
+                      v1::CommitResponse* reply) override;
+  grpc::Status Stream(grpc::ServerContext* context, const v1::StreamRequest* request,
+                      grpc::ServerWriter<v1::DecodeOutput>* writer) override;
+  grpc::Status Release(grpc::ServerContext* context, const v1::ReleaseRequest* request,
+                       v1::ReleaseResponse* reply) override;
+  grpc::Status Stats(grpc::ServerContext* context, const v1::StatsRequest* request,
+                     v1::StatsResponse* reply) override;
+
+  v1::LoadReport Load() const;
+
+ private:
+  struct Request;
+  enum class Phase { kReserved, kCommitted, kFinished };
+
+  void DecodeLoop();
+  void ReapLoop();
+  void UcxProgressLoop();
+  // Applies a sampled token: appends it and decides whether the request is finished.
+  void Accept(Request& r, int32_t token, float logprob);
+  void Erase(const std::string& id);  // caller holds mutex_
+  uint64_t RegionBytes(v1::Region region, const Request& r) const;
+
+  const model::CedModel& model_;
+  DecodeOptions options_;
+  std::unique_ptr<transfer::UcxWorker> ucx_;
+  std::unique_ptr<transfer::UcxMemory> ucx_memory_;  // the pool's memory when UCX is up
+  std::unique_ptr<StatePool> pool_;
+
+  mutable std::mutex mutex_;
+  std::condition_variable changed_;
+  std::map<std::string, std::shared_ptr<Request>> requests_;
+  int64_t waiting_ = 0;
+  bool stop_ = false;
+  std::thread decode_thread_;
+  std::thread reap_thread_;
+  std::thread ucx_thread_;
+};
+
+}  // namespace baton::decode_node

@@ -1,0 +1,28 @@
+// Token sampling shared by prefill nodes (the first token) and decode nodes (the rest).
+// A draw is a pure function of (logits, params, step): the random stream is seeded by
+// (seed, step), so a request sampled partly on one node and partly on another, or
+// re-prefilled after a lost node, draws exactly what an undisturbed run draws.
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+namespace baton::model {
+
+struct SamplingParams {
+  float temperature = 0.0f;  // <= 0: greedy
+  int32_t top_k = 0;         // <= 0: no cut
+  float top_p = 1.0f;        // >= 1 or <= 0: no cut
+  uint64_t seed = 0;
+};
+
+struct SampledToken {
+  int32_t token = 0;
+  float logprob = 0.0f;  // log-softmax of the model's logits (before temperature) at `token`
+};
+
+// `step` counts completion tokens from 0 (the prefill node's first token).
+SampledToken SampleToken(std::span<const float> logits, const SamplingParams& params,
+                         uint64_t step);
+
+}  // namespace baton::model

@@ -1,0 +1,75 @@
+#include "baton/model/sampling.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <vector>
+
+#include "baton/model/ced_model.h"
+
+namespace baton::model {
+namespace {
+
+uint64_t SplitMix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+float LogSoftmaxAt(std::span<const float> logits, int32_t token) {
+  const float max_logit = *std::max_element(logits.begin(), logits.end());
+  double total = 0;
+  for (float l : logits) total += std::exp(static_cast<double>(l - max_logit));
+  return static_cast<float>(logits[token] - max_logit - std::log(total));
+}
+
+}  // namespace
+
+SampledToken SampleToken(std::span<const float> logits, const SamplingParams& params,
+                         uint64_t step) {
+  if (params.temperature <= 0.0f) {
+    const int32_t token = Argmax(logits);
+    return {token, LogSoftmaxAt(logits, token)};
+  }
+  const int32_t vocab = static_cast<int32_t>(logits.size());
+  std::vector<int32_t> order(vocab);
+  std::iota(order.begin(), order.end(), 0);
+  // Highest logits first; ties by lower id so that the order is deterministic.
+  std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+    return logits[a] != logits[b] ? logits[a] > logits[b] : a < b;
+  });
+  int32_t keep = params.top_k > 0 ? std::min(params.top_k, vocab) : vocab;
+  std::vector<double> probs(keep);
+  const double max_scaled = logits[order[0]] / params.temperature;
+  double total = 0;
+  for (int32_t i = 0; i < keep; ++i) {
+    probs[i] = std::exp(logits[order[i]] / params.temperature - max_scaled);
+    total += probs[i];
+  }
+  if (params.top_p > 0.0f && params.top_p < 1.0f) {
+    double cumulative = 0;
+    for (int32_t i = 0; i < keep; ++i) {
+      cumulative += probs[i] / total;
+      if (cumulative >= params.top_p) {
+        keep = i + 1;
+        break;
+      }
+    }
+    total = std::accumulate(probs.begin(), probs.begin() + keep, 0.0);
+  }
+  const uint64_t bits = SplitMix(params.seed ^ SplitMix(step + 1));
+  const double u = static_cast<double>(bits >> 11) * 0x1.0p-53 * total;
+  double cumulative = 0;
+  int32_t chosen = order[keep - 1];
+  for (int32_t i = 0; i < keep; ++i) {
+    cumulative += probs[i];
+    if (u < cumulative) {
+      chosen = order[i];
+      break;
+    }
+  }
+  return {chosen, LogSoftmaxAt(logits, chosen)};
+}
+
+}  // namespace baton::model

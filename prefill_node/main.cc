@@ -1,0 +1,58 @@
+// baton-prefill: a prefill node. Loads the model, serves PrefillNode plus grpc.health.v1 and
+// reflection, and registers with the router.
+#include <iostream>
+
+#include "CLI/CLI.hpp"
+#include "baton/common/rpc.h"
+#include "prefill_service.h"
+
+int main(int argc, char** argv) {
+  baton::BlockShutdownSignals();
+  CLI::App app{"baton-prefill: prefill node"};
+  std::string model_dir, router, node_id = "prefill";
+  baton::ServerOptions server;
+  baton::prefill_node::PrefillOptions options;
+  bool no_ucx = false;
+  app.add_option("--model", model_dir, "Model directory")->required();
+  app.add_option("--host", server.host, "Address to listen on (default 127.0.0.1)");
+  app.add_option("--port", server.port, "Port (0: any free port)");
+  app.add_option("--ready-file", server.ready_file, "Write host:port here once serving");
+  app.add_option("--router", router, "Router address to register with");
+  app.add_option("--node-id", node_id, "Name reported to the router");
+  app.add_option("--token-budget", options.token_budget, "Rows per prefill chunk")
+      ->check(CLI::Range(1, 1 << 24));
+  app.add_flag("--no-ucx", no_ucx, "Use only the gRPC transport");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  }
+  options.use_ucx = !no_ucx;
+  auto model = baton::model::CedModel::Load(model_dir);
+  if (!model.ok()) {
+    std::cerr << "baton-prefill: " << model.status().message() << "\n";
+    return 2;
+  }
+  baton::prefill_node::PrefillService service(**model, options);
+  grpc::ServerBuilder builder;
+  builder.RegisterService(&service);
+  auto started = baton::StartServer(builder, server);
+  if (!started.ok()) {
+    std::cerr << "baton-prefill: " << started.status().message() << "\n";
+    return 1;
+  }
+  std::cout << "baton-prefill serving on " << started->address << std::endl;
+  std::unique_ptr<baton::Heartbeat> heartbeat;
+  if (!router.empty()) {
+    baton::v1::RegisterRequest node;
+    node.set_node_id(node_id);
+    node.set_role(baton::v1::NODE_ROLE_PREFILL);
+    node.set_address(started->address);
+    node.set_model_fingerprint((*model)->fingerprint());
+    heartbeat = std::make_unique<baton::Heartbeat>(router, node, [&] { return service.Load(); });
+  }
+  baton::WaitForShutdownSignal();
+  heartbeat.reset();
+  started->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  return 0;
+}

@@ -1,0 +1,63 @@
+// baton-router: the client-facing entry point. Serves baton.v1.Generation and the node
+// Registry, plus grpc.health.v1 (SERVING only while a prefill and a decode node are live)
+// and reflection.
+#include <iostream>
+
+#include "CLI/CLI.hpp"
+#include "baton/common/rpc.h"
+#include "router_service.h"
+
+int main(int argc, char** argv) {
+  baton::BlockShutdownSignals();
+  CLI::App app{"baton-router: client API, hit policy and node selection"};
+  std::string model_dir, default_mode = "compact", transport = "ucx";
+  baton::ServerOptions server;
+  baton::router::RouterOptions options;
+  app.add_option("--model", model_dir, "Model directory (its config.json is read)")->required();
+  app.add_option("--host", server.host, "Address to listen on (default 127.0.0.1)");
+  app.add_option("--port", server.port, "Port (0: any free port)");
+  app.add_option("--ready-file", server.ready_file, "Write host:port here once serving");
+  app.add_option("--default-mode", default_mode, "Default truncation: off, mask or compact")
+      ->check(CLI::IsMember({"off", "mask", "compact"}));
+  app.add_option("--default-keep", options.default_keep, "Default keep K (0: ring capacity C)");
+  app.add_option("--max-tokens-limit", options.max_tokens_limit, "Largest max_tokens accepted");
+  app.add_option("--max-model-len", options.max_model_len, "Largest prompt + max_tokens");
+  app.add_option("--transport", transport, "StateBlock transport: ucx or grpc")
+      ->check(CLI::IsMember({"ucx", "grpc"}));
+  app.add_option("--reservation-timeout-ms", options.reservation_timeout_ms,
+                 "Decode reservations not committed by then are freed");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  }
+  auto config = baton::LoadModelConfig(model_dir + "/config.json");
+  if (!config.ok()) {
+    std::cerr << "baton-router: " << config.status().message() << "\n";
+    return 2;
+  }
+  options.default_mode = default_mode == "off"    ? baton::v1::TRUNCATION_MODE_OFF
+                         : default_mode == "mask" ? baton::v1::TRUNCATION_MODE_MASK
+                                                  : baton::v1::TRUNCATION_MODE_COMPACT;
+  if (options.default_mode != baton::v1::TRUNCATION_MODE_OFF && options.default_keep != 0 &&
+      options.default_keep < config->ring_capacity()) {
+    std::cerr << "baton-router: --default-keep " << options.default_keep
+              << " is below the ring capacity C = " << config->ring_capacity() << "\n";
+    return 2;
+  }
+  options.transport = transport == "grpc" ? baton::v1::TRANSPORT_GRPC : baton::v1::TRANSPORT_UCX;
+  baton::router::RouterService service(*config, options);
+  grpc::ServerBuilder builder;
+  builder.RegisterService(static_cast<baton::v1::Generation::Service*>(&service));
+  builder.RegisterService(static_cast<baton::v1::Registry::Service*>(&service));
+  auto started = baton::StartServer(builder, server);
+  if (!started.ok()) {
+    std::cerr << "baton-router: " << started.status().message() << "\n";
+    return 1;
+  }
+  service.WatchHealth(started->server.get());
+  std::cout << "baton-router serving on " << started->address << std::endl;
+  baton::WaitForShutdownSignal();
+  started->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  return 0;
+}

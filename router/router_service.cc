@@ -1,0 +1,354 @@
+#include "router_service.h"
+
+#include <iostream>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "baton/common/rpc.h"
+#include "grpcpp/health_check_service_interface.h"
+
+namespace baton::router {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+grpc::Status Invalid(const std::string& message) {
+  return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, message);
+}
+
+std::string NewRequestId() {
+  static std::mutex mutex;
+  static std::mt19937_64 rng(std::random_device{}());
+  std::lock_guard<std::mutex> lock(mutex);
+  return absl::StrFormat("req-%016x", rng());
+}
+
+// A client context that carries the caller's cancellation and deadline, capped at `cap`.
+std::unique_ptr<grpc::ClientContext> Propagated(grpc::ServerContext* server,
+                                                std::chrono::milliseconds cap) {
+  auto client = grpc::ClientContext::FromServerContext(*server);
+  const auto capped = std::chrono::system_clock::now() + cap;
+  if (server->deadline() > capped) client->set_deadline(capped);
+  return client;
+}
+
+bool NodeLost(const grpc::Status& status) {
+  return status.error_code() == grpc::StatusCode::UNAVAILABLE;
+}
+
+}  // namespace
+
+RouterService::RouterService(const ModelConfig& config, const RouterOptions& options)
+    : config_(config), options_(options) {
+  if (options_.default_keep == 0) options_.default_keep = config.ring_capacity();
+}
+
+RouterService::~RouterService() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stop_ = true;
+  }
+  if (health_thread_.joinable()) health_thread_.join();
+}
+
+grpc::Status RouterService::Register(grpc::ServerContext* context,
+                                     const v1::RegisterRequest* request,
+                                     v1::RegisterResponse* reply) {
+  if (request->node_id().empty() || request->address().empty()) {
+    return Invalid("node_id and address: both are required");
+  }
+  if (request->role() != v1::NODE_ROLE_PREFILL && request->role() != v1::NODE_ROLE_DECODE) {
+    return Invalid("role: must be PREFILL or DECODE");
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto& node = nodes_[request->node_id()];
+  if (node == nullptr || node->info.address() != request->address()) {
+    node = std::make_shared<Node>();
+    node->channel = grpc::CreateChannel(request->address(), grpc::InsecureChannelCredentials());
+  }
+  node->info = *request;
+  node->last_seen = Clock::now();
+  reply->set_heartbeat_ms(options_.heartbeat_ms);
+  return grpc::Status::OK;
+}
+
+std::shared_ptr<RouterService::Node> RouterService::Pick(v1::NodeRole role,
+                                                         const std::vector<std::string>& exclude) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto now = Clock::now();
+  std::shared_ptr<Node> best;
+  int64_t best_load = 0;
+  for (auto& [id, node] : nodes_) {
+    if (node->info.role() != role ||
+        now - node->last_seen > std::chrono::milliseconds(options_.node_ttl_ms)) {
+      continue;
+    }
+    if (std::find(exclude.begin(), exclude.end(), id) != exclude.end()) continue;
+    // Load: what the node reported plus what this router sent since; free pages break ties.
+    const int64_t load = node->inflight + node->info.load().queued_requests();
+    if (best == nullptr || load < best_load ||
+        (load == best_load && node->info.load().free_pages() > best->info.load().free_pages())) {
+      best = node;
+      best_load = load;
+    }
+  }
+  if (best != nullptr) ++best->inflight;
+  return best;
+}
+
+void RouterService::MarkDown(const std::string& node_id) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = nodes_.find(node_id);
+  if (it != nodes_.end()) it->second->last_seen = Clock::time_point{};
+}
+
+bool RouterService::Serving() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto now = Clock::now();
+  bool prefill = false, decode = false;
+  for (const auto& [id, node] : nodes_) {
+    if (now - node->last_seen > std::chrono::milliseconds(options_.node_ttl_ms)) continue;
+    prefill |= node->info.role() == v1::NODE_ROLE_PREFILL;
+    decode |= node->info.role() == v1::NODE_ROLE_DECODE;
+  }
+  return prefill && decode;
+}
+
+void RouterService::WatchHealth(grpc::Server* server) {
+  health_thread_ = std::thread([this, server] {
+    while (true) {
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (stop_) return;
+      }
+      const bool serving = Serving();
+      auto* health = server->GetHealthCheckService();
+      health->SetServingStatus("", serving);
+      health->SetServingStatus("baton.v1.Generation", serving);
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  });
+}
+
+absl::StatusOr<RouterService::Effective> RouterService::Validate(
+    const v1::GenerateRequest& r) const {
+  auto invalid = [](std::string message) { return absl::InvalidArgumentError(message); };
+  if (r.prompt_token_ids().empty()) {
+    if (!r.prompt_text().empty()) {
+      return invalid(
+          "prompt_text: no tokenizer is configured on this router; send "
+          "prompt_token_ids");
+    }
+    return invalid("prompt_token_ids: the prompt is empty; send at least one token id");
+  }
+  for (int i = 0; i < r.prompt_token_ids_size(); ++i) {
+    const int32_t t = r.prompt_token_ids(i);
+    if (t < 0 || t >= config_.vocab_size) {
+      return invalid(absl::StrCat("prompt_token_ids[", i, "]: ", t,
+                                  " is outside the vocabulary [0, ", config_.vocab_size, ")"));
+    }
+  }
+  const auto& s = r.sampling();
+  if (s.max_tokens() == 0 || s.max_tokens() > options_.max_tokens_limit) {
+    return invalid(absl::StrCat("sampling.max_tokens: ", s.max_tokens(), " must lie in [1, ",
+                                options_.max_tokens_limit, "]"));
+  }
+  const uint64_t total = static_cast<uint64_t>(r.prompt_token_ids_size()) + s.max_tokens();
+  if (total > options_.max_model_len) {
+    return invalid(
+        absl::StrCat("prompt_token_ids + sampling.max_tokens: ", r.prompt_token_ids_size(), " + ",
+                     s.max_tokens(), " exceeds the context limit ", options_.max_model_len));
+  }
+  if (!(s.temperature() >= 0)) {
+    return invalid(absl::StrCat("sampling.temperature: ", s.temperature(), " must be >= 0"));
+  }
+  if (!(s.top_p() >= 0 && s.top_p() <= 1)) {
+    return invalid(absl::StrCat("sampling.top_p: ", s.top_p(), " must lie in [0, 1]"));
+  }
+  for (int32_t stop : s.stop_token_ids()) {
+    if (stop < 0 || stop >= config_.vocab_size) {
+      return invalid(absl::StrCat("sampling.stop_token_ids: ", stop,
+                                  " is outside the vocabulary [0, ", config_.vocab_size, ")"));
+    }
+  }
+  Effective effective{options_.default_mode, static_cast<uint32_t>(options_.default_keep)};
+  if (r.has_truncation()) {
+    const v1::TruncationMode mode = r.truncation().mode();
+    if (mode != v1::TRUNCATION_MODE_OFF && mode != v1::TRUNCATION_MODE_MASK &&
+        mode != v1::TRUNCATION_MODE_COMPACT) {
+      return invalid("truncation.mode: must be OFF, MASK or COMPACT");
+    }
+    const int64_t capacity = config_.ring_capacity();
+    if (mode != v1::TRUNCATION_MODE_OFF && r.truncation().keep() < capacity) {
+      return invalid(absl::StrCat("truncation.keep: ", r.truncation().keep(),
+                                  " is below the ring capacity C = ", capacity, "; ",
+                                  v1::TruncationMode_Name(mode), " needs keep >= C"));
+    }
+    if (mode != v1::TRUNCATION_MODE_OFF && r.prompt_logprobs()) {
+      return invalid(absl::StrCat("prompt_logprobs: unavailable with truncation on (",
+                                  v1::TruncationMode_Name(mode),
+                                  "); ask for truncation.mode OFF or drop prompt_logprobs"));
+    }
+    effective = {mode, mode == v1::TRUNCATION_MODE_OFF ? 0u
+                                                       : static_cast<uint32_t>(std::min<int64_t>(
+                                                             r.truncation().keep(), UINT32_MAX))};
+  } else if (r.prompt_logprobs()) {
+    effective = {v1::TRUNCATION_MODE_OFF, 0};  // DESIGN section 3: served untruncated
+  }
+  if (effective.mode == v1::TRUNCATION_MODE_OFF) effective.keep = 0;
+  return effective;
+}
+
+grpc::Status RouterService::Generate(grpc::ServerContext* context,
+                                     const v1::GenerateRequest* request,
+                                     grpc::ServerWriter<v1::GenerateResponse>* writer) {
+  const auto start = Clock::now();
+  absl::StatusOr<Effective> effective = Validate(*request);
+  if (!effective.ok()) return ToGrpcStatus(effective.status());
+  const std::string id = request->request_id().empty() ? NewRequestId() : request->request_id();
+  const auto& prompt = request->prompt_token_ids();
+  std::vector<int32_t> generated;
+  std::vector<std::string> lost_decode, lost_prefill;
+  v1::Usage usage;
+  usage.set_prompt_tokens(static_cast<uint32_t>(prompt.size()));
+  v1::Timings timings;
+  const std::chrono::milliseconds reserve_cap(options_.reservation_timeout_ms);
+
+  for (int attempt = 0; attempt < 6; ++attempt) {
+    const uint32_t g = static_cast<uint32_t>(generated.size());
+    // A re-prefill covers prompt + the g tokens streamed so far, with keep K + g so that
+    // s_keep stays where the undisturbed prefill put it (DESIGN section 6).
+    v1::PrefillRequest prefill;
+    *prefill.mutable_request() = *request;
+    for (int32_t t : generated) prefill.mutable_request()->add_prompt_token_ids(t);
+    prefill.set_mode(effective->mode);
+    prefill.set_keep(effective->mode == v1::TRUNCATION_MODE_OFF ? 0 : effective->keep + g);
+    prefill.set_transport(options_.transport);
+    prefill.set_completed_tokens(g);
+    const uint32_t prompt_len = static_cast<uint32_t>(prefill.request().prompt_token_ids_size());
+
+    std::shared_ptr<Node> decode = Pick(v1::NODE_ROLE_DECODE, lost_decode);
+    if (decode == nullptr) {
+      return grpc::Status(grpc::StatusCode::UNAVAILABLE, "no decode node is available");
+    }
+    struct Inflight {
+      RouterService* self;
+      std::shared_ptr<Node> node;
+      ~Inflight() {
+        if (node == nullptr) return;
+        std::lock_guard<std::mutex> lock(self->mutex_);
+        --node->inflight;
+      }
+    } decode_inflight{this, decode};
+    auto decode_stub = v1::DecodeNode::NewStub(decode->channel);
+    const std::string reservation_id = absl::StrCat(id, "#", attempt);
+    v1::ReserveRequest reserve;
+    reserve.set_request_id(reservation_id);
+    reserve.set_prompt_tokens(prompt_len);
+    reserve.set_model_fingerprint(decode->info.model_fingerprint());
+    *reserve.mutable_sampling() = request->sampling();
+    reserve.set_logprobs(request->logprobs());
+    reserve.set_timeout_ms(options_.reservation_timeout_ms);
+    reserve.set_completed_tokens(g);
+    auto reserve_context = Propagated(context, reserve_cap);
+    grpc::Status status =
+        decode_stub->Reserve(reserve_context.get(), reserve, prefill.mutable_reservation());
+    if (!status.ok()) {
+      if (NodeLost(status)) {
+        MarkDown(decode->info.node_id());
+        lost_decode.push_back(decode->info.node_id());
+        continue;
+      }
+      return status;
+    }
+    prefill.set_decode_address(decode->info.address());
+    auto release = [&] {
+      grpc::ClientContext release_context;
+      release_context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+      v1::ReleaseRequest r;
+      r.set_request_id(reservation_id);
+      v1::ReleaseResponse ignored;
+      (void)decode_stub->Release(&release_context, r, &ignored);
+    };
+
+    std::shared_ptr<Node> prefill_node = Pick(v1::NODE_ROLE_PREFILL, lost_prefill);
+    if (prefill_node == nullptr) {
+      release();
+      return grpc::Status(grpc::StatusCode::UNAVAILABLE, "no prefill node is available");
+    }
+    Inflight prefill_inflight{this, prefill_node};
+    auto prefill_stub = v1::PrefillNode::NewStub(prefill_node->channel);
+    auto prefill_context = grpc::ClientContext::FromServerContext(*context);
+    v1::PrefillResponse prefilled;
+    status = prefill_stub->Prefill(prefill_context.get(), prefill, &prefilled);
+    if (!status.ok()) {
+      release();
+      if (NodeLost(status)) {
+        std::cerr << "baton-router: request " << id << ": prefill node "
+                  << prefill_node->info.node_id() << " lost (" << status.error_message()
+                  << "); retrying on another\n";
+        MarkDown(prefill_node->info.node_id());
+        lost_prefill.push_back(prefill_node->info.node_id());
+        continue;
+      }
+      return status;
+    }
+    generated.push_back(prefilled.first_token());
+    if (g == 0) {
+      usage.set_replayed_rows(prefilled.usage().replayed_rows());
+      usage.set_cached_tokens(prefilled.usage().cached_tokens());
+      timings.set_ttft_ms(std::chrono::duration<double, std::milli>(Clock::now() - start).count());
+      timings.set_prefill_ms(prefilled.prefill_ms());
+      timings.set_transfer_ms(prefilled.transfer_ms());
+    }
+    v1::GenerateResponse first;
+    first.set_request_id(id);
+    first.add_token_ids(prefilled.first_token());
+    if (request->logprobs()) first.add_logprobs(prefilled.first_logprob());
+    if (!writer->Write(first)) {
+      release();
+      return grpc::Status(grpc::StatusCode::CANCELLED, "client went away");
+    }
+
+    auto stream_context = grpc::ClientContext::FromServerContext(*context);
+    v1::StreamRequest stream_request;
+    stream_request.set_request_id(reservation_id);
+    auto stream = decode_stub->Stream(stream_context.get(), stream_request);
+    v1::DecodeOutput output;
+    while (stream->Read(&output)) {
+      v1::GenerateResponse response;
+      response.set_request_id(id);
+      for (int i = 0; i < output.token_ids_size(); ++i) {
+        generated.push_back(output.token_ids(i));
+        response.add_token_ids(output.token_ids(i));
+        if (request->logprobs()) response.add_logprobs(output.logprobs(i));
+      }
+      if (output.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) {
+        usage.set_completion_tokens(static_cast<uint32_t>(generated.size()));
+        response.set_finish_reason(output.finish_reason());
+        *response.mutable_usage() = usage;
+        *response.mutable_timings() = timings;
+      }
+      if (!writer->Write(response)) {
+        stream_context->TryCancel();
+        return grpc::Status(grpc::StatusCode::CANCELLED, "client went away");
+      }
+    }
+    status = stream->Finish();
+    if (status.ok()) return grpc::Status::OK;
+    if (context->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled");
+    if (NodeLost(status)) {
+      std::cerr << "baton-router: request " << id << ": decode node " << decode->info.node_id()
+                << " lost after " << generated.size()
+                << " tokens; re-prefilling prompt + those tokens on another\n";
+      MarkDown(decode->info.node_id());
+      lost_decode.push_back(decode->info.node_id());
+      continue;
+    }
+    return status;
+  }
+  return grpc::Status(grpc::StatusCode::UNAVAILABLE, "nodes kept failing; gave up");
+}
+
+}  // namespace baton::router

@@ -1,0 +1,81 @@
+// baton-router: the client-facing Generation service and the node registry (DESIGN
+// section 6). For each request it validates the input, applies the configured default
+// truncation (compact with K = C unless configured otherwise) where the request does not
+// override it, reserves state on the least-loaded decode node, has the least-loaded prefill
+// node compute the prompt and move its StateBlock there, relays the first token, then relays
+// the decode node's stream.
+//
+// Faults: a prefill node that fails before committing is retried on another one (the
+// reservation is released); a decode node lost mid-stream is replaced by re-prefilling the
+// prompt plus the tokens streamed so far on another decode node, with the original s_keep
+// (keep K + g) and the sampling step continued, so the client sees every token once.
+// Deadlines and client cancellation reach the nodes through propagated client contexts.
+#pragma once
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "baton/common/model_config.h"
+#include "baton/v1/generation.grpc.pb.h"
+#include "baton/v1/node.grpc.pb.h"
+#include "grpcpp/grpcpp.h"
+
+namespace baton::router {
+
+struct RouterOptions {
+  v1::TruncationMode default_mode = v1::TRUNCATION_MODE_COMPACT;
+  int64_t default_keep = 0;  // 0: the ring capacity C
+  uint32_t max_tokens_limit = 4096;
+  uint32_t max_model_len = 32768;  // prompt + max_tokens
+  v1::Transport transport = v1::TRANSPORT_UCX;
+  uint32_t reservation_timeout_ms = 30000;
+  uint32_t heartbeat_ms = 500;
+  uint32_t node_ttl_ms = 2000;  // a node not heard from for this long is not used
+};
+
+class RouterService final : public v1::Generation::Service, public v1::Registry::Service {
+ public:
+  RouterService(const ModelConfig& config, const RouterOptions& options);
+  ~RouterService() override;
+
+  grpc::Status Generate(grpc::ServerContext* context, const v1::GenerateRequest* request,
+                        grpc::ServerWriter<v1::GenerateResponse>* writer) override;
+  grpc::Status Register(grpc::ServerContext* context, const v1::RegisterRequest* request,
+                        v1::RegisterResponse* reply) override;
+
+  // Sets grpc.health.v1 for "" and "baton.v1.Generation" as nodes come and go.
+  void WatchHealth(grpc::Server* server);
+
+ private:
+  struct Node {
+    v1::RegisterRequest info;
+    std::chrono::steady_clock::time_point last_seen;
+    int64_t inflight = 0;  // requests this router sent there and has not finished
+    std::shared_ptr<grpc::Channel> channel;
+  };
+  struct Effective {
+    v1::TruncationMode mode;
+    uint32_t keep;
+  };
+
+  absl::StatusOr<Effective> Validate(const v1::GenerateRequest& request) const;
+  // The live node of `role` with the least load, not in `exclude`; nullptr when none.
+  std::shared_ptr<Node> Pick(v1::NodeRole role, const std::vector<std::string>& exclude);
+  void MarkDown(const std::string& node_id);
+  bool Serving() const;
+
+  ModelConfig config_;
+  RouterOptions options_;
+  mutable std::mutex mutex_;
+  std::map<std::string, std::shared_ptr<Node>> nodes_;
+  bool stop_ = false;
+  std::thread health_thread_;
+};
+
+}  // namespace baton::router

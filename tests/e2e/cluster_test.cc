@@ -1,0 +1,318 @@
+// The cluster end to end (issue: router + prefill + decode as separate processes on
+// loopback): greedy tokens equal `batonctl forward` over both transports under concurrency,
+// cancelled and expired streams free decode memory, bad input is refused by field, and lost
+// decode or prefill nodes are survived without lost or repeated tokens.
+#include "cluster.h"
+
+#include <atomic>
+#include <random>
+#include <sstream>
+#include <thread>
+
+#include "../tools/run_batonctl.h"
+#include "baton/model/model_factory.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "test_dir.h"
+
+namespace baton::testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+struct Outcome {
+  grpc::Status status;
+  std::vector<int32_t> tokens;
+  v1::FinishReason finish = v1::FINISH_REASON_UNSPECIFIED;
+  v1::Usage usage;
+};
+
+// Streams one request; `on_message` may cancel (return false) after each message.
+Outcome Generate(v1::Generation::Stub& stub, const v1::GenerateRequest& request,
+                 std::chrono::milliseconds deadline = std::chrono::seconds(120),
+                 const std::function<bool(const Outcome&)>& on_message = nullptr) {
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + deadline);
+  Outcome outcome;
+  auto reader = stub.Generate(&context, request);
+  v1::GenerateResponse response;
+  while (reader->Read(&response)) {
+    outcome.tokens.insert(outcome.tokens.end(), response.token_ids().begin(),
+                          response.token_ids().end());
+    if (response.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) {
+      outcome.finish = response.finish_reason();
+      outcome.usage = response.usage();
+    }
+    if (on_message && !on_message(outcome)) {
+      context.TryCancel();
+      break;
+    }
+  }
+  outcome.status = reader->Finish();
+  return outcome;
+}
+
+v1::GenerateRequest Request(const std::vector<int32_t>& prompt, uint32_t max_tokens) {
+  v1::GenerateRequest request;
+  for (int32_t t : prompt) request.add_prompt_token_ids(t);
+  request.mutable_sampling()->set_max_tokens(max_tokens);
+  request.mutable_sampling()->set_ignore_eos(true);
+  return request;
+}
+
+std::string Join(const std::vector<int32_t>& ids) {
+  std::string s;
+  for (size_t i = 0; i < ids.size(); ++i) s += (i ? "," : "") + std::to_string(ids[i]);
+  return s;
+}
+
+// What `batonctl forward` says greedy decoding gives.
+std::vector<int32_t> ForwardTokens(const std::string& model, const std::vector<int32_t>& prompt,
+                                   const std::string& mode, int64_t keep, int n) {
+  const Result r =
+      RunBatonctl("forward --model " + model + " --tokens " + Join(prompt) + " --mode " + mode +
+                  " --keep " + std::to_string(keep) + " --decode " + std::to_string(n) + " --json");
+  EXPECT_EQ(r.exit_status, 0) << r.err;
+  return nlohmann::json::parse(r.out)["tokens"].get<std::vector<int32_t>>();
+}
+
+std::vector<int32_t> RandomPrompt(std::mt19937_64& rng, int64_t length, int64_t vocab) {
+  std::vector<int32_t> prompt(length);
+  for (auto& t : prompt) t = static_cast<int32_t>(rng() % vocab);
+  return prompt;
+}
+
+// Polls a decode node until it holds no request and every page is free.
+bool DecodeDrained(Cluster& cluster, const std::string& decode) {
+  auto stub = cluster.Decode(decode);
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(15);
+  while (std::chrono::steady_clock::now() < until) {
+    grpc::ClientContext context;
+    v1::StatsRequest request;
+    v1::StatsResponse stats;
+    if (stub->Stats(&context, request, &stats).ok() && stats.reservations() == 0 &&
+        stats.load().free_pages() == stats.load().total_pages() &&
+        stats.load().free_slots() == stats.load().total_slots()) {
+      return true;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return false;
+}
+
+uint32_t Reservations(Cluster& cluster, const std::string& decode) {
+  grpc::ClientContext context;
+  v1::StatsRequest request;
+  v1::StatsResponse stats;
+  if (!cluster.Decode(decode)->Stats(&context, request, &stats).ok()) return 0;
+  return stats.reservations();
+}
+
+class ClusterTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    tiny_ = baton::testing::ProcessTempDir() + "/e2e_tiny";
+    ASSERT_TRUE(model::MakeModel(*model::PresetConfig("tiny"), 5, tiny_).ok());
+  }
+  static std::string tiny_;
+};
+std::string ClusterTest::tiny_;
+
+class TransportTest : public ClusterTest, public ::testing::WithParamInterface<std::string> {};
+
+TEST_P(TransportTest, ConcurrentRequestsGiveTheForwardTokens) {
+  Cluster cluster(tiny_);
+  ASSERT_FALSE(cluster.StartRouter({"--transport", GetParam()}).empty());
+  ASSERT_TRUE(cluster.WaitForHealth(false)) << "router SERVING without nodes";
+  ASSERT_FALSE(cluster.StartDecode("decode", {"--slots", "32"}).empty()) << cluster.Log("decode");
+  ASSERT_FALSE(cluster.StartPrefill("prefill").empty()) << cluster.Log("prefill");
+  ASSERT_TRUE(cluster.WaitForHealth(true)) << cluster.Log("router");
+
+  std::mt19937_64 rng(41);
+  const int kRequests = 16, kTokens = 10;
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < kRequests; ++i) prompts.push_back(RandomPrompt(rng, 5 + 11 * i % 90, 512));
+  std::vector<Outcome> outcomes(kRequests);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kRequests; ++i) {
+    threads.emplace_back([&, i] {
+      v1::GenerateRequest request = Request(prompts[i], kTokens);
+      if (i % 2 == 1) request.mutable_truncation()->set_mode(v1::TRUNCATION_MODE_OFF);
+      auto stub = cluster.Client();
+      outcomes[i] = Generate(*stub, request);
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int i = 0; i < kRequests; ++i) {
+    ASSERT_TRUE(outcomes[i].status.ok()) << i << ": " << outcomes[i].status.error_message();
+    // The serving default is compact with K = C (22 for tiny); odd requests asked for off.
+    const auto expected = i % 2 == 0 ? ForwardTokens(tiny_, prompts[i], "compact", 22, kTokens)
+                                     : ForwardTokens(tiny_, prompts[i], "off", 0, kTokens);
+    EXPECT_EQ(outcomes[i].tokens, expected) << "request " << i;
+    EXPECT_EQ(outcomes[i].finish, v1::FINISH_REASON_LENGTH);
+    EXPECT_EQ(outcomes[i].usage.completion_tokens(), static_cast<uint32_t>(kTokens));
+    EXPECT_EQ(outcomes[i].usage.prompt_tokens(), prompts[i].size());
+    const uint32_t L = static_cast<uint32_t>(prompts[i].size());
+    EXPECT_EQ(outcomes[i].usage.replayed_rows(), i % 2 == 0 ? std::min(L, 22u) : L);
+  }
+  EXPECT_TRUE(DecodeDrained(cluster, "decode"));
+}
+
+INSTANTIATE_TEST_SUITE_P(BothTransports, TransportTest, ::testing::Values("ucx", "grpc"));
+
+TEST_F(ClusterTest, CancelledAndExpiredStreamsFreeTheDecodeSlot) {
+  Cluster cluster(tiny_);
+  ASSERT_FALSE(cluster.StartRouter().empty());
+  ASSERT_FALSE(cluster.StartDecode("decode").empty());
+  ASSERT_FALSE(cluster.StartPrefill("prefill").empty());
+  ASSERT_TRUE(cluster.WaitForHealth(true));
+  auto stub = cluster.Client();
+  std::mt19937_64 rng(43);
+  const auto prompt = RandomPrompt(rng, 30, 512);
+
+  // Cancel after a few messages.
+  Outcome cancelled = Generate(*stub, Request(prompt, 4000), std::chrono::seconds(60),
+                               [](const Outcome& o) { return o.tokens.size() < 5; });
+  EXPECT_EQ(cancelled.status.error_code(), grpc::StatusCode::CANCELLED);
+  EXPECT_TRUE(DecodeDrained(cluster, "decode")) << "cancelled stream kept decode memory";
+
+  // A deadline that expires mid-stream.
+  Outcome expired = Generate(*stub, Request(prompt, 4000), std::chrono::milliseconds(400));
+  EXPECT_EQ(expired.status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  EXPECT_LT(expired.tokens.size(), 4000u);
+  EXPECT_TRUE(DecodeDrained(cluster, "decode")) << "expired stream kept decode memory";
+
+  // The node still serves afterwards.
+  Outcome after = Generate(*stub, Request(prompt, 3));
+  EXPECT_TRUE(after.status.ok()) << after.status.error_message();
+  EXPECT_EQ(after.tokens.size(), 3u);
+}
+
+TEST_F(ClusterTest, BadInputIsRefusedNamingTheField) {
+  Cluster cluster(tiny_);
+  ASSERT_FALSE(
+      cluster.StartRouter({"--max-tokens-limit", "100", "--max-model-len", "200"}).empty());
+  ASSERT_FALSE(cluster.StartDecode("decode").empty());
+  ASSERT_FALSE(cluster.StartPrefill("prefill").empty());
+  ASSERT_TRUE(cluster.WaitForHealth(true));
+  auto stub = cluster.Client();
+  const std::vector<int32_t> prompt = {1, 2, 3};
+  struct Case {
+    v1::GenerateRequest request;
+    const char* message;
+  };
+  std::vector<Case> cases;
+  cases.push_back({Request({}, 5), "prompt_token_ids: the prompt is empty"});
+  cases.push_back({Request({1, 999}, 5), "prompt_token_ids[1]: 999 is outside the vocabulary"});
+  cases.push_back({Request(prompt, 0), "sampling.max_tokens: 0 must lie in [1, 100]"});
+  cases.push_back({Request(prompt, 101), "sampling.max_tokens: 101 must lie in [1, 100]"});
+  cases.push_back({Request(std::vector<int32_t>(150, 7), 60),
+                   "prompt_token_ids + sampling.max_tokens: 150 + 60 exceeds the context limit "
+                   "200"});
+  v1::GenerateRequest low_keep = Request(prompt, 5);
+  low_keep.mutable_truncation()->set_mode(v1::TRUNCATION_MODE_COMPACT);
+  low_keep.mutable_truncation()->set_keep(21);
+  cases.push_back({low_keep, "truncation.keep: 21 is below the ring capacity C = 22"});
+  v1::GenerateRequest logprobs = Request(prompt, 5);
+  logprobs.mutable_truncation()->set_mode(v1::TRUNCATION_MODE_MASK);
+  logprobs.mutable_truncation()->set_keep(40);
+  logprobs.set_prompt_logprobs(true);
+  cases.push_back({logprobs, "prompt_logprobs: unavailable with truncation on"});
+  for (const Case& c : cases) {
+    const Outcome o = Generate(*stub, c.request);
+    EXPECT_EQ(o.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << c.message;
+    EXPECT_THAT(o.status.error_message(), HasSubstr(c.message));
+    EXPECT_TRUE(o.tokens.empty());
+  }
+  // Prompt logprobs under the server's default truncation are served with truncation off.
+  v1::GenerateRequest default_logprobs = Request(prompt, 4);
+  default_logprobs.set_prompt_logprobs(true);
+  const Outcome served = Generate(*stub, default_logprobs);
+  ASSERT_TRUE(served.status.ok()) << served.status.error_message();
+  EXPECT_EQ(served.tokens, ForwardTokens(tiny_, prompt, "off", 0, 4));
+}
+
+class FaultTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    small_ = baton::testing::ProcessTempDir() + "/e2e_small";
+    ASSERT_TRUE(model::MakeModel(*model::PresetConfig("small"), 9, small_).ok());
+  }
+  static std::string small_;
+};
+std::string FaultTest::small_;
+
+TEST_F(FaultTest, LostDecodeNodeIsReplacedWithoutLostOrRepeatedTokens) {
+  Cluster cluster(small_);
+  ASSERT_FALSE(cluster.StartRouter().empty());
+  ASSERT_FALSE(cluster.StartDecode("decode-a", {"--pages", "256"}).empty());
+  ASSERT_FALSE(cluster.StartDecode("decode-b", {"--pages", "256"}).empty());
+  ASSERT_FALSE(cluster.StartPrefill("prefill").empty());
+  ASSERT_TRUE(cluster.WaitForHealth(true));
+  auto stub = cluster.Client();
+  std::mt19937_64 rng(47);
+  const auto prompt = RandomPrompt(rng, 60, 4096);
+  const uint32_t kTokens = 120;
+  const Outcome undisturbed = Generate(*stub, Request(prompt, kTokens));
+  ASSERT_TRUE(undisturbed.status.ok()) << undisturbed.status.error_message();
+  ASSERT_EQ(undisturbed.tokens.size(), kTokens);
+
+  std::string killed;
+  const Outcome disturbed =
+      Generate(*stub, Request(prompt, kTokens), std::chrono::seconds(120), [&](const Outcome& o) {
+        if (killed.empty() && o.tokens.size() >= 8) {
+          for (const char* node : {"decode-a", "decode-b"}) {
+            if (Reservations(cluster, node) > 0) {
+              killed = node;
+              cluster.Kill(node);
+              break;
+            }
+          }
+        }
+        return true;
+      });
+  ASSERT_FALSE(killed.empty()) << "no decode node held the request";
+  ASSERT_TRUE(disturbed.status.ok()) << disturbed.status.error_message();
+  EXPECT_EQ(disturbed.tokens, undisturbed.tokens);
+  EXPECT_EQ(disturbed.finish, v1::FINISH_REASON_LENGTH);
+  EXPECT_EQ(disturbed.usage.completion_tokens(), kTokens);
+  EXPECT_THAT(cluster.Log("router"), HasSubstr("decode node " + killed + " lost after"));
+  EXPECT_TRUE(DecodeDrained(cluster, killed == "decode-a" ? "decode-b" : "decode-a"));
+}
+
+TEST_F(FaultTest, PrefillNodeLostBeforeCommitIsRetriedAndTheReservationFreed) {
+  Cluster cluster(small_);
+  ASSERT_FALSE(cluster.StartRouter().empty());
+  ASSERT_FALSE(cluster.StartDecode("decode", {"--pages", "256"}).empty());
+  ASSERT_FALSE(cluster.StartPrefill("prefill-a").empty());
+  ASSERT_TRUE(cluster.WaitForHealth(true));
+  std::mt19937_64 rng(53);
+  const auto prompt = RandomPrompt(rng, 2500, 4096);
+  v1::GenerateRequest request = Request(prompt, 4);
+  request.mutable_truncation()->set_mode(v1::TRUNCATION_MODE_OFF);  // a long prefill to cut
+  Outcome outcome;
+  std::thread client([&] {
+    auto stub = cluster.Client();
+    outcome = Generate(*stub, request);
+  });
+  // prefill-a is computing (a 2,500-token off prefill takes seconds); bring up prefill-b,
+  // give it a heartbeat to register, then kill prefill-a before it can commit.
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  ASSERT_EQ(Reservations(cluster, "decode"), 1u) << "the request should hold a reservation";
+  ASSERT_FALSE(cluster.StartPrefill("prefill-b").empty());
+  std::this_thread::sleep_for(std::chrono::milliseconds(800));
+  cluster.Kill("prefill-a");
+  client.join();
+  EXPECT_THAT(cluster.Log("router"), HasSubstr("prefill node prefill-a lost"));
+  if (outcome.status.ok()) {
+    EXPECT_EQ(outcome.tokens, ForwardTokens(small_, prompt, "off", 0, 4));
+  } else {
+    EXPECT_EQ(outcome.status.error_code(), grpc::StatusCode::UNAVAILABLE)
+        << outcome.status.error_message();
+  }
+  EXPECT_TRUE(DecodeDrained(cluster, "decode")) << "the reservation was not released";
+}
+
+}  // namespace
+}  // namespace baton::testing

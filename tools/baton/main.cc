@@ -1,0 +1,222 @@
+// `baton up`: the embedded default (DESIGN section 7). Starts baton-router, one baton-prefill
+// and one baton-decode on loopback (generating the small preset into the data dir when no
+// model is given), prints the router address once it reports SERVING, and on SIGINT or
+// SIGTERM stops every child and exits only after all of them have exited. If a child dies on
+// its own, the others are stopped too and `baton up` exits non-zero.
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "CLI/CLI.hpp"
+#include "baton/common/rpc.h"
+#include "baton/model/model_factory.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+#include "grpcpp/grpcpp.h"
+#include "grpcpp/health_check_service_interface.h"
+
+extern char** environ;
+
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+struct Child {
+  std::string name;
+  pid_t pid = -1;
+};
+
+pid_t Spawn(const std::string& program, const std::vector<std::string>& args) {
+  std::vector<char*> argv;
+  argv.push_back(const_cast<char*>(program.c_str()));
+  for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  // Children start with the default signal mask so that they handle SIGINT/SIGTERM themselves.
+  posix_spawnattr_t attr;
+  posix_spawnattr_init(&attr);
+  sigset_t empty;
+  sigemptyset(&empty);
+  posix_spawnattr_setsigmask(&attr, &empty);
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK);
+  pid_t pid = -1;
+  const int error = posix_spawn(&pid, program.c_str(), nullptr, &attr, argv.data(), environ);
+  posix_spawnattr_destroy(&attr);
+  return error == 0 ? pid : -1;
+}
+
+// Waits for `path` to hold an address; false if `pid` exits first or time runs out.
+bool WaitForReadyFile(const std::string& path, pid_t pid, std::string* address) {
+  const auto until = Clock::now() + std::chrono::seconds(120);
+  while (Clock::now() < until) {
+    std::ifstream in(path);
+    if (in >> *address) return true;
+    int status;
+    if (waitpid(pid, &status, WNOHANG) == pid) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return false;
+}
+
+bool WaitForServing(const std::string& address) {
+  auto channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+  auto stub = grpc::health::v1::Health::NewStub(channel);
+  const auto until = Clock::now() + std::chrono::seconds(60);
+  while (Clock::now() < until) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(1));
+    grpc::health::v1::HealthCheckRequest request;
+    grpc::health::v1::HealthCheckResponse response;
+    if (stub->Check(&context, request, &response).ok() &&
+        response.status() == grpc::health::v1::HealthCheckResponse::SERVING) {
+      return true;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  return false;
+}
+
+void StopAll(std::vector<Child>& children) {
+  for (Child& c : children) {
+    if (c.pid > 0) kill(c.pid, SIGTERM);
+  }
+  const auto until = Clock::now() + std::chrono::seconds(10);
+  for (Child& c : children) {
+    while (c.pid > 0) {
+      int status;
+      if (waitpid(c.pid, &status, WNOHANG) == c.pid) {
+        c.pid = -1;
+      } else if (Clock::now() > until) {
+        kill(c.pid, SIGKILL);
+        waitpid(c.pid, &status, 0);
+        c.pid = -1;
+      } else {
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+    }
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // Block the shutdown signals (and SIGCHLD) in every thread; sigtimedwait picks them up.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGCHLD);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  CLI::App app{"baton: run a whole baton cluster on this machine"};
+  app.require_subcommand(1);
+  CLI::App* up = app.add_subcommand("up", "Start router, prefill and decode on loopback");
+  std::string model_dir, data_dir = "baton-data", transport = "ucx";
+  int port = 50051;
+  int64_t decode_pages = 2048;
+  up->add_option("--model", model_dir, "Model directory (default: a small generated model)");
+  up->add_option("--port", port, "Router port (0: any free port)");
+  up->add_option("--data-dir", data_dir, "Where the generated model and run files go");
+  up->add_option("--transport", transport, "StateBlock transport: ucx or grpc")
+      ->check(CLI::IsMember({"ucx", "grpc"}));
+  up->add_option("--decode-pages", decode_pages, "Block-KV pages of the decode node");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  }
+
+  std::error_code error;
+  fs::create_directories(fs::path(data_dir) / "run", error);
+  if (error) {
+    std::cerr << "baton up: cannot create " << data_dir << ": " << error.message() << "\n";
+    return 2;
+  }
+  if (model_dir.empty()) {
+    model_dir = (fs::path(data_dir) / "model").string();
+    if (!fs::exists(fs::path(model_dir) / "model.safetensors")) {
+      std::cout << "baton up: generating the small model into " << model_dir << std::endl;
+      auto config = baton::model::PresetConfig("small");
+      if (absl::Status s = baton::model::MakeModel(*config, 0, model_dir); !s.ok()) {
+        std::cerr << "baton up: " << s.message() << "\n";
+        return 1;
+      }
+    }
+  }
+  const fs::path bin = fs::canonical("/proc/self/exe").parent_path();
+  auto program = [&](const char* name) {
+    // Installed side by side, or in the build tree's folders.
+    for (const fs::path& p :
+         {bin / name, bin.parent_path() / "router" / name,
+          bin.parent_path() / "prefill_node" / name, bin.parent_path() / "decode_node" / name}) {
+      if (fs::exists(p)) return p.string();
+    }
+    return (bin / name).string();
+  };
+  const fs::path run = fs::path(data_dir) / "run";
+  for (const char* f : {"router.addr", "prefill.addr", "decode.addr"}) fs::remove(run / f, error);
+
+  std::vector<Child> children;
+  auto start = [&](const std::string& name, const std::vector<std::string>& args,
+                   const fs::path& ready, std::string* address) {
+    const pid_t pid = Spawn(program(name.c_str()), args);
+    if (pid < 0) return false;
+    children.push_back({name, pid});
+    return WaitForReadyFile(ready.string(), pid, address);
+  };
+  std::string router_address, prefill_address, decode_address;
+  bool ok = start("baton-router",
+                  {"--model", model_dir, "--port", std::to_string(port), "--transport", transport,
+                   "--ready-file", (run / "router.addr").string()},
+                  run / "router.addr", &router_address);
+  ok = ok && start("baton-decode",
+                   {"--model", model_dir, "--router", router_address, "--pages",
+                    std::to_string(decode_pages), "--ready-file", (run / "decode.addr").string()},
+                   run / "decode.addr", &decode_address);
+  ok = ok && start("baton-prefill",
+                   {"--model", model_dir, "--router", router_address, "--ready-file",
+                    (run / "prefill.addr").string()},
+                   run / "prefill.addr", &prefill_address);
+  ok = ok && WaitForServing(router_address);
+  if (!ok) {
+    std::cerr << "baton up: a component failed to start; stopping the others\n";
+    StopAll(children);
+    return 1;
+  }
+  std::cout << "baton up: router at " << router_address << " (prefill " << prefill_address
+            << ", decode " << decode_address << "); Ctrl-C to stop" << std::endl;
+
+  int exit_code = 0;
+  while (true) {
+    siginfo_t info;
+    const int signal = sigwaitinfo(&signals, &info);
+    if (signal == SIGINT || signal == SIGTERM) break;
+    if (signal == SIGCHLD) {
+      bool lost = false;
+      for (Child& c : children) {
+        int status;
+        if (c.pid > 0 && waitpid(c.pid, &status, WNOHANG) == c.pid) {
+          std::cerr << "baton up: " << c.name << " exited; stopping the others\n";
+          c.pid = -1;
+          lost = true;
+        }
+      }
+      if (lost) {
+        exit_code = 1;
+        break;
+      }
+    }
+  }
+  StopAll(children);
+  std::cout << "baton up: stopped" << std::endl;
+  return exit_code;
+}

@@ -1,0 +1,171 @@
+// `batonctl generate`: a streaming client of baton.v1.Generation.
+#include <chrono>
+#include <iostream>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "baton/common/parse.h"
+#include "baton/common/rpc.h"
+#include "baton/v1/generation.grpc.pb.h"
+#include "commands.h"
+#include "nlohmann/json.hpp"
+
+namespace baton::tools {
+namespace {
+
+struct GenerateOptions {
+  std::string addr;
+  std::string tokens;
+  std::string prompt;
+  uint32_t max_tokens = 16;
+  float temperature = 0;
+  uint32_t top_k = 0;
+  float top_p = 1;
+  uint64_t seed = 0;
+  std::string stop;
+  bool ignore_eos = false;
+  bool logprobs = false;
+  std::string mode;
+  int64_t keep = 0;
+  std::string cache_salt;
+  std::string request_id;
+  int64_t timeout_ms = 0;
+  bool json = false;
+};
+
+std::string FinishName(v1::FinishReason reason) {
+  switch (reason) {
+    case v1::FINISH_REASON_LENGTH:
+      return "length";
+    case v1::FINISH_REASON_STOP:
+      return "stop";
+    case v1::FINISH_REASON_EOS:
+      return "eos";
+    default:
+      return "unspecified";
+  }
+}
+
+int RunGenerate(const GenerateOptions& o, const CLI::App& command) {
+  v1::GenerateRequest request;
+  if (!o.tokens.empty()) {
+    auto ids = ParseIntList(o.tokens, "--tokens");
+    if (!ids.ok()) return ReportError("generate", ids.status());
+    for (int64_t id : *ids) request.add_prompt_token_ids(static_cast<int32_t>(id));
+  } else {
+    // Generated models have no tokenizer: each UTF-8 byte is one token id (0..255).
+    for (unsigned char byte : o.prompt) request.add_prompt_token_ids(byte);
+  }
+  auto* sampling = request.mutable_sampling();
+  sampling->set_max_tokens(o.max_tokens);
+  sampling->set_temperature(o.temperature);
+  sampling->set_top_k(o.top_k);
+  sampling->set_top_p(o.top_p);
+  sampling->set_seed(o.seed);
+  sampling->set_ignore_eos(o.ignore_eos);
+  if (!o.stop.empty()) {
+    auto ids = ParseIntList(o.stop, "--stop");
+    if (!ids.ok()) return ReportError("generate", ids.status());
+    for (int64_t id : *ids) sampling->add_stop_token_ids(static_cast<int32_t>(id));
+  }
+  if (!o.mode.empty()) {
+    v1::TruncationMode mode;
+    if (!v1::TruncationMode_Parse("TRUNCATION_MODE_" + absl::AsciiStrToUpper(o.mode), &mode)) {
+      return ReportError("generate", absl::InvalidArgumentError(absl::StrCat(
+                                         "--mode: '", o.mode, "'; allowed: off, mask, compact")));
+    }
+    request.mutable_truncation()->set_mode(mode);
+    request.mutable_truncation()->set_keep(o.keep);
+  }
+  request.set_logprobs(o.logprobs);
+  request.set_cache_salt(o.cache_salt);
+  request.set_request_id(o.request_id);
+
+  auto stub =
+      v1::Generation::NewStub(grpc::CreateChannel(o.addr, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  if (o.timeout_ms > 0) {
+    context.set_deadline(std::chrono::system_clock::now() +
+                         std::chrono::milliseconds(o.timeout_ms));
+  }
+  const auto start = std::chrono::steady_clock::now();
+  auto reader = stub->Generate(&context, request);
+  v1::GenerateResponse response;
+  std::vector<int32_t> tokens;
+  std::vector<float> logprobs;
+  double ttft_ms = -1;
+  v1::GenerateResponse last;
+  while (reader->Read(&response)) {
+    if (ttft_ms < 0) {
+      ttft_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+                    .count();
+    }
+    for (int i = 0; i < response.token_ids_size(); ++i) {
+      tokens.push_back(response.token_ids(i));
+      if (!o.json) std::cout << response.token_ids(i) << " " << std::flush;
+    }
+    logprobs.insert(logprobs.end(), response.logprobs().begin(), response.logprobs().end());
+    if (response.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) last = response;
+  }
+  const grpc::Status status = reader->Finish();
+  if (!status.ok()) {
+    if (!o.json) std::cout << "\n";
+    std::cerr << "batonctl generate: "
+              << absl::StatusCodeToString(static_cast<absl::StatusCode>(status.error_code()))
+              << ": " << status.error_message() << "\n";
+    return status.error_code() == grpc::StatusCode::INVALID_ARGUMENT ? kExitBadInput : kExitFailure;
+  }
+  const v1::Usage& usage = last.usage();
+  if (o.json) {
+    nlohmann::json out = {{"tokens", tokens},
+                          {"finish_reason", FinishName(last.finish_reason())},
+                          {"usage",
+                           {{"prompt_tokens", usage.prompt_tokens()},
+                            {"cached_tokens", usage.cached_tokens()},
+                            {"replayed_rows", usage.replayed_rows()},
+                            {"completion_tokens", usage.completion_tokens()}}},
+                          {"ttft_ms", ttft_ms}};
+    if (o.logprobs) out["logprobs"] = logprobs;
+    std::cout << out.dump() << "\n";
+  } else {
+    std::cout << "\nfinish " << FinishName(last.finish_reason()) << ", " << usage.prompt_tokens()
+              << " prompt tokens (" << usage.cached_tokens() << " cached), "
+              << usage.completion_tokens() << " completion tokens, ttft " << ttft_ms << " ms\n";
+  }
+  return kExitOk;
+}
+
+}  // namespace
+
+Command AddGenerateCommand(CLI::App& app) {
+  auto o = std::make_shared<GenerateOptions>();
+  CLI::App* command = app.add_subcommand("generate", "Stream a generation from a baton router");
+  command->add_option("--addr", o->addr, "Router address host:port")->required();
+  auto* tokens = command->add_option("--tokens", o->tokens, "Prompt token ids, comma-separated");
+  auto* prompt = command->add_option(
+      "--prompt", o->prompt, "Prompt text; each UTF-8 byte is a token id (generated models)");
+  tokens->excludes(prompt);
+  command->add_option("--max-tokens", o->max_tokens, "Completion tokens at most (default 16)");
+  command->add_option("--temperature", o->temperature, "0: greedy");
+  command->add_option("--top-k", o->top_k, "0: no top-k cut");
+  command->add_option("--top-p", o->top_p, "1: no nucleus cut");
+  command->add_option("--seed", o->seed, "Sampling seed");
+  command->add_option("--stop", o->stop, "Stop token ids, comma-separated");
+  command->add_flag("--ignore-eos", o->ignore_eos, "Do not stop at the eos token");
+  command->add_flag("--logprobs", o->logprobs, "Report each chosen token's log-probability");
+  command->add_option("--mode", o->mode, "Truncation override: off, mask or compact");
+  command->add_option("--keep", o->keep, "Keep K for --mode mask/compact");
+  command->add_option("--cache-salt", o->cache_salt, "Prefix-cache isolation salt");
+  command->add_option("--request-id", o->request_id, "Request id (default: the router's)");
+  command->add_option("--timeout-ms", o->timeout_ms, "Deadline for the whole stream");
+  command->add_flag("--json", o->json, "Print one JSON object when the stream ends");
+  return {command, [o, command] {
+            if (o->tokens.empty() && o->prompt.empty()) {
+              return ReportError("generate", absl::InvalidArgumentError(
+                                                 "one of --tokens or --prompt is required"));
+            }
+            return RunGenerate(*o, *command);
+          }};
+}
+
+}  // namespace baton::tools

@@ -1,0 +1,167 @@
+#include "baton/transfer/ucx.h"
+
+#include <ucp/api/ucp.h>
+
+#include "absl/strings/str_cat.h"
+
+namespace baton::transfer {
+namespace {
+
+absl::Status UcxError(const char* what, ucs_status_t status) {
+  return absl::UnavailableError(absl::StrCat("UCX ", what, ": ", ucs_status_string(status)));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<UcxWorker>> UcxWorker::Create() {
+  std::unique_ptr<UcxWorker> w(new UcxWorker());
+  ucp_config_t* config = nullptr;
+  if (ucs_status_t s = ucp_config_read(nullptr, nullptr, &config); s != UCS_OK) {
+    return UcxError("config", s);
+  }
+  ucp_params_t params{};
+  params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
+  params.features = UCP_FEATURE_RMA;
+  params.mt_workers_shared = 1;
+  ucp_context_h context = nullptr;
+  ucs_status_t status = ucp_init(&params, config, &context);
+  ucp_config_release(config);
+  if (status != UCS_OK) return UcxError("init", status);
+  w->context_ = context;
+  ucp_worker_params_t worker_params{};
+  worker_params.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+  worker_params.thread_mode = UCS_THREAD_MODE_MULTI;
+  ucp_worker_h worker = nullptr;
+  if (status = ucp_worker_create(context, &worker_params, &worker); status != UCS_OK) {
+    return UcxError("worker", status);
+  }
+  w->worker_ = worker;
+  ucp_address_t* address = nullptr;
+  size_t length = 0;
+  if (status = ucp_worker_get_address(worker, &address, &length); status != UCS_OK) {
+    return UcxError("worker address", status);
+  }
+  w->address_.assign(reinterpret_cast<const char*>(address), length);
+  ucp_worker_release_address(worker, address);
+  return w;
+}
+
+UcxWorker::~UcxWorker() {
+  if (worker_ != nullptr) ucp_worker_destroy(static_cast<ucp_worker_h>(worker_));
+  if (context_ != nullptr) ucp_cleanup(static_cast<ucp_context_h>(context_));
+}
+
+absl::StatusOr<std::unique_ptr<UcxMemory>> UcxWorker::Allocate(uint64_t length) {
+  return MapParams(nullptr, length);
+}
+
+absl::StatusOr<std::unique_ptr<UcxMemory>> UcxWorker::Map(void* address, uint64_t length) {
+  return MapParams(address, length);
+}
+
+absl::StatusOr<std::unique_ptr<UcxMemory>> UcxWorker::MapParams(void* address, uint64_t length) {
+  std::unique_ptr<UcxMemory> memory(new UcxMemory());
+  ucp_mem_map_params_t params{};
+  params.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
+                      UCP_MEM_MAP_PARAM_FIELD_FLAGS;
+  params.address = address;
+  params.length = length;
+  params.flags = address == nullptr ? UCP_MEM_MAP_ALLOCATE : 0;
+  ucp_mem_h memh = nullptr;
+  if (ucs_status_t s = ucp_mem_map(static_cast<ucp_context_h>(context_), &params, &memh);
+      s != UCS_OK) {
+    return UcxError("mem_map", s);
+  }
+  memory->context_ = context_;
+  memory->memh_ = memh;
+  ucp_mem_attr_t attr{};
+  attr.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS | UCP_MEM_ATTR_FIELD_LENGTH;
+  if (ucs_status_t s = ucp_mem_query(memh, &attr); s != UCS_OK) return UcxError("mem_query", s);
+  memory->address_ = reinterpret_cast<uint64_t>(attr.address);
+  memory->length_ = attr.length;
+  void* rkey = nullptr;
+  size_t rkey_size = 0;
+  if (ucs_status_t s = ucp_rkey_pack(static_cast<ucp_context_h>(context_), memh, &rkey, &rkey_size);
+      s != UCS_OK) {
+    return UcxError("rkey_pack", s);
+  }
+  memory->packed_rkey_.assign(static_cast<const char*>(rkey), rkey_size);
+  ucp_rkey_buffer_release(rkey);
+  return memory;
+}
+
+UcxMemory::~UcxMemory() {
+  if (memh_ != nullptr) {
+    ucp_mem_unmap(static_cast<ucp_context_h>(context_), static_cast<ucp_mem_h>(memh_));
+  }
+}
+
+absl::StatusOr<std::unique_ptr<UcxEndpoint>> UcxWorker::Connect(const std::string& remote_address,
+                                                                const std::string& packed_rkey) {
+  std::unique_ptr<UcxEndpoint> endpoint(new UcxEndpoint());
+  endpoint->worker_ = this;
+  ucp_ep_params_t params{};
+  params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS;
+  params.address = reinterpret_cast<const ucp_address_t*>(remote_address.data());
+  ucp_ep_h ep = nullptr;
+  if (ucs_status_t s = ucp_ep_create(static_cast<ucp_worker_h>(worker_), &params, &ep);
+      s != UCS_OK) {
+    return UcxError("ep_create", s);
+  }
+  endpoint->ep_ = ep;
+  ucp_rkey_h rkey = nullptr;
+  if (ucs_status_t s = ucp_ep_rkey_unpack(ep, packed_rkey.data(), &rkey); s != UCS_OK) {
+    return UcxError("rkey_unpack", s);
+  }
+  endpoint->rkey_ = rkey;
+  return endpoint;
+}
+
+unsigned UcxWorker::Progress() {
+  return ucp_worker_progress(static_cast<ucp_worker_h>(worker_));
+}
+
+absl::Status UcxWorker::Wait(void* request) {
+  if (request == nullptr) return absl::OkStatus();
+  if (UCS_PTR_IS_ERR(request)) return UcxError("request", UCS_PTR_STATUS(request));
+  ucs_status_t status;
+  while ((status = ucp_request_check_status(request)) == UCS_INPROGRESS) Progress();
+  ucp_request_free(request);
+  return status == UCS_OK ? absl::OkStatus() : UcxError("request", status);
+}
+
+UcxEndpoint::~UcxEndpoint() {
+  for (void* request : pending_) (void)worker_->Wait(request);
+  if (rkey_ != nullptr) ucp_rkey_destroy(static_cast<ucp_rkey_h>(rkey_));
+  if (ep_ != nullptr) {
+    ucp_request_param_t param{};
+    param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    param.flags = UCP_EP_CLOSE_FLAG_FORCE;
+    (void)worker_->Wait(ucp_ep_close_nbx(static_cast<ucp_ep_h>(ep_), &param));
+  }
+}
+
+absl::Status UcxEndpoint::Put(const void* local, uint64_t length, uint64_t remote_address) {
+  ucp_request_param_t param{};
+  void* request = ucp_put_nbx(static_cast<ucp_ep_h>(ep_), local, length, remote_address,
+                              static_cast<ucp_rkey_h>(rkey_), &param);
+  if (UCS_PTR_IS_ERR(request)) return UcxError("put", UCS_PTR_STATUS(request));
+  if (request != nullptr) pending_.push_back(request);
+  return absl::OkStatus();
+}
+
+absl::Status UcxEndpoint::Flush() {
+  absl::Status status;
+  for (void* request : pending_) {
+    if (absl::Status s = worker_->Wait(request); !s.ok()) status = s;
+  }
+  pending_.clear();
+  ucp_request_param_t param{};
+  if (absl::Status s = worker_->Wait(ucp_ep_flush_nbx(static_cast<ucp_ep_h>(ep_), &param));
+      !s.ok()) {
+    status = s;
+  }
+  return status;
+}
+
+}  // namespace baton::transfer
