@@ -1,4 +1,4 @@
-#include "decode_service.h"
+#include "baton/decode_node/decode_service.h"
 
 #include <chrono>
 #include <cstring>

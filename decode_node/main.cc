@@ -4,7 +4,7 @@
 
 #include "CLI/CLI.hpp"
 #include "baton/common/rpc.h"
-#include "decode_service.h"
+#include "baton/decode_node/decode_service.h"
 
 int main(int argc, char** argv) {
   baton::BlockShutdownSignals();

@@ -1,4 +1,4 @@
-#include "state_pool.h"
+#include "baton/decode_node/state_pool.h"
 
 #include <sys/mman.h>
 

@@ -4,7 +4,7 @@
 
 #include "CLI/CLI.hpp"
 #include "baton/common/rpc.h"
-#include "prefill_service.h"
+#include "baton/prefill_node/prefill_service.h"
 
 int main(int argc, char** argv) {
   baton::BlockShutdownSignals();

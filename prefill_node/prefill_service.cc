@@ -1,4 +1,4 @@
-#include "prefill_service.h"
+#include "baton/prefill_node/prefill_service.h"
 
 #include <chrono>
 #include <iostream>

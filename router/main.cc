@@ -5,7 +5,7 @@
 
 #include "CLI/CLI.hpp"
 #include "baton/common/rpc.h"
-#include "router_service.h"
+#include "baton/router/router_service.h"
 
 int main(int argc, char** argv) {
   baton::BlockShutdownSignals();

@@ -1,4 +1,4 @@
-#include "router_service.h"
+#include "baton/router/router_service.h"
 
 #include <iostream>
 #include <random>

@@ -12,6 +12,7 @@
 #include "../tools/run_batonctl.h"
 #include "baton/model/model_factory.h"
 #include "gmock/gmock.h"
+#include "grpcpp/generic/generic_stub.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "test_dir.h"
@@ -231,6 +232,70 @@ TEST_F(ClusterTest, BadInputIsRefusedNamingTheField) {
   const Outcome served = Generate(*stub, default_logprobs);
   ASSERT_TRUE(served.status.ok()) << served.status.error_message();
   EXPECT_EQ(served.tokens, ForwardTokens(tiny_, prompt, "off", 0, 4));
+}
+
+// Lists a server's services through gRPC server reflection (grpc.reflection.v1alpha), with a
+// hand-encoded ServerReflectionRequest{list_services: ""}; returns the raw response bytes.
+std::string ReflectionServiceList(const std::string& address) {
+  grpc::GenericStub stub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  grpc::CompletionQueue queue;
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  auto call = stub.PrepareCall(
+      &context, "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo", &queue);
+  auto step = [&](auto&& start) {
+    void* tag = nullptr;
+    bool ok = false;
+    start();
+    return queue.Next(&tag, &ok) && ok;
+  };
+  std::string text;
+  grpc::Slice slice(std::string("\x3a\x00", 2));  // field 7 (list_services), empty string
+  grpc::ByteBuffer request(&slice, 1), response;
+  if (step([&] { call->StartCall(reinterpret_cast<void*>(1)); }) &&
+      step([&] { call->Write(request, reinterpret_cast<void*>(2)); }) &&
+      step([&] { call->Read(&response, reinterpret_cast<void*>(3)); })) {
+    std::vector<grpc::Slice> slices;
+    if (response.Dump(&slices).ok()) {
+      for (const auto& s : slices) text.append(reinterpret_cast<const char*>(s.begin()), s.size());
+    }
+  }
+  context.TryCancel();
+  grpc::Status ignored;
+  step([&] { call->Finish(&ignored, reinterpret_cast<void*>(4)); });
+  queue.Shutdown();
+  void* tag;
+  bool ok;
+  while (queue.Next(&tag, &ok)) {
+  }
+  return text;
+}
+
+TEST_F(ClusterTest, EveryServerSpeaksHealthAndReflectionAndTheRouterTracksItsNodes) {
+  Cluster cluster(tiny_);
+  const std::string router = cluster.StartRouter();
+  ASSERT_FALSE(router.empty());
+  const std::string decode = cluster.StartDecode("decode");
+  const std::string prefill = cluster.StartPrefill("prefill");
+  ASSERT_TRUE(cluster.WaitForHealth(true));
+  for (const auto& [address, service] : {std::pair{router, "baton.v1.Generation"},
+                                         {prefill, "baton.v1.PrefillNode"},
+                                         {decode, "baton.v1.DecodeNode"}}) {
+    auto health = grpc::health::v1::Health::NewStub(
+        grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+    grpc::ClientContext context;
+    grpc::health::v1::HealthCheckResponse response;
+    ASSERT_TRUE(health->Check(&context, grpc::health::v1::HealthCheckRequest(), &response).ok())
+        << address;
+    EXPECT_EQ(response.status(), grpc::health::v1::HealthCheckResponse::SERVING) << address;
+    EXPECT_THAT(ReflectionServiceList(address), HasSubstr(service)) << address;
+  }
+  // Without a decode node the router stops reporting SERVING, and says so again once one
+  // registers.
+  cluster.Kill("decode");
+  EXPECT_TRUE(cluster.WaitForHealth(false));
+  ASSERT_FALSE(cluster.StartDecode("decode-2").empty());
+  EXPECT_TRUE(cluster.WaitForHealth(true));
 }
 
 class FaultTest : public ::testing::Test {

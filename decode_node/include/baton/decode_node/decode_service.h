@@ -23,7 +23,7 @@
 #include "baton/model/sampling.h"
 #include "baton/transfer/ucx.h"
 #include "baton/v1/node.grpc.pb.h"
-#include "state_pool.h"
+#include "baton/decode_node/state_pool.h"
 
 namespace baton::decode_node {
 

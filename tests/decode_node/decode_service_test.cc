@@ -1,0 +1,184 @@
+// The decode node's service in process, over a real in-process gRPC channel: checksum
+// mismatches fail the request and free it, uncommitted reservations expire, full pools queue
+// up to a bound and then refuse with RESOURCE_EXHAUSTED, and bad region chunks are refused.
+#include "baton/decode_node/decode_service.h"
+
+#include <thread>
+
+#include "baton/model/model_factory.h"
+#include "baton/transfer/checksum.h"
+#include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "test_dir.h"
+
+namespace baton::decode_node {
+namespace {
+
+using ::testing::HasSubstr;
+
+class DecodeServiceTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    const std::string dir = baton::testing::ProcessTempDir() + "/decode_tiny";
+    ASSERT_TRUE(model::MakeModel(*model::PresetConfig("tiny"), 2, dir).ok());
+    model_ = model::CedModel::Load(dir)->release();
+  }
+  static void TearDownTestSuite() { delete model_; }
+
+  void Start(DecodeOptions options) {
+    options.use_ucx = false;
+    service_ = std::make_unique<DecodeService>(*model_, options);
+    grpc::ServerBuilder builder;
+    builder.RegisterService(service_.get());
+    server_ = builder.BuildAndStart();
+    stub_ = v1::DecodeNode::NewStub(server_->InProcessChannel(grpc::ChannelArguments()));
+  }
+  void TearDown() override {
+    if (server_) server_->Shutdown(std::chrono::system_clock::now());
+  }
+
+  grpc::Status Reserve(const std::string& id, uint32_t prompt, uint32_t max_tokens,
+                       v1::Reservation* out, uint32_t timeout_ms = 10000,
+                       std::chrono::milliseconds deadline = std::chrono::seconds(5)) {
+    v1::ReserveRequest request;
+    request.set_request_id(id);
+    request.set_prompt_tokens(prompt);
+    request.set_model_fingerprint(model_->fingerprint());
+    request.mutable_sampling()->set_max_tokens(max_tokens);
+    request.set_timeout_ms(timeout_ms);
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + deadline);
+    return stub_->Reserve(&context, request, out);
+  }
+  v1::StatsResponse Stats() {
+    grpc::ClientContext context;
+    v1::StatsResponse stats;
+    EXPECT_TRUE(stub_->Stats(&context, v1::StatsRequest(), &stats).ok());
+    return stats;
+  }
+  bool Drained() {
+    for (int i = 0; i < 100; ++i) {
+      const v1::StatsResponse s = Stats();
+      if (s.reservations() == 0 && s.load().free_pages() == s.load().total_pages() &&
+          s.load().free_slots() == s.load().total_slots()) {
+        return true;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return false;
+  }
+
+  static model::CedModel* model_;
+  std::unique_ptr<DecodeService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<v1::DecodeNode::Stub> stub_;
+};
+model::CedModel* DecodeServiceTest::model_ = nullptr;
+
+TEST_F(DecodeServiceTest, ChecksumMismatchFailsTheRequestAndFreesIt) {
+  Start({.slots = 2, .pages = 64});
+  v1::Reservation reservation;
+  ASSERT_TRUE(Reserve("r1", 40, 5, &reservation).ok());
+  EXPECT_EQ(reservation.page_addrs_size(), 3);  // 40 positions in blocks of 16
+  // Push recognisable bytes into every region over the gRPC transport.
+  grpc::ClientContext push_context;
+  v1::PushRegionsResponse pushed;
+  auto writer = stub_->PushRegions(&push_context, &pushed);
+  const std::string producer(reservation.producer_swa_bytes(), 'p');
+  const std::string consumer(reservation.consumer_swa_bytes(), 'c');
+  const std::string block_kv(3 * reservation.page_bytes(), 'k');
+  for (auto [region, bytes] : {std::pair{v1::REGION_PRODUCER_SWA, &producer},
+                               {v1::REGION_CONSUMER_SWA, &consumer},
+                               {v1::REGION_BLOCK_KV, &block_kv}}) {
+    v1::RegionChunk chunk;
+    chunk.set_request_id("r1");
+    chunk.set_region(region);
+    chunk.set_data(*bytes);
+    ASSERT_TRUE(writer->Write(chunk));
+  }
+  writer->WritesDone();
+  ASSERT_TRUE(writer->Finish().ok());
+  EXPECT_EQ(pushed.bytes(), producer.size() + consumer.size() + block_kv.size());
+
+  v1::CommitRequest commit;
+  v1::StateHeader& h = *commit.mutable_header();
+  h.set_format_version(1);
+  h.set_model_fingerprint(model_->fingerprint());
+  h.set_request_id("r1");
+  h.set_prompt_len(40);
+  h.set_first_token(3);
+  h.set_producer_swa_bytes(producer.size());
+  h.set_consumer_swa_bytes(consumer.size());
+  h.set_block_kv_bytes(block_kv.size());
+  h.set_producer_swa_checksum(transfer::Checksum(producer.data(), producer.size()));
+  h.set_consumer_swa_checksum(transfer::Checksum(consumer.data(), consumer.size()));
+  h.set_block_kv_checksum(transfer::Checksum(block_kv.data(), block_kv.size()) ^ 1);
+  grpc::ClientContext commit_context;
+  v1::CommitResponse committed;
+  const grpc::Status status = stub_->Commit(&commit_context, commit, &committed);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::DATA_LOSS);
+  EXPECT_THAT(status.error_message(), HasSubstr("region block_kv failed its checksum"));
+  EXPECT_TRUE(Drained());
+}
+
+TEST_F(DecodeServiceTest, UncommittedReservationExpires) {
+  Start({.slots = 2, .pages = 64});
+  v1::Reservation reservation;
+  ASSERT_TRUE(Reserve("r1", 10, 5, &reservation, /*timeout_ms=*/150).ok());
+  EXPECT_EQ(Stats().reservations(), 1u);
+  EXPECT_TRUE(Drained());
+}
+
+TEST_F(DecodeServiceTest, FullPoolsQueueUpToTheBoundThenRefuse) {
+  Start({.slots = 1, .pages = 64, .max_waiting = 0});
+  v1::Reservation first, second;
+  ASSERT_TRUE(Reserve("a", 10, 5, &first).ok());
+  grpc::Status refused = Reserve("b", 10, 5, &second);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(refused.error_message(), HasSubstr("wait queue is at its bound"));
+  // Larger than the whole pool: refused at once whatever the queue.
+  refused = Reserve("huge", 2000, 5, &second);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(refused.error_message(), HasSubstr("the pool has 64"));
+}
+
+TEST_F(DecodeServiceTest, QueuedReservationGetsMemoryWhenItIsFreed) {
+  Start({.slots = 1, .pages = 64, .max_waiting = 1});
+  v1::Reservation first, second;
+  ASSERT_TRUE(Reserve("a", 10, 5, &first).ok());
+  grpc::Status queued;
+  std::thread waiter([&] { queued = Reserve("b", 10, 5, &second); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_EQ(Stats().load().queued_requests(), 1u);
+  grpc::ClientContext context;
+  v1::ReleaseRequest release;
+  release.set_request_id("a");
+  v1::ReleaseResponse released;
+  ASSERT_TRUE(stub_->Release(&context, release, &released).ok());
+  waiter.join();
+  EXPECT_TRUE(queued.ok()) << queued.error_message();
+  EXPECT_EQ(second.request_id(), "b");
+}
+
+TEST_F(DecodeServiceTest, ChunksOutsideTheRegionAreRefused) {
+  Start({.slots = 1, .pages = 64});
+  v1::Reservation reservation;
+  ASSERT_TRUE(Reserve("r1", 10, 5, &reservation).ok());
+  grpc::ClientContext context;
+  v1::PushRegionsResponse pushed;
+  auto writer = stub_->PushRegions(&context, &pushed);
+  v1::RegionChunk chunk;
+  chunk.set_request_id("r1");
+  chunk.set_region(v1::REGION_PRODUCER_SWA);
+  chunk.set_offset(reservation.producer_swa_bytes() - 4);
+  chunk.set_data(std::string(8, 'x'));
+  writer->Write(chunk);
+  writer->WritesDone();
+  const grpc::Status status = writer->Finish();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(status.error_message(), HasSubstr("lies outside region REGION_PRODUCER_SWA"));
+}
+
+}  // namespace
+}  // namespace baton::decode_node
