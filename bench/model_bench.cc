@@ -104,10 +104,12 @@ int main(int argc, char** argv) {
         if (!result.ok()) std::abort();
       });
       const int64_t lens[] = {L};
-      const auto estimate = baton::model::EstimateWork(
-          {.prompt_len = L, .keep = k, .mode = mode, .window = config.sliding_window,
-           .max_backtrack = config.max_backtrack},
-          lens, &config);
+      const auto estimate = baton::model::EstimateWork({.prompt_len = L,
+                                                        .keep = k,
+                                                        .mode = mode,
+                                                        .window = config.sliding_window,
+                                                        .max_backtrack = config.max_backtrack},
+                                                       lens, &config);
       out["prefill"].push_back({{"length", L},
                                 {"mode", std::string(baton::model::TruncationModeName(mode))},
                                 {"keep", k},
@@ -139,18 +141,21 @@ int main(int argc, char** argv) {
     }
     std::vector<std::vector<float>> logits(batch, std::vector<float>(config.vocab_size));
     const int steps = 8;
-    const double seconds = MedianSeconds(repeats, [&] {
-      for (int s = 0; s < steps; ++s) {
-        std::vector<baton::model::DecodeItem> items;
-        for (int64_t i = 0; i < batch; ++i) items.push_back({states[i].get(), 7, logits[i].data()});
-        if (!model.Decode(items).ok()) std::abort();
-      }
-    }) / steps;
+    const double seconds =
+        MedianSeconds(repeats,
+                      [&] {
+                        for (int s = 0; s < steps; ++s) {
+                          std::vector<baton::model::DecodeItem> items;
+                          for (int64_t i = 0; i < batch; ++i)
+                            items.push_back({states[i].get(), 7, logits[i].data()});
+                          if (!model.Decode(items).ok()) std::abort();
+                        }
+                      }) /
+        steps;
     // Bytes one step must read: every weight once, plus each request's block KV and rings.
     const int64_t context = decode_context + steps * repeats;
-    const int64_t state_bytes =
-        4 * (context * layout.consumer_layers * 2 * layout.kv_dim + layout.producer_swa_floats() +
-             layout.consumer_swa_floats());
+    const int64_t state_bytes = 4 * (context * layout.consumer_layers * 2 * layout.kv_dim +
+                                     layout.producer_swa_floats() + layout.consumer_swa_floats());
     const double bytes = static_cast<double>(weight_bytes + batch * state_bytes);
     const double bound = bytes / (out["machine"]["memcpy_gbps"].get<double>() * 1e9);
     out["decode"].push_back({{"batch", batch},

@@ -12,6 +12,14 @@ StateLayout StateLayout::For(const ModelConfig& c) {
           .kv_dim = c.num_key_value_heads * c.head_dim};
 }
 
+ContiguousPageAllocator::ContiguousPageAllocator(const StateLayout& layout, int64_t pages)
+    : buffer_(layout.page_floats() * pages, 0.0f), page_floats_(layout.page_floats()) {}
+
+float* ContiguousPageAllocator::Allocate() {
+  if ((next_ + 1) * page_floats_ > static_cast<int64_t>(buffer_.size())) return nullptr;
+  return buffer_.data() + page_floats_ * next_++;
+}
+
 SequenceState::SequenceState(const StateLayout& layout, PageAllocator* allocator,
                              float* producer_swa, float* consumer_swa)
     : layout_(layout),

@@ -7,13 +7,13 @@
 #include "baton/common/rpc.h"
 #include "baton/model/sampling.h"
 #include "baton/transfer/checksum.h"
+#include "baton/transfer/grpc_regions.h"
 
 namespace baton::prefill_node {
 namespace {
 
 using Clock = std::chrono::steady_clock;
 constexpr uint32_t kStateFormatVersion = 1;
-constexpr uint64_t kGrpcChunkBytes = 1 << 20;
 
 double MillisSince(Clock::time_point start) {
   return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
@@ -83,10 +83,11 @@ absl::Status PrefillService::SendUcx(const v1::Reservation& reservation,
     status = endpoint->Put(state.consumer_swa(), reservation.consumer_swa_bytes(),
                            reservation.consumer_swa_addr());
   }
-  const uint64_t page_bytes = reservation.page_bytes();
-  for (int p = 0; status.ok() && p < reservation.page_addrs_size(); ++p) {
-    const uint64_t n = std::min<uint64_t>(page_bytes, block_kv_bytes - p * page_bytes);
-    status = endpoint->Put(state.pages()[p], n, reservation.page_addrs(p));
+  if (status.ok()) {
+    const std::vector<const void*> local(state.pages().begin(), state.pages().end());
+    const std::vector<uint64_t> remote(reservation.page_addrs().begin(),
+                                       reservation.page_addrs().end());
+    status = endpoint->PutPages(local, remote, reservation.page_bytes(), block_kv_bytes);
   }
   if (absl::Status flushed = endpoint->Flush(); status.ok()) status = flushed;
   if (!status.ok()) endpoints_.erase(key);  // the peer may be gone; reconnect next time
@@ -102,16 +103,7 @@ absl::Status PrefillService::SendGrpc(grpc::ServerContext* context, v1::DecodeNo
   const model::StateLayout& layout = state.layout();
   const uint64_t page_bytes = sizeof(float) * layout.page_floats();
   auto send = [&](v1::Region region, const void* data, uint64_t bytes, uint64_t offset) {
-    for (uint64_t done = 0; done < bytes; done += kGrpcChunkBytes) {
-      v1::RegionChunk chunk;
-      chunk.set_request_id(request_id);
-      chunk.set_region(region);
-      chunk.set_offset(offset + done);
-      chunk.set_data(static_cast<const char*>(data) + done,
-                     std::min(kGrpcChunkBytes, bytes - done));
-      if (!writer->Write(chunk)) return false;
-    }
-    return true;
+    return transfer::WriteRegionChunks(*writer, request_id, region, data, bytes, offset);
   };
   bool ok = send(v1::REGION_PRODUCER_SWA, state.producer_swa(),
                  sizeof(float) * layout.producer_swa_floats(), 0) &&
@@ -148,7 +140,11 @@ grpc::Status PrefillService::Prefill(grpc::ServerContext* context,
 
   std::unique_lock<std::mutex> model_lock(model_mutex_);
   if (context->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled");
-  model::SequenceState state(model_.state_layout());
+  // Block KV in one contiguous buffer, so that UCX moves it in as few puts as possible.
+  const model::StateLayout layout = model_.state_layout();
+  model::ContiguousPageAllocator page_buffer(
+      layout, (static_cast<int64_t>(tokens.size()) + layout.block_size - 1) / layout.block_size);
+  model::SequenceState state(layout, &page_buffer);
   model::PrefillOptions options{.mode = *mode,
                                 .keep = request->keep(),
                                 .s_valid = request->s_valid(),
@@ -168,7 +164,6 @@ grpc::Status PrefillService::Prefill(grpc::ServerContext* context,
 
   // Move the regions, then commit them with their checksums.
   const auto transfer_start = Clock::now();
-  const model::StateLayout& layout = state.layout();
   const uint64_t page_bytes = sizeof(float) * layout.page_floats();
   const int64_t prompt_pages =
       (static_cast<int64_t>(tokens.size()) + layout.block_size - 1) / layout.block_size;

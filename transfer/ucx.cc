@@ -150,6 +150,26 @@ absl::Status UcxEndpoint::Put(const void* local, uint64_t length, uint64_t remot
   return absl::OkStatus();
 }
 
+absl::Status UcxEndpoint::PutPages(const std::vector<const void*>& local,
+                                   const std::vector<uint64_t>& remote, uint64_t page_bytes,
+                                   uint64_t total_bytes) {
+  const size_t n = std::min(local.size(), remote.size());
+  size_t p = 0;
+  while (p < n && p * page_bytes < total_bytes) {
+    size_t end = p + 1;
+    while (end < n && end * page_bytes < total_bytes &&
+           static_cast<const char*>(local[end]) ==
+               static_cast<const char*>(local[end - 1]) + page_bytes &&
+           remote[end] == remote[end - 1] + page_bytes) {
+      ++end;
+    }
+    const uint64_t length = std::min(end * page_bytes, total_bytes) - p * page_bytes;
+    if (absl::Status s = Put(local[p], length, remote[p]); !s.ok()) return s;
+    p = end;
+  }
+  return absl::OkStatus();
+}
+
 absl::Status UcxEndpoint::Flush() {
   absl::Status status;
   for (void* request : pending_) {

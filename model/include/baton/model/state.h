@@ -49,6 +49,20 @@ class PageAllocator {
   virtual void Free(float* page) = 0;
 };
 
+// Hands out pages from one contiguous buffer of `pages` pages, in address order, so that a
+// request's block KV is one contiguous range (a transfer can then move it in one put).
+class ContiguousPageAllocator : public PageAllocator {
+ public:
+  ContiguousPageAllocator(const StateLayout& layout, int64_t pages);
+  float* Allocate() override;
+  void Free(float*) override {}  // the buffer goes with the allocator
+
+ private:
+  std::vector<float> buffer_;
+  int64_t page_floats_;
+  int64_t next_ = 0;
+};
+
 class SequenceState {
  public:
   // Pages come from `allocator` when given (it must outlive the state), else from the heap.

@@ -44,6 +44,11 @@ class UcxEndpoint {
   ~UcxEndpoint();
   // Starts a put of [local, local + length) to remote_address; completes at Flush.
   absl::Status Put(const void* local, uint64_t length, uint64_t remote_address);
+  // Puts pages [0, n) of `total_bytes` (the last page may be partial) to their remote
+  // addresses, merging runs that are contiguous on both sides into one put: large puts reach
+  // the transports' copy bandwidth, page-sized ones do not.
+  absl::Status PutPages(const std::vector<const void*>& local, const std::vector<uint64_t>& remote,
+                        uint64_t page_bytes, uint64_t total_bytes);
   // Waits until every put issued so far is complete at the remote side.
   absl::Status Flush();
 

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# StateBlock transfer figures in one run: baton's UCX path (put + flush of every block-KV page
+# into a running baton-decode) and its gRPC transport, beside `ucx_perftest -t ucp_put_bw` at
+# the same sizes on the same transports (loopback; UCX picks shared memory between processes).
+#
+#   bench/run_transfer_bench.sh [MODEL_DIR]     (default: a small preset model in a temp dir)
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+build="${BATON_BUILD_DIR:-$root/build}"
+work="$(mktemp -d)"
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$work"; }
+trap cleanup EXIT
+model="${1:-$work/small}"
+[[ -f "$model/config.json" ]] || "$build/tools/batonctl" make-model --preset small --out "$model" >/dev/null
+sizes="${SIZES:-1,16,256}"
+iterations="${ITERATIONS:-10}"
+"$build/decode_node/baton-decode" --model "$model" --pages 1100 --slots 4 \
+  --ready-file "$work/decode.addr" >"$work/decode.log" 2>&1 &
+pids+=($!)
+for _ in $(seq 200); do [[ -s "$work/decode.addr" ]] && break; sleep 0.1; done
+"$build/bench/baton_transfer_bench" --model "$model" --decode "$(cat "$work/decode.addr")" \
+  --sizes "$sizes" --iterations "$iterations" >"$work/baton.json"
+port=13400
+for mib in ${sizes//,/ }; do
+  ucx_perftest -p "$port" >/dev/null 2>&1 &
+  server=$!
+  sleep 0.5
+  ucx_perftest 127.0.0.1 -p "$port" -t ucp_put_bw -s $((mib << 20)) -n "$iterations" -w 2 \
+    | awk -v mib="$mib" '/Final:/ {print mib, $6}' >>"$work/perftest.txt"
+  wait "$server" || true
+  port=$((port + 1))
+done
+/usr/bin/python3 - "$work/baton.json" "$work/perftest.txt" <<'PY'
+import json, sys
+baton = json.load(open(sys.argv[1]))
+perf = {int(l.split()[0]): float(l.split()[1]) for l in open(sys.argv[2]) if l.strip()}
+print("size MiB  baton UCX MiB/s  ucx_perftest MiB/s  UCX/perftest  baton gRPC MiB/s  UCX/gRPC")
+for row in baton:
+    p = perf.get(row["size_mib"], float("nan"))
+    print(f"{row['size_mib']:8d}  {row['ucx_mib_per_s']:14.0f}  {p:18.0f}  {row['ucx_mib_per_s'] / p:12.2f}  "
+          f"{row['grpc_mib_per_s']:16.0f}  {row['ucx_mib_per_s'] / row['grpc_mib_per_s']:8.2f}")
+PY
