@@ -5,8 +5,8 @@
 #include <iostream>
 
 #include "absl/strings/str_cat.h"
+#include "baton/common/checksum.h"
 #include "baton/common/rpc.h"
-#include "baton/transfer/checksum.h"
 
 namespace baton::decode_node {
 namespace {
@@ -287,12 +287,12 @@ grpc::Status DecodeService::Commit(grpc::ServerContext* context, const v1::Commi
     uint64_t expected, actual, bytes, expected_bytes;
   } checks[] = {
       {"producer_swa", h.producer_swa_checksum(),
-       transfer::Checksum(r->state->producer_swa(), sizeof(float) * layout.producer_swa_floats()),
+       Checksum(r->state->producer_swa(), sizeof(float) * layout.producer_swa_floats()),
        h.producer_swa_bytes(), sizeof(float) * layout.producer_swa_floats()},
       {"consumer_swa", h.consumer_swa_checksum(),
-       transfer::Checksum(r->state->consumer_swa(), sizeof(float) * layout.consumer_swa_floats()),
+       Checksum(r->state->consumer_swa(), sizeof(float) * layout.consumer_swa_floats()),
        h.consumer_swa_bytes(), sizeof(float) * layout.consumer_swa_floats()},
-      {"block_kv", h.block_kv_checksum(), transfer::ChecksumPieces(pages, page_bytes, kv_bytes),
+      {"block_kv", h.block_kv_checksum(), ChecksumPieces(pages, page_bytes, kv_bytes),
        h.block_kv_bytes(), kv_bytes},
   };
   for (const Check& c : checks) {

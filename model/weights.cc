@@ -15,6 +15,14 @@ std::string Layer(int64_t layer, const char* suffix) {
   return absl::StrCat("model.layers.", layer, ".", suffix);
 }
 
+// SHA-256 of the canonical config JSON and of the weight file's digest (DESIGN section 4).
+std::string Fingerprint(const ModelConfig& config, const Sha256Digest& weights_digest) {
+  Sha256 fingerprint;
+  fingerprint.Update(ModelConfigToJson(config));
+  fingerprint.Update(weights_digest.data(), weights_digest.size());
+  return HexDigest(fingerprint.Finish());
+}
+
 }  // namespace
 
 void AllocateWeights(CedWeights& w) {
@@ -120,12 +128,22 @@ absl::StatusOr<CedWeights> LoadCedWeights(const std::string& model_dir) {
                                    : " (not part of a CED model with this config)"));
     }
   }
-  const Sha256Digest weights_digest = Sha256Of(file->bytes().data(), file->bytes().size());
-  Sha256 fingerprint;
-  fingerprint.Update(ModelConfigToJson(w.config));
-  fingerprint.Update(weights_digest.data(), weights_digest.size());
-  w.fingerprint = HexDigest(fingerprint.Finish());
+  w.fingerprint = Fingerprint(w.config, Sha256Of(file->bytes().data(), file->bytes().size()));
   return w;
+}
+
+absl::StatusOr<std::string> ModelFingerprint(const std::string& model_dir) {
+  absl::StatusOr<ModelConfig> config = LoadModelConfig(model_dir + "/config.json");
+  if (!config.ok()) return config.status();
+  const std::string path = model_dir + "/model.safetensors";
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot open weights file '", path, "'"));
+  Sha256 weights;
+  std::vector<char> buffer(1 << 20);
+  while (in.read(buffer.data(), buffer.size()) || in.gcount() > 0) {
+    weights.Update(buffer.data(), static_cast<size_t>(in.gcount()));
+  }
+  return Fingerprint(*config, weights.Finish());
 }
 
 absl::Status SaveCedWeights(CedWeights& weights, const std::string& model_dir, Dtype dtype) {

@@ -22,6 +22,7 @@ int main(int argc, char** argv) {
   app.add_option("--token-budget", options.token_budget, "Rows per prefill chunk")
       ->check(CLI::Range(1, 1 << 24));
   app.add_flag("--no-ucx", no_ucx, "Use only the gRPC transport");
+  app.add_option("--kvstore", options.kvstore_address, "Prefix store (baton-kvstore) address");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -4,9 +4,10 @@
 #include <iostream>
 
 #include "absl/strings/str_cat.h"
+#include "baton/common/checksum.h"
 #include "baton/common/rpc.h"
+#include "baton/kvstore/chain.h"
 #include "baton/model/sampling.h"
-#include "baton/transfer/checksum.h"
 #include "baton/transfer/grpc_regions.h"
 
 namespace baton::prefill_node {
@@ -36,6 +37,11 @@ absl::StatusOr<model::TruncationMode> ModeFromProto(v1::TruncationMode mode) {
 
 PrefillService::PrefillService(const model::CedModel& model, const PrefillOptions& options)
     : model_(model), options_(options) {
+  if (!options.kvstore_address.empty()) {
+    kvstore_ = v1::KvStore::NewStub(
+        grpc::CreateChannel(options.kvstore_address, grpc::InsecureChannelCredentials()));
+    writer_ = std::thread([this] { WriteBackLoop(); });
+  }
   if (options.use_ucx) {
     auto worker = transfer::UcxWorker::Create();
     if (worker.ok()) {
@@ -44,6 +50,108 @@ PrefillService::PrefillService(const model::CedModel& model, const PrefillOption
       std::cerr << "baton-prefill: UCX unavailable (" << worker.status().message()
                 << "); only the gRPC transport will work\n";
     }
+  }
+}
+
+PrefillService::~PrefillService() {
+  {
+    std::lock_guard<std::mutex> lock(write_mutex_);
+    stop_writer_ = true;
+  }
+  write_ready_.notify_all();
+  if (writer_.joinable()) writer_.join();
+}
+
+// Producer SWA rows of one block in the store: [P][2][B][kv_dim] (K rows, then V rows, per
+// producer layer).
+namespace {
+int64_t SwaRowOffset(const model::StateLayout& l, int64_t layer, int64_t kv, int64_t row) {
+  return ((layer * 2 + kv) * l.block_size + row) * l.kv_dim;
+}
+}  // namespace
+
+bool PrefillService::LoadPrefix(const std::vector<Sha256Digest>& keys, int64_t hit_tokens,
+                                model::SequenceState& state) {
+  const model::StateLayout& layout = state.layout();
+  const int64_t B = layout.block_size, C = layout.ring_capacity;
+  const int64_t h = hit_tokens / B;
+  if (kvstore_ == nullptr || h == 0 || static_cast<int64_t>(keys.size()) < h) return false;
+  auto read = [&](int64_t first, v1::StoreRegion region, uint64_t bytes,
+                  const std::function<void(int64_t, const std::string&)>& use) {
+    v1::ReadBlocksRequest request;
+    for (int64_t b = first; b < h; ++b) request.add_keys(kvstore::KeyBytes(keys[b]));
+    request.set_region(region);
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    auto reader = kvstore_->ReadBlocks(&context, request);
+    v1::StoredBlock block;
+    int64_t b = first;
+    bool ok = true;
+    while (reader->Read(&block)) {
+      if (!block.found() || block.payload().size() != bytes) ok = false;
+      if (ok) use(b, block.payload());
+      ++b;
+    }
+    return reader->Finish().ok() && ok && b == h;
+  };
+  const uint64_t page_bytes = sizeof(float) * layout.page_floats();
+  const bool kv =
+      read(0, v1::STORE_REGION_BLOCK_KV, page_bytes, [&](int64_t b, const std::string& payload) {
+        std::memcpy(state.pages()[b], payload.data(), page_bytes);
+      });
+  const int64_t first_swa =
+      std::max<int64_t>(0, hit_tokens - model_.config().sliding_window + 1) / B;
+  const uint64_t swa_bytes = sizeof(float) * layout.producer_layers * 2 * B * layout.kv_dim;
+  const bool swa =
+      kv &&
+      read(first_swa, v1::STORE_REGION_PRODUCER_SWA, swa_bytes,
+           [&](int64_t b, const std::string& payload) {
+             const float* rows = reinterpret_cast<const float*>(payload.data());
+             for (int64_t r = 0; r < B; ++r) {
+               const int64_t pos = b * B + r;
+               if (pos < hit_tokens - C) continue;
+               for (int64_t l = 0; l < layout.producer_layers; ++l) {
+                 float* ring = state.producer_swa();
+                 std::memcpy(ring + layout.ring_k_offset(l) + (pos % C) * layout.kv_dim,
+                             rows + SwaRowOffset(layout, l, 0, r), sizeof(float) * layout.kv_dim);
+                 std::memcpy(ring + layout.ring_v_offset(l) + (pos % C) * layout.kv_dim,
+                             rows + SwaRowOffset(layout, l, 1, r), sizeof(float) * layout.kv_dim);
+               }
+             }
+           });
+  return kv && swa;
+}
+
+void PrefillService::QueueWriteBack(std::vector<v1::BlockWrite> writes) {
+  if (writes.empty()) return;
+  {
+    std::lock_guard<std::mutex> lock(write_mutex_);
+    if (write_queue_.size() >= 64) return;  // the store is behind; skip rather than grow
+    write_queue_.push_back(std::move(writes));
+  }
+  write_ready_.notify_one();
+}
+
+void PrefillService::WriteBackLoop() {
+  std::unique_lock<std::mutex> lock(write_mutex_);
+  while (true) {
+    write_ready_.wait(lock, [this] { return stop_writer_ || !write_queue_.empty(); });
+    if (write_queue_.empty()) return;
+    std::vector<v1::BlockWrite> writes = std::move(write_queue_.front());
+    write_queue_.pop_front();
+    lock.unlock();
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    v1::WriteBlocksResponse written;
+    auto writer = kvstore_->WriteBlocks(&context, &written);
+    for (const v1::BlockWrite& w : writes) {
+      if (!writer->Write(w)) break;
+    }
+    writer->WritesDone();
+    if (grpc::Status s = writer->Finish(); !s.ok()) {
+      std::cerr << "baton-prefill: prefix-store write failed: " << s.error_message() << "\n";
+    }
+    lock.lock();
   }
 }
 
@@ -145,10 +253,38 @@ grpc::Status PrefillService::Prefill(grpc::ServerContext* context,
   model::ContiguousPageAllocator page_buffer(
       layout, (static_cast<int64_t>(tokens.size()) + layout.block_size - 1) / layout.block_size);
   model::SequenceState state(layout, &page_buffer);
+  const int64_t L = static_cast<int64_t>(tokens.size());
+  if (absl::Status s = state.EnsurePages(L); !s.ok()) return ToGrpcStatus(s);
   model::PrefillOptions options{.mode = *mode,
                                 .keep = request->keep(),
                                 .s_valid = request->s_valid(),
                                 .chunk_size = options_.token_budget};
+  // A prefix hit loads [0, H) from the store; if that fails, the prefill computes producers and
+  // block KV over [0, H) itself, which gives the same result (DESIGN section 3, s_valid).
+  std::vector<Sha256Digest> keys;
+  int64_t cached = 0;
+  if (kvstore_ != nullptr) {
+    keys =
+        kvstore::ChainKeys(model_.fingerprint(), generate.cache_salt(), tokens, layout.block_size);
+    if (request->s_valid() > 0 && LoadPrefix(keys, request->s_valid(), state)) {
+      cached = request->s_valid();
+      state.length = cached;
+    }
+  }
+  // Producer rows of the blocks computed here, for the store: [P][2][L][kv_dim].
+  std::vector<float> producer_rows;
+  if (kvstore_ != nullptr) {
+    producer_rows.resize(layout.producer_layers * 2 * L * layout.kv_dim);
+    options.on_producer_rows = [&](int64_t l, int64_t q_start, int64_t rows, const float* k,
+                                   const float* v, int64_t stride) {
+      for (int64_t j = 0; j < rows; ++j) {
+        for (int kv = 0; kv < 2; ++kv) {
+          std::memcpy(producer_rows.data() + ((l * 2 + kv) * L + q_start + j) * layout.kv_dim,
+                      (kv == 0 ? k : v) + j * stride, sizeof(float) * layout.kv_dim);
+        }
+      }
+    };
+  }
   absl::StatusOr<model::PrefillResult> result = model_.Prefill(tokens, options, state);
   if (!result.ok()) return ToGrpcStatus(result.status());
   const auto& sampling = generate.sampling();
@@ -198,16 +334,45 @@ grpc::Status PrefillService::Prefill(grpc::ServerContext* context,
   h.set_producer_swa_bytes(sizeof(float) * layout.producer_swa_floats());
   h.set_consumer_swa_bytes(sizeof(float) * layout.consumer_swa_floats());
   h.set_block_kv_bytes(block_kv_bytes);
-  h.set_producer_swa_checksum(transfer::Checksum(state.producer_swa(), h.producer_swa_bytes()));
-  h.set_consumer_swa_checksum(transfer::Checksum(state.consumer_swa(), h.consumer_swa_bytes()));
-  h.set_block_kv_checksum(transfer::ChecksumPieces(pages, page_bytes, block_kv_bytes));
+  h.set_producer_swa_checksum(Checksum(state.producer_swa(), h.producer_swa_bytes()));
+  h.set_consumer_swa_checksum(Checksum(state.consumer_swa(), h.consumer_swa_bytes()));
+  h.set_block_kv_checksum(ChecksumPieces(pages, page_bytes, block_kv_bytes));
   model_lock.unlock();
   auto client = grpc::ClientContext::FromServerContext(*context);
   v1::CommitResponse committed;
   if (grpc::Status s = decode.Commit(client.get(), commit, &committed); !s.ok()) return s;
 
+  if (kvstore_ != nullptr) {
+    // The prompt's full blocks that this prefill computed (the hit's blocks are stored
+    // already), written back after the first token is on its way.
+    std::vector<v1::BlockWrite> writes;
+    const int64_t B = layout.block_size;
+    for (int64_t b = cached / B; b < static_cast<int64_t>(keys.size()); ++b) {
+      const std::string parent = b > 0 ? kvstore::KeyBytes(keys[b - 1]) : std::string();
+      v1::BlockWrite kv;
+      kv.set_key(kvstore::KeyBytes(keys[b]));
+      kv.set_parent(parent);
+      kv.set_region(v1::STORE_REGION_BLOCK_KV);
+      kv.set_payload(reinterpret_cast<const char*>(state.pages()[b]), page_bytes);
+      writes.push_back(std::move(kv));
+      v1::BlockWrite swa = writes.back();
+      swa.set_region(v1::STORE_REGION_PRODUCER_SWA);
+      std::string& rows = *swa.mutable_payload();
+      rows.clear();
+      for (int64_t l = 0; l < layout.producer_layers; ++l) {
+        for (int kv_index = 0; kv_index < 2; ++kv_index) {
+          rows.append(reinterpret_cast<const char*>(
+                          producer_rows.data() + ((l * 2 + kv_index) * L + b * B) * layout.kv_dim),
+                      sizeof(float) * B * layout.kv_dim);
+        }
+      }
+      writes.push_back(std::move(swa));
+    }
+    QueueWriteBack(std::move(writes));
+  }
   reply->set_first_token(first.token);
   reply->set_first_logprob(first.logprob);
+  reply->mutable_usage()->set_cached_tokens(static_cast<uint32_t>(cached));
   reply->mutable_usage()->set_prompt_tokens(static_cast<uint32_t>(tokens.size()));
   reply->mutable_usage()->set_replayed_rows(static_cast<uint32_t>(result->consumer_rows));
   reply->set_prefill_ms(prefill_ms);

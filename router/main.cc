@@ -10,7 +10,7 @@
 int main(int argc, char** argv) {
   baton::BlockShutdownSignals();
   CLI::App app{"baton-router: client API, hit policy and node selection"};
-  std::string model_dir, default_mode = "compact", transport = "ucx";
+  std::string model_dir, default_mode = "compact", transport = "ucx", hit_cap = "ring";
   baton::ServerOptions server;
   baton::router::RouterOptions options;
   app.add_option("--model", model_dir, "Model directory (its config.json is read)")->required();
@@ -26,6 +26,13 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"ucx", "grpc"}));
   app.add_option("--reservation-timeout-ms", options.reservation_timeout_ms,
                  "Decode reservations not committed by then are freed");
+  app.add_option("--hit-cap", hit_cap,
+                 "Prefix-hit cap: ring (floor((L - C) / B) blocks) or keep (floor((L - K) / B))")
+      ->check(CLI::IsMember({"ring", "keep"}));
+  app.add_option("--lookup-timeout-ms", options.lookup_timeout_ms,
+                 "Prefix-store lookups slower than this run the request cold");
+  app.add_flag("--require-kvstore", options.require_kvstore,
+               "Report SERVING only while a kvstore is registered too");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -45,6 +52,8 @@ int main(int argc, char** argv) {
               << " is below the ring capacity C = " << config->ring_capacity() << "\n";
     return 2;
   }
+  options.hit_cap =
+      hit_cap == "keep" ? baton::kvstore::HitCap::kKeep : baton::kvstore::HitCap::kRing;
   options.transport = transport == "grpc" ? baton::v1::TRANSPORT_GRPC : baton::v1::TRANSPORT_UCX;
   baton::router::RouterService service(*config, options);
   grpc::ServerBuilder builder;

@@ -6,6 +6,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "baton/common/rpc.h"
+#include "baton/kvstore/chain.h"
+#include "baton/v1/kvstore.grpc.pb.h"
 #include "grpcpp/health_check_service_interface.h"
 
 namespace baton::router {
@@ -58,8 +60,9 @@ grpc::Status RouterService::Register(grpc::ServerContext* context,
   if (request->node_id().empty() || request->address().empty()) {
     return Invalid("node_id and address: both are required");
   }
-  if (request->role() != v1::NODE_ROLE_PREFILL && request->role() != v1::NODE_ROLE_DECODE) {
-    return Invalid("role: must be PREFILL or DECODE");
+  if (request->role() != v1::NODE_ROLE_PREFILL && request->role() != v1::NODE_ROLE_DECODE &&
+      request->role() != v1::NODE_ROLE_KVSTORE) {
+    return Invalid("role: must be PREFILL, DECODE or KVSTORE");
   }
   std::lock_guard<std::mutex> lock(mutex_);
   auto& node = nodes_[request->node_id()];
@@ -106,13 +109,14 @@ void RouterService::MarkDown(const std::string& node_id) {
 bool RouterService::Serving() const {
   std::lock_guard<std::mutex> lock(mutex_);
   const auto now = Clock::now();
-  bool prefill = false, decode = false;
+  bool prefill = false, decode = false, kvstore = false;
   for (const auto& [id, node] : nodes_) {
     if (now - node->last_seen > std::chrono::milliseconds(options_.node_ttl_ms)) continue;
     prefill |= node->info.role() == v1::NODE_ROLE_PREFILL;
     decode |= node->info.role() == v1::NODE_ROLE_DECODE;
+    kvstore |= node->info.role() == v1::NODE_ROLE_KVSTORE;
   }
-  return prefill && decode;
+  return prefill && decode && (kvstore || !options_.require_kvstore);
 }
 
 void RouterService::WatchHealth(grpc::Server* server) {
@@ -200,6 +204,45 @@ absl::StatusOr<RouterService::Effective> RouterService::Validate(
   return effective;
 }
 
+uint32_t RouterService::PrefixHit(const v1::GenerateRequest& request, const Effective& effective,
+                                  const std::string& fingerprint) {
+  if (effective.mode == v1::TRUNCATION_MODE_OFF) return 0;  // DESIGN section 5, step 4
+  std::shared_ptr<Node> store = Pick(v1::NODE_ROLE_KVSTORE, {});
+  if (store == nullptr) return 0;
+  struct Release {
+    RouterService* self;
+    std::shared_ptr<Node> node;
+    ~Release() {
+      std::lock_guard<std::mutex> lock(self->mutex_);
+      --node->inflight;
+    }
+  } release{this, store};
+  const std::vector<int32_t> tokens(request.prompt_token_ids().begin(),
+                                    request.prompt_token_ids().end());
+  const std::vector<Sha256Digest> chain =
+      kvstore::ChainKeys(fingerprint, request.cache_salt(), tokens, config_.kv_block_size);
+  v1::LookupRequest lookup;
+  for (const Sha256Digest& key : chain) lookup.add_keys(kvstore::KeyBytes(key));
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() +
+                       std::chrono::milliseconds(options_.lookup_timeout_ms));
+  v1::LookupResponse found;
+  auto stub = v1::KvStore::NewStub(store->channel);
+  if (!stub->Lookup(&context, lookup, &found).ok()) return 0;  // the store never fails a request
+  kvstore::ChainLookup chain_lookup;
+  chain_lookup.block_kv_blocks = found.block_kv_blocks();
+  chain_lookup.swa_present.assign(found.swa_present().begin(), found.swa_present().end());
+  const int64_t h = kvstore::HitBlocks({.prompt_len = static_cast<int64_t>(tokens.size()),
+                                        .keep = effective.keep,
+                                        .truncation_on = true,
+                                        .ring_capacity = config_.ring_capacity(),
+                                        .window = config_.sliding_window,
+                                        .block_size = config_.kv_block_size,
+                                        .cap = options_.hit_cap},
+                                       chain_lookup);
+  return static_cast<uint32_t>(h * config_.kv_block_size);
+}
+
 grpc::Status RouterService::Generate(grpc::ServerContext* context,
                                      const v1::GenerateRequest* request,
                                      grpc::ServerWriter<v1::GenerateResponse>* writer) {
@@ -210,6 +253,7 @@ grpc::Status RouterService::Generate(grpc::ServerContext* context,
   const auto& prompt = request->prompt_token_ids();
   std::vector<int32_t> generated;
   std::vector<std::string> lost_decode, lost_prefill;
+  std::optional<uint32_t> s_valid;  // decided once; a re-prefill keeps it (DESIGN section 6)
   v1::Usage usage;
   usage.set_prompt_tokens(static_cast<uint32_t>(prompt.size()));
   v1::Timings timings;
@@ -263,6 +307,10 @@ grpc::Status RouterService::Generate(grpc::ServerContext* context,
       return status;
     }
     prefill.set_decode_address(decode->info.address());
+    if (!s_valid.has_value()) {
+      s_valid = PrefixHit(*request, *effective, decode->info.model_fingerprint());
+    }
+    prefill.set_s_valid(*s_valid);
     auto release = [&] {
       grpc::ClientContext release_context;
       release_context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));

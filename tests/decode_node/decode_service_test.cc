@@ -5,8 +5,8 @@
 
 #include <thread>
 
+#include "baton/common/checksum.h"
 #include "baton/model/model_factory.h"
-#include "baton/transfer/checksum.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
@@ -111,9 +111,9 @@ TEST_F(DecodeServiceTest, ChecksumMismatchFailsTheRequestAndFreesIt) {
   h.set_producer_swa_bytes(producer.size());
   h.set_consumer_swa_bytes(consumer.size());
   h.set_block_kv_bytes(block_kv.size());
-  h.set_producer_swa_checksum(transfer::Checksum(producer.data(), producer.size()));
-  h.set_consumer_swa_checksum(transfer::Checksum(consumer.data(), consumer.size()));
-  h.set_block_kv_checksum(transfer::Checksum(block_kv.data(), block_kv.size()) ^ 1);
+  h.set_producer_swa_checksum(Checksum(producer.data(), producer.size()));
+  h.set_consumer_swa_checksum(Checksum(consumer.data(), consumer.size()));
+  h.set_block_kv_checksum(Checksum(block_kv.data(), block_kv.size()) ^ 1);
   grpc::ClientContext commit_context;
   v1::CommitResponse committed;
   const grpc::Status status = stub_->Commit(&commit_context, commit, &committed);

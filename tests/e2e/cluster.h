@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "baton/v1/generation.grpc.pb.h"
+#include "baton/v1/kvstore.grpc.pb.h"
 #include "baton/v1/node.grpc.pb.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
@@ -106,6 +107,18 @@ class Cluster {
     return Start(name, BATON_DECODE_PATH, extra);
   }
 
+  std::string StartKvstore(const std::string& name, const std::string& data_dir,
+                           std::vector<std::string> extra = {}) {
+    extra.insert(extra.begin(),
+                 {"--model", model_dir_, "--router", router_, "--data-dir", data_dir});
+    kvstore_ = Start(name, BATON_KVSTORE_PATH, extra);
+    return kvstore_;
+  }
+  std::unique_ptr<v1::KvStore::Stub> Kvstore() const {
+    return v1::KvStore::NewStub(grpc::CreateChannel(kvstore_, grpc::InsecureChannelCredentials()));
+  }
+  std::string dir() const { return dir_.string(); }
+
   void Kill(const std::string& name, int signal = SIGKILL) {
     const pid_t pid = pids_[name];
     if (pid <= 0) return;
@@ -152,6 +165,7 @@ class Cluster {
   std::string model_dir_;
   std::filesystem::path dir_;
   std::string router_;
+  std::string kvstore_;
   std::map<std::string, pid_t> pids_;
   std::map<std::string, std::string> addresses_;
 };

@@ -1,8 +1,9 @@
-// `baton up`: the embedded default (DESIGN section 7). Starts baton-router, one baton-prefill
-// and one baton-decode on loopback (generating the small preset into the data dir when no
-// model is given), prints the router address once it reports SERVING, and on SIGINT or
-// SIGTERM stops every child and exits only after all of them have exited. If a child dies on
-// its own, the others are stopped too and `baton up` exits non-zero.
+// `baton up`: the embedded default (DESIGN section 7). Starts baton-router, baton-kvstore
+// (RocksDB under <data-dir>/kvstore), one baton-prefill and one baton-decode on loopback
+// (generating the small preset into the data dir when no model is given), prints the router address
+// once it reports SERVING, and on SIGINT or SIGTERM stops every child and exits only after all of
+// them have exited. If a child dies on its own, the others are stopped too and `baton up` exits
+// non-zero.
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
@@ -129,6 +130,9 @@ int main(int argc, char** argv) {
   up->add_option("--transport", transport, "StateBlock transport: ucx or grpc")
       ->check(CLI::IsMember({"ucx", "grpc"}));
   up->add_option("--decode-pages", decode_pages, "Block-KV pages of the decode node");
+  uint64_t kvstore_budget = uint64_t{8} << 30;
+  up->add_option("--kvstore-budget-bytes", kvstore_budget,
+                 "Prefix-store budget under <data-dir>/kvstore (default 8 GiB)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -157,13 +161,16 @@ int main(int argc, char** argv) {
     // Installed side by side, or in the build tree's folders.
     for (const fs::path& p :
          {bin / name, bin.parent_path() / "router" / name,
-          bin.parent_path() / "prefill_node" / name, bin.parent_path() / "decode_node" / name}) {
+          bin.parent_path() / "prefill_node" / name, bin.parent_path() / "decode_node" / name,
+          bin.parent_path() / "kvstore" / name}) {
       if (fs::exists(p)) return p.string();
     }
     return (bin / name).string();
   };
   const fs::path run = fs::path(data_dir) / "run";
-  for (const char* f : {"router.addr", "prefill.addr", "decode.addr"}) fs::remove(run / f, error);
+  for (const char* f : {"router.addr", "prefill.addr", "decode.addr", "kvstore.addr"}) {
+    fs::remove(run / f, error);
+  }
 
   std::vector<Child> children;
   auto start = [&](const std::string& name, const std::vector<std::string>& args,
@@ -173,18 +180,24 @@ int main(int argc, char** argv) {
     children.push_back({name, pid});
     return WaitForReadyFile(ready.string(), pid, address);
   };
-  std::string router_address, prefill_address, decode_address;
+  std::string router_address, prefill_address, decode_address, kvstore_address;
   bool ok = start("baton-router",
                   {"--model", model_dir, "--port", std::to_string(port), "--transport", transport,
-                   "--ready-file", (run / "router.addr").string()},
+                   "--require-kvstore", "--ready-file", (run / "router.addr").string()},
                   run / "router.addr", &router_address);
+  ok =
+      ok && start("baton-kvstore",
+                  {"--model", model_dir, "--router", router_address, "--data-dir",
+                   (fs::path(data_dir) / "kvstore").string(), "--budget-bytes",
+                   std::to_string(kvstore_budget), "--ready-file", (run / "kvstore.addr").string()},
+                  run / "kvstore.addr", &kvstore_address);
   ok = ok && start("baton-decode",
                    {"--model", model_dir, "--router", router_address, "--pages",
                     std::to_string(decode_pages), "--ready-file", (run / "decode.addr").string()},
                    run / "decode.addr", &decode_address);
   ok = ok && start("baton-prefill",
-                   {"--model", model_dir, "--router", router_address, "--ready-file",
-                    (run / "prefill.addr").string()},
+                   {"--model", model_dir, "--router", router_address, "--kvstore", kvstore_address,
+                    "--ready-file", (run / "prefill.addr").string()},
                    run / "prefill.addr", &prefill_address);
   ok = ok && WaitForServing(router_address);
   if (!ok) {
@@ -193,7 +206,8 @@ int main(int argc, char** argv) {
     return 1;
   }
   std::cout << "baton up: router at " << router_address << " (prefill " << prefill_address
-            << ", decode " << decode_address << "); Ctrl-C to stop" << std::endl;
+            << ", decode " << decode_address << ", kvstore " << kvstore_address
+            << "); Ctrl-C to stop" << std::endl;
 
   int exit_code = 0;
   while (true) {

@@ -67,6 +67,9 @@ std::vector<TensorSlot> WeightTensorSlots(CedWeights& weights);
 
 absl::StatusOr<CedWeights> LoadCedWeights(const std::string& model_dir);
 
+// The fingerprint of a model directory without loading its tensors (for the prefix store).
+absl::StatusOr<std::string> ModelFingerprint(const std::string& model_dir);
+
 // Writes config.json and model.safetensors for `weights` into `model_dir` (created if absent).
 absl::Status SaveCedWeights(CedWeights& weights, const std::string& model_dir, Dtype dtype);
 

@@ -7,13 +7,19 @@
 // two at once would only make both slower.
 #pragma once
 
+#include <condition_variable>
+#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
+#include <vector>
 
+#include "baton/common/hash.h"
 #include "baton/model/ced_model.h"
 #include "baton/transfer/ucx.h"
+#include "baton/v1/kvstore.grpc.pb.h"
 #include "baton/v1/node.grpc.pb.h"
 
 namespace baton::prefill_node {
@@ -21,11 +27,13 @@ namespace baton::prefill_node {
 struct PrefillOptions {
   int64_t token_budget = 512;  // rows per prefill chunk
   bool use_ucx = true;
+  std::string kvstore_address;  // empty: no prefix store
 };
 
 class PrefillService final : public v1::PrefillNode::Service {
  public:
   PrefillService(const model::CedModel& model, const PrefillOptions& options);
+  ~PrefillService() override;
 
   grpc::Status Prefill(grpc::ServerContext* context, const v1::PrefillRequest* request,
                        v1::PrefillResponse* reply) override;
@@ -39,6 +47,14 @@ class PrefillService final : public v1::PrefillNode::Service {
                         const std::string& request_id, const model::SequenceState& state,
                         uint64_t block_kv_bytes);
   v1::DecodeNode::Stub& DecodeStub(const std::string& address);
+  // Loads the hit's blocks [0, H / B) from the prefix store: block KV into the pages, producer
+  // SWA rows of [H - W + 1, H) into the producer rings. False (state untouched) on any miss.
+  bool LoadPrefix(const std::vector<Sha256Digest>& keys, int64_t hit_tokens,
+                  model::SequenceState& state);
+  // Queues the prompt's new full blocks for the store; a background thread writes them, so
+  // the first token never waits for the store.
+  void QueueWriteBack(std::vector<v1::BlockWrite> writes);
+  void WriteBackLoop();
 
   const model::CedModel& model_;
   PrefillOptions options_;
@@ -48,6 +64,12 @@ class PrefillService final : public v1::PrefillNode::Service {
   std::unique_ptr<transfer::UcxWorker> ucx_;
   std::map<std::string, std::unique_ptr<transfer::UcxEndpoint>> endpoints_;
   std::map<std::string, std::unique_ptr<v1::DecodeNode::Stub>> decode_stubs_;
+  std::unique_ptr<v1::KvStore::Stub> kvstore_;
+  std::mutex write_mutex_;
+  std::condition_variable write_ready_;
+  std::deque<std::vector<v1::BlockWrite>> write_queue_;
+  bool stop_writer_ = false;
+  std::thread writer_;
 };
 
 }  // namespace baton::prefill_node

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "baton/common/model_config.h"
+#include "baton/kvstore/hit_policy.h"
 #include "baton/v1/generation.grpc.pb.h"
 #include "baton/v1/node.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
@@ -37,6 +38,9 @@ struct RouterOptions {
   uint32_t reservation_timeout_ms = 30000;
   uint32_t heartbeat_ms = 500;
   uint32_t node_ttl_ms = 2000;  // a node not heard from for this long is not used
+  kvstore::HitCap hit_cap = kvstore::HitCap::kRing;
+  uint32_t lookup_timeout_ms = 200;  // a slower prefix store means a cold request
+  bool require_kvstore = false;      // SERVING also needs a live kvstore
 };
 
 class RouterService final : public v1::Generation::Service, public v1::Registry::Service {
@@ -65,6 +69,9 @@ class RouterService final : public v1::Generation::Service, public v1::Registry:
   };
 
   absl::StatusOr<Effective> Validate(const v1::GenerateRequest& request) const;
+  // The prefix hit H (tokens) for a request, or 0 when the store is absent, slow or failing.
+  uint32_t PrefixHit(const v1::GenerateRequest& request, const Effective& effective,
+                     const std::string& fingerprint);
   // The live node of `role` with the least load, not in `exclude`; nullptr when none.
   std::shared_ptr<Node> Pick(v1::NodeRole role, const std::vector<std::string>& exclude);
   void MarkDown(const std::string& node_id);

@@ -1,11 +1,11 @@
-// Region checksums for StateBlocks (DESIGN section 4): XXH3-64 over a region's bytes. A
+// Checksums (XXH3-64) of StateBlock regions (DESIGN section 4) and prefix-store values. A
 // mismatch after a transfer fails that request cleanly.
 #pragma once
 
 #include <cstdint>
 #include <span>
 
-namespace baton::transfer {
+namespace baton {
 
 uint64_t Checksum(const void* data, uint64_t size);
 
@@ -13,4 +13,4 @@ uint64_t Checksum(const void* data, uint64_t size);
 uint64_t ChecksumPieces(std::span<const void* const> pieces, uint64_t piece_size,
                         uint64_t total_size);
 
-}  // namespace baton::transfer
+}  // namespace baton

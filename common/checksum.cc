@@ -1,10 +1,10 @@
-#include "baton/transfer/checksum.h"
+#include "baton/common/checksum.h"
 
 #include <xxhash.h>
 
 #include <algorithm>
 
-namespace baton::transfer {
+namespace baton {
 
 uint64_t Checksum(const void* data, uint64_t size) {
   return XXH3_64bits(data, size);
@@ -26,4 +26,4 @@ uint64_t ChecksumPieces(std::span<const void* const> pieces, uint64_t piece_size
   return digest;
 }
 
-}  // namespace baton::transfer
+}  // namespace baton

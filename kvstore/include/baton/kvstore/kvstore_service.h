@@ -1,0 +1,28 @@
+// baton-kvstore's gRPC service over a PrefixStore: chain lookup in one call, block reads as a
+// stream (one block per message, so large blocks never meet a message-size limit), block
+// writes as a client stream, and counters.
+#pragma once
+
+#include "baton/kvstore/prefix_store.h"
+#include "baton/v1/kvstore.grpc.pb.h"
+
+namespace baton::kvstore {
+
+class KvStoreService final : public v1::KvStore::Service {
+ public:
+  explicit KvStoreService(PrefixStore& store) : store_(store) {}
+
+  grpc::Status Lookup(grpc::ServerContext* context, const v1::LookupRequest* request,
+                      v1::LookupResponse* reply) override;
+  grpc::Status ReadBlocks(grpc::ServerContext* context, const v1::ReadBlocksRequest* request,
+                          grpc::ServerWriter<v1::StoredBlock>* writer) override;
+  grpc::Status WriteBlocks(grpc::ServerContext* context, grpc::ServerReader<v1::BlockWrite>* reader,
+                           v1::WriteBlocksResponse* reply) override;
+  grpc::Status Stats(grpc::ServerContext* context, const v1::KvStoreStatsRequest* request,
+                     v1::KvStoreStats* reply) override;
+
+ private:
+  PrefixStore& store_;
+};
+
+}  // namespace baton::kvstore

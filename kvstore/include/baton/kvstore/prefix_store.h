@@ -1,0 +1,106 @@
+// The prefix store (DESIGN section 5): one RocksDB database with two column families, one
+// value per block per region: block KV ("block_kv") and producer SWA rows ("producer_swa").
+// Consumer SWA never enters it.
+//
+// Every value carries a format version, the model fingerprint, its parent's key and an XXH3
+// checksum of its payload; a value that fails any check is counted, deleted and reported as
+// a miss. Writes go through the write-ahead log, so the store survives restarts; the index
+// used for eviction is rebuilt from the values at Open.
+//
+// Budget: when the stored bytes pass `budget_bytes`, the least recently used chain leaf loses
+// its producer SWA rows first, then its block KV (which may make its parent a leaf). A hit
+// needs SWA rows only near its end, so dropping them first keeps most of a chain useful.
+//
+// Thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "baton/common/hash.h"
+
+namespace rocksdb {
+class DB;
+class ColumnFamilyHandle;
+}  // namespace rocksdb
+
+namespace baton::kvstore {
+
+enum class Region { kBlockKv = 0, kProducerSwa = 1 };
+
+struct StoreOptions {
+  std::string path;
+  std::string model_fingerprint;  // hex; values of another model are treated as corrupt
+  uint64_t budget_bytes = 0;      // 0: unlimited
+};
+
+struct StoreCounters {
+  uint64_t hits = 0;  // values read successfully
+  uint64_t misses = 0;
+  uint64_t bytes_read = 0;
+  uint64_t bytes_written = 0;
+  uint64_t evictions = 0;  // values removed for the budget
+  uint64_t corrupt_values = 0;
+  uint64_t stored_bytes = 0;  // bytes of every value held now
+  uint64_t block_kv_values = 0;
+  uint64_t producer_swa_values = 0;
+};
+
+struct ChainLookup {
+  int64_t block_kv_blocks = 0;    // leading blocks with block KV present
+  std::vector<bool> swa_present;  // for each of those blocks
+};
+
+class PrefixStore {
+ public:
+  static absl::StatusOr<std::unique_ptr<PrefixStore>> Open(const StoreOptions& options);
+  ~PrefixStore();
+
+  // Leading blocks of `chain` whose block KV is present; touches them for LRU.
+  ChainLookup Lookup(const std::vector<Sha256Digest>& chain);
+  // The payload, or NOT_FOUND (absent, or dropped after failing its checks).
+  absl::StatusOr<std::string> Read(const Sha256Digest& key, Region region);
+  // `parent` is the previous block's key (nullopt for block 0). Evicts to stay in budget.
+  absl::Status Write(const Sha256Digest& key, const std::optional<Sha256Digest>& parent,
+                     Region region, const std::string& payload);
+  StoreCounters counters() const;
+  uint64_t budget_bytes() const { return options_.budget_bytes; }
+
+ private:
+  struct Node {
+    std::optional<Sha256Digest> parent;
+    int64_t children = 0;
+    uint64_t last_used = 0;
+    uint64_t bytes[2] = {0, 0};  // value size per region, 0 when absent
+  };
+  explicit PrefixStore(const StoreOptions& options);
+  absl::Status Rebuild();
+  std::string Encode(const std::optional<Sha256Digest>& parent, const std::string& payload) const;
+  // Checks a value; returns its payload and parent, or nullopt when it fails.
+  bool Decode(const std::string& value, std::string* payload,
+              std::optional<Sha256Digest>* parent) const;
+  void AddValue(const Sha256Digest& key, const std::optional<Sha256Digest>& parent, Region region,
+                uint64_t bytes);                             // caller holds mutex_
+  void RemoveValue(const Sha256Digest& key, Region region);  // caller holds mutex_
+  void Touch(const Sha256Digest& key);                       // caller holds mutex_
+  void EvictToBudget();                                      // caller holds mutex_
+
+  StoreOptions options_;
+  Sha256Digest fingerprint_digest_{};
+  std::unique_ptr<rocksdb::DB> db_;
+  std::vector<rocksdb::ColumnFamilyHandle*> handles_;  // default, block_kv, producer_swa
+  mutable std::mutex mutex_;
+  std::map<Sha256Digest, Node> nodes_;
+  std::set<std::pair<uint64_t, Sha256Digest>> leaves_;  // (last_used, key) of childless nodes
+  uint64_t clock_ = 0;
+  StoreCounters counters_;
+};
+
+}  // namespace baton::kvstore

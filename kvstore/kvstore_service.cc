@@ -1,0 +1,108 @@
+#include "baton/kvstore/kvstore_service.h"
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "baton/common/rpc.h"
+
+namespace baton::kvstore {
+namespace {
+
+absl::StatusOr<Sha256Digest> KeyFrom(const std::string& bytes, const char* field) {
+  if (bytes.size() != 32) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": a chain key is 32 bytes, got ", bytes.size()));
+  }
+  Sha256Digest key;
+  std::memcpy(key.data(), bytes.data(), 32);
+  return key;
+}
+
+absl::StatusOr<Region> RegionFrom(v1::StoreRegion region) {
+  switch (region) {
+    case v1::STORE_REGION_BLOCK_KV:
+      return Region::kBlockKv;
+    case v1::STORE_REGION_PRODUCER_SWA:
+      return Region::kProducerSwa;
+    default:
+      return absl::InvalidArgumentError("region: must be BLOCK_KV or PRODUCER_SWA");
+  }
+}
+
+}  // namespace
+
+grpc::Status KvStoreService::Lookup(grpc::ServerContext* context, const v1::LookupRequest* request,
+                                    v1::LookupResponse* reply) {
+  std::vector<Sha256Digest> chain;
+  for (const std::string& bytes : request->keys()) {
+    absl::StatusOr<Sha256Digest> key = KeyFrom(bytes, "keys");
+    if (!key.ok()) return ToGrpcStatus(key.status());
+    chain.push_back(*key);
+  }
+  const ChainLookup lookup = store_.Lookup(chain);
+  reply->set_block_kv_blocks(static_cast<uint32_t>(lookup.block_kv_blocks));
+  for (bool present : lookup.swa_present) reply->add_swa_present(present);
+  return grpc::Status::OK;
+}
+
+grpc::Status KvStoreService::ReadBlocks(grpc::ServerContext* context,
+                                        const v1::ReadBlocksRequest* request,
+                                        grpc::ServerWriter<v1::StoredBlock>* writer) {
+  absl::StatusOr<Region> region = RegionFrom(request->region());
+  if (!region.ok()) return ToGrpcStatus(region.status());
+  for (const std::string& bytes : request->keys()) {
+    absl::StatusOr<Sha256Digest> key = KeyFrom(bytes, "keys");
+    if (!key.ok()) return ToGrpcStatus(key.status());
+    v1::StoredBlock block;
+    block.set_key(bytes);
+    absl::StatusOr<std::string> payload = store_.Read(*key, *region);
+    block.set_found(payload.ok());
+    if (payload.ok()) *block.mutable_payload() = *std::move(payload);
+    if (!writer->Write(block)) return grpc::Status(grpc::StatusCode::CANCELLED, "reader gone");
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status KvStoreService::WriteBlocks(grpc::ServerContext* context,
+                                         grpc::ServerReader<v1::BlockWrite>* reader,
+                                         v1::WriteBlocksResponse* reply) {
+  v1::BlockWrite write;
+  uint32_t written = 0;
+  while (reader->Read(&write)) {
+    absl::StatusOr<Sha256Digest> key = KeyFrom(write.key(), "key");
+    if (!key.ok()) return ToGrpcStatus(key.status());
+    std::optional<Sha256Digest> parent;
+    if (!write.parent().empty()) {
+      absl::StatusOr<Sha256Digest> p = KeyFrom(write.parent(), "parent");
+      if (!p.ok()) return ToGrpcStatus(p.status());
+      parent = *p;
+    }
+    absl::StatusOr<Region> region = RegionFrom(write.region());
+    if (!region.ok()) return ToGrpcStatus(region.status());
+    if (absl::Status s = store_.Write(*key, parent, *region, write.payload()); !s.ok()) {
+      return ToGrpcStatus(s);
+    }
+    ++written;
+  }
+  reply->set_written(written);
+  return grpc::Status::OK;
+}
+
+grpc::Status KvStoreService::Stats(grpc::ServerContext* context,
+                                   const v1::KvStoreStatsRequest* request,
+                                   v1::KvStoreStats* reply) {
+  const StoreCounters c = store_.counters();
+  reply->set_hits(c.hits);
+  reply->set_misses(c.misses);
+  reply->set_bytes_read(c.bytes_read);
+  reply->set_bytes_written(c.bytes_written);
+  reply->set_evictions(c.evictions);
+  reply->set_corrupt_values(c.corrupt_values);
+  reply->set_stored_bytes(c.stored_bytes);
+  reply->set_budget_bytes(store_.budget_bytes());
+  reply->set_block_kv_values(c.block_kv_values);
+  reply->set_producer_swa_values(c.producer_swa_values);
+  return grpc::Status::OK;
+}
+
+}  // namespace baton::kvstore

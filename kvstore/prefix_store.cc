@@ -1,0 +1,277 @@
+#include "baton/kvstore/prefix_store.h"
+
+#include <rocksdb/db.h>
+#include <rocksdb/options.h>
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "baton/common/checksum.h"
+
+namespace baton::kvstore {
+namespace {
+
+constexpr char kMagic[4] = {'B', 'T', 'K', 'V'};
+constexpr uint32_t kFormatVersion = 1;
+// magic, version, fingerprint digest, has-parent flag, parent key, checksum, payload length
+constexpr size_t kHeaderBytes = 4 + 4 + 32 + 1 + 32 + 8 + 8;
+const char* const kFamilies[] = {"block_kv", "producer_swa"};
+
+rocksdb::Slice KeySlice(const Sha256Digest& key) {
+  return rocksdb::Slice(reinterpret_cast<const char*>(key.data()), key.size());
+}
+
+absl::Status FromRocks(const rocksdb::Status& status, const char* what) {
+  if (status.ok()) return absl::OkStatus();
+  return absl::UnavailableError(absl::StrCat("prefix store ", what, ": ", status.ToString()));
+}
+
+template <typename T>
+void Append(std::string& out, T value) {
+  out.append(reinterpret_cast<const char*>(&value), sizeof(T));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<PrefixStore>> PrefixStore::Open(const StoreOptions& options) {
+  if (options.path.empty()) return absl::InvalidArgumentError("path: the store needs a folder");
+  std::unique_ptr<PrefixStore> store(new PrefixStore(options));
+  store->fingerprint_digest_ =
+      Sha256Of(options.model_fingerprint.data(), options.model_fingerprint.size());
+  rocksdb::Options db_options;
+  db_options.create_if_missing = true;
+  db_options.create_missing_column_families = true;
+  std::vector<rocksdb::ColumnFamilyDescriptor> families = {
+      {rocksdb::kDefaultColumnFamilyName, rocksdb::ColumnFamilyOptions()},
+      {kFamilies[0], rocksdb::ColumnFamilyOptions()},
+      {kFamilies[1], rocksdb::ColumnFamilyOptions()}};
+  rocksdb::DB* db = nullptr;
+  if (absl::Status s = FromRocks(
+          rocksdb::DB::Open(db_options, options.path, families, &store->handles_, &db), "open");
+      !s.ok()) {
+    return s;
+  }
+  store->db_.reset(db);
+  if (absl::Status s = store->Rebuild(); !s.ok()) return s;
+  return store;
+}
+
+PrefixStore::PrefixStore(const StoreOptions& options) : options_(options) {}
+
+PrefixStore::~PrefixStore() {
+  if (db_ == nullptr) return;
+  for (rocksdb::ColumnFamilyHandle* handle : handles_) db_->DestroyColumnFamilyHandle(handle);
+  db_.reset();
+}
+
+std::string PrefixStore::Encode(const std::optional<Sha256Digest>& parent,
+                                const std::string& payload) const {
+  std::string value;
+  value.reserve(kHeaderBytes + payload.size());
+  value.append(kMagic, 4);
+  Append(value, kFormatVersion);
+  value.append(reinterpret_cast<const char*>(fingerprint_digest_.data()), 32);
+  value.push_back(parent.has_value() ? 1 : 0);
+  const Sha256Digest none{};
+  const Sha256Digest& p = parent.has_value() ? *parent : none;
+  value.append(reinterpret_cast<const char*>(p.data()), 32);
+  Append(value, Checksum(payload.data(), payload.size()));
+  Append(value, static_cast<uint64_t>(payload.size()));
+  value.append(payload);
+  return value;
+}
+
+bool PrefixStore::Decode(const std::string& value, std::string* payload,
+                         std::optional<Sha256Digest>* parent) const {
+  if (value.size() < kHeaderBytes || std::memcmp(value.data(), kMagic, 4) != 0) return false;
+  uint32_t version;
+  std::memcpy(&version, value.data() + 4, 4);
+  if (version != kFormatVersion) return false;
+  if (std::memcmp(value.data() + 8, fingerprint_digest_.data(), 32) != 0) return false;
+  const bool has_parent = value[40] != 0;
+  Sha256Digest p;
+  std::memcpy(p.data(), value.data() + 41, 32);
+  uint64_t checksum, length;
+  std::memcpy(&checksum, value.data() + 73, 8);
+  std::memcpy(&length, value.data() + 81, 8);
+  if (length != value.size() - kHeaderBytes) return false;
+  if (Checksum(value.data() + kHeaderBytes, length) != checksum) return false;
+  if (payload != nullptr) payload->assign(value.data() + kHeaderBytes, length);
+  *parent = has_parent ? std::optional<Sha256Digest>(p) : std::nullopt;
+  return true;
+}
+
+absl::Status PrefixStore::Rebuild() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  // Values first, links second: a scan meets children before their parents.
+  for (int region = 0; region < 2; ++region) {
+    std::unique_ptr<rocksdb::Iterator> it(
+        db_->NewIterator(rocksdb::ReadOptions(), handles_[region + 1]));
+    std::vector<std::string> corrupt;
+    for (it->SeekToFirst(); it->Valid(); it->Next()) {
+      std::optional<Sha256Digest> parent;
+      if (it->key().size() != 32 || !Decode(it->value().ToString(), nullptr, &parent)) {
+        corrupt.push_back(it->key().ToString());
+        continue;
+      }
+      Sha256Digest key;
+      std::memcpy(key.data(), it->key().data(), 32);
+      Node& node = nodes_[key];
+      if (node.last_used == 0) node.last_used = ++clock_;
+      node.parent = parent;
+      counters_.stored_bytes += it->value().size();
+      node.bytes[region] = it->value().size();
+      ++(region == 0 ? counters_.block_kv_values : counters_.producer_swa_values);
+    }
+    if (!it->status().ok()) return FromRocks(it->status(), "scan");
+    for (const std::string& key : corrupt) {
+      db_->Delete(rocksdb::WriteOptions(), handles_[region + 1], key);
+      ++counters_.corrupt_values;
+    }
+  }
+  for (auto& [key, node] : nodes_) {
+    if (!node.parent.has_value()) continue;
+    auto p = nodes_.find(*node.parent);
+    if (p != nodes_.end()) ++p->second.children;
+  }
+  for (const auto& [key, node] : nodes_) {
+    if (node.children == 0) leaves_.insert({node.last_used, key});
+  }
+  EvictToBudget();
+  return absl::OkStatus();
+}
+
+void PrefixStore::AddValue(const Sha256Digest& key, const std::optional<Sha256Digest>& parent,
+                           Region region, uint64_t bytes) {
+  auto [it, inserted] = nodes_.try_emplace(key);
+  Node& node = it->second;
+  if (inserted) {
+    node.parent = parent;
+    node.last_used = ++clock_;
+    if (parent.has_value()) {
+      auto p = nodes_.find(*parent);
+      if (p != nodes_.end() && p->second.children++ == 0) {
+        leaves_.erase({p->second.last_used, *parent});
+      }
+    }
+    leaves_.insert({node.last_used, key});
+  }
+  const int r = static_cast<int>(region);
+  counters_.stored_bytes += bytes - node.bytes[r];
+  if (node.bytes[r] == 0) {
+    ++(region == Region::kBlockKv ? counters_.block_kv_values : counters_.producer_swa_values);
+  }
+  node.bytes[r] = bytes;
+}
+
+void PrefixStore::RemoveValue(const Sha256Digest& key, Region region) {
+  auto it = nodes_.find(key);
+  if (it == nodes_.end()) return;
+  Node& node = it->second;
+  const int r = static_cast<int>(region);
+  if (node.bytes[r] == 0) return;
+  counters_.stored_bytes -= node.bytes[r];
+  --(region == Region::kBlockKv ? counters_.block_kv_values : counters_.producer_swa_values);
+  node.bytes[r] = 0;
+  if (node.bytes[0] != 0 || node.bytes[1] != 0) return;
+  if (node.children == 0) leaves_.erase({node.last_used, key});
+  if (node.parent.has_value()) {
+    auto p = nodes_.find(*node.parent);
+    if (p != nodes_.end() && --p->second.children == 0) {
+      leaves_.insert({p->second.last_used, *node.parent});
+    }
+  }
+  nodes_.erase(it);
+}
+
+void PrefixStore::Touch(const Sha256Digest& key) {
+  auto it = nodes_.find(key);
+  if (it == nodes_.end()) return;
+  Node& node = it->second;
+  const bool leaf = node.children == 0;
+  if (leaf) leaves_.erase({node.last_used, key});
+  node.last_used = ++clock_;
+  if (leaf) leaves_.insert({node.last_used, key});
+}
+
+void PrefixStore::EvictToBudget() {
+  while (options_.budget_bytes > 0 && counters_.stored_bytes > options_.budget_bytes &&
+         !leaves_.empty()) {
+    const Sha256Digest key = leaves_.begin()->second;
+    const Node& node = nodes_.at(key);
+    const Region region = node.bytes[1] != 0 ? Region::kProducerSwa : Region::kBlockKv;
+    db_->Delete(rocksdb::WriteOptions(), handles_[static_cast<int>(region) + 1], KeySlice(key));
+    RemoveValue(key, region);
+    ++counters_.evictions;
+  }
+}
+
+ChainLookup PrefixStore::Lookup(const std::vector<Sha256Digest>& chain) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  ChainLookup result;
+  for (const Sha256Digest& key : chain) {
+    auto it = nodes_.find(key);
+    if (it == nodes_.end() || it->second.bytes[0] == 0) break;
+    result.swa_present.push_back(it->second.bytes[1] != 0);
+    ++result.block_kv_blocks;
+    Touch(key);
+  }
+  return result;
+}
+
+absl::StatusOr<std::string> PrefixStore::Read(const Sha256Digest& key, Region region) {
+  std::string value;
+  const rocksdb::Status status = db_->Get(
+      rocksdb::ReadOptions(), handles_[static_cast<int>(region) + 1], KeySlice(key), &value);
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (status.IsNotFound()) {
+    ++counters_.misses;
+    return absl::NotFoundError("block not in the prefix store");
+  }
+  if (!status.ok()) {
+    ++counters_.misses;
+    return FromRocks(status, "read");
+  }
+  std::string payload;
+  std::optional<Sha256Digest> parent;
+  if (!Decode(value, &payload, &parent)) {
+    ++counters_.corrupt_values;
+    ++counters_.misses;
+    db_->Delete(rocksdb::WriteOptions(), handles_[static_cast<int>(region) + 1], KeySlice(key));
+    RemoveValue(key, region);
+    return absl::NotFoundError("stored value failed its checks; dropped");
+  }
+  ++counters_.hits;
+  counters_.bytes_read += payload.size();
+  Touch(key);
+  return payload;
+}
+
+absl::Status PrefixStore::Write(const Sha256Digest& key, const std::optional<Sha256Digest>& parent,
+                                Region region, const std::string& payload) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = nodes_.find(key);
+  if (it != nodes_.end() && it->second.bytes[static_cast<int>(region)] != 0) {
+    Touch(key);  // already stored (blocks are immutable for a given key)
+    return absl::OkStatus();
+  }
+  const std::string value = Encode(parent, payload);
+  if (absl::Status s =
+          FromRocks(db_->Put(rocksdb::WriteOptions(), handles_[static_cast<int>(region) + 1],
+                             KeySlice(key), value),
+                    "write");
+      !s.ok()) {
+    return s;
+  }
+  counters_.bytes_written += payload.size();
+  AddValue(key, parent, region, value.size());
+  EvictToBudget();
+  return absl::OkStatus();
+}
+
+StoreCounters PrefixStore::counters() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return counters_;
+}
+
+}  // namespace baton::kvstore
