@@ -45,8 +45,9 @@ struct AttentionParams {
   const BlockKvSource* global = nullptr;  // consumer layers: block KV at [0, pos]
 };
 
-// Runs every (row, head) of every params entry in one parallel region, so that a decode
-// batch of many one-row requests still uses every core.
+// Entries with many rows (prefill chunks) run as GEMM tiles of query rows per head; the
+// others (decode steps) run every (row, head) of every entry in one parallel region, so that a
+// decode batch of many one-row requests still uses every core.
 void Attention(std::span<const AttentionParams> batch);
 
 }  // namespace baton::kernels
