@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <fstream>
+#include <iostream>
 
 #include "absl/strings/str_cat.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
@@ -77,6 +78,30 @@ void Heartbeat::Run() {
     lock.lock();
     wake_.wait_for(lock, period, [this] { return stop_; });
   }
+}
+
+int ServeUntilShutdown(const std::string& binary, grpc::ServerBuilder& builder,
+                       const ServerOptions& options, Registration registration,
+                       const std::function<void(grpc::Server&)>& on_started,
+                       const std::function<void()>& on_stopping) {
+  absl::StatusOr<StartedServer> started = StartServer(builder, options);
+  if (!started.ok()) {
+    std::cerr << binary << ": " << started.status().message() << "\n";
+    return 1;
+  }
+  if (on_started) on_started(*started->server);
+  std::cout << binary << " serving on " << started->address << std::endl;
+  std::unique_ptr<Heartbeat> heartbeat;
+  if (!registration.router.empty()) {
+    registration.node.set_address(started->address);
+    heartbeat =
+        std::make_unique<Heartbeat>(registration.router, registration.node, registration.load);
+  }
+  WaitForShutdownSignal();
+  heartbeat.reset();
+  if (on_stopping) on_stopping();
+  started->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  return 0;
 }
 
 void BlockShutdownSignals() {

@@ -4,6 +4,7 @@
 
 #include "CLI/CLI.hpp"
 #include "baton/common/rpc.h"
+#include "baton/common/server_flags.h"
 #include "baton/kvstore/kvstore_service.h"
 #include "baton/model/weights.h"
 
@@ -17,9 +18,7 @@ int main(int argc, char** argv) {
       ->required();
   app.add_option("--data-dir", data_dir, "RocksDB folder")->required();
   app.add_option("--budget-bytes", budget, "Bytes of stored values at most (0: unlimited)");
-  app.add_option("--host", server.host, "Address to listen on (default 127.0.0.1)");
-  app.add_option("--port", server.port, "Port (0: any free port)");
-  app.add_option("--ready-file", server.ready_file, "Write host:port here once serving");
+  baton::AddServerFlags(app, server);
   app.add_option("--router", router, "Router address to register with");
   try {
     app.parse(argc, argv);
@@ -40,24 +39,9 @@ int main(int argc, char** argv) {
   baton::kvstore::KvStoreService service(**store);
   grpc::ServerBuilder builder;
   builder.RegisterService(&service);
-  auto started = baton::StartServer(builder, server);
-  if (!started.ok()) {
-    std::cerr << "baton-kvstore: " << started.status().message() << "\n";
-    return 1;
-  }
-  std::cout << "baton-kvstore serving on " << started->address << std::endl;
-  std::unique_ptr<baton::Heartbeat> heartbeat;
-  if (!router.empty()) {
-    baton::v1::RegisterRequest node;
-    node.set_node_id("kvstore");
-    node.set_role(baton::v1::NODE_ROLE_KVSTORE);
-    node.set_address(started->address);
-    node.set_model_fingerprint(*fingerprint);
-    heartbeat =
-        std::make_unique<baton::Heartbeat>(router, node, [] { return baton::v1::LoadReport(); });
-  }
-  baton::WaitForShutdownSignal();
-  heartbeat.reset();
-  started->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
-  return 0;
+  baton::Registration registration{router, {}, [] { return baton::v1::LoadReport(); }};
+  registration.node.set_node_id("kvstore");
+  registration.node.set_role(baton::v1::NODE_ROLE_KVSTORE);
+  registration.node.set_model_fingerprint(*fingerprint);
+  return baton::ServeUntilShutdown("baton-kvstore", builder, server, registration);
 }

@@ -4,6 +4,7 @@
 
 #include "CLI/CLI.hpp"
 #include "baton/common/rpc.h"
+#include "baton/common/server_flags.h"
 #include "baton/prefill_node/prefill_service.h"
 
 int main(int argc, char** argv) {
@@ -14,9 +15,7 @@ int main(int argc, char** argv) {
   baton::prefill_node::PrefillOptions options;
   bool no_ucx = false;
   app.add_option("--model", model_dir, "Model directory")->required();
-  app.add_option("--host", server.host, "Address to listen on (default 127.0.0.1)");
-  app.add_option("--port", server.port, "Port (0: any free port)");
-  app.add_option("--ready-file", server.ready_file, "Write host:port here once serving");
+  baton::AddServerFlags(app, server);
   app.add_option("--router", router, "Router address to register with");
   app.add_option("--node-id", node_id, "Name reported to the router");
   app.add_option("--token-budget", options.token_budget, "Rows per prefill chunk")
@@ -37,23 +36,9 @@ int main(int argc, char** argv) {
   baton::prefill_node::PrefillService service(**model, options);
   grpc::ServerBuilder builder;
   builder.RegisterService(&service);
-  auto started = baton::StartServer(builder, server);
-  if (!started.ok()) {
-    std::cerr << "baton-prefill: " << started.status().message() << "\n";
-    return 1;
-  }
-  std::cout << "baton-prefill serving on " << started->address << std::endl;
-  std::unique_ptr<baton::Heartbeat> heartbeat;
-  if (!router.empty()) {
-    baton::v1::RegisterRequest node;
-    node.set_node_id(node_id);
-    node.set_role(baton::v1::NODE_ROLE_PREFILL);
-    node.set_address(started->address);
-    node.set_model_fingerprint((*model)->fingerprint());
-    heartbeat = std::make_unique<baton::Heartbeat>(router, node, [&] { return service.Load(); });
-  }
-  baton::WaitForShutdownSignal();
-  heartbeat.reset();
-  started->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
-  return 0;
+  baton::Registration registration{router, {}, [&] { return service.Load(); }};
+  registration.node.set_node_id(node_id);
+  registration.node.set_role(baton::v1::NODE_ROLE_PREFILL);
+  registration.node.set_model_fingerprint((*model)->fingerprint());
+  return baton::ServeUntilShutdown("baton-prefill", builder, server, registration);
 }

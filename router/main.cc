@@ -5,6 +5,7 @@
 
 #include "CLI/CLI.hpp"
 #include "baton/common/rpc.h"
+#include "baton/common/server_flags.h"
 #include "baton/router/router_service.h"
 
 int main(int argc, char** argv) {
@@ -14,9 +15,7 @@ int main(int argc, char** argv) {
   baton::ServerOptions server;
   baton::router::RouterOptions options;
   app.add_option("--model", model_dir, "Model directory (its config.json is read)")->required();
-  app.add_option("--host", server.host, "Address to listen on (default 127.0.0.1)");
-  app.add_option("--port", server.port, "Port (0: any free port)");
-  app.add_option("--ready-file", server.ready_file, "Write host:port here once serving");
+  baton::AddServerFlags(app, server);
   app.add_option("--default-mode", default_mode, "Default truncation: off, mask or compact")
       ->check(CLI::IsMember({"off", "mask", "compact"}));
   app.add_option("--default-keep", options.default_keep, "Default keep K (0: ring capacity C)");
@@ -59,14 +58,7 @@ int main(int argc, char** argv) {
   grpc::ServerBuilder builder;
   builder.RegisterService(static_cast<baton::v1::Generation::Service*>(&service));
   builder.RegisterService(static_cast<baton::v1::Registry::Service*>(&service));
-  auto started = baton::StartServer(builder, server);
-  if (!started.ok()) {
-    std::cerr << "baton-router: " << started.status().message() << "\n";
-    return 1;
-  }
-  service.WatchHealth(started->server.get());
-  std::cout << "baton-router serving on " << started->address << std::endl;
-  baton::WaitForShutdownSignal();
-  started->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
-  return 0;
+  return baton::ServeUntilShutdown(
+      "baton-router", builder, server, {},
+      [&](grpc::Server& started) { service.WatchHealth(&started); }, [&] { service.StopHealth(); });
 }

@@ -47,6 +47,10 @@ RouterService::RouterService(const ModelConfig& config, const RouterOptions& opt
 }
 
 RouterService::~RouterService() {
+  StopHealth();
+}
+
+void RouterService::StopHealth() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     stop_ = true;

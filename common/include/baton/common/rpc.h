@@ -56,6 +56,21 @@ class Heartbeat {
   std::thread thread_;
 };
 
+// The common life of a baton server binary: start (see StartServer), print
+// "<binary> serving on host:port", register with `router` (when set) as `node` reporting
+// `load`, serve until SIGINT or SIGTERM, then stop the heartbeat and shut down. `on_started`
+// runs once the server is up, `on_stopping` before it goes away. Returns the process exit
+// status.
+struct Registration {
+  std::string router;  // empty: do not register
+  v1::RegisterRequest node;
+  Heartbeat::LoadFn load;
+};
+int ServeUntilShutdown(const std::string& binary, grpc::ServerBuilder& builder,
+                       const ServerOptions& options, Registration registration,
+                       const std::function<void(grpc::Server&)>& on_started = nullptr,
+                       const std::function<void()>& on_stopping = nullptr);
+
 // Blocks SIGINT and SIGTERM in this thread (call first in main, before starting threads, so
 // they inherit the mask) ...
 void BlockShutdownSignals();

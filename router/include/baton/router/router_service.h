@@ -53,8 +53,10 @@ class RouterService final : public v1::Generation::Service, public v1::Registry:
   grpc::Status Register(grpc::ServerContext* context, const v1::RegisterRequest* request,
                         v1::RegisterResponse* reply) override;
 
-  // Sets grpc.health.v1 for "" and "baton.v1.Generation" as nodes come and go.
+  // Sets grpc.health.v1 for "" and "baton.v1.Generation" as nodes come and go, until
+  // StopHealth (which must come before the server is destroyed).
   void WatchHealth(grpc::Server* server);
+  void StopHealth();
 
  private:
   struct Node {
