@@ -17,14 +17,14 @@ uint64_t SplitMix(uint64_t x) {
   return x ^ (x >> 31);
 }
 
+}  // namespace
+
 float LogSoftmaxAt(std::span<const float> logits, int32_t token) {
   const float max_logit = *std::max_element(logits.begin(), logits.end());
   double total = 0;
   for (float l : logits) total += std::exp(static_cast<double>(l - max_logit));
   return static_cast<float>(logits[token] - max_logit - std::log(total));
 }
-
-}  // namespace
 
 SampledToken SampleToken(std::span<const float> logits, const SamplingParams& params,
                          uint64_t step) {

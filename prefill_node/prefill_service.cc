@@ -285,11 +285,24 @@ grpc::Status PrefillService::Prefill(grpc::ServerContext* context,
       }
     };
   }
+  // Prompt logprobs need every row's logits; the router only asks with truncation off.
+  const bool prompt_logprobs =
+      generate.prompt_logprobs() && *mode == model::TruncationMode::kOff && request->s_valid() == 0;
+  options.result_logits = prompt_logprobs;
   absl::StatusOr<model::PrefillResult> result = model_.Prefill(tokens, options, state);
   if (!result.ok()) return ToGrpcStatus(result.status());
+  const int64_t vocab = model_.config().vocab_size;
+  const std::span<const float> last_row(result->logits.data() + result->logits.size() - vocab,
+                                        static_cast<size_t>(vocab));
+  if (prompt_logprobs) {
+    for (size_t r = 0; r + 1 < tokens.size(); ++r) {
+      reply->add_prompt_logprobs(model::LogSoftmaxAt(
+          {result->logits.data() + r * vocab, static_cast<size_t>(vocab)}, tokens[r + 1]));
+    }
+  }
   const auto& sampling = generate.sampling();
   const model::SampledToken first =
-      model::SampleToken(result->logits,
+      model::SampleToken(last_row,
                          {.temperature = sampling.temperature(),
                           .top_k = static_cast<int32_t>(sampling.top_k()),
                           .top_p = sampling.top_p() > 0 ? sampling.top_p() : 1.0f,

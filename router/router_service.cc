@@ -358,6 +358,7 @@ grpc::Status RouterService::Generate(grpc::ServerContext* context,
     first.set_request_id(id);
     first.add_token_ids(prefilled.first_token());
     if (request->logprobs()) first.add_logprobs(prefilled.first_logprob());
+    if (g == 0) *first.mutable_prompt_logprobs() = prefilled.prompt_logprobs();
     if (!writer->Write(first)) {
       release();
       return grpc::Status(grpc::StatusCode::CANCELLED, "client went away");

@@ -18,6 +18,7 @@ struct Outcome {
   grpc::Status status;
   std::vector<int32_t> tokens;
   std::vector<float> logprobs;
+  std::vector<float> prompt_logprobs;
   v1::FinishReason finish = v1::FINISH_REASON_UNSPECIFIED;
   v1::Usage usage;
 };
@@ -36,6 +37,9 @@ inline Outcome Generate(v1::Generation::Stub& stub, const v1::GenerateRequest& r
                           response.token_ids().end());
     outcome.logprobs.insert(outcome.logprobs.end(), response.logprobs().begin(),
                             response.logprobs().end());
+    outcome.prompt_logprobs.insert(outcome.prompt_logprobs.end(),
+                                   response.prompt_logprobs().begin(),
+                                   response.prompt_logprobs().end());
     if (response.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) {
       outcome.finish = response.finish_reason();
       outcome.usage = response.usage();

@@ -139,12 +139,28 @@ TEST_F(ClusterTest, BadInputIsRefusedNamingTheField) {
     EXPECT_THAT(o.status.error_message(), HasSubstr(c.message));
     EXPECT_TRUE(o.tokens.empty());
   }
-  // Prompt logprobs under the server's default truncation are served with truncation off.
-  v1::GenerateRequest default_logprobs = Request(prompt, 4);
+  // Prompt logprobs under the server's default truncation are served with truncation off,
+  // and are the untruncated model's log P(prompt[i + 1] | prompt[..i]).
+  const std::vector<int32_t> long_prompt = {5,  9,  200, 33, 4,  8,  100, 7,  7,  7,  1,  2,
+                                            3,  4,  5,   6,  7,  8,  9,   10, 11, 12, 13, 14,
+                                            15, 16, 17,  18, 19, 20, 21,  22, 23, 24, 25};
+  v1::GenerateRequest default_logprobs = Request(long_prompt, 4);
   default_logprobs.set_prompt_logprobs(true);
   const Outcome served = Generate(*stub, default_logprobs);
   ASSERT_TRUE(served.status.ok()) << served.status.error_message();
-  EXPECT_EQ(served.tokens, ForwardTokens(tiny_, prompt, "off", 0, 4));
+  EXPECT_EQ(served.tokens, ForwardTokens(tiny_, long_prompt, "off", 0, 4));
+  const Result forward =
+      RunBatonctl("forward --model " + tiny_ + " --tokens " + Join(long_prompt) + " --json");
+  const auto rows = nlohmann::json::parse(forward.out)["logits"];
+  ASSERT_EQ(served.prompt_logprobs.size(), long_prompt.size() - 1);
+  for (size_t i = 0; i + 1 < long_prompt.size(); ++i) {
+    const std::vector<double> row = rows[i].get<std::vector<double>>();
+    const double max_logit = *std::max_element(row.begin(), row.end());
+    double total = 0;
+    for (double l : row) total += std::exp(l - max_logit);
+    const double expected = row[long_prompt[i + 1]] - max_logit - std::log(total);
+    EXPECT_NEAR(served.prompt_logprobs[i], expected, 1e-4) << "position " << i;
+  }
 }
 
 // Lists a server's services through gRPC server reflection (grpc.reflection.v1alpha), with a

@@ -25,6 +25,7 @@ struct GenerateOptions {
   std::string stop;
   bool ignore_eos = false;
   bool logprobs = false;
+  bool prompt_logprobs = false;
   std::string mode;
   int64_t keep = 0;
   std::string cache_salt;
@@ -78,6 +79,7 @@ int RunGenerate(const GenerateOptions& o, const CLI::App& command) {
     request.mutable_truncation()->set_keep(o.keep);
   }
   request.set_logprobs(o.logprobs);
+  request.set_prompt_logprobs(o.prompt_logprobs);
   request.set_cache_salt(o.cache_salt);
   request.set_request_id(o.request_id);
 
@@ -92,7 +94,7 @@ int RunGenerate(const GenerateOptions& o, const CLI::App& command) {
   auto reader = stub->Generate(&context, request);
   v1::GenerateResponse response;
   std::vector<int32_t> tokens;
-  std::vector<float> logprobs;
+  std::vector<float> logprobs, prompt_logprobs;
   double ttft_ms = -1;
   v1::GenerateResponse last;
   while (reader->Read(&response)) {
@@ -105,6 +107,8 @@ int RunGenerate(const GenerateOptions& o, const CLI::App& command) {
       if (!o.json) std::cout << response.token_ids(i) << " " << std::flush;
     }
     logprobs.insert(logprobs.end(), response.logprobs().begin(), response.logprobs().end());
+    prompt_logprobs.insert(prompt_logprobs.end(), response.prompt_logprobs().begin(),
+                           response.prompt_logprobs().end());
     if (response.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) last = response;
   }
   const grpc::Status status = reader->Finish();
@@ -126,6 +130,7 @@ int RunGenerate(const GenerateOptions& o, const CLI::App& command) {
                             {"completion_tokens", usage.completion_tokens()}}},
                           {"ttft_ms", ttft_ms}};
     if (o.logprobs) out["logprobs"] = logprobs;
+    if (o.prompt_logprobs) out["prompt_logprobs"] = prompt_logprobs;
     std::cout << out.dump() << "\n";
   } else {
     std::cout << "\nfinish " << FinishName(last.finish_reason()) << ", " << usage.prompt_tokens()
@@ -153,6 +158,8 @@ Command AddGenerateCommand(CLI::App& app) {
   command->add_option("--stop", o->stop, "Stop token ids, comma-separated");
   command->add_flag("--ignore-eos", o->ignore_eos, "Do not stop at the eos token");
   command->add_flag("--logprobs", o->logprobs, "Report each chosen token's log-probability");
+  command->add_flag("--prompt-logprobs", o->prompt_logprobs,
+                    "Report log P(prompt[i + 1] | prompt[..i]) (served with truncation off)");
   command->add_option("--mode", o->mode, "Truncation override: off, mask or compact");
   command->add_option("--keep", o->keep, "Keep K for --mode mask/compact");
   command->add_option("--cache-salt", o->cache_salt, "Prefix-cache isolation salt");

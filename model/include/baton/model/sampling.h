@@ -21,6 +21,9 @@ struct SampledToken {
   float logprob = 0.0f;  // log-softmax of the model's logits (before temperature) at `token`
 };
 
+// log-softmax(logits)[token].
+float LogSoftmaxAt(std::span<const float> logits, int32_t token);
+
 // `step` counts completion tokens from 0 (the prefill node's first token).
 SampledToken SampleToken(std::span<const float> logits, const SamplingParams& params,
                          uint64_t step);
