@@ -112,7 +112,9 @@ TEST(WorkEstimatorTest, CountsEqualDirectEnumerationOfThePlan) {
         const bool retained = !spec.truncated() || pos >= spec.prompt_len - spec.keep;
         const bool last_c = chunk.q_start + chunk.q_len - pos <= spec.ring_capacity();
         EXPECT_EQ(slot, retained && last_c ? pos % spec.ring_capacity() : -1) << "pos=" << pos;
-        if (slot >= 0) EXPECT_TRUE(consumer_slots.insert(slot).second) << "slot " << slot;
+        if (slot >= 0) {
+          EXPECT_TRUE(consumer_slots.insert(slot).second) << "slot " << slot;
+        }
       }
       for (int64_t j = 0; j < chunk.q_len; ++j) {
         const int64_t pos = chunk.q_start + j;
@@ -120,7 +122,9 @@ TEST(WorkEstimatorTest, CountsEqualDirectEnumerationOfThePlan) {
           ++producer_pairs;
         }
         const int32_t slot = chunk.producer_slots[j];
-        if (slot >= 0) EXPECT_TRUE(producer_slots.insert(slot).second) << "slot " << slot;
+        if (slot >= 0) {
+          EXPECT_TRUE(producer_slots.insert(slot).second) << "slot " << slot;
+        }
       }
       EXPECT_EQ(producer_slots.size(),
                 static_cast<size_t>(std::min<int64_t>(chunk.q_len, spec.ring_capacity())));
