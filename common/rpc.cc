@@ -7,6 +7,8 @@
 #include <iostream>
 
 #include "absl/strings/str_cat.h"
+#include "baton/common/log.h"
+#include "baton/common/metrics.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
 
@@ -22,6 +24,14 @@ absl::Status FromGrpcStatus(const grpc::Status& status) {
   return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
 }
 
+void WriteAddressFile(const std::string& path, const std::string& address) {
+  if (path.empty()) return;
+  // Write then rename, so a reader never sees half an address.
+  const std::string partial = path + ".partial";
+  std::ofstream(partial, std::ios::trunc) << address << "\n";
+  std::rename(partial.c_str(), path.c_str());
+}
+
 absl::StatusOr<StartedServer> StartServer(grpc::ServerBuilder& builder,
                                           const ServerOptions& options) {
   grpc::EnableDefaultHealthCheckService(true);
@@ -35,13 +45,9 @@ absl::StatusOr<StartedServer> StartServer(grpc::ServerBuilder& builder,
     return absl::UnavailableError(
         absl::StrCat("cannot listen on ", options.host, ":", options.port));
   }
+  started.server->GetHealthCheckService()->SetServingStatus("liveness", true);
   started.address = absl::StrCat(options.host, ":", port);
-  if (!options.ready_file.empty()) {
-    // Write then rename, so a reader never sees half an address.
-    const std::string partial = options.ready_file + ".partial";
-    std::ofstream(partial, std::ios::trunc) << started.address << "\n";
-    std::rename(partial.c_str(), options.ready_file.c_str());
-  }
+  WriteAddressFile(options.ready_file, started.address);
   return started;
 }
 
@@ -84,20 +90,37 @@ int ServeUntilShutdown(const std::string& binary, grpc::ServerBuilder& builder,
                        const ServerOptions& options, Registration registration,
                        const std::function<void(grpc::Server&)>& on_started,
                        const std::function<void()>& on_stopping) {
+  metrics::MetricsServer metrics_server;
+  if (options.metrics_port >= 0) {
+    absl::StatusOr<metrics::MetricsServer> metrics = metrics::StartMetricsServer(
+        options.metrics_host.empty() ? options.host : options.metrics_host, options.metrics_port,
+        binary);
+    if (!metrics.ok()) {
+      log::Error("cannot start", {{"error", std::string(metrics.status().message())}});
+      return 1;
+    }
+    metrics_server = std::move(*metrics);
+  }
   absl::StatusOr<StartedServer> started = StartServer(builder, options);
   if (!started.ok()) {
-    std::cerr << binary << ": " << started.status().message() << "\n";
+    log::Error("cannot start", {{"error", std::string(started.status().message())}});
     return 1;
   }
   if (on_started) on_started(*started->server);
+  WriteAddressFile(options.metrics_ready_file, metrics_server.address);
   std::cout << binary << " serving on " << started->address << std::endl;
+  log::Info("serving", {{"address", started->address}, {"metrics", metrics_server.address}});
   std::unique_ptr<Heartbeat> heartbeat;
   if (!registration.router.empty()) {
-    registration.node.set_address(started->address);
+    const int port = std::stoi(started->address.substr(started->address.rfind(':') + 1));
+    registration.node.set_address(
+        options.advertise_host.empty() ? started->address
+                                       : absl::StrCat(options.advertise_host, ":", port));
     heartbeat =
         std::make_unique<Heartbeat>(registration.router, registration.node, registration.load);
   }
-  WaitForShutdownSignal();
+  const int signal = WaitForShutdownSignal();
+  log::Info("stopping", {{"signal", signal}});
   heartbeat.reset();
   if (on_stopping) on_stopping();
   started->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));

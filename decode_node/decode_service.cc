@@ -2,10 +2,11 @@
 
 #include <chrono>
 #include <cstring>
-#include <iostream>
 
 #include "absl/strings/str_cat.h"
 #include "baton/common/checksum.h"
+#include "baton/common/log.h"
+#include "baton/common/metrics.h"
 #include "baton/common/rpc.h"
 
 namespace baton::decode_node {
@@ -19,6 +20,20 @@ grpc::Status Invalid(const std::string& message) {
 }
 
 }  // namespace
+
+struct DecodeService::Metrics {
+  prometheus::Family<prometheus::Counter>& requests = metrics::Counter(
+      "baton_decode_requests_total",
+      "Decode streams finished, by outcome (gRPC status name, or expired reservations)");
+  prometheus::Counter& tokens =
+      metrics::Counter("baton_decode_tokens_total", "Tokens sampled by decode steps").Add({});
+  prometheus::Histogram& step_seconds =
+      metrics::Histogram("baton_decode_step_seconds", "Time of one batched decode step")
+          .Add({}, metrics::TokenLatencyBuckets());
+  prometheus::Histogram& batch_size =
+      metrics::Histogram("baton_decode_batch_size", "Requests in one decode step")
+          .Add({}, prometheus::Histogram::BucketBoundaries{1, 2, 4, 8, 16, 32, 64, 128, 256});
+};
 
 struct DecodeService::Request {
   // The slot and unused page credit go back only when the last holder lets go: an in-flight
@@ -64,13 +79,34 @@ DecodeService::DecodeService(const model::CedModel& model, const DecodeOptions& 
       ucx_ = *std::move(worker);
       ucx_memory_ = *std::move(memory);
     } else {
-      std::cerr << "baton-decode: UCX unavailable (" << memory.status().message()
-                << "); serving the gRPC transport only\n";
+      log::Warn("UCX unavailable; serving the gRPC transport only",
+                {{"error", std::string(memory.status().message())}});
     }
   }
   pool_ = std::make_unique<StatePool>(
       layout, options.slots, options.pages,
       ucx_memory_ != nullptr ? reinterpret_cast<void*>(ucx_memory_->address()) : nullptr);
+  metrics_ = std::make_unique<Metrics>();
+  pool_collector_ = metrics::AddCollector([this] {
+    const v1::LoadReport load = Load();
+    const double pages = static_cast<double>(load.total_pages());
+    const double used = pages - static_cast<double>(load.free_pages());
+    const double slots = load.total_slots();
+    auto gauge = [](const char* name, const char* help, double value) {
+      return metrics::GaugeFamily(name, help, {{{}, value}});
+    };
+    return std::vector<prometheus::MetricFamily>{
+        gauge("baton_decode_running", "Requests holding state on this node",
+              load.active_requests()),
+        gauge("baton_decode_queue_depth", "Reservations waiting for pool memory",
+              load.queued_requests()),
+        gauge("baton_pool_pages_used", "Block-KV pages in use", used),
+        gauge("baton_pool_pages_capacity", "Block-KV pages in the pool", pages),
+        gauge("baton_pool_slots_used", "State slots (rings) in use", slots - load.free_slots()),
+        gauge("baton_pool_slots_capacity", "State slots in the pool", slots),
+        gauge("baton_pool_usage_ratio", "Share of block-KV pages in use (0 to 1)",
+              pages > 0 ? used / pages : 0)};
+  });
   decode_thread_ = std::thread([this] { DecodeLoop(); });
   reap_thread_ = std::thread([this] { ReapLoop(); });
   if (ucx_ != nullptr) ucx_thread_ = std::thread([this] { UcxProgressLoop(); });
@@ -352,7 +388,11 @@ void DecodeService::DecodeLoop() {
     std::vector<model::DecodeItem> items;
     for (auto& r : batch) items.push_back({r->state.get(), r->next_input, r->logits.data()});
     lock.unlock();
+    const auto step_start = Clock::now();
     const absl::Status status = model_.Decode(items);
+    metrics_->step_seconds.Observe(
+        std::chrono::duration<double>(Clock::now() - step_start).count());
+    metrics_->batch_size.Observe(static_cast<double>(batch.size()));
     std::vector<model::SampledToken> sampled;
     for (auto& r : batch)
       sampled.push_back(model::SampleToken(r->logits, r->sampling, r->completion));
@@ -360,12 +400,14 @@ void DecodeService::DecodeLoop() {
     for (size_t i = 0; i < batch.size(); ++i) {
       Request& r = *batch[i];
       if (!status.ok()) {
-        std::cerr << "baton-decode: request " << r.id << ": " << status.message() << "\n";
+        log::Error("decode step failed",
+                   {{"request_id", r.id}, {"error", std::string(status.message())}});
         r.finish = v1::FINISH_REASON_UNSPECIFIED;
         r.phase = Phase::kFinished;
         continue;
       }
       Accept(r, sampled[i].token, sampled[i].logprob);
+      metrics_->tokens.Increment();
     }
     changed_.notify_all();
   }
@@ -373,6 +415,21 @@ void DecodeService::DecodeLoop() {
 
 grpc::Status DecodeService::Stream(grpc::ServerContext* context, const v1::StreamRequest* request,
                                    grpc::ServerWriter<v1::DecodeOutput>* writer) {
+  const grpc::Status status = RunStream(context, request, writer);
+  metrics_->requests.Add({{"outcome", metrics::OutcomeLabel(status.error_code())}}).Increment();
+  if (status.ok()) {
+    log::Info("stream finished", {{"request_id", request->request_id()}});
+  } else {
+    log::Warn("stream ended", {{"request_id", request->request_id()},
+                               {"code", metrics::OutcomeLabel(status.error_code())},
+                               {"error", status.error_message()}});
+  }
+  return status;
+}
+
+grpc::Status DecodeService::RunStream(grpc::ServerContext* context,
+                                      const v1::StreamRequest* request,
+                                      grpc::ServerWriter<v1::DecodeOutput>* writer) {
   std::unique_lock<std::mutex> lock(mutex_);
   auto it = requests_.find(request->request_id());
   if (it == requests_.end() || it->second->phase == Phase::kReserved) {
@@ -452,7 +509,8 @@ void DecodeService::ReapLoop() {
       if (!r->attached && now > r->deadline) expired.push_back(id);
     }
     for (const std::string& id : expired) {
-      std::cerr << "baton-decode: request " << id << ": reservation expired; freed\n";
+      log::Warn("reservation expired; freed", {{"request_id", id}});
+      metrics_->requests.Add({{"outcome", "expired"}}).Increment();
       Erase(id);
     }
   }

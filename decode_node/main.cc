@@ -1,7 +1,5 @@
 // baton-decode: a decode node. Loads the model, maps its state pools (registered with UCX),
 // serves DecodeNode plus grpc.health.v1 and reflection, and registers with the router.
-#include <iostream>
-
 #include "CLI/CLI.hpp"
 #include "baton/common/rpc.h"
 #include "baton/common/server_flags.h"
@@ -11,11 +9,11 @@ int main(int argc, char** argv) {
   baton::BlockShutdownSignals();
   CLI::App app{"baton-decode: decode node"};
   std::string model_dir, router, node_id = "decode";
-  baton::ServerOptions server;
+  baton::ServerFlags flags;
   baton::decode_node::DecodeOptions options;
   bool no_ucx = false;
   app.add_option("--model", model_dir, "Model directory")->required();
-  baton::AddServerFlags(app, server);
+  baton::AddServerFlags(app, flags);
   app.add_option("--router", router, "Router address to register with");
   app.add_option("--node-id", node_id, "Name reported to the router");
   app.add_option("--slots", options.slots, "State slots (concurrent requests)")
@@ -28,15 +26,13 @@ int main(int argc, char** argv) {
                  "Reservations that may wait for memory before RESOURCE_EXHAUSTED")
       ->check(CLI::Range(0, 1 << 20));
   app.add_flag("--no-ucx", no_ucx, "Serve only the gRPC transport");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? 0 : 2;
+  if (auto exit = baton::ParseServerFlags(app, argc, argv, "baton-decode", "decode", flags)) {
+    return *exit;
   }
   options.use_ucx = !no_ucx;
   auto model = baton::model::CedModel::Load(model_dir);
   if (!model.ok()) {
-    std::cerr << "baton-decode: " << model.status().message() << "\n";
+    baton::log::Error("cannot start", {{"error", std::string(model.status().message())}});
     return 2;
   }
   baton::decode_node::DecodeService service(**model, options);
@@ -46,5 +42,5 @@ int main(int argc, char** argv) {
   registration.node.set_node_id(node_id);
   registration.node.set_role(baton::v1::NODE_ROLE_DECODE);
   registration.node.set_model_fingerprint((*model)->fingerprint());
-  return baton::ServeUntilShutdown("baton-decode", builder, server, registration);
+  return baton::ServeUntilShutdown("baton-decode", builder, flags.server, registration);
 }

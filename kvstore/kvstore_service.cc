@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "baton/common/metrics.h"
 #include "baton/common/rpc.h"
 
 namespace baton::kvstore {
@@ -31,6 +32,40 @@ absl::StatusOr<Region> RegionFrom(v1::StoreRegion region) {
 
 }  // namespace
 
+KvStoreService::KvStoreService(PrefixStore& store) : store_(store) {
+  collector_ = metrics::AddCollector([this] {
+    const StoreCounters c = store_.counters();
+    auto one = [](double value) {
+      return std::vector<std::pair<std::map<std::string, std::string>, double>>{{{}, value}};
+    };
+    return std::vector<prometheus::MetricFamily>{
+        metrics::CounterFamily("baton_store_lookups_total", "Chain lookups served",
+                               one(lookups_.load())),
+        metrics::CounterFamily("baton_store_lookup_blocks_total",
+                               "Leading blocks with block KV found by lookups",
+                               one(lookup_blocks_.load())),
+        metrics::CounterFamily("baton_store_reads_total", "Block reads, by result",
+                               {{{{"result", "hit"}}, static_cast<double>(c.hits)},
+                                {{{"result", "miss"}}, static_cast<double>(c.misses)}}),
+        metrics::CounterFamily("baton_store_read_bytes_total", "Payload bytes read",
+                               one(c.bytes_read)),
+        metrics::CounterFamily("baton_store_written_bytes_total", "Payload bytes written",
+                               one(c.bytes_written)),
+        metrics::CounterFamily("baton_store_evictions_total", "Values evicted for the budget",
+                               one(c.evictions)),
+        metrics::CounterFamily("baton_store_corrupt_values_total",
+                               "Values that failed their checks and were dropped",
+                               one(c.corrupt_values)),
+        metrics::GaugeFamily("baton_store_bytes", "Bytes of every value held", one(c.stored_bytes)),
+        metrics::GaugeFamily("baton_store_budget_bytes", "The byte budget (0: unlimited)",
+                             one(store_.budget_bytes())),
+        metrics::GaugeFamily("baton_store_values", "Values held, by region",
+                             {{{{"region", "block_kv"}}, static_cast<double>(c.block_kv_values)},
+                              {{{"region", "producer_swa"}},
+                               static_cast<double>(c.producer_swa_values)}})};
+  });
+}
+
 grpc::Status KvStoreService::Lookup(grpc::ServerContext* context, const v1::LookupRequest* request,
                                     v1::LookupResponse* reply) {
   std::vector<Sha256Digest> chain;
@@ -40,6 +75,8 @@ grpc::Status KvStoreService::Lookup(grpc::ServerContext* context, const v1::Look
     chain.push_back(*key);
   }
   const ChainLookup lookup = store_.Lookup(chain);
+  ++lookups_;
+  lookup_blocks_ += lookup.block_kv_blocks;
   reply->set_block_kv_blocks(static_cast<uint32_t>(lookup.block_kv_blocks));
   for (bool present : lookup.swa_present) reply->add_swa_present(present);
   return grpc::Status::OK;

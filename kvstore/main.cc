@@ -1,7 +1,5 @@
 // baton-kvstore: the prefix store as a service (RocksDB under --data-dir), with
 // grpc.health.v1 and reflection; registers with the router.
-#include <iostream>
-
 #include "CLI/CLI.hpp"
 #include "baton/common/rpc.h"
 #include "baton/common/server_flags.h"
@@ -12,28 +10,26 @@ int main(int argc, char** argv) {
   baton::BlockShutdownSignals();
   CLI::App app{"baton-kvstore: the prefix store"};
   std::string model_dir, router, data_dir;
-  baton::ServerOptions server;
+  baton::ServerFlags flags;
   uint64_t budget = 0;
   app.add_option("--model", model_dir, "Model directory (values carry its fingerprint)")
       ->required();
   app.add_option("--data-dir", data_dir, "RocksDB folder")->required();
   app.add_option("--budget-bytes", budget, "Bytes of stored values at most (0: unlimited)");
-  baton::AddServerFlags(app, server);
+  baton::AddServerFlags(app, flags);
   app.add_option("--router", router, "Router address to register with");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? 0 : 2;
+  if (auto exit = baton::ParseServerFlags(app, argc, argv, "baton-kvstore", "kvstore", flags)) {
+    return *exit;
   }
   auto fingerprint = baton::model::ModelFingerprint(model_dir);
   if (!fingerprint.ok()) {
-    std::cerr << "baton-kvstore: " << fingerprint.status().message() << "\n";
+    baton::log::Error("cannot start", {{"error", std::string(fingerprint.status().message())}});
     return 2;
   }
   auto store = baton::kvstore::PrefixStore::Open(
       {.path = data_dir, .model_fingerprint = *fingerprint, .budget_bytes = budget});
   if (!store.ok()) {
-    std::cerr << "baton-kvstore: " << store.status().message() << "\n";
+    baton::log::Error("cannot start", {{"error", std::string(store.status().message())}});
     return 1;
   }
   baton::kvstore::KvStoreService service(**store);
@@ -43,5 +39,5 @@ int main(int argc, char** argv) {
   registration.node.set_node_id("kvstore");
   registration.node.set_role(baton::v1::NODE_ROLE_KVSTORE);
   registration.node.set_model_fingerprint(*fingerprint);
-  return baton::ServeUntilShutdown("baton-kvstore", builder, server, registration);
+  return baton::ServeUntilShutdown("baton-kvstore", builder, flags.server, registration);
 }

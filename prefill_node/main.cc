@@ -1,7 +1,5 @@
 // baton-prefill: a prefill node. Loads the model, serves PrefillNode plus grpc.health.v1 and
 // reflection, and registers with the router.
-#include <iostream>
-
 #include "CLI/CLI.hpp"
 #include "baton/common/rpc.h"
 #include "baton/common/server_flags.h"
@@ -11,26 +9,24 @@ int main(int argc, char** argv) {
   baton::BlockShutdownSignals();
   CLI::App app{"baton-prefill: prefill node"};
   std::string model_dir, router, node_id = "prefill";
-  baton::ServerOptions server;
+  baton::ServerFlags flags;
   baton::prefill_node::PrefillOptions options;
   bool no_ucx = false;
   app.add_option("--model", model_dir, "Model directory")->required();
-  baton::AddServerFlags(app, server);
+  baton::AddServerFlags(app, flags);
   app.add_option("--router", router, "Router address to register with");
   app.add_option("--node-id", node_id, "Name reported to the router");
   app.add_option("--token-budget", options.token_budget, "Rows per prefill chunk")
       ->check(CLI::Range(1, 1 << 24));
   app.add_flag("--no-ucx", no_ucx, "Use only the gRPC transport");
   app.add_option("--kvstore", options.kvstore_address, "Prefix store (baton-kvstore) address");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? 0 : 2;
+  if (auto exit = baton::ParseServerFlags(app, argc, argv, "baton-prefill", "prefill", flags)) {
+    return *exit;
   }
   options.use_ucx = !no_ucx;
   auto model = baton::model::CedModel::Load(model_dir);
   if (!model.ok()) {
-    std::cerr << "baton-prefill: " << model.status().message() << "\n";
+    baton::log::Error("cannot start", {{"error", std::string(model.status().message())}});
     return 2;
   }
   baton::prefill_node::PrefillService service(**model, options);
@@ -40,5 +36,5 @@ int main(int argc, char** argv) {
   registration.node.set_node_id(node_id);
   registration.node.set_role(baton::v1::NODE_ROLE_PREFILL);
   registration.node.set_model_fingerprint((*model)->fingerprint());
-  return baton::ServeUntilShutdown("baton-prefill", builder, server, registration);
+  return baton::ServeUntilShutdown("baton-prefill", builder, flags.server, registration);
 }

@@ -1,10 +1,11 @@
 #include "baton/prefill_node/prefill_service.h"
 
 #include <chrono>
-#include <iostream>
 
 #include "absl/strings/str_cat.h"
 #include "baton/common/checksum.h"
+#include "baton/common/log.h"
+#include "baton/common/metrics.h"
 #include "baton/common/rpc.h"
 #include "baton/kvstore/chain.h"
 #include "baton/model/sampling.h"
@@ -35,8 +36,34 @@ absl::StatusOr<model::TruncationMode> ModeFromProto(v1::TruncationMode mode) {
 
 }  // namespace
 
+struct PrefillService::Metrics {
+  prometheus::Family<prometheus::Counter>& requests = metrics::Counter(
+      "baton_prefill_requests_total", "Prefill requests finished, by outcome (gRPC status name)");
+  prometheus::Counter& tokens =
+      metrics::Counter("baton_prefill_tokens_total", "Prompt tokens of finished prefills").Add({});
+  prometheus::Histogram& seconds =
+      metrics::Histogram("baton_prefill_seconds",
+                         "Time a prefill request spent on this node, queueing and transfer included")
+          .Add({}, metrics::LatencyBuckets());
+  prometheus::Gauge& queue_depth =
+      metrics::Gauge("baton_prefill_queue_depth", "Prefill requests waiting for the model")
+          .Add({});
+  prometheus::Family<prometheus::Counter>& transfer_bytes = metrics::Counter(
+      "baton_transfer_bytes_total", "StateBlock bytes moved to decode nodes, by transport");
+  prometheus::Family<prometheus::Histogram>& transfer_seconds = metrics::Histogram(
+      "baton_transfer_seconds", "Time to move one StateBlock and commit it, by transport");
+  prometheus::Counter& loaded_blocks =
+      metrics::Counter("baton_prefix_loaded_blocks_total",
+                       "Blocks loaded from the prefix store instead of computed")
+          .Add({});
+  prometheus::Counter& written_blocks =
+      metrics::Counter("baton_prefix_written_blocks_total",
+                       "Blocks queued for writing back to the prefix store")
+          .Add({});
+};
+
 PrefillService::PrefillService(const model::CedModel& model, const PrefillOptions& options)
-    : model_(model), options_(options) {
+    : model_(model), options_(options), metrics_(std::make_unique<Metrics>()) {
   if (!options.kvstore_address.empty()) {
     kvstore_ = v1::KvStore::NewStub(
         grpc::CreateChannel(options.kvstore_address, grpc::InsecureChannelCredentials()));
@@ -47,8 +74,8 @@ PrefillService::PrefillService(const model::CedModel& model, const PrefillOption
     if (worker.ok()) {
       ucx_ = *std::move(worker);
     } else {
-      std::cerr << "baton-prefill: UCX unavailable (" << worker.status().message()
-                << "); only the gRPC transport will work\n";
+      log::Warn("UCX unavailable; only the gRPC transport will work",
+                {{"error", std::string(worker.status().message())}});
     }
   }
 }
@@ -149,7 +176,7 @@ void PrefillService::WriteBackLoop() {
     }
     writer->WritesDone();
     if (grpc::Status s = writer->Finish(); !s.ok()) {
-      std::cerr << "baton-prefill: prefix-store write failed: " << s.error_message() << "\n";
+      log::Warn("prefix-store write failed", {{"error", s.error_message()}});
     }
     lock.lock();
   }
@@ -225,9 +252,33 @@ absl::Status PrefillService::SendGrpc(grpc::ServerContext* context, v1::DecodeNo
   return FromGrpcStatus(writer->Finish());
 }
 
+
 grpc::Status PrefillService::Prefill(grpc::ServerContext* context,
                                      const v1::PrefillRequest* request,
                                      v1::PrefillResponse* reply) {
+  const auto start = Clock::now();
+  const grpc::Status status = Run(context, request, reply);
+  metrics_->requests.Add({{"outcome", metrics::OutcomeLabel(status.error_code())}}).Increment();
+  metrics_->seconds.Observe(MillisSince(start) / 1000);
+  const std::string& id = request->request().request_id();
+  if (status.ok()) {
+    metrics_->tokens.Increment(request->request().prompt_token_ids_size());
+    log::Info("prefill done", {{"request_id", id},
+                               {"prompt_tokens", request->request().prompt_token_ids_size()},
+                               {"cached_tokens", reply->usage().cached_tokens()},
+                               {"replayed_rows", reply->usage().replayed_rows()},
+                               {"prefill_ms", reply->prefill_ms()},
+                               {"transfer_ms", reply->transfer_ms()}});
+  } else {
+    log::Warn("prefill failed", {{"request_id", id},
+                                 {"code", metrics::OutcomeLabel(status.error_code())},
+                                 {"error", status.error_message()}});
+  }
+  return status;
+}
+
+grpc::Status PrefillService::Run(grpc::ServerContext* context, const v1::PrefillRequest* request,
+                                 v1::PrefillResponse* reply) {
   const auto start = Clock::now();
   const v1::GenerateRequest& generate = request->request();
   std::vector<int32_t> tokens(generate.prompt_token_ids().begin(),
@@ -246,7 +297,9 @@ grpc::Status PrefillService::Prefill(grpc::ServerContext* context,
     }
   } done{this};
 
+  metrics_->queue_depth.Increment();
   std::unique_lock<std::mutex> model_lock(model_mutex_);
+  metrics_->queue_depth.Decrement();
   if (context->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled");
   // Block KV in one contiguous buffer, so that UCX moves it in as few puts as possible.
   const model::StateLayout layout = model_.state_layout();
@@ -269,6 +322,10 @@ grpc::Status PrefillService::Prefill(grpc::ServerContext* context,
     if (request->s_valid() > 0 && LoadPrefix(keys, request->s_valid(), state)) {
       cached = request->s_valid();
       state.length = cached;
+      metrics_->loaded_blocks.Increment(static_cast<double>(cached / layout.block_size));
+    } else if (request->s_valid() > 0) {
+      log::Warn("prefix load failed; computing the hit's blocks",
+                {{"request_id", generate.request_id()}, {"s_valid", request->s_valid()}});
     }
   }
   // Producer rows of the blocks computed here, for the store: [P][2][L][kv_dim].
@@ -354,6 +411,12 @@ grpc::Status PrefillService::Prefill(grpc::ServerContext* context,
   auto client = grpc::ClientContext::FromServerContext(*context);
   v1::CommitResponse committed;
   if (grpc::Status s = decode.Commit(client.get(), commit, &committed); !s.ok()) return s;
+  const char* transport = request->transport() == v1::TRANSPORT_GRPC ? "grpc" : "ucx";
+  metrics_->transfer_bytes.Add({{"transport", transport}})
+      .Increment(static_cast<double>(block_kv_bytes + h.producer_swa_bytes() +
+                                     h.consumer_swa_bytes()));
+  metrics_->transfer_seconds.Add({{"transport", transport}}, metrics::TokenLatencyBuckets())
+      .Observe(MillisSince(transfer_start) / 1000);
 
   if (kvstore_ != nullptr) {
     // The prompt's full blocks that this prefill computed (the hit's blocks are stored
@@ -381,6 +444,7 @@ grpc::Status PrefillService::Prefill(grpc::ServerContext* context,
       }
       writes.push_back(std::move(swa));
     }
+    metrics_->written_blocks.Increment(static_cast<double>(writes.size() / 2));
     QueueWriteBack(std::move(writes));
   }
   reply->set_first_token(first.token);

@@ -1,9 +1,8 @@
 // baton-router: the client-facing entry point. Serves baton.v1.Generation and the node
 // Registry, plus grpc.health.v1 (SERVING only while a prefill and a decode node are live)
 // and reflection.
-#include <iostream>
-
 #include "CLI/CLI.hpp"
+#include "absl/strings/str_cat.h"
 #include "baton/common/rpc.h"
 #include "baton/common/server_flags.h"
 #include "baton/router/router_service.h"
@@ -12,10 +11,10 @@ int main(int argc, char** argv) {
   baton::BlockShutdownSignals();
   CLI::App app{"baton-router: client API, hit policy and node selection"};
   std::string model_dir, default_mode = "compact", transport = "ucx", hit_cap = "ring";
-  baton::ServerOptions server;
+  baton::ServerFlags flags;
   baton::router::RouterOptions options;
   app.add_option("--model", model_dir, "Model directory (its config.json is read)")->required();
-  baton::AddServerFlags(app, server);
+  baton::AddServerFlags(app, flags);
   app.add_option("--default-mode", default_mode, "Default truncation: off, mask or compact")
       ->check(CLI::IsMember({"off", "mask", "compact"}));
   app.add_option("--default-keep", options.default_keep, "Default keep K (0: ring capacity C)");
@@ -32,14 +31,12 @@ int main(int argc, char** argv) {
                  "Prefix-store lookups slower than this run the request cold");
   app.add_flag("--require-kvstore", options.require_kvstore,
                "Report SERVING only while a kvstore is registered too");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? 0 : 2;
+  if (auto exit = baton::ParseServerFlags(app, argc, argv, "baton-router", "router", flags)) {
+    return *exit;
   }
   auto config = baton::LoadModelConfig(model_dir + "/config.json");
   if (!config.ok()) {
-    std::cerr << "baton-router: " << config.status().message() << "\n";
+    baton::log::Error("cannot start", {{"error", std::string(config.status().message())}});
     return 2;
   }
   options.default_mode = default_mode == "off"    ? baton::v1::TRUNCATION_MODE_OFF
@@ -47,8 +44,10 @@ int main(int argc, char** argv) {
                                                   : baton::v1::TRUNCATION_MODE_COMPACT;
   if (options.default_mode != baton::v1::TRUNCATION_MODE_OFF && options.default_keep != 0 &&
       options.default_keep < config->ring_capacity()) {
-    std::cerr << "baton-router: --default-keep " << options.default_keep
-              << " is below the ring capacity C = " << config->ring_capacity() << "\n";
+    baton::log::Error("cannot start",
+                      {{"error", absl::StrCat("--default-keep ", options.default_keep,
+                                              " is below the ring capacity C = ",
+                                              config->ring_capacity())}});
     return 2;
   }
   options.hit_cap =
@@ -59,6 +58,6 @@ int main(int argc, char** argv) {
   builder.RegisterService(static_cast<baton::v1::Generation::Service*>(&service));
   builder.RegisterService(static_cast<baton::v1::Registry::Service*>(&service));
   return baton::ServeUntilShutdown(
-      "baton-router", builder, server, {},
+      "baton-router", builder, flags.server, {},
       [&](grpc::Server& started) { service.WatchHealth(&started); }, [&] { service.StopHealth(); });
 }

@@ -1,10 +1,11 @@
 #include "baton/router/router_service.h"
 
-#include <iostream>
 #include <random>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "baton/common/log.h"
+#include "baton/common/metrics.h"
 #include "baton/common/rpc.h"
 #include "baton/kvstore/chain.h"
 #include "baton/v1/kvstore.grpc.pb.h"
@@ -39,11 +40,83 @@ bool NodeLost(const grpc::Status& status) {
   return status.error_code() == grpc::StatusCode::UNAVAILABLE;
 }
 
+double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+const char* RoleLabel(v1::NodeRole role) {
+  switch (role) {
+    case v1::NODE_ROLE_PREFILL:
+      return "prefill";
+    case v1::NODE_ROLE_DECODE:
+      return "decode";
+    case v1::NODE_ROLE_KVSTORE:
+      return "kvstore";
+    default:
+      return "unknown";
+  }
+}
+
 }  // namespace
 
+struct RouterService::Metrics {
+  prometheus::Family<prometheus::Counter>& requests = metrics::Counter(
+      "baton_requests_total", "Generate requests finished, by outcome (a gRPC status code name)");
+  prometheus::Gauge& running =
+      metrics::Gauge("baton_requests_running", "Generate requests in flight").Add({});
+  prometheus::Counter& prompt_tokens =
+      metrics::Counter("baton_prompt_tokens_total", "Prompt tokens of admitted requests").Add({});
+  prometheus::Counter& generation_tokens =
+      metrics::Counter("baton_generation_tokens_total", "Tokens streamed to clients").Add({});
+  prometheus::Histogram& ttft =
+      metrics::Histogram("baton_time_to_first_token_seconds",
+                         "From a request's arrival to its first token leaving the router")
+          .Add({}, metrics::LatencyBuckets());
+  prometheus::Histogram& itl =
+      metrics::Histogram("baton_inter_token_latency_seconds",
+                         "Time between consecutive tokens of a request, at the router")
+          .Add({}, metrics::TokenLatencyBuckets());
+  prometheus::Histogram& e2e =
+      metrics::Histogram("baton_e2e_request_latency_seconds",
+                         "From a request's arrival to its last message")
+          .Add({}, metrics::LatencyBuckets());
+  prometheus::Counter& prefix_queries =
+      metrics::Counter("baton_prefix_queries_total",
+                       "Prefix-store lookups (requests whose truncation allows a hit)")
+          .Add({});
+  prometheus::Counter& prefix_hits =
+      metrics::Counter("baton_prefix_hits_total", "Lookups that gave a hit (H > 0)").Add({});
+  prometheus::Counter& cached_tokens =
+      metrics::Counter("baton_prefix_cached_tokens_total",
+                       "Prompt tokens served from the prefix store (H per request)")
+          .Add({});
+  prometheus::Counter& replayed_rows =
+      metrics::Counter("baton_prefix_replayed_rows_total",
+                       "Consumer rows the prefill nodes computed (replayed) per request")
+          .Add({});
+  prometheus::Family<prometheus::Counter>& retries = metrics::Counter(
+      "baton_retries_total", "Attempts started again on another node, by the reason");
+};
+
 RouterService::RouterService(const ModelConfig& config, const RouterOptions& options)
-    : config_(config), options_(options) {
+    : config_(config), options_(options), metrics_(std::make_unique<Metrics>()) {
   if (options_.default_keep == 0) options_.default_keep = config.ring_capacity();
+  // Live nodes by role, read at scrape time from the registry.
+  nodes_collector_ = metrics::AddCollector([this] {
+    std::map<std::string, double> live = {{"prefill", 0}, {"decode", 0}, {"kvstore", 0}};
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      const auto now = Clock::now();
+      for (const auto& [id, node] : nodes_) {
+        if (now - node->last_seen <= std::chrono::milliseconds(options_.node_ttl_ms)) {
+          live[RoleLabel(node->info.role())] += 1;
+        }
+      }
+    }
+    std::vector<std::pair<std::map<std::string, std::string>, double>> samples;
+    for (const auto& [role, n] : live) samples.push_back({{{"role", role}}, n});
+    return std::vector<prometheus::MetricFamily>{
+        metrics::GaugeFamily("baton_nodes", "Registered nodes heard from recently, by role",
+                             samples)};
+  });
 }
 
 RouterService::~RouterService() {
@@ -232,7 +305,11 @@ uint32_t RouterService::PrefixHit(const v1::GenerateRequest& request, const Effe
                        std::chrono::milliseconds(options_.lookup_timeout_ms));
   v1::LookupResponse found;
   auto stub = v1::KvStore::NewStub(store->channel);
-  if (!stub->Lookup(&context, lookup, &found).ok()) return 0;  // the store never fails a request
+  metrics_->prefix_queries.Increment();
+  if (grpc::Status s = stub->Lookup(&context, lookup, &found); !s.ok()) {
+    log::Warn("prefix lookup failed; running cold", {{"error", s.error_message()}});
+    return 0;  // the store never fails a request
+  }
   kvstore::ChainLookup chain_lookup;
   chain_lookup.block_kv_blocks = found.block_kv_blocks();
   chain_lookup.swa_present.assign(found.swa_present().begin(), found.swa_present().end());
@@ -244,16 +321,62 @@ uint32_t RouterService::PrefixHit(const v1::GenerateRequest& request, const Effe
                                         .block_size = config_.kv_block_size,
                                         .cap = options_.hit_cap},
                                        chain_lookup);
+  if (h > 0) {
+    metrics_->prefix_hits.Increment();
+    metrics_->cached_tokens.Increment(static_cast<double>(h * config_.kv_block_size));
+  }
   return static_cast<uint32_t>(h * config_.kv_block_size);
+}
+
+void RouterService::Delivered(Trace& trace, int n) {
+  if (n <= 0) return;
+  const auto now = Clock::now();
+  if (!trace.last_token.has_value()) {
+    metrics_->ttft.Observe(Seconds(now - trace.start));
+    for (int i = 1; i < n; ++i) metrics_->itl.Observe(0);
+  } else {
+    const double each = Seconds(now - *trace.last_token) / n;
+    for (int i = 0; i < n; ++i) metrics_->itl.Observe(each);
+  }
+  trace.last_token = now;
+  trace.tokens += n;
+  metrics_->generation_tokens.Increment(n);
 }
 
 grpc::Status RouterService::Generate(grpc::ServerContext* context,
                                      const v1::GenerateRequest* request,
                                      grpc::ServerWriter<v1::GenerateResponse>* writer) {
-  const auto start = Clock::now();
+  Trace trace;
+  trace.start = Clock::now();
+  trace.id = request->request_id().empty() ? NewRequestId() : request->request_id();
+  metrics_->running.Increment();
+  const grpc::Status status = Serve(context, request, writer, trace);
+  metrics_->running.Decrement();
+  metrics_->requests.Add({{"outcome", metrics::OutcomeLabel(status.error_code())}}).Increment();
+  metrics_->e2e.Observe(Seconds(Clock::now() - trace.start));
+  const double ms = std::chrono::duration<double, std::milli>(Clock::now() - trace.start).count();
+  if (status.ok()) {
+    log::Info("request finished", {{"request_id", trace.id},
+                                   {"prompt_tokens", request->prompt_token_ids_size()},
+                                   {"tokens", trace.tokens},
+                                   {"ms", ms}});
+  } else {
+    log::Warn("request failed", {{"request_id", trace.id},
+                                 {"code", metrics::OutcomeLabel(status.error_code())},
+                                 {"error", status.error_message()},
+                                 {"tokens", trace.tokens},
+                                 {"ms", ms}});
+  }
+  return status;
+}
+
+grpc::Status RouterService::Serve(grpc::ServerContext* context, const v1::GenerateRequest* request,
+                                  grpc::ServerWriter<v1::GenerateResponse>* writer, Trace& trace) {
+  const auto start = trace.start;
   absl::StatusOr<Effective> effective = Validate(*request);
   if (!effective.ok()) return ToGrpcStatus(effective.status());
-  const std::string id = request->request_id().empty() ? NewRequestId() : request->request_id();
+  const std::string& id = trace.id;
+  metrics_->prompt_tokens.Increment(request->prompt_token_ids_size());
   const auto& prompt = request->prompt_token_ids();
   std::vector<int32_t> generated;
   std::vector<std::string> lost_decode, lost_prefill;
@@ -269,6 +392,7 @@ grpc::Status RouterService::Generate(grpc::ServerContext* context,
     // s_keep stays where the undisturbed prefill put it (DESIGN section 6).
     v1::PrefillRequest prefill;
     *prefill.mutable_request() = *request;
+    prefill.mutable_request()->set_request_id(id);  // the nodes log under the router's id
     for (int32_t t : generated) prefill.mutable_request()->add_prompt_token_ids(t);
     prefill.set_mode(effective->mode);
     prefill.set_keep(effective->mode == v1::TRUNCATION_MODE_OFF ? 0 : effective->keep + g);
@@ -337,9 +461,13 @@ grpc::Status RouterService::Generate(grpc::ServerContext* context,
     if (!status.ok()) {
       release();
       if (NodeLost(status)) {
-        std::cerr << "baton-router: request " << id << ": prefill node "
-                  << prefill_node->info.node_id() << " lost (" << status.error_message()
-                  << "); retrying on another\n";
+        log::Warn("prefill node lost; retrying on another",
+                  {{"request_id", id},
+                   {"node", prefill_node->info.node_id()},
+                   {"error", status.error_message()},
+                   {"message", absl::StrCat("prefill node ", prefill_node->info.node_id(),
+                                            " lost")}});
+        metrics_->retries.Add({{"reason", "prefill_lost"}}).Increment();
         MarkDown(prefill_node->info.node_id());
         lost_prefill.push_back(prefill_node->info.node_id());
         continue;
@@ -348,6 +476,7 @@ grpc::Status RouterService::Generate(grpc::ServerContext* context,
     }
     generated.push_back(prefilled.first_token());
     if (g == 0) {
+      metrics_->replayed_rows.Increment(prefilled.usage().replayed_rows());
       usage.set_replayed_rows(prefilled.usage().replayed_rows());
       usage.set_cached_tokens(prefilled.usage().cached_tokens());
       timings.set_ttft_ms(std::chrono::duration<double, std::milli>(Clock::now() - start).count());
@@ -363,6 +492,7 @@ grpc::Status RouterService::Generate(grpc::ServerContext* context,
       release();
       return grpc::Status(grpc::StatusCode::CANCELLED, "client went away");
     }
+    Delivered(trace, 1);
 
     auto stream_context = grpc::ClientContext::FromServerContext(*context);
     v1::StreamRequest stream_request;
@@ -387,14 +517,19 @@ grpc::Status RouterService::Generate(grpc::ServerContext* context,
         stream_context->TryCancel();
         return grpc::Status(grpc::StatusCode::CANCELLED, "client went away");
       }
+      Delivered(trace, output.token_ids_size());
     }
     status = stream->Finish();
     if (status.ok()) return grpc::Status::OK;
     if (context->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled");
     if (NodeLost(status)) {
-      std::cerr << "baton-router: request " << id << ": decode node " << decode->info.node_id()
-                << " lost after " << generated.size()
-                << " tokens; re-prefilling prompt + those tokens on another\n";
+      log::Warn("decode node lost; re-prefilling prompt + tokens so far on another",
+                {{"request_id", id},
+                 {"node", decode->info.node_id()},
+                 {"tokens", generated.size()},
+                 {"message", absl::StrCat("decode node ", decode->info.node_id(), " lost after ",
+                                          generated.size(), " tokens")}});
+      metrics_->retries.Add({{"reason", "decode_lost"}}).Increment();
       MarkDown(decode->info.node_id());
       lost_decode.push_back(decode->info.node_id());
       continue;

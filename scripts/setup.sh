@@ -12,7 +12,8 @@ packages=(
   librocksdb-dev libucx-dev ucx-utils libabsl-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   nlohmann-json3-dev libcli11-dev libopenblas-openmp-dev libssl-dev libspdlog-dev
-  prometheus-cpp-dev libxxhash-dev
+  prometheus-cpp-dev libxxhash-dev libyaml-cpp-dev
+  libcurl4-openssl-dev
 )
 
 missing=()

@@ -133,6 +133,13 @@ int main(int argc, char** argv) {
   uint64_t kvstore_budget = uint64_t{8} << 30;
   up->add_option("--kvstore-budget-bytes", kvstore_budget,
                  "Prefix-store budget under <data-dir>/kvstore (default 8 GiB)");
+  std::string config_file, log_format = "text";
+  up->add_option("--config", config_file,
+                 "Config file handed to every component (each reads `common` and its own "
+                 "section); the addresses, ports and paths baton up sets win")
+      ->check(CLI::ExistingFile);
+  up->add_option("--log-format", log_format, "Components log as text or json")
+      ->check(CLI::IsMember({"text", "json"}));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -168,13 +175,20 @@ int main(int argc, char** argv) {
     return (bin / name).string();
   };
   const fs::path run = fs::path(data_dir) / "run";
-  for (const char* f : {"router.addr", "prefill.addr", "decode.addr", "kvstore.addr"}) {
-    fs::remove(run / f, error);
+  for (const char* name : {"router", "prefill", "decode", "kvstore"}) {
+    fs::remove(run / (std::string(name) + ".addr"), error);
+    fs::remove(run / (std::string(name) + ".metrics"), error);
   }
 
   std::vector<Child> children;
-  auto start = [&](const std::string& name, const std::vector<std::string>& args,
-                   const fs::path& ready, std::string* address) {
+  // Every component: its metrics on any free port (written to run/<role>.metrics), the log
+  // format, and the config file when given.
+  auto start = [&](const std::string& name, std::vector<std::string> args, const fs::path& ready,
+                   std::string* address) {
+    const std::string role = name.substr(name.find('-') + 1);
+    args.insert(args.end(), {"--metrics-port", "0", "--metrics-ready-file",
+                             (run / (role + ".metrics")).string(), "--log-format", log_format});
+    if (!config_file.empty()) args.insert(args.end(), {"--config", config_file});
     const pid_t pid = Spawn(program(name.c_str()), args);
     if (pid < 0) return false;
     children.push_back({name, pid});
@@ -208,6 +222,13 @@ int main(int argc, char** argv) {
   std::cout << "baton up: router at " << router_address << " (prefill " << prefill_address
             << ", decode " << decode_address << ", kvstore " << kvstore_address
             << "); Ctrl-C to stop" << std::endl;
+  std::cout << "baton up: metrics at";
+  for (const char* role : {"router", "prefill", "decode", "kvstore"}) {
+    std::string metrics;
+    std::ifstream(run / (std::string(role) + ".metrics")) >> metrics;
+    std::cout << " " << role << " http://" << metrics << "/metrics";
+  }
+  std::cout << std::endl;
 
   int exit_code = 0;
   while (true) {

@@ -24,8 +24,12 @@ absl::Status FromGrpcStatus(const grpc::Status& status);
 
 struct ServerOptions {
   std::string host = "127.0.0.1";
-  int port = 0;            // 0: any free port
-  std::string ready_file;  // when set, "host:port" is written there once serving
+  int port = 0;               // 0: any free port
+  std::string ready_file;     // when set, "host:port" is written there once serving
+  std::string advertise_host;  // host registered with the router; empty: `host`
+  std::string metrics_host;    // empty: `host`
+  int metrics_port = 0;        // Prometheus /metrics; 0: any free port, -1: none
+  std::string metrics_ready_file;  // when set, the metrics "host:port" is written there
 };
 
 struct StartedServer {
@@ -33,7 +37,11 @@ struct StartedServer {
   std::string address;  // host:port actually bound
 };
 
-// Adds grpc.health.v1 and reflection, binds, starts, writes the ready file.
+// Writes "address\n" to `path` (nothing when empty) so that a reader never sees half of it.
+void WriteAddressFile(const std::string& path, const std::string& address);
+
+// Adds grpc.health.v1 (the service "liveness" is SERVING for as long as the process serves;
+// "" follows readiness) and reflection, binds, starts, writes the ready file.
 absl::StatusOr<StartedServer> StartServer(grpc::ServerBuilder& builder,
                                           const ServerOptions& options);
 
@@ -56,8 +64,8 @@ class Heartbeat {
   std::thread thread_;
 };
 
-// The common life of a baton server binary: start (see StartServer), print
-// "<binary> serving on host:port", register with `router` (when set) as `node` reporting
+// The common life of a baton server binary: start (see StartServer) and its metrics server,
+// print "<binary> serving on host:port", register with `router` (when set) as `node` reporting
 // `load`, serve until SIGINT or SIGTERM, then stop the heartbeat and shut down. `on_started`
 // runs once the server is up, `on_stopping` before it goes away. Returns the process exit
 // status.

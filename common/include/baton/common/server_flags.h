@@ -1,15 +1,28 @@
-// The command-line flags every baton server shares (listen address, ready file).
+// The command-line flags every baton server shares (listen and advertised addresses, ready
+// files, metrics, logs, the config file) and the one way they are parsed.
 #pragma once
 
+#include <optional>
+#include <string>
+
 #include "CLI/CLI.hpp"
+#include "baton/common/log.h"
 #include "baton/common/rpc.h"
 
 namespace baton {
 
-inline void AddServerFlags(CLI::App& app, ServerOptions& server) {
-  app.add_option("--host", server.host, "Address to listen on (default 127.0.0.1)");
-  app.add_option("--port", server.port, "Port (0: any free port)");
-  app.add_option("--ready-file", server.ready_file, "Write host:port here once serving");
-}
+struct ServerFlags {
+  ServerOptions server;
+  log::LogOptions log;
+};
+
+void AddServerFlags(CLI::App& app, ServerFlags& flags);
+
+// Adds `--config` (reading `section`), parses, and sets up logging for `binary`. Returns the
+// exit status when the binary should stop now (help, or bad flags or config: the message is
+// on stderr), nullopt to go on.
+std::optional<int> ParseServerFlags(CLI::App& app, int argc, char** argv,
+                                    const std::string& binary, const std::string& section,
+                                    const ServerFlags& flags);
 
 }  // namespace baton

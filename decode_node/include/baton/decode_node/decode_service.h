@@ -24,6 +24,7 @@
 #include "baton/transfer/ucx.h"
 #include "baton/v1/node.grpc.pb.h"
 #include "baton/decode_node/state_pool.h"
+#include "prometheus/collectable.h"
 
 namespace baton::decode_node {
 
@@ -67,6 +68,9 @@ class DecodeService final : public v1::DecodeNode::Service {
   // Applies a sampled token: appends it and decides whether the request is finished.
   void Accept(Request& r, int32_t token, float logprob);
   void Erase(const std::string& id);  // caller holds mutex_
+  struct Metrics;
+  grpc::Status RunStream(grpc::ServerContext* context, const v1::StreamRequest* request,
+                         grpc::ServerWriter<v1::DecodeOutput>* writer);
   uint64_t RegionBytes(v1::Region region, const Request& r) const;
 
   const model::CedModel& model_;
@@ -83,6 +87,8 @@ class DecodeService final : public v1::DecodeNode::Service {
   std::thread decode_thread_;
   std::thread reap_thread_;
   std::thread ucx_thread_;
+  std::unique_ptr<Metrics> metrics_;
+  std::shared_ptr<prometheus::Collectable> pool_collector_;  // running, queue and pool gauges
 };
 
 }  // namespace baton::decode_node

@@ -1,16 +1,21 @@
 // baton-kvstore's gRPC service over a PrefixStore: chain lookup in one call, block reads as a
 // stream (one block per message, so large blocks never meet a message-size limit), block
-// writes as a client stream, and counters.
+// writes as a client stream, and counters (also exposed as Prometheus metrics, read from the
+// store at scrape time).
 #pragma once
 
+#include <atomic>
+#include <memory>
+
 #include "baton/kvstore/prefix_store.h"
+#include "prometheus/collectable.h"
 #include "baton/v1/kvstore.grpc.pb.h"
 
 namespace baton::kvstore {
 
 class KvStoreService final : public v1::KvStore::Service {
  public:
-  explicit KvStoreService(PrefixStore& store) : store_(store) {}
+  explicit KvStoreService(PrefixStore& store);
 
   grpc::Status Lookup(grpc::ServerContext* context, const v1::LookupRequest* request,
                       v1::LookupResponse* reply) override;
@@ -23,6 +28,9 @@ class KvStoreService final : public v1::KvStore::Service {
 
  private:
   PrefixStore& store_;
+  std::atomic<uint64_t> lookups_{0};
+  std::atomic<uint64_t> lookup_blocks_{0};
+  std::shared_ptr<prometheus::Collectable> collector_;
 };
 
 }  // namespace baton::kvstore

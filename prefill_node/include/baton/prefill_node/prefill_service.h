@@ -41,6 +41,9 @@ class PrefillService final : public v1::PrefillNode::Service {
   v1::LoadReport Load() const;
 
  private:
+  struct Metrics;
+  grpc::Status Run(grpc::ServerContext* context, const v1::PrefillRequest* request,
+                   v1::PrefillResponse* reply);
   absl::Status SendUcx(const v1::Reservation& reservation, const model::SequenceState& state,
                        uint64_t block_kv_bytes);
   absl::Status SendGrpc(grpc::ServerContext* context, v1::DecodeNode::Stub& decode,
@@ -70,6 +73,7 @@ class PrefillService final : public v1::PrefillNode::Service {
   std::deque<std::vector<v1::BlockWrite>> write_queue_;
   bool stop_writer_ = false;
   std::thread writer_;
+  std::unique_ptr<Metrics> metrics_;
 };
 
 }  // namespace baton::prefill_node

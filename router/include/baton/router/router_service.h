@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "baton/common/model_config.h"
+#include "prometheus/collectable.h"
 #include "baton/kvstore/hit_policy.h"
 #include "baton/v1/generation.grpc.pb.h"
 #include "baton/v1/node.grpc.pb.h"
@@ -70,6 +71,19 @@ class RouterService final : public v1::Generation::Service, public v1::Registry:
     uint32_t keep;
   };
 
+  // What one request did, for its metrics and log lines.
+  struct Trace {
+    std::string id;
+    std::chrono::steady_clock::time_point start;
+    std::optional<std::chrono::steady_clock::time_point> last_token;
+    int64_t tokens = 0;
+  };
+  struct Metrics;
+
+  grpc::Status Serve(grpc::ServerContext* context, const v1::GenerateRequest* request,
+                     grpc::ServerWriter<v1::GenerateResponse>* writer, Trace& trace);
+  // Records `n` tokens handed to the client now: time to first token, then inter-token times.
+  void Delivered(Trace& trace, int n);
   absl::StatusOr<Effective> Validate(const v1::GenerateRequest& request) const;
   // The prefix hit H (tokens) for a request, or 0 when the store is absent, slow or failing.
   uint32_t PrefixHit(const v1::GenerateRequest& request, const Effective& effective,
@@ -85,6 +99,8 @@ class RouterService final : public v1::Generation::Service, public v1::Registry:
   std::map<std::string, std::shared_ptr<Node>> nodes_;
   bool stop_ = false;
   std::thread health_thread_;
+  std::unique_ptr<Metrics> metrics_;
+  std::shared_ptr<prometheus::Collectable> nodes_collector_;  // baton_nodes{role}
 };
 
 }  // namespace baton::router

@@ -1,0 +1,40 @@
+// Structured logs on stderr, one event a line, through spdlog:
+//
+//   json: {"ts":"2026-11-30T11:35:40.123Z","level":"info","binary":"baton-router",
+//          "event":"request finished","request_id":"r-12","tokens":32}
+//   text: 2026-11-30T11:35:40.123Z info baton-router request finished request_id="r-12" tokens=32
+//
+// Events name what happened; fields carry the values (request_id on every event about a
+// request, so one request can be followed across router, prefill and decode nodes).
+#pragma once
+
+#include <initializer_list>
+#include <string>
+#include <utility>
+
+#include "CLI/CLI.hpp"
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "nlohmann/json.hpp"
+
+namespace baton::log {
+
+struct LogOptions {
+  std::string format = "text";  // text | json
+  std::string level = "info";   // debug | info | warn | error
+};
+
+// --log-format and --log-level.
+void AddLogFlags(CLI::App& app, LogOptions& options);
+
+// Sets up the process's logger for `binary`; call once after parsing flags.
+void Init(const std::string& binary, const LogOptions& options);
+
+using Fields = std::initializer_list<std::pair<const char*, nlohmann::json>>;
+
+void Debug(absl::string_view event, Fields fields = {});
+void Info(absl::string_view event, Fields fields = {});
+void Warn(absl::string_view event, Fields fields = {});
+void Error(absl::string_view event, Fields fields = {});
+
+}  // namespace baton::log

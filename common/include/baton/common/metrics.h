@@ -1,0 +1,84 @@
+// Prometheus metrics (prometheus-cpp). Each process has one registry; its components add
+// their families there, and the server binaries expose it over HTTP at /metrics
+// (`--metrics-port`). Names use the `baton_` prefix and carry their unit (`_seconds`,
+// `_bytes`, `_total` for counters), as vLLM's do.
+//
+// Values that a component already keeps (pool occupancy, store counters) are read when
+// Prometheus scrapes, through a Collector, rather than copied into gauges as they change.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "prometheus/collectable.h"
+#include "prometheus/counter.h"
+#include "prometheus/family.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/metric_family.h"
+#include "prometheus/registry.h"
+
+namespace prometheus {
+class Exposer;
+}
+
+namespace baton::metrics {
+
+// The process's registry.
+prometheus::Registry& Registry();
+
+prometheus::Family<prometheus::Counter>& Counter(const std::string& name, const std::string& help);
+prometheus::Family<prometheus::Gauge>& Gauge(const std::string& name, const std::string& help);
+prometheus::Family<prometheus::Histogram>& Histogram(const std::string& name,
+                                                     const std::string& help);
+
+// Bucket bounds in seconds for request latencies (time to first token, end to end) and
+// for per-token or per-step times; both as in vLLM.
+const prometheus::Histogram::BucketBoundaries& LatencyBuckets();
+const prometheus::Histogram::BucketBoundaries& TokenLatencyBuckets();
+
+// Families computed at scrape time.
+class Collector : public prometheus::Collectable {
+ public:
+  using Fn = std::function<std::vector<prometheus::MetricFamily>()>;
+  explicit Collector(Fn fn) : fn_(std::move(fn)) {}
+  std::vector<prometheus::MetricFamily> Collect() const override { return fn_(); }
+
+ private:
+  Fn fn_;
+};
+
+// A gauge or counter family with one sample per label set, for Collectors.
+prometheus::MetricFamily GaugeFamily(
+    const std::string& name, const std::string& help,
+    const std::vector<std::pair<std::map<std::string, std::string>, double>>& samples);
+prometheus::MetricFamily CounterFamily(
+    const std::string& name, const std::string& help,
+    const std::vector<std::pair<std::map<std::string, std::string>, double>>& samples);
+
+// Adds a collector to the process's exposition for as long as the returned pointer (which the
+// component owning `fn`'s captures should hold) lives.
+std::shared_ptr<Collector> AddCollector(Collector::Fn fn);
+
+// Serves the registry and the collectors on http://host:port/metrics (port 0: any free port)
+// and sets baton_build_info{binary, version} to 1. Returns the exposer, which serves until
+// destroyed, and the port it bound.
+struct MetricsServer {
+  std::unique_ptr<prometheus::Exposer> exposer;
+  std::string address;  // host:port
+  ~MetricsServer();
+  MetricsServer();
+  MetricsServer(MetricsServer&&);
+  MetricsServer& operator=(MetricsServer&&);
+};
+absl::StatusOr<MetricsServer> StartMetricsServer(const std::string& host, int port,
+                                                 const std::string& binary);
+
+// The lower-case name of a gRPC status code ("ok", "cancelled", "resource_exhausted", ...),
+// the `outcome` label of request counters.
+std::string OutcomeLabel(int grpc_code);
+
+}  // namespace baton::metrics

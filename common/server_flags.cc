@@ -1,0 +1,42 @@
+#include "baton/common/server_flags.h"
+
+#include <iostream>
+
+#include "baton/common/config_file.h"
+
+namespace baton {
+
+void AddServerFlags(CLI::App& app, ServerFlags& flags) {
+  ServerOptions& server = flags.server;
+  app.add_option("--host", server.host, "Address to listen on (default 127.0.0.1)");
+  app.add_option("--port", server.port, "Port (0: any free port)")->check(CLI::Range(0, 65535));
+  app.add_option("--advertise-host", server.advertise_host,
+                 "Host other nodes reach this one at (default: --host)");
+  app.add_option("--ready-file", server.ready_file, "Write host:port here once serving");
+  app.add_option("--metrics-host", server.metrics_host,
+                 "Address of the Prometheus endpoint (default: --host)");
+  app.add_option("--metrics-port", server.metrics_port,
+                 "Port of http://host:port/metrics (0: any free port, -1: no metrics)")
+      ->check(CLI::Range(-1, 65535));
+  app.add_option("--metrics-ready-file", server.metrics_ready_file,
+                 "Write the metrics host:port here once serving");
+  log::AddLogFlags(app, flags.log);
+}
+
+std::optional<int> ParseServerFlags(CLI::App& app, int argc, char** argv,
+                                    const std::string& binary, const std::string& section,
+                                    const ServerFlags& flags) {
+  AddConfigFile(app, section, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::cerr << binary << ": error: " << e.what() << "\n";
+    return 2;
+  }
+  log::Init(binary, flags.log);
+  return std::nullopt;
+}
+
+}  // namespace baton

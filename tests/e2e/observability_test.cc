@@ -1,0 +1,290 @@
+// Operations, with the real binaries: `baton up` exposes Prometheus metrics on every
+// component and they move with traffic (requests, latencies, transfers, prefix hits, store
+// bytes); the components' JSON logs follow one request id from router to prefill and decode;
+// the config file is applied under the command line and bad files are refused by name.
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "client.h"
+#include "cluster.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "scrape.h"
+#include "test_dir.h"
+
+extern char** environ;
+
+namespace baton {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+using testing::Sample;
+using testing::Scrape;
+
+const char* const kRoles[] = {"router", "prefill", "decode", "kvstore"};
+
+// A tiny model (W = 16, C = 22, B = 16) made once per test process.
+const std::string& TinyModel() {
+  static const std::string dir = [] {
+    const std::string d = testing::ProcessTempDir() + "/tiny";
+    const std::string command =
+        std::string(BATONCTL_PATH) + " make-model --preset tiny --out " + d + " > /dev/null";
+    EXPECT_EQ(std::system(command.c_str()), 0);
+    return d;
+  }();
+  return dir;
+}
+
+std::string ReadFile(const fs::path& path) {
+  std::ifstream in(path);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// `baton up` as a child process with its output in <dir>/up.log; stopped with SIGTERM.
+class BatonUp {
+ public:
+  explicit BatonUp(const fs::path& dir) : dir_(dir) {
+    fs::create_directories(dir_);
+    std::vector<std::string> args = {BATON_PATH,  "up",          "--model",      TinyModel(),
+                                     "--port",    "0",           "--data-dir",   dir_.string(),
+                                     "--log-format", "json",     "--decode-pages", "256"};
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    const std::string log = (dir_ / "up.log").string();
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_addopen(&actions, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    posix_spawn_file_actions_adddup2(&actions, 1, 2);
+    posix_spawn(&pid_, args[0].c_str(), &actions, nullptr, argv.data(), environ);
+    posix_spawn_file_actions_destroy(&actions);
+  }
+  ~BatonUp() {
+    if (pid_ <= 0) return;
+    kill(pid_, SIGTERM);
+    int status;
+    waitpid(pid_, &status, 0);
+  }
+
+  // Waits for "router at" in the output; then every run/<role>.metrics file exists.
+  bool WaitUntilUp() {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+    while (std::chrono::steady_clock::now() < until) {
+      if (log().find("baton up: metrics at") != std::string::npos) return true;
+      int status;
+      if (waitpid(pid_, &status, WNOHANG) == pid_) {
+        pid_ = -1;
+        return false;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return false;
+  }
+  std::string Address(const std::string& file) const {
+    std::ifstream in(dir_ / "run" / file);
+    std::string address;
+    in >> address;
+    return address;
+  }
+  std::string log() const { return ReadFile(dir_ / "up.log"); }
+
+ private:
+  fs::path dir_;
+  pid_t pid_ = -1;
+};
+
+std::map<std::string, std::string> ScrapeAll(const BatonUp& up) {
+  std::map<std::string, std::string> out;
+  for (const char* role : kRoles) out[role] = Scrape(up.Address(std::string(role) + ".metrics"));
+  return out;
+}
+
+double Value(const std::string& exposition, const std::string& name,
+             const std::map<std::string, std::string>& labels = {}) {
+  return Sample(exposition, name, labels).value_or(0.0);
+}
+
+TEST(Observability, BatonUpMetricsMoveAndLogsFollowARequest) {
+  BatonUp up(fs::path(testing::ProcessTempDir()) / "up");
+  ASSERT_TRUE(up.WaitUntilUp()) << up.log();
+  const std::map<std::string, std::string> before = ScrapeAll(up);
+  for (const char* role : kRoles) {
+    ASSERT_FALSE(before.at(role).empty()) << role << " serves no metrics";
+    EXPECT_EQ(Value(before.at(role), "baton_build_info",
+                    {{"binary", std::string("baton-") + role}, {"version", "0.1.0"}}),
+              1)
+        << role;
+  }
+  EXPECT_EQ(Value(before.at("decode"), "baton_pool_pages_capacity"), 256);
+  EXPECT_EQ(Value(before.at("router"), "baton_nodes", {{"role", "decode"}}), 1);
+
+  auto stub = v1::Generation::NewStub(
+      grpc::CreateChannel(up.Address("router.addr"), grpc::InsecureChannelCredentials()));
+  // 100 tokens: with C = 22 and B = 16, a repeat of the prompt may load 4 blocks.
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 100; ++i) prompt.push_back(3 + (i * 37) % 500);
+  v1::GenerateRequest request;
+  for (int32_t t : prompt) request.add_prompt_token_ids(t);
+  request.mutable_sampling()->set_max_tokens(6);
+  request.mutable_sampling()->set_ignore_eos(true);
+  request.set_request_id("observed-1");
+  ASSERT_TRUE(testing::Generate(*stub, request).status.ok());
+  // The prompt's blocks reach the store after the first token; wait for them.
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (Value(Scrape(up.Address("kvstore.metrics")), "baton_store_values",
+               {{"region", "block_kv"}}) < 6 &&
+         std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  request.set_request_id("observed-2");
+  const testing::Outcome hit = testing::Generate(*stub, request);
+  ASSERT_TRUE(hit.status.ok());
+  EXPECT_EQ(hit.usage.cached_tokens(), 64u);
+  request.set_request_id("observed-3");
+  request.mutable_sampling()->set_max_tokens(0);  // refused: max_tokens must be >= 1
+  EXPECT_EQ(testing::Generate(*stub, request).status.error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+
+  const std::map<std::string, std::string> after = ScrapeAll(up);
+  auto moved = [&](const std::string& role, const std::string& name,
+                   const std::map<std::string, std::string>& labels = {}) {
+    return Value(after.at(role), name, labels) - Value(before.at(role), name, labels);
+  };
+  EXPECT_EQ(moved("router", "baton_requests_total", {{"outcome", "ok"}}), 2);
+  EXPECT_EQ(moved("router", "baton_requests_total", {{"outcome", "invalid_argument"}}), 1);
+  EXPECT_EQ(moved("router", "baton_time_to_first_token_seconds_count"), 2);
+  EXPECT_GT(moved("router", "baton_time_to_first_token_seconds_sum"), 0);
+  EXPECT_EQ(moved("router", "baton_inter_token_latency_seconds_count"), 10);
+  EXPECT_EQ(moved("router", "baton_generation_tokens_total"), 12);
+  EXPECT_EQ(moved("router", "baton_prompt_tokens_total"), 200);
+  EXPECT_EQ(moved("router", "baton_prefix_queries_total"), 2);
+  EXPECT_EQ(moved("router", "baton_prefix_hits_total"), 1);
+  EXPECT_EQ(moved("router", "baton_prefix_cached_tokens_total"), 64);
+  EXPECT_GT(moved("router", "baton_prefix_replayed_rows_total"), 0);
+  EXPECT_EQ(Value(after.at("router"), "baton_requests_running"), 0);
+
+  EXPECT_EQ(moved("prefill", "baton_prefill_requests_total", {{"outcome", "ok"}}), 2);
+  EXPECT_EQ(moved("prefill", "baton_prefill_tokens_total"), 200);
+  EXPECT_GT(moved("prefill", "baton_transfer_bytes_total", {{"transport", "ucx"}}), 0);
+  EXPECT_EQ(moved("prefill", "baton_transfer_seconds_count", {{"transport", "ucx"}}), 2);
+  EXPECT_EQ(moved("prefill", "baton_prefix_loaded_blocks_total"), 4);
+  EXPECT_EQ(moved("prefill", "baton_prefix_written_blocks_total"), 6 + 2);
+
+  EXPECT_EQ(moved("decode", "baton_decode_requests_total", {{"outcome", "ok"}}), 2);
+  EXPECT_EQ(moved("decode", "baton_decode_tokens_total"), 10);  // the first tokens come from prefill
+  EXPECT_GT(moved("decode", "baton_decode_step_seconds_count"), 0);
+  EXPECT_EQ(Value(after.at("decode"), "baton_pool_pages_used"), 0);
+
+  EXPECT_EQ(moved("kvstore", "baton_store_lookups_total"), 2);
+  EXPECT_GT(moved("kvstore", "baton_store_bytes"), 0);
+  EXPECT_GT(moved("kvstore", "baton_store_reads_total", {{"result", "hit"}}), 0);
+  EXPECT_GT(moved("kvstore", "baton_store_written_bytes_total"), 0);
+
+  // One request id across the router, the prefill node and the decode node (whose
+  // reservation is "<id>#<attempt>").
+  std::set<std::string> seen;
+  std::istringstream lines(up.log());
+  std::string line;
+  while (std::getline(lines, line)) {
+    if (line.empty() || line[0] != '{') continue;
+    const nlohmann::json event = nlohmann::json::parse(line);
+    ASSERT_TRUE(event.contains("ts") && event.contains("level") && event.contains("event"))
+        << line;
+    const std::string id = event.value("request_id", "");
+    if (id == "observed-2" || id == "observed-2#0") {
+      seen.insert(event["binary"].get<std::string>() + ": " + event["event"].get<std::string>());
+    }
+    if (id == "observed-3") {
+      EXPECT_EQ(event["code"], "invalid_argument");
+      EXPECT_THAT(event["error"].get<std::string>(), HasSubstr("sampling.max_tokens"));
+    }
+  }
+  EXPECT_TRUE(seen.count("baton-router: request finished")) << up.log();
+  EXPECT_TRUE(seen.count("baton-prefill: prefill done")) << up.log();
+  EXPECT_TRUE(seen.count("baton-decode: stream finished")) << up.log();
+}
+
+// Writes `text` to a config file of this test process.
+std::string ConfigFile(const std::string& name, const std::string& text) {
+  const std::string path = testing::ProcessTempDir() + "/" + name + ".yaml";
+  std::ofstream(path) << text;
+  return path;
+}
+
+TEST(Observability, ConfigFileSetsFlagsAndTheCommandLineWins) {
+  testing::Cluster cluster(TinyModel());
+  ASSERT_FALSE(cluster.StartRouter().empty());
+  const std::string config = ConfigFile("good", "common:\n  model: " + TinyModel() +
+                                                    "\n  log-format: json\n"
+                                                    "  data-dir: /not/for/decode\n"
+                                                    "decode:\n  slots: 3\n  pages: 64\n"
+                                                    "router:\n  hit-cap: keep\n");
+  const std::string metrics = cluster.dir() + "/decode.metrics";
+  ASSERT_FALSE(cluster
+                   .Start("decode", BATON_DECODE_PATH,
+                          {"--config", config, "--pages", "32", "--metrics-ready-file", metrics,
+                           "--node-id", "configured"})
+                   .empty())
+      << cluster.Log("decode");
+  std::string address;
+  std::ifstream(metrics) >> address;
+  const std::string exposition = Scrape(address);
+  EXPECT_EQ(Sample(exposition, "baton_pool_slots_capacity"), 3);   // from the file
+  EXPECT_EQ(Sample(exposition, "baton_pool_pages_capacity"), 32);  // the flag wins
+  EXPECT_THAT(cluster.Log("decode"), HasSubstr("\"binary\":\"baton-decode\""));  // common
+}
+
+TEST(Observability, BadConfigFilesAreRefusedByName) {
+  struct Case {
+    std::string text;
+    std::string message;
+  };
+  const std::string model = "common:\n  model: " + TinyModel() + "\n";
+  const std::vector<Case> cases = {
+      {model + "decoder:\n  slots: 3\n", "section 'decoder' is unknown"},
+      {model + "decode:\n  slot: 3\n", "decode.slot: unknown key"},
+      {model + "decode:\n  slots: many\n", "--slots"},
+      {model + "decode:\n  slots: 0\n", "--slots"},
+      {model + "decode:\n  slots: {a: 1}\n", "decode.slots: must be a value"},
+      {model + "  slots: 3\n", "common.slots: not a shared key"},
+      {model + "decode: [1, 2]\n", "section 'decode' must be a map"},
+      {model + "decode:\n  slots: [3\n", "not valid YAML"},
+      {"common:\n  log-format: xml\n  model: " + TinyModel() + "\n", "--log-format"},
+  };
+  int index = 0;
+  for (const Case& c : cases) {
+    const std::string path = ConfigFile("bad" + std::to_string(index++), c.text);
+    const std::string log = testing::ProcessTempDir() + "/bad.log";
+    const std::string command =
+        std::string(BATON_DECODE_PATH) + " --config " + path + " --no-ucx > " + log + " 2>&1";
+    const int status = std::system(command.c_str());
+    ASSERT_TRUE(WIFEXITED(status)) << c.text;
+    EXPECT_EQ(WEXITSTATUS(status), 2) << c.text << "\n" << ReadFile(log);
+    EXPECT_THAT(ReadFile(log), HasSubstr(c.message)) << c.text;
+  }
+  // A file that is not there.
+  const std::string log = testing::ProcessTempDir() + "/missing.log";
+  const int status = std::system((std::string(BATON_ROUTER_PATH) +
+                                  " --config /no/such/baton.yaml > " + log + " 2>&1")
+                                     .c_str());
+  EXPECT_EQ(WEXITSTATUS(status), 2);
+  EXPECT_THAT(ReadFile(log), HasSubstr("/no/such/baton.yaml"));
+}
+
+}  // namespace
+}  // namespace baton

@@ -1,0 +1,382 @@
+// batonctl approx-error: how far truncated consumer replay moves the model's outputs.
+//
+// For each prompt, the untruncated model (mode off) fixes a greedy continuation; every
+// variant then runs the same prompt and is fed the same continuation (teacher forcing), so
+// that step i of every variant predicts the same position from the same input. A variant is
+// a truncation mode (mask, compact) at a keep K, cold (s_valid = 0) or after a prefix hit of
+// H tokens (s_valid = H, as the router's ring cap would give). Per step it compares the
+// next-token distribution with off's: KL(off || variant), top-1 agreement and the largest
+// absolute logit difference. It also compares the consumer SWA rings right after prefill,
+// position by position, grouped by the position's distance from the retained region's edge
+// (p - (L - K)): rows far enough inside the retained region are exact.
+//
+// The seed's exactness claims become checks: with K >= R = W + (D - 1)(W - 1) every step
+// equals off; compact equals mask; a hit with H <= L - K equals the cold run.
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "baton/common/parse.h"
+#include "baton/model/ced_model.h"
+#include "commands.h"
+#include "nlohmann/json.hpp"
+
+namespace baton::tools {
+namespace {
+
+struct ApproxErrorOptions {
+  std::string model_dir;
+  std::string prompts_file;  // JSON lines, each a list of token ids
+  int64_t num_prompts = 4;
+  int64_t prompt_len = 512;
+  uint64_t seed = 1;
+  int64_t steps = 16;
+  std::string keeps;  // comma-separated; default: C, then doubling up to R and R
+  std::string modes = "mask,compact";
+  bool prefix_hit = true;
+  bool json = false;
+};
+
+// One variant's run: the logits of every step and the consumer rings after prefill.
+struct Run {
+  std::vector<std::vector<float>> step_logits;  // [steps][V]
+  std::vector<float> consumer_swa;
+};
+
+absl::StatusOr<Run> RunVariant(const model::CedModel& ced, const std::vector<int32_t>& prompt,
+                               const std::vector<int32_t>& continuation,
+                               model::TruncationMode mode, int64_t keep, int64_t s_valid) {
+  model::SequenceState state(ced.state_layout());
+  absl::StatusOr<model::PrefillResult> result = ced.Prefill(
+      prompt, {.mode = mode, .keep = keep, .s_valid = s_valid}, state);
+  if (!result.ok()) return result.status();
+  const int64_t V = ced.config().vocab_size;
+  Run run;
+  run.consumer_swa.assign(state.consumer_swa(),
+                          state.consumer_swa() + ced.state_layout().consumer_swa_floats());
+  run.step_logits.emplace_back(result->logits.end() - V, result->logits.end());
+  for (size_t i = 0; i + 1 < continuation.size(); ++i) {
+    std::vector<float> logits(V);
+    const model::DecodeItem item{
+        .state = &state, .token = continuation[i], .logits = logits.data()};
+    if (absl::Status s = ced.Decode({&item, 1}); !s.ok()) return s;
+    run.step_logits.push_back(std::move(logits));
+  }
+  return run;
+}
+
+std::vector<double> LogSoftmax(const std::vector<float>& logits) {
+  const double max = *std::max_element(logits.begin(), logits.end());
+  double sum = 0;
+  for (float l : logits) sum += std::exp(l - max);
+  const double log_sum = std::log(sum) + max;
+  std::vector<double> out(logits.size());
+  for (size_t i = 0; i < logits.size(); ++i) out[i] = logits[i] - log_sum;
+  return out;
+}
+
+struct StepError {
+  double kl = 0;
+  bool top1 = true;
+  double max_abs = 0;
+};
+
+StepError Compare(const std::vector<float>& reference, const std::vector<float>& variant) {
+  const std::vector<double> p = LogSoftmax(reference), q = LogSoftmax(variant);
+  StepError e;
+  for (size_t i = 0; i < p.size(); ++i) {
+    e.kl += std::exp(p[i]) * (p[i] - q[i]);
+    e.max_abs = std::max(e.max_abs, std::abs(double{reference[i]} - variant[i]));
+  }
+  e.kl = std::max(0.0, e.kl);  // rounding can make an exact zero slightly negative
+  e.top1 = model::Argmax(reference) == model::Argmax(variant);
+  return e;
+}
+
+double MaxAbs(const std::vector<float>& a, const std::vector<float>& b) {
+  double m = 0;
+  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::abs(double{a[i]} - b[i]));
+  return m;
+}
+
+absl::StatusOr<std::vector<std::vector<int32_t>>> LoadPrompts(const ApproxErrorOptions& o,
+                                                              int64_t vocab) {
+  std::vector<std::vector<int32_t>> prompts;
+  if (!o.prompts_file.empty()) {
+    std::ifstream in(o.prompts_file);
+    if (!in) return absl::NotFoundError(absl::StrCat("--prompts: cannot read ", o.prompts_file));
+    std::string line;
+    for (int n = 1; std::getline(in, line); ++n) {
+      if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+      const nlohmann::json row = nlohmann::json::parse(line, nullptr, false);
+      if (!row.is_array() || row.empty()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--prompts: line ", n, " must be a non-empty JSON list of token ids"));
+      }
+      std::vector<int32_t> prompt;
+      for (const nlohmann::json& t : row) {
+        if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= vocab) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "--prompts: line ", n, ": ", t.dump(), " is not a token id in [0, ", vocab, ")"));
+        }
+        prompt.push_back(t.get<int32_t>());
+      }
+      prompts.push_back(std::move(prompt));
+    }
+    if (prompts.empty()) return absl::InvalidArgumentError("--prompts: the file holds no prompt");
+    return prompts;
+  }
+  if (o.num_prompts < 1 || o.prompt_len < 1) {
+    return absl::InvalidArgumentError("--num-prompts and --prompt-len: both must be >= 1");
+  }
+  std::mt19937_64 rng(o.seed);
+  for (int64_t i = 0; i < o.num_prompts; ++i) {
+    std::vector<int32_t> prompt(o.prompt_len);
+    for (int32_t& t : prompt) t = static_cast<int32_t>(3 + rng() % (vocab - 3));
+    prompts.push_back(std::move(prompt));
+  }
+  return prompts;
+}
+
+int RunApproxError(const ApproxErrorOptions& o) {
+  absl::StatusOr<std::unique_ptr<model::CedModel>> loaded = model::CedModel::Load(o.model_dir);
+  if (!loaded.ok()) return ReportError("approx-error", loaded.status());
+  const model::CedModel& ced = **loaded;
+  const ModelConfig& config = ced.config();
+  const int64_t C = config.ring_capacity(), W = config.sliding_window, B = config.kv_block_size;
+  const int64_t D = config.num_hidden_layers - config.n_prefill_layer;
+  const int64_t R = W + (D - 1) * (W - 1);
+  if (o.steps < 1) {
+    return ReportError("approx-error", absl::InvalidArgumentError(
+                                           absl::StrCat("--steps is ", o.steps, "; must be >= 1")));
+  }
+  std::vector<int64_t> keeps;
+  if (o.keeps.empty()) {
+    for (int64_t k = C; k < R; k *= 2) keeps.push_back(k);
+    keeps.push_back(R);
+  } else {
+    absl::StatusOr<std::vector<int64_t>> parsed = ParseIntList(o.keeps, "--keep");
+    if (!parsed.ok()) return ReportError("approx-error", parsed.status());
+    keeps = *parsed;
+  }
+  for (int64_t k : keeps) {
+    if (k < C) {
+      return ReportError("approx-error",
+                         absl::InvalidArgumentError(absl::StrCat(
+                             "--keep: ", k, " is below the ring capacity C = ", C)));
+    }
+  }
+  std::vector<std::pair<std::string, model::TruncationMode>> modes;
+  for (absl::string_view name : absl::StrSplit(o.modes, ',')) {
+    absl::StatusOr<model::TruncationMode> mode =
+        model::ParseTruncationMode(std::string(name), "--modes");
+    if (!mode.ok()) return ReportError("approx-error", mode.status());
+    if (*mode == model::TruncationMode::kOff) {
+      return ReportError("approx-error", absl::InvalidArgumentError(
+                                             "--modes: off is the reference; use mask, compact"));
+    }
+    modes.push_back({std::string(name), *mode});
+  }
+  absl::StatusOr<std::vector<std::vector<int32_t>>> prompts = LoadPrompts(o, config.vocab_size);
+  if (!prompts.ok()) return ReportError("approx-error", prompts.status());
+
+  // Accumulated over prompts, per variant (mode, keep, H): per step and per edge distance.
+  struct Totals {
+    std::string mode;
+    int64_t keep = 0;
+    int64_t hit = 0;
+    std::vector<double> kl_sum, kl_max, max_abs;
+    std::vector<int64_t> agree;
+    std::map<int64_t, double> ring;  // edge distance -> max abs difference
+    double vs_cold = 0;              // max abs logit difference against the cold variant
+    int64_t runs = 0;
+  };
+  std::vector<Totals> totals;
+  std::map<int64_t, double> compact_vs_mask;  // keep -> max abs logit difference
+  auto totals_for = [&](const std::string& mode, int64_t keep, int64_t hit) -> Totals& {
+    for (Totals& t : totals) {
+      if (t.mode == mode && t.keep == keep && t.hit == hit) return t;
+    }
+    totals.push_back({mode, keep, hit});
+    Totals& t = totals.back();
+    t.kl_sum.assign(o.steps, 0);
+    t.kl_max.assign(o.steps, 0);
+    t.max_abs.assign(o.steps, 0);
+    t.agree.assign(o.steps, 0);
+    return t;
+  };
+  const model::StateLayout layout = ced.state_layout();
+  for (const std::vector<int32_t>& prompt : *prompts) {
+    const int64_t L = static_cast<int64_t>(prompt.size());
+    // The continuation: off's greedy tokens, fed to every variant.
+    std::vector<int32_t> continuation;
+    {
+      model::SequenceState state(layout);
+      absl::StatusOr<model::PrefillResult> result = ced.Prefill(prompt, {}, state);
+      if (!result.ok()) return ReportError("approx-error", result.status());
+      std::vector<float> logits(result->logits.end() - config.vocab_size, result->logits.end());
+      continuation.push_back(model::Argmax(logits));
+      while (static_cast<int64_t>(continuation.size()) < o.steps) {
+        const model::DecodeItem item{
+            .state = &state, .token = continuation.back(), .logits = logits.data()};
+        if (absl::Status s = ced.Decode({&item, 1}); !s.ok()) return ReportError("approx-error", s);
+        continuation.push_back(model::Argmax(logits));
+      }
+    }
+    absl::StatusOr<Run> reference =
+        RunVariant(ced, prompt, continuation, model::TruncationMode::kOff, 0, 0);
+    if (!reference.ok()) return ReportError("approx-error", reference.status());
+    // The router's ring cap: floor((L - C) / B) blocks.
+    const int64_t hit = std::max<int64_t>(0, L - C) / B * B;
+    for (int64_t keep : keeps) {
+      std::map<std::string, Run> cold;
+      for (const auto& [name, mode] : modes) {
+        for (int64_t s_valid : {int64_t{0}, hit}) {
+          if (s_valid > 0 && (!o.prefix_hit)) continue;
+          if (s_valid > 0 && cold.count(name) == 0) continue;
+          absl::StatusOr<Run> run = RunVariant(ced, prompt, continuation, mode, keep, s_valid);
+          if (!run.ok()) return ReportError("approx-error", run.status());
+          Totals& t = totals_for(name, keep, s_valid);
+          ++t.runs;
+          for (int64_t i = 0; i < o.steps; ++i) {
+            const StepError e = Compare(reference->step_logits[i], run->step_logits[i]);
+            t.kl_sum[i] += e.kl;
+            t.kl_max[i] = std::max(t.kl_max[i], e.kl);
+            t.max_abs[i] = std::max(t.max_abs[i], e.max_abs);
+            t.agree[i] += e.top1;
+          }
+          // Ring slot of position p is p % C; the ring holds positions [L - C, L).
+          for (int64_t p = std::max<int64_t>(0, L - C); p < L; ++p) {
+            double m = 0;
+            for (int64_t l = 0; l < layout.consumer_layers; ++l) {
+              for (int kv = 0; kv < 2; ++kv) {
+                const int64_t at = ((l * 2 + kv) * C + p % C) * layout.kv_dim;
+                for (int64_t j = 0; j < layout.kv_dim; ++j) {
+                  m = std::max(m, std::abs(double{reference->consumer_swa[at + j]} -
+                                           run->consumer_swa[at + j]));
+                }
+              }
+            }
+            double& slot = t.ring[p - (L - keep)];
+            slot = std::max(slot, m);
+          }
+          if (s_valid == 0) {
+            cold[name] = *std::move(run);
+          } else {
+            for (int64_t i = 0; i < o.steps; ++i) {
+              t.vs_cold = std::max(t.vs_cold, MaxAbs(run->step_logits[i],
+                                                     cold[name].step_logits[i]));
+            }
+          }
+        }
+      }
+      if (cold.count("mask") && cold.count("compact")) {
+        double& m = compact_vs_mask[keep];
+        for (int64_t i = 0; i < o.steps; ++i) {
+          m = std::max(m, MaxAbs(cold["mask"].step_logits[i], cold["compact"].step_logits[i]));
+        }
+      }
+    }
+  }
+
+  nlohmann::json results = nlohmann::json::array();
+  for (const Totals& t : totals) {
+    nlohmann::json steps = nlohmann::json::array();
+    double kl_total = 0, kl_max = 0, max_abs = 0;
+    int64_t agree = 0;
+    for (int64_t i = 0; i < o.steps; ++i) {
+      steps.push_back({{"step", i},
+                       {"kl_mean", t.kl_sum[i] / t.runs},
+                       {"kl_max", t.kl_max[i]},
+                       {"top1_agreement", static_cast<double>(t.agree[i]) / t.runs},
+                       {"max_abs_logit_diff", t.max_abs[i]}});
+      kl_total += t.kl_sum[i];
+      kl_max = std::max(kl_max, t.kl_max[i]);
+      max_abs = std::max(max_abs, t.max_abs[i]);
+      agree += t.agree[i];
+    }
+    nlohmann::json ring = nlohmann::json::array();
+    for (const auto& [d, m] : t.ring) ring.push_back({{"edge_distance", d}, {"max_abs", m}});
+    nlohmann::json r = {{"mode", t.mode},
+                        {"keep", t.keep},
+                        {"prefix_hit_tokens", t.hit},
+                        {"prompts", t.runs},
+                        {"kl_mean", kl_total / (t.runs * o.steps)},
+                        {"kl_max", kl_max},
+                        {"top1_agreement", static_cast<double>(agree) / (t.runs * o.steps)},
+                        {"max_abs_logit_diff", max_abs},
+                        {"steps", std::move(steps)},
+                        {"ring_distance", std::move(ring)}};
+    if (t.hit > 0) r["max_abs_vs_cold"] = t.vs_cold;
+    results.push_back(std::move(r));
+  }
+  nlohmann::json mask_compact = nlohmann::json::array();
+  for (const auto& [keep, m] : compact_vs_mask) {
+    mask_compact.push_back({{"keep", keep}, {"max_abs_logit_diff", m}});
+  }
+  if (o.json) {
+    std::cout << nlohmann::json{{"kind", "approx_error"},
+                                {"model", o.model_dir},
+                                {"prompts", prompts->size()},
+                                {"steps", o.steps},
+                                {"ring_capacity", C},
+                                {"window", W},
+                                {"span_r", R},
+                                {"results", std::move(results)},
+                                {"compact_vs_mask", std::move(mask_compact)}}
+                     .dump(2)
+              << "\n";
+    return kExitOk;
+  }
+  std::cout << absl::StrFormat(
+      "%d prompts, %d teacher-forced steps; C = %d, W = %d, R = W + (D-1)(W-1) = %d\n",
+      prompts->size(), o.steps, C, W, R);
+  std::cout << absl::StrFormat("%-8s %6s %6s %12s %12s %8s %14s %12s\n", "mode", "keep", "hit",
+                               "KL mean", "KL max", "top-1", "max |dlogit|", "vs cold");
+  for (const nlohmann::json& r : results) {
+    std::cout << absl::StrFormat(
+        "%-8s %6d %6d %12.4g %12.4g %8.4f %14.4g %12s\n", r["mode"].get<std::string>(),
+        r["keep"].get<int64_t>(), r["prefix_hit_tokens"].get<int64_t>(), r["kl_mean"].get<double>(),
+        r["kl_max"].get<double>(), r["top1_agreement"].get<double>(),
+        r["max_abs_logit_diff"].get<double>(),
+        r.contains("max_abs_vs_cold") ? absl::StrFormat("%.4g", r["max_abs_vs_cold"].get<double>())
+                                      : std::string("-"));
+  }
+  for (const nlohmann::json& m : mask_compact) {
+    std::cout << absl::StrFormat("compact vs mask at keep %d: max |dlogit| %.4g\n",
+                                 m["keep"].get<int64_t>(), m["max_abs_logit_diff"].get<double>());
+  }
+  return kExitOk;
+}
+
+}  // namespace
+
+Command AddApproxErrorCommand(CLI::App& app) {
+  auto o = std::make_shared<ApproxErrorOptions>();
+  CLI::App* command = app.add_subcommand(
+      "approx-error", "Measure how truncated consumer replay moves outputs against mode off");
+  command->add_option("--model", o->model_dir, "Model directory")->required();
+  command->add_option("--prompts", o->prompts_file,
+                      "JSON lines, each a list of token ids (default: generated prompts)");
+  command->add_option("--num-prompts", o->num_prompts, "Generated prompts (without --prompts)");
+  command->add_option("--prompt-len", o->prompt_len, "Tokens per generated prompt");
+  command->add_option("--seed", o->seed, "Seed of the generated prompts");
+  command->add_option("--steps", o->steps,
+                      "Next-token predictions compared: the prompt's, then teacher-forced ones");
+  command->add_option("--keep", o->keeps,
+                      "Keeps K to measure, comma-separated (default: C, doubling, then R)");
+  command->add_option("--modes", o->modes, "Truncation modes, comma-separated: mask, compact");
+  command->add_flag("!--no-prefix-hit", o->prefix_hit,
+                    "Skip the variants with a prefix hit (s_valid = the ring-capped H)");
+  command->add_flag("--json", o->json, "Print one JSON object");
+  return {command, [o] { return RunApproxError(*o); }};
+}
+
+}  // namespace baton::tools
