@@ -57,5 +57,5 @@ USER 10001:10001
 WORKDIR /tmp
 # Client API; prefill, decode and store nodes; Prometheus metrics (every binary).
 EXPOSE 50051 50052 50053 50054 9400
-ENTRYPOINT []
-CMD ["/usr/local/bin/baton-router", "--help"]
+# The chart names each container's command; alone, the image prints batonctl's usage.
+CMD ["/usr/local/bin/batonctl", "--help"]
