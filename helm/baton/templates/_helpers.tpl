@@ -1,0 +1,337 @@
+{{/*
+Names, labels and the pod parts every role shares. Object names are "<fullname>-<role>";
+fullname is cut to 42 characters so that the longest derived name (a StatefulSet pod's
+controller-revision-hash label, "<fullname>-kvstore-<10 characters>") stays within 63.
+*/}}
+
+{{- define "baton.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 42 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "baton.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 42 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 42 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 42 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "baton.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "baton.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+
+{{/* Labels of every object; call with (dict "root" $ "role" "router"). */}}
+{{- define "baton.labels" -}}
+helm.sh/chart: {{ include "baton.chart" .root }}
+{{ include "baton.selectorLabels" . }}
+app.kubernetes.io/version: {{ .root.Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .root.Release.Service }}
+app.kubernetes.io/part-of: baton
+{{- end -}}
+
+{{/* Selector labels of one role; call with (dict "root" $ "role" "router"). */}}
+{{- define "baton.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "baton.name" .root }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .role }}
+{{- end -}}
+
+{{/* The address nodes register with: the router's internal Service, which also lists routers
+that are not ready yet (a router is ready only once nodes have registered with it). */}}
+{{- define "baton.routerAddress" -}}
+{{- printf "%s-router-internal.%s.svc.%s:%d" (include "baton.fullname" .) .Release.Namespace .Values.clusterDomain (int64 .Values.config.router.port) -}}
+{{- end -}}
+
+{{/* The prefix store's address for prefill nodes: its StatefulSet pod through the headless
+Service. */}}
+{{- define "baton.kvstoreAddress" -}}
+{{- $fullname := include "baton.fullname" . -}}
+{{- printf "%s-kvstore-0.%s-kvstore.%s.svc.%s:%d" $fullname $fullname .Release.Namespace .Values.clusterDomain (int64 .Values.config.kvstore.port) -}}
+{{- end -}}
+
+{{/* The ring capacity C the router checks default-keep against: the generated preset's or
+model.ringCapacity. */}}
+{{- define "baton.ringCapacity" -}}
+{{- if eq .Values.model.generate "tiny" -}}22
+{{- else if eq .Values.model.generate "small" -}}134
+{{- else -}}{{ int64 .Values.model.ringCapacity }}
+{{- end -}}
+{{- end -}}
+
+{{/* A Kubernetes quantity ("10Gi", "500M", "1073741824") in bytes, as an integer string. */}}
+{{- define "baton.quantityBytes" -}}
+{{- $q := toString . -}}
+{{- $number := regexFind "^[0-9]+(\\.[0-9]+)?" $q -}}
+{{- $suffix := trimPrefix $number $q -}}
+{{- $scale := dict "" 1.0 "k" 1e3 "M" 1e6 "G" 1e9 "T" 1e12 "P" 1e15 "E" 1e18 "Ki" 1024.0 "Mi" 1048576.0 "Gi" 1073741824.0 "Ti" 1099511627776.0 "Pi" 1125899906842624.0 "Ei" 1152921504606846976.0 -}}
+{{- mulf (float64 $number) (get $scale $suffix) | int64 -}}
+{{- end -}}
+
+{{/* Pod anti-affinity preset; call with (dict "root" $ "role" "prefill" "mode" "soft"). */}}
+{{- define "baton.antiAffinity" -}}
+{{- $term := dict "topologyKey" .root.Values.antiAffinityTopologyKey "labelSelector" (dict "matchLabels" (fromYaml (include "baton.selectorLabels" .))) -}}
+{{- if eq .mode "hard" -}}
+{{- toYaml (dict "podAntiAffinity" (dict "requiredDuringSchedulingIgnoredDuringExecution" (list $term))) -}}
+{{- else if eq .mode "soft" -}}
+{{- toYaml (dict "podAntiAffinity" (dict "preferredDuringSchedulingIgnoredDuringExecution" (list (dict "weight" 100 "podAffinityTerm" $term)))) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Scheduling fields of a pod spec; call with (dict "root" $ "role" "prefill" "values"
+.Values.prefill "antiAffinity" "soft"). */}}
+{{- define "baton.scheduling" -}}
+{{- $values := .values -}}
+{{- if $values.priorityClassName }}
+priorityClassName: {{ $values.priorityClassName | quote }}
+{{- end }}
+{{- with $values.nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $values.tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- if $values.affinity }}
+affinity:
+  {{- toYaml $values.affinity | nindent 2 }}
+{{- else if and .antiAffinity (ne .antiAffinity "none") }}
+affinity:
+  {{- include "baton.antiAffinity" (dict "root" .root "role" .role "mode" .antiAffinity) | nindent 2 }}
+{{- end }}
+{{- end -}}
+
+{{/* Pod-level fields every role shares. */}}
+{{- define "baton.podCommon" -}}
+{{- with .Values.imagePullSecrets }}
+imagePullSecrets:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- if .Values.serviceAccountName }}
+serviceAccountName: {{ .Values.serviceAccountName | quote }}
+{{- end }}
+automountServiceAccountToken: false
+enableServiceLinks: false
+securityContext:
+  {{- toYaml .Values.podSecurityContext | nindent 2 }}
+{{- end -}}
+
+{{/* Annotations that roll the pods when the config file changes. */}}
+{{- define "baton.podAnnotations" -}}
+checksum/config: {{ include (print .root.Template.BasePath "/configmap.yaml") .root | sha256sum }}
+{{- with .values.podAnnotations }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/* The init container that writes a generated model into the "model" emptyDir. */}}
+{{- define "baton.modelInit" -}}
+{{- if .Values.model.generate }}
+initContainers:
+  - name: make-model
+    image: {{ include "baton.image" . }}
+    imagePullPolicy: {{ .Values.image.pullPolicy }}
+    command:
+      - /usr/local/bin/batonctl
+      - make-model
+      - --preset={{ .Values.model.generate }}
+      - --out=/models/baton
+    resources:
+      {{- toYaml .Values.model.generateResources | nindent 6 }}
+    securityContext:
+      {{- toYaml .Values.securityContext | nindent 6 }}
+    volumeMounts:
+      - name: model
+        mountPath: /models/baton
+      - name: tmp
+        mountPath: /tmp
+{{- end }}
+{{- end -}}
+
+{{/* Volumes every role shares: the model, the config file and /tmp. */}}
+{{- define "baton.volumes" -}}
+- name: config
+  configMap:
+    name: {{ include "baton.fullname" . }}-config
+- name: tmp
+  emptyDir:
+    sizeLimit: {{ .Values.tmpSizeLimit }}
+- name: model
+{{- if .Values.model.generate }}
+  emptyDir:
+    sizeLimit: {{ .Values.model.generateSizeLimit }}
+{{- else if eq .Values.model.volume.type "pvc" }}
+  persistentVolumeClaim:
+    claimName: {{ .Values.model.volume.claimName }}
+    readOnly: true
+{{- else }}
+  hostPath:
+    path: {{ .Values.model.volume.path }}
+    type: Directory
+{{- end }}
+{{- end -}}
+
+{{- define "baton.volumeMounts" -}}
+- name: config
+  mountPath: /etc/baton
+  readOnly: true
+- name: tmp
+  mountPath: /tmp
+- name: model
+  mountPath: /models/baton
+  readOnly: true
+  {{- if and (not .Values.model.generate) .Values.model.volume.subPath }}
+  subPath: {{ .Values.model.volume.subPath }}
+  {{- end }}
+{{- end -}}
+
+{{/* Environment every baton container gets; call with (dict "root" $ "ompThreads" n). */}}
+{{- define "baton.env" -}}
+- name: POD_NAME
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.name
+- name: POD_IP
+  valueFrom:
+    fieldRef:
+      fieldPath: status.podIP
+- name: UCX_TLS
+  value: {{ .root.Values.ucx.tls | quote }}
+{{- if .root.Values.ucx.netDevices }}
+- name: UCX_NET_DEVICES
+  value: {{ .root.Values.ucx.netDevices | quote }}
+{{- end }}
+{{- if .ompThreads }}
+- name: OMP_NUM_THREADS
+  value: {{ .ompThreads | int64 | quote }}
+{{- end }}
+{{- with .root.Values.extraEnv }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/* Container ports and gRPC health probes; call with (dict "root" $ "port" n). The readiness
+probe asks for the overall service ""; liveness and start-up ask for "liveness". */}}
+{{- define "baton.portsAndProbes" -}}
+{{- $probes := .root.Values.probes -}}
+ports:
+  - name: grpc
+    containerPort: {{ .port | int64 }}
+    protocol: TCP
+  - name: metrics
+    containerPort: {{ index .root.Values.config.common "metrics-port" | int64 }}
+    protocol: TCP
+startupProbe:
+  grpc:
+    port: {{ .port | int64 }}
+    service: liveness
+  periodSeconds: {{ $probes.startup.periodSeconds | int64 }}
+  failureThreshold: {{ $probes.startup.failureThreshold | int64 }}
+readinessProbe:
+  grpc:
+    port: {{ .port | int64 }}
+  periodSeconds: {{ $probes.readiness.periodSeconds | int64 }}
+  timeoutSeconds: {{ $probes.readiness.timeoutSeconds | int64 }}
+  failureThreshold: {{ $probes.readiness.failureThreshold | int64 }}
+livenessProbe:
+  grpc:
+    port: {{ .port | int64 }}
+    service: liveness
+  periodSeconds: {{ $probes.liveness.periodSeconds | int64 }}
+  timeoutSeconds: {{ $probes.liveness.timeoutSeconds | int64 }}
+  failureThreshold: {{ $probes.liveness.failureThreshold | int64 }}
+{{- end -}}
+
+{{/* A PodDisruptionBudget; call with (dict "root" $ "role" "router" "pdb" .Values.router.pdb). */}}
+{{- define "baton.pdb" -}}
+{{- if .pdb.enabled }}
+---
+apiVersion: policy/v1
+kind: PodDisruptionBudget
+metadata:
+  name: {{ include "baton.fullname" .root }}-{{ .role }}
+  namespace: {{ .root.Release.Namespace }}
+  labels:
+    {{- include "baton.labels" . | nindent 4 }}
+spec:
+  {{- if ne (toString .pdb.minAvailable) "" }}
+  minAvailable: {{ include "baton.intOrPercent" .pdb.minAvailable }}
+  {{- else }}
+  maxUnavailable: {{ include "baton.intOrPercent" .pdb.maxUnavailable }}
+  {{- end }}
+  selector:
+    matchLabels:
+      {{- include "baton.selectorLabels" . | nindent 6 }}
+{{- end }}
+{{- end -}}
+
+{{/* An integer or a percentage string, as Kubernetes' IntOrString wants it. */}}
+{{- define "baton.intOrPercent" -}}
+{{- if kindIs "string" . -}}{{ quote . }}{{- else -}}{{ int64 . }}{{- end -}}
+{{- end -}}
+
+{{/*
+The pod template of every role. Call with (dict "root" $ "role" "decode" "values"
+.Values.decode "binary" "baton-decode" "args" (list ...) "ompThreads" n "dataMount" bool);
+"args" come after --config and before the role's extraArgs, and "dataMount" mounts the
+StatefulSet's "data" claim on /var/lib/baton.
+*/}}
+{{- define "baton.podTemplate" -}}
+{{- $root := .root -}}
+{{- $values := .values -}}
+metadata:
+  labels:
+    {{- include "baton.labels" (dict "root" $root "role" .role) | nindent 4 }}
+    {{- with $values.podLabels }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+  annotations:
+    {{- include "baton.podAnnotations" (dict "root" $root "values" $values) | nindent 4 }}
+spec:
+  {{- include "baton.podCommon" $root | trim | nindent 2 }}
+  {{- with include "baton.scheduling" (dict "root" $root "role" .role "values" $values "antiAffinity" (dig "podAntiAffinity" "none" $values)) | trim }}
+  {{- . | nindent 2 }}
+  {{- end }}
+  terminationGracePeriodSeconds: {{ $values.terminationGracePeriodSeconds | int64 }}
+  {{- with include "baton.modelInit" $root | trim }}
+  {{- . | nindent 2 }}
+  {{- end }}
+  containers:
+    - name: {{ .role }}
+      image: {{ include "baton.image" $root }}
+      imagePullPolicy: {{ $root.Values.image.pullPolicy }}
+      command:
+        - /usr/local/bin/{{ .binary }}
+      args:
+        - --config=/etc/baton/baton.yaml
+        {{- range .args }}
+        - {{ . }}
+        {{- end }}
+        {{- with $values.extraArgs }}
+        {{- toYaml . | nindent 8 }}
+        {{- end }}
+      env:
+        {{- include "baton.env" (dict "root" $root "ompThreads" .ompThreads) | nindent 8 }}
+      {{- include "baton.portsAndProbes" (dict "root" $root "port" (index $root.Values.config .role "port")) | nindent 6 }}
+      resources:
+        {{- toYaml $values.resources | nindent 8 }}
+      securityContext:
+        {{- toYaml $root.Values.securityContext | nindent 8 }}
+      volumeMounts:
+        {{- include "baton.volumeMounts" $root | nindent 8 }}
+        {{- if .dataMount }}
+        - name: data
+          mountPath: /var/lib/baton
+        {{- end }}
+  volumes:
+    {{- include "baton.volumes" $root | nindent 4 }}
+{{- end -}}

