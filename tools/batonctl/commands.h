@@ -21,6 +21,7 @@ Command AddPlanCommand(CLI::App& app);
 Command AddMakeModelCommand(CLI::App& app);
 Command AddForwardCommand(CLI::App& app);
 Command AddGenerateCommand(CLI::App& app);
+Command AddSimulateCommand(CLI::App& app);
 
 inline constexpr int kExitOk = 0;
 inline constexpr int kExitFailure = 1;

@@ -26,7 +26,8 @@ int main(int argc, char** argv) {
   CLI::App app{"batonctl: plan, run and inspect baton CED serving"};
   app.require_subcommand(1);
   const std::vector<Command> commands = {AddPlanCommand(app), AddMakeModelCommand(app),
-                                         AddForwardCommand(app), AddGenerateCommand(app)};
+                                         AddForwardCommand(app), AddGenerateCommand(app),
+                                         AddSimulateCommand(app)};
   std::string names;
   bool known = false;
   for (const Command& command : commands) {
