@@ -13,6 +13,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   nlohmann-json3-dev libcli11-dev libopenblas-openmp-dev libssl-dev libspdlog-dev
   prometheus-cpp-dev libxxhash-dev
+  gnuplot-nox  # batonctl report draws its PNG plots with it
 )
 
 missing=()

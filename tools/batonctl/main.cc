@@ -25,9 +25,9 @@ int main(int argc, char** argv) {
   using namespace baton::tools;
   CLI::App app{"batonctl: plan, run and inspect baton CED serving"};
   app.require_subcommand(1);
-  const std::vector<Command> commands = {AddPlanCommand(app), AddMakeModelCommand(app),
-                                         AddForwardCommand(app), AddGenerateCommand(app),
-                                         AddSimulateCommand(app)};
+  const std::vector<Command> commands = {AddPlanCommand(app),     AddMakeModelCommand(app),
+                                         AddForwardCommand(app),  AddGenerateCommand(app),
+                                         AddSimulateCommand(app), AddReportCommand(app)};
   std::string names;
   bool known = false;
   for (const Command& command : commands) {
