@@ -417,20 +417,25 @@ nlohmann::json ResultToJson(const Setting& s, const SettingResult& r, bool with_
   };
 }
 
-std::string BudgetText(const std::optional<uint64_t>& budget) {
-  if (!budget.has_value()) return "unlimited";
-  return absl::StrFormat("%.2fGiB", static_cast<double>(*budget) / (1 << 30));
+// Bytes in the largest binary unit that keeps the number >= 1.
+std::string HumanBytes(uint64_t bytes) {
+  const char* const units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double value = static_cast<double>(bytes);
+  int unit = 0;
+  while (value >= 1024 && unit < 4) {
+    value /= 1024;
+    ++unit;
+  }
+  return unit == 0 ? absl::StrCat(bytes, "B") : absl::StrFormat("%.2f%s", value, units[unit]);
 }
 
 void PrintTable(const std::vector<std::pair<Setting, SettingResult>>& rows, bool with_config) {
   std::cout << absl::StrFormat(
       "%6s %6s %6s %9s %7s %12s %8s %9s %9s %9s %11s %14s %14s %10s %10s %7s\n", "block", "keep",
       "window", "backtrack", "hit_cap", "budget", "requests", "token_hit", "req_hit", "evicted",
-      "peak_GiB", "prefill_rows", "replayed_rows", "flops/cold", "flops/unc", "time_s");
+      "peak", "prefill_rows", "replayed_rows", "flops/cold", "flops/unc", "time_s");
   for (const auto& [s, r] : rows) {
-    const std::string peak =
-        with_config ? absl::StrFormat("%.2f", static_cast<double>(r.stored_bytes_peak) / (1 << 30))
-                    : "-";
+    const std::string peak = with_config ? HumanBytes(r.stored_bytes_peak) : "-";
     const std::string vs_cold =
         with_config ? absl::StrFormat("%.4f", Ratio(r.flops, r.flops_no_cache)) : "-";
     const std::string vs_uncapped =
@@ -438,7 +443,8 @@ void PrintTable(const std::vector<std::pair<Setting, SettingResult>>& rows, bool
     std::cout << absl::StrFormat(
         "%6d %6d %6d %9d %7s %12s %8d %9.4f %9.4f %9d %11s %14d %14d %10s %10s %7.2f\n",
         s.block_size, s.keep, s.window, s.max_backtrack,
-        s.hit_cap == HitCap::kRing ? "ring" : "keep", BudgetText(s.store_budget), r.requests,
+        s.hit_cap == HitCap::kRing ? "ring" : "keep",
+        s.store_budget ? HumanBytes(*s.store_budget) : "unlimited", r.requests,
         Ratio(r.cached_tokens, r.prompt_tokens), Ratio(r.hit_requests, r.requests),
         r.evicted_block_kv + r.evicted_producer_swa, peak, r.prefill_rows, r.replayed_rows, vs_cold,
         vs_uncapped, r.seconds);
