@@ -13,8 +13,8 @@ namespace {
 
 constexpr char kMagic[4] = {'B', 'T', 'K', 'V'};
 constexpr uint32_t kFormatVersion = 1;
-// magic, version, fingerprint digest, has-parent flag, parent key, checksum, payload length
-constexpr size_t kHeaderBytes = 4 + 4 + 32 + 1 + 32 + 8 + 8;
+constexpr size_t kHeaderBytes = kValueHeaderBytes;
+static_assert(kHeaderBytes == 89, "the value header layout of Encode and Decode");
 const char* const kFamilies[] = {"block_kv", "producer_swa"};
 
 rocksdb::Slice KeySlice(const Sha256Digest& key) {
@@ -103,7 +103,7 @@ bool PrefixStore::Decode(const std::string& value, std::string* payload,
 
 absl::Status PrefixStore::Rebuild() {
   std::lock_guard<std::mutex> lock(mutex_);
-  // Values first, links second: a scan meets children before their parents.
+  // A scan meets children before their parents; the index links them whatever the order.
   for (int region = 0; region < 2; ++region) {
     std::unique_ptr<rocksdb::Iterator> it(
         db_->NewIterator(rocksdb::ReadOptions(), handles_[region + 1]));
@@ -116,12 +116,7 @@ absl::Status PrefixStore::Rebuild() {
       }
       Sha256Digest key;
       std::memcpy(key.data(), it->key().data(), 32);
-      Node& node = nodes_[key];
-      if (node.last_used == 0) node.last_used = ++clock_;
-      node.parent = parent;
-      counters_.stored_bytes += it->value().size();
-      node.bytes[region] = it->value().size();
-      ++(region == 0 ? counters_.block_kv_values : counters_.producer_swa_values);
+      index_.Add(key, parent, static_cast<Region>(region), it->value().size());
     }
     if (!it->status().ok()) return FromRocks(it->status(), "scan");
     for (const std::string& key : corrupt) {
@@ -129,94 +124,21 @@ absl::Status PrefixStore::Rebuild() {
       ++counters_.corrupt_values;
     }
   }
-  for (auto& [key, node] : nodes_) {
-    if (!node.parent.has_value()) continue;
-    auto p = nodes_.find(*node.parent);
-    if (p != nodes_.end()) ++p->second.children;
-  }
-  for (const auto& [key, node] : nodes_) {
-    if (node.children == 0) leaves_.insert({node.last_used, key});
-  }
   EvictToBudget();
   return absl::OkStatus();
 }
 
-void PrefixStore::AddValue(const Sha256Digest& key, const std::optional<Sha256Digest>& parent,
-                           Region region, uint64_t bytes) {
-  auto [it, inserted] = nodes_.try_emplace(key);
-  Node& node = it->second;
-  if (inserted) {
-    node.parent = parent;
-    node.last_used = ++clock_;
-    if (parent.has_value()) {
-      auto p = nodes_.find(*parent);
-      if (p != nodes_.end() && p->second.children++ == 0) {
-        leaves_.erase({p->second.last_used, *parent});
-      }
-    }
-    leaves_.insert({node.last_used, key});
-  }
-  const int r = static_cast<int>(region);
-  counters_.stored_bytes += bytes - node.bytes[r];
-  if (node.bytes[r] == 0) {
-    ++(region == Region::kBlockKv ? counters_.block_kv_values : counters_.producer_swa_values);
-  }
-  node.bytes[r] = bytes;
-}
-
-void PrefixStore::RemoveValue(const Sha256Digest& key, Region region) {
-  auto it = nodes_.find(key);
-  if (it == nodes_.end()) return;
-  Node& node = it->second;
-  const int r = static_cast<int>(region);
-  if (node.bytes[r] == 0) return;
-  counters_.stored_bytes -= node.bytes[r];
-  --(region == Region::kBlockKv ? counters_.block_kv_values : counters_.producer_swa_values);
-  node.bytes[r] = 0;
-  if (node.bytes[0] != 0 || node.bytes[1] != 0) return;
-  if (node.children == 0) leaves_.erase({node.last_used, key});
-  if (node.parent.has_value()) {
-    auto p = nodes_.find(*node.parent);
-    if (p != nodes_.end() && --p->second.children == 0) {
-      leaves_.insert({p->second.last_used, *node.parent});
-    }
-  }
-  nodes_.erase(it);
-}
-
-void PrefixStore::Touch(const Sha256Digest& key) {
-  auto it = nodes_.find(key);
-  if (it == nodes_.end()) return;
-  Node& node = it->second;
-  const bool leaf = node.children == 0;
-  if (leaf) leaves_.erase({node.last_used, key});
-  node.last_used = ++clock_;
-  if (leaf) leaves_.insert({node.last_used, key});
-}
-
 void PrefixStore::EvictToBudget() {
-  while (options_.budget_bytes > 0 && counters_.stored_bytes > options_.budget_bytes &&
-         !leaves_.empty()) {
-    const Sha256Digest key = leaves_.begin()->second;
-    const Node& node = nodes_.at(key);
-    const Region region = node.bytes[1] != 0 ? Region::kProducerSwa : Region::kBlockKv;
-    db_->Delete(rocksdb::WriteOptions(), handles_[static_cast<int>(region) + 1], KeySlice(key));
-    RemoveValue(key, region);
-    ++counters_.evictions;
-  }
+  if (options_.budget_bytes == 0) return;
+  counters_.evictions += index_.EvictToBudget(
+      options_.budget_bytes, [this](const Sha256Digest& key, Region region, uint64_t) {
+        db_->Delete(rocksdb::WriteOptions(), handles_[static_cast<int>(region) + 1], KeySlice(key));
+      });
 }
 
 ChainLookup PrefixStore::Lookup(const std::vector<Sha256Digest>& chain) {
   std::lock_guard<std::mutex> lock(mutex_);
-  ChainLookup result;
-  for (const Sha256Digest& key : chain) {
-    auto it = nodes_.find(key);
-    if (it == nodes_.end() || it->second.bytes[0] == 0) break;
-    result.swa_present.push_back(it->second.bytes[1] != 0);
-    ++result.block_kv_blocks;
-    Touch(key);
-  }
-  return result;
+  return index_.Lookup(chain);
 }
 
 absl::StatusOr<std::string> PrefixStore::Read(const Sha256Digest& key, Region region) {
@@ -238,21 +160,20 @@ absl::StatusOr<std::string> PrefixStore::Read(const Sha256Digest& key, Region re
     ++counters_.corrupt_values;
     ++counters_.misses;
     db_->Delete(rocksdb::WriteOptions(), handles_[static_cast<int>(region) + 1], KeySlice(key));
-    RemoveValue(key, region);
+    index_.Remove(key, region);
     return absl::NotFoundError("stored value failed its checks; dropped");
   }
   ++counters_.hits;
   counters_.bytes_read += payload.size();
-  Touch(key);
+  index_.Touch(key);
   return payload;
 }
 
 absl::Status PrefixStore::Write(const Sha256Digest& key, const std::optional<Sha256Digest>& parent,
                                 Region region, const std::string& payload) {
   std::lock_guard<std::mutex> lock(mutex_);
-  auto it = nodes_.find(key);
-  if (it != nodes_.end() && it->second.bytes[static_cast<int>(region)] != 0) {
-    Touch(key);  // already stored (blocks are immutable for a given key)
+  if (index_.Contains(key, region)) {
+    index_.Touch(key);  // already stored (blocks are immutable for a given key)
     return absl::OkStatus();
   }
   const std::string value = Encode(parent, payload);
@@ -264,14 +185,18 @@ absl::Status PrefixStore::Write(const Sha256Digest& key, const std::optional<Sha
     return s;
   }
   counters_.bytes_written += payload.size();
-  AddValue(key, parent, region, value.size());
+  index_.Add(key, parent, region, value.size());
   EvictToBudget();
   return absl::OkStatus();
 }
 
 StoreCounters PrefixStore::counters() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return counters_;
+  StoreCounters counters = counters_;
+  counters.stored_bytes = index_.stored_bytes();
+  counters.block_kv_values = index_.values(Region::kBlockKv);
+  counters.producer_swa_values = index_.values(Region::kProducerSwa);
+  return counters;
 }
 
 }  // namespace baton::kvstore

@@ -14,6 +14,7 @@ packages=(
   nlohmann-json3-dev libcli11-dev libopenblas-openmp-dev libssl-dev libspdlog-dev
   prometheus-cpp-dev libxxhash-dev libyaml-cpp-dev
   libcurl4-openssl-dev
+  gnuplot-nox  # batonctl report draws its PNG plots with it
 )
 
 missing=()

@@ -22,6 +22,9 @@ Command AddMakeModelCommand(CLI::App& app);
 Command AddForwardCommand(CLI::App& app);
 Command AddGenerateCommand(CLI::App& app);
 Command AddApproxErrorCommand(CLI::App& app);
+Command AddReplayCommand(CLI::App& app);
+Command AddSimulateCommand(CLI::App& app);
+Command AddReportCommand(CLI::App& app);
 
 inline constexpr int kExitOk = 0;
 inline constexpr int kExitFailure = 1;

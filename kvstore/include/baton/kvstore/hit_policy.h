@@ -4,7 +4,7 @@
 
 #include <cstdint>
 
-#include "baton/kvstore/prefix_store.h"
+#include "baton/kvstore/prefix_index.h"
 
 namespace baton::kvstore {
 

@@ -5,26 +5,25 @@
 // Every value carries a format version, the model fingerprint, its parent's key and an XXH3
 // checksum of its payload; a value that fails any check is counted, deleted and reported as
 // a miss. Writes go through the write-ahead log, so the store survives restarts; the index
-// used for eviction is rebuilt from the values at Open.
+// used for eviction (PrefixIndex) is rebuilt from the values at Open.
 //
-// Budget: when the stored bytes pass `budget_bytes`, the least recently used chain leaf loses
-// its producer SWA rows first, then its block KV (which may make its parent a leaf). A hit
-// needs SWA rows only near its end, so dropping them first keeps most of a chain useful.
+// Budget: when the stored bytes (values with their headers) pass `budget_bytes`, the least
+// recently used chain leaf loses its producer SWA rows first, then its block KV (which may
+// make its parent a leaf); PrefixIndex keeps that order and RocksDB deletes what it evicts.
 //
 // Thread-safe.
 #pragma once
 
 #include <cstdint>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
-#include <set>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "baton/common/hash.h"
+#include "baton/kvstore/prefix_index.h"
 
 namespace rocksdb {
 class DB;
@@ -33,7 +32,14 @@ class ColumnFamilyHandle;
 
 namespace baton::kvstore {
 
-enum class Region { kBlockKv = 0, kProducerSwa = 1 };
+// Bytes a stored value takes beyond its payload: magic (4), format version (4), fingerprint
+// digest (32), has-parent flag (1), parent key (32), payload checksum (8), payload length (8).
+inline constexpr uint64_t kValueHeaderBytes = 4 + 4 + 32 + 1 + 32 + 8 + 8;
+
+// The size a payload of `payload_bytes` takes in the store, the unit of the budget.
+constexpr uint64_t StoredValueBytes(uint64_t payload_bytes) {
+  return kValueHeaderBytes + payload_bytes;
+}
 
 struct StoreOptions {
   std::string path;
@@ -53,11 +59,6 @@ struct StoreCounters {
   uint64_t producer_swa_values = 0;
 };
 
-struct ChainLookup {
-  int64_t block_kv_blocks = 0;    // leading blocks with block KV present
-  std::vector<bool> swa_present;  // for each of those blocks
-};
-
 class PrefixStore {
  public:
   static absl::StatusOr<std::unique_ptr<PrefixStore>> Open(const StoreOptions& options);
@@ -74,33 +75,22 @@ class PrefixStore {
   uint64_t budget_bytes() const { return options_.budget_bytes; }
 
  private:
-  struct Node {
-    std::optional<Sha256Digest> parent;
-    int64_t children = 0;
-    uint64_t last_used = 0;
-    uint64_t bytes[2] = {0, 0};  // value size per region, 0 when absent
-  };
   explicit PrefixStore(const StoreOptions& options);
   absl::Status Rebuild();
   std::string Encode(const std::optional<Sha256Digest>& parent, const std::string& payload) const;
   // Checks a value; returns its payload and parent, or nullopt when it fails.
   bool Decode(const std::string& value, std::string* payload,
               std::optional<Sha256Digest>* parent) const;
-  void AddValue(const Sha256Digest& key, const std::optional<Sha256Digest>& parent, Region region,
-                uint64_t bytes);                             // caller holds mutex_
-  void RemoveValue(const Sha256Digest& key, Region region);  // caller holds mutex_
-  void Touch(const Sha256Digest& key);                       // caller holds mutex_
-  void EvictToBudget();                                      // caller holds mutex_
+  // Evicts from the index and deletes from RocksDB until within budget; caller holds mutex_.
+  void EvictToBudget();
 
   StoreOptions options_;
   Sha256Digest fingerprint_digest_{};
   std::unique_ptr<rocksdb::DB> db_;
   std::vector<rocksdb::ColumnFamilyHandle*> handles_;  // default, block_kv, producer_swa
   mutable std::mutex mutex_;
-  std::map<Sha256Digest, Node> nodes_;
-  std::set<std::pair<uint64_t, Sha256Digest>> leaves_;  // (last_used, key) of childless nodes
-  uint64_t clock_ = 0;
-  StoreCounters counters_;
+  PrefixIndex index_;       // guarded by mutex_
+  StoreCounters counters_;  // all but the three the index keeps (stored bytes, value counts)
 };
 
 }  // namespace baton::kvstore

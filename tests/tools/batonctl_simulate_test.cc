@@ -1,0 +1,241 @@
+// `batonctl simulate` run as a process on small hand-made traces: hit counts for both hit caps,
+// a budget that forces eviction (SWA rows first, least recently used leaf first) and the hit
+// back-off it causes, and exit status 2 with a clear message for bad input. Every expected
+// figure is worked out by hand in the comments.
+#include <algorithm>
+#include <fstream>
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "run_batonctl.h"
+#include "test_dir.h"
+
+namespace {
+
+using baton::testing::Result;
+using baton::testing::RunBatonctl;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+
+std::string WriteFile(const std::string& name, const std::string& text) {
+  const std::string path = baton::testing::ProcessTempDir() + "/" + name;
+  std::ofstream(path) << text;
+  return path;
+}
+
+// With --trace-block 8 every hash id is 8 tokens, i.e. two chain blocks of B = 4.
+std::string CapTrace() {
+  return WriteFile(
+      "cap_trace.jsonl",
+      R"({"timestamp": 0, "input_length": 24, "output_length": 1, "hash_ids": [1, 2, 3]}
+{"timestamp": 1, "input_length": 24, "output_length": 1, "hash_ids": [1, 2, 3]}
+{"timestamp": 2, "input_length": 20, "output_length": 1, "hash_ids": [1, 2, 9]}
+{"timestamp": 3, "input_length": 13, "output_length": 1, "hash_ids": [1, 5]}
+{"timestamp": 4, "input_length": 10, "output_length": 1, "hash_ids": [7, 8]}
+)");
+}
+
+nlohmann::json Simulate(const std::string& args) {
+  const Result r = RunBatonctl("simulate --json " + args);
+  EXPECT_EQ(r.exit_status, 0) << r.err;
+  if (r.exit_status != 0) return nlohmann::json::object();
+  return nlohmann::json::parse(r.out);
+}
+
+// B = 4, W = 4, max_backtrack 1: C = 6; K = 10 > C so the caps differ. No budget: every block
+// ever written stays, with its SWA rows, so the hit is the shared prefix, capped.
+//   r0 L=24 ids 1,2,3: 6 blocks, nothing stored: h = 0.
+//   r1 L=24 ids 1,2,3: 6 blocks present. ring: floor((24-6)/4) = 4 -> H = 16;
+//                                        keep: floor((24-10)/4) = 3 -> H = 12.
+//   r2 L=20 ids 1,2,9: blocks 0-3 shared (ids 1, 2), block 4 is id 9's: 4 present.
+//                      ring: floor(14/4) = 3 -> H = 12; keep: floor(10/4) = 2 -> H = 8.
+//   r3 L=13 ids 1,5: 3 full blocks, blocks 0-1 (id 1) present.
+//                      ring: floor(7/4) = 1 -> H = 4; keep: floor(3/4) = 0 -> H = 0.
+//   r4 L=10 ids 7,8: nothing shared: 0.
+// Prompt tokens 24+24+20+13+10 = 91; cached: ring 16+12+4 = 32, keep 12+8 = 20.
+// Uncapped (at most floor((L-1)/4) blocks): r1 5 of 6 -> 20, r2 4 -> 16, r3 2 -> 8: 44.
+// Replayed consumer rows, one chunk [H, L) each (compact: from clamp(L-K, H, L-1)):
+//   ring: r0 24-14 = 10, r1 24-16 = 8, r2 20-12 = 8, r3 13-4 = 9, r4 10: 45.
+//   keep: r0 10, r1 24-14 = 10, r2 20-10 = 10, r3 13-3 = 10, r4 10: 50.
+TEST(BatonctlSimulateTest, HitCountsForBothCaps) {
+  const nlohmann::json out =
+      Simulate("--trace " + CapTrace() +
+               " --trace-block 8 --block-size 4 --window 4 --max-backtrack 1 --keep 10 "
+               "--hit-cap ring,keep --token-budget 0");
+  EXPECT_EQ(out["kind"], "simulate");
+  ASSERT_EQ(out["results"].size(), 2u);
+  const nlohmann::json& ring = out["results"][0];
+  const nlohmann::json& keep = out["results"][1];
+  EXPECT_EQ(ring["hit_cap"], "ring");
+  EXPECT_EQ(keep["hit_cap"], "keep");
+  for (const nlohmann::json* r : {&ring, &keep}) {
+    EXPECT_EQ((*r)["block_size"], 4);
+    EXPECT_EQ((*r)["keep"], 10);
+    EXPECT_EQ((*r)["window"], 4);
+    EXPECT_EQ((*r)["max_backtrack"], 1);
+    EXPECT_EQ((*r)["requests"], 5);
+    EXPECT_EQ((*r)["prompt_tokens"], 91);
+    EXPECT_EQ((*r)["cached_tokens_uncapped"], 44);
+    EXPECT_EQ((*r)["prefill_rows_no_cache"], 91);
+    EXPECT_EQ((*r)["prefill_rows_uncapped"], 91 - 44);
+    EXPECT_EQ((*r)["evicted_blocks"], 0);
+    EXPECT_TRUE((*r)["store_budget"].is_null());
+    EXPECT_TRUE((*r)["flops"].is_null());  // no model config
+    EXPECT_TRUE((*r)["stored_bytes_peak"].is_null());
+  }
+  EXPECT_EQ(ring["cached_tokens"], 32);
+  EXPECT_EQ(keep["cached_tokens"], 20);
+  EXPECT_DOUBLE_EQ(ring["token_hit_ratio"].get<double>(), 32.0 / 91);
+  EXPECT_DOUBLE_EQ(ring["request_hit_ratio"].get<double>(), 3.0 / 5);
+  EXPECT_DOUBLE_EQ(keep["request_hit_ratio"].get<double>(), 2.0 / 5);
+  EXPECT_EQ(ring["prefill_rows"], 91 - 32);
+  EXPECT_EQ(keep["prefill_rows"], 91 - 20);
+  EXPECT_EQ(ring["replayed_rows"], 45);
+  EXPECT_EQ(keep["replayed_rows"], 50);
+}
+
+TEST(BatonctlSimulateTest, KeepZeroMeansTheRingCapacityAndListsSweepInOrder) {
+  // K = 0 means C; with K = C both caps coincide (ring: 32 cached tokens as above). The sweep
+  // runs block size outermost, then keep, hit cap, budget, window, max_backtrack.
+  const nlohmann::json out = Simulate(
+      "--trace " + CapTrace() +
+      " --trace-block 8 --block-size 4,8 --window 4 --max-backtrack 1,2 --keep 0 --hit-cap keep");
+  ASSERT_EQ(out["results"].size(), 4u);
+  EXPECT_EQ(out["results"][0]["block_size"], 4);
+  EXPECT_EQ(out["results"][0]["max_backtrack"], 1);
+  EXPECT_EQ(out["results"][0]["keep"], 6);
+  EXPECT_EQ(out["results"][0]["cached_tokens"], 32);
+  EXPECT_EQ(out["results"][1]["block_size"], 4);
+  EXPECT_EQ(out["results"][1]["max_backtrack"], 2);
+  EXPECT_EQ(out["results"][1]["keep"], 7);
+  EXPECT_EQ(out["results"][2]["block_size"], 8);
+  EXPECT_EQ(out["results"][3]["keep"], 7);
+}
+
+// A tiny model: P = 1 producer and D = 2 consumer layers, kv_dim = 1 x 2, B = 4, W = 2,
+// max_backtrack 0 (C = 3). Values (89-byte header + float32 payload):
+//   block KV:     89 + 4 bytes x D 2 x (K, V) 2 x B 4 x kv_dim 2 = 89 + 128 = 217
+//   producer SWA: 89 + 4 bytes x P 1 x 2 x 4 x 2                  = 89 +  64 = 153
+// so a whole block is 370 bytes. Budget 1697 = 4 blocks + one block KV.
+std::string TinyConfig() {
+  return WriteFile("tiny_config.json", R"({"vocab_size": 64, "hidden_size": 4,
+    "intermediate_size": 8, "num_hidden_layers": 3, "n_prefill_layer": 1,
+    "num_attention_heads": 1, "num_key_value_heads": 1, "head_dim": 2, "sliding_window": 2,
+    "max_backtrack": 0, "kv_block_size": 4})");
+}
+
+// Blocks a0..a3 (ids 1, 2), b0 (id 5), d0 (id 9).
+//   r0 L=16 ids 1,2: writes a0..a3: 1480 bytes.
+//   r1 L=4 id 5: b0 KV -> 1697 (fits); b0 SWA -> 1850: the LRU leaf is a3 (b0 is newer): a3
+//      loses its SWA rows (SWA first) -> 1697. Evicted: 1 SWA.
+//   r2 L=19 ids 1,2,7: 4 full blocks a0..a3, all with block KV; cap floor((19-3)/4) = 4.
+//      h = 4 needs SWA of blocks from (16-2+1)/4 = 3: a3 has none -> back off;
+//      h = 3 needs SWA from (12-2+1)/4 = 2: a2 has it -> H = 12 (16 without the budget).
+//      Writes from block 3: a3 KV present (touched); a3 SWA added -> 1850; LRU leaf is now b0
+//      (a3 was just used) -> b0 loses its SWA -> 1697. Evicted: 2 SWA.
+//   r3 L=4 id 9: d0 KV -> 1914: LRU leaf b0 loses its block KV -> 1697; d0 SWA -> 1850: LRU
+//      leaf a3 loses its SWA -> 1697. Evicted: 1 block KV, 3 SWA.
+// Totals: prompt 16+4+19+4 = 43, cached 12, hit requests 1 of 4, evicted 4 (1 KV + 3 SWA),
+// peak after eviction 1697. Unlimited: r2 gets H = 16 and the store ends with 6 blocks
+// (a0..a3, b0, d0) = 2220 bytes.
+TEST(BatonctlSimulateTest, BudgetEvictsSwaFirstAndTheHitBacksOff) {
+  const std::string trace =
+      WriteFile("budget_trace.jsonl",
+                R"({"timestamp": 0, "input_length": 16, "output_length": 1, "hash_ids": [1, 2]}
+{"timestamp": 0, "input_length": 4, "output_length": 1, "hash_ids": [5]}
+{"timestamp": 0, "input_length": 19, "output_length": 1, "hash_ids": [1, 2, 7]}
+{"timestamp": 0, "input_length": 4, "output_length": 1, "hash_ids": [9]}
+)");
+  const nlohmann::json out = Simulate("--trace " + trace + " --trace-block 8 --model-config " +
+                                      TinyConfig() + " --store-budget 1697,unlimited");
+  ASSERT_EQ(out["results"].size(), 2u);
+  const nlohmann::json& budget = out["results"][0];
+  const nlohmann::json& unlimited = out["results"][1];
+  // Block size, window and max_backtrack come from the config.
+  EXPECT_EQ(budget["block_size"], 4);
+  EXPECT_EQ(budget["window"], 2);
+  EXPECT_EQ(budget["keep"], 3);
+  EXPECT_EQ(budget["store_budget"], 1697);
+  EXPECT_EQ(budget["prompt_tokens"], 43);
+  EXPECT_EQ(budget["cached_tokens"], 12);
+  EXPECT_DOUBLE_EQ(budget["request_hit_ratio"].get<double>(), 0.25);
+  EXPECT_EQ(budget["evicted_blocks"], 4);
+  EXPECT_EQ(budget["evicted_block_kv"], 1);
+  EXPECT_EQ(budget["evicted_producer_swa"], 3);
+  EXPECT_EQ(budget["stored_bytes_peak"], 1697);
+
+  EXPECT_TRUE(unlimited["store_budget"].is_null());
+  EXPECT_EQ(unlimited["cached_tokens"], 16);
+  EXPECT_EQ(unlimited["evicted_blocks"], 0);
+  EXPECT_EQ(unlimited["stored_bytes_peak"], 2220);
+  // FLOPs with a config: a hit saves work, and the capped hit costs no less than uncapped.
+  EXPECT_LT(unlimited["flops"].get<double>(), unlimited["flops_no_cache"].get<double>());
+  EXPECT_LE(unlimited["flops_uncapped"].get<double>(), unlimited["flops"].get<double>());
+  EXPECT_DOUBLE_EQ(unlimited["flops_vs_no_cache"].get<double>(),
+                   unlimited["flops"].get<double>() / unlimited["flops_no_cache"].get<double>());
+}
+
+TEST(BatonctlSimulateTest, TableHasOneRowPerSetting) {
+  const Result r = RunBatonctl("simulate --trace " + CapTrace() +
+                               " --trace-block 8 --block-size 4 --window 4 --max-backtrack 1 "
+                               "--keep 0,10");
+  ASSERT_EQ(r.exit_status, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("token_hit"));
+  EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 3);  // header + 2 settings
+}
+
+struct BadArgs {
+  std::string args;
+  std::string message;
+};
+
+TEST(BatonctlSimulateTest, BadInputExitsTwoWithAClearMessage) {
+  const std::string trace = "--trace " + CapTrace() + " --trace-block 8 ";
+  const std::string bad_trace =
+      WriteFile("bad_trace.jsonl",
+                R"({"timestamp": 0, "input_length": 8, "output_length": 1, "hash_ids": [1]}
+{"timestamp": 0, "output_length": 1, "hash_ids": [1]}
+)");
+  const BadArgs cases[] = {
+      {"simulate --trace " + bad_trace + " --trace-block 8",
+       "--trace: " + baton::testing::ProcessTempDir() +
+           "/bad_trace.jsonl: line 2: input_length: "
+           "missing"},
+      {"simulate --trace /nonexistent.jsonl", "/nonexistent.jsonl: cannot be read"},
+      {"simulate " + trace + "--store-budget 1GiB", "--store-budget: needs --model-config"},
+      {"simulate " + trace + "--keep 5 --window 4 --max-backtrack 1",
+       "--keep: 5 is below the ring capacity C = 6"},
+      {"simulate " + trace + "--hit-cap ring,fast",
+       "--hit-cap: 'fast' is unknown; allowed: ring, keep"},
+      {"simulate " + trace + "--block-size 0", "--block-size: 0 is not allowed"},
+      {"simulate " + trace + "--block-size 4,x", "--block-size: 'x' is not an integer"},
+      {"simulate " + trace + "--window 0", "--window: 0 is not allowed"},
+      {"simulate " + trace + "--max-backtrack -1", "--max-backtrack: -1 is not allowed"},
+      {"simulate " + trace + "--model-config " + TinyConfig() + " --store-budget 3XB",
+       "--store-budget: '3XB' is not a byte count"},
+      {"simulate " + trace + "--max-requests -1", "--max-requests: -1 is not allowed"},
+      {"simulate " + trace + "--length-scale 0", "--length-scale: 0 is not allowed"},
+      {"simulate --keep 0", "--trace is required"},
+  };
+  for (const BadArgs& c : cases) {
+    const Result r = RunBatonctl(c.args);
+    EXPECT_EQ(r.exit_status, 2) << c.args;
+    EXPECT_THAT(r.err, HasSubstr(c.message)) << c.args;
+    EXPECT_THAT(r.out, IsEmpty()) << c.args;
+  }
+}
+
+TEST(BatonctlSimulateTest, MaxRequestsTakesTheFirstRequests) {
+  // The first two requests of the cap trace: r1 hits 16 tokens with the ring cap, K = C = 6.
+  const nlohmann::json out =
+      Simulate("--trace " + CapTrace() +
+               " --trace-block 8 --block-size 4 --window 4 --max-backtrack 1 --max-requests 2");
+  ASSERT_EQ(out["results"].size(), 1u);
+  EXPECT_EQ(out["results"][0]["requests"], 2);
+  EXPECT_EQ(out["results"][0]["prompt_tokens"], 48);
+  EXPECT_EQ(out["results"][0]["cached_tokens"], 16);
+}
+
+}  // namespace

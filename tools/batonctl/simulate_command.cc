@@ -1,0 +1,572 @@
+// `batonctl simulate`: runs a workload trace through baton's own prefix-cache code without
+// running the model, to size a store and choose a hit policy (DESIGN section 5).
+//
+// Per request, in trace order, it does what a request does in serving: the router computes
+// the chain keys of the prompt's full blocks (kvstore::ChainKeys) and looks them up (which
+// touches them), the hit policy gives h (kvstore::HitBlocks, truncation on in compact mode);
+// the prefill node reads block KV of [0, h) and the producer SWA rows the hit needs (touching
+// them again), then writes the prompt's full blocks from h on, block KV then producer SWA per
+// block, each write touching a present value or adding a new one and evicting to the budget
+// (kvstore::PrefixIndex, the index PrefixStore itself keeps). A request's writes land before
+// the next request is looked up. The work estimate (model::EstimateWork) turns each H = h * B
+// into producer rows, replayed consumer rows and, with a model config, FLOPs.
+//
+// Sweeps: every list-valued option multiplies the settings; each setting starts from an empty
+// store. Loop order, outermost first: block size, keep, hit cap, store budget, window,
+// max_backtrack.
+#include <chrono>
+#include <cmath>
+#include <iostream>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "baton/common/model_config.h"
+#include "baton/common/parse.h"
+#include "baton/kvstore/chain.h"
+#include "baton/kvstore/hit_policy.h"
+#include "baton/kvstore/prefix_index.h"
+#include "baton/kvstore/prefix_store.h"
+#include "baton/model/plan.h"
+#include "baton/model/state.h"
+#include "baton/model/work_estimator.h"
+#include "commands.h"
+#include "nlohmann/json.hpp"
+#include "trace.h"
+
+namespace baton::tools {
+namespace {
+
+using kvstore::HitCap;
+using kvstore::Region;
+
+// Chain keys need a model fingerprint; any fixed string gives the same sharing structure.
+constexpr char kSimulatedFingerprint[] = "batonctl-simulate";
+// Defaults when no model config is given: the small preset's block size and window.
+constexpr int64_t kDefaultBlockSize = 64;
+constexpr int64_t kDefaultWindow = 128;
+constexpr int64_t kDefaultMaxBacktrack = 5;
+
+struct SimulateOptions {
+  std::string trace;
+  std::string model_config;
+  std::string block_sizes;
+  std::string keeps = "0";
+  std::string windows;
+  std::string max_backtracks;
+  std::string hit_caps = "ring";
+  std::string store_budgets;
+  int64_t max_requests = 0;
+  int64_t token_budget = 512;
+  double length_scale = 1.0;
+  int64_t trace_block = kMooncakeTraceBlock;
+  bool json = false;
+};
+
+struct Setting {
+  int64_t block_size = 0;  // B
+  int64_t keep = 0;        // K, resolved (0 on the command line means C)
+  HitCap hit_cap = HitCap::kRing;
+  std::optional<uint64_t> store_budget;  // bytes; nullopt: unlimited
+  int64_t window = 0;                    // W
+  int64_t max_backtrack = 0;
+  int64_t ring_capacity() const { return window + max_backtrack + 1; }
+};
+
+// Sizes of the two values a block writes, as the store counts them (header included).
+struct ValueSizes {
+  uint64_t block_kv = 1;
+  uint64_t producer_swa = 1;
+};
+
+// The prompts of the trace at one block size: lengths and chain keys of the full blocks.
+struct Prompts {
+  std::vector<int64_t> lengths;
+  std::vector<std::vector<Sha256Digest>> chains;
+};
+
+struct SettingResult {
+  int64_t requests = 0;
+  int64_t prompt_tokens = 0;
+  int64_t cached_tokens = 0;
+  int64_t cached_tokens_uncapped = 0;
+  int64_t hit_requests = 0;
+  uint64_t evicted_block_kv = 0;
+  uint64_t evicted_producer_swa = 0;
+  uint64_t stored_bytes_peak = 0;
+  int64_t prefill_rows = 0;
+  int64_t prefill_rows_no_cache = 0;
+  int64_t prefill_rows_uncapped = 0;
+  int64_t replayed_rows = 0;
+  double flops = 0;
+  double flops_no_cache = 0;
+  double flops_uncapped = 0;
+  double seconds = 0;
+};
+
+absl::Status FlagError(absl::string_view flag, absl::string_view what) {
+  return absl::InvalidArgumentError(absl::StrCat(flag, ": ", what));
+}
+
+// A list of integers, each at least `min`.
+absl::StatusOr<std::vector<int64_t>> ParseBoundedList(const std::string& text,
+                                                      absl::string_view flag, int64_t min,
+                                                      absl::string_view meaning) {
+  absl::StatusOr<std::vector<int64_t>> values = ParseIntList(text, flag);
+  if (!values.ok()) return values.status();
+  for (int64_t v : *values) {
+    if (v < min) {
+      return FlagError(flag, absl::StrCat(v, " is not allowed; ", meaning, " must be >= ", min));
+    }
+  }
+  return values;
+}
+
+absl::StatusOr<std::vector<HitCap>> ParseHitCaps(const std::string& text) {
+  std::vector<HitCap> caps;
+  for (absl::string_view item : absl::StrSplit(text, ',')) {
+    const absl::string_view name = absl::StripAsciiWhitespace(item);
+    if (name == "ring") {
+      caps.push_back(HitCap::kRing);
+    } else if (name == "keep") {
+      caps.push_back(HitCap::kKeep);
+    } else {
+      return FlagError("--hit-cap", absl::StrCat("'", name,
+                                                 "' is unknown; allowed: ring, keep "
+                                                 "(a comma-separated list)"));
+    }
+  }
+  return caps;
+}
+
+// "unlimited" or 0 (no budget, as baton-kvstore's --budget-bytes 0), or a byte count with an
+// optional unit: K, M, G, T and KiB..TiB are powers of 1024, KB..TB powers of 1000.
+absl::StatusOr<std::optional<uint64_t>> ParseBudget(absl::string_view item) {
+  const absl::string_view text = absl::StripAsciiWhitespace(item);
+  if (absl::AsciiStrToLower(text) == "unlimited") return std::optional<uint64_t>();
+  size_t split = 0;
+  while (split < text.size() && (absl::ascii_isdigit(text[split]) || text[split] == '.')) ++split;
+  const std::string unit = absl::AsciiStrToLower(text.substr(split));
+  const struct {
+    const char* name;
+    double scale;
+  } units[] = {{"", 1},
+               {"b", 1},
+               {"k", 1024.0},
+               {"kib", 1024.0},
+               {"m", 1048576.0},
+               {"mib", 1048576.0},
+               {"g", 1073741824.0},
+               {"gib", 1073741824.0},
+               {"t", 1099511627776.0},
+               {"tib", 1099511627776.0},
+               {"kb", 1e3},
+               {"mb", 1e6},
+               {"gb", 1e9},
+               {"tb", 1e12}};
+  double number = 0;
+  const double* scale = nullptr;
+  for (const auto& u : units) {
+    if (unit == u.name) scale = &u.scale;
+  }
+  if (split == 0 || scale == nullptr || !absl::SimpleAtod(text.substr(0, split), &number) ||
+      number * *scale >= 1.8e19) {
+    return FlagError("--store-budget",
+                     absl::StrCat("'", text,
+                                  "' is not a byte count; allowed: unlimited, 0 (unlimited), or "
+                                  "a number with an optional unit (K/M/G/T or KiB..TiB: powers "
+                                  "of 1024; KB..TB: powers of 1000)"));
+  }
+  const uint64_t bytes = static_cast<uint64_t>(number * *scale);
+  if (bytes == 0) return std::optional<uint64_t>();
+  return std::optional<uint64_t>(bytes);
+}
+
+absl::StatusOr<std::vector<std::optional<uint64_t>>> ParseBudgets(const std::string& text) {
+  std::vector<std::optional<uint64_t>> budgets;
+  for (absl::string_view item : absl::StrSplit(text, ',')) {
+    absl::StatusOr<std::optional<uint64_t>> budget = ParseBudget(item);
+    if (!budget.ok()) return budget.status();
+    budgets.push_back(*budget);
+  }
+  return budgets;
+}
+
+// Every setting of the sweep, in the documented loop order; checks K >= C for each.
+absl::StatusOr<std::vector<Setting>> BuildSettings(const SimulateOptions& o,
+                                                   const ModelConfig* config) {
+  const auto list_or = [](const std::string& text, int64_t fallback) {
+    return text.empty() ? absl::StrCat(fallback) : text;
+  };
+  absl::StatusOr<std::vector<int64_t>> blocks =
+      ParseBoundedList(list_or(o.block_sizes, config ? config->kv_block_size : kDefaultBlockSize),
+                       "--block-size", 1, "a block size (tokens)");
+  if (!blocks.ok()) return blocks.status();
+  absl::StatusOr<std::vector<int64_t>> keeps =
+      ParseBoundedList(o.keeps, "--keep", 0, "keep (0 means C)");
+  if (!keeps.ok()) return keeps.status();
+  absl::StatusOr<std::vector<HitCap>> caps = ParseHitCaps(o.hit_caps);
+  if (!caps.ok()) return caps.status();
+  std::vector<std::optional<uint64_t>> budgets = {std::nullopt};
+  if (!o.store_budgets.empty()) {
+    absl::StatusOr<std::vector<std::optional<uint64_t>>> parsed = ParseBudgets(o.store_budgets);
+    if (!parsed.ok()) return parsed.status();
+    budgets = *std::move(parsed);
+  }
+  absl::StatusOr<std::vector<int64_t>> windows =
+      ParseBoundedList(list_or(o.windows, config ? config->sliding_window : kDefaultWindow),
+                       "--window", 1, "the window");
+  if (!windows.ok()) return windows.status();
+  absl::StatusOr<std::vector<int64_t>> backtracks = ParseBoundedList(
+      list_or(o.max_backtracks, config ? config->max_backtrack : kDefaultMaxBacktrack),
+      "--max-backtrack", 0, "max_backtrack");
+  if (!backtracks.ok()) return backtracks.status();
+
+  std::vector<Setting> settings;
+  for (int64_t block : *blocks) {
+    for (int64_t keep : *keeps) {
+      for (HitCap cap : *caps) {
+        for (const std::optional<uint64_t>& budget : budgets) {
+          for (int64_t window : *windows) {
+            for (int64_t backtrack : *backtracks) {
+              Setting s{.block_size = block,
+                        .keep = keep,
+                        .hit_cap = cap,
+                        .store_budget = budget,
+                        .window = window,
+                        .max_backtrack = backtrack};
+              if (keep == 0) s.keep = s.ring_capacity();
+              if (s.keep < s.ring_capacity()) {
+                return FlagError(
+                    "--keep",
+                    absl::StrCat(keep, " is below the ring capacity C = ", s.ring_capacity(),
+                                 " of window ", window, " and max_backtrack ", backtrack,
+                                 "; allowed: 0 (meaning C) or K >= C (DESIGN section 3)"));
+              }
+              settings.push_back(s);
+            }
+          }
+        }
+      }
+    }
+  }
+  return settings;
+}
+
+Prompts MakePrompts(const std::vector<TraceRequest>& requests, const TokenOptions& tokens,
+                    int64_t block_size) {
+  Prompts prompts;
+  prompts.lengths.reserve(requests.size());
+  prompts.chains.reserve(requests.size());
+  for (const TraceRequest& request : requests) {
+    const std::vector<int32_t> prompt = TraceTokens(request, tokens);
+    prompts.lengths.push_back(static_cast<int64_t>(prompt.size()));
+    prompts.chains.push_back(kvstore::ChainKeys(kSimulatedFingerprint, "", prompt, block_size));
+  }
+  return prompts;
+}
+
+// Rows and FLOPs of one prefill with s_valid = H, in chunks of `token_budget` rows as the
+// prefill node cuts [H, L) (0: one chunk).
+model::WorkEstimate Estimate(const Setting& s, int64_t prompt_len, int64_t cached,
+                             int64_t token_budget, const ModelConfig* config) {
+  const model::TruncationSpec spec{.prompt_len = prompt_len,
+                                   .keep = s.keep,
+                                   .mode = model::TruncationMode::kCompact,
+                                   .window = s.window,
+                                   .max_backtrack = s.max_backtrack,
+                                   .s_valid = cached};
+  std::vector<int64_t> chunks = {prompt_len - cached};
+  if (token_budget > 0) chunks = *model::EvenChunks(prompt_len - cached, token_budget);
+  return model::EstimateWork(spec, chunks, config);
+}
+
+SettingResult RunSetting(const Setting& s, const Prompts& prompts, const ValueSizes& sizes,
+                         int64_t token_budget, const ModelConfig* config) {
+  const auto start = std::chrono::steady_clock::now();
+  const int64_t B = s.block_size;
+  SettingResult r;
+  kvstore::PrefixIndex index;
+  const auto count_eviction = [&r](const Sha256Digest&, Region region, uint64_t) {
+    ++(region == Region::kBlockKv ? r.evicted_block_kv : r.evicted_producer_swa);
+  };
+  // PrefixStore::Write: a present value is touched; a new one is added, then the budget holds.
+  const auto write = [&](const Sha256Digest& key, const std::optional<Sha256Digest>& parent,
+                         Region region, uint64_t bytes) {
+    if (index.Contains(key, region)) {
+      index.Touch(key);
+      return;
+    }
+    index.Add(key, parent, region, bytes);
+    if (s.store_budget.has_value()) index.EvictToBudget(*s.store_budget, count_eviction);
+    r.stored_bytes_peak = std::max(r.stored_bytes_peak, index.stored_bytes());
+  };
+
+  for (size_t i = 0; i < prompts.lengths.size(); ++i) {
+    const int64_t L = prompts.lengths[i];
+    const std::vector<Sha256Digest>& keys = prompts.chains[i];
+    // The router: lookup (touches) and the hit policy.
+    const kvstore::ChainLookup lookup = index.Lookup(keys);
+    kvstore::HitPolicyInput policy{.prompt_len = L,
+                                   .keep = s.keep,
+                                   .truncation_on = true,
+                                   .ring_capacity = s.ring_capacity(),
+                                   .window = s.window,
+                                   .block_size = B,
+                                   .cap = s.hit_cap};
+    const int64_t h = kvstore::HitBlocks(policy, lookup);
+    // Without the cap: the last prompt token is always computed (its logits give the first
+    // token), so at most floor((L - 1) / B) blocks; producer SWA still qualifies the hit.
+    policy.ring_capacity = 1;
+    policy.cap = HitCap::kRing;
+    const int64_t h_uncapped = kvstore::HitBlocks(policy, lookup);
+
+    // The prefill node: LoadPrefix reads block KV of [0, h), then the SWA rows of
+    // [max(0, hB - W + 1), hB); each read touches its block.
+    if (h > 0) {
+      for (int64_t b = 0; b < h; ++b) index.Touch(keys[b]);
+      for (int64_t b = std::max<int64_t>(0, h * B - s.window + 1) / B; b < h; ++b) {
+        index.Touch(keys[b]);
+      }
+    }
+    // Then its write-back: the full blocks it computed, block KV then producer SWA per block.
+    for (int64_t b = h; b < static_cast<int64_t>(keys.size()); ++b) {
+      const std::optional<Sha256Digest> parent =
+          b > 0 ? std::optional<Sha256Digest>(keys[b - 1]) : std::nullopt;
+      write(keys[b], parent, Region::kBlockKv, sizes.block_kv);
+      write(keys[b], parent, Region::kProducerSwa, sizes.producer_swa);
+    }
+
+    const model::WorkEstimate with_cache = Estimate(s, L, h * B, token_budget, config);
+    const model::WorkEstimate no_cache = Estimate(s, L, 0, token_budget, config);
+    const model::WorkEstimate uncapped = Estimate(s, L, h_uncapped * B, token_budget, config);
+    ++r.requests;
+    r.prompt_tokens += L;
+    r.cached_tokens += h * B;
+    r.cached_tokens_uncapped += h_uncapped * B;
+    if (h > 0) ++r.hit_requests;
+    r.prefill_rows += with_cache.full_rows;
+    r.prefill_rows_no_cache += no_cache.full_rows;
+    r.prefill_rows_uncapped += uncapped.full_rows;
+    r.replayed_rows += with_cache.consumer_rows;
+    if (config != nullptr) {
+      r.flops += with_cache.flops->total();
+      r.flops_no_cache += no_cache.flops->total();
+      r.flops_uncapped += uncapped.flops->total();
+    }
+  }
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return r;
+}
+
+ValueSizes SizesFor(const ModelConfig& config, int64_t block_size) {
+  // Block KV payload: one page of B positions (prefill_service.cc page_bytes); producer SWA
+  // payload: P layers x (K, V) x B rows x kv_dim; both as float32, plus the value header.
+  model::StateLayout layout = model::StateLayout::For(config);
+  layout.block_size = block_size;
+  const uint64_t page_bytes = sizeof(float) * layout.page_floats();
+  const uint64_t swa_bytes =
+      sizeof(float) * layout.producer_layers * 2 * block_size * layout.kv_dim;
+  return {.block_kv = kvstore::StoredValueBytes(page_bytes),
+          .producer_swa = kvstore::StoredValueBytes(swa_bytes)};
+}
+
+double Ratio(double numerator, double denominator) {
+  return denominator > 0 ? numerator / denominator : 0.0;
+}
+
+nlohmann::json ResultToJson(const Setting& s, const SettingResult& r, bool with_config) {
+  const auto null_or = [with_config](auto value) {
+    return with_config ? nlohmann::json(value) : nlohmann::json(nullptr);
+  };
+  return {
+      {"block_size", s.block_size},
+      {"keep", s.keep},
+      {"window", s.window},
+      {"max_backtrack", s.max_backtrack},
+      {"ring_capacity", s.ring_capacity()},
+      {"hit_cap", s.hit_cap == HitCap::kRing ? "ring" : "keep"},
+      {"store_budget", s.store_budget ? nlohmann::json(*s.store_budget) : nlohmann::json(nullptr)},
+      {"requests", r.requests},
+      {"prompt_tokens", r.prompt_tokens},
+      {"cached_tokens", r.cached_tokens},
+      {"cached_tokens_uncapped", r.cached_tokens_uncapped},
+      {"token_hit_ratio", Ratio(r.cached_tokens, r.prompt_tokens)},
+      {"request_hit_ratio", Ratio(r.hit_requests, r.requests)},
+      {"evicted_blocks", r.evicted_block_kv + r.evicted_producer_swa},
+      {"evicted_block_kv", r.evicted_block_kv},
+      {"evicted_producer_swa", r.evicted_producer_swa},
+      {"stored_bytes_peak", null_or(r.stored_bytes_peak)},
+      {"prefill_rows", r.prefill_rows},
+      {"prefill_rows_no_cache", r.prefill_rows_no_cache},
+      {"prefill_rows_uncapped", r.prefill_rows_uncapped},
+      {"replayed_rows", r.replayed_rows},
+      {"flops", null_or(r.flops)},
+      {"flops_no_cache", null_or(r.flops_no_cache)},
+      {"flops_uncapped", null_or(r.flops_uncapped)},
+      {"flops_vs_no_cache", null_or(Ratio(r.flops, r.flops_no_cache))},
+      {"flops_vs_uncapped", null_or(Ratio(r.flops, r.flops_uncapped))},
+  };
+}
+
+// Bytes in the largest binary unit that keeps the number >= 1.
+std::string HumanBytes(uint64_t bytes) {
+  const char* const units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double value = static_cast<double>(bytes);
+  int unit = 0;
+  while (value >= 1024 && unit < 4) {
+    value /= 1024;
+    ++unit;
+  }
+  return unit == 0 ? absl::StrCat(bytes, "B") : absl::StrFormat("%.2f%s", value, units[unit]);
+}
+
+void PrintTable(const std::vector<std::pair<Setting, SettingResult>>& rows, bool with_config) {
+  std::cout << absl::StrFormat(
+      "%6s %6s %6s %9s %7s %12s %8s %9s %9s %9s %11s %14s %14s %10s %10s %7s\n", "block", "keep",
+      "window", "backtrack", "hit_cap", "budget", "requests", "token_hit", "req_hit", "evicted",
+      "peak", "prefill_rows", "replayed_rows", "flops/cold", "flops/unc", "time_s");
+  for (const auto& [s, r] : rows) {
+    const std::string peak = with_config ? HumanBytes(r.stored_bytes_peak) : "-";
+    const std::string vs_cold =
+        with_config ? absl::StrFormat("%.4f", Ratio(r.flops, r.flops_no_cache)) : "-";
+    const std::string vs_uncapped =
+        with_config ? absl::StrFormat("%.4f", Ratio(r.flops, r.flops_uncapped)) : "-";
+    std::cout << absl::StrFormat(
+        "%6d %6d %6d %9d %7s %12s %8d %9.4f %9.4f %9d %11s %14d %14d %10s %10s %7.2f\n",
+        s.block_size, s.keep, s.window, s.max_backtrack,
+        s.hit_cap == HitCap::kRing ? "ring" : "keep",
+        s.store_budget ? HumanBytes(*s.store_budget) : "unlimited", r.requests,
+        Ratio(r.cached_tokens, r.prompt_tokens), Ratio(r.hit_requests, r.requests),
+        r.evicted_block_kv + r.evicted_producer_swa, peak, r.prefill_rows, r.replayed_rows, vs_cold,
+        vs_uncapped, r.seconds);
+  }
+}
+
+int RunSimulate(const SimulateOptions& o) {
+  std::optional<ModelConfig> config;
+  if (!o.model_config.empty()) {
+    absl::StatusOr<ModelConfig> loaded = LoadModelConfig(o.model_config);
+    if (!loaded.ok()) {
+      return ReportError("simulate",
+                         absl::Status(loaded.status().code(),
+                                      absl::StrCat("--model-config: ", loaded.status().message())));
+    }
+    config = *loaded;
+  } else if (!o.store_budgets.empty()) {
+    return ReportError("simulate",
+                       FlagError("--store-budget",
+                                 "needs --model-config (the value sizes, hence the "
+                                 "bytes a budget holds, come from the model's shapes)"));
+  }
+  const ModelConfig* config_ptr = config ? &*config : nullptr;
+  if (o.max_requests < 0) {
+    return ReportError("simulate",
+                       FlagError("--max-requests", absl::StrCat(o.max_requests,
+                                                                " is not allowed; it must be >= 0 "
+                                                                "(0: the whole trace)")));
+  }
+  if (o.token_budget < 0) {
+    return ReportError("simulate",
+                       FlagError("--token-budget", absl::StrCat(o.token_budget,
+                                                                " is not allowed; it must be >= 0 "
+                                                                "(0: one chunk per prompt)")));
+  }
+  if (o.trace_block < 1) {
+    return ReportError("simulate",
+                       FlagError("--trace-block",
+                                 absl::StrCat(o.trace_block, " is not allowed; it must be >= 1")));
+  }
+  if (!(o.length_scale > 0) || !std::isfinite(o.length_scale)) {
+    return ReportError("simulate",
+                       FlagError("--length-scale", absl::StrCat(o.length_scale,
+                                                                " is not allowed; it must be a "
+                                                                "finite number > 0")));
+  }
+  const TokenOptions tokens{.trace_block = o.trace_block,
+                            .length_scale = o.length_scale,
+                            .vocab_size = config ? config->vocab_size : TokenOptions{}.vocab_size};
+  if (absl::Status s = ValidateTokenOptions(tokens); !s.ok()) {
+    return ReportError("simulate", FlagError("--model-config", s.message()));
+  }
+  absl::StatusOr<std::vector<Setting>> settings = BuildSettings(o, config_ptr);
+  if (!settings.ok()) return ReportError("simulate", settings.status());
+  absl::StatusOr<std::vector<TraceRequest>> requests = LoadTrace(o.trace, o.trace_block);
+  if (!requests.ok()) {
+    return ReportError("simulate",
+                       absl::Status(requests.status().code(),
+                                    absl::StrCat("--trace: ", requests.status().message())));
+  }
+  if (o.max_requests > 0 && static_cast<size_t>(o.max_requests) < requests->size()) {
+    requests->resize(static_cast<size_t>(o.max_requests));
+  }
+
+  std::vector<std::pair<Setting, SettingResult>> rows;
+  std::optional<Prompts> prompts;
+  int64_t prompts_block = 0;
+  for (const Setting& s : *settings) {
+    // Settings come grouped by block size (the outer loop): chain keys are made once per size.
+    if (!prompts.has_value() || prompts_block != s.block_size) {
+      prompts = MakePrompts(*requests, tokens, s.block_size);
+      prompts_block = s.block_size;
+    }
+    const ValueSizes sizes = config ? SizesFor(*config, s.block_size) : ValueSizes{};
+    rows.emplace_back(s, RunSetting(s, *prompts, sizes, o.token_budget, config_ptr));
+  }
+
+  if (o.json) {
+    nlohmann::json results = nlohmann::json::array();
+    for (const auto& [s, r] : rows) results.push_back(ResultToJson(s, r, config.has_value()));
+    std::cout << nlohmann::json{{"kind", "simulate"}, {"results", std::move(results)}}.dump()
+              << "\n";
+  } else {
+    PrintTable(rows, config.has_value());
+  }
+  return kExitOk;
+}
+
+}  // namespace
+
+Command AddSimulateCommand(CLI::App& app) {
+  auto o = std::make_shared<SimulateOptions>();
+  CLI::App* command = app.add_subcommand(
+      "simulate", "Run a workload trace through the prefix store and hit policy (no model)");
+  command->add_option("--trace", o->trace, "Mooncake-style JSONL trace")->required();
+  command->add_option("--model-config", o->model_config,
+                      "config.json: value sizes (store budgets, bytes) and FLOPs; its block "
+                      "size, window and max_backtrack become the defaults");
+  command->add_option("--block-size", o->block_sizes,
+                      "Block sizes B, comma-separated (default: the config's, else 64)");
+  command->add_option("--keep", o->keeps, "Keeps K >= C, comma-separated; 0 means C (default 0)");
+  command->add_option("--window", o->windows,
+                      "SWA windows W, comma-separated (default: the config's, else 128)");
+  command->add_option("--max-backtrack", o->max_backtracks,
+                      "C = W + max_backtrack + 1, comma-separated (default: the config's, else 5)");
+  command->add_option("--hit-cap", o->hit_caps,
+                      "Hit caps: ring (floor((L - C) / B) blocks) and/or keep (floor((L - K) / "
+                      "B)), comma-separated (default ring)");
+  command->add_option("--store-budget", o->store_budgets,
+                      "Store budgets in bytes (units K/M/G/T, KiB..TiB, KB..TB; unlimited or 0: "
+                      "none), comma-separated; needs --model-config (default unlimited)");
+  command->add_option("--max-requests", o->max_requests,
+                      "Only the first N requests of the trace (default 0: all)");
+  command->add_option("--token-budget", o->token_budget,
+                      "Rows per prefill chunk for the work estimate, as baton-prefill's "
+                      "--token-budget (default 512; 0: one chunk)");
+  command->add_option("--length-scale", o->length_scale,
+                      "Scale prompt lengths and tokens per hash id (default 1)");
+  command->add_option("--trace-block", o->trace_block,
+                      "Tokens per hash id in the trace (default 512, Mooncake's)");
+  command->add_flag("--json", o->json, "Print one JSON object {\"kind\", \"results\": [...]}");
+  return {command, [o] { return RunSimulate(*o); }};
+}
+
+}  // namespace baton::tools
