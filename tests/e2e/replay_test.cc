@@ -34,7 +34,7 @@ std::string ReadFile(const fs::path& path) {
 }
 
 // Runs `command` with the shell; returns (exit status, stdout), stderr into `err`.
-int Run(const std::string& command, std::string* out, const std::string& err) {
+int RunShell(const std::string& command, std::string* out, const std::string& err) {
   const std::string out_path = testing::ProcessTempDir() + "/run.out";
   const int status = std::system((command + " > " + out_path + " 2> " + err).c_str());
   *out = ReadFile(out_path);
@@ -46,7 +46,7 @@ TEST(Replay, EveryTraceRequestIsAccountedForAndRepeatsHit) {
   fs::create_directories(dir);
   const std::string model = (dir / "tiny").string();
   std::string out;
-  ASSERT_EQ(Run(std::string(BATONCTL_PATH) + " make-model --preset tiny --out " + model, &out,
+  ASSERT_EQ(RunShell(std::string(BATONCTL_PATH) + " make-model --preset tiny --out " + model, &out,
                 (dir / "make.err").string()),
             0);
   // baton up in the background; the tiny model: vocabulary 512, C = 22, B = 16.
@@ -89,7 +89,7 @@ TEST(Replay, EveryTraceRequestIsAccountedForAndRepeatsHit) {
       << "{\"timestamp\": 1500, \"input_length\": 1600, \"output_length\": 5, \"hash_ids\": [0, 1, 2, 9]}\n"
       << "{\"timestamp\": 2000, \"input_length\": 300, \"output_length\": 2, \"hash_ids\": [11]}\n";
   const int status =
-      Run(std::string(BATONCTL_PATH) + " replay --trace " + trace + " --addr " + router +
+      RunShell(std::string(BATONCTL_PATH) + " replay --trace " + trace + " --addr " + router +
               " --length-scale 0.125 --vocab-size 512 --concurrency 2 --json",
           &out, (dir / "replay.err").string());
   ASSERT_EQ(status, 0) << ReadFile(dir / "replay.err");
@@ -126,7 +126,7 @@ TEST(Replay, EveryTraceRequestIsAccountedForAndRepeatsHit) {
   // A trace line with a bad field is refused by line and field before anything is sent.
   std::ofstream(trace) << "{\"timestamp\": 0, \"input_length\": -5, \"output_length\": 1, "
                           "\"hash_ids\": [1]}\n";
-  EXPECT_EQ(Run(std::string(BATONCTL_PATH) + " replay --trace " + trace + " --addr " + router,
+  EXPECT_EQ(RunShell(std::string(BATONCTL_PATH) + " replay --trace " + trace + " --addr " + router,
                 &out, (dir / "bad.err").string()),
             2);
   EXPECT_THAT(ReadFile(dir / "bad.err"), HasSubstr("line 1"));
