@@ -48,6 +48,12 @@ class Mirror {
   // Uploads `bytes` at `host` (again, if already mirrored) and returns the device copy.
   void* Upload(const void* host, size_t bytes) {
     auto it = buffers_.find(host);
+    if (it != buffers_.end() && it->second.bytes != bytes) {
+      // A new host buffer at a freed one's address: mirror it afresh.
+      ctx_.Free(it->second.device);
+      buffers_.erase(it);
+      it = buffers_.end();
+    }
     if (it == buffers_.end()) {
       it = buffers_.emplace(host, Buffer{ctx_.Malloc(bytes), bytes}).first;
     }
