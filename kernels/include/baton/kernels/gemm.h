@@ -1,5 +1,6 @@
-// GEMM against PyTorch Linear weights: Y = alpha * X W^T + beta * Y. Runs on OpenBLAS, which
-// uses every core.
+// GEMM against PyTorch Linear weights: Y = X W^T + beta * Y, in FP32 (Gemm) or with BF16
+// inputs and FP32 accumulation and output (GemmBf16, the usual serving precision on GPUs). The
+// CPU backend runs both on OpenBLAS sgemm, which uses every core; the CUDA backend on cuBLAS.
 #pragma once
 
 #include <cstdint>
@@ -19,5 +20,31 @@ struct GemmParams {
 };
 
 void Gemm(const GemmParams& p);
+
+// A BF16 value as its bit pattern (the upper half of an FP32), so that this header needs no
+// CUDA type.
+using Bf16 = uint16_t;
+
+// Same shapes as GemmParams with BF16 X and W; products are exact in FP32 and summed in FP32.
+struct GemmBf16Params {
+  int64_t rows = 0;
+  int64_t in = 0;
+  int64_t out = 0;
+  const Bf16* x = nullptr;  // [rows, in], row stride x_stride
+  int64_t x_stride = 0;     // 0 means `in`
+  const Bf16* w = nullptr;  // [out, in], contiguous
+  float* y = nullptr;       // [rows, out], row stride y_stride
+  int64_t y_stride = 0;     // 0 means `out`
+  float beta = 0.0f;
+};
+void GemmBf16(const GemmBf16Params& p);
+
+// out[i] = in[i] rounded to BF16, round to nearest even (NaN stays NaN).
+struct ToBf16Params {
+  int64_t count = 0;
+  const float* in = nullptr;  // [count]
+  Bf16* out = nullptr;        // [count]
+};
+void ToBf16(const ToBf16Params& p);
 
 }  // namespace baton::kernels

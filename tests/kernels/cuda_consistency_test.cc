@@ -1,0 +1,715 @@
+// One harness that runs every op of baton_kernels on the CPU backend and on the CUDA backend
+// with the same inputs and compares the outputs (STYLE rule 4; llama.cpp's test-backend-ops).
+// Tolerances: exact for data movement and BF16 rounding; FP32 rounding for row-wise ops;
+// summation-order bounds for GEMM and attention. Sampling is compared with model/sampling.cc.
+//
+// Without a CUDA device every test skips with the reason, so CI machines without a GPU stay
+// green while still compiling (and so type-checking) this file against the CUDA backend.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "baton/kernels/attention.h"
+#include "baton/kernels/cuda/context.h"
+#include "baton/kernels/cuda/memory_pool.h"
+#include "baton/kernels/cuda/ops.h"
+#include "baton/kernels/cuda/sampling.h"
+#include "baton/kernels/elementwise.h"
+#include "baton/kernels/gemm.h"
+#include "baton/kernels/rows.h"
+#include "baton/model/sampling.h"
+
+namespace baton::kernels {
+namespace {
+
+std::vector<float> Uniform(size_t n, uint64_t seed, float lo = -1.0f, float hi = 1.0f) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> dist(lo, hi);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(rng);
+  return v;
+}
+
+// Mirrors host buffers on the device and translates host pointers into them, so that a test
+// builds one set of params over host memory and derives the device set mechanically.
+class Mirror {
+ public:
+  explicit Mirror(cuda::Context& ctx) : ctx_(ctx) {}
+  ~Mirror() {
+    for (auto& [host, buffer] : buffers_) ctx_.Free(buffer.device);
+  }
+
+  // Uploads `bytes` at `host` (again, if already mirrored) and returns the device copy.
+  void* Upload(const void* host, size_t bytes) {
+    auto it = buffers_.find(host);
+    if (it != buffers_.end() && it->second.bytes != bytes) {
+      // A new host buffer at a freed one's address: mirror it afresh.
+      ctx_.Free(it->second.device);
+      buffers_.erase(it);
+      it = buffers_.end();
+    }
+    if (it == buffers_.end()) {
+      it = buffers_.emplace(host, Buffer{ctx_.Malloc(bytes), bytes}).first;
+    }
+    ctx_.CopyToDevice(it->second.device, host, bytes);
+    return it->second.device;
+  }
+  template <typename T>
+  T* Upload(const std::vector<T>& v) {
+    return static_cast<T*>(Upload(v.data(), v.size() * sizeof(T)));
+  }
+
+  // The device address of `host`, which must lie inside a mirrored buffer.
+  template <typename T>
+  T* Device(const T* host) const {
+    const char* p = reinterpret_cast<const char*>(host);
+    auto it = buffers_.upper_bound(p);
+    EXPECT_NE(it, buffers_.begin()) << "pointer outside every mirrored buffer";
+    --it;
+    const char* base = static_cast<const char*>(it->first);
+    EXPECT_LE(static_cast<size_t>(p - base), it->second.bytes);
+    return reinterpret_cast<T*>(static_cast<char*>(it->second.device) + (p - base));
+  }
+
+  template <typename T>
+  std::vector<T> Download(const std::vector<T>& host) {
+    std::vector<T> out(host.size());
+    ctx_.CopyToHost(out.data(), Device(host.data()), host.size() * sizeof(T));
+    EXPECT_TRUE(ctx_.Synchronize().ok());
+    return out;
+  }
+
+ private:
+  struct Buffer {
+    void* device;
+    size_t bytes;
+  };
+  cuda::Context& ctx_;
+  std::map<const void*, Buffer> buffers_;
+};
+
+// |a - b| <= atol + rtol * |a| everywhere; reports the worst element.
+void ExpectClose(const std::vector<float>& cpu, const std::vector<float>& gpu, float atol,
+                 float rtol, const std::string& what) {
+  ASSERT_EQ(cpu.size(), gpu.size()) << what;
+  size_t worst = 0;
+  double worst_excess = -1.0;
+  for (size_t i = 0; i < cpu.size(); ++i) {
+    const double excess = std::abs(double(cpu[i]) - gpu[i]) - (atol + rtol * std::abs(cpu[i]));
+    if (std::isnan(gpu[i]) != std::isnan(cpu[i])) {
+      worst = i;
+      worst_excess = INFINITY;
+      break;
+    }
+    if (excess > worst_excess) {
+      worst_excess = excess;
+      worst = i;
+    }
+  }
+  EXPECT_LE(worst_excess, 0.0) << what << ": element " << worst << " cpu " << cpu[worst] << " cuda "
+                               << gpu[worst] << " (atol " << atol << ", rtol " << rtol << ")";
+}
+
+class CudaConsistencyTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (cuda::DeviceCount() == 0) {
+      GTEST_SKIP() << "no CUDA device: " << cuda::NoDeviceReason()
+                   << "; this CPU/CUDA comparison runs only on a machine with a GPU";
+    }
+    absl::StatusOr<std::unique_ptr<cuda::Context>> ctx = cuda::Context::Create(0);
+    ASSERT_TRUE(ctx.ok()) << ctx.status();
+    ctx_ = *std::move(ctx);
+    mirror_ = std::make_unique<Mirror>(*ctx_);
+  }
+  void TearDown() override {
+    if (ctx_ != nullptr) {
+      EXPECT_TRUE(ctx_->Synchronize().ok());
+    }
+    mirror_.reset();
+  }
+  void Sync() { ASSERT_TRUE(ctx_->Synchronize().ok()) << "a CUDA launch failed"; }
+
+  std::unique_ptr<cuda::Context> ctx_;
+  std::unique_ptr<Mirror> mirror_;
+};
+
+TEST_F(CudaConsistencyTest, GemmFp32WithStridesAndBeta) {
+  struct Shape {
+    int64_t rows, in, out;
+    float beta;
+  };
+  for (const Shape s : {Shape{1, 64, 96, 0.0f}, Shape{37, 512, 1536, 1.0f},
+                        Shape{130, 1536, 512, 1.0f}, Shape{8, 4096, 128, 0.0f}}) {
+    const int64_t x_stride = s.in + 3, y_stride = s.out + 5;
+    std::vector<float> x = Uniform(s.rows * x_stride, 1), w = Uniform(s.out * s.in, 2);
+    std::vector<float> y = Uniform(s.rows * y_stride, 3), y_cpu = y;
+    Gemm({.rows = s.rows,
+          .in = s.in,
+          .out = s.out,
+          .x = x.data(),
+          .x_stride = x_stride,
+          .w = w.data(),
+          .y = y_cpu.data(),
+          .y_stride = y_stride,
+          .beta = s.beta});
+    mirror_->Upload(x);
+    mirror_->Upload(w);
+    mirror_->Upload(y);
+    cuda::Gemm(*ctx_, {.rows = s.rows,
+                       .in = s.in,
+                       .out = s.out,
+                       .x = mirror_->Device(x.data()),
+                       .x_stride = x_stride,
+                       .w = mirror_->Device(w.data()),
+                       .y = mirror_->Device(y.data()),
+                       .y_stride = y_stride,
+                       .beta = s.beta});
+    Sync();
+    const float atol = 2e-6f * static_cast<float>(s.in);
+    ExpectClose(y_cpu, mirror_->Download(y), atol, 1e-5f,
+                "Gemm " + std::to_string(s.rows) + "x" + std::to_string(s.in) + "x" +
+                    std::to_string(s.out));
+  }
+}
+
+TEST_F(CudaConsistencyTest, ToBf16RoundsLikeTheCpu) {
+  std::vector<float> in = Uniform(10000, 4, -1e4f, 1e4f);
+  const uint32_t specials[] = {0x00000000u, 0x80000000u, 0x7f800000u, 0xff800000u, 0x7fc00000u,
+                               0x3f808000u, 0x3f818000u, 0x3f80ffffu, 0x7f7fffffu, 0x00000001u};
+  for (uint32_t bits : specials) {
+    float f;
+    std::memcpy(&f, &bits, sizeof f);
+    in.push_back(f);
+  }
+  std::vector<Bf16> out_cpu(in.size()), out(in.size());
+  ToBf16({.count = static_cast<int64_t>(in.size()), .in = in.data(), .out = out_cpu.data()});
+  mirror_->Upload(in);
+  mirror_->Upload(out);
+  cuda::ToBf16(*ctx_, {.count = static_cast<int64_t>(in.size()),
+                       .in = mirror_->Device(in.data()),
+                       .out = mirror_->Device(out.data())});
+  EXPECT_EQ(out_cpu, mirror_->Download(out));
+}
+
+TEST_F(CudaConsistencyTest, GemmBf16AccumulatesInFp32) {
+  const int64_t rows = 33, in = 1024, out = 768;
+  std::vector<float> xf = Uniform(rows * in, 5), wf = Uniform(out * in, 6);
+  std::vector<Bf16> x(xf.size()), w(wf.size());
+  ToBf16({.count = static_cast<int64_t>(xf.size()), .in = xf.data(), .out = x.data()});
+  ToBf16({.count = static_cast<int64_t>(wf.size()), .in = wf.data(), .out = w.data()});
+  std::vector<float> y = Uniform(rows * out, 7), y_cpu = y;
+  GemmBf16({.rows = rows,
+            .in = in,
+            .out = out,
+            .x = x.data(),
+            .w = w.data(),
+            .y = y_cpu.data(),
+            .beta = 1.0f});
+  mirror_->Upload(x);
+  mirror_->Upload(w);
+  mirror_->Upload(y);
+  cuda::GemmBf16(*ctx_, {.rows = rows,
+                         .in = in,
+                         .out = out,
+                         .x = mirror_->Device(x.data()),
+                         .w = mirror_->Device(w.data()),
+                         .y = mirror_->Device(y.data()),
+                         .beta = 1.0f});
+  Sync();
+  ExpectClose(y_cpu, mirror_->Download(y), 2e-6f * in, 1e-5f, "GemmBf16");
+}
+
+TEST_F(CudaConsistencyTest, RmsNormOutOfPlaceAndInPlace) {
+  const int64_t rows = 19, dim = 4096 + 7;
+  std::vector<float> x = Uniform(rows * dim, 8, -3.0f, 3.0f), weight = Uniform(dim, 9);
+  std::vector<float> out(rows * dim), out_cpu(rows * dim), in_place_cpu = x;
+  RmsNorm({.rows = rows,
+           .dim = dim,
+           .x = x.data(),
+           .weight = weight.data(),
+           .out = out_cpu.data(),
+           .eps = 1e-5f});
+  RmsNorm({.rows = rows,
+           .dim = dim,
+           .x = in_place_cpu.data(),
+           .weight = weight.data(),
+           .out = in_place_cpu.data(),
+           .eps = 1e-5f});
+  std::vector<float> in_place = x;
+  mirror_->Upload(x);
+  mirror_->Upload(weight);
+  mirror_->Upload(out);
+  mirror_->Upload(in_place);
+  cuda::RmsNorm(*ctx_, {.rows = rows,
+                        .dim = dim,
+                        .x = mirror_->Device(x.data()),
+                        .weight = mirror_->Device(weight.data()),
+                        .out = mirror_->Device(out.data()),
+                        .eps = 1e-5f});
+  cuda::RmsNorm(*ctx_, {.rows = rows,
+                        .dim = dim,
+                        .x = mirror_->Device(in_place.data()),
+                        .weight = mirror_->Device(weight.data()),
+                        .out = mirror_->Device(in_place.data()),
+                        .eps = 1e-5f});
+  Sync();
+  ExpectClose(out_cpu, mirror_->Download(out), 1e-6f, 1e-6f, "RmsNorm");
+  ExpectClose(in_place_cpu, mirror_->Download(in_place), 1e-6f, 1e-6f, "RmsNorm in place");
+}
+
+TEST_F(CudaConsistencyTest, RopeOnStridedHeadsAtLargePositions) {
+  for (const int64_t head_dim : {32, 64, 128, 256}) {
+    const int64_t rows = 21, heads = 5, stride = heads * head_dim + 16;
+    std::vector<float> x = Uniform(rows * stride, 10), x_cpu = x;
+    std::vector<int32_t> positions(rows);
+    for (int64_t r = 0; r < rows; ++r) positions[r] = static_cast<int32_t>(r * r * 397 + r);
+    positions[0] = 0;
+    Rope({.rows = rows,
+          .heads = heads,
+          .head_dim = head_dim,
+          .x = x_cpu.data(),
+          .stride = stride,
+          .positions = positions.data(),
+          .theta = 500000.0});
+    mirror_->Upload(x);
+    mirror_->Upload(positions);
+    cuda::Rope(*ctx_, {.rows = rows,
+                       .heads = heads,
+                       .head_dim = head_dim,
+                       .x = mirror_->Device(x.data()),
+                       .stride = stride,
+                       .positions = mirror_->Device(positions.data()),
+                       .theta = 500000.0});
+    Sync();
+    ExpectClose(x_cpu, mirror_->Download(x), 1e-6f, 1e-6f,
+                "Rope head_dim " + std::to_string(head_dim));
+  }
+}
+
+TEST_F(CudaConsistencyTest, SwiGluAndEmbedding) {
+  const int64_t rows = 17, inter = 1536 + 3, vocab = 300, dim = 200;
+  std::vector<float> gate_up = Uniform(rows * 2 * inter, 11, -8.0f, 8.0f);
+  std::vector<float> act(rows * inter), act_cpu(rows * inter);
+  SwiGlu({.rows = rows, .inter = inter, .gate_up = gate_up.data(), .out = act_cpu.data()});
+  mirror_->Upload(gate_up);
+  mirror_->Upload(act);
+  cuda::SwiGlu(*ctx_, {.rows = rows,
+                       .inter = inter,
+                       .gate_up = mirror_->Device(gate_up.data()),
+                       .out = mirror_->Device(act.data())});
+
+  std::vector<float> table = Uniform(vocab * dim, 12), emb(rows * dim), emb_cpu(rows * dim);
+  std::vector<int32_t> ids(rows);
+  for (int64_t r = 0; r < rows; ++r) ids[r] = static_cast<int32_t>((r * 97) % vocab);
+  ids[3] = vocab - 1;
+  Embedding(
+      {.rows = rows, .dim = dim, .table = table.data(), .ids = ids.data(), .out = emb_cpu.data()});
+  mirror_->Upload(table);
+  mirror_->Upload(ids);
+  mirror_->Upload(emb);
+  cuda::Embedding(*ctx_, {.rows = rows,
+                          .dim = dim,
+                          .table = mirror_->Device(table.data()),
+                          .ids = mirror_->Device(ids.data()),
+                          .out = mirror_->Device(emb.data())});
+  Sync();
+  ExpectClose(act_cpu, mirror_->Download(act), 1e-6f, 2e-6f, "SwiGlu");
+  EXPECT_EQ(emb_cpu, mirror_->Download(emb)) << "Embedding";
+}
+
+TEST_F(CudaConsistencyTest, GatherScatterAndBlockKvWrite) {
+  const int64_t rows = 40, width = 96, src_stride = 130, capacity = 50, B = 16, pages = 8;
+  std::vector<float> src = Uniform(rows * src_stride, 13);
+  // Gather: compact rows of a buffer, some rows skipped (-1).
+  std::vector<int32_t> gather_index(rows);
+  for (int64_t r = 0; r < rows; ++r) gather_index[r] = r % 7 == 3 ? -1 : (rows - 1 - r);
+  std::vector<float> gathered = Uniform(rows * width, 14), gathered_cpu = gathered;
+  GatherRows({.rows = rows,
+              .width = width,
+              .src = src.data(),
+              .src_stride = src_stride,
+              .index = gather_index.data(),
+              .dst = gathered_cpu.data(),
+              .dst_stride = width});
+  // Scatter into a ring: slot = pos % C for the last rows, -1 for the others (the plan's rule).
+  std::vector<int32_t> slots(rows);
+  for (int64_t r = 0; r < rows; ++r)
+    slots[r] = r < 12 ? -1 : static_cast<int32_t>((1000 + r) % capacity);
+  std::vector<float> ring = Uniform(capacity * width, 15), ring_cpu = ring;
+  ScatterRows({.rows = rows,
+               .width = width,
+               .src = src.data(),
+               .src_stride = src_stride,
+               .index = slots.data(),
+               .dst = ring_cpu.data(),
+               .dst_stride = width});
+  // Block KV: positions 70..109 into pages of B positions, layer offset inside the page.
+  const int64_t page_floats = 2 * 2 * B * width, offset = 3 * B * width;
+  std::vector<float> page_memory = Uniform(pages * page_floats, 16), page_memory_cpu = page_memory;
+  std::vector<float*> table_cpu(pages), table_host(pages);
+  std::vector<int32_t> positions(rows);
+  for (int64_t r = 0; r < rows; ++r) positions[r] = static_cast<int32_t>(70 + r);
+  // Pages in scrambled order, as a pool hands them out.
+  for (int64_t p = 0; p < pages; ++p) {
+    table_cpu[p] = page_memory_cpu.data() + ((p * 3) % pages) * page_floats;
+    table_host[p] = page_memory.data() + ((p * 3) % pages) * page_floats;
+  }
+  WriteBlockKv({.rows = rows,
+                .width = width,
+                .src = src.data(),
+                .src_stride = src_stride,
+                .positions = positions.data(),
+                .pages = table_cpu.data(),
+                .block_size = B,
+                .offset = offset});
+
+  mirror_->Upload(src);
+  mirror_->Upload(gather_index);
+  mirror_->Upload(gathered);
+  mirror_->Upload(slots);
+  mirror_->Upload(ring);
+  mirror_->Upload(positions);
+  mirror_->Upload(page_memory);
+  std::vector<float*> table_device(pages);
+  for (int64_t p = 0; p < pages; ++p) table_device[p] = mirror_->Device(table_host[p]);
+  mirror_->Upload(table_device);
+  cuda::GatherRows(*ctx_, {.rows = rows,
+                           .width = width,
+                           .src = mirror_->Device(src.data()),
+                           .src_stride = src_stride,
+                           .index = mirror_->Device(gather_index.data()),
+                           .dst = mirror_->Device(gathered.data()),
+                           .dst_stride = width});
+  cuda::ScatterRows(*ctx_, {.rows = rows,
+                            .width = width,
+                            .src = mirror_->Device(src.data()),
+                            .src_stride = src_stride,
+                            .index = mirror_->Device(slots.data()),
+                            .dst = mirror_->Device(ring.data()),
+                            .dst_stride = width});
+  cuda::WriteBlockKv(*ctx_, {.rows = rows,
+                             .width = width,
+                             .src = mirror_->Device(src.data()),
+                             .src_stride = src_stride,
+                             .positions = mirror_->Device(positions.data()),
+                             .pages = mirror_->Device(table_device.data()),
+                             .block_size = B,
+                             .offset = offset});
+  Sync();
+  EXPECT_EQ(gathered_cpu, mirror_->Download(gathered)) << "GatherRows";
+  EXPECT_EQ(ring_cpu, mirror_->Download(ring)) << "ScatterRows (slot -1 skipped)";
+  EXPECT_EQ(page_memory_cpu, mirror_->Download(page_memory)) << "WriteBlockKv";
+}
+
+// One attention entry's host data: q/k/v rows as the model lays them out (q, then this row's K
+// and V in one qkv row), a ring of C slots for earlier SWA positions, optional block-KV pages.
+struct AttentionCase {
+  int64_t heads = 8, kv_heads = 2, head_dim = 64;
+  int64_t window = 64, capacity = 70, block_size = 16;
+  int64_t first_position = 0, rows = 1;
+  int64_t swa_floor = 0;  // max(s_keep, s_valid): lo_i = clamp(max(i - W + 1, floor), 0, i + 1)
+  bool global = false;
+  bool no_swa = false;  // lo_i = i + 1 for every row (no SWA key)
+  uint64_t seed = 1;
+};
+
+struct AttentionData {
+  AttentionCase c;
+  std::vector<float> qkv, ring, pages, out;
+  std::vector<int32_t> positions, lo;
+  std::vector<float*> page_table;  // host pointers
+  BlockKvSource global_cpu;
+
+  explicit AttentionData(const AttentionCase& cs) : c(cs) {
+    const int64_t q_dim = c.heads * c.head_dim, kv_dim = c.kv_heads * c.head_dim;
+    const int64_t qkv_dim = q_dim + 2 * kv_dim;
+    qkv = Uniform(c.rows * qkv_dim, c.seed, -2.0f, 2.0f);
+    ring = Uniform(2 * c.capacity * kv_dim, c.seed + 1);
+    out.assign(c.rows * q_dim, 0.0f);
+    for (int64_t r = 0; r < c.rows; ++r) {
+      const int64_t pos = c.first_position + r;
+      positions.push_back(static_cast<int32_t>(pos));
+      const int64_t lo = std::clamp<int64_t>(std::max(pos - c.window + 1, c.swa_floor), 0, pos + 1);
+      this->lo.push_back(static_cast<int32_t>(c.no_swa ? pos + 1 : lo));
+    }
+    if (c.global) {
+      const int64_t last = c.first_position + c.rows - 1;
+      const int64_t num_pages = last / c.block_size + 1;
+      // Two layers per page; this entry reads layer 1 (K at 2*B*kv_dim, V after it).
+      const int64_t page_floats = 2 * 2 * c.block_size * kv_dim;
+      pages = Uniform(num_pages * page_floats, c.seed + 2);
+      for (int64_t p = 0; p < num_pages; ++p) {
+        page_table.push_back(pages.data() + ((p * 5 + 1) % num_pages) * page_floats);
+      }
+      global_cpu = {.pages = page_table.data(),
+                    .block_size = c.block_size,
+                    .k_offset = 2 * c.block_size * kv_dim,
+                    .v_offset = 3 * c.block_size * kv_dim};
+    }
+  }
+
+  // Params over `q`/`ring` pointers (host or device); `global` as given.
+  AttentionParams Params(const float* qkv_base, const float* ring_base, float* out_base,
+                         const int32_t* positions_base, const int32_t* lo_base,
+                         const BlockKvSource* global_source) const {
+    const int64_t q_dim = c.heads * c.head_dim, kv_dim = c.kv_heads * c.head_dim;
+    const int64_t qkv_dim = q_dim + 2 * kv_dim;
+    return {.rows = c.rows,
+            .num_heads = c.heads,
+            .num_kv_heads = c.kv_heads,
+            .head_dim = c.head_dim,
+            .scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim)),
+            .q = qkv_base,
+            .q_stride = qkv_dim,
+            .out = out_base,
+            .positions = positions_base,
+            .swa_lo = lo_base,
+            .swa = {.ring_k = ring_base,
+                    .ring_v = ring_base + c.capacity * kv_dim,
+                    .ring_capacity = c.capacity,
+                    .tail_k = qkv_base + q_dim,
+                    .tail_v = qkv_base + q_dim + kv_dim,
+                    .tail_stride = qkv_dim,
+                    .tail_start = c.first_position},
+            .global = global_source};
+  }
+};
+
+// Runs all cases as ONE batch on each backend (so the CUDA launcher's flattening of entries
+// is exercised too) and compares every entry's output.
+void RunAttentionBatch(cuda::Context& ctx, Mirror& mirror, const std::vector<AttentionCase>& cases,
+                       const std::string& what) {
+  std::vector<std::unique_ptr<AttentionData>> data;
+  for (const AttentionCase& c : cases) data.push_back(std::make_unique<AttentionData>(c));
+  std::vector<AttentionParams> cpu_batch, gpu_batch;
+  std::vector<std::vector<float>> cpu_out;
+  std::vector<BlockKvSource> gpu_global(data.size());
+  std::vector<std::vector<float*>> device_tables(data.size());
+  for (const auto& d : data) cpu_out.push_back(d->out);
+  for (size_t e = 0; e < data.size(); ++e) {
+    const AttentionData& d = *data[e];
+    cpu_batch.push_back(d.Params(d.qkv.data(), d.ring.data(), cpu_out[e].data(), d.positions.data(),
+                                 d.lo.data(), d.c.global ? &d.global_cpu : nullptr));
+  }
+  Attention(cpu_batch);
+
+  for (size_t e = 0; e < data.size(); ++e) {
+    AttentionData& d = *data[e];
+    mirror.Upload(d.qkv);
+    mirror.Upload(d.ring);
+    mirror.Upload(d.out);
+    mirror.Upload(d.positions);
+    mirror.Upload(d.lo);
+    if (d.c.global) {
+      mirror.Upload(d.pages);
+      for (float* page : d.page_table) device_tables[e].push_back(mirror.Device(page));
+      gpu_global[e] = d.global_cpu;
+      gpu_global[e].pages = mirror.Upload(device_tables[e]);
+    }
+    gpu_batch.push_back(d.Params(mirror.Device(d.qkv.data()), mirror.Device(d.ring.data()),
+                                 mirror.Device(d.out.data()), mirror.Device(d.positions.data()),
+                                 mirror.Device(d.lo.data()),
+                                 d.c.global ? &gpu_global[e] : nullptr));
+  }
+  cuda::Attention(ctx, gpu_batch);
+  ASSERT_TRUE(ctx.Synchronize().ok());
+  for (size_t e = 0; e < data.size(); ++e) {
+    ExpectClose(cpu_out[e], mirror.Download(data[e]->out), 2e-5f, 1e-4f,
+                what + " entry " + std::to_string(e));
+  }
+}
+
+TEST_F(CudaConsistencyTest, ProducerSwaAttentionPrefillChunks) {
+  // >= 64 rows take the CPU's tiled path, fewer its row path; both against one CUDA kernel.
+  RunAttentionBatch(*ctx_, *mirror_,
+                    {{.first_position = 300, .rows = 100, .seed = 21},
+                     {.first_position = 0, .rows = 70, .seed = 22},
+                     {.first_position = 40, .rows = 10, .seed = 23}},
+                    "producer SWA");
+}
+
+TEST_F(CudaConsistencyTest, ConsumerUnionAttentionWithTruncatedLowerBounds) {
+  // Compact-like chunk: rows 420..499 with s_keep 430, so rows 420..429 see no SWA key (lo =
+  // i + 1) but still their block KV; MHA at head_dim 128, GQA at head_dim 96 (not a multiple
+  // of the warp), a chunk after a prefix hit (floor = s_valid).
+  RunAttentionBatch(*ctx_, *mirror_,
+                    {{.heads = 4,
+                      .kv_heads = 4,
+                      .head_dim = 128,
+                      .window = 128,
+                      .capacity = 134,
+                      .block_size = 64,
+                      .first_position = 420,
+                      .rows = 80,
+                      .swa_floor = 430,
+                      .global = true,
+                      .seed = 31},
+                     {.heads = 6,
+                      .kv_heads = 3,
+                      .head_dim = 96,
+                      .first_position = 257,
+                      .rows = 30,
+                      .swa_floor = 260,
+                      .global = true,
+                      .seed = 32},
+                     {.heads = 8,
+                      .kv_heads = 1,
+                      .head_dim = 32,
+                      .window = 16,
+                      .capacity = 22,
+                      .first_position = 1000,
+                      .rows = 65,
+                      .global = true,
+                      .seed = 33}},
+                    "consumer union");
+}
+
+TEST_F(CudaConsistencyTest, PagedBlockKvDecodeBatch) {
+  std::vector<AttentionCase> cases;
+  for (int i = 0; i < 64; ++i) {
+    cases.push_back({.heads = 32,
+                     .kv_heads = 8,
+                     .head_dim = 128,
+                     .window = 128,
+                     .capacity = 134,
+                     .block_size = 64,
+                     .first_position = (i * 977) % 3000,
+                     .rows = 1,
+                     .swa_floor = i % 5 == 0 ? 2000 : 0,
+                     .global = true,
+                     .seed = static_cast<uint64_t>(100 + i)});
+  }
+  RunAttentionBatch(*ctx_, *mirror_, cases, "decode");
+}
+
+TEST_F(CudaConsistencyTest, AttentionEdgeShapes) {
+  // No visible key at all (producer row with lo = i + 1): output zero on both backends; head
+  // dims at the kernel's limits.
+  RunAttentionBatch(*ctx_, *mirror_,
+                    {{.first_position = 5, .rows = 3, .no_swa = true, .seed = 41},
+                     {.heads = 2,
+                      .kv_heads = 1,
+                      .head_dim = 256,
+                      .first_position = 90,
+                      .rows = 4,
+                      .global = true,
+                      .seed = 42},
+                     {.heads = 3,
+                      .kv_heads = 3,
+                      .head_dim = 2,
+                      .first_position = 7,
+                      .rows = 5,
+                      .global = true,
+                      .seed = 43}},
+                    "edge shapes");
+}
+
+TEST_F(CudaConsistencyTest, SamplingMatchesModelSampleToken) {
+  for (const int64_t vocab : {1000, 32000}) {
+    std::vector<cuda::SampleRowSettings> settings;
+    for (float temperature : {0.0f, 0.7f, 1.0f, 1.5f}) {
+      for (int32_t top_k : {0, 1, 5, 50}) {
+        for (float top_p : {1.0f, 0.9f, 0.5f}) {
+          for (uint64_t step : {0, 1, 7}) {
+            settings.push_back({.temperature = temperature,
+                                .top_k = top_k,
+                                .top_p = top_p,
+                                .seed = 12345 + settings.size(),
+                                .step = step});
+          }
+        }
+      }
+    }
+    const int64_t rows = static_cast<int64_t>(settings.size());
+    std::vector<float> logits = Uniform(rows * vocab, 50 + vocab, -6.0f, 6.0f);
+    // Every third row: logits on a coarse grid, so that ties (broken by lower id) matter.
+    for (int64_t r = 0; r < rows; r += 3) {
+      for (int64_t i = 0; i < vocab; ++i) {
+        logits[r * vocab + i] = std::round(logits[r * vocab + i] * 2.0f) / 2.0f;
+      }
+    }
+    std::vector<int32_t> tokens(rows, -1);
+    std::vector<float> logprobs(rows);
+    mirror_->Upload(logits);
+    mirror_->Upload(settings.data(), settings.size() * sizeof(cuda::SampleRowSettings));
+    mirror_->Upload(tokens);
+    mirror_->Upload(logprobs);
+    cuda::SampleRows(*ctx_, {.rows = rows,
+                             .vocab = vocab,
+                             .logits = mirror_->Device(logits.data()),
+                             .settings = mirror_->Device(settings.data()),
+                             .tokens = mirror_->Device(tokens.data()),
+                             .logprobs = mirror_->Device(logprobs.data())});
+    Sync();
+    const std::vector<int32_t> gpu_tokens = mirror_->Download(tokens);
+    const std::vector<float> gpu_logprobs = mirror_->Download(logprobs);
+    int mismatches = 0;
+    for (int64_t r = 0; r < rows; ++r) {
+      const cuda::SampleRowSettings& s = settings[r];
+      const model::SampledToken expected = model::SampleToken(
+          std::span<const float>(logits.data() + r * vocab, vocab),
+          {.temperature = s.temperature, .top_k = s.top_k, .top_p = s.top_p, .seed = s.seed},
+          s.step);
+      if (expected.token != gpu_tokens[r]) {
+        ++mismatches;
+        ADD_FAILURE() << "vocab " << vocab << " row " << r << " (T " << s.temperature << ", k "
+                      << s.top_k << ", p " << s.top_p << ", step " << s.step << "): cpu "
+                      << expected.token << " cuda " << gpu_tokens[r];
+        continue;
+      }
+      EXPECT_NEAR(expected.logprob, gpu_logprobs[r], 1e-5f) << "row " << r;
+    }
+    EXPECT_EQ(mismatches, 0) << "vocab " << vocab;
+  }
+}
+
+TEST_F(CudaConsistencyTest, DeviceStatePoolAndPinnedStaging) {
+  const cuda::DeviceStatePoolOptions options{
+      .slots = 3, .slot_floats = 1000, .pages = 5, .page_floats = 256};
+  absl::StatusOr<std::unique_ptr<cuda::DeviceStatePool>> pool =
+      cuda::DeviceStatePool::Create(options);
+  ASSERT_TRUE(pool.ok()) << pool.status();
+  cuda::DeviceStatePool& p = **pool;
+  std::vector<float*> pages;
+  while (float* page = p.AllocatePage()) pages.push_back(page);
+  ASSERT_EQ(pages.size(), 5u);
+  std::sort(pages.begin(), pages.end());
+  for (size_t i = 0; i < pages.size(); ++i) {
+    EXPECT_EQ(pages[i], p.base() + 3 * 1000 + static_cast<int64_t>(i) * 256);  // StatePool's layout
+  }
+  p.FreePage(pages[2]);
+  EXPECT_EQ(p.free_pages(), 1);
+  EXPECT_EQ(p.AllocatePage(), pages[2]);
+  std::vector<int64_t> slots;
+  while (std::optional<int64_t> slot = p.AllocateSlot()) slots.push_back(*slot);
+  EXPECT_EQ(slots.size(), 3u);
+
+  // A region round trip through pinned staging, as UCX without CUDA support would see it.
+  absl::StatusOr<std::unique_ptr<cuda::PinnedStaging>> staging =
+      cuda::PinnedStaging::Create(4 * 1000 * sizeof(float));
+  ASSERT_TRUE(staging.ok()) << staging.status();
+  const std::vector<float> region = Uniform(1000, 60);
+  ctx_->CopyToDevice(p.producer_rings(1), region.data(), region.size() * sizeof(float));
+  (*staging)->StageOut(*ctx_, 1000 * sizeof(float), p.producer_rings(1), 1000 * sizeof(float));
+  Sync();
+  const float* staged = static_cast<const float*>((*staging)->data()) + 1000;
+  EXPECT_TRUE(std::equal(region.begin(), region.end(), staged));
+  (*staging)->StageIn(*ctx_, 1000 * sizeof(float), p.producer_rings(2), 1000 * sizeof(float));
+  std::vector<float> back(1000);
+  ctx_->CopyToHost(back.data(), p.producer_rings(2), back.size() * sizeof(float));
+  Sync();
+  EXPECT_EQ(back, region);
+  // Out of range: recorded as the context's error, nothing copied.
+  (*staging)->StageOut(*ctx_, 4000 * sizeof(float), p.producer_rings(0), 1);
+  EXPECT_FALSE(ctx_->Synchronize().ok());
+}
+
+}  // namespace
+}  // namespace baton::kernels
