@@ -2,11 +2,7 @@
 // component and they move with traffic (requests, latencies, transfers, prefix hits, store
 // bytes); the components' JSON logs follow one request id from router to prefill and decode;
 // the config file is applied under the command line and bad files are refused by name.
-#include <fcntl.h>
-#include <signal.h>
-#include <spawn.h>
 #include <sys/wait.h>
-#include <unistd.h>
 
 #include <chrono>
 #include <cstdlib>
@@ -18,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "baton_up.h"
 #include "client.h"
 #include "cluster.h"
 #include "gmock/gmock.h"
@@ -25,8 +22,6 @@
 #include "nlohmann/json.hpp"
 #include "scrape.h"
 #include "test_dir.h"
-
-extern char** environ;
 
 namespace baton {
 namespace {
@@ -50,63 +45,8 @@ const std::string& TinyModel() {
   return dir;
 }
 
-std::string ReadFile(const fs::path& path) {
-  std::ifstream in(path);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
-// `baton up` as a child process with its output in <dir>/up.log; stopped with SIGTERM.
-class BatonUp {
- public:
-  explicit BatonUp(const fs::path& dir) : dir_(dir) {
-    fs::create_directories(dir_);
-    std::vector<std::string> args = {BATON_PATH,  "up",          "--model",      TinyModel(),
-                                     "--port",    "0",           "--data-dir",   dir_.string(),
-                                     "--log-format", "json",     "--decode-pages", "256"};
-    std::vector<char*> argv;
-    for (std::string& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    const std::string log = (dir_ / "up.log").string();
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_addopen(&actions, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    posix_spawn_file_actions_adddup2(&actions, 1, 2);
-    posix_spawn(&pid_, args[0].c_str(), &actions, nullptr, argv.data(), environ);
-    posix_spawn_file_actions_destroy(&actions);
-  }
-  ~BatonUp() {
-    if (pid_ <= 0) return;
-    kill(pid_, SIGTERM);
-    int status;
-    waitpid(pid_, &status, 0);
-  }
-
-  // Waits for "router at" in the output; then every run/<role>.metrics file exists.
-  bool WaitUntilUp() {
-    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(120);
-    while (std::chrono::steady_clock::now() < until) {
-      if (log().find("baton up: metrics at") != std::string::npos) return true;
-      int status;
-      if (waitpid(pid_, &status, WNOHANG) == pid_) {
-        pid_ = -1;
-        return false;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
-    return false;
-  }
-  std::string Address(const std::string& file) const {
-    std::ifstream in(dir_ / "run" / file);
-    std::string address;
-    in >> address;
-    return address;
-  }
-  std::string log() const { return ReadFile(dir_ / "up.log"); }
-
- private:
-  fs::path dir_;
-  pid_t pid_ = -1;
-};
+using testing::BatonUp;
+using testing::ReadFile;
 
 std::map<std::string, std::string> ScrapeAll(const BatonUp& up) {
   std::map<std::string, std::string> out;
@@ -120,7 +60,8 @@ double Value(const std::string& exposition, const std::string& name,
 }
 
 TEST(Observability, BatonUpMetricsMoveAndLogsFollowARequest) {
-  BatonUp up(fs::path(testing::ProcessTempDir()) / "up");
+  BatonUp up(fs::path(testing::ProcessTempDir()) / "up", TinyModel(),
+             {"--log-format", "json", "--decode-pages", "256"});
   ASSERT_TRUE(up.WaitUntilUp()) << up.log();
   const std::map<std::string, std::string> before = ScrapeAll(up);
   for (const char* role : kRoles) {

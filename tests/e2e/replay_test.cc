@@ -1,26 +1,19 @@
 // batonctl replay against a running `baton up`: a few hand-written trace lines (Mooncake
 // format) with shared hash ids; every request is accounted for, the repeated prefix hits the
 // store, and the report's totals agree with its per-request rows.
-#include <fcntl.h>
-#include <signal.h>
-#include <spawn.h>
 #include <sys/wait.h>
-#include <unistd.h>
 
-#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
-#include <thread>
 #include <vector>
 
+#include "baton_up.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "test_dir.h"
-
-extern char** environ;
 
 namespace baton {
 namespace {
@@ -28,10 +21,7 @@ namespace {
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
 
-std::string ReadFile(const fs::path& path) {
-  std::ifstream in(path);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
+using testing::ReadFile;
 
 // Runs `command` with the shell; returns (exit status, stdout), stderr into `err`.
 int RunShell(const std::string& command, std::string* out, const std::string& err) {
@@ -49,36 +39,10 @@ TEST(Replay, EveryTraceRequestIsAccountedForAndRepeatsHit) {
   ASSERT_EQ(RunShell(std::string(BATONCTL_PATH) + " make-model --preset tiny --out " + model, &out,
                 (dir / "make.err").string()),
             0);
-  // baton up in the background; the tiny model: vocabulary 512, C = 22, B = 16.
-  std::vector<std::string> args = {BATON_PATH, "up",          "--model",    model,
-                                   "--port",   "0",           "--data-dir", (dir / "data").string()};
-  std::vector<char*> argv;
-  for (std::string& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  const std::string log = (dir / "up.log").string();
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_adddup2(&actions, 1, 2);
-  pid_t pid = -1;
-  ASSERT_EQ(posix_spawn(&pid, args[0].c_str(), &actions, nullptr, argv.data(), environ), 0);
-  posix_spawn_file_actions_destroy(&actions);
-  struct Stop {
-    pid_t pid;
-    ~Stop() {
-      kill(pid, SIGTERM);
-      int status;
-      waitpid(pid, &status, 0);
-    }
-  } stop{pid};
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(120);
-  while (ReadFile(log).find("router at") == std::string::npos &&
-         std::chrono::steady_clock::now() < until) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  std::string router;
-  std::ifstream(dir / "data" / "run" / "router.addr") >> router;
-  ASSERT_FALSE(router.empty()) << ReadFile(log);
+  // The tiny model: vocabulary 512, C = 22, B = 16.
+  testing::BatonUp up(dir / "data", model);
+  ASSERT_TRUE(up.WaitUntilUp()) << up.log();
+  const std::string router = up.Address("router.addr");
 
   // Length scale 1/8: 64 tokens per hash id. Line 3 repeats line 1's first three blocks
   // (192 tokens), so it can hit floor((200 - 22) / 16) = 11 blocks = 176 tokens of them.

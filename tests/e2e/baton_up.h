@@ -1,0 +1,87 @@
+// `baton up` as a child process of a test: the whole embedded cluster (router, kvstore,
+// prefill, decode) on loopback, its output in <dir>/up.log, stopped with SIGTERM when the
+// object goes.
+#pragma once
+
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+extern char** environ;
+
+namespace baton::testing {
+
+inline std::string ReadFile(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+class BatonUp {
+ public:
+  // Runs `baton up --model model_dir --port 0 --data-dir dir` plus `extra`.
+  BatonUp(const std::filesystem::path& dir, const std::string& model_dir,
+          std::vector<std::string> extra = {})
+      : dir_(dir) {
+    std::filesystem::create_directories(dir_);
+    std::vector<std::string> args = {BATON_PATH, "up",         "--model",    model_dir,
+                                     "--port",   "0",          "--data-dir", dir_.string()};
+    args.insert(args.end(), extra.begin(), extra.end());
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    const std::string log = (dir_ / "up.log").string();
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_addopen(&actions, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    posix_spawn_file_actions_adddup2(&actions, 1, 2);
+    posix_spawn(&pid_, args[0].c_str(), &actions, nullptr, argv.data(), environ);
+    posix_spawn_file_actions_destroy(&actions);
+  }
+  ~BatonUp() {
+    if (pid_ <= 0) return;
+    kill(pid_, SIGTERM);
+    int status;
+    waitpid(pid_, &status, 0);
+  }
+  BatonUp(const BatonUp&) = delete;
+  BatonUp& operator=(const BatonUp&) = delete;
+
+  // Waits until baton up has printed every component's metrics address (after the router
+  // reports SERVING); false if it exits first or two minutes pass.
+  bool WaitUntilUp() {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+    while (std::chrono::steady_clock::now() < until) {
+      if (log().find("baton up: metrics at") != std::string::npos) return true;
+      int status;
+      if (pid_ <= 0 || waitpid(pid_, &status, WNOHANG) == pid_) {
+        pid_ = -1;
+        return false;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return false;
+  }
+  // The address in <dir>/run/<file> ("router.addr", "decode.metrics", ...).
+  std::string Address(const std::string& file) const {
+    std::ifstream in(dir_ / "run" / file);
+    std::string address;
+    in >> address;
+    return address;
+  }
+  std::string log() const { return ReadFile(dir_ / "up.log"); }
+
+ private:
+  std::filesystem::path dir_;
+  pid_t pid_ = -1;
+};
+
+}  // namespace baton::testing
