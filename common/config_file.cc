@@ -26,8 +26,22 @@ class YamlSectionConfig : public CLI::Config {
   YamlSectionConfig(const CLI::App* app, std::string section, std::string file)
       : app_(app), section_(std::move(section)), file_(std::move(file)) {}
 
-  std::string to_config(const CLI::App*, bool, bool, std::string) const override {
-    throw CLI::ConfigError("writing a config file is not supported");
+  // The options given on the command line or in the file, as this binary's section.
+  std::string to_config(const CLI::App* app, bool, bool, std::string) const override {
+    std::string out = section_ + ":\n";
+    for (const CLI::Option* option : app->get_options()) {
+      const std::string name = option->get_single_name();
+      if (option->get_lnames().empty() || !Known(name) || option->count() == 0) continue;
+      const std::vector<std::string>& results = option->results();
+      out += "  " + name + ": ";
+      if (results.size() == 1) {
+        out += results.front().empty() ? "\"\"" : results.front();
+      } else {
+        out += "[" + absl::StrJoin(results, ", ") + "]";
+      }
+      out += "\n";
+    }
+    return out;
   }
 
   std::vector<CLI::ConfigItem> from_config(std::istream& input) const override {
@@ -88,7 +102,7 @@ class YamlSectionConfig : public CLI::Config {
 
  private:
   bool Known(const std::string& key) const {
-    if (key == "config" || key == "help") return false;
+    if (key == "config" || key == "help" || key == "check-config") return false;
     const CLI::Option* option = app_->get_option_no_throw("--" + key);
     return option != nullptr && option->get_configurable();
   }

@@ -26,6 +26,9 @@ void AddServerFlags(CLI::App& app, ServerFlags& flags) {
 std::optional<int> ParseServerFlags(CLI::App& app, int argc, char** argv,
                                     const std::string& binary, const std::string& section,
                                     const ServerFlags& flags) {
+  bool check_only = false;
+  app.add_flag("--check-config", check_only,
+               "Check the flags and the config file, print the settings they give, and exit");
   AddConfigFile(app, section, argc, argv);
   try {
     app.parse(argc, argv);
@@ -34,6 +37,10 @@ std::optional<int> ParseServerFlags(CLI::App& app, int argc, char** argv,
   } catch (const CLI::ParseError& e) {
     std::cerr << binary << ": error: " << e.what() << "\n";
     return 2;
+  }
+  if (check_only) {
+    std::cout << "# " << binary << ": configuration ok\n" << app.config_to_str(false, false);
+    return 0;
   }
   log::Init(binary, flags.log);
   return std::nullopt;

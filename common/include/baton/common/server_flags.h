@@ -18,9 +18,10 @@ struct ServerFlags {
 
 void AddServerFlags(CLI::App& app, ServerFlags& flags);
 
-// Adds `--config` (reading `section`), parses, and sets up logging for `binary`. Returns the
-// exit status when the binary should stop now (help, or bad flags or config: the message is
-// on stderr), nullopt to go on.
+// Adds `--config` (reading `section`) and `--check-config`, parses, and sets up logging for
+// `binary`. Returns the exit status when the binary should stop now (help; bad flags or config,
+// with the message on stderr; or --check-config, which prints the settings given), nullopt to
+// go on.
 std::optional<int> ParseServerFlags(CLI::App& app, int argc, char** argv,
                                     const std::string& binary, const std::string& section,
                                     const ServerFlags& flags);
