@@ -1,12 +1,17 @@
 #include "baton/common/rpc.h"
 
+#include <arpa/inet.h>
+#include <netdb.h>
 #include <signal.h>
 
 #include <chrono>
 #include <fstream>
 #include <iostream>
+#include <map>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "baton/common/log.h"
 #include "baton/common/metrics.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
@@ -51,8 +56,42 @@ absl::StatusOr<StartedServer> StartServer(grpc::ServerBuilder& builder,
   return started;
 }
 
-Heartbeat::Heartbeat(std::string router_address, v1::RegisterRequest node, LoadFn load)
-    : router_address_(std::move(router_address)),
+std::vector<std::string> ResolveRouters(const std::string& routers) {
+  std::vector<std::string> out;
+  for (absl::string_view entry : absl::StrSplit(routers, ',', absl::SkipWhitespace())) {
+    entry = absl::StripAsciiWhitespace(entry);
+    const size_t colon = entry.rfind(':');
+    if (colon == absl::string_view::npos || entry.front() == '[') {
+      out.emplace_back(entry);  // no port, or an IPv6 literal: gRPC takes it as it is
+      continue;
+    }
+    const std::string host(entry.substr(0, colon)), port(entry.substr(colon + 1));
+    addrinfo hints{};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    addrinfo* found = nullptr;
+    if (getaddrinfo(host.c_str(), port.c_str(), &hints, &found) != 0 || found == nullptr) {
+      out.emplace_back(entry);
+      continue;
+    }
+    for (const addrinfo* a = found; a != nullptr; a = a->ai_next) {
+      char ip[INET6_ADDRSTRLEN] = {};
+      const void* bytes =
+          a->ai_family == AF_INET
+              ? static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(a->ai_addr)->sin_addr)
+              : static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(a->ai_addr)->sin6_addr);
+      if (inet_ntop(a->ai_family, bytes, ip, sizeof(ip)) == nullptr) continue;
+      const std::string address = a->ai_family == AF_INET6 ? absl::StrCat("[", ip, "]:", port)
+                                                           : absl::StrCat(ip, ":", port);
+      if (std::find(out.begin(), out.end(), address) == out.end()) out.push_back(address);
+    }
+    freeaddrinfo(found);
+  }
+  return out;
+}
+
+Heartbeat::Heartbeat(std::string routers, v1::RegisterRequest node, LoadFn load)
+    : routers_(std::move(routers)),
       node_(std::move(node)),
       load_(std::move(load)),
       thread_([this] { Run(); }) {}
@@ -67,19 +106,49 @@ Heartbeat::~Heartbeat() {
 }
 
 void Heartbeat::Run() {
-  auto stub = v1::Registry::NewStub(
-      grpc::CreateChannel(router_address_, grpc::InsecureChannelCredentials()));
+  std::map<std::string, std::unique_ptr<v1::Registry::Stub>> stubs;  // by resolved address
   std::chrono::milliseconds period(200);
   std::unique_lock<std::mutex> lock(mutex_);
   while (!stop_) {
     lock.unlock();
     v1::RegisterRequest request = node_;
     *request.mutable_load() = load_();
-    v1::RegisterResponse response;
-    grpc::ClientContext context;
-    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
-    if (stub->Register(&context, request, &response).ok() && response.heartbeat_ms() > 0) {
-      period = std::chrono::milliseconds(response.heartbeat_ms());
+    // Every router at once (the callback API), so that routers that do not answer delay
+    // the others' heartbeats by one deadline at most, not one each.
+    const std::vector<std::string> addresses = ResolveRouters(routers_);
+    struct Call {
+      grpc::ClientContext context;
+      v1::RegisterResponse response;
+      grpc::Status status;
+    };
+    std::vector<std::unique_ptr<Call>> calls;
+    std::mutex done_mutex;
+    std::condition_variable done;
+    size_t pending = addresses.size();
+    for (const std::string& address : addresses) {
+      std::unique_ptr<v1::Registry::Stub>& stub = stubs[address];
+      if (stub == nullptr) {
+        stub = v1::Registry::NewStub(
+            grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+      }
+      calls.push_back(std::make_unique<Call>());
+      Call* call = calls.back().get();
+      call->context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(1));
+      stub->async()->Register(&call->context, &request, &call->response,
+                              [&, call](grpc::Status status) {
+                                std::lock_guard<std::mutex> done_lock(done_mutex);
+                                call->status = std::move(status);
+                                if (--pending == 0) done.notify_all();
+                              });
+    }
+    {
+      std::unique_lock<std::mutex> done_lock(done_mutex);
+      done.wait(done_lock, [&] { return pending == 0; });
+    }
+    for (const std::unique_ptr<Call>& call : calls) {
+      if (call->status.ok() && call->response.heartbeat_ms() > 0) {
+        period = std::chrono::milliseconds(call->response.heartbeat_ms());
+      }
     }
     lock.lock();
     wake_.wait_for(lock, period, [this] { return stop_; });

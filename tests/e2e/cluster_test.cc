@@ -200,6 +200,42 @@ std::string ReflectionServiceList(const std::string& address) {
   return text;
 }
 
+// Two routers behind one list: every node registers with both (`--router A,B`), so either
+// router serves, with the same tokens.
+TEST_F(ClusterTest, NodesRegisterWithEveryRouterInTheList) {
+  Cluster cluster(tiny_);
+  const std::string first = cluster.StartRouter();
+  ASSERT_FALSE(first.empty());
+  const std::string second = cluster.Start("router-b", BATON_ROUTER_PATH, {"--model", tiny_});
+  ASSERT_FALSE(second.empty());
+  const std::string both = first + "," + second;
+  ASSERT_FALSE(cluster
+                   .Start("decode", BATON_DECODE_PATH,
+                          {"--model", tiny_, "--router", both, "--node-id", "decode"})
+                   .empty());
+  ASSERT_FALSE(cluster
+                   .Start("prefill", BATON_PREFILL_PATH,
+                          {"--model", tiny_, "--router", both, "--node-id", "prefill"})
+                   .empty());
+  ASSERT_TRUE(cluster.WaitForHealth(true)) << cluster.Log("router");
+  std::mt19937_64 rng(7);
+  const std::vector<int32_t> prompt = RandomPrompt(rng, 40, 512);
+  const auto expected = ForwardTokens(tiny_, prompt, "compact", 22, 6);
+  for (const std::string& router : {first, second}) {
+    auto stub =
+        v1::Generation::NewStub(grpc::CreateChannel(router, grpc::InsecureChannelCredentials()));
+    Outcome outcome;
+    // The second router may hear from the nodes a heartbeat later than the first.
+    for (int attempt = 0; attempt < 50; ++attempt) {
+      outcome = Generate(*stub, Request(prompt, 6));
+      if (outcome.status.error_code() != grpc::StatusCode::UNAVAILABLE) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    ASSERT_TRUE(outcome.status.ok()) << router << ": " << outcome.status.error_message();
+    EXPECT_EQ(outcome.tokens, expected) << router;
+  }
+}
+
 TEST_F(ClusterTest, EveryServerSpeaksHealthAndReflectionAndTheRouterTracksItsNodes) {
   Cluster cluster(tiny_);
   const std::string router = cluster.StartRouter();

@@ -27,12 +27,6 @@ that `helm lint`, `helm template` and `helm install` all stop on them.
 {{- end -}}
 {{- end -}}
 
-{{- /* Nodes register with one router address (common.router), so a second router would see
-only part of the pools and perhaps not the prefix store. */ -}}
-{{- if gt (.Values.router.replicas | int64) 1 -}}
-{{- fail (printf "router.replicas: %d routers are not supported yet: nodes register with a single router address, so each router would see only part of the prefill and decode pools (and perhaps not the prefix store); use 1" (.Values.router.replicas | int64)) -}}
-{{- end -}}
-
 {{- /* The store's budget must fit its volume. */ -}}
 {{- if .Values.kvstore.enabled -}}
 {{- $budget := index .Values.config.kvstore "budget-bytes" | int64 -}}

@@ -11,6 +11,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -45,17 +46,23 @@ void WriteAddressFile(const std::string& path, const std::string& address);
 absl::StatusOr<StartedServer> StartServer(grpc::ServerBuilder& builder,
                                           const ServerOptions& options);
 
-// Registers a node with the router now and then every heartbeat, reporting its load, until
-// destroyed. Failures are retried: the router may start later or restart.
+// The routers a node registers with: `routers` is a comma-separated list of host:port, and
+// each host is resolved (DNS) to every address it has, so one name of a headless Kubernetes
+// Service stands for all its router pods. An entry that does not resolve is kept as written.
+std::vector<std::string> ResolveRouters(const std::string& routers);
+
+// Registers a node with every router (see ResolveRouters, resolved again at each beat, so
+// routers that come and go are found) now and then every heartbeat, reporting its load,
+// until destroyed. Failures are retried: a router may start later or restart.
 class Heartbeat {
  public:
   using LoadFn = std::function<v1::LoadReport()>;
-  Heartbeat(std::string router_address, v1::RegisterRequest node, LoadFn load);
+  Heartbeat(std::string routers, v1::RegisterRequest node, LoadFn load);
   ~Heartbeat();
 
  private:
   void Run();
-  std::string router_address_;
+  std::string routers_;
   v1::RegisterRequest node_;
   LoadFn load_;
   std::mutex mutex_;
@@ -70,7 +77,7 @@ class Heartbeat {
 // runs once the server is up, `on_stopping` before it goes away. Returns the process exit
 // status.
 struct Registration {
-  std::string router;  // empty: do not register
+  std::string router;  // comma-separated routers (see ResolveRouters); empty: do not register
   v1::RegisterRequest node;
   Heartbeat::LoadFn load;
 };
