@@ -90,6 +90,17 @@ TEST(BatonctlApproxError, PrintsATableAndRefusesBadInput) {
   EXPECT_THAT(table.out, HasSubstr("R = W + (D-1)(W-1) = 61"));
   EXPECT_THAT(table.out, HasSubstr("compact vs mask at keep 22"));
 
+  // A 30-token prompt leaves the ring cap no block (floor((30 - 22) / 16) = 0): cold runs only.
+  const auto short_run = RunBatonctl("approx-error --model " + TinyModel() +
+                                     " --keep 22 --num-prompts 2 --prompt-len 30 --steps 2 --json");
+  ASSERT_EQ(short_run.exit_status, 0) << short_run.err;
+  const nlohmann::json short_report = nlohmann::json::parse(short_run.out);
+  ASSERT_EQ(short_report["results"].size(), 2u);  // mask and compact, cold
+  for (const nlohmann::json& r : short_report["results"]) {
+    EXPECT_EQ(r["prefix_hit_tokens"], 0);
+    EXPECT_EQ(r["prompts"], 2);
+  }
+
   const std::string prompts = testing::ProcessTempDir() + "/prompts.jsonl";
   std::ofstream(prompts) << "[5, 6, 7]\n[5, 600]\n";
   struct Case {

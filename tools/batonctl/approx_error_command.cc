@@ -238,9 +238,9 @@ int RunApproxError(const ApproxErrorOptions& o) {
     for (int64_t keep : keeps) {
       std::map<std::string, Run> cold;
       for (const auto& [name, mode] : modes) {
-        for (int64_t s_valid : {int64_t{0}, hit}) {
-          if (s_valid > 0 && (!o.prefix_hit)) continue;
-          if (s_valid > 0 && cold.count(name) == 0) continue;
+        std::vector<int64_t> starts = {0};  // cold, then after the hit (when there is one)
+        if (o.prefix_hit && hit > 0) starts.push_back(hit);
+        for (int64_t s_valid : starts) {
           absl::StatusOr<Run> run = RunVariant(ced, prompt, continuation, mode, keep, s_valid);
           if (!run.ok()) return ReportError("approx-error", run.status());
           Totals& t = totals_for(name, keep, s_valid);
