@@ -30,7 +30,8 @@ int main(int argc, char** argv) {
   app.add_option("--lookup-timeout-ms", options.lookup_timeout_ms,
                  "Prefix-store lookups slower than this run the request cold");
   app.add_flag("--require-kvstore", options.require_kvstore,
-               "Report SERVING only while a kvstore is registered too");
+               "Become SERVING only once a kvstore has registered too (losing it later makes "
+               "requests cold, not the router unready)");
   if (auto exit = baton::ParseServerFlags(app, argc, argv, "baton-router", "router", flags)) {
     return *exit;
   }

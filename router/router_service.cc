@@ -193,7 +193,10 @@ bool RouterService::Serving() const {
     decode |= node->info.role() == v1::NODE_ROLE_DECODE;
     kvstore |= node->info.role() == v1::NODE_ROLE_KVSTORE;
   }
-  return prefill && decode && (kvstore || !options_.require_kvstore);
+  // The store is needed to become ready, not to stay ready: a store lost later makes requests
+  // cold, never the router unready (DESIGN section 6).
+  if (kvstore) kvstore_seen_ = true;
+  return prefill && decode && (kvstore_seen_ || !options_.require_kvstore);
 }
 
 void RouterService::WatchHealth(grpc::Server* server) {

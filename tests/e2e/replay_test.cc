@@ -45,7 +45,8 @@ TEST(Replay, EveryTraceRequestIsAccountedForAndRepeatsHit) {
   const std::string router = up.Address("router.addr");
 
   // Length scale 1/8: 64 tokens per hash id. Line 3 repeats line 1's first three blocks
-  // (192 tokens), so it can hit floor((200 - 22) / 16) = 11 blocks = 176 tokens of them.
+  // (192 tokens), so it can hit floor((200 - 22) / 16) = 11 blocks = 176 tokens of them; at
+  // time scale 3 it is sent 4.5 s after line 1, long after line 1's blocks reach the store.
   const std::string trace = (dir / "trace.jsonl").string();
   std::ofstream(trace)
       << "{\"timestamp\": 0, \"input_length\": 1600, \"output_length\": 4, \"hash_ids\": [0, 1, 2, 3]}\n"
@@ -54,7 +55,7 @@ TEST(Replay, EveryTraceRequestIsAccountedForAndRepeatsHit) {
       << "{\"timestamp\": 2000, \"input_length\": 300, \"output_length\": 2, \"hash_ids\": [11]}\n";
   const int status =
       RunShell(std::string(BATONCTL_PATH) + " replay --trace " + trace + " --addr " + router +
-              " --length-scale 0.125 --vocab-size 512 --concurrency 2 --json",
+              " --length-scale 0.125 --vocab-size 512 --concurrency 2 --time-scale 3 --json",
           &out, (dir / "replay.err").string());
   ASSERT_EQ(status, 0) << ReadFile(dir / "replay.err");
   EXPECT_THAT(ReadFile(dir / "replay.err"), HasSubstr("4/4 requests"));  // the progress bar

@@ -41,7 +41,7 @@ struct RouterOptions {
   uint32_t node_ttl_ms = 2000;  // a node not heard from for this long is not used
   kvstore::HitCap hit_cap = kvstore::HitCap::kRing;
   uint32_t lookup_timeout_ms = 200;  // a slower prefix store means a cold request
-  bool require_kvstore = false;      // SERVING also needs a live kvstore
+  bool require_kvstore = false;      // first SERVING also waits for a kvstore to register
 };
 
 class RouterService final : public v1::Generation::Service, public v1::Registry::Service {
@@ -97,6 +97,7 @@ class RouterService final : public v1::Generation::Service, public v1::Registry:
   RouterOptions options_;
   mutable std::mutex mutex_;
   std::map<std::string, std::shared_ptr<Node>> nodes_;
+  mutable bool kvstore_seen_ = false;  // a kvstore has registered since start
   bool stop_ = false;
   std::thread health_thread_;
   std::unique_ptr<Metrics> metrics_;
