@@ -62,9 +62,8 @@ absl::StatusOr<PrefillSchedule> SchedulePrefill(const ModelConfig& config,
   for (size_t i = 0; i < chunks.size(); ++i) {
     const ChunkPlan& chunk_plan = chunks[i];
     const int64_t m = static_cast<int64_t>(chunk_plan.consumer_positions.size());
-    PrefillRun run{.q_start = chunk_plan.q_start,
-                   .rows = chunk_plan.q_len,
-                   .chunk = static_cast<int64_t>(i)};
+    PrefillRun run{
+        .q_start = chunk_plan.q_start, .rows = chunk_plan.q_len, .chunk = static_cast<int64_t>(i)};
     if (options.result_logits) {
       for (int64_t r = 0; r < m; ++r) {
         if (chunk_plan.consumer_positions[r] >= result_begin) run.logit_rows.push_back(r);
@@ -77,8 +76,8 @@ absl::StatusOr<PrefillSchedule> SchedulePrefill(const ModelConfig& config,
   return schedule;
 }
 
-absl::StatusOr<DecodeRow> ScheduleDecodeRow(const ModelConfig& config, int64_t index,
-                                            int32_t token, int64_t length, int64_t s_valid) {
+absl::StatusOr<DecodeRow> ScheduleDecodeRow(const ModelConfig& config, int64_t index, int32_t token,
+                                            int64_t length, int64_t s_valid) {
   if (absl::Status s = CheckTokenIds(config, {&token, 1}); !s.ok()) return s;
   if (length < 1) {
     return absl::FailedPreconditionError(

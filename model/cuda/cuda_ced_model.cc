@@ -15,8 +15,7 @@ using kernels::cuda::DeviceStatePool;
 // ---------------------------------------------------------------------------------------------
 // CudaSequenceState
 
-CudaSequenceState::CudaSequenceState(Context& ctx, const StateLayout& layout,
-                                     DeviceStatePool* pool)
+CudaSequenceState::CudaSequenceState(Context& ctx, const StateLayout& layout, DeviceStatePool* pool)
     : ctx_(ctx), layout_(layout), pool_(pool) {}
 
 absl::StatusOr<std::unique_ptr<CudaSequenceState>> CudaSequenceState::Create(
@@ -26,10 +25,10 @@ absl::StatusOr<std::unique_ptr<CudaSequenceState>> CudaSequenceState::Create(
   if (pool != nullptr) {
     if (pool->options().slot_floats != ring_floats ||
         pool->options().page_floats != layout.page_floats()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "device state pool holds slots of ", pool->options().slot_floats, " floats and pages of ",
-          pool->options().page_floats, "; this model needs ", ring_floats, " and ",
-          layout.page_floats()));
+      return absl::InvalidArgumentError(
+          absl::StrCat("device state pool holds slots of ", pool->options().slot_floats,
+                       " floats and pages of ", pool->options().page_floats, "; this model needs ",
+                       ring_floats, " and ", layout.page_floats()));
     }
     std::optional<int64_t> slot = pool->AllocateSlot();
     if (!slot) return absl::ResourceExhaustedError("device state pool has no free slot");
@@ -70,9 +69,9 @@ absl::Status CudaSequenceState::EnsurePages(int64_t positions) {
                       : static_cast<float*>(ctx_.Malloc(layout_.page_floats() * sizeof(float)));
     if (page == nullptr) {
       (void)ctx_.Synchronize();  // clears the failed cudaMalloc from the context's error
-      return absl::ResourceExhaustedError(
-          absl::StrCat("no device memory for block-KV page ", pages_.size(), " (", needed,
-                       " pages cover ", positions, " positions)"));
+      return absl::ResourceExhaustedError(absl::StrCat("no device memory for block-KV page ",
+                                                       pages_.size(), " (", needed, " pages cover ",
+                                                       positions, " positions)"));
     }
     pages_.push_back(page);
   }
@@ -180,8 +179,8 @@ absl::Status CudaCedModel::Upload(const CedWeights& w) {
                            upload(l.gate_up), upload(l.down)});
   }
   for (const ConsumerLayerWeights& l : w.consumers) {
-    d.consumers.push_back({upload(l.attn_norm), upload(l.q_swa_kv), upload(l.o),
-                           upload(l.mlp_norm), upload(l.gate_up), upload(l.down)});
+    d.consumers.push_back({upload(l.attn_norm), upload(l.q_swa_kv), upload(l.o), upload(l.mlp_norm),
+                           upload(l.gate_up), upload(l.down)});
   }
   absl::Status synced = ctx_->Synchronize();
   if (!ok) {
@@ -290,25 +289,40 @@ absl::Status CudaCedModel::RunLayers(std::span<const Segment> segments, const in
 
   // o_proj into the residual, then the SwiGLU MLP; shared by both layer groups.
   auto output_and_mlp = [&](float* hidden, int64_t n, const DeviceWeights::Layer& w) {
-    kc::Gemm(ctx, {.rows = n, .in = q_dim, .out = d, .x = attn, .w = w.o.data(), .y = hidden,
-                   .beta = 1.0f});
-    kc::RmsNorm(ctx, {.rows = n, .dim = d, .x = hidden, .weight = w.mlp_norm.data(), .out = x,
-                      .eps = eps});
-    kc::Gemm(ctx, {.rows = n, .in = d, .out = 2 * inter, .x = x, .w = w.gate_up.data(),
-                   .y = gate_up});
+    kc::Gemm(
+        ctx,
+        {.rows = n, .in = q_dim, .out = d, .x = attn, .w = w.o.data(), .y = hidden, .beta = 1.0f});
+    kc::RmsNorm(
+        ctx, {.rows = n, .dim = d, .x = hidden, .weight = w.mlp_norm.data(), .out = x, .eps = eps});
+    kc::Gemm(ctx,
+             {.rows = n, .in = d, .out = 2 * inter, .x = x, .w = w.gate_up.data(), .y = gate_up});
     kc::SwiGlu(ctx, {.rows = n, .inter = inter, .gate_up = gate_up, .out = act});
-    kc::Gemm(ctx, {.rows = n, .in = inter, .out = d, .x = act, .w = w.down.data(), .y = hidden,
+    kc::Gemm(ctx, {.rows = n,
+                   .in = inter,
+                   .out = d,
+                   .x = act,
+                   .w = w.down.data(),
+                   .y = hidden,
                    .beta = 1.0f});
   };
   // K and V of `n` qkv rows from `first` into one layer's rings; index -1 writes nothing.
-  auto write_ring = [&](float* ring, int64_t layer, int64_t n, int64_t first, const int32_t* slots) {
+  auto write_ring = [&](float* ring, int64_t layer, int64_t n, int64_t first,
+                        const int32_t* slots) {
     const float* row0 = qkv + first * qkv_dim;
-    kc::ScatterRows(ctx, {.rows = n, .width = kv_dim, .src = row0 + q_dim, .src_stride = qkv_dim,
-                          .index = slots, .dst = ring + layout.ring_k_offset(layer),
+    kc::ScatterRows(ctx, {.rows = n,
+                          .width = kv_dim,
+                          .src = row0 + q_dim,
+                          .src_stride = qkv_dim,
+                          .index = slots,
+                          .dst = ring + layout.ring_k_offset(layer),
                           .dst_stride = kv_dim});
-    kc::ScatterRows(ctx, {.rows = n, .width = kv_dim, .src = row0 + q_dim + kv_dim,
-                          .src_stride = qkv_dim, .index = slots,
-                          .dst = ring + layout.ring_v_offset(layer), .dst_stride = kv_dim});
+    kc::ScatterRows(ctx, {.rows = n,
+                          .width = kv_dim,
+                          .src = row0 + q_dim + kv_dim,
+                          .src_stride = qkv_dim,
+                          .index = slots,
+                          .dst = ring + layout.ring_v_offset(layer),
+                          .dst_stride = kv_dim});
   };
   // As CedModel's: SWA keys from `ring` before tail_start and from these rows after it.
   auto swa_attention = [&](int64_t n, int64_t first, const int32_t* row_positions,
@@ -336,18 +350,23 @@ absl::Status CudaCedModel::RunLayers(std::span<const Segment> segments, const in
   };
 
   const DeviceWeights& wt = *weights_;
-  kc::Embedding(ctx, {.rows = rows, .dim = d, .table = wt.embed.data(), .ids = dmeta + off_tokens,
-                      .out = h});
+  kc::Embedding(
+      ctx, {.rows = rows, .dim = d, .table = wt.embed.data(), .ids = dmeta + off_tokens, .out = h});
 
   // Producer layers: window-W SWA over every row; a segment's last C rows enter the ring.
   std::vector<float> host_rows;
   for (int64_t l = 0; l < c.num_producer_layers(); ++l) {
     const DeviceWeights::Layer& w = wt.producers[l];
-    kc::RmsNorm(ctx, {.rows = rows, .dim = d, .x = h, .weight = w.attn_norm.data(), .out = x,
-                      .eps = eps});
+    kc::RmsNorm(
+        ctx, {.rows = rows, .dim = d, .x = h, .weight = w.attn_norm.data(), .out = x, .eps = eps});
     kc::Gemm(ctx, {.rows = rows, .in = d, .out = qkv_dim, .x = x, .w = w.qkv.data(), .y = qkv});
-    kc::Rope(ctx, {.rows = rows, .heads = H + Hkv, .head_dim = hd, .x = qkv, .stride = qkv_dim,
-                   .positions = dmeta + off_positions, .theta = c.rope_theta});
+    kc::Rope(ctx, {.rows = rows,
+                   .heads = H + Hkv,
+                   .head_dim = hd,
+                   .x = qkv,
+                   .stride = qkv_dim,
+                   .positions = dmeta + off_positions,
+                   .theta = c.rope_theta});
     for (size_t s = 0; s < segments.size(); ++s) {
       const Segment& seg = segments[s];
       if (on_producer_rows != nullptr && *on_producer_rows) {
@@ -373,24 +392,38 @@ absl::Status CudaCedModel::RunLayers(std::span<const Segment> segments, const in
 
   // Boundary (layer P): shared rows s over every row, and from them every consumer layer's
   // block KV, which is therefore exact whatever the truncation (seed 9.2.2).
-  kc::RmsNorm(ctx, {.rows = rows, .dim = d, .x = h, .weight = wt.consumers[0].attn_norm.data(),
-                    .out = shared, .eps = eps});
-  kc::Gemm(ctx, {.rows = rows, .in = d, .out = global_dim, .x = shared, .w = wt.global_kv.data(),
+  kc::RmsNorm(ctx, {.rows = rows,
+                    .dim = d,
+                    .x = h,
+                    .weight = wt.consumers[0].attn_norm.data(),
+                    .out = shared,
+                    .eps = eps});
+  kc::Gemm(ctx, {.rows = rows,
+                 .in = d,
+                 .out = global_dim,
+                 .x = shared,
+                 .w = wt.global_kv.data(),
                  .y = global});
   for (int64_t l = 0; l < D; ++l) {
-    kc::Rope(ctx, {.rows = rows, .heads = Hkv, .head_dim = hd, .x = global + l * 2 * kv_dim,
-                   .stride = global_dim, .positions = dmeta + off_positions,
+    kc::Rope(ctx, {.rows = rows,
+                   .heads = Hkv,
+                   .head_dim = hd,
+                   .x = global + l * 2 * kv_dim,
+                   .stride = global_dim,
+                   .positions = dmeta + off_positions,
                    .theta = c.rope_theta});
   }
   for (const Segment& seg : segments) {
     const float* row0 = global + seg.row_offset * global_dim;
     for (int64_t l = 0; l < D; ++l) {
       for (const bool is_v : {false, true}) {
-        kc::WriteBlockKv(ctx, {.rows = seg.rows, .width = kv_dim,
+        kc::WriteBlockKv(ctx, {.rows = seg.rows,
+                               .width = kv_dim,
                                .src = row0 + l * 2 * kv_dim + (is_v ? kv_dim : 0),
                                .src_stride = global_dim,
                                .positions = dmeta + off_positions + seg.row_offset,
-                               .pages = seg.state->device_page_table(), .block_size = B,
+                               .pages = seg.state->device_page_table(),
+                               .block_size = B,
                                .offset = is_v ? layout.page_v_offset(l) : layout.page_k_offset(l)});
       }
     }
@@ -408,20 +441,40 @@ absl::Status CudaCedModel::RunLayers(std::span<const Segment> segments, const in
   const int32_t* const consumer_positions = dmeta + off_consumer_positions;
   for (int64_t l = 0; l < D; ++l) {
     const DeviceWeights::Layer& w = wt.consumers[l];
-    kc::RmsNorm(ctx, {.rows = consumer_total, .dim = d, .x = hc, .weight = w.attn_norm.data(),
-                      .out = x, .eps = eps});
+    kc::RmsNorm(ctx, {.rows = consumer_total,
+                      .dim = d,
+                      .x = hc,
+                      .weight = w.attn_norm.data(),
+                      .out = x,
+                      .eps = eps});
     if (!c.yoco_swa_share_hidden) {
-      kc::Gemm(ctx, {.rows = consumer_total, .in = d, .out = qkv_dim, .x = x, .w = w.qkv.data(),
-                     .y = qkv});
+      kc::Gemm(
+          ctx,
+          {.rows = consumer_total, .in = d, .out = qkv_dim, .x = x, .w = w.qkv.data(), .y = qkv});
     } else {
       // SWA K/V from the shared boundary rows instead of this layer's own input.
-      kc::Gemm(ctx, {.rows = consumer_total, .in = d, .out = q_dim, .x = x, .w = w.qkv.data(),
-                     .y = qkv, .y_stride = qkv_dim});
-      kc::Gemm(ctx, {.rows = consumer_total, .in = d, .out = 2 * kv_dim, .x = sc,
-                     .w = w.qkv.data() + q_dim * d, .y = qkv + q_dim, .y_stride = qkv_dim});
+      kc::Gemm(ctx, {.rows = consumer_total,
+                     .in = d,
+                     .out = q_dim,
+                     .x = x,
+                     .w = w.qkv.data(),
+                     .y = qkv,
+                     .y_stride = qkv_dim});
+      kc::Gemm(ctx, {.rows = consumer_total,
+                     .in = d,
+                     .out = 2 * kv_dim,
+                     .x = sc,
+                     .w = w.qkv.data() + q_dim * d,
+                     .y = qkv + q_dim,
+                     .y_stride = qkv_dim});
     }
-    kc::Rope(ctx, {.rows = consumer_total, .heads = H + Hkv, .head_dim = hd, .x = qkv,
-                   .stride = qkv_dim, .positions = consumer_positions, .theta = c.rope_theta});
+    kc::Rope(ctx, {.rows = consumer_total,
+                   .heads = H + Hkv,
+                   .head_dim = hd,
+                   .x = qkv,
+                   .stride = qkv_dim,
+                   .positions = consumer_positions,
+                   .theta = c.rope_theta});
     for (size_t s = 0; s < segments.size(); ++s) {
       const Segment& seg = segments[s];
       block_kv[s] = {.pages = seg.state->device_page_table(),
@@ -443,12 +496,25 @@ absl::Status CudaCedModel::RunLayers(std::span<const Segment> segments, const in
 
   // Logits of the requested consumer rows.
   if (n_logits == 0) return ctx.Synchronize();
-  kc::GatherRows(ctx, {.rows = n_logits, .width = d, .src = hc, .src_stride = d,
-                       .index = dmeta + off_logit_rows, .dst = final_rows, .dst_stride = d});
-  kc::RmsNorm(ctx, {.rows = n_logits, .dim = d, .x = final_rows, .weight = wt.final_norm.data(),
-                    .out = final_normed, .eps = eps});
-  kc::Gemm(ctx, {.rows = n_logits, .in = d, .out = V, .x = final_normed,
-                 .w = wt.lm_head_data(c.tie_word_embeddings), .y = device_logits});
+  kc::GatherRows(ctx, {.rows = n_logits,
+                       .width = d,
+                       .src = hc,
+                       .src_stride = d,
+                       .index = dmeta + off_logit_rows,
+                       .dst = final_rows,
+                       .dst_stride = d});
+  kc::RmsNorm(ctx, {.rows = n_logits,
+                    .dim = d,
+                    .x = final_rows,
+                    .weight = wt.final_norm.data(),
+                    .out = final_normed,
+                    .eps = eps});
+  kc::Gemm(ctx, {.rows = n_logits,
+                 .in = d,
+                 .out = V,
+                 .x = final_normed,
+                 .w = wt.lm_head_data(c.tie_word_embeddings),
+                 .y = device_logits});
   ctx.CopyToHost(logits, device_logits, n_logits * V * sizeof(float));
   return ctx.Synchronize();
 }

@@ -109,7 +109,8 @@ class CudaCedModelTest : public ::testing::Test {
     for (int step = 0; step < steps; ++step) {
       const int32_t cpu_token = Argmax(cpu_logits), gpu_token = Argmax(gpu_logits);
       ASSERT_EQ(gpu_token, cpu_token) << c.name << ", decode step " << step;
-      const DecodeItem cpu_item{.state = &cpu_state, .token = cpu_token, .logits = cpu_logits.data()};
+      const DecodeItem cpu_item{
+          .state = &cpu_state, .token = cpu_token, .logits = cpu_logits.data()};
       ASSERT_TRUE(cpu_->Decode({&cpu_item, 1}).ok());
       const CudaDecodeItem gpu_item{
           .state = gpu_state->get(), .token = gpu_token, .logits = gpu_logits.data()};
@@ -246,8 +247,8 @@ TEST_F(CudaCedModelTest, ProducerRowsCallbackSeesTheCpuRows) {
     return [&rows, kv_dim](int64_t layer, int64_t q_start, int64_t n, const float* k, const float*,
                            int64_t stride) {
       if (static_cast<int64_t>(rows.size()) <= layer) rows.resize(layer + 1);
-      for (int64_t j = 0; j < n; ++j) rows[layer].insert(rows[layer].end(), k + j * stride,
-                                                         k + j * stride + kv_dim);
+      for (int64_t j = 0; j < n; ++j)
+        rows[layer].insert(rows[layer].end(), k + j * stride, k + j * stride + kv_dim);
     };
   };
   std::vector<std::vector<float>> cpu_rows, gpu_rows;

@@ -77,14 +77,15 @@ absl::StatusOr<ForwardBackend> CpuBackend(const std::string& model_dir) {
   auto state = std::make_shared<model::SequenceState>(ced->state_layout());
   return ForwardBackend{
       .config = ced->config(),
-      .prefill = [ced, state](std::span<const int32_t> tokens,
-                              const model::PrefillOptions& options) {
-        return ced->Prefill(tokens, options, *state);
-      },
-      .decode = [ced, state](int32_t token, float* logits) {
-        const model::DecodeItem item{.state = state.get(), .token = token, .logits = logits};
-        return ced->Decode({&item, 1});
-      }};
+      .prefill =
+          [ced, state](std::span<const int32_t> tokens, const model::PrefillOptions& options) {
+            return ced->Prefill(tokens, options, *state);
+          },
+      .decode =
+          [ced, state](int32_t token, float* logits) {
+            const model::DecodeItem item{.state = state.get(), .token = token, .logits = logits};
+            return ced->Decode({&item, 1});
+          }};
 }
 
 // A machine or build without CUDA cannot honour the flag: INVALID_ARGUMENT, so exit status 2.
@@ -104,15 +105,16 @@ absl::StatusOr<ForwardBackend> CudaBackend(const std::string& model_dir) {
   return ForwardBackend{
       .config = ced->config(),
       // The state's destructor uses the model's context: it captures the model too.
-      .prefill = [ced, state](std::span<const int32_t> tokens,
-                              const model::PrefillOptions& options) {
-        return ced->Prefill(tokens, options, *state);
-      },
-      .decode = [ced, state](int32_t token, float* logits) {
-        const model::cuda::CudaDecodeItem item{
-            .state = state.get(), .token = token, .logits = logits};
-        return ced->Decode({&item, 1});
-      }};
+      .prefill =
+          [ced, state](std::span<const int32_t> tokens, const model::PrefillOptions& options) {
+            return ced->Prefill(tokens, options, *state);
+          },
+      .decode =
+          [ced, state](int32_t token, float* logits) {
+            const model::cuda::CudaDecodeItem item{
+                .state = state.get(), .token = token, .logits = logits};
+            return ced->Decode({&item, 1});
+          }};
 #else
   return absl::InvalidArgumentError("--device cuda: this build has no CUDA kernels");
 #endif
@@ -136,8 +138,9 @@ int RunForward(const ForwardOptions& o) {
                                       absl::StrCat("--decode is ", o.decode, "; it must be >= 0")));
   }
   if (o.device != "cpu" && o.device != "cuda") {
-    return ReportError("forward", absl::InvalidArgumentError(absl::StrCat(
-                                      "--device: '", o.device, "' is unknown; allowed: cpu, cuda")));
+    return ReportError(
+        "forward", absl::InvalidArgumentError(
+                       absl::StrCat("--device: '", o.device, "' is unknown; allowed: cpu, cuda")));
   }
   absl::StatusOr<ForwardBackend> backend =
       o.device == "cuda" ? CudaBackend(o.model_dir) : CpuBackend(o.model_dir);

@@ -79,7 +79,7 @@ struct DecodeRow {
 };
 
 // `index` names the item in error messages.
-absl::StatusOr<DecodeRow> ScheduleDecodeRow(const ModelConfig& config, int64_t index,
-                                            int32_t token, int64_t length, int64_t s_valid);
+absl::StatusOr<DecodeRow> ScheduleDecodeRow(const ModelConfig& config, int64_t index, int32_t token,
+                                            int64_t length, int64_t s_valid);
 
 }  // namespace baton::model

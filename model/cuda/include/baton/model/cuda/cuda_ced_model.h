@@ -43,8 +43,8 @@ class CudaSequenceState {
   CudaSequenceState& operator=(const CudaSequenceState&) = delete;
 
   const StateLayout& layout() const { return layout_; }
-  float* producer_swa() const { return producer_swa_; }  // device
-  float* consumer_swa() const { return consumer_swa_; }  // device
+  float* producer_swa() const { return producer_swa_; }        // device
+  float* consumer_swa() const { return consumer_swa_; }        // device
   const std::vector<float*>& pages() const { return pages_; }  // device pointers
   // The page table in device memory (what the attention and block-KV kernels read).
   float* const* device_page_table() const { return page_table_.data(); }
