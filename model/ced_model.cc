@@ -42,17 +42,6 @@ absl::StatusOr<std::unique_ptr<CedModel>> CedModel::Load(const std::string& mode
   return std::make_unique<CedModel>(*std::move(weights));
 }
 
-absl::Status CedModel::CheckTokens(std::span<const int32_t> tokens) const {
-  for (size_t i = 0; i < tokens.size(); ++i) {
-    if (tokens[i] < 0 || tokens[i] >= config().vocab_size) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("token ", i, " is ", tokens[i],
-                       "; token ids must lie in [0, vocab_size) = [0, ", config().vocab_size, ")"));
-    }
-  }
-  return absl::OkStatus();
-}
-
 void CedModel::RunLayers(std::span<const Segment> segments, const int32_t* tokens, int64_t rows,
                          const ProducerRowsCallback* on_producer_rows,
                          std::span<const int64_t> logit_rows, float* logits) const {
@@ -323,82 +312,40 @@ void CedModel::RunLayers(std::span<const Segment> segments, const int32_t* token
 absl::StatusOr<PrefillResult> CedModel::Prefill(std::span<const int32_t> tokens,
                                                 const PrefillOptions& options,
                                                 SequenceState& state) const {
-  if (tokens.empty()) return absl::InvalidArgumentError("prompt is empty; it needs >= 1 token");
-  if (absl::Status s = CheckTokens(tokens); !s.ok()) return s;
+  absl::StatusOr<PrefillSchedule> schedule =
+      SchedulePrefill(config(), tokens, options, state.length);
+  if (!schedule.ok()) return schedule.status();
   const int64_t L = static_cast<int64_t>(tokens.size());
-  PlanRequest request;
-  request.spec = {.prompt_len = L,
-                  .keep = options.keep,
-                  .mode = options.mode,
-                  .window = config().sliding_window,
-                  .max_backtrack = config().max_backtrack,
-                  .s_valid = options.s_valid};
-  if (absl::Status s = ValidateTruncationSpec(request.spec); !s.ok()) return s;
-  if (state.length > options.s_valid) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "state already holds ", state.length, " positions; prefill with s_valid = ",
-        options.s_valid, " needs at most s_valid (a prefix hit loads exactly [0, s_valid))"));
-  }
-  if (options.chunk_size < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("chunk_size is ", options.chunk_size, "; it must be >= 0 (0: one chunk)"));
-  }
-  const int64_t chunk = options.chunk_size > 0 ? options.chunk_size : L;
-  absl::StatusOr<std::vector<int64_t>> lens = EvenChunks(L - options.s_valid, chunk);
-  if (!lens.ok()) return lens.status();
-  request.chunk_lens = *std::move(lens);
-  absl::StatusOr<TruncationPlan> plan = BuildTruncationPlan(request);
-  if (!plan.ok()) return plan.status();
   if (absl::Status s = state.EnsurePages(L); !s.ok()) return s;
 
   const ProducerRowsCallback* callback = &options.on_producer_rows;
-  // Positions a prefix hit would have loaded: producers and the boundary only.
-  for (int64_t start = state.length; start < options.s_valid; start += chunk) {
-    const int64_t rows = std::min(chunk, options.s_valid - start);
-    const Segment seg{.state = &state, .q_start = start, .rows = rows};
-    RunLayers({&seg, 1}, tokens.data() + start, rows, callback, {}, nullptr);
-  }
-  state.length = options.s_valid;
-  state.s_valid = options.s_valid;
-
   PrefillResult result;
-  result.consumer_rows = plan->total_consumer_rows();
+  result.consumer_rows = schedule->plan.total_consumer_rows();
   const int64_t V = config().vocab_size;
-  // The prompt's result: every row >= s_valid in off and mask, the retained rows in compact.
-  const int64_t result_begin = options.mode == TruncationMode::kCompact
-                                   ? std::max(request.spec.retained_begin(), options.s_valid)
-                                   : options.s_valid;
-  for (size_t i = 0; i < plan->chunks.size(); ++i) {
-    const ChunkPlan& chunk_plan = plan->chunks[i];
-    const int64_t m = static_cast<int64_t>(chunk_plan.consumer_positions.size());
-    const Segment seg{.state = &state,
-                      .q_start = chunk_plan.q_start,
-                      .rows = chunk_plan.q_len,
-                      .consumer_rows = m,
-                      .consumer_positions = chunk_plan.consumer_positions.data(),
-                      .swa_lo = chunk_plan.swa_lo.data(),
-                      .consumer_slots = chunk_plan.consumer_slots.data()};
-    std::vector<int64_t> logit_rows;
-    if (options.result_logits) {
-      for (int64_t r = 0; r < m; ++r) {
-        if (chunk_plan.consumer_positions[r] >= result_begin) logit_rows.push_back(r);
-      }
-    } else if (i + 1 == plan->chunks.size()) {
-      logit_rows.push_back(m - 1);
+  for (const PrefillRun& run : schedule->runs) {
+    Segment seg{.state = &state, .q_start = run.q_start, .rows = run.rows};
+    if (run.chunk >= 0) {
+      const ChunkPlan& chunk_plan = schedule->plan.chunks[run.chunk];
+      seg.consumer_rows = static_cast<int64_t>(chunk_plan.consumer_positions.size());
+      seg.consumer_positions = chunk_plan.consumer_positions.data();
+      seg.swa_lo = chunk_plan.swa_lo.data();
+      seg.consumer_slots = chunk_plan.consumer_slots.data();
     }
     const size_t old = result.logits.size();
-    result.logits.resize(old + logit_rows.size() * V);
-    RunLayers({&seg, 1}, tokens.data() + chunk_plan.q_start, chunk_plan.q_len, callback, logit_rows,
+    result.logits.resize(old + run.logit_rows.size() * V);
+    RunLayers({&seg, 1}, tokens.data() + run.q_start, run.rows, callback, run.logit_rows,
               result.logits.data() + old);
-    for (int64_t r : logit_rows) result.positions.push_back(chunk_plan.consumer_positions[r]);
+    for (int64_t r : run.logit_rows) result.positions.push_back(seg.consumer_positions[r]);
   }
   state.length = L;
+  state.s_valid = options.s_valid;
   return result;
 }
 
 absl::Status CedModel::Decode(std::span<const DecodeItem> batch) const {
   const int64_t n = static_cast<int64_t>(batch.size());
-  std::vector<int32_t> tokens(n), positions(n), swa_lo(n), slots(n);
+  std::vector<int32_t> tokens(n);
+  std::vector<DecodeRow> rows(n);
   std::vector<Segment> segments(n);
   std::vector<int64_t> logit_rows(n);
   for (int64_t i = 0; i < n; ++i) {
@@ -406,27 +353,21 @@ absl::Status CedModel::Decode(std::span<const DecodeItem> batch) const {
     if (item.state == nullptr || item.logits == nullptr) {
       return absl::InvalidArgumentError(absl::StrCat("decode item ", i, " has no state or logits"));
     }
-    if (absl::Status s = CheckTokens({&item.token, 1}); !s.ok()) return s;
-    const int64_t t = item.state->length;
-    if (t < 1) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("decode item ", i, ": state holds no prompt; prefill first"));
-    }
-    if (absl::Status s = item.state->EnsurePages(t + 1); !s.ok()) return s;
+    absl::StatusOr<DecodeRow> row =
+        ScheduleDecodeRow(config(), i, item.token, item.state->length, item.state->s_valid);
+    if (!row.ok()) return row.status();
+    if (absl::Status s = item.state->EnsurePages(row->position + 1); !s.ok()) return s;
     tokens[i] = item.token;
-    positions[i] = static_cast<int32_t>(t);
-    swa_lo[i] =
-        static_cast<int32_t>(DecodeSwaLowerBound(t, config().sliding_window, item.state->s_valid));
-    slots[i] = static_cast<int32_t>(t % config().ring_capacity());
+    rows[i] = *row;
     segments[i] = {.state = item.state,
-                   .q_start = t,
+                   .q_start = row->position,
                    .rows = 1,
                    .row_offset = i,
                    .consumer_rows = 1,
                    .consumer_offset = i,
-                   .consumer_positions = &positions[i],
-                   .swa_lo = &swa_lo[i],
-                   .consumer_slots = &slots[i]};
+                   .consumer_positions = &rows[i].position,
+                   .swa_lo = &rows[i].swa_lo,
+                   .consumer_slots = &rows[i].slot};
     logit_rows[i] = i;
   }
   std::vector<float> logits(n * config().vocab_size);

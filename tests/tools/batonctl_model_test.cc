@@ -1,5 +1,7 @@
 // `batonctl make-model` and `batonctl forward` run as processes: the JSON interface that
 // outside checks use, and exit status 2 with a clear message for bad input.
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <string>
 
@@ -7,6 +9,9 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "run_batonctl.h"
+#if BATON_HAS_CUDA
+#include "baton/kernels/cuda/context.h"
+#endif
 #include "test_dir.h"
 
 namespace {
@@ -73,6 +78,7 @@ TEST_F(BatonctlModelTest, BadInputExitsTwoWithAClearMessage) {
        "keep K is 5 with truncation mode 'compact'"},
       {"forward --model " + Dir() + " --tokens 1,2 --valid-start 2", "s_valid is 2"},
       {"forward --model " + Dir() + " --tokens 1,2 --decode -1", "--decode is -1"},
+      {"forward --model " + Dir() + " --tokens 1,2 --device tpu", "--device: 'tpu' is unknown"},
       {"make-model --preset huge --out /tmp/x", "--preset: preset 'huge' is unknown"},
   };
   for (const auto& [args, message] : cases) {
@@ -80,6 +86,42 @@ TEST_F(BatonctlModelTest, BadInputExitsTwoWithAClearMessage) {
     EXPECT_EQ(r.exit_status, 2) << args;
     EXPECT_THAT(r.err, HasSubstr(message)) << args;
   }
+}
+
+// Without CUDA kernels, or without a device, --device cuda is refused with exit status 2 and
+// the reason; with both, it must give the CPU's result rows and greedy tokens.
+TEST_F(BatonctlModelTest, DeviceCudaRunsOrExitsTwoWithTheReason) {
+  const std::string args = "forward --model " + Dir() + " --tokens " + Tokens(40) +
+                           " --mode compact --keep 22 --chunk-size 9 --valid-start 8 --decode 3"
+                           " --json";
+  const Result gpu = RunBatonctl(args + " --device cuda");
+#if !BATON_HAS_CUDA
+  EXPECT_EQ(gpu.exit_status, 2);
+  EXPECT_THAT(gpu.err, HasSubstr("--device cuda: this build has no CUDA kernels"));
+#else
+  if (baton::kernels::cuda::DeviceCount() == 0) {
+    EXPECT_EQ(gpu.exit_status, 2);
+    EXPECT_THAT(gpu.err, HasSubstr("--device cuda: no CUDA device: " +
+                                   baton::kernels::cuda::NoDeviceReason()));
+    return;
+  }
+  ASSERT_EQ(gpu.exit_status, 0) << gpu.err;
+  const Result cpu = RunBatonctl(args + " --device cpu");
+  ASSERT_EQ(cpu.exit_status, 0) << cpu.err;
+  const auto g = nlohmann::json::parse(gpu.out), c = nlohmann::json::parse(cpu.out);
+  EXPECT_EQ(g["positions"], c["positions"]);
+  EXPECT_EQ(g["tokens"], c["tokens"]);
+  ASSERT_EQ(g["logits"].size(), c["logits"].size());
+  for (size_t r = 0; r < c["logits"].size(); ++r) {
+    double diff = 0, scale = 1e-12;
+    for (size_t v = 0; v < c["logits"][r].size(); ++v) {
+      const double a = g["logits"][r][v].get<double>(), b = c["logits"][r][v].get<double>();
+      diff = std::max(diff, std::abs(a - b));
+      scale = std::max(scale, std::abs(b));
+    }
+    EXPECT_LE(diff / scale, 1e-3) << "row " << r;
+  }
+#endif
 }
 
 }  // namespace

@@ -1,5 +1,7 @@
 // `batonctl make-model` (deterministic generated models) and `batonctl forward` (one prompt
-// through the CPU forward pass: the interface outside checks use, DESIGN section 3).
+// through the CPU forward pass, or with --device cuda the CUDA one: the interface outside
+// checks use, DESIGN section 3).
+#include <functional>
 #include <iostream>
 #include <memory>
 #include <string>
@@ -8,6 +10,10 @@
 #include "baton/common/parse.h"
 #include "baton/model/ced_model.h"
 #include "baton/model/model_factory.h"
+#if BATON_HAS_CUDA
+#include "baton/kernels/cuda/context.h"
+#include "baton/model/cuda/cuda_ced_model.h"
+#endif
 #include "commands.h"
 #include "nlohmann/json.hpp"
 
@@ -51,8 +57,68 @@ struct ForwardOptions {
   int64_t chunk_size = 0;
   int64_t valid_start = 0;
   int64_t decode = 0;
+  std::string device = "cpu";
   bool json = false;
 };
+
+// One backend's prefill and greedy decode steps over one request's state.
+struct ForwardBackend {
+  ModelConfig config;
+  std::function<absl::StatusOr<model::PrefillResult>(std::span<const int32_t>,
+                                                     const model::PrefillOptions&)>
+      prefill;
+  std::function<absl::Status(int32_t token, float* logits)> decode;
+};
+
+absl::StatusOr<ForwardBackend> CpuBackend(const std::string& model_dir) {
+  absl::StatusOr<std::unique_ptr<model::CedModel>> loaded = model::CedModel::Load(model_dir);
+  if (!loaded.ok()) return loaded.status();
+  std::shared_ptr<const model::CedModel> ced = *std::move(loaded);
+  auto state = std::make_shared<model::SequenceState>(ced->state_layout());
+  return ForwardBackend{
+      .config = ced->config(),
+      .prefill =
+          [ced, state](std::span<const int32_t> tokens, const model::PrefillOptions& options) {
+            return ced->Prefill(tokens, options, *state);
+          },
+      .decode =
+          [ced, state](int32_t token, float* logits) {
+            const model::DecodeItem item{.state = state.get(), .token = token, .logits = logits};
+            return ced->Decode({&item, 1});
+          }};
+}
+
+// A machine or build without CUDA cannot honour the flag: INVALID_ARGUMENT, so exit status 2.
+absl::StatusOr<ForwardBackend> CudaBackend(const std::string& model_dir) {
+#if BATON_HAS_CUDA
+  if (kernels::cuda::DeviceCount() == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--device cuda: no CUDA device: ", kernels::cuda::NoDeviceReason()));
+  }
+  absl::StatusOr<std::unique_ptr<model::cuda::CudaCedModel>> loaded =
+      model::cuda::CudaCedModel::Load(model_dir);
+  if (!loaded.ok()) return loaded.status();
+  std::shared_ptr<model::cuda::CudaCedModel> ced = *std::move(loaded);
+  absl::StatusOr<std::unique_ptr<model::cuda::CudaSequenceState>> made = ced->NewState();
+  if (!made.ok()) return made.status();
+  std::shared_ptr<model::cuda::CudaSequenceState> state = *std::move(made);
+  return ForwardBackend{
+      .config = ced->config(),
+      // The state's destructor uses the model's context: it captures the model too.
+      .prefill =
+          [ced, state](std::span<const int32_t> tokens, const model::PrefillOptions& options) {
+            return ced->Prefill(tokens, options, *state);
+          },
+      .decode =
+          [ced, state](int32_t token, float* logits) {
+            const model::cuda::CudaDecodeItem item{
+                .state = state.get(), .token = token, .logits = logits};
+            return ced->Decode({&item, 1});
+          }};
+#else
+  return absl::InvalidArgumentError("--device cuda: this build has no CUDA kernels");
+#endif
+}
 
 int RunForward(const ForwardOptions& o) {
   absl::StatusOr<std::vector<int64_t>> ids = ParseIntList(o.tokens, "--tokens");
@@ -71,27 +137,31 @@ int RunForward(const ForwardOptions& o) {
     return ReportError("forward", absl::InvalidArgumentError(
                                       absl::StrCat("--decode is ", o.decode, "; it must be >= 0")));
   }
-  absl::StatusOr<std::unique_ptr<model::CedModel>> loaded = model::CedModel::Load(o.model_dir);
-  if (!loaded.ok()) return ReportError("forward", loaded.status());
-  const model::CedModel& ced = **loaded;
-  model::SequenceState state(ced.state_layout());
+  if (o.device != "cpu" && o.device != "cuda") {
+    return ReportError(
+        "forward", absl::InvalidArgumentError(
+                       absl::StrCat("--device: '", o.device, "' is unknown; allowed: cpu, cuda")));
+  }
+  absl::StatusOr<ForwardBackend> backend =
+      o.device == "cuda" ? CudaBackend(o.model_dir) : CpuBackend(o.model_dir);
+  if (!backend.ok()) return ReportError("forward", backend.status());
   model::PrefillOptions options{.mode = *mode,
                                 .keep = o.keep,
                                 .s_valid = o.valid_start,
                                 .chunk_size = o.chunk_size,
                                 .result_logits = true};
-  absl::StatusOr<model::PrefillResult> result = ced.Prefill(tokens, options, state);
+  absl::StatusOr<model::PrefillResult> result = backend->prefill(tokens, options);
   if (!result.ok()) return ReportError("forward", result.status());
 
-  const int64_t V = ced.config().vocab_size;
+  const int64_t V = backend->config.vocab_size;
   std::vector<int32_t> generated;
   if (o.decode > 0) {
     std::vector<float> logits(result->logits.end() - V, result->logits.end());
     generated.push_back(model::Argmax(logits));
     for (int64_t step = 1; step < o.decode; ++step) {
-      const model::DecodeItem item{
-          .state = &state, .token = generated.back(), .logits = logits.data()};
-      if (absl::Status s = ced.Decode({&item, 1}); !s.ok()) return ReportError("forward", s);
+      if (absl::Status s = backend->decode(generated.back(), logits.data()); !s.ok()) {
+        return ReportError("forward", s);
+      }
       generated.push_back(model::Argmax(logits));
     }
   }
@@ -136,7 +206,7 @@ Command AddMakeModelCommand(CLI::App& app) {
 
 Command AddForwardCommand(CLI::App& app) {
   auto o = std::make_shared<ForwardOptions>();
-  CLI::App* command = app.add_subcommand("forward", "Run one prompt through the CPU forward pass");
+  CLI::App* command = app.add_subcommand("forward", "Run one prompt through the forward pass");
   command->add_option("--model", o->model_dir, "Model directory")->required();
   command->add_option("--tokens", o->tokens, "Prompt token ids, comma-separated")->required();
   command->add_option("--mode", o->mode, "Truncation: off (default), mask or compact");
@@ -145,6 +215,8 @@ Command AddForwardCommand(CLI::App& app) {
   command->add_option("--valid-start", o->valid_start,
                       "s_valid: consumers start here, as after a prefix hit of V tokens");
   command->add_option("--decode", o->decode, "Greedy tokens to generate after the prompt");
+  command->add_option("--device", o->device,
+                      "cpu (default) or cuda (needs a CUDA build and a device)");
   command->add_flag("--json", o->json, "Print one JSON object");
   return {command, [o] { return RunForward(*o); }};
 }

@@ -12,43 +12,18 @@
 #pragma once
 
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "baton/model/forward_schedule.h"
 #include "baton/model/plan.h"
 #include "baton/model/state.h"
 #include "baton/model/weights.h"
 
 namespace baton::model {
-
-// Receives each producer layer's RoPE'd K and V rows as a chunk computes them, so that the
-// prefix store can keep every full block's producer SWA rows (the ring keeps only the last C).
-// k and v point at row 0 (position q_start); rows are `stride` floats apart, kv_dim wide.
-using ProducerRowsCallback = std::function<void(int64_t layer, int64_t q_start, int64_t rows,
-                                                const float* k, const float* v, int64_t stride)>;
-
-struct PrefillOptions {
-  TruncationMode mode = TruncationMode::kOff;
-  int64_t keep = 0;
-  // Consumer rows start here; positions [state.length, s_valid) run producers and the
-  // boundary only (what a prefix hit of s_valid tokens would have loaded).
-  int64_t s_valid = 0;
-  int64_t chunk_size = 0;  // 0: one chunk
-  // false: logits of the last prompt row only (serving); true: every row of the prompt's
-  // result (rows >= s_valid; in compact only the retained rows, never a placeholder).
-  bool result_logits = false;
-  ProducerRowsCallback on_producer_rows;
-};
-
-struct PrefillResult {
-  std::vector<int32_t> positions;  // rows whose logits follow, increasing
-  std::vector<float> logits;       // [positions.size(), vocab_size]
-  int64_t consumer_rows = 0;       // rows each consumer layer computed (plan total)
-};
 
 struct DecodeItem {
   SequenceState* state = nullptr;  // decodes position state->length
@@ -78,7 +53,6 @@ class CedModel {
   void RunLayers(std::span<const Segment> segments, const int32_t* tokens, int64_t rows,
                  const ProducerRowsCallback* on_producer_rows, std::span<const int64_t> logit_rows,
                  float* logits) const;
-  absl::Status CheckTokens(std::span<const int32_t> tokens) const;
 
   CedWeights weights_;
 };

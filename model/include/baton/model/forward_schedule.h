@@ -1,0 +1,85 @@
+// The host side of a forward step, shared by every backend of the CED forward pass (the CPU
+// CedModel and, in CUDA builds, model/cuda's CudaCedModel): option checks, the truncation plan
+// and the order of the runs a prefill makes (DESIGN section 3), and the per-row metadata of a
+// decode step. A backend only executes a schedule; it never re-derives which row runs, which
+// keys it sees, where it writes or which rows give logits.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "baton/common/model_config.h"
+#include "baton/model/plan.h"
+
+namespace baton::model {
+
+// Receives each producer layer's RoPE'd K and V rows as a chunk computes them, so that the
+// prefix store can keep every full block's producer SWA rows (the ring keeps only the last C).
+// k and v point at row 0 (position q_start); rows are `stride` floats apart, kv_dim wide.
+// Host pointers (a device backend copies the rows out first).
+using ProducerRowsCallback = std::function<void(int64_t layer, int64_t q_start, int64_t rows,
+                                                const float* k, const float* v, int64_t stride)>;
+
+struct PrefillOptions {
+  TruncationMode mode = TruncationMode::kOff;
+  int64_t keep = 0;
+  // Consumer rows start here; positions [state.length, s_valid) run producers and the
+  // boundary only (what a prefix hit of s_valid tokens would have loaded).
+  int64_t s_valid = 0;
+  int64_t chunk_size = 0;  // 0: one chunk
+  // false: logits of the last prompt row only (serving); true: every row of the prompt's
+  // result (rows >= s_valid; in compact only the retained rows, never a placeholder).
+  bool result_logits = false;
+  ProducerRowsCallback on_producer_rows;
+};
+
+struct PrefillResult {
+  std::vector<int32_t> positions;  // rows whose logits follow, increasing
+  std::vector<float> logits;       // [positions.size(), vocab_size]
+  int64_t consumer_rows = 0;       // rows each consumer layer computed (plan total)
+};
+
+// One run of the layer stack over prompt rows [q_start, q_start + rows).
+struct PrefillRun {
+  int64_t q_start = 0;
+  int64_t rows = 0;
+  // Index into the plan's chunks; -1: positions before s_valid, producers and the boundary
+  // only (no consumer rows, no logits).
+  int64_t chunk = -1;
+  // The chunk's consumer rows (indices into its consumer_positions) whose logits the result
+  // takes, in order.
+  std::vector<int64_t> logit_rows;
+};
+
+struct PrefillSchedule {
+  TruncationPlan plan;
+  std::vector<PrefillRun> runs;  // in order; the result's rows follow the runs' logit rows
+};
+
+// Ids outside [0, vocab_size) are INVALID_ARGUMENT, naming the first bad one.
+absl::Status CheckTokenIds(const ModelConfig& config, std::span<const int32_t> tokens);
+
+// Checks the prompt and the options against a state that already holds `state_length`
+// positions and plans the prefill. The caller makes pages cover [0, L), executes the runs,
+// then sets state.length = L and state.s_valid = options.s_valid.
+absl::StatusOr<PrefillSchedule> SchedulePrefill(const ModelConfig& config,
+                                                std::span<const int32_t> tokens,
+                                                const PrefillOptions& options,
+                                                int64_t state_length);
+
+// A decode step's one row for a request whose state holds `length` positions.
+struct DecodeRow {
+  int32_t position = 0;  // = length
+  int32_t swa_lo = 0;    // DecodeSwaLowerBound(position, W, s_valid)
+  int32_t slot = 0;      // ring slot position % C (always written)
+};
+
+// `index` names the item in error messages.
+absl::StatusOr<DecodeRow> ScheduleDecodeRow(const ModelConfig& config, int64_t index, int32_t token,
+                                            int64_t length, int64_t s_valid);
+
+}  // namespace baton::model
