@@ -155,6 +155,15 @@ void Heartbeat::Run() {
   }
 }
 
+Registration NodeRegistration(std::string router, const std::string& node_id, v1::NodeRole role,
+                              const std::string& fingerprint, Heartbeat::LoadFn load) {
+  Registration registration{std::move(router), {}, std::move(load)};
+  registration.node.set_node_id(node_id);
+  registration.node.set_role(role);
+  registration.node.set_model_fingerprint(fingerprint);
+  return registration;
+}
+
 int ServeUntilShutdown(const std::string& binary, grpc::ServerBuilder& builder,
                        const ServerOptions& options, Registration registration,
                        const std::function<void(grpc::Server&)>& on_started,

@@ -35,9 +35,8 @@ int main(int argc, char** argv) {
   baton::kvstore::KvStoreService service(**store);
   grpc::ServerBuilder builder;
   builder.RegisterService(&service);
-  baton::Registration registration{router, {}, [] { return baton::v1::LoadReport(); }};
-  registration.node.set_node_id("kvstore");
-  registration.node.set_role(baton::v1::NODE_ROLE_KVSTORE);
-  registration.node.set_model_fingerprint(*fingerprint);
-  return baton::ServeUntilShutdown("baton-kvstore", builder, flags.server, registration);
+  return baton::ServeUntilShutdown(
+      "baton-kvstore", builder, flags.server,
+      baton::NodeRegistration(router, "kvstore", baton::v1::NODE_ROLE_KVSTORE, *fingerprint,
+                              [] { return baton::v1::LoadReport(); }));
 }

@@ -32,9 +32,8 @@ int main(int argc, char** argv) {
   baton::prefill_node::PrefillService service(**model, options);
   grpc::ServerBuilder builder;
   builder.RegisterService(&service);
-  baton::Registration registration{router, {}, [&] { return service.Load(); }};
-  registration.node.set_node_id(node_id);
-  registration.node.set_role(baton::v1::NODE_ROLE_PREFILL);
-  registration.node.set_model_fingerprint((*model)->fingerprint());
-  return baton::ServeUntilShutdown("baton-prefill", builder, flags.server, registration);
+  return baton::ServeUntilShutdown(
+      "baton-prefill", builder, flags.server,
+      baton::NodeRegistration(router, node_id, baton::v1::NODE_ROLE_PREFILL,
+                              (*model)->fingerprint(), [&] { return service.Load(); }));
 }

@@ -81,6 +81,10 @@ struct Registration {
   v1::RegisterRequest node;
   Heartbeat::LoadFn load;
 };
+// The registration of a node of `role` called `node_id`, serving the model `fingerprint`.
+Registration NodeRegistration(std::string router, const std::string& node_id, v1::NodeRole role,
+                              const std::string& fingerprint, Heartbeat::LoadFn load);
+
 int ServeUntilShutdown(const std::string& binary, grpc::ServerBuilder& builder,
                        const ServerOptions& options, Registration registration,
                        const std::function<void(grpc::Server&)>& on_started = nullptr,
