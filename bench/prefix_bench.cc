@@ -7,6 +7,7 @@
 //                      [--shares 0,0.5,0.9] [--repeats 3] [--vocab 4096]
 #include <algorithm>
 #include <chrono>
+#include <fstream>
 #include <iostream>
 #include <random>
 #include <thread>
@@ -68,11 +69,15 @@ uint64_t QuietBlocks(baton::v1::KvStore::Stub& store) {
 
 int main(int argc, char** argv) {
   CLI::App app{"baton prefix-cache TTFT benchmark"};
-  std::string addr, kvstore;
+  std::string addr, kvstore, tls_dir;
   int length = 4096, block = 64, repeats = 3, vocab = 4096;
   std::vector<double> shares = {0, 0.5, 0.9};
   app.add_option("--addr", addr, "Router address")->required();
   app.add_option("--kvstore", kvstore, "kvstore address (to wait for write-back)")->required();
+  app.add_option("--tls-dir", tls_dir,
+                 "Folder with ca.crt and router.crt/.key (baton up's <data-dir>/tls): the store "
+                 "is read as the router")
+      ->required();
   app.add_option("--length", length, "Prompt tokens");
   app.add_option("--block-size", block, "The model's kv_block_size");
   app.add_option("--shares", shares, "Cached shares of the prompt")->delimiter(',');
@@ -81,8 +86,12 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   auto stub =
       baton::v1::Generation::NewStub(grpc::CreateChannel(addr, grpc::InsecureChannelCredentials()));
-  auto store =
-      baton::v1::KvStore::NewStub(grpc::CreateChannel(kvstore, grpc::InsecureChannelCredentials()));
+  auto read = [&](const std::string& name) {
+    std::ifstream in(tls_dir + "/" + name);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  grpc::SslCredentialsOptions ssl{read("ca.crt"), read("router.key"), read("router.crt")};
+  auto store = baton::v1::KvStore::NewStub(grpc::CreateChannel(kvstore, grpc::SslCredentials(ssl)));
   std::mt19937_64 rng(2026);
   nlohmann::json out = nlohmann::json::array();
   for (double share : shares) {

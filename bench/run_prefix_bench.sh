@@ -15,7 +15,7 @@ up=$!
 trap 'kill -INT $up 2>/dev/null; wait $up 2>/dev/null; rm -rf "$work"' EXIT
 for _ in $(seq 600); do grep -q "router at" "$work/up.log" && break; sleep 0.2; done
 "$build/bench/baton_prefix_bench" --addr "$(cat "$work/data/run/router.addr")" \
-  --kvstore "$(cat "$work/data/run/kvstore.addr")" --repeats "${REPEATS:-3}" >"$work/ttft.json"
+  --kvstore "$(cat "$work/data/run/kvstore.addr")" --tls-dir "$work/data/tls" --repeats "${REPEATS:-3}" >"$work/ttft.json"
 "$build/bench/baton_store_bench" --model "$model" --dir "$work/store" >"$work/store.json"
 /usr/bin/python3 - "$work/ttft.json" "$work/store.json" <<'PY'
 import json, sys

@@ -15,7 +15,7 @@ model="${1:-$work/small}"
 [[ -f "$model/config.json" ]] || "$build/tools/batonctl" make-model --preset small --out "$model" >/dev/null
 sizes="${SIZES:-1,16,256}"
 iterations="${ITERATIONS:-10}"
-"$build/decode_node/baton-decode" --model "$model" --pages 1100 --slots 4 \
+"$build/decode_node/baton-decode" --model "$model" --pages 1100 --slots 4 --insecure-internal \
   --ready-file "$work/decode.addr" >"$work/decode.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 200); do [[ -s "$work/decode.addr" ]] && break; sleep 0.1; done

@@ -33,7 +33,8 @@ int main(int argc, char** argv) {
   if (!store.ok()) return 1;
   std::vector<int32_t> tokens(static_cast<size_t>(blocks) * layout.block_size);
   for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>(i % 4000);
-  const auto chain = baton::kvstore::ChainKeys(*fingerprint, "bench", tokens, layout.block_size);
+  const auto chain =
+      baton::kvstore::ChainKeys(*fingerprint, "", "bench", tokens, layout.block_size);
   nlohmann::json out;
   out["block_size"] = layout.block_size;
   for (int r = 0; r < 2; ++r) {

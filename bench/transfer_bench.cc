@@ -65,7 +65,7 @@ int main(int argc, char** argv) {
       if (!decode->Reserve(&context, reserve, &probe).ok()) return 1;
       grpc::ClientContext release_context;
       baton::v1::ReleaseRequest release;
-      release.set_request_id(reserve.request_id());
+      release.set_reservation_id(probe.reservation_id());
       baton::v1::ReleaseResponse ignored;
       decode->Release(&release_context, release, &ignored);
     }
@@ -99,7 +99,7 @@ int main(int argc, char** argv) {
       baton::v1::PushRegionsResponse pushed;
       auto writer = decode->PushRegions(&push_context, &pushed);
       for (uint64_t p = 0; p < pages; ++p) {
-        baton::transfer::WriteRegionChunks(*writer, reservation.request_id(),
+        baton::transfer::WriteRegionChunks(*writer, reservation.reservation_id(),
                                            baton::v1::REGION_BLOCK_KV, source + p * page_bytes,
                                            page_bytes, p * page_bytes);
       }
@@ -123,7 +123,7 @@ int main(int argc, char** argv) {
     endpoint->reset();
     grpc::ClientContext release_context;
     baton::v1::ReleaseRequest release;
-    release.set_request_id(reservation.request_id());
+    release.set_reservation_id(reservation.reservation_id());
     baton::v1::ReleaseResponse ignored;
     decode->Release(&release_context, release, &ignored);
   }

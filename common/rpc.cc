@@ -14,7 +14,7 @@
 #include "absl/strings/str_split.h"
 #include "baton/common/log.h"
 #include "baton/common/metrics.h"
-#include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "baton/common/security.h"
 #include "grpcpp/health_check_service_interface.h"
 
 namespace baton {
@@ -38,12 +38,16 @@ void WriteAddressFile(const std::string& path, const std::string& address) {
 }
 
 absl::StatusOr<StartedServer> StartServer(grpc::ServerBuilder& builder,
-                                          const ServerOptions& options) {
+                                          const ServerOptions& options,
+                                          std::shared_ptr<grpc::ServerCredentials> credentials) {
   grpc::EnableDefaultHealthCheckService(true);
-  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  builder.SetMaxReceiveMessageSize(security::kMaxMessageBytes);
+  builder.SetMaxSendMessageSize(security::kMaxMessageBytes);
   int port = 0;
-  builder.AddListeningPort(absl::StrCat(options.host, ":", options.port),
-                           grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(
+      absl::StrCat(options.host, ":", options.port),
+      credentials != nullptr ? std::move(credentials) : security::InternalServerCredentials(),
+      &port);
   StartedServer started;
   started.server = builder.BuildAndStart();
   if (started.server == nullptr || port == 0) {
@@ -128,8 +132,7 @@ void Heartbeat::Run() {
     for (const std::string& address : addresses) {
       std::unique_ptr<v1::Registry::Stub>& stub = stubs[address];
       if (stub == nullptr) {
-        stub = v1::Registry::NewStub(
-            grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+        stub = v1::Registry::NewStub(security::InternalChannel(address, security::Role::kRouter));
       }
       calls.push_back(std::make_unique<Call>());
       Call* call = calls.back().get();
@@ -166,8 +169,8 @@ Registration NodeRegistration(std::string router, const std::string& node_id, v1
 
 int ServeUntilShutdown(const std::string& binary, grpc::ServerBuilder& builder,
                        const ServerOptions& options, Registration registration,
-                       const std::function<void(grpc::Server&)>& on_started,
-                       const std::function<void()>& on_stopping) {
+                       const std::function<void(HealthSetter)>& on_started,
+                       const std::function<void()>& on_stopping, ClientEndpoint client) {
   metrics::MetricsServer metrics_server;
   if (options.metrics_port >= 0) {
     absl::StatusOr<metrics::MetricsServer> metrics = metrics::StartMetricsServer(
@@ -184,16 +187,50 @@ int ServeUntilShutdown(const std::string& binary, grpc::ServerBuilder& builder,
     log::Error("cannot start", {{"error", std::string(started.status().message())}});
     return 1;
   }
-  if (on_started) on_started(*started->server);
+  absl::StatusOr<StartedServer> client_started;
+  if (client.builder != nullptr) {
+    client_started = StartServer(*client.builder, client.options, client.credentials);
+    if (!client_started.ok()) {
+      log::Error("cannot start", {{"error", std::string(client_started.status().message())}});
+      return 1;
+    }
+  }
+  absl::StatusOr<StartedServer> health_started;
+  if (options.health_port >= 0) {
+    grpc::ServerBuilder health_builder;
+    ServerOptions health_options;
+    health_options.host = options.host;
+    health_options.port = options.health_port;
+    health_options.ready_file = options.health_ready_file;
+    health_started = StartServer(health_builder, health_options, grpc::InsecureServerCredentials());
+    if (!health_started.ok()) {
+      log::Error("cannot start", {{"error", std::string(health_started.status().message())}});
+      return 1;
+    }
+  }
+  std::vector<grpc::Server*> servers = {started->server.get()};
+  if (client.builder != nullptr) servers.push_back(client_started->server.get());
+  if (options.health_port >= 0) servers.push_back(health_started->server.get());
+  const StartedServer& primary = client.builder != nullptr ? *client_started : *started;
+  if (on_started) {
+    on_started([servers](const std::string& service, bool serving) {
+      for (grpc::Server* server : servers) {
+        server->GetHealthCheckService()->SetServingStatus(service, serving);
+      }
+    });
+  }
   WriteAddressFile(options.metrics_ready_file, metrics_server.address);
-  std::cout << binary << " serving on " << started->address << std::endl;
-  log::Info("serving", {{"address", started->address}, {"metrics", metrics_server.address}});
+  std::cout << binary << " serving on " << primary.address << std::endl;
+  log::Info("serving", {{"address", primary.address},
+                        {"internal_address", started->address},
+                        {"metrics", metrics_server.address},
+                        {"mtls", security::Enabled()}});
   std::unique_ptr<Heartbeat> heartbeat;
   if (!registration.router.empty()) {
     const int port = std::stoi(started->address.substr(started->address.rfind(':') + 1));
-    registration.node.set_address(
-        options.advertise_host.empty() ? started->address
-                                       : absl::StrCat(options.advertise_host, ":", port));
+    registration.node.set_address(options.advertise_host.empty()
+                                      ? started->address
+                                      : absl::StrCat(options.advertise_host, ":", port));
     heartbeat =
         std::make_unique<Heartbeat>(registration.router, registration.node, registration.load);
   }
@@ -201,7 +238,10 @@ int ServeUntilShutdown(const std::string& binary, grpc::ServerBuilder& builder,
   log::Info("stopping", {{"signal", signal}});
   heartbeat.reset();
   if (on_stopping) on_stopping();
-  started->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  const auto grace = std::chrono::system_clock::now() + std::chrono::seconds(2);
+  if (options.health_port >= 0) health_started->server->Shutdown(grace);
+  if (client.builder != nullptr) client_started->server->Shutdown(grace);
+  started->server->Shutdown(grace);
   return 0;
 }
 

@@ -20,12 +20,18 @@ void AddServerFlags(CLI::App& app, ServerFlags& flags) {
       ->check(CLI::Range(-1, 65535));
   app.add_option("--metrics-ready-file", server.metrics_ready_file,
                  "Write the metrics host:port here once serving");
+  app.add_option("--health-port", server.health_port,
+                 "Plaintext port serving grpc.health.v1 alone, for kubelet probes (-1: none, 0: "
+                 "any free port)")
+      ->check(CLI::Range(-1, 65535));
+  app.add_option("--health-ready-file", server.health_ready_file,
+                 "Write the health host:port here once serving");
   log::AddLogFlags(app, flags.log);
+  security::AddTlsFlags(app, flags.tls);
 }
 
-std::optional<int> ParseServerFlags(CLI::App& app, int argc, char** argv,
-                                    const std::string& binary, const std::string& section,
-                                    const ServerFlags& flags) {
+std::optional<int> ParseServerFlags(CLI::App& app, int argc, char** argv, const std::string& binary,
+                                    const std::string& section, const ServerFlags& flags) {
   bool check_only = false;
   app.add_flag("--check-config", check_only,
                "Check the flags and the config file, print the settings they give, and exit");
@@ -36,6 +42,10 @@ std::optional<int> ParseServerFlags(CLI::App& app, int argc, char** argv,
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
     std::cerr << binary << ": error: " << e.what() << "\n";
+    return 2;
+  }
+  if (absl::Status s = security::Configure(flags.tls); !s.ok()) {
+    std::cerr << binary << ": error: " << s.message() << "\n";
     return 2;
   }
   if (check_only) {

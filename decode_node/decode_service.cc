@@ -8,6 +8,7 @@
 #include "baton/common/log.h"
 #include "baton/common/metrics.h"
 #include "baton/common/rpc.h"
+#include "baton/common/security.h"
 
 namespace baton::decode_node {
 namespace {
@@ -15,8 +16,15 @@ namespace {
 using Clock = std::chrono::steady_clock;
 constexpr uint32_t kStateFormatVersion = 1;
 
+using security::Role;
+
 grpc::Status Invalid(const std::string& message) {
   return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, message);
+}
+
+grpc::Status NoReservation(const std::string& id) {
+  return grpc::Status(grpc::StatusCode::NOT_FOUND,
+                      absl::StrCat("reservation_id: no open reservation '", id, "'"));
 }
 
 }  // namespace
@@ -45,7 +53,12 @@ struct DecodeService::Request {
     pool->Unreserve(slot, reserved_pages - used);
   }
   StatePool* pool = nullptr;
-  std::string id;
+  std::string id;          // the reservation id (random, chosen here)
+  std::string request_id;  // the client's request id, for logs
+  // Who may use the reservation (certificate identities; empty without mutual TLS): the
+  // router that reserved it streams and releases, the prefill node it named pushes and commits.
+  std::string router_identity;
+  std::string prefill_identity;
   Phase phase = Phase::kReserved;
   int64_t slot = -1;
   int64_t reserved_pages = 0;
@@ -126,6 +139,18 @@ DecodeService::~DecodeService() {
   ucx_memory_.reset();
 }
 
+std::shared_ptr<DecodeService::Request> DecodeService::Owned(const grpc::ServerContext& context,
+                                                             const std::string& id,
+                                                             Role role) const {
+  auto it = requests_.find(id);
+  if (it == requests_.end()) return nullptr;
+  const Request& r = *it->second;
+  // Another identity's reservation looks exactly like a missing one.
+  const std::string& owner = role == Role::kPrefill ? r.prefill_identity : r.router_identity;
+  if (security::Enabled() && security::PeerIdentity(context) != owner) return nullptr;
+  return it->second;
+}
+
 void DecodeService::Erase(const std::string& id) {
   auto it = requests_.find(id);
   if (it == requests_.end()) return;
@@ -135,12 +160,15 @@ void DecodeService::Erase(const std::string& id) {
 
 grpc::Status DecodeService::Reserve(grpc::ServerContext* context, const v1::ReserveRequest* request,
                                     v1::Reservation* reply) {
+  if (absl::Status s = security::Authorize(*context, {Role::kRouter}, "DecodeNode/Reserve");
+      !s.ok()) {
+    return ToGrpcStatus(s);
+  }
   const ModelConfig& config = model_.config();
   if (request->request_id().empty()) return Invalid("request_id: must not be empty");
   if (request->model_fingerprint() != model_.fingerprint()) {
-    return grpc::Status(
-        grpc::StatusCode::FAILED_PRECONDITION,
-        absl::StrCat("model_fingerprint: this decode node serves ", model_.fingerprint()));
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                        "model_fingerprint: does not match the model this decode node serves");
   }
   if (request->prompt_tokens() == 0) return Invalid("prompt_tokens: must be >= 1");
   const auto& sampling = request->sampling();
@@ -157,10 +185,6 @@ grpc::Status DecodeService::Reserve(grpc::ServerContext* context, const v1::Rese
                                      pool_->total_pages()));
   }
   std::unique_lock<std::mutex> lock(mutex_);
-  if (requests_.contains(request->request_id())) {
-    return grpc::Status(grpc::StatusCode::ALREADY_EXISTS,
-                        absl::StrCat("request_id: '", request->request_id(), "' is reserved"));
-  }
   std::optional<int64_t> slot = pool_->TryReserve(pages);
   if (!slot) {
     if (waiting_ >= options_.max_waiting) {
@@ -180,7 +204,10 @@ grpc::Status DecodeService::Reserve(grpc::ServerContext* context, const v1::Rese
     }
   }
   auto r = std::make_shared<Request>();
-  r->id = request->request_id();
+  r->id = security::RandomId();
+  r->request_id = request->request_id();
+  r->router_identity = security::PeerIdentity(*context);
+  r->prefill_identity = request->prefill_identity();
   r->slot = *slot;
   r->reserved_pages = pages;
   r->state = std::make_unique<model::SequenceState>(
@@ -200,7 +227,7 @@ grpc::Status DecodeService::Reserve(grpc::ServerContext* context, const v1::Rese
   r->deadline = Clock::now() + std::chrono::milliseconds(
                                    request->timeout_ms() > 0 ? request->timeout_ms() : 10000);
   const model::StateLayout& layout = model_.state_layout();
-  reply->set_request_id(r->id);
+  reply->set_reservation_id(r->id);
   if (ucx_ != nullptr) {
     reply->set_ucx_worker_address(ucx_->address());
     reply->set_rkey(ucx_memory_->packed_rkey());
@@ -236,6 +263,10 @@ uint64_t DecodeService::RegionBytes(v1::Region region, const Request& r) const {
 grpc::Status DecodeService::PushRegions(grpc::ServerContext* context,
                                         grpc::ServerReader<v1::RegionChunk>* reader,
                                         v1::PushRegionsResponse* reply) {
+  if (absl::Status s = security::Authorize(*context, {Role::kPrefill}, "DecodeNode/PushRegions");
+      !s.ok()) {
+    return ToGrpcStatus(s);
+  }
   v1::RegionChunk chunk;
   uint64_t total = 0;
   const uint64_t page_bytes = sizeof(float) * model_.state_layout().page_floats();
@@ -243,13 +274,10 @@ grpc::Status DecodeService::PushRegions(grpc::ServerContext* context,
     std::shared_ptr<Request> r;
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      auto it = requests_.find(chunk.request_id());
-      if (it == requests_.end() || it->second->phase != Phase::kReserved) {
-        return grpc::Status(
-            grpc::StatusCode::NOT_FOUND,
-            absl::StrCat("request_id: no open reservation '", chunk.request_id(), "'"));
+      r = Owned(*context, chunk.reservation_id(), Role::kPrefill);
+      if (r == nullptr || r->phase != Phase::kReserved) {
+        return NoReservation(chunk.reservation_id());
       }
-      r = it->second;
     }
     const uint64_t limit = RegionBytes(chunk.region(), *r);
     if (limit == 0 || chunk.offset() + chunk.data().size() > limit) {
@@ -286,14 +314,14 @@ grpc::Status DecodeService::PushRegions(grpc::ServerContext* context,
 
 grpc::Status DecodeService::Commit(grpc::ServerContext* context, const v1::CommitRequest* request,
                                    v1::CommitResponse* reply) {
+  if (absl::Status s = security::Authorize(*context, {Role::kPrefill}, "DecodeNode/Commit");
+      !s.ok()) {
+    return ToGrpcStatus(s);
+  }
   const v1::StateHeader& h = request->header();
   std::unique_lock<std::mutex> lock(mutex_);
-  auto it = requests_.find(h.request_id());
-  if (it == requests_.end() || it->second->phase != Phase::kReserved) {
-    return grpc::Status(grpc::StatusCode::NOT_FOUND,
-                        absl::StrCat("request_id: no open reservation '", h.request_id(), "'"));
-  }
-  std::shared_ptr<Request> r = it->second;
+  std::shared_ptr<Request> r = Owned(*context, h.reservation_id(), Role::kPrefill);
+  if (r == nullptr || r->phase != Phase::kReserved) return NoReservation(h.reservation_id());
   auto fail = [&](grpc::StatusCode code, const std::string& message) {
     Erase(r->id);
     return grpc::Status(code, message);
@@ -415,12 +443,19 @@ void DecodeService::DecodeLoop() {
 
 grpc::Status DecodeService::Stream(grpc::ServerContext* context, const v1::StreamRequest* request,
                                    grpc::ServerWriter<v1::DecodeOutput>* writer) {
-  const grpc::Status status = RunStream(context, request, writer);
+  if (absl::Status s = security::Authorize(*context, {Role::kRouter}, "DecodeNode/Stream");
+      !s.ok()) {
+    return ToGrpcStatus(s);
+  }
+  std::string request_id;
+  const grpc::Status status = RunStream(context, request, writer, &request_id);
   metrics_->requests.Add({{"outcome", metrics::OutcomeLabel(status.error_code())}}).Increment();
   if (status.ok()) {
-    log::Info("stream finished", {{"request_id", request->request_id()}});
+    log::Info("stream finished",
+              {{"request_id", request_id}, {"reservation_id", request->reservation_id()}});
   } else {
-    log::Warn("stream ended", {{"request_id", request->request_id()},
+    log::Warn("stream ended", {{"request_id", request_id},
+                               {"reservation_id", request->reservation_id()},
                                {"code", metrics::OutcomeLabel(status.error_code())},
                                {"error", status.error_message()}});
   }
@@ -429,15 +464,16 @@ grpc::Status DecodeService::Stream(grpc::ServerContext* context, const v1::Strea
 
 grpc::Status DecodeService::RunStream(grpc::ServerContext* context,
                                       const v1::StreamRequest* request,
-                                      grpc::ServerWriter<v1::DecodeOutput>* writer) {
+                                      grpc::ServerWriter<v1::DecodeOutput>* writer,
+                                      std::string* request_id) {
   std::unique_lock<std::mutex> lock(mutex_);
-  auto it = requests_.find(request->request_id());
-  if (it == requests_.end() || it->second->phase == Phase::kReserved) {
+  std::shared_ptr<Request> r = Owned(*context, request->reservation_id(), Role::kRouter);
+  if (r == nullptr || r->phase == Phase::kReserved) {
     return grpc::Status(
         grpc::StatusCode::NOT_FOUND,
-        absl::StrCat("request_id: no committed request '", request->request_id(), "'"));
+        absl::StrCat("reservation_id: no committed request '", request->reservation_id(), "'"));
   }
-  std::shared_ptr<Request> r = it->second;
+  *request_id = r->request_id;
   r->attached = true;
   while (true) {
     const bool cancelled =
@@ -474,8 +510,14 @@ grpc::Status DecodeService::RunStream(grpc::ServerContext* context,
 
 grpc::Status DecodeService::Release(grpc::ServerContext* context, const v1::ReleaseRequest* request,
                                     v1::ReleaseResponse* reply) {
+  if (absl::Status s = security::Authorize(*context, {Role::kRouter}, "DecodeNode/Release");
+      !s.ok()) {
+    return ToGrpcStatus(s);
+  }
   std::lock_guard<std::mutex> lock(mutex_);
-  Erase(request->request_id());
+  if (Owned(*context, request->reservation_id(), Role::kRouter) != nullptr) {
+    Erase(request->reservation_id());
+  }
   return grpc::Status::OK;
 }
 
@@ -493,6 +535,10 @@ v1::LoadReport DecodeService::Load() const {
 
 grpc::Status DecodeService::Stats(grpc::ServerContext* context, const v1::StatsRequest* request,
                                   v1::StatsResponse* reply) {
+  if (absl::Status s = security::Authorize(*context, {Role::kRouter}, "DecodeNode/Stats");
+      !s.ok()) {
+    return ToGrpcStatus(s);
+  }
   *reply->mutable_load() = Load();
   std::lock_guard<std::mutex> lock(mutex_);
   reply->set_reservations(static_cast<uint32_t>(requests_.size()));
@@ -509,7 +555,8 @@ void DecodeService::ReapLoop() {
       if (!r->attached && now > r->deadline) expired.push_back(id);
     }
     for (const std::string& id : expired) {
-      log::Warn("reservation expired; freed", {{"request_id", id}});
+      log::Warn("reservation expired; freed",
+                {{"request_id", requests_.at(id)->request_id}, {"reservation_id", id}});
       metrics_->requests.Add({{"outcome", "expired"}}).Increment();
       Erase(id);
     }

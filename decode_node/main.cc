@@ -1,5 +1,5 @@
 // baton-decode: a decode node. Loads the model, maps its state pools (registered with UCX),
-// serves DecodeNode plus grpc.health.v1 and reflection, and registers with the router.
+// serves DecodeNode plus grpc.health.v1, and registers with the router.
 #include "CLI/CLI.hpp"
 #include "baton/common/rpc.h"
 #include "baton/common/server_flags.h"

@@ -5,9 +5,12 @@
 #include "absl/strings/str_cat.h"
 #include "baton/common/metrics.h"
 #include "baton/common/rpc.h"
+#include "baton/common/security.h"
 
 namespace baton::kvstore {
 namespace {
+
+using security::Role;
 
 absl::StatusOr<Sha256Digest> KeyFrom(const std::string& bytes, const char* field) {
   if (bytes.size() != 32) {
@@ -59,15 +62,20 @@ KvStoreService::KvStoreService(PrefixStore& store) : store_(store) {
         metrics::GaugeFamily("baton_store_bytes", "Bytes of every value held", one(c.stored_bytes)),
         metrics::GaugeFamily("baton_store_budget_bytes", "The byte budget (0: unlimited)",
                              one(store_.budget_bytes())),
-        metrics::GaugeFamily("baton_store_values", "Values held, by region",
-                             {{{{"region", "block_kv"}}, static_cast<double>(c.block_kv_values)},
-                              {{{"region", "producer_swa"}},
-                               static_cast<double>(c.producer_swa_values)}})};
+        metrics::GaugeFamily(
+            "baton_store_values", "Values held, by region",
+            {{{{"region", "block_kv"}}, static_cast<double>(c.block_kv_values)},
+             {{{"region", "producer_swa"}}, static_cast<double>(c.producer_swa_values)}})};
   });
 }
 
 grpc::Status KvStoreService::Lookup(grpc::ServerContext* context, const v1::LookupRequest* request,
                                     v1::LookupResponse* reply) {
+  if (absl::Status s =
+          security::Authorize(*context, {Role::kRouter, Role::kPrefill}, "KvStore/Lookup");
+      !s.ok()) {
+    return ToGrpcStatus(s);
+  }
   std::vector<Sha256Digest> chain;
   for (const std::string& bytes : request->keys()) {
     absl::StatusOr<Sha256Digest> key = KeyFrom(bytes, "keys");
@@ -85,6 +93,10 @@ grpc::Status KvStoreService::Lookup(grpc::ServerContext* context, const v1::Look
 grpc::Status KvStoreService::ReadBlocks(grpc::ServerContext* context,
                                         const v1::ReadBlocksRequest* request,
                                         grpc::ServerWriter<v1::StoredBlock>* writer) {
+  if (absl::Status s = security::Authorize(*context, {Role::kPrefill}, "KvStore/ReadBlocks");
+      !s.ok()) {
+    return ToGrpcStatus(s);
+  }
   absl::StatusOr<Region> region = RegionFrom(request->region());
   if (!region.ok()) return ToGrpcStatus(region.status());
   for (const std::string& bytes : request->keys()) {
@@ -103,6 +115,10 @@ grpc::Status KvStoreService::ReadBlocks(grpc::ServerContext* context,
 grpc::Status KvStoreService::WriteBlocks(grpc::ServerContext* context,
                                          grpc::ServerReader<v1::BlockWrite>* reader,
                                          v1::WriteBlocksResponse* reply) {
+  if (absl::Status s = security::Authorize(*context, {Role::kPrefill}, "KvStore/WriteBlocks");
+      !s.ok()) {
+    return ToGrpcStatus(s);
+  }
   v1::BlockWrite write;
   uint32_t written = 0;
   while (reader->Read(&write)) {
@@ -128,6 +144,11 @@ grpc::Status KvStoreService::WriteBlocks(grpc::ServerContext* context,
 grpc::Status KvStoreService::Stats(grpc::ServerContext* context,
                                    const v1::KvStoreStatsRequest* request,
                                    v1::KvStoreStats* reply) {
+  if (absl::Status s =
+          security::Authorize(*context, {Role::kRouter, Role::kPrefill}, "KvStore/Stats");
+      !s.ok()) {
+    return ToGrpcStatus(s);
+  }
   const StoreCounters c = store_.counters();
   reply->set_hits(c.hits);
   reply->set_misses(c.misses);

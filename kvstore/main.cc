@@ -1,5 +1,5 @@
 // baton-kvstore: the prefix store as a service (RocksDB under --data-dir), with
-// grpc.health.v1 and reflection; registers with the router.
+// grpc.health.v1; registers with the router.
 #include "CLI/CLI.hpp"
 #include "baton/common/rpc.h"
 #include "baton/common/server_flags.h"

@@ -1,5 +1,5 @@
-// baton-prefill: a prefill node. Loads the model, serves PrefillNode plus grpc.health.v1 and
-// reflection, and registers with the router.
+// baton-prefill: a prefill node. Loads the model, serves PrefillNode plus grpc.health.v1,
+// and registers with the router.
 #include "CLI/CLI.hpp"
 #include "baton/common/rpc.h"
 #include "baton/common/server_flags.h"

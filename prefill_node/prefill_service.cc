@@ -7,6 +7,7 @@
 #include "baton/common/log.h"
 #include "baton/common/metrics.h"
 #include "baton/common/rpc.h"
+#include "baton/common/security.h"
 #include "baton/kvstore/chain.h"
 #include "baton/model/sampling.h"
 #include "baton/transfer/grpc_regions.h"
@@ -42,12 +43,12 @@ struct PrefillService::Metrics {
   prometheus::Counter& tokens =
       metrics::Counter("baton_prefill_tokens_total", "Prompt tokens of finished prefills").Add({});
   prometheus::Histogram& seconds =
-      metrics::Histogram("baton_prefill_seconds",
-                         "Time a prefill request spent on this node, queueing and transfer included")
+      metrics::Histogram(
+          "baton_prefill_seconds",
+          "Time a prefill request spent on this node, queueing and transfer included")
           .Add({}, metrics::LatencyBuckets());
   prometheus::Gauge& queue_depth =
-      metrics::Gauge("baton_prefill_queue_depth", "Prefill requests waiting for the model")
-          .Add({});
+      metrics::Gauge("baton_prefill_queue_depth", "Prefill requests waiting for the model").Add({});
   prometheus::Family<prometheus::Counter>& transfer_bytes = metrics::Counter(
       "baton_transfer_bytes_total", "StateBlock bytes moved to decode nodes, by transport");
   prometheus::Family<prometheus::Histogram>& transfer_seconds = metrics::Histogram(
@@ -66,7 +67,7 @@ PrefillService::PrefillService(const model::CedModel& model, const PrefillOption
     : model_(model), options_(options), metrics_(std::make_unique<Metrics>()) {
   if (!options.kvstore_address.empty()) {
     kvstore_ = v1::KvStore::NewStub(
-        grpc::CreateChannel(options.kvstore_address, grpc::InsecureChannelCredentials()));
+        security::InternalChannel(options.kvstore_address, security::Role::kKvstore));
     writer_ = std::thread([this] { WriteBackLoop(); });
   }
   if (options.use_ucx) {
@@ -193,8 +194,7 @@ v1::DecodeNode::Stub& PrefillService::DecodeStub(const std::string& address) {
   std::lock_guard<std::mutex> lock(mutex_);
   auto& stub = decode_stubs_[address];
   if (stub == nullptr) {
-    stub =
-        v1::DecodeNode::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+    stub = v1::DecodeNode::NewStub(security::InternalChannel(address, security::Role::kDecode));
   }
   return *stub;
 }
@@ -230,7 +230,7 @@ absl::Status PrefillService::SendUcx(const v1::Reservation& reservation,
 }
 
 absl::Status PrefillService::SendGrpc(grpc::ServerContext* context, v1::DecodeNode::Stub& decode,
-                                      const std::string& request_id,
+                                      const std::string& reservation_id,
                                       const model::SequenceState& state, uint64_t block_kv_bytes) {
   auto client = grpc::ClientContext::FromServerContext(*context);
   v1::PushRegionsResponse response;
@@ -238,7 +238,7 @@ absl::Status PrefillService::SendGrpc(grpc::ServerContext* context, v1::DecodeNo
   const model::StateLayout& layout = state.layout();
   const uint64_t page_bytes = sizeof(float) * layout.page_floats();
   auto send = [&](v1::Region region, const void* data, uint64_t bytes, uint64_t offset) {
-    return transfer::WriteRegionChunks(*writer, request_id, region, data, bytes, offset);
+    return transfer::WriteRegionChunks(*writer, reservation_id, region, data, bytes, offset);
   };
   bool ok = send(v1::REGION_PRODUCER_SWA, state.producer_swa(),
                  sizeof(float) * layout.producer_swa_floats(), 0) &&
@@ -252,10 +252,14 @@ absl::Status PrefillService::SendGrpc(grpc::ServerContext* context, v1::DecodeNo
   return FromGrpcStatus(writer->Finish());
 }
 
-
 grpc::Status PrefillService::Prefill(grpc::ServerContext* context,
                                      const v1::PrefillRequest* request,
                                      v1::PrefillResponse* reply) {
+  if (absl::Status s =
+          security::Authorize(*context, {security::Role::kRouter}, "PrefillNode/Prefill");
+      !s.ok()) {
+    return ToGrpcStatus(s);
+  }
   const auto start = Clock::now();
   const grpc::Status status = Run(context, request, reply);
   metrics_->requests.Add({{"outcome", metrics::OutcomeLabel(status.error_code())}}).Increment();
@@ -317,8 +321,8 @@ grpc::Status PrefillService::Run(grpc::ServerContext* context, const v1::Prefill
   std::vector<Sha256Digest> keys;
   int64_t cached = 0;
   if (kvstore_ != nullptr) {
-    keys =
-        kvstore::ChainKeys(model_.fingerprint(), generate.cache_salt(), tokens, layout.block_size);
+    keys = kvstore::ChainKeys(model_.fingerprint(), request->tenant(), generate.cache_salt(),
+                              tokens, layout.block_size);
     if (request->s_valid() > 0 && LoadPrefix(keys, request->s_valid(), state)) {
       cached = request->s_valid();
       state.length = cached;
@@ -385,7 +389,7 @@ grpc::Status PrefillService::Run(grpc::ServerContext* context, const v1::Prefill
   v1::DecodeNode::Stub& decode = DecodeStub(request->decode_address());
   absl::Status sent =
       request->transport() == v1::TRANSPORT_GRPC
-          ? SendGrpc(context, decode, reservation.request_id(), state, block_kv_bytes)
+          ? SendGrpc(context, decode, reservation.reservation_id(), state, block_kv_bytes)
           : SendUcx(reservation, state, block_kv_bytes);
   if (!sent.ok()) return ToGrpcStatus(sent);
   std::vector<const void*> pages(state.pages().begin(), state.pages().end());
@@ -393,7 +397,8 @@ grpc::Status PrefillService::Run(grpc::ServerContext* context, const v1::Prefill
   v1::StateHeader& h = *commit.mutable_header();
   h.set_format_version(kStateFormatVersion);
   h.set_model_fingerprint(model_.fingerprint());
-  h.set_request_id(reservation.request_id());
+  h.set_request_id(generate.request_id());
+  h.set_reservation_id(reservation.reservation_id());
   h.set_prompt_len(static_cast<uint32_t>(tokens.size()));
   h.set_s_valid(request->s_valid());
   h.set_mode(request->mode());
@@ -413,8 +418,8 @@ grpc::Status PrefillService::Run(grpc::ServerContext* context, const v1::Prefill
   if (grpc::Status s = decode.Commit(client.get(), commit, &committed); !s.ok()) return s;
   const char* transport = request->transport() == v1::TRANSPORT_GRPC ? "grpc" : "ucx";
   metrics_->transfer_bytes.Add({{"transport", transport}})
-      .Increment(static_cast<double>(block_kv_bytes + h.producer_swa_bytes() +
-                                     h.consumer_swa_bytes()));
+      .Increment(
+          static_cast<double>(block_kv_bytes + h.producer_swa_bytes() + h.consumer_swa_bytes()));
   metrics_->transfer_seconds.Add({{"transport", transport}}, metrics::TokenLatencyBuckets())
       .Observe(MillisSince(transfer_start) / 1000);
 

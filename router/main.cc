@@ -1,6 +1,7 @@
-// baton-router: the client-facing entry point. Serves baton.v1.Generation and the node
-// Registry, plus grpc.health.v1 (SERVING only while a prefill and a decode node are live)
-// and reflection.
+// baton-router: the client-facing entry point. Serves baton.v1.Generation on --port (TLS and
+// API keys when configured) and the node Registry on --internal-port (mutual TLS), each on
+// its own server so that the client port never serves Registry; both speak grpc.health.v1
+// (SERVING only while a prefill and a decode node are live).
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
 #include "baton/common/rpc.h"
@@ -13,8 +14,21 @@ int main(int argc, char** argv) {
   std::string model_dir, default_mode = "compact", transport = "ucx", hit_cap = "ring";
   baton::ServerFlags flags;
   baton::router::RouterOptions options;
+  int internal_port = 0;
+  std::string internal_ready_file, client_cert, client_key, client_ca, api_keys_file;
   app.add_option("--model", model_dir, "Model directory (its config.json is read)")->required();
   baton::AddServerFlags(app, flags);
+  app.add_option("--internal-port", internal_port,
+                 "Port of the Registry nodes register with (mutual TLS; 0: any free port)")
+      ->check(CLI::Range(0, 65535));
+  app.add_option("--internal-ready-file", internal_ready_file,
+                 "Write the internal host:port here once serving");
+  app.add_option("--client-tls-cert", client_cert, "PEM certificate of the client API (TLS)");
+  app.add_option("--client-tls-key", client_key, "PEM private key of --client-tls-cert");
+  app.add_option("--client-tls-ca", client_ca,
+                 "PEM CA whose client certificates the client API requires (optional)");
+  app.add_option("--api-keys", api_keys_file,
+                 "YAML mapping API key -> tenant; clients then send 'authorization: Bearer <key>'");
   app.add_option("--default-mode", default_mode, "Default truncation: off, mask or compact")
       ->check(CLI::IsMember({"off", "mask", "compact"}));
   app.add_option("--default-keep", options.default_keep, "Default keep K (0: ring capacity C)");
@@ -45,20 +59,41 @@ int main(int argc, char** argv) {
                                                   : baton::v1::TRUNCATION_MODE_COMPACT;
   if (options.default_mode != baton::v1::TRUNCATION_MODE_OFF && options.default_keep != 0 &&
       options.default_keep < config->ring_capacity()) {
+    baton::log::Error(
+        "cannot start",
+        {{"error", absl::StrCat("--default-keep ", options.default_keep,
+                                " is below the ring capacity C = ", config->ring_capacity())}});
+    return 2;
+  }
+  if (!api_keys_file.empty()) {
+    auto keys = baton::ApiKeys::Load(api_keys_file);
+    if (!keys.ok()) {
+      baton::log::Error("cannot start", {{"error", std::string(keys.status().message())}});
+      return 2;
+    }
+    options.api_keys = std::make_shared<const baton::ApiKeys>(*std::move(keys));
+  }
+  auto client_credentials =
+      baton::security::ClientApiCredentials(client_cert, client_key, client_ca);
+  if (!client_credentials.ok()) {
     baton::log::Error("cannot start",
-                      {{"error", absl::StrCat("--default-keep ", options.default_keep,
-                                              " is below the ring capacity C = ",
-                                              config->ring_capacity())}});
+                      {{"error", std::string(client_credentials.status().message())}});
     return 2;
   }
   options.hit_cap =
       hit_cap == "keep" ? baton::kvstore::HitCap::kKeep : baton::kvstore::HitCap::kRing;
   options.transport = transport == "grpc" ? baton::v1::TRANSPORT_GRPC : baton::v1::TRANSPORT_UCX;
   baton::router::RouterService service(*config, options);
-  grpc::ServerBuilder builder;
-  builder.RegisterService(static_cast<baton::v1::Generation::Service*>(&service));
-  builder.RegisterService(static_cast<baton::v1::Registry::Service*>(&service));
+  grpc::ServerBuilder internal_builder, client_builder;
+  internal_builder.RegisterService(static_cast<baton::v1::Registry::Service*>(&service));
+  client_builder.RegisterService(static_cast<baton::v1::Generation::Service*>(&service));
+  // The internal server takes the shared flags (host, metrics) with its own port and file.
+  baton::ServerOptions internal = flags.server;
+  internal.port = internal_port;
+  internal.ready_file = internal_ready_file;
+  baton::ClientEndpoint client{&client_builder, flags.server, *client_credentials};
   return baton::ServeUntilShutdown(
-      "baton-router", builder, flags.server, {},
-      [&](grpc::Server& started) { service.WatchHealth(&started); }, [&] { service.StopHealth(); });
+      "baton-router", internal_builder, internal, {},
+      [&](baton::HealthSetter health) { service.WatchHealth(std::move(health)); },
+      [&] { service.StopHealth(); }, client);
 }

@@ -7,6 +7,7 @@
 #include "baton/common/log.h"
 #include "baton/common/metrics.h"
 #include "baton/common/rpc.h"
+#include "baton/common/security.h"
 #include "baton/kvstore/chain.h"
 #include "baton/v1/kvstore.grpc.pb.h"
 #include "grpcpp/health_check_service_interface.h"
@@ -15,6 +16,20 @@ namespace baton::router {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// The certificate role a node of `role` must present.
+std::optional<security::Role> CertificateRole(v1::NodeRole role) {
+  switch (role) {
+    case v1::NODE_ROLE_PREFILL:
+      return security::Role::kPrefill;
+    case v1::NODE_ROLE_DECODE:
+      return security::Role::kDecode;
+    case v1::NODE_ROLE_KVSTORE:
+      return security::Role::kKvstore;
+    default:
+      return std::nullopt;
+  }
+}
 
 grpc::Status Invalid(const std::string& message) {
   return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, message);
@@ -40,7 +55,9 @@ bool NodeLost(const grpc::Status& status) {
   return status.error_code() == grpc::StatusCode::UNAVAILABLE;
 }
 
-double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+double Seconds(Clock::duration d) {
+  return std::chrono::duration<double>(d).count();
+}
 
 const char* RoleLabel(v1::NodeRole role) {
   switch (role) {
@@ -74,10 +91,9 @@ struct RouterService::Metrics {
       metrics::Histogram("baton_inter_token_latency_seconds",
                          "Time between consecutive tokens of a request, at the router")
           .Add({}, metrics::TokenLatencyBuckets());
-  prometheus::Histogram& e2e =
-      metrics::Histogram("baton_e2e_request_latency_seconds",
-                         "From a request's arrival to its last message")
-          .Add({}, metrics::LatencyBuckets());
+  prometheus::Histogram& e2e = metrics::Histogram("baton_e2e_request_latency_seconds",
+                                                  "From a request's arrival to its last message")
+                                   .Add({}, metrics::LatencyBuckets());
   prometheus::Counter& prefix_queries =
       metrics::Counter("baton_prefix_queries_total",
                        "Prefix-store lookups (requests whose truncation allows a hit)")
@@ -113,9 +129,8 @@ RouterService::RouterService(const ModelConfig& config, const RouterOptions& opt
     }
     std::vector<std::pair<std::map<std::string, std::string>, double>> samples;
     for (const auto& [role, n] : live) samples.push_back({{{"role", role}}, n});
-    return std::vector<prometheus::MetricFamily>{
-        metrics::GaugeFamily("baton_nodes", "Registered nodes heard from recently, by role",
-                             samples)};
+    return std::vector<prometheus::MetricFamily>{metrics::GaugeFamily(
+        "baton_nodes", "Registered nodes heard from recently, by role", samples)};
   });
 }
 
@@ -134,19 +149,24 @@ void RouterService::StopHealth() {
 grpc::Status RouterService::Register(grpc::ServerContext* context,
                                      const v1::RegisterRequest* request,
                                      v1::RegisterResponse* reply) {
+  const std::optional<security::Role> role = CertificateRole(request->role());
+  if (!role) return Invalid("role: must be PREFILL, DECODE or KVSTORE");
+  // A node registers only as the role its certificate names.
+  if (absl::Status s = security::Authorize(*context, {*role}, "Registry/Register"); !s.ok()) {
+    return ToGrpcStatus(s);
+  }
   if (request->node_id().empty() || request->address().empty()) {
     return Invalid("node_id and address: both are required");
   }
-  if (request->role() != v1::NODE_ROLE_PREFILL && request->role() != v1::NODE_ROLE_DECODE &&
-      request->role() != v1::NODE_ROLE_KVSTORE) {
-    return Invalid("role: must be PREFILL, DECODE or KVSTORE");
-  }
   std::lock_guard<std::mutex> lock(mutex_);
   auto& node = nodes_[request->node_id()];
-  if (node == nullptr || node->info.address() != request->address()) {
+  if (node == nullptr || node->info.address() != request->address() ||
+      node->info.role() != request->role()) {
     node = std::make_shared<Node>();
-    node->channel = grpc::CreateChannel(request->address(), grpc::InsecureChannelCredentials());
+    // The router sends prompts and state only to a server that proves the registered role.
+    node->channel = security::InternalChannel(request->address(), *role);
   }
+  node->identity = security::PeerIdentity(*context);
   node->info = *request;
   node->last_seen = Clock::now();
   reply->set_heartbeat_ms(options_.heartbeat_ms);
@@ -199,17 +219,16 @@ bool RouterService::Serving() const {
   return prefill && decode && (kvstore_seen_ || !options_.require_kvstore);
 }
 
-void RouterService::WatchHealth(grpc::Server* server) {
-  health_thread_ = std::thread([this, server] {
+void RouterService::WatchHealth(HealthSetter health) {
+  health_thread_ = std::thread([this, health = std::move(health)] {
     while (true) {
       {
         std::lock_guard<std::mutex> lock(mutex_);
         if (stop_) return;
       }
       const bool serving = Serving();
-      auto* health = server->GetHealthCheckService();
-      health->SetServingStatus("", serving);
-      health->SetServingStatus("baton.v1.Generation", serving);
+      health("", serving);
+      health("baton.v1.Generation", serving);
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
   });
@@ -285,7 +304,7 @@ absl::StatusOr<RouterService::Effective> RouterService::Validate(
 }
 
 uint32_t RouterService::PrefixHit(const v1::GenerateRequest& request, const Effective& effective,
-                                  const std::string& fingerprint) {
+                                  const std::string& fingerprint, const std::string& tenant) {
   if (effective.mode == v1::TRUNCATION_MODE_OFF) return 0;  // DESIGN section 5, step 4
   std::shared_ptr<Node> store = Pick(v1::NODE_ROLE_KVSTORE, {});
   if (store == nullptr) return 0;
@@ -300,7 +319,7 @@ uint32_t RouterService::PrefixHit(const v1::GenerateRequest& request, const Effe
   const std::vector<int32_t> tokens(request.prompt_token_ids().begin(),
                                     request.prompt_token_ids().end());
   const std::vector<Sha256Digest> chain =
-      kvstore::ChainKeys(fingerprint, request.cache_salt(), tokens, config_.kv_block_size);
+      kvstore::ChainKeys(fingerprint, tenant, request.cache_salt(), tokens, config_.kv_block_size);
   v1::LookupRequest lookup;
   for (const Sha256Digest& key : chain) lookup.add_keys(kvstore::KeyBytes(key));
   grpc::ClientContext context;
@@ -351,6 +370,18 @@ grpc::Status RouterService::Generate(grpc::ServerContext* context,
                                      grpc::ServerWriter<v1::GenerateResponse>* writer) {
   Trace trace;
   trace.start = Clock::now();
+  if (options_.api_keys != nullptr) {
+    absl::StatusOr<std::string> tenant = options_.api_keys->Authenticate(*context);
+    if (!tenant.ok()) {
+      metrics_->requests
+          .Add({{"outcome", metrics::OutcomeLabel(grpc::StatusCode::UNAUTHENTICATED)}})
+          .Increment();
+      log::Warn("request refused",
+                {{"peer", context->peer()}, {"error", std::string(tenant.status().message())}});
+      return ToGrpcStatus(tenant.status());
+    }
+    trace.tenant = *std::move(tenant);
+  }
   trace.id = request->request_id().empty() ? NewRequestId() : request->request_id();
   metrics_->running.Increment();
   const grpc::Status status = Serve(context, request, writer, trace);
@@ -401,12 +432,9 @@ grpc::Status RouterService::Serve(grpc::ServerContext* context, const v1::Genera
     prefill.set_keep(effective->mode == v1::TRUNCATION_MODE_OFF ? 0 : effective->keep + g);
     prefill.set_transport(options_.transport);
     prefill.set_completed_tokens(g);
+    prefill.set_tenant(trace.tenant);
     const uint32_t prompt_len = static_cast<uint32_t>(prefill.request().prompt_token_ids_size());
 
-    std::shared_ptr<Node> decode = Pick(v1::NODE_ROLE_DECODE, lost_decode);
-    if (decode == nullptr) {
-      return grpc::Status(grpc::StatusCode::UNAVAILABLE, "no decode node is available");
-    }
     struct Inflight {
       RouterService* self;
       std::shared_ptr<Node> node;
@@ -415,11 +443,22 @@ grpc::Status RouterService::Serve(grpc::ServerContext* context, const v1::Genera
         std::lock_guard<std::mutex> lock(self->mutex_);
         --node->inflight;
       }
-    } decode_inflight{this, decode};
+    };
+    // The prefill node is chosen first: the reservation names the identity that may fill it.
+    std::shared_ptr<Node> prefill_node = Pick(v1::NODE_ROLE_PREFILL, lost_prefill);
+    if (prefill_node == nullptr) {
+      return grpc::Status(grpc::StatusCode::UNAVAILABLE, "no prefill node is available");
+    }
+    Inflight prefill_inflight{this, prefill_node};
+    std::shared_ptr<Node> decode = Pick(v1::NODE_ROLE_DECODE, lost_decode);
+    if (decode == nullptr) {
+      return grpc::Status(grpc::StatusCode::UNAVAILABLE, "no decode node is available");
+    }
+    Inflight decode_inflight{this, decode};
     auto decode_stub = v1::DecodeNode::NewStub(decode->channel);
-    const std::string reservation_id = absl::StrCat(id, "#", attempt);
     v1::ReserveRequest reserve;
-    reserve.set_request_id(reservation_id);
+    reserve.set_request_id(absl::StrCat(id, "#", attempt));  // the decode node logs under it
+    reserve.set_prefill_identity(prefill_node->identity);
     reserve.set_prompt_tokens(prompt_len);
     reserve.set_model_fingerprint(decode->info.model_fingerprint());
     *reserve.mutable_sampling() = request->sampling();
@@ -439,24 +478,19 @@ grpc::Status RouterService::Serve(grpc::ServerContext* context, const v1::Genera
     }
     prefill.set_decode_address(decode->info.address());
     if (!s_valid.has_value()) {
-      s_valid = PrefixHit(*request, *effective, decode->info.model_fingerprint());
+      s_valid = PrefixHit(*request, *effective, decode->info.model_fingerprint(), trace.tenant);
     }
     prefill.set_s_valid(*s_valid);
+    const std::string reservation_id = prefill.reservation().reservation_id();
     auto release = [&] {
       grpc::ClientContext release_context;
       release_context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
       v1::ReleaseRequest r;
-      r.set_request_id(reservation_id);
+      r.set_reservation_id(reservation_id);
       v1::ReleaseResponse ignored;
       (void)decode_stub->Release(&release_context, r, &ignored);
     };
 
-    std::shared_ptr<Node> prefill_node = Pick(v1::NODE_ROLE_PREFILL, lost_prefill);
-    if (prefill_node == nullptr) {
-      release();
-      return grpc::Status(grpc::StatusCode::UNAVAILABLE, "no prefill node is available");
-    }
-    Inflight prefill_inflight{this, prefill_node};
     auto prefill_stub = v1::PrefillNode::NewStub(prefill_node->channel);
     auto prefill_context = grpc::ClientContext::FromServerContext(*context);
     v1::PrefillResponse prefilled;
@@ -464,12 +498,12 @@ grpc::Status RouterService::Serve(grpc::ServerContext* context, const v1::Genera
     if (!status.ok()) {
       release();
       if (NodeLost(status)) {
-        log::Warn("prefill node lost; retrying on another",
-                  {{"request_id", id},
-                   {"node", prefill_node->info.node_id()},
-                   {"error", status.error_message()},
-                   {"message", absl::StrCat("prefill node ", prefill_node->info.node_id(),
-                                            " lost")}});
+        log::Warn(
+            "prefill node lost; retrying on another",
+            {{"request_id", id},
+             {"node", prefill_node->info.node_id()},
+             {"error", status.error_message()},
+             {"message", absl::StrCat("prefill node ", prefill_node->info.node_id(), " lost")}});
         metrics_->retries.Add({{"reason", "prefill_lost"}}).Increment();
         MarkDown(prefill_node->info.node_id());
         lost_prefill.push_back(prefill_node->info.node_id());
@@ -499,7 +533,7 @@ grpc::Status RouterService::Serve(grpc::ServerContext* context, const v1::Genera
 
     auto stream_context = grpc::ClientContext::FromServerContext(*context);
     v1::StreamRequest stream_request;
-    stream_request.set_request_id(reservation_id);
+    stream_request.set_reservation_id(reservation_id);
     auto stream = decode_stub->Stream(stream_context.get(), stream_request);
     v1::DecodeOutput output;
     while (stream->Read(&output)) {

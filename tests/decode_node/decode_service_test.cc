@@ -92,7 +92,7 @@ TEST_F(DecodeServiceTest, ChecksumMismatchFailsTheRequestAndFreesIt) {
                                {v1::REGION_CONSUMER_SWA, &consumer},
                                {v1::REGION_BLOCK_KV, &block_kv}}) {
     v1::RegionChunk chunk;
-    chunk.set_request_id("r1");
+    chunk.set_reservation_id(reservation.reservation_id());
     chunk.set_region(region);
     chunk.set_data(*bytes);
     ASSERT_TRUE(writer->Write(chunk));
@@ -106,6 +106,7 @@ TEST_F(DecodeServiceTest, ChecksumMismatchFailsTheRequestAndFreesIt) {
   h.set_format_version(1);
   h.set_model_fingerprint(model_->fingerprint());
   h.set_request_id("r1");
+  h.set_reservation_id(reservation.reservation_id());
   h.set_prompt_len(40);
   h.set_first_token(3);
   h.set_producer_swa_bytes(producer.size());
@@ -153,12 +154,14 @@ TEST_F(DecodeServiceTest, QueuedReservationGetsMemoryWhenItIsFreed) {
   EXPECT_EQ(Stats().load().queued_requests(), 1u);
   grpc::ClientContext context;
   v1::ReleaseRequest release;
-  release.set_request_id("a");
+  release.set_reservation_id(first.reservation_id());
   v1::ReleaseResponse released;
   ASSERT_TRUE(stub_->Release(&context, release, &released).ok());
   waiter.join();
   EXPECT_TRUE(queued.ok()) << queued.error_message();
-  EXPECT_EQ(second.request_id(), "b");
+  // Reservation ids are the decode node's: 128 random bits, never the caller's request id.
+  EXPECT_EQ(second.reservation_id().size(), 32u);
+  EXPECT_NE(second.reservation_id(), first.reservation_id());
 }
 
 TEST_F(DecodeServiceTest, ChunksOutsideTheRegionAreRefused) {
@@ -169,7 +172,7 @@ TEST_F(DecodeServiceTest, ChunksOutsideTheRegionAreRefused) {
   v1::PushRegionsResponse pushed;
   auto writer = stub_->PushRegions(&context, &pushed);
   v1::RegionChunk chunk;
-  chunk.set_request_id("r1");
+  chunk.set_reservation_id(reservation.reservation_id());
   chunk.set_region(v1::REGION_PRODUCER_SWA);
   chunk.set_offset(reservation.producer_swa_bytes() - 4);
   chunk.set_data(std::string(8, 'x'));

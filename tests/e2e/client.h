@@ -23,12 +23,15 @@ struct Outcome {
   v1::Usage usage;
 };
 
-// Streams one request; `on_message` may cancel (return false) after each message.
+// Streams one request; `on_message` may cancel (return false) after each message. An
+// `api_key` goes as `authorization: Bearer <key>`.
 inline Outcome Generate(v1::Generation::Stub& stub, const v1::GenerateRequest& request,
                         std::chrono::milliseconds deadline = std::chrono::seconds(120),
-                        const std::function<bool(const Outcome&)>& on_message = nullptr) {
+                        const std::function<bool(const Outcome&)>& on_message = nullptr,
+                        const std::string& api_key = "") {
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + deadline);
+  if (!api_key.empty()) context.AddMetadata("authorization", "Bearer " + api_key);
   Outcome outcome;
   auto reader = stub.Generate(&context, request);
   v1::GenerateResponse response;

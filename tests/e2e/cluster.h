@@ -1,6 +1,8 @@
 // Multi-process test clusters: starts the real baton-router, baton-prefill and baton-decode
 // binaries on loopback with free ports (each writes its address to a ready file), and stops
-// every process it started when destroyed.
+// every process it started when destroyed. Like `baton up`, every internal surface runs mutual
+// TLS with one certificate per role from a throwaway CA (one per test process); the router's
+// client port is plaintext.
 #pragma once
 
 #include <fcntl.h>
@@ -18,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "baton/common/pki.h"
 #include "baton/v1/generation.grpc.pb.h"
 #include "baton/v1/kvstore.grpc.pb.h"
 #include "baton/v1/node.grpc.pb.h"
@@ -29,6 +32,41 @@
 extern char** environ;
 
 namespace baton::testing {
+
+// The test process's CA and role certificates (router, prefill, decode, kvstore, client).
+inline const std::string& TestPki() {
+  static const std::string dir = [] {
+    const std::string d = baton::testing::ProcessTempDir() + "/pki";
+    EXPECT_TRUE(pki::EnsureLocalPki(d, pki::LocalRoles()).ok());
+    return d;
+  }();
+  return dir;
+}
+
+inline std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// TLS credentials that trust the CA in `pki_dir` and present its `role` certificate (none
+// when `role` is empty). Server certificates name IP:127.0.0.1, so host names verify.
+inline std::shared_ptr<grpc::ChannelCredentials> TlsAs(const std::string& role,
+                                                       const std::string& pki_dir = TestPki()) {
+  grpc::SslCredentialsOptions ssl;
+  ssl.pem_root_certs = ReadFile(pki_dir + "/ca.crt");
+  if (!role.empty()) {
+    ssl.pem_private_key = ReadFile(pki_dir + "/" + role + ".key");
+    ssl.pem_cert_chain = ReadFile(pki_dir + "/" + role + ".crt");
+  }
+  return grpc::SslCredentials(ssl);
+}
+
+// The flags that give a binary `role`'s identity.
+inline std::vector<std::string> TlsFlags(const std::string& role,
+                                         const std::string& pki_dir = TestPki()) {
+  return {"--tls-ca",  pki_dir + "/ca.crt",          "--tls-cert", pki_dir + "/" + role + ".crt",
+          "--tls-key", pki_dir + "/" + role + ".key"};
+}
 
 class Cluster {
  public:
@@ -93,30 +131,58 @@ class Cluster {
     return "";
   }
 
-  std::string StartRouter(std::vector<std::string> extra = {}) {
-    extra.insert(extra.begin(), {"--model", model_dir_});
-    router_ = Start("router", BATON_ROUTER_PATH, extra);
-    return router_;
+  // Starts a router named `name`; returns its client address (its internal one goes to
+  // Internal(name)). The first router is the one nodes register with.
+  std::string StartRouter(std::vector<std::string> extra = {}, const std::string& name = "router") {
+    const std::vector<std::string> tls = TlsFlags("router");
+    extra.insert(extra.begin(), tls.begin(), tls.end());
+    const std::string internal_ready = (dir_ / (name + "-internal.addr")).string();
+    extra.insert(extra.begin(), {"--model", model_dir_, "--internal-ready-file", internal_ready});
+    const std::string address = Start(name, BATON_ROUTER_PATH, extra);
+    std::ifstream in(internal_ready);
+    in >> addresses_[name + "-internal"];
+    if (router_.empty()) {
+      router_ = address;
+      router_internal_ = addresses_[name + "-internal"];
+    }
+    return address;
   }
   std::string StartPrefill(const std::string& name, std::vector<std::string> extra = {}) {
-    extra.insert(extra.begin(), {"--model", model_dir_, "--router", router_, "--node-id", name});
-    return Start(name, BATON_PREFILL_PATH, extra);
+    return StartNode(name, "prefill", BATON_PREFILL_PATH, std::move(extra));
   }
   std::string StartDecode(const std::string& name, std::vector<std::string> extra = {}) {
-    extra.insert(extra.begin(), {"--model", model_dir_, "--router", router_, "--node-id", name});
-    return Start(name, BATON_DECODE_PATH, extra);
+    return StartNode(name, "decode", BATON_DECODE_PATH, std::move(extra));
+  }
+  // A node of `role` (its certificate and binary), registering with the first router's
+  // internal port unless `extra` names other routers.
+  std::string StartNode(const std::string& name, const std::string& role,
+                        const std::string& program, std::vector<std::string> extra) {
+    const std::vector<std::string> tls = TlsFlags(role);
+    extra.insert(extra.begin(), tls.begin(), tls.end());
+    extra.insert(extra.begin(),
+                 {"--model", model_dir_, "--router", router_internal_, "--node-id", name});
+    return Start(name, program, extra);
   }
 
   std::string StartKvstore(const std::string& name, const std::string& data_dir,
                            std::vector<std::string> extra = {}) {
+    const std::vector<std::string> tls = TlsFlags("kvstore");
+    extra.insert(extra.begin(), tls.begin(), tls.end());
     extra.insert(extra.begin(),
-                 {"--model", model_dir_, "--router", router_, "--data-dir", data_dir});
+                 {"--model", model_dir_, "--router", router_internal_, "--data-dir", data_dir});
     kvstore_ = Start(name, BATON_KVSTORE_PATH, extra);
     return kvstore_;
   }
+  // The kvstore as a router sees it.
   std::unique_ptr<v1::KvStore::Stub> Kvstore() const {
-    return v1::KvStore::NewStub(grpc::CreateChannel(kvstore_, grpc::InsecureChannelCredentials()));
+    return v1::KvStore::NewStub(grpc::CreateChannel(kvstore_, TlsAs("router")));
   }
+  // The address a started process serves on ("<router>-internal" for a router's Registry).
+  std::string Address(const std::string& name) const {
+    auto it = addresses_.find(name);
+    return it == addresses_.end() ? "" : it->second;
+  }
+  const std::string& router_internal() const { return router_internal_; }
   std::string dir() const { return dir_.string(); }
 
   void Kill(const std::string& name, int signal = SIGKILL) {
@@ -131,7 +197,7 @@ class Cluster {
   // Waits until the router's health check reports `serving`.
   bool WaitForHealth(bool serving, std::chrono::seconds timeout = std::chrono::seconds(30)) {
     auto stub = grpc::health::v1::Health::NewStub(
-        grpc::CreateChannel(router_, grpc::InsecureChannelCredentials()));
+        grpc::CreateChannel(router_, grpc::InsecureChannelCredentials()));  // the client port
     const auto until = std::chrono::steady_clock::now() + timeout;
     while (std::chrono::steady_clock::now() < until) {
       grpc::ClientContext context;
@@ -151,9 +217,10 @@ class Cluster {
     return v1::Generation::NewStub(
         grpc::CreateChannel(router_, grpc::InsecureChannelCredentials()));
   }
-  std::unique_ptr<v1::DecodeNode::Stub> Decode(const std::string& name) {
-    return v1::DecodeNode::NewStub(
-        grpc::CreateChannel(addresses_[name], grpc::InsecureChannelCredentials()));
+  // A decode node as `role` sees it (the router by default, which may call Stats).
+  std::unique_ptr<v1::DecodeNode::Stub> Decode(const std::string& name,
+                                               const std::string& role = "router") {
+    return v1::DecodeNode::NewStub(grpc::CreateChannel(addresses_[name], TlsAs(role)));
   }
   std::string Log(const std::string& name) const {
     std::ifstream in(dir_ / (name + ".log"));
@@ -165,6 +232,7 @@ class Cluster {
   std::string model_dir_;
   std::filesystem::path dir_;
   std::string router_;
+  std::string router_internal_;
   std::string kvstore_;
   std::map<std::string, pid_t> pids_;
   std::map<std::string, std::string> addresses_;

@@ -127,7 +127,8 @@ TEST(Observability, BatonUpMetricsMoveAndLogsFollowARequest) {
   EXPECT_EQ(moved("prefill", "baton_prefix_written_blocks_total"), 6 + 2);
 
   EXPECT_EQ(moved("decode", "baton_decode_requests_total", {{"outcome", "ok"}}), 2);
-  EXPECT_EQ(moved("decode", "baton_decode_tokens_total"), 10);  // the first tokens come from prefill
+  EXPECT_EQ(moved("decode", "baton_decode_tokens_total"),
+            10);  // the first tokens come from prefill
   EXPECT_GT(moved("decode", "baton_decode_step_seconds_count"), 0);
   EXPECT_EQ(Value(after.at("decode"), "baton_pool_pages_used"), 0);
 
@@ -144,8 +145,7 @@ TEST(Observability, BatonUpMetricsMoveAndLogsFollowARequest) {
   while (std::getline(lines, line)) {
     if (line.empty() || line[0] != '{') continue;
     const nlohmann::json event = nlohmann::json::parse(line);
-    ASSERT_TRUE(event.contains("ts") && event.contains("level") && event.contains("event"))
-        << line;
+    ASSERT_TRUE(event.contains("ts") && event.contains("level") && event.contains("event")) << line;
     const std::string id = event.value("request_id", "");
     if (id == "observed-2" || id == "observed-2#0") {
       seen.insert(event["binary"].get<std::string>() + ": " + event["event"].get<std::string>());
@@ -170,8 +170,19 @@ std::string ConfigFile(const std::string& name, const std::string& text) {
 TEST(Observability, ConfigFileSetsFlagsAndTheCommandLineWins) {
   testing::Cluster cluster(TinyModel());
   ASSERT_FALSE(cluster.StartRouter().empty());
+  // The decode node's identity comes from the file's common section too.
+  const std::string pki = testing::TestPki();
   const std::string config = ConfigFile("good", "common:\n  model: " + TinyModel() +
                                                     "\n  log-format: json\n"
+                                                    "  tls-ca: " +
+                                                    pki +
+                                                    "/ca.crt\n"
+                                                    "  tls-cert: " +
+                                                    pki +
+                                                    "/decode.crt\n"
+                                                    "  tls-key: " +
+                                                    pki +
+                                                    "/decode.key\n"
                                                     "  data-dir: /not/for/decode\n"
                                                     "decode:\n  slots: 3\n  pages: 64\n"
                                                     "router:\n  hit-cap: keep\n");
@@ -185,8 +196,8 @@ TEST(Observability, ConfigFileSetsFlagsAndTheCommandLineWins) {
   std::string address;
   std::ifstream(metrics) >> address;
   const std::string exposition = Scrape(address);
-  EXPECT_EQ(Sample(exposition, "baton_pool_slots_capacity"), 3);   // from the file
-  EXPECT_EQ(Sample(exposition, "baton_pool_pages_capacity"), 32);  // the flag wins
+  EXPECT_EQ(Sample(exposition, "baton_pool_slots_capacity"), 3);                 // from the file
+  EXPECT_EQ(Sample(exposition, "baton_pool_pages_capacity"), 32);                // the flag wins
   EXPECT_THAT(cluster.Log("decode"), HasSubstr("\"binary\":\"baton-decode\""));  // common
 
   // --check-config prints what the file and the flags give, as a decode section, and exits.
@@ -233,9 +244,9 @@ TEST(Observability, BadConfigFilesAreRefusedByName) {
   }
   // A file that is not there.
   const std::string log = testing::ProcessTempDir() + "/missing.log";
-  const int status = std::system((std::string(BATON_ROUTER_PATH) +
-                                  " --config /no/such/baton.yaml > " + log + " 2>&1")
-                                     .c_str());
+  const int status = std::system(
+      (std::string(BATON_ROUTER_PATH) + " --config /no/such/baton.yaml > " + log + " 2>&1")
+          .c_str());
   EXPECT_EQ(WEXITSTATUS(status), 2);
   EXPECT_THAT(ReadFile(log), HasSubstr("/no/such/baton.yaml"));
 }

@@ -22,18 +22,30 @@ std::vector<int32_t> Tokens(int64_t n, int32_t offset = 0) {
 }
 
 TEST(ChainKeysTest, KeysNameWholePrefixesAndSaltsIsolate) {
-  const auto a = ChainKeys("fp", "", Tokens(40), 16);
+  const auto a = ChainKeys("fp", "", "", Tokens(40), 16);
   ASSERT_EQ(a.size(), 2u);  // the partial third block has no key
-  const auto longer = ChainKeys("fp", "", Tokens(64), 16);
+  const auto longer = ChainKeys("fp", "", "", Tokens(64), 16);
   EXPECT_EQ(longer[0], a[0]);
   EXPECT_EQ(longer[1], a[1]);
   auto changed = Tokens(40);
   changed[3] += 1;  // a change in block 0 changes every later key
-  const auto c = ChainKeys("fp", "", changed, 16);
+  const auto c = ChainKeys("fp", "", "", changed, 16);
   EXPECT_NE(c[0], a[0]);
   EXPECT_NE(c[1], a[1]);
-  EXPECT_NE(ChainKeys("fp", "tenant-b", Tokens(40), 16)[0], a[0]);
-  EXPECT_NE(ChainKeys("other-model", "", Tokens(40), 16)[0], a[0]);
+  EXPECT_NE(ChainKeys("fp", "", "tenant-b", Tokens(40), 16)[0], a[0]);
+  EXPECT_NE(ChainKeys("other-model", "", "", Tokens(40), 16)[0], a[0]);
+}
+
+TEST(ChainKeysTest, TenantsNeverShareKeysWhateverTheSalt) {
+  const auto tokens = Tokens(32);
+  const auto a = ChainKeys("fp", "tenant-a", "", tokens, 16);
+  EXPECT_NE(ChainKeys("fp", "tenant-b", "", tokens, 16)[0], a[0]);
+  EXPECT_NE(ChainKeys("fp", "", "", tokens, 16)[0], a[0]);
+  // A salt cannot spell another tenant: neither by moving bytes between tenant and salt nor
+  // by a keyless client sending the tenant as its salt.
+  EXPECT_NE(ChainKeys("fp", "tenant-", "a", tokens, 16)[0], a[0]);
+  EXPECT_NE(ChainKeys("fp", "", "tenant-a", tokens, 16)[0], a[0]);
+  EXPECT_EQ(ChainKeys("fp", "tenant-a", "", tokens, 16), a);
 }
 
 class PrefixStoreTest : public ::testing::Test {
@@ -67,7 +79,7 @@ class PrefixStoreTest : public ::testing::Test {
 };
 
 TEST_F(PrefixStoreTest, ValuesRoundTripAndSurviveARestart) {
-  const auto chain = ChainKeys("fp", "", Tokens(64), 16);
+  const auto chain = ChainKeys("fp", "", "", Tokens(64), 16);
   {
     auto store = Open();
     WriteChain(*store, chain, 1000);
@@ -84,7 +96,7 @@ TEST_F(PrefixStoreTest, ValuesRoundTripAndSurviveARestart) {
   EXPECT_EQ(*payload, std::string(1000, 'k' + 2));
   EXPECT_EQ(reopened->counters().hits, 1u);
   EXPECT_EQ(
-      reopened->Read(ChainKeys("fp", "x", Tokens(16), 16)[0], Region::kBlockKv).status().code(),
+      reopened->Read(ChainKeys("fp", "", "x", Tokens(16), 16)[0], Region::kBlockKv).status().code(),
       absl::StatusCode::kNotFound);
   EXPECT_EQ(reopened->counters().misses, 1u);
 }
@@ -97,7 +109,7 @@ TEST_F(PrefixStoreTest, OnlyTheTwoStoredRegionsHaveColumnFamilies) {
 }
 
 TEST_F(PrefixStoreTest, CorruptValueIsACountedMissNotACrash) {
-  const auto chain = ChainKeys("fp", "", Tokens(32), 16);
+  const auto chain = ChainKeys("fp", "", "", Tokens(32), 16);
   { WriteChain(*Open(), chain, 500); }
   {
     // Flip one payload byte of block 1's block KV behind the store's back.
@@ -122,8 +134,8 @@ TEST_F(PrefixStoreTest, CorruptValueIsACountedMissNotACrash) {
 }
 
 TEST_F(PrefixStoreTest, BudgetEvictsLeavesFirstAndSwaBeforeBlockKv) {
-  const auto old_chain = ChainKeys("fp", "", Tokens(64), 16);
-  const auto new_chain = ChainKeys("fp", "", Tokens(64, 1), 16);
+  const auto old_chain = ChainKeys("fp", "", "", Tokens(64), 16);
+  const auto new_chain = ChainKeys("fp", "", "", Tokens(64, 1), 16);
   // Values are 1,000 payload bytes plus an 89-byte header; the budget holds 13 of 16.
   auto store = Open(/*budget=*/13 * 1089 + 50);
   WriteChain(*store, old_chain, 1000);
@@ -140,7 +152,7 @@ TEST_F(PrefixStoreTest, BudgetEvictsLeavesFirstAndSwaBeforeBlockKv) {
 }
 
 TEST_F(PrefixStoreTest, EvictedSwaRowsOfTheLastNeededBlockBackOffExactlyOneBlock) {
-  const auto chain = ChainKeys("fp", "", Tokens(80), 16);  // 5 blocks
+  const auto chain = ChainKeys("fp", "", "", Tokens(80), 16);  // 5 blocks
   const HitPolicyInput input{.prompt_len = 110,
                              .keep = 22,
                              .truncation_on = true,

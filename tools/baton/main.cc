@@ -1,9 +1,14 @@
 // `baton up`: the embedded default (DESIGN section 7). Starts baton-router, baton-kvstore
 // (RocksDB under <data-dir>/kvstore), one baton-prefill and one baton-decode on loopback
 // (generating the small preset into the data dir when no model is given), prints the router address
-// once it reports SERVING, and on SIGINT or SIGTERM stops every child and exits only after all of
-// them have exited. If a child dies on its own, the others are stopped too and `baton up` exits
-// non-zero.
+// once it reports SERVING,
+//
+// Secure by default: a throwaway CA and one certificate per role (router, prefill, decode,
+// kvstore, client) under <data-dir>/tls/, every internal surface on mutual TLS, the client
+// port plaintext on loopback unless --client-tls (then TLS with the router's certificate), and
+// --api-keys handed to the router. and on SIGINT or SIGTERM stops every child and exits only after
+// all of them have exited. If a child dies on its own, the others are stopped too and `baton up`
+// exits non-zero.
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
@@ -19,6 +24,7 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"
+#include "baton/common/pki.h"
 #include "baton/common/rpc.h"
 #include "baton/model/model_factory.h"
 #include "grpc/health/v1/health.grpc.pb.h"
@@ -68,8 +74,9 @@ bool WaitForReadyFile(const std::string& path, pid_t pid, std::string* address) 
   return false;
 }
 
-bool WaitForServing(const std::string& address) {
-  auto channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+bool WaitForServing(const std::string& address,
+                    const std::shared_ptr<grpc::ChannelCredentials>& credentials) {
+  auto channel = grpc::CreateChannel(address, credentials);
   auto stub = grpc::health::v1::Health::NewStub(channel);
   const auto until = Clock::now() + std::chrono::seconds(60);
   while (Clock::now() < until) {
@@ -140,6 +147,15 @@ int main(int argc, char** argv) {
       ->check(CLI::ExistingFile);
   up->add_option("--log-format", log_format, "Components log as text or json")
       ->check(CLI::IsMember({"text", "json"}));
+  bool client_tls = false;
+  std::string api_keys;
+  up->add_flag("--client-tls", client_tls,
+               "Serve the client API over TLS with <data-dir>/tls/router.crt (clients trust "
+               "<data-dir>/tls/ca.crt)");
+  up->add_option("--api-keys", api_keys,
+                 "YAML mapping API key -> tenant, handed to the router (clients send "
+                 "'authorization: Bearer <key>')")
+      ->check(CLI::ExistingFile);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -163,6 +179,19 @@ int main(int argc, char** argv) {
       }
     }
   }
+  const fs::path tls = fs::path(data_dir) / "tls";
+  if (absl::Status s = baton::pki::EnsureLocalPki(tls.string(), baton::pki::LocalRoles());
+      !s.ok()) {
+    std::cerr << "baton up: cannot make the certificates in " << tls.string() << ": " << s.message()
+              << "\n";
+    return 1;
+  }
+  // Every component: mutual TLS inside the cluster with its role's certificate.
+  auto identity = [&](const std::string& role) {
+    return std::vector<std::string>{"--tls-ca",   (tls / "ca.crt").string(),
+                                    "--tls-cert", (tls / (role + ".crt")).string(),
+                                    "--tls-key",  (tls / (role + ".key")).string()};
+  };
   const fs::path bin = fs::canonical("/proc/self/exe").parent_path();
   auto program = [&](const char* name) {
     // Installed side by side, or in the build tree's folders.
@@ -175,7 +204,7 @@ int main(int argc, char** argv) {
     return (bin / name).string();
   };
   const fs::path run = fs::path(data_dir) / "run";
-  for (const char* name : {"router", "prefill", "decode", "kvstore"}) {
+  for (const char* name : {"router", "router-internal", "prefill", "decode", "kvstore"}) {
     fs::remove(run / (std::string(name) + ".addr"), error);
     fs::remove(run / (std::string(name) + ".metrics"), error);
   }
@@ -186,6 +215,8 @@ int main(int argc, char** argv) {
   auto start = [&](const std::string& name, std::vector<std::string> args, const fs::path& ready,
                    std::string* address) {
     const std::string role = name.substr(name.find('-') + 1);
+    const std::vector<std::string> tls_flags = identity(role);
+    args.insert(args.end(), tls_flags.begin(), tls_flags.end());
     args.insert(args.end(), {"--metrics-port", "0", "--metrics-ready-file",
                              (run / (role + ".metrics")).string(), "--log-format", log_format});
     if (!config_file.empty()) args.insert(args.end(), {"--config", config_file});
@@ -194,34 +225,57 @@ int main(int argc, char** argv) {
     children.push_back({name, pid});
     return WaitForReadyFile(ready.string(), pid, address);
   };
-  std::string router_address, prefill_address, decode_address, kvstore_address;
-  bool ok = start("baton-router",
-                  {"--model", model_dir, "--port", std::to_string(port), "--transport", transport,
-                   "--require-kvstore", "--ready-file", (run / "router.addr").string()},
-                  run / "router.addr", &router_address);
+  std::string router_address, internal_address, prefill_address, decode_address, kvstore_address;
+  std::vector<std::string> router_args = {"--model",
+                                          model_dir,
+                                          "--port",
+                                          std::to_string(port),
+                                          "--transport",
+                                          transport,
+                                          "--require-kvstore",
+                                          "--internal-ready-file",
+                                          (run / "router-internal.addr").string(),
+                                          "--ready-file",
+                                          (run / "router.addr").string()};
+  if (client_tls) {
+    router_args.insert(router_args.end(), {"--client-tls-cert", (tls / "router.crt").string(),
+                                           "--client-tls-key", (tls / "router.key").string()});
+  }
+  if (!api_keys.empty()) router_args.insert(router_args.end(), {"--api-keys", api_keys});
+  bool ok = start("baton-router", router_args, run / "router.addr", &router_address) &&
+            WaitForReadyFile((run / "router-internal.addr").string(), children.back().pid,
+                             &internal_address);
   ok =
       ok && start("baton-kvstore",
-                  {"--model", model_dir, "--router", router_address, "--data-dir",
+                  {"--model", model_dir, "--router", internal_address, "--data-dir",
                    (fs::path(data_dir) / "kvstore").string(), "--budget-bytes",
                    std::to_string(kvstore_budget), "--ready-file", (run / "kvstore.addr").string()},
                   run / "kvstore.addr", &kvstore_address);
   ok = ok && start("baton-decode",
-                   {"--model", model_dir, "--router", router_address, "--pages",
+                   {"--model", model_dir, "--router", internal_address, "--pages",
                     std::to_string(decode_pages), "--ready-file", (run / "decode.addr").string()},
                    run / "decode.addr", &decode_address);
   ok = ok && start("baton-prefill",
-                   {"--model", model_dir, "--router", router_address, "--kvstore", kvstore_address,
-                    "--ready-file", (run / "prefill.addr").string()},
+                   {"--model", model_dir, "--router", internal_address, "--kvstore",
+                    kvstore_address, "--ready-file", (run / "prefill.addr").string()},
                    run / "prefill.addr", &prefill_address);
-  ok = ok && WaitForServing(router_address);
+  std::shared_ptr<grpc::ChannelCredentials> client_credentials = grpc::InsecureChannelCredentials();
+  if (client_tls) {
+    std::ifstream ca(tls / "ca.crt");
+    grpc::SslCredentialsOptions ssl;
+    ssl.pem_root_certs.assign(std::istreambuf_iterator<char>(ca), {});
+    client_credentials = grpc::SslCredentials(ssl);
+  }
+  ok = ok && WaitForServing(router_address, client_credentials);
   if (!ok) {
     std::cerr << "baton up: a component failed to start; stopping the others\n";
     StopAll(children);
     return 1;
   }
-  std::cout << "baton up: router at " << router_address << " (prefill " << prefill_address
-            << ", decode " << decode_address << ", kvstore " << kvstore_address
-            << "); Ctrl-C to stop" << std::endl;
+  std::cout << "baton up: router at " << router_address << (client_tls ? " (TLS)" : "")
+            << " (internal " << internal_address << ", prefill " << prefill_address << ", decode "
+            << decode_address << ", kvstore " << kvstore_address << "); certificates in "
+            << tls.string() << "; Ctrl-C to stop" << std::endl;
   std::cout << "baton up: metrics at";
   for (const char* role : {"router", "prefill", "decode", "kvstore"}) {
     std::string metrics;

@@ -7,6 +7,7 @@
 #include "baton/common/parse.h"
 #include "baton/common/rpc.h"
 #include "baton/v1/generation.grpc.pb.h"
+#include "client.h"
 #include "commands.h"
 #include "nlohmann/json.hpp"
 
@@ -14,7 +15,7 @@ namespace baton::tools {
 namespace {
 
 struct GenerateOptions {
-  std::string addr;
+  ClientOptions client;
   std::string tokens;
   std::string prompt;
   uint32_t max_tokens = 16;
@@ -83,9 +84,11 @@ int RunGenerate(const GenerateOptions& o, const CLI::App& command) {
   request.set_cache_salt(o.cache_salt);
   request.set_request_id(o.request_id);
 
-  auto stub =
-      v1::Generation::NewStub(grpc::CreateChannel(o.addr, grpc::InsecureChannelCredentials()));
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = ClientChannel(o.client);
+  if (!channel.ok()) return ReportError("generate", channel.status());
+  auto stub = v1::Generation::NewStub(*channel);
   grpc::ClientContext context;
+  Authenticate(o.client, context);
   if (o.timeout_ms > 0) {
     context.set_deadline(std::chrono::system_clock::now() +
                          std::chrono::milliseconds(o.timeout_ms));
@@ -145,7 +148,7 @@ int RunGenerate(const GenerateOptions& o, const CLI::App& command) {
 Command AddGenerateCommand(CLI::App& app) {
   auto o = std::make_shared<GenerateOptions>();
   CLI::App* command = app.add_subcommand("generate", "Stream a generation from a baton router");
-  command->add_option("--addr", o->addr, "Router address host:port")->required();
+  AddClientFlags(*command, o->client);
   auto* tokens = command->add_option("--tokens", o->tokens, "Prompt token ids, comma-separated");
   auto* prompt = command->add_option(
       "--prompt", o->prompt, "Prompt text; each UTF-8 byte is a token id (generated models)");

@@ -22,6 +22,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "baton/v1/generation.grpc.pb.h"
+#include "client.h"
 #include "commands.h"
 #include "grpcpp/grpcpp.h"
 #include "nlohmann/json.hpp"
@@ -34,7 +35,7 @@ using Clock = std::chrono::steady_clock;
 
 struct ReplayOptions {
   std::string trace;
-  std::string addr;
+  ClientOptions client;
   double time_scale = 1.0;
   int64_t max_requests = 0;  // 0: the whole trace
   double length_scale = 1.0;
@@ -60,10 +61,11 @@ struct RequestResult {
 };
 
 RequestResult Send(v1::Generation::Stub& stub, const v1::GenerateRequest& request,
-                   int64_t timeout_ms) {
+                   int64_t timeout_ms, const ClientOptions& client) {
   RequestResult r;
   r.prompt_tokens = request.prompt_token_ids_size();
   grpc::ClientContext context;
+  Authenticate(client, context);
   context.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(timeout_ms));
   const auto start = Clock::now();
   auto last = start;
@@ -118,9 +120,9 @@ void DrawProgress(int64_t done, int64_t total, int64_t errors) {
 int RunReplay(const ReplayOptions& o) {
   const char* cmd = "replay";
   if (!(o.time_scale >= 0) || !std::isfinite(o.time_scale)) {
-    return ReportError(cmd, absl::InvalidArgumentError(
-                                absl::StrCat("--time-scale is ", o.time_scale,
-                                             "; it must be >= 0 (0: no waiting)")));
+    return ReportError(
+        cmd, absl::InvalidArgumentError(absl::StrCat("--time-scale is ", o.time_scale,
+                                                     "; it must be >= 0 (0: no waiting)")));
   }
   if (o.concurrency < 1 || o.max_requests < 0 || o.max_output_tokens < 0 || o.timeout_ms < 1) {
     return ReportError(cmd, absl::InvalidArgumentError(
@@ -137,12 +139,13 @@ int RunReplay(const ReplayOptions& o) {
   const int64_t total = static_cast<int64_t>(trace->size());
   const double first_ms = trace->front().timestamp_ms;
 
-  auto channel = grpc::CreateChannel(o.addr, grpc::InsecureChannelCredentials());
-  if (!channel->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(10))) {
-    return ReportError(cmd, absl::UnavailableError(
-                                absl::StrCat("--addr: no router answers at ", o.addr)));
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = ClientChannel(o.client);
+  if (!channel.ok()) return ReportError(cmd, channel.status());
+  if (!(*channel)->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(10))) {
+    return ReportError(
+        cmd, absl::UnavailableError(absl::StrCat("--addr: no router answers at ", o.client.addr)));
   }
-  auto stub = v1::Generation::NewStub(channel);
+  auto stub = v1::Generation::NewStub(*channel);
 
   std::vector<RequestResult> results(total);
   std::atomic<int64_t> next{0}, done{0}, errors{0};
@@ -167,7 +170,7 @@ int RunReplay(const ReplayOptions& o) {
       request.set_request_id(absl::StrCat("replay-", getpid(), "-", i));
       const double late =
           std::max(0.0, std::chrono::duration<double, std::milli>(Clock::now() - due).count());
-      results[i] = Send(*stub, request, o.timeout_ms);
+      results[i] = Send(*stub, request, o.timeout_ms, o.client);
       results[i].late_ms = late;
       if (!results[i].ok) ++errors;
       const int64_t finished = ++done;
@@ -217,7 +220,7 @@ int RunReplay(const ReplayOptions& o) {
   const double token_hit_rate = prompt_tokens > 0 ? static_cast<double>(cached) / prompt_tokens : 0;
   const nlohmann::json report = {{"kind", "replay"},
                                  {"trace", o.trace},
-                                 {"addr", o.addr},
+                                 {"addr", o.client.addr},
                                  {"time_scale", o.time_scale},
                                  {"length_scale", o.length_scale},
                                  {"concurrency", o.concurrency},
@@ -266,7 +269,7 @@ Command AddReplayCommand(CLI::App& app) {
   CLI::App* command =
       app.add_subcommand("replay", "Replay a workload trace (Mooncake JSONL) against a cluster");
   command->add_option("--trace", o->trace, "Trace file, one JSON request a line")->required();
-  command->add_option("--addr", o->addr, "Router address host:port")->required();
+  AddClientFlags(*command, o->client);
   command->add_option("--time-scale", o->time_scale,
                       "Multiplies the trace's arrival times (0: send without waiting)");
   command->add_option("--max-requests", o->max_requests, "Replay the first N lines (0: all)");

@@ -269,7 +269,7 @@ Prompts MakePrompts(const std::vector<TraceRequest>& requests, const TokenOption
   for (const TraceRequest& request : requests) {
     const std::vector<int32_t> prompt = TraceTokens(request, tokens);
     prompts.lengths.push_back(static_cast<int64_t>(prompt.size()));
-    prompts.chains.push_back(kvstore::ChainKeys(kSimulatedFingerprint, "", prompt, block_size));
+    prompts.chains.push_back(kvstore::ChainKeys(kSimulatedFingerprint, "", "", prompt, block_size));
   }
   return prompts;
 }

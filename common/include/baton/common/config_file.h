@@ -28,8 +28,9 @@ inline constexpr const char* kConfigSections[] = {"common", "router", "prefill",
                                                   "kvstore"};
 // The keys `common` may hold (those that more than one binary takes).
 inline constexpr const char* kCommonConfigKeys[] = {
-    "model",      "host",      "metrics-host", "metrics-port", "log-format",
-    "log-level",  "router",    "kvstore",      "data-dir",     "transport"};
+    "model",     "host",     "metrics-host", "metrics-port",      "log-format",
+    "log-level", "router",   "kvstore",      "data-dir",          "transport",
+    "tls-ca",    "tls-cert", "tls-key",      "insecure-internal", "health-port"};
 
 // Adds `--config FILE` to `app`, which reads `common` and then `section`. Call after every
 // other option is added and before parsing; `argc`/`argv` are scanned for the file name so

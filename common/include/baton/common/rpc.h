@@ -1,5 +1,5 @@
 // gRPC glue shared by every baton binary: the one place where absl::Status becomes
-// grpc::Status and back, server start-up (health service, reflection, a ready file that
+// grpc::Status and back, server start-up (health service, a ready file that
 // tests and `baton up` wait for), the registration heartbeat to the router, and waiting for
 // SIGINT/SIGTERM.
 #pragma once
@@ -25,13 +25,20 @@ absl::Status FromGrpcStatus(const grpc::Status& status);
 
 struct ServerOptions {
   std::string host = "127.0.0.1";
-  int port = 0;               // 0: any free port
-  std::string ready_file;     // when set, "host:port" is written there once serving
-  std::string advertise_host;  // host registered with the router; empty: `host`
-  std::string metrics_host;    // empty: `host`
-  int metrics_port = 0;        // Prometheus /metrics; 0: any free port, -1: none
+  int port = 0;                    // 0: any free port
+  std::string ready_file;          // when set, "host:port" is written there once serving
+  std::string advertise_host;      // host registered with the router; empty: `host`
+  std::string metrics_host;        // empty: `host`
+  int metrics_port = 0;            // Prometheus /metrics; 0: any free port, -1: none
   std::string metrics_ready_file;  // when set, the metrics "host:port" is written there
+  // A plaintext port that serves grpc.health.v1 alone, mirroring the process's health, for
+  // probes that cannot speak mutual TLS (the kubelet's); -1: none, 0: any free port.
+  int health_port = -1;
+  std::string health_ready_file;  // when set, the health "host:port" is written there
 };
+
+// Sets a grpc.health.v1 service's status on every server of the process.
+using HealthSetter = std::function<void(const std::string& service, bool serving)>;
 
 struct StartedServer {
   std::unique_ptr<grpc::Server> server;
@@ -42,9 +49,20 @@ struct StartedServer {
 void WriteAddressFile(const std::string& path, const std::string& address);
 
 // Adds grpc.health.v1 (the service "liveness" is SERVING for as long as the process serves;
-// "" follows readiness) and reflection, binds, starts, writes the ready file.
-absl::StatusOr<StartedServer> StartServer(grpc::ServerBuilder& builder,
-                                          const ServerOptions& options);
+// "" follows readiness), sets the message bounds, binds with `credentials` (the internal
+// mutual TLS of security.h when null), starts, writes the ready file. No server reflection:
+// a client certificate may call health on an internal port and nothing else.
+absl::StatusOr<StartedServer> StartServer(
+    grpc::ServerBuilder& builder, const ServerOptions& options,
+    std::shared_ptr<grpc::ServerCredentials> credentials = nullptr);
+
+// A second server of the same process on its own port: the router's client API, which never
+// shares a port with the internal Registry.
+struct ClientEndpoint {
+  grpc::ServerBuilder* builder = nullptr;  // null: none
+  ServerOptions options;                   // host, port and ready file
+  std::shared_ptr<grpc::ServerCredentials> credentials;
+};
 
 // The routers a node registers with: `routers` is a comma-separated list of host:port, and
 // each host is resolved (DNS) to every address it has, so one name of a headless Kubernetes
@@ -73,9 +91,10 @@ class Heartbeat {
 
 // The common life of a baton server binary: start (see StartServer) and its metrics server,
 // print "<binary> serving on host:port", register with `router` (when set) as `node` reporting
-// `load`, serve until SIGINT or SIGTERM, then stop the heartbeat and shut down. `on_started`
-// runs once the server is up, `on_stopping` before it goes away. Returns the process exit
-// status.
+// `load`, serve until SIGINT or SIGTERM, then stop the heartbeat and shut down. With a
+// `client` endpoint, that server starts too and is the one printed. `on_started` runs once the
+// servers are up, with a setter of health statuses on all of them (the health port included);
+// `on_stopping` runs before they go away. Returns the process exit status.
 struct Registration {
   std::string router;  // comma-separated routers (see ResolveRouters); empty: do not register
   v1::RegisterRequest node;
@@ -87,8 +106,9 @@ Registration NodeRegistration(std::string router, const std::string& node_id, v1
 
 int ServeUntilShutdown(const std::string& binary, grpc::ServerBuilder& builder,
                        const ServerOptions& options, Registration registration,
-                       const std::function<void(grpc::Server&)>& on_started = nullptr,
-                       const std::function<void()>& on_stopping = nullptr);
+                       const std::function<void(HealthSetter)>& on_started = nullptr,
+                       const std::function<void()>& on_stopping = nullptr,
+                       ClientEndpoint client = {});
 
 // Blocks SIGINT and SIGTERM in this thread (call first in main, before starting threads, so
 // they inherit the mask) ...

@@ -19,11 +19,12 @@
 #include <thread>
 #include <vector>
 
+#include "baton/common/security.h"
+#include "baton/decode_node/state_pool.h"
 #include "baton/model/ced_model.h"
 #include "baton/model/sampling.h"
 #include "baton/transfer/ucx.h"
 #include "baton/v1/node.grpc.pb.h"
-#include "baton/decode_node/state_pool.h"
 #include "prometheus/collectable.h"
 
 namespace baton::decode_node {
@@ -68,9 +69,14 @@ class DecodeService final : public v1::DecodeNode::Service {
   // Applies a sampled token: appends it and decides whether the request is finished.
   void Accept(Request& r, int32_t token, float logprob);
   void Erase(const std::string& id);  // caller holds mutex_
+  // The reservation `id` when the caller is its `role` owner (see Request); nullptr when it is
+  // absent or another identity's. Caller holds mutex_.
+  std::shared_ptr<Request> Owned(const grpc::ServerContext& context, const std::string& id,
+                                 security::Role role) const;
   struct Metrics;
   grpc::Status RunStream(grpc::ServerContext* context, const v1::StreamRequest* request,
-                         grpc::ServerWriter<v1::DecodeOutput>* writer);
+                         grpc::ServerWriter<v1::DecodeOutput>* writer,
+                         std::string* request_id);  // set once the request is found
   uint64_t RegionBytes(v1::Region region, const Request& r) const;
 
   const model::CedModel& model_;

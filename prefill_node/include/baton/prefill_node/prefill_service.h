@@ -47,7 +47,7 @@ class PrefillService final : public v1::PrefillNode::Service {
   absl::Status SendUcx(const v1::Reservation& reservation, const model::SequenceState& state,
                        uint64_t block_kv_bytes);
   absl::Status SendGrpc(grpc::ServerContext* context, v1::DecodeNode::Stub& decode,
-                        const std::string& request_id, const model::SequenceState& state,
+                        const std::string& reservation_id, const model::SequenceState& state,
                         uint64_t block_kv_bytes);
   v1::DecodeNode::Stub& DecodeStub(const std::string& address);
   // Loads the hit's blocks [0, H / B) from the prefix store: block KV into the pages, producer

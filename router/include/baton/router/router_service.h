@@ -21,12 +21,14 @@
 #include <thread>
 #include <vector>
 
+#include "baton/common/api_keys.h"
 #include "baton/common/model_config.h"
-#include "prometheus/collectable.h"
+#include "baton/common/rpc.h"
 #include "baton/kvstore/hit_policy.h"
 #include "baton/v1/generation.grpc.pb.h"
 #include "baton/v1/node.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
+#include "prometheus/collectable.h"
 
 namespace baton::router {
 
@@ -42,6 +44,8 @@ struct RouterOptions {
   kvstore::HitCap hit_cap = kvstore::HitCap::kRing;
   uint32_t lookup_timeout_ms = 200;  // a slower prefix store means a cold request
   bool require_kvstore = false;      // first SERVING also waits for a kvstore to register
+  // Client API keys (key -> tenant); null: the client API takes no key and the tenant is empty.
+  std::shared_ptr<const ApiKeys> api_keys;
 };
 
 class RouterService final : public v1::Generation::Service, public v1::Registry::Service {
@@ -54,9 +58,10 @@ class RouterService final : public v1::Generation::Service, public v1::Registry:
   grpc::Status Register(grpc::ServerContext* context, const v1::RegisterRequest* request,
                         v1::RegisterResponse* reply) override;
 
-  // Sets grpc.health.v1 for "" and "baton.v1.Generation" as nodes come and go, until
-  // StopHealth (which must come before the server is destroyed).
-  void WatchHealth(grpc::Server* server);
+  // Sets grpc.health.v1 for "" and "baton.v1.Generation" (through `health`, on every server of
+  // the process) as nodes come and go, until StopHealth (which must come before the servers are
+  // destroyed).
+  void WatchHealth(HealthSetter health);
   void StopHealth();
 
  private:
@@ -65,6 +70,7 @@ class RouterService final : public v1::Generation::Service, public v1::Registry:
     std::chrono::steady_clock::time_point last_seen;
     int64_t inflight = 0;  // requests this router sent there and has not finished
     std::shared_ptr<grpc::Channel> channel;
+    std::string identity;  // the certificate identity it registered with ("" without TLS)
   };
   struct Effective {
     v1::TruncationMode mode;
@@ -74,6 +80,7 @@ class RouterService final : public v1::Generation::Service, public v1::Registry:
   // What one request did, for its metrics and log lines.
   struct Trace {
     std::string id;
+    std::string tenant;  // from the client's API key; "" without keys
     std::chrono::steady_clock::time_point start;
     std::optional<std::chrono::steady_clock::time_point> last_token;
     int64_t tokens = 0;
@@ -87,7 +94,7 @@ class RouterService final : public v1::Generation::Service, public v1::Registry:
   absl::StatusOr<Effective> Validate(const v1::GenerateRequest& request) const;
   // The prefix hit H (tokens) for a request, or 0 when the store is absent, slow or failing.
   uint32_t PrefixHit(const v1::GenerateRequest& request, const Effective& effective,
-                     const std::string& fingerprint);
+                     const std::string& fingerprint, const std::string& tenant);
   // The live node of `role` with the least load, not in `exclude`; nullptr when none.
   std::shared_ptr<Node> Pick(v1::NodeRole role, const std::vector<std::string>& exclude);
   void MarkDown(const std::string& node_id);

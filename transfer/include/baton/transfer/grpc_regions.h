@@ -14,7 +14,7 @@ inline constexpr uint64_t kGrpcRegionChunkBytes = uint64_t{1} << 20;
 // Streams [data, data + bytes) of `region`, starting `offset` bytes into the region, as chunks
 // of at most kGrpcRegionChunkBytes. Returns false when the stream broke.
 bool WriteRegionChunks(grpc::ClientWriterInterface<v1::RegionChunk>& writer,
-                       const std::string& request_id, v1::Region region, const void* data,
+                       const std::string& reservation_id, v1::Region region, const void* data,
                        uint64_t bytes, uint64_t offset);
 
 }  // namespace baton::transfer

@@ -1,0 +1,37 @@
+// Client API keys (the router's --api-keys FILE): a YAML mapping from key to tenant name,
+//
+//   "k3y-for-team-a-0123456789": team-a
+//   "another-key-for-team-b-xyz": team-b
+//
+// Clients send `authorization: Bearer <key>`. The tenant a key maps to becomes part of every
+// prefix-cache chain key of that client's requests (kvstore/chain.h), so tenants never share
+// cached state and cached_tokens tells no tenant about another's prompts. Keys are held only
+// as SHA-256 digests. Immutable after Load; safe to share between threads.
+#pragma once
+
+#include <map>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "baton/common/hash.h"
+#include "grpcpp/grpcpp.h"
+
+namespace baton {
+
+class ApiKeys {
+ public:
+  // Keys: 16 to 256 printable ASCII characters without spaces; tenants: 1 to 64 of
+  // [A-Za-z0-9._-]. A bad file is refused with a message naming the entry (never the key).
+  static absl::StatusOr<ApiKeys> Load(const std::string& path);
+
+  // The tenant of the caller's bearer key; UNAUTHENTICATED when it sends none or an unknown
+  // one.
+  absl::StatusOr<std::string> Authenticate(const grpc::ServerContext& context) const;
+
+  size_t size() const { return tenants_.size(); }
+
+ private:
+  std::map<Sha256Digest, std::string> tenants_;  // by SHA-256 of the key
+};
+
+}  // namespace baton

@@ -1,0 +1,223 @@
+// Security end to end, against the real binaries on loopback (issue: nobody gets in, and no
+// wire input can corrupt a node): every internal port refuses plaintext clients, clients
+// without a certificate and clients of another CA; a certificate's role decides what it may
+// call (a prefill certificate cannot register as decode, call Prefill or Stream, and only the
+// prefill identity a reservation names may fill it); the client port never serves Registry;
+// API keys authenticate clients and their tenants never share prefix-cache entries.
+#include <random>
+
+#include "baton/common/pki.h"
+#include "baton/model/model_factory.h"
+#include "client.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "test_dir.h"
+
+namespace baton::testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr char kKeyA[] = "key-of-tenant-a-0123456789";
+constexpr char kKeyB[] = "key-of-tenant-b-0123456789";
+
+grpc::Status HealthCheck(const std::string& address,
+                         const std::shared_ptr<grpc::ChannelCredentials>& credentials) {
+  auto stub = grpc::health::v1::Health::NewStub(grpc::CreateChannel(address, credentials));
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  grpc::health::v1::HealthCheckResponse response;
+  return stub->Check(&context, grpc::health::v1::HealthCheckRequest(), &response);
+}
+
+class SecurityTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    model_ = ProcessTempDir() + "/security_tiny";
+    ASSERT_TRUE(model::MakeModel(*model::PresetConfig("tiny"), 21, model_).ok());
+    // Another CA with the same role names, and a second prefill identity of this CA.
+    other_ca_ = ProcessTempDir() + "/other_pki";
+    ASSERT_TRUE(pki::EnsureLocalPki(other_ca_, pki::LocalRoles()).ok());
+    ASSERT_TRUE(pki::IssueCertificate(TestPki(), "prefill-b", "spiffe://baton/prefill/b").ok());
+    keys_ = ProcessTempDir() + "/api_keys.yaml";
+    std::ofstream(keys_) << "\"" << kKeyA << "\": tenant-a\n\"" << kKeyB << "\": tenant-b\n";
+  }
+  void StartCluster(std::vector<std::string> router_flags = {}) {
+    cluster_ = std::make_unique<Cluster>(model_);
+    router_flags.push_back("--require-kvstore");
+    router_ = cluster_->StartRouter(router_flags);
+    ASSERT_FALSE(router_.empty()) << cluster_->Log("router");
+    ASSERT_FALSE(cluster_->StartKvstore("kvstore", cluster_->dir() + "/store").empty());
+    ASSERT_FALSE(cluster_->StartDecode("decode").empty());
+    ASSERT_FALSE(
+        cluster_->StartPrefill("prefill", {"--kvstore", cluster_->Address("kvstore")}).empty());
+    ASSERT_TRUE(cluster_->WaitForHealth(true)) << cluster_->Log("router");
+  }
+  std::vector<std::string> InternalPorts() const {
+    return {cluster_->router_internal(), cluster_->Address("prefill"), cluster_->Address("decode"),
+            cluster_->Address("kvstore")};
+  }
+
+  static std::string model_, other_ca_, keys_;
+  std::unique_ptr<Cluster> cluster_;
+  std::string router_;
+};
+std::string SecurityTest::model_, SecurityTest::other_ca_, SecurityTest::keys_;
+
+TEST_F(SecurityTest, InternalPortsRefuseAnyoneWithoutACertificateOfTheCa) {
+  StartCluster();
+  for (const std::string& address : InternalPorts()) {
+    EXPECT_TRUE(HealthCheck(address, TlsAs("client")).ok()) << address;
+    for (const auto& [who, credentials] :
+         {std::pair{"plaintext", grpc::InsecureChannelCredentials()},
+          {"TLS without a certificate", TlsAs("")},
+          {"another CA's certificate", TlsAs("router", other_ca_)}}) {
+      const grpc::Status status = HealthCheck(address, credentials);
+      EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE) << who << " at " << address;
+    }
+  }
+  // The router's client port is a separate server: it never serves Registry.
+  auto registry =
+      v1::Registry::NewStub(grpc::CreateChannel(router_, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  v1::RegisterRequest request;
+  request.set_node_id("intruder");
+  request.set_role(v1::NODE_ROLE_PREFILL);
+  request.set_address("127.0.0.1:1");
+  v1::RegisterResponse response;
+  EXPECT_EQ(registry->Register(&context, request, &response).error_code(),
+            grpc::StatusCode::UNIMPLEMENTED);
+}
+
+TEST_F(SecurityTest, ACertificateCallsOnlyWhatItsRoleAllows) {
+  StartCluster();
+  const auto as_prefill = TlsAs("prefill");
+  // Registering as decode with a prefill certificate.
+  auto registry =
+      v1::Registry::NewStub(grpc::CreateChannel(cluster_->router_internal(), as_prefill));
+  v1::RegisterRequest reg;
+  reg.set_node_id("fake-decode");
+  reg.set_role(v1::NODE_ROLE_DECODE);
+  reg.set_address("127.0.0.1:1");
+  v1::RegisterResponse registered;
+  grpc::ClientContext register_context;
+  const grpc::Status refused = registry->Register(&register_context, reg, &registered);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_THAT(refused.error_message(), HasSubstr("Registry/Register"));
+  // Calling Prefill (only a router may).
+  auto prefill =
+      v1::PrefillNode::NewStub(grpc::CreateChannel(cluster_->Address("prefill"), as_prefill));
+  grpc::ClientContext prefill_context;
+  v1::PrefillRequest prefill_request;
+  v1::PrefillResponse prefilled;
+  EXPECT_EQ(prefill->Prefill(&prefill_context, prefill_request, &prefilled).error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);
+  // Streaming from a decode node (only a router may).
+  auto decode_as_prefill = cluster_->Decode("decode", "prefill");
+  grpc::ClientContext stream_context;
+  v1::StreamRequest stream_request;
+  stream_request.set_reservation_id("0123456789abcdef0123456789abcdef");
+  auto stream = decode_as_prefill->Stream(&stream_context, stream_request);
+  v1::DecodeOutput output;
+  EXPECT_FALSE(stream->Read(&output));
+  EXPECT_EQ(stream->Finish().error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  // The client certificate may call health and nothing else internal.
+  auto kvstore =
+      v1::KvStore::NewStub(grpc::CreateChannel(cluster_->Address("kvstore"), TlsAs("client")));
+  grpc::ClientContext stats_context;
+  v1::KvStoreStats stats;
+  EXPECT_EQ(kvstore->Stats(&stats_context, v1::KvStoreStatsRequest(), &stats).error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);
+  // Each refusal is logged with the peer's identity.
+  EXPECT_THAT(cluster_->Log("router"), HasSubstr("spiffe://baton/prefill"));
+  EXPECT_THAT(cluster_->Log("decode"), HasSubstr("DecodeNode/Stream"));
+  EXPECT_THAT(cluster_->Log("kvstore"), HasSubstr("spiffe://baton/client"));
+  // The cluster itself still serves.
+  auto client = cluster_->Client();
+  const Outcome outcome = Generate(*client, Request({1, 2, 3, 4, 5}, 4));
+  EXPECT_TRUE(outcome.status.ok()) << outcome.status.error_message();
+}
+
+TEST_F(SecurityTest, OnlyThePrefillIdentityAReservationNamesMayFillIt) {
+  StartCluster();
+  auto as_router = cluster_->Decode("decode", "router");
+  v1::ReserveRequest reserve;
+  reserve.set_request_id("bound");
+  reserve.set_prompt_tokens(10);
+  reserve.mutable_sampling()->set_max_tokens(4);
+  reserve.set_prefill_identity("spiffe://baton/prefill");
+  v1::Reservation reservation;
+  {
+    // The fingerprint from a failed reserve is not revealed; the router's view of it is the
+    // model's, which the test reads from the registered node's stats instead.
+    grpc::ClientContext context;
+    const grpc::Status status = as_router->Reserve(&context, reserve, &reservation);
+    ASSERT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+    EXPECT_THAT(status.error_message(), ::testing::Not(HasSubstr("serves ")));
+  }
+  reserve.set_model_fingerprint(*model::ModelFingerprint(model_));
+  grpc::ClientContext reserve_context;
+  ASSERT_TRUE(as_router->Reserve(&reserve_context, reserve, &reservation).ok());
+  EXPECT_EQ(reservation.reservation_id().size(), 32u);
+  auto push = [&](const std::string& role) {
+    auto stub = cluster_->Decode("decode", role);
+    grpc::ClientContext context;
+    v1::PushRegionsResponse pushed;
+    auto writer = stub->PushRegions(&context, &pushed);
+    v1::RegionChunk chunk;
+    chunk.set_reservation_id(reservation.reservation_id());
+    chunk.set_region(v1::REGION_PRODUCER_SWA);
+    chunk.set_data(std::string(64, 'x'));
+    writer->Write(chunk);
+    writer->WritesDone();
+    return writer->Finish();
+  };
+  // Another prefill identity sees no such reservation; the router may not push at all.
+  EXPECT_EQ(push("prefill-b").error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(push("router").error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_TRUE(push("prefill").ok());
+  // A guessed id is as unknown as a missing one.
+  v1::ReleaseRequest release;
+  release.set_reservation_id(reservation.reservation_id());
+  grpc::ClientContext release_context;
+  v1::ReleaseResponse released;
+  ASSERT_TRUE(as_router->Release(&release_context, release, &released).ok());
+  EXPECT_TRUE(DecodeDrained(*cluster_, "decode"));
+}
+
+TEST_F(SecurityTest, ApiKeysAuthenticateAndTenantsNeverShareCachedPrefixes) {
+  StartCluster({"--api-keys", keys_});
+  auto client = cluster_->Client();
+  std::mt19937_64 rng(5);
+  const std::vector<int32_t> prompt = RandomPrompt(rng, 96, 512);
+  const v1::GenerateRequest request = Request(prompt, 3);
+  auto run = [&](const std::string& key) {
+    return Generate(*client, request, std::chrono::seconds(60), nullptr, key);
+  };
+  const Outcome anonymous = run("");
+  EXPECT_EQ(anonymous.status.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_THAT(anonymous.status.error_message(), HasSubstr("authorization"));
+  EXPECT_EQ(run("key-nobody-was-given-0000").status.error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
+
+  const Outcome first = run(kKeyA);
+  ASSERT_TRUE(first.status.ok()) << first.status.error_message();
+  EXPECT_EQ(first.usage.cached_tokens(), 0u);
+  // Tenant A's repeat hits once the write-back has landed...
+  Outcome again;
+  for (int i = 0; i < 100; ++i) {
+    again = run(kKeyA);
+    ASSERT_TRUE(again.status.ok()) << again.status.error_message();
+    if (again.usage.cached_tokens() > 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_GT(again.usage.cached_tokens(), 0u);
+  // ... and tenant B, with the same prompt and the same (empty) salt, sees nothing of it.
+  const Outcome other = run(kKeyB);
+  ASSERT_TRUE(other.status.ok()) << other.status.error_message();
+  EXPECT_EQ(other.usage.cached_tokens(), 0u);
+  EXPECT_EQ(other.tokens, first.tokens);
+}
+
+}  // namespace
+}  // namespace baton::testing
