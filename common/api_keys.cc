@@ -2,6 +2,8 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <fstream>
+
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -31,9 +33,15 @@ bool ValidTenant(const std::string& tenant) {
 }  // namespace
 
 absl::StatusOr<ApiKeys> ApiKeys::Load(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::InvalidArgumentError(absl::StrCat("--api-keys ", path, ": cannot read"));
+  return Parse(std::string(std::istreambuf_iterator<char>(in), {}), path);
+}
+
+absl::StatusOr<ApiKeys> ApiKeys::Parse(const std::string& yaml, const std::string& path) {
   YAML::Node root;
   try {
-    root = YAML::LoadFile(path);
+    root = YAML::Load(yaml);
   } catch (const YAML::Exception& e) {
     return absl::InvalidArgumentError(absl::StrCat("--api-keys ", path, ": ", e.what()));
   }

@@ -43,6 +43,10 @@ absl::StatusOr<StartedServer> StartServer(grpc::ServerBuilder& builder,
   grpc::EnableDefaultHealthCheckService(true);
   builder.SetMaxReceiveMessageSize(security::kMaxMessageBytes);
   builder.SetMaxSendMessageSize(security::kMaxMessageBytes);
+  grpc::ResourceQuota quota(absl::StrCat("baton:", options.port));
+  quota.SetMaxThreads(options.max_rpc_threads);
+  quota.Resize(static_cast<size_t>(options.rpc_memory_bytes));
+  builder.SetResourceQuota(quota);
   int port = 0;
   builder.AddListeningPort(
       absl::StrCat(options.host, ":", options.port),
@@ -202,6 +206,7 @@ int ServeUntilShutdown(const std::string& binary, grpc::ServerBuilder& builder,
     health_options.host = options.host;
     health_options.port = options.health_port;
     health_options.ready_file = options.health_ready_file;
+    health_options.max_rpc_threads = 16;  // health checks only
     health_started = StartServer(health_builder, health_options, grpc::InsecureServerCredentials());
     if (!health_started.ok()) {
       log::Error("cannot start", {{"error", std::string(health_started.status().message())}});

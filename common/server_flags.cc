@@ -26,6 +26,12 @@ void AddServerFlags(CLI::App& app, ServerFlags& flags) {
       ->check(CLI::Range(-1, 65535));
   app.add_option("--health-ready-file", server.health_ready_file,
                  "Write the health host:port here once serving");
+  app.add_option("--max-rpc-threads", server.max_rpc_threads,
+                 "Calls a server serves at once; more are refused with RESOURCE_EXHAUSTED")
+      ->check(CLI::Range(4, 1 << 16));
+  app.add_option("--rpc-memory-bytes", server.rpc_memory_bytes,
+                 "Buffer memory of a server's calls (gRPC resource quota)")
+      ->check(CLI::Range(int64_t{16} << 20, int64_t{1} << 40));
   log::AddLogFlags(app, flags.log);
   security::AddTlsFlags(app, flags.tls);
 }

@@ -331,11 +331,25 @@ absl::StatusOr<PrefillResult> CedModel::Prefill(std::span<const int32_t> tokens,
       seg.swa_lo = chunk_plan.swa_lo.data();
       seg.consumer_slots = chunk_plan.consumer_slots.data();
     }
+    const bool streamed = options.on_result_logits != nullptr && options.result_logits;
+    if (streamed && !run.logit_rows.empty()) result.logits.clear();  // one chunk at a time
     const size_t old = result.logits.size();
     result.logits.resize(old + run.logit_rows.size() * V);
     RunLayers({&seg, 1}, tokens.data() + run.q_start, run.rows, callback, run.logit_rows,
               result.logits.data() + old);
-    for (int64_t r : run.logit_rows) result.positions.push_back(seg.consumer_positions[r]);
+    for (size_t i = 0; i < run.logit_rows.size(); ++i) {
+      const int64_t position = seg.consumer_positions[run.logit_rows[i]];
+      if (streamed) {
+        options.on_result_logits(position, {result.logits.data() + i * V, static_cast<size_t>(V)});
+      } else {
+        result.positions.push_back(position);
+      }
+    }
+    if (streamed && !run.logit_rows.empty()) {
+      // Keep the last row only: the sampled one.
+      result.logits.erase(result.logits.begin(), result.logits.end() - V);
+      result.positions = {seg.consumer_positions[run.logit_rows.back()]};
+    }
   }
   state.length = L;
   state.s_valid = options.s_valid;

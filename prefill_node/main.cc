@@ -20,6 +20,9 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 1 << 24));
   app.add_flag("--no-ucx", no_ucx, "Use only the gRPC transport");
   app.add_option("--kvstore", options.kvstore_address, "Prefix store (baton-kvstore) address");
+  app.add_option("--write-back-bytes", options.write_back_bytes,
+                 "Block payload bytes waiting for the prefix store at most (default 256 MiB)")
+      ->check(CLI::Range(uint64_t{1} << 20, uint64_t{1} << 40));
   if (auto exit = baton::ParseServerFlags(app, argc, argv, "baton-prefill", "prefill", flags)) {
     return *exit;
   }

@@ -18,6 +18,12 @@ namespace {
 using Clock = std::chrono::steady_clock;
 constexpr uint32_t kStateFormatVersion = 1;
 
+uint64_t PayloadBytes(const std::vector<v1::BlockWrite>& writes) {
+  uint64_t bytes = 0;
+  for (const v1::BlockWrite& w : writes) bytes += w.payload().size();
+  return bytes;
+}
+
 double MillisSince(Clock::time_point start) {
   return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
 }
@@ -152,9 +158,15 @@ bool PrefillService::LoadPrefix(const std::vector<Sha256Digest>& keys, int64_t h
 
 void PrefillService::QueueWriteBack(std::vector<v1::BlockWrite> writes) {
   if (writes.empty()) return;
+  const uint64_t bytes = PayloadBytes(writes);
   {
     std::lock_guard<std::mutex> lock(write_mutex_);
-    if (write_queue_.size() >= 64) return;  // the store is behind; skip rather than grow
+    // The store is behind: skip rather than grow.
+    if (bytes >
+        options_.write_back_bytes - std::min(options_.write_back_bytes, write_queue_bytes_)) {
+      return;
+    }
+    write_queue_bytes_ += bytes;
     write_queue_.push_back(std::move(writes));
   }
   write_ready_.notify_one();
@@ -180,6 +192,7 @@ void PrefillService::WriteBackLoop() {
       log::Warn("prefix-store write failed", {{"error", s.error_message()}});
     }
     lock.lock();
+    write_queue_bytes_ -= PayloadBytes(writes);  // counted until written
   }
 }
 
@@ -350,17 +363,19 @@ grpc::Status PrefillService::Run(grpc::ServerContext* context, const v1::Prefill
   const bool prompt_logprobs =
       generate.prompt_logprobs() && *mode == model::TruncationMode::kOff && request->s_valid() == 0;
   options.result_logits = prompt_logprobs;
+  if (prompt_logprobs) {
+    // Chunk by chunk: a row's log-probability of the next prompt token, then its logits go.
+    options.on_result_logits = [&](int64_t position, std::span<const float> logits) {
+      if (position + 1 < L) {
+        reply->add_prompt_logprobs(model::LogSoftmaxAt(logits, tokens[position + 1]));
+      }
+    };
+  }
   absl::StatusOr<model::PrefillResult> result = model_.Prefill(tokens, options, state);
   if (!result.ok()) return ToGrpcStatus(result.status());
   const int64_t vocab = model_.config().vocab_size;
   const std::span<const float> last_row(result->logits.data() + result->logits.size() - vocab,
                                         static_cast<size_t>(vocab));
-  if (prompt_logprobs) {
-    for (size_t r = 0; r + 1 < tokens.size(); ++r) {
-      reply->add_prompt_logprobs(model::LogSoftmaxAt(
-          {result->logits.data() + r * vocab, static_cast<size_t>(vocab)}, tokens[r + 1]));
-    }
-  }
   const auto& sampling = generate.sampling();
   const model::SampledToken first =
       model::SampleToken(last_row,

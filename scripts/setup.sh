@@ -15,6 +15,8 @@ packages=(
   prometheus-cpp-dev libxxhash-dev libyaml-cpp-dev
   libcurl4-openssl-dev
   gnuplot-nox  # batonctl report draws its PNG plots with it
+  clang-14 libclang-rt-14-dev  # scripts/sanitize.sh: ASan, UBSan and libFuzzer
+  openssl  # the Helm chart test makes a throwaway PKI with it
 )
 
 missing=()

@@ -273,6 +273,31 @@ std::vector<int32_t> Greedy(const CedModel& model, const std::vector<int32_t>& p
   return out;
 }
 
+// Streamed result logits (prompt logprobs) are the same rows, in position order, and the
+// result keeps only the last one: memory is one chunk's rows, not L x V.
+TEST_F(CedModelTest, StreamedResultLogitsEqualTheWholeResultAndKeepOnlyTheLastRow) {
+  std::mt19937_64 rng(17);
+  const int64_t V = tiny().config().vocab_size;
+  const auto tokens = RandomTokens(rng, 70, V);
+  const auto whole = Run(tiny(), tokens, {.chunk_size = 16, .result_logits = true});
+  std::vector<int64_t> seen;
+  PrefillOptions options{.chunk_size = 16, .result_logits = true};
+  options.on_result_logits = [&](int64_t position, std::span<const float> logits) {
+    seen.push_back(position);
+    EXPECT_LT(RelativeError(logits, std::span<const float>(whole.at(position))), 1e-6) << position;
+  };
+  SequenceState state(tiny().state_layout());
+  auto result = tiny().Prefill(tokens, options, state);
+  ASSERT_TRUE(result.ok()) << result.status();
+  ASSERT_EQ(seen.size(), whole.size());
+  for (size_t i = 0; i < seen.size(); ++i) EXPECT_EQ(seen[i], static_cast<int64_t>(i));
+  EXPECT_EQ(result->positions, std::vector<int32_t>{69});
+  ASSERT_EQ(result->logits.size(), static_cast<size_t>(V));
+  EXPECT_LT(
+      RelativeError(std::span<const float>(result->logits), std::span<const float>(whole.at(69))),
+      1e-6);
+}
+
 TEST_F(CedModelTest, GreedyIsDeterministicAndBatchEqualsAlone) {
   std::mt19937_64 rng(17);
   const int64_t V = tiny().config().vocab_size;

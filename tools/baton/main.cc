@@ -147,7 +147,10 @@ int main(int argc, char** argv) {
       ->check(CLI::ExistingFile);
   up->add_option("--log-format", log_format, "Components log as text or json")
       ->check(CLI::IsMember({"text", "json"}));
-  bool client_tls = false;
+  bool client_tls = false, insecure_internal = false;
+  up->add_flag("--insecure-internal", insecure_internal,
+               "Run the internal surfaces in plaintext (a baseline for benchmarks; trusted hosts "
+               "only)");
   std::string api_keys;
   up->add_flag("--client-tls", client_tls,
                "Serve the client API over TLS with <data-dir>/tls/router.crt (clients trust "
@@ -188,6 +191,7 @@ int main(int argc, char** argv) {
   }
   // Every component: mutual TLS inside the cluster with its role's certificate.
   auto identity = [&](const std::string& role) {
+    if (insecure_internal) return std::vector<std::string>{"--insecure-internal"};
     return std::vector<std::string>{"--tls-ca",   (tls / "ca.crt").string(),
                                     "--tls-cert", (tls / (role + ".crt")).string(),
                                     "--tls-key",  (tls / (role + ".key")).string()};

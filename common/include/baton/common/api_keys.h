@@ -23,6 +23,8 @@ class ApiKeys {
   // Keys: 16 to 256 printable ASCII characters without spaces; tenants: 1 to 64 of
   // [A-Za-z0-9._-]. A bad file is refused with a message naming the entry (never the key).
   static absl::StatusOr<ApiKeys> Load(const std::string& path);
+  // The same from the file's text; messages name `source`.
+  static absl::StatusOr<ApiKeys> Parse(const std::string& yaml, const std::string& source);
 
   // The tenant of the caller's bearer key; UNAUTHENTICATED when it sends none or an unknown
   // one.

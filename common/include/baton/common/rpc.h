@@ -35,6 +35,10 @@ struct ServerOptions {
   // probes that cannot speak mutual TLS (the kubelet's); -1: none, 0: any free port.
   int health_port = -1;
   std::string health_ready_file;  // when set, the health "host:port" is written there
+  // gRPC resource quota of each server: threads serving calls at once (a call beyond it is
+  // refused with RESOURCE_EXHAUSTED, never queued without bound) and buffer memory.
+  int max_rpc_threads = 2048;
+  int64_t rpc_memory_bytes = int64_t{1} << 30;
 };
 
 // Sets a grpc.health.v1 service's status on every server of the process.

@@ -34,6 +34,10 @@ struct PrefillOptions {
   // false: logits of the last prompt row only (serving); true: every row of the prompt's
   // result (rows >= s_valid; in compact only the retained rows, never a placeholder).
   bool result_logits = false;
+  // With result_logits: when set, each result row's logits go here as its chunk finishes, in
+  // position order, and PrefillResult keeps only the last row, so memory stays at one chunk's
+  // rows (prompt logprobs of a long prompt never hold L x V floats).
+  std::function<void(int64_t position, std::span<const float> logits)> on_result_logits;
   ProducerRowsCallback on_producer_rows;
 };
 

@@ -28,6 +28,9 @@ struct PrefillOptions {
   int64_t token_budget = 512;  // rows per prefill chunk
   bool use_ucx = true;
   std::string kvstore_address;  // empty: no prefix store
+  // Payload bytes waiting for the store at most; a prompt whose blocks do not fit is not
+  // written back (the store is behind, and memory stays bounded).
+  uint64_t write_back_bytes = uint64_t{256} << 20;
 };
 
 class PrefillService final : public v1::PrefillNode::Service {
@@ -71,6 +74,7 @@ class PrefillService final : public v1::PrefillNode::Service {
   std::mutex write_mutex_;
   std::condition_variable write_ready_;
   std::deque<std::vector<v1::BlockWrite>> write_queue_;
+  uint64_t write_queue_bytes_ = 0;  // payload bytes in write_queue_
   bool stop_writer_ = false;
   std::thread writer_;
   std::unique_ptr<Metrics> metrics_;

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# The sanitizer and fuzzing pass (part of CI): builds baton with clang, AddressSanitizer and
+# UndefinedBehaviorSanitizer into build-sanitize/, runs every in-process test suite there
+# (any sanitizer report fails it), then runs each libFuzzer target of tests/fuzz for
+# FUZZ_SECONDS (default 20) from its seed corpus and prints its executions. Exits non-zero on
+# a failed test or a fuzzer finding (the input is kept under build-sanitize/fuzz/).
+#
+#   scripts/sanitize.sh            build, test, fuzz
+#   FUZZ_SECONDS=300 scripts/sanitize.sh
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+build="${BATON_SANITIZE_DIR:-$root/build-sanitize}"
+seconds="${FUZZ_SECONDS:-20}"
+
+CC=clang-14 CXX=clang++-14 cmake -G Ninja -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  -DBATON_WITH_CUDA=OFF -DBATON_SANITIZE=ON -DBATON_FUZZ=ON >/dev/null
+cmake --build "$build" -j "${BATON_JOBS:-2}" --target inprocess_tests fuzzers
+
+export ASAN_OPTIONS="detect_leaks=1:abort_on_error=0:strict_string_checks=1"
+export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
+ctest --test-dir "$build" --output-on-failure -j "${BATON_JOBS:-2}" -L "^(unit|model|store|node)$"
+
+status=0
+mkdir -p "$build/fuzz"
+for fuzzer in "$build"/tests/fuzz/fuzz_*; do
+  name="$(basename "$fuzzer")"
+  name="${name#fuzz_}"
+  corpus="$build/fuzz/$name"
+  mkdir -p "$corpus"
+  if "$fuzzer" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=4096 -print_final_stats=1 \
+    -artifact_prefix="$build/fuzz/$name-" "$corpus" "$root/tests/fuzz/corpus/$name" \
+    >"$build/fuzz/$name.log" 2>&1; then
+    runs="$(sed -n 's/^stat::number_of_executed_units: *//p' "$build/fuzz/$name.log")"
+    echo "fuzz $name: ${runs:-?} executions in ${seconds} s, no crash"
+  else
+    echo "fuzz $name: FAILED (see $build/fuzz/$name.log)"
+    tail -40 "$build/fuzz/$name.log"
+    status=1
+  fi
+done
+exit "$status"
