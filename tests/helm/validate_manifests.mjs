@@ -4,13 +4,17 @@
 //
 // Each object is checked four ways, and every failure is reported as "FILE: Kind/name: ...":
 //  1. its kind's JSON schema (kubernetes-models, generated from the Kubernetes OpenAPI spec;
-//     @kubernetes-models/prometheus-operator for ServiceMonitor): types, required fields,
-//     enums, formats. A kind without a schema is an error.
+//     @kubernetes-models/prometheus-operator for ServiceMonitor, @kubernetes-models/cert-manager
+//     for Certificate and Issuer): types, required fields, enums, formats. A kind without a
+//     schema is an error.
 //  2. unknown fields, which the OpenAPI schemas let through but the API server drops or
 //     refuses: the field names come from the same packages' type declarations (.d.ts).
 //  3. references between objects: selectors that select nothing, Service target ports and
 //     probe ports the pods do not declare, volume mounts without a volume, $(VAR) references
-//     to variables the container does not define, a StatefulSet's missing governing Service.
+//     to variables the container does not define, a StatefulSet's missing governing Service,
+//     NetworkPolicies that select no pod or open ports the pods do not declare, a role's
+//     Certificate whose Secret the pods of that role do not mount, a CA Issuer whose Secret no
+//     Certificate writes.
 //  4. baton's config file (a ConfigMap key "baton.yaml"): sections and keys the binaries
 //     accept (their long flag names), so that a typo cannot reach a pod.
 import { readFileSync, existsSync } from "node:fs";
@@ -30,8 +34,10 @@ const YAML = createRequire(join(modules, "noop.js"))("yaml");
 
 // The keys each section of baton.yaml may hold: the binaries' long flag names.
 const BATON_CONFIG_KEYS = {
-  common: ["model", "host", "metrics-host", "metrics-port", "log-format", "log-level", "router"],
-  router: ["port", "default-mode", "default-keep", "max-tokens-limit", "max-model-len", "transport",
+  common: ["model", "host", "metrics-host", "metrics-port", "health-port", "log-format", "log-level",
+           "router", "tls-ca", "tls-cert", "tls-key", "insecure-internal"],
+  router: ["port", "internal-port", "client-tls-cert", "client-tls-key", "client-tls-ca", "api-keys",
+           "default-mode", "default-keep", "max-tokens-limit", "max-model-len", "transport",
            "reservation-timeout-ms", "hit-cap", "lookup-timeout-ms", "require-kvstore"],
   prefill: ["port", "node-id", "token-budget", "no-ucx", "kvstore"],
   decode: ["port", "node-id", "slots", "pages", "max-batch", "max-waiting", "no-ucx"],
@@ -44,12 +50,17 @@ function modelPath(apiVersion, kind) {
   if (apiVersion === "monitoring.coreos.com/v1") {
     return join(modules, "@kubernetes-models/prometheus-operator", apiVersion, `${kind}.js`);
   }
+  if (apiVersion === "cert-manager.io/v1") {
+    return join(modules, "@kubernetes-models/cert-manager", apiVersion, `${kind}.js`);
+  }
   return join(modules, "kubernetes-models", apiVersion, `${kind}.js`);
 }
 
 // --- Field names from the .d.ts declarations --------------------------------------------
 // A declaration file holds one interface, `export interface IName [extends TypeMeta] {`, with
 // members `"name"?: Type;` (4-space indent; map types span lines as `{ [key: string]: T; }`).
+// An interface may also extend an imported one (cert-manager's IssuerSpec extends IssuerConfig
+// and declares nothing itself): its fields and their types' imports are inherited.
 const declarations = new Map();
 
 function declaration(file) {
@@ -63,11 +74,20 @@ function declaration(file) {
       : join(modules, `${spec.replace(/\.js$/, "")}.d.ts`);
     for (const name of m[1].split(",")) imports.set(name.trim(), target);
   }
-  const body = text.match(/^export interface \w+(?: extends [\w, ]+)? \{\n([\s\S]*?)^\}$/m);
+  const body = text.match(/^export interface \w+(?: extends ([\w, ]+))? \{\n([\s\S]*?)^\}$/m);
   let result = null;
   if (body) {
     const fields = new Map();
-    const lines = body[1].split("\n");
+    let open = false;
+    for (const parent of (body[1] ?? "").split(",").map((n) => n.trim())) {
+      const file = imports.get(parent);
+      const inherited = file && existsSync(file) ? declaration(file) : null;
+      if (!inherited) continue;
+      for (const [k, v] of inherited.fields) fields.set(k, v);
+      for (const [k, v] of inherited.imports) if (!imports.has(k)) imports.set(k, v);
+      open ||= inherited.open;
+    }
+    const lines = body[2].split("\n");
     for (let i = 0; i < lines.length; ++i) {
       const m = lines[i].match(/^ {4}"([^"]+)"\??: (.*)$/);
       if (!m) continue;
@@ -79,7 +99,7 @@ function declaration(file) {
       }
       fields.set(m[1], type.replace(/;$/, ""));
     }
-    const open = /^ {4}\[key: string\]/m.test(body[1]);
+    open ||= /^ {4}\[key: string\]/m.test(body[2]);
     result = { fields, imports, open };
   }
   declarations.set(file, result);
@@ -207,6 +227,46 @@ function checkReferences(objects, report) {
 
   for (const o of objects.filter((x) => x.kind === "PodDisruptionBudget")) {
     if (!pods.some((p) => matches(o.spec?.selector?.matchLabels, p.labels))) report(o, "spec.selector: selects no pod template");
+  }
+
+  // NetworkPolicies: spec.podSelector must select pods (matchLabels only; an empty selector
+  // selects every pod), and each ingress port must be one the selected pods declare (a
+  // number, or a container port's name).
+  for (const o of objects.filter((x) => x.kind === "NetworkPolicy")) {
+    const selected = pods.filter((p) => matches(o.spec?.podSelector?.matchLabels, p.labels));
+    if (selected.length === 0) {
+      report(o, "spec.podSelector: selects no pod template");
+      continue;
+    }
+    for (const [i, rule] of (o.spec?.ingress ?? []).entries()) {
+      for (const port of rule.ports ?? []) {
+        if (port.port === undefined || port.endPort !== undefined) continue;
+        const found = selected.some((p) => containersOf(p.spec).some((c) => (c.ports ?? []).some(
+          (cp) => (typeof port.port === "string" ? cp.name === port.port : cp.containerPort === port.port))));
+        if (!found) report(o, `spec.ingress[${i}]: port ${port.port} is not a container port of the selected pods`);
+      }
+    }
+  }
+
+  // cert-manager: a Certificate labelled with a component (a role) must be mounted, as a secret
+  // volume, by the pods of that role when the manifests hold any; a CA Issuer's Secret must be
+  // written by a Certificate with isCA.
+  const certificates = objects.filter((x) => x.kind === "Certificate");
+  for (const o of certificates) {
+    const component = o.metadata?.labels?.["app.kubernetes.io/component"];
+    if (!component || o.spec?.isCA) continue;
+    const rolePods = pods.filter((p) => p.labels["app.kubernetes.io/component"] === component);
+    if (rolePods.length === 0) continue;
+    const mounting = rolePods.filter((p) => (p.spec.volumes ?? []).some((v) => v.secret?.secretName === o.spec?.secretName));
+    if (mounting.length < rolePods.length) {
+      report(o, `spec.secretName ${o.spec?.secretName}: not a secret volume of every ${component} pod`);
+    }
+  }
+  for (const o of objects.filter((x) => x.kind === "Issuer" || x.kind === "ClusterIssuer")) {
+    const secret = o.spec?.ca?.secretName;
+    if (secret && !certificates.some((c) => c.spec?.isCA && c.spec?.secretName === secret)) {
+      report(o, `spec.ca.secretName: no CA Certificate writes Secret ${secret}`);
+    }
   }
 
   for (const o of objects.filter((x) => x.kind === "ServiceMonitor")) {

@@ -48,7 +48,7 @@ app.kubernetes.io/component: {{ .role }}
 {{/* The address nodes register with: the router's internal Service, which also lists routers
 that are not ready yet (a router is ready only once nodes have registered with it). */}}
 {{- define "baton.routerAddress" -}}
-{{- printf "%s-router-internal.%s.svc.%s:%d" (include "baton.fullname" .) .Release.Namespace .Values.clusterDomain (int64 .Values.config.router.port) -}}
+{{- printf "%s-router-internal.%s.svc.%s:%d" (include "baton.fullname" .) .Release.Namespace .Values.clusterDomain (int64 (index .Values.config.router "internal-port")) -}}
 {{- end -}}
 
 {{/* The prefix store's address for prefill nodes: its StatefulSet pod through the headless
@@ -56,6 +56,41 @@ Service. */}}
 {{- define "baton.kvstoreAddress" -}}
 {{- $fullname := include "baton.fullname" . -}}
 {{- printf "%s-kvstore-0.%s-kvstore.%s.svc.%s:%d" $fullname $fullname .Release.Namespace .Values.clusterDomain (int64 .Values.config.kvstore.port) -}}
+{{- end -}}
+
+{{/* "true" when the chart renders cert-manager objects: tls.certManager.enabled true, or auto
+with the cert-manager.io/v1 API installed (helm install asks the cluster; helm template needs
+--api-versions cert-manager.io/v1); empty otherwise. */}}
+{{- define "baton.certManager" -}}
+{{- $enabled := .Values.tls.certManager.enabled -}}
+{{- if or (eq (toString $enabled) "true") (and (eq (toString $enabled) "auto") (.Capabilities.APIVersions.Has "cert-manager.io/v1")) -}}
+true
+{{- end -}}
+{{- end -}}
+
+{{/* The Secret holding a role's certificate, key and CA (tls.crt, tls.key, ca.crt):
+tls.existingSecrets.<role>, else the one cert-manager writes for the chart's Certificate
+"<fullname>-<role>-tls", else empty. Call with (dict "root" $ "role" "router"). */}}
+{{- define "baton.tlsSecret" -}}
+{{- $existing := index .root.Values.tls.existingSecrets .role -}}
+{{- if $existing -}}
+{{- $existing -}}
+{{- else if include "baton.certManager" .root -}}
+{{- printf "%s-%s-tls" (include "baton.fullname" .root) .role -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The roles that serve or call internal surfaces and so need a certificate. */}}
+{{- define "baton.tlsRoles" -}}
+{{- $roles := list "router" "prefill" "decode" -}}
+{{- if .Values.kvstore.enabled }}{{ $roles = append $roles "kvstore" }}{{ end -}}
+{{- toJson $roles -}}
+{{- end -}}
+
+{{/* The Secret of the `helm test` pod's client certificate (router.clientTls.requireClientCert):
+tests.clientCertSecretName, else the client role's Secret. */}}
+{{- define "baton.testClientCertSecret" -}}
+{{- default (include "baton.tlsSecret" (dict "root" . "role" "client")) .Values.tests.clientCertSecretName -}}
 {{- end -}}
 
 {{/* The ring capacity C the router checks default-keep against: the generated preset's or
@@ -157,8 +192,36 @@ initContainers:
 {{- end }}
 {{- end -}}
 
-{{/* Volumes every role shares: the model, the config file and /tmp. */}}
+{{/* Volumes every role shares: the model, the config file, /tmp and (tls.enabled) the role's
+certificate Secret; the router adds its client TLS and API key Secrets. Call with
+(dict "root" $ "role" "router"). Secrets are mounted as whole volumes, never with subPath, so
+that renewed files reach the pod. defaultMode 0440 (288): readable by the pod's fsGroup. */}}
 {{- define "baton.volumes" -}}
+{{- $root := .root -}}
+{{- with $root -}}
+{{- if .Values.tls.enabled }}
+- name: tls
+  secret:
+    secretName: {{ include "baton.tlsSecret" (dict "root" . "role" $.role) }}
+    defaultMode: 288
+{{- end }}
+{{- if eq $.role "router" }}
+{{- if .Values.router.clientTls.secretName }}
+- name: client-tls
+  secret:
+    secretName: {{ .Values.router.clientTls.secretName }}
+    defaultMode: 288
+{{- end }}
+{{- if .Values.router.apiKeys.secretName }}
+- name: api-keys
+  secret:
+    secretName: {{ .Values.router.apiKeys.secretName }}
+    defaultMode: 288
+    items:
+      - key: {{ .Values.router.apiKeys.key | quote }}
+        path: {{ .Values.router.apiKeys.key | quote }}
+{{- end }}
+{{- end }}
 - name: config
   configMap:
     name: {{ include "baton.fullname" . }}-config
@@ -178,9 +241,30 @@ initContainers:
     path: {{ .Values.model.volume.path }}
     type: Directory
 {{- end }}
+{{- end }}
 {{- end -}}
 
+{{/* Mounts of the volumes above; call with (dict "root" $ "role" "router"). */}}
 {{- define "baton.volumeMounts" -}}
+{{- $root := .root -}}
+{{- with $root -}}
+{{- if .Values.tls.enabled }}
+- name: tls
+  mountPath: /etc/baton-tls
+  readOnly: true
+{{- end }}
+{{- if eq $.role "router" }}
+{{- if .Values.router.clientTls.secretName }}
+- name: client-tls
+  mountPath: /etc/baton-client-tls
+  readOnly: true
+{{- end }}
+{{- if .Values.router.apiKeys.secretName }}
+- name: api-keys
+  mountPath: /etc/baton-api-keys
+  readOnly: true
+{{- end }}
+{{- end }}
 - name: config
   mountPath: /etc/baton
   readOnly: true
@@ -192,6 +276,7 @@ initContainers:
   {{- if and (not .Values.model.generate) .Values.model.volume.subPath }}
   subPath: {{ .Values.model.volume.subPath }}
   {{- end }}
+{{- end }}
 {{- end -}}
 
 {{/* Environment every baton container gets; call with (dict "root" $ "ompThreads" n). */}}
@@ -219,32 +304,43 @@ initContainers:
 {{- end }}
 {{- end -}}
 
-{{/* Container ports and gRPC health probes; call with (dict "root" $ "port" n). The readiness
-probe asks for the overall service ""; liveness and start-up ask for "liveness". */}}
+{{/* Container ports and gRPC health probes; call with (dict "root" $ "role" "router" "port" n).
+The router also serves the node Registry on "internal". Probes go to the plaintext health
+port (the kubelet cannot present a client certificate; gRPC probes take a port number, not a
+name); readiness asks for the overall service "", liveness and start-up for "liveness". */}}
 {{- define "baton.portsAndProbes" -}}
 {{- $probes := .root.Values.probes -}}
+{{- $health := index .root.Values.config.common "health-port" | int64 -}}
 ports:
   - name: grpc
     containerPort: {{ .port | int64 }}
     protocol: TCP
+  {{- if eq .role "router" }}
+  - name: internal
+    containerPort: {{ index .root.Values.config.router "internal-port" | int64 }}
+    protocol: TCP
+  {{- end }}
   - name: metrics
     containerPort: {{ index .root.Values.config.common "metrics-port" | int64 }}
     protocol: TCP
+  - name: health
+    containerPort: {{ $health }}
+    protocol: TCP
 startupProbe:
   grpc:
-    port: {{ .port | int64 }}
+    port: {{ $health }}
     service: liveness
   periodSeconds: {{ $probes.startup.periodSeconds | int64 }}
   failureThreshold: {{ $probes.startup.failureThreshold | int64 }}
 readinessProbe:
   grpc:
-    port: {{ .port | int64 }}
+    port: {{ $health }}
   periodSeconds: {{ $probes.readiness.periodSeconds | int64 }}
   timeoutSeconds: {{ $probes.readiness.timeoutSeconds | int64 }}
   failureThreshold: {{ $probes.readiness.failureThreshold | int64 }}
 livenessProbe:
   grpc:
-    port: {{ .port | int64 }}
+    port: {{ $health }}
     service: liveness
   periodSeconds: {{ $probes.liveness.periodSeconds | int64 }}
   timeoutSeconds: {{ $probes.liveness.timeoutSeconds | int64 }}
@@ -321,17 +417,17 @@ spec:
         {{- end }}
       env:
         {{- include "baton.env" (dict "root" $root "ompThreads" .ompThreads) | nindent 8 }}
-      {{- include "baton.portsAndProbes" (dict "root" $root "port" (index $root.Values.config .role "port")) | nindent 6 }}
+      {{- include "baton.portsAndProbes" (dict "root" $root "role" .role "port" (index $root.Values.config .role "port")) | nindent 6 }}
       resources:
         {{- toYaml $values.resources | nindent 8 }}
       securityContext:
         {{- toYaml $root.Values.securityContext | nindent 8 }}
       volumeMounts:
-        {{- include "baton.volumeMounts" $root | nindent 8 }}
+        {{- include "baton.volumeMounts" (dict "root" $root "role" .role) | trim | nindent 8 }}
         {{- if .dataMount }}
         - name: data
           mountPath: /var/lib/baton
         {{- end }}
   volumes:
-    {{- include "baton.volumes" $root | nindent 4 }}
+    {{- include "baton.volumes" (dict "root" $root "role" .role) | trim | nindent 4 }}
 {{- end -}}

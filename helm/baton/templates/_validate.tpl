@@ -19,11 +19,46 @@ that `helm lint`, `helm template` and `helm install` all stop on them.
 {{- fail "config.router.transport: ucx needs UCX on both pools, but config.prefill.no-ucx or config.decode.no-ucx is true; set transport: grpc or enable UCX" -}}
 {{- end -}}
 
-{{- /* Each pod serves gRPC and metrics on two different ports. */ -}}
+{{- /* Each pod serves gRPC, metrics and health on different ports (the router also its
+internal port). */ -}}
 {{- $metricsPort := index .Values.config.common "metrics-port" | int64 -}}
+{{- $healthPort := index .Values.config.common "health-port" | int64 -}}
+{{- if eq $healthPort $metricsPort -}}
+{{- fail (printf "config.common.health-port: %d is also config.common.metrics-port; a pod cannot serve health probes and metrics on one port" $healthPort) -}}
+{{- end -}}
 {{- range $role := list "router" "prefill" "decode" "kvstore" -}}
-{{- if eq (index $.Values.config $role "port" | int64) $metricsPort -}}
+{{- $port := index $.Values.config $role "port" | int64 -}}
+{{- if eq $port $metricsPort -}}
 {{- fail (printf "config.%s.port: %d is also config.common.metrics-port; a pod cannot serve gRPC and metrics on one port" $role $metricsPort) -}}
+{{- end -}}
+{{- if eq $port $healthPort -}}
+{{- fail (printf "config.%s.port: %d is also config.common.health-port; the health port is plaintext and serves probes only" $role $healthPort) -}}
+{{- end -}}
+{{- end -}}
+{{- $internalPort := index $router "internal-port" | int64 -}}
+{{- if eq $internalPort ($router.port | int64) -}}
+{{- fail (printf "config.router.internal-port: %d is also config.router.port; the node Registry (mutual TLS) and the client API listen on separate ports" $internalPort) -}}
+{{- end -}}
+{{- if or (eq $internalPort $metricsPort) (eq $internalPort $healthPort) -}}
+{{- fail (printf "config.router.internal-port: %d is also config.common.metrics-port or health-port" $internalPort) -}}
+{{- end -}}
+
+{{- /* Mutual TLS needs a certificate for every role that runs. */ -}}
+{{- if .Values.tls.enabled -}}
+{{- range $role := include "baton.tlsRoles" $ | fromJsonArray -}}
+{{- if not (include "baton.tlsSecret" (dict "root" $ "role" $role)) -}}
+{{- fail (printf "tls.existingSecrets.%s: tls.enabled is true but the %s pods have no certificate: cert-manager.io/v1 is not installed (or tls.certManager.enabled is false) and tls.existingSecrets.%s is empty; install cert-manager, name a Secret with tls.crt, tls.key and ca.crt (URI SAN spiffe://baton/%s) in tls.existingSecrets.%s, or set tls.enabled=false (plaintext, trusted test clusters only)" $role $role $role $role $role) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- /* helm test talks to the router as a client: it needs what the client port demands. */ -}}
+{{- if .Values.tests.enabled -}}
+{{- if and .Values.router.apiKeys.secretName (not .Values.tests.apiKey.secretName) -}}
+{{- fail "tests.apiKey.secretName: router.apiKeys.secretName turns API keys on, so the helm test pod needs one; name a Secret (and tests.apiKey.key) holding an API key of the router's file, or set tests.enabled=false" -}}
+{{- end -}}
+{{- if and .Values.router.clientTls.requireClientCert (not (include "baton.testClientCertSecret" .)) -}}
+{{- fail "tests.clientCertSecretName: router.clientTls.requireClientCert is true, so the helm test pod needs a client certificate; name a Secret with tls.crt and tls.key signed by the clientTls Secret's ca.crt (or set tls.existingSecrets.client, or use cert-manager), or set tests.enabled=false" -}}
 {{- end -}}
 {{- end -}}
 
