@@ -128,7 +128,7 @@ bool PrefillService::LoadPrefix(const std::vector<Sha256Digest>& keys, int64_t h
       });
   const int64_t first_swa =
       std::max<int64_t>(0, hit_tokens - model_.config().sliding_window + 1) / B;
-  const uint64_t swa_bytes = sizeof(float) * layout.producer_layers * 2 * B * layout.kv_dim;
+  const uint64_t swa_bytes = sizeof(float) * layout.stored_swa_block_floats();
   const bool swa =
       kv &&
       read(first_swa, v1::STORE_REGION_PRODUCER_SWA, swa_bytes,
