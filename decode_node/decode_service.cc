@@ -8,6 +8,7 @@
 #include "baton/common/log.h"
 #include "baton/common/metrics.h"
 #include "baton/common/rpc.h"
+#include "baton/common/wire_bounds.h"
 
 namespace baton::decode_node {
 namespace {
@@ -15,8 +16,25 @@ namespace {
 using Clock = std::chrono::steady_clock;
 constexpr uint32_t kStateFormatVersion = 1;
 
-grpc::Status Invalid(const std::string& message) {
-  return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, message);
+// The wire bounds of a reservation; past them the node refuses before it sizes any memory.
+absl::Status ValidateReserve(const v1::ReserveRequest& request, const std::string& fingerprint,
+                             const ModelConfig& config) {
+  if (request.request_id().empty()) {
+    return absl::InvalidArgumentError("request_id: must not be empty");
+  }
+  if (absl::Status s = CheckRequestId("request_id", request.request_id()); !s.ok()) return s;
+  // Only "does not match": the node's own fingerprint is not the caller's to learn.
+  if (request.model_fingerprint() != fingerprint) {
+    return absl::FailedPreconditionError(
+        "model_fingerprint: does not match the model this decode node serves");
+  }
+  const v1::SamplingParams& sampling = request.sampling();
+  if (sampling.max_tokens() <= request.completed_tokens()) {
+    return absl::InvalidArgumentError("sampling.max_tokens: must exceed completed_tokens");
+  }
+  if (absl::Status s = CheckSampling("sampling", sampling, config); !s.ok()) return s;
+  return CheckSequenceLength("prompt_tokens", request.prompt_tokens(),
+                             uint64_t{sampling.max_tokens()} - request.completed_tokens(), config);
 }
 
 }  // namespace
@@ -136,19 +154,12 @@ void DecodeService::Erase(const std::string& id) {
 grpc::Status DecodeService::Reserve(grpc::ServerContext* context, const v1::ReserveRequest* request,
                                     v1::Reservation* reply) {
   const ModelConfig& config = model_.config();
-  if (request->request_id().empty()) return Invalid("request_id: must not be empty");
-  if (request->model_fingerprint() != model_.fingerprint()) {
-    return grpc::Status(
-        grpc::StatusCode::FAILED_PRECONDITION,
-        absl::StrCat("model_fingerprint: this decode node serves ", model_.fingerprint()));
+  if (absl::Status s = ValidateReserve(*request, model_.fingerprint(), config); !s.ok()) {
+    return ToGrpcStatus(s);
   }
-  if (request->prompt_tokens() == 0) return Invalid("prompt_tokens: must be >= 1");
   const auto& sampling = request->sampling();
-  if (sampling.max_tokens() <= request->completed_tokens()) {
-    return Invalid("sampling.max_tokens: must exceed completed_tokens");
-  }
-  const int64_t positions =
-      request->prompt_tokens() + (sampling.max_tokens() - request->completed_tokens());
+  const int64_t positions = int64_t{request->prompt_tokens()} +
+                            (int64_t{sampling.max_tokens()} - request->completed_tokens());
   const int64_t B = config.kv_block_size;
   const int64_t pages = (positions + B - 1) / B;
   if (pages > pool_->total_pages()) {
@@ -252,13 +263,15 @@ grpc::Status DecodeService::PushRegions(grpc::ServerContext* context,
       r = it->second;
     }
     const uint64_t limit = RegionBytes(chunk.region(), *r);
-    if (limit == 0 || chunk.offset() + chunk.data().size() > limit) {
-      return Invalid(absl::StrCat("region chunk [", chunk.offset(), ", ",
-                                  chunk.offset() + chunk.data().size(), ") lies outside region ",
-                                  v1::Region_Name(chunk.region()), " of ", limit, " bytes"));
+    uint64_t offset = chunk.offset(), left = chunk.data().size();
+    // offset + size may wrap 64 bits (offset 2^64 - 8192 and 8208 bytes "end" at 16), so the
+    // check never forms that sum.
+    if (limit == 0 || offset > limit || left > limit - offset) {
+      return ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat(
+          "region chunk of ", left, " bytes at offset ", offset, " lies outside region ",
+          v1::Region_Name(chunk.region()), " of ", limit, " bytes")));
     }
     const char* data = chunk.data().data();
-    uint64_t offset = chunk.offset(), left = chunk.data().size();
     while (left > 0) {
       char* target;
       uint64_t room;
@@ -310,6 +323,11 @@ grpc::Status DecodeService::Commit(grpc::ServerContext* context, const v1::Commi
     return fail(grpc::StatusCode::INVALID_ARGUMENT,
                 absl::StrCat("header.prompt_len ", h.prompt_len(), " but ", r->prompt_len,
                              " were reserved"));
+  }
+  if (h.s_valid() > h.prompt_len()) {
+    return fail(
+        grpc::StatusCode::INVALID_ARGUMENT,
+        absl::StrCat("header.s_valid ", h.s_valid(), " exceeds prompt_len ", h.prompt_len()));
   }
   if (h.first_token() < 0 || h.first_token() >= model_.config().vocab_size) {
     return fail(grpc::StatusCode::INVALID_ARGUMENT, "header.first_token outside the vocabulary");

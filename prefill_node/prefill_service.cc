@@ -7,6 +7,7 @@
 #include "baton/common/log.h"
 #include "baton/common/metrics.h"
 #include "baton/common/rpc.h"
+#include "baton/common/wire_bounds.h"
 #include "baton/kvstore/chain.h"
 #include "baton/model/sampling.h"
 #include "baton/transfer/grpc_regions.h"
@@ -32,6 +33,27 @@ absl::StatusOr<model::TruncationMode> ModeFromProto(v1::TruncationMode mode) {
     default:
       return absl::InvalidArgumentError("mode: must be OFF, MASK or COMPACT");
   }
+}
+
+// The wire bounds of a prefill request, checked before anything is sized from it: the
+// router checks too, but this node must not rely on its peers (DESIGN section 6). Token ids
+// and the truncation spec are the model's to check.
+absl::Status ValidatePrefill(const v1::PrefillRequest& request, const ModelConfig& config) {
+  const v1::GenerateRequest& generate = request.request();
+  for (absl::Status s :
+       {CheckRequestId("request.request_id", generate.request_id()),
+        CheckRequestId("reservation.request_id", request.reservation().request_id()),
+        CheckSequenceLength("request.prompt_token_ids", generate.prompt_token_ids_size(), 0,
+                            config),
+        CheckSampling("request.sampling", generate.sampling(), config)}) {
+    if (!s.ok()) return s;
+  }
+  if (request.s_valid() > static_cast<uint64_t>(generate.prompt_token_ids_size())) {
+    return absl::InvalidArgumentError(absl::StrCat("s_valid: ", request.s_valid(),
+                                                   " exceeds the prompt's ",
+                                                   generate.prompt_token_ids_size(), " tokens"));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -285,6 +307,7 @@ grpc::Status PrefillService::Run(grpc::ServerContext* context, const v1::Prefill
                               generate.prompt_token_ids().end());
   absl::StatusOr<model::TruncationMode> mode = ModeFromProto(request->mode());
   if (!mode.ok()) return ToGrpcStatus(mode.status());
+  if (absl::Status s = ValidatePrefill(*request, model_.config()); !s.ok()) return ToGrpcStatus(s);
   {
     std::lock_guard<std::mutex> lock(mutex_);
     ++active_;
