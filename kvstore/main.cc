@@ -42,7 +42,8 @@ int main(int argc, char** argv) {
     baton::log::Error("cannot start", {{"error", std::string(store.status().message())}});
     return 1;
   }
-  baton::kvstore::KvStoreService service(**store);
+  const uint64_t max_chain_blocks = config->max_position_embeddings / config->kv_block_size;
+  baton::kvstore::KvStoreService service(**store, max_chain_blocks);
   grpc::ServerBuilder builder;
   builder.RegisterService(&service);
   return baton::ServeUntilShutdown(
