@@ -25,11 +25,13 @@ int main(int argc, char** argv) {
   auto fingerprint = baton::model::ModelFingerprint(model_dir);
   if (!config.ok() || !fingerprint.ok()) return 2;
   const auto layout = baton::model::StateLayout::For(*config);
-  const size_t sizes[2] = {
-      sizeof(float) * layout.page_floats(),
-      sizeof(float) * layout.producer_layers * 2 * layout.block_size * layout.kv_dim};
+  const size_t sizes[2] = {sizeof(float) * layout.page_floats(),
+                           sizeof(float) * layout.stored_swa_block_floats()};
   std::filesystem::remove_all(dir);
-  auto store = baton::kvstore::PrefixStore::Open({.path = dir, .model_fingerprint = *fingerprint});
+  auto store = baton::kvstore::PrefixStore::Open({.path = dir,
+                                                  .model_fingerprint = *fingerprint,
+                                                  .block_kv_payload_bytes = sizes[0],
+                                                  .producer_swa_payload_bytes = sizes[1]});
   if (!store.ok()) return 1;
   std::vector<int32_t> tokens(static_cast<size_t>(blocks) * layout.block_size);
   for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>(i % 4000);

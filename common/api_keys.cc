@@ -7,11 +7,12 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "baton/common/wire_bounds.h"
 
 namespace baton {
 namespace {
 
-constexpr size_t kMinKeyBytes = 16, kMaxKeyBytes = 256, kMaxTenantBytes = 64;
+constexpr size_t kMinKeyBytes = 16, kMaxKeyBytes = 256;
 constexpr absl::string_view kBearer = "Bearer ";
 
 bool ValidKey(const std::string& key) {

@@ -26,4 +26,13 @@ uint64_t ChecksumPieces(std::span<const void* const> pieces, uint64_t piece_size
   return digest;
 }
 
+uint64_t ChecksumParts(std::initializer_list<std::string_view> parts) {
+  XXH3_state_t* state = XXH3_createState();
+  XXH3_64bits_reset(state);
+  for (std::string_view part : parts) XXH3_64bits_update(state, part.data(), part.size());
+  const uint64_t digest = XXH3_64bits_digest(state);
+  XXH3_freeState(state);
+  return digest;
+}
+
 }  // namespace baton

@@ -44,21 +44,28 @@ class YamlSectionConfig : public CLI::Config {
     return out;
   }
 
+  // yaml-cpp reports every problem (syntax, a conversion it cannot make) with an exception;
+  // they all become ConfigError here, which the binary turns into exit status 2 and a message,
+  // instead of escaping CLI11 and aborting the process.
   std::vector<CLI::ConfigItem> from_config(std::istream& input) const override {
-    YAML::Node root;
     try {
-      root = YAML::Load(input);
+      return Items(YAML::Load(input));
     } catch (const YAML::Exception& e) {
-      throw CLI::ConfigError(absl::StrCat("config ", file_, " line ", e.mark.line + 1,
-                                          ": not valid YAML: ", e.msg));
+      throw CLI::ConfigError(absl::StrCat(
+          "config ", file_, e.mark.is_null() ? "" : absl::StrCat(" line ", e.mark.line + 1),
+          ": not valid YAML: ", e.msg));
     }
+  }
+
+ private:
+  std::vector<CLI::ConfigItem> Items(const YAML::Node& root) const {
     if (root.IsNull()) return {};
     if (!root.IsMap()) {
       throw CLI::ConfigError(absl::StrCat("config ", file_, ": the top level must be a map of ",
                                           "sections (", absl::StrJoin(kConfigSections, ", "), ")"));
     }
     for (const auto& entry : root) {
-      const std::string name = entry.first.as<std::string>();
+      const std::string name = KeyName(entry.first, "the top level");
       if (!Contains(kConfigSections, name)) {
         throw CLI::ConfigError(absl::StrCat("config ", file_, ": section '", name,
                                             "' is unknown; allowed: ",
@@ -68,12 +75,16 @@ class YamlSectionConfig : public CLI::Config {
         throw CLI::ConfigError(
             absl::StrCat("config ", file_, ": section '", name, "' must be a map of key: value"));
       }
+      // Every section's keys, not only this binary's: a malformed file fails in every binary.
+      if (entry.second.IsMap()) {
+        for (const auto& key_value : entry.second) KeyName(key_value.first, name);
+      }
     }
     std::vector<CLI::ConfigItem> items;
     std::set<std::string> own_keys;
     if (const YAML::Node own = root[section_]; own && own.IsMap()) {
       for (const auto& entry : own) {
-        const std::string key = entry.first.as<std::string>();
+        const std::string key = entry.first.Scalar();
         if (!Known(key)) {
           throw CLI::ConfigError(absl::StrCat("config ", file_, ": ", section_, ".", key,
                                               ": unknown key; ", app_->get_name(),
@@ -85,7 +96,7 @@ class YamlSectionConfig : public CLI::Config {
     }
     if (const YAML::Node common = root["common"]; common && common.IsMap()) {
       for (const auto& entry : common) {
-        const std::string key = entry.first.as<std::string>();
+        const std::string key = entry.first.Scalar();
         if (!Contains(kCommonConfigKeys, key)) {
           throw CLI::ConfigError(
               absl::StrCat("config ", file_, ": common.", key, ": not a shared key; common ",
@@ -100,7 +111,17 @@ class YamlSectionConfig : public CLI::Config {
     return items;
   }
 
- private:
+  // The text of a map key; a key that is a list or a map (YAML's `? [a, b] : 1`) names no
+  // flag and is refused. `where` is the section, for the message.
+  std::string KeyName(const YAML::Node& key, const std::string& where) const {
+    if (!key.IsScalar()) {
+      throw CLI::ConfigError(absl::StrCat("config ", file_, " line ", key.Mark().line + 1, ": ",
+                                          where, ": a key must be a plain name, not a ",
+                                          key.IsSequence() ? "list" : "map"));
+    }
+    return key.Scalar();
+  }
+
   bool Known(const std::string& key) const {
     if (key == "config" || key == "help" || key == "check-config") return false;
     const CLI::Option* option = app_->get_option_no_throw("--" + key);

@@ -1,9 +1,12 @@
 #include "baton/common/model_config.h"
 
 #include <fstream>
+#include <initializer_list>
+#include <optional>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "baton/common/checked_math.h"
 #include "nlohmann/json.hpp"
 
 namespace baton {
@@ -11,10 +14,25 @@ namespace {
 
 using Json = nlohmann::json;
 
-absl::Status RequireAtLeast(absl::string_view field, int64_t value, int64_t minimum) {
-  if (value < minimum) {
+absl::Status RequireInRange(absl::string_view field, int64_t value, int64_t minimum,
+                            int64_t maximum) {
+  if (value < minimum || value > maximum) {
+    return absl::InvalidArgumentError(absl::StrCat("config field '", field, "' is ", value,
+                                                   "; it must lie in [", minimum, ", ", maximum,
+                                                   "]"));
+  }
+  return absl::OkStatus();
+}
+
+// A tensor or StateBlock region whose size is the product of `factors`; `what` spells the
+// product in field names for the message.
+absl::Status RequireTensorFits(absl::string_view what, std::initializer_list<int64_t> factors) {
+  const std::optional<int64_t> elements = CheckedProduct(factors);
+  if (!elements || *elements > kMaxTensorElements) {
     return absl::InvalidArgumentError(
-        absl::StrCat("config field '", field, "' is ", value, "; it must be >= ", minimum));
+        absl::StrCat("config product ", what, " is ",
+                     elements ? absl::StrCat(*elements) : std::string("beyond int64"),
+                     " elements; it must be <= ", kMaxTensorElements, " (2^36)"));
   }
   return absl::OkStatus();
 }
@@ -63,18 +81,27 @@ absl::Status ReadBool(const Json& json, const char* key, bool* out) {
 }  // namespace
 
 absl::Status ValidateModelConfig(const ModelConfig& c) {
-  for (auto [field, value] : {std::pair<const char*, int64_t>{"vocab_size", c.vocab_size},
-                              {"hidden_size", c.hidden_size},
-                              {"intermediate_size", c.intermediate_size},
-                              {"num_attention_heads", c.num_attention_heads},
-                              {"num_key_value_heads", c.num_key_value_heads},
-                              {"head_dim", c.head_dim},
-                              {"sliding_window", c.sliding_window},
-                              {"kv_block_size", c.kv_block_size}}) {
-    if (absl::Status s = RequireAtLeast(field, value, 1); !s.ok()) return s;
-  }
-  if (absl::Status s = RequireAtLeast("num_hidden_layers", c.num_hidden_layers, 2); !s.ok()) {
-    return s;
+  struct Bound {
+    const char* field;
+    int64_t value, minimum, maximum;
+  };
+  const Bound bounds[] = {
+      {"vocab_size", c.vocab_size, 1, kMaxVocabSize},
+      {"hidden_size", c.hidden_size, 1, kMaxHiddenSize},
+      {"intermediate_size", c.intermediate_size, 1, kMaxIntermediateSize},
+      {"num_hidden_layers", c.num_hidden_layers, 2, kMaxLayers},
+      {"num_attention_heads", c.num_attention_heads, 1, kMaxHeads},
+      {"num_key_value_heads", c.num_key_value_heads, 1, kMaxHeads},
+      {"head_dim", c.head_dim, 1, kMaxHeadDim},
+      {"sliding_window", c.sliding_window, 1, kMaxSlidingWindow},
+      {"max_backtrack", c.max_backtrack, 0, kMaxBacktrack},
+      {"kv_block_size", c.kv_block_size, 1, kMaxKvBlockSize},
+      {"max_position_embeddings", c.max_position_embeddings, 1, kMaxPositionEmbeddings},
+  };
+  for (const Bound& b : bounds) {
+    if (absl::Status s = RequireInRange(b.field, b.value, b.minimum, b.maximum); !s.ok()) {
+      return s;
+    }
   }
   if (c.n_prefill_layer < 1 || c.n_prefill_layer >= c.num_hidden_layers) {
     return absl::InvalidArgumentError(
@@ -90,7 +117,6 @@ absl::Status ValidateModelConfig(const ModelConfig& c) {
     return absl::InvalidArgumentError(absl::StrCat("config field 'head_dim' is ", c.head_dim,
                                                    "; it must be even (RoPE rotates halves)"));
   }
-  if (absl::Status s = RequireAtLeast("max_backtrack", c.max_backtrack, 0); !s.ok()) return s;
   if (!(c.rms_norm_eps > 0)) {
     return absl::InvalidArgumentError(
         absl::StrCat("config field 'rms_norm_eps' is ", c.rms_norm_eps, "; it must be > 0"));
@@ -98,6 +124,26 @@ absl::Status ValidateModelConfig(const ModelConfig& c) {
   if (!(c.rope_theta > 0)) {
     return absl::InvalidArgumentError(
         absl::StrCat("config field 'rope_theta' is ", c.rope_theta, "; it must be > 0"));
+  }
+  // The sizes the weights (DESIGN section 2) and the StateBlock regions (section 4) multiply.
+  const int64_t kv_dim = c.num_key_value_heads * c.head_dim;
+  const int64_t ring = c.ring_capacity();
+  for (absl::Status s : {
+           RequireTensorFits("vocab_size * hidden_size", {c.vocab_size, c.hidden_size}),
+           RequireTensorFits("num_attention_heads * head_dim * hidden_size",
+                             {c.num_attention_heads, c.head_dim, c.hidden_size}),
+           RequireTensorFits("intermediate_size * hidden_size",
+                             {c.intermediate_size, c.hidden_size}),
+           RequireTensorFits("n_prefill_layer * 2 * ring_capacity * kv_dim",
+                             {c.num_producer_layers(), 2, ring, kv_dim}),
+           RequireTensorFits("consumer layers * 2 * ring_capacity * kv_dim",
+                             {c.num_consumer_layers(), 2, ring, kv_dim}),
+           RequireTensorFits("consumer layers * 2 * kv_block_size * kv_dim",
+                             {c.num_consumer_layers(), 2, c.kv_block_size, kv_dim}),
+           RequireTensorFits("n_prefill_layer * 2 * kv_block_size * kv_dim",
+                             {c.num_producer_layers(), 2, c.kv_block_size, kv_dim}),
+       }) {
+    if (!s.ok()) return s;
   }
   for (auto [field, value] : {std::pair<const char*, int64_t>{"bos_token_id", c.bos_token_id},
                               {"eos_token_id", c.eos_token_id}}) {
@@ -131,6 +177,7 @@ absl::StatusOr<ModelConfig> ParseModelConfig(absl::string_view json_text) {
       {"num_attention_heads", &c.num_attention_heads, -1},
       {"sliding_window", &c.sliding_window, -1},
       {"kv_block_size", &c.kv_block_size, -1},
+      {"max_position_embeddings", &c.max_position_embeddings, kDefaultMaxPositionEmbeddings},
       {"max_backtrack", &c.max_backtrack, 5},
       {"bos_token_id", &c.bos_token_id, 0},
       {"eos_token_id", &c.eos_token_id, 0},
@@ -187,6 +234,7 @@ std::string ModelConfigToJson(const ModelConfig& c) {
       {"sliding_window", c.sliding_window},
       {"max_backtrack", c.max_backtrack},
       {"kv_block_size", c.kv_block_size},
+      {"max_position_embeddings", c.max_position_embeddings},
       {"rms_norm_eps", c.rms_norm_eps},
       {"rope_theta", c.rope_theta},
       {"tie_word_embeddings", c.tie_word_embeddings},

@@ -9,17 +9,41 @@
 #include "baton/common/metrics.h"
 #include "baton/common/rpc.h"
 #include "baton/common/security.h"
+#include "baton/common/wire_bounds.h"
 
 namespace baton::decode_node {
 namespace {
 
 using Clock = std::chrono::steady_clock;
 constexpr uint32_t kStateFormatVersion = 1;
+constexpr uint32_t kMaxReservationTimeoutMs = 10 * 60 * 1000;
 
 using security::Role;
 
-grpc::Status Invalid(const std::string& message) {
-  return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, message);
+// The wire bounds of a reservation; past them the node refuses before it sizes any memory.
+absl::Status ValidateReserve(const v1::ReserveRequest& request, const std::string& fingerprint,
+                             const ModelConfig& config) {
+  if (request.request_id().empty()) {
+    return absl::InvalidArgumentError("request_id: must not be empty");
+  }
+  if (absl::Status s = CheckRequestId("request_id", request.request_id()); !s.ok()) return s;
+  if (absl::Status s =
+          CheckBytes("prefill_identity", request.prefill_identity(), kMaxIdentityBytes);
+      !s.ok()) {
+    return s;
+  }
+  // Only "does not match": the node's own fingerprint is not the caller's to learn.
+  if (request.model_fingerprint() != fingerprint) {
+    return absl::FailedPreconditionError(
+        "model_fingerprint: does not match the model this decode node serves");
+  }
+  const v1::SamplingParams& sampling = request.sampling();
+  if (sampling.max_tokens() <= request.completed_tokens()) {
+    return absl::InvalidArgumentError("sampling.max_tokens: must exceed completed_tokens");
+  }
+  if (absl::Status s = CheckSampling("sampling", sampling, config); !s.ok()) return s;
+  return CheckSequenceLength("prompt_tokens", request.prompt_tokens(),
+                             uint64_t{sampling.max_tokens()} - request.completed_tokens(), config);
 }
 
 grpc::Status NoReservation(const std::string& id) {
@@ -165,18 +189,12 @@ grpc::Status DecodeService::Reserve(grpc::ServerContext* context, const v1::Rese
     return ToGrpcStatus(s);
   }
   const ModelConfig& config = model_.config();
-  if (request->request_id().empty()) return Invalid("request_id: must not be empty");
-  if (request->model_fingerprint() != model_.fingerprint()) {
-    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                        "model_fingerprint: does not match the model this decode node serves");
+  if (absl::Status s = ValidateReserve(*request, model_.fingerprint(), config); !s.ok()) {
+    return ToGrpcStatus(s);
   }
-  if (request->prompt_tokens() == 0) return Invalid("prompt_tokens: must be >= 1");
   const auto& sampling = request->sampling();
-  if (sampling.max_tokens() <= request->completed_tokens()) {
-    return Invalid("sampling.max_tokens: must exceed completed_tokens");
-  }
-  const int64_t positions =
-      request->prompt_tokens() + (sampling.max_tokens() - request->completed_tokens());
+  const int64_t positions = int64_t{request->prompt_tokens()} +
+                            (int64_t{sampling.max_tokens()} - request->completed_tokens());
   const int64_t B = config.kv_block_size;
   const int64_t pages = (positions + B - 1) / B;
   if (pages > pool_->total_pages()) {
@@ -224,8 +242,10 @@ grpc::Status DecodeService::Reserve(grpc::ServerContext* context, const v1::Rese
   r->ignore_eos = sampling.ignore_eos();
   r->completion = request->completed_tokens();
   r->logits.resize(config.vocab_size);
-  r->deadline = Clock::now() + std::chrono::milliseconds(
-                                   request->timeout_ms() > 0 ? request->timeout_ms() : 10000);
+  // A caller may not hold memory past the node's own bound, whatever timeout it asks for.
+  const uint32_t timeout_ms = std::min<uint32_t>(
+      request->timeout_ms() > 0 ? request->timeout_ms() : 10000, kMaxReservationTimeoutMs);
+  r->deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
   const model::StateLayout& layout = model_.state_layout();
   reply->set_reservation_id(r->id);
   if (ucx_ != nullptr) {
@@ -280,13 +300,15 @@ grpc::Status DecodeService::PushRegions(grpc::ServerContext* context,
       }
     }
     const uint64_t limit = RegionBytes(chunk.region(), *r);
-    if (limit == 0 || chunk.offset() + chunk.data().size() > limit) {
-      return Invalid(absl::StrCat("region chunk [", chunk.offset(), ", ",
-                                  chunk.offset() + chunk.data().size(), ") lies outside region ",
-                                  v1::Region_Name(chunk.region()), " of ", limit, " bytes"));
+    uint64_t offset = chunk.offset(), left = chunk.data().size();
+    // offset + size may wrap 64 bits (offset 2^64 - 8192 and 8208 bytes "end" at 16), so the
+    // check never forms that sum.
+    if (limit == 0 || offset > limit || left > limit - offset) {
+      return ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat(
+          "region chunk of ", left, " bytes at offset ", offset, " lies outside region ",
+          v1::Region_Name(chunk.region()), " of ", limit, " bytes")));
     }
     const char* data = chunk.data().data();
-    uint64_t offset = chunk.offset(), left = chunk.data().size();
     while (left > 0) {
       char* target;
       uint64_t room;
@@ -338,6 +360,11 @@ grpc::Status DecodeService::Commit(grpc::ServerContext* context, const v1::Commi
     return fail(grpc::StatusCode::INVALID_ARGUMENT,
                 absl::StrCat("header.prompt_len ", h.prompt_len(), " but ", r->prompt_len,
                              " were reserved"));
+  }
+  if (h.s_valid() > h.prompt_len()) {
+    return fail(
+        grpc::StatusCode::INVALID_ARGUMENT,
+        absl::StrCat("header.s_valid ", h.s_valid(), " exceeds prompt_len ", h.prompt_len()));
   }
   if (h.first_token() < 0 || h.first_token() >= model_.config().vocab_size) {
     return fail(grpc::StatusCode::INVALID_ARGUMENT, "header.first_token outside the vocabulary");

@@ -33,9 +33,20 @@ absl::StatusOr<Region> RegionFrom(v1::StoreRegion region) {
   }
 }
 
+// A chain longer than the model's longest sequence cannot come from a real prompt; refusing it
+// bounds the work of one call.
+absl::Status CheckKeyCount(int count, uint64_t max_keys) {
+  if (static_cast<uint64_t>(count) > max_keys) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "keys: ", count, " keys; a chain of this model has at most ", max_keys, " blocks"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
-KvStoreService::KvStoreService(PrefixStore& store) : store_(store) {
+KvStoreService::KvStoreService(PrefixStore& store, uint64_t max_keys)
+    : store_(store), max_keys_(max_keys) {
   collector_ = metrics::AddCollector([this] {
     const StoreCounters c = store_.counters();
     auto one = [](double value) {
@@ -76,6 +87,9 @@ grpc::Status KvStoreService::Lookup(grpc::ServerContext* context, const v1::Look
       !s.ok()) {
     return ToGrpcStatus(s);
   }
+  if (absl::Status s = CheckKeyCount(request->keys_size(), max_keys_); !s.ok()) {
+    return ToGrpcStatus(s);
+  }
   std::vector<Sha256Digest> chain;
   for (const std::string& bytes : request->keys()) {
     absl::StatusOr<Sha256Digest> key = KeyFrom(bytes, "keys");
@@ -99,6 +113,9 @@ grpc::Status KvStoreService::ReadBlocks(grpc::ServerContext* context,
   }
   absl::StatusOr<Region> region = RegionFrom(request->region());
   if (!region.ok()) return ToGrpcStatus(region.status());
+  if (absl::Status s = CheckKeyCount(request->keys_size(), max_keys_); !s.ok()) {
+    return ToGrpcStatus(s);
+  }
   for (const std::string& bytes : request->keys()) {
     absl::StatusOr<Sha256Digest> key = KeyFrom(bytes, "keys");
     if (!key.ok()) return ToGrpcStatus(key.status());

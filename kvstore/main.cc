@@ -4,6 +4,7 @@
 #include "baton/common/rpc.h"
 #include "baton/common/server_flags.h"
 #include "baton/kvstore/kvstore_service.h"
+#include "baton/model/state.h"
 #include "baton/model/weights.h"
 
 int main(int argc, char** argv) {
@@ -22,17 +23,27 @@ int main(int argc, char** argv) {
     return *exit;
   }
   auto fingerprint = baton::model::ModelFingerprint(model_dir);
-  if (!fingerprint.ok()) {
-    baton::log::Error("cannot start", {{"error", std::string(fingerprint.status().message())}});
-    return 2;
+  // The model's layout fixes the size of every value the store accepts.
+  auto config = baton::LoadModelConfig(model_dir + "/config.json");
+  for (const absl::Status& s : {fingerprint.status(), config.status()}) {
+    if (!s.ok()) {
+      baton::log::Error("cannot start", {{"error", std::string(s.message())}});
+      return 2;
+    }
   }
+  const auto layout = baton::model::StateLayout::For(*config);
   auto store = baton::kvstore::PrefixStore::Open(
-      {.path = data_dir, .model_fingerprint = *fingerprint, .budget_bytes = budget});
+      {.path = data_dir,
+       .model_fingerprint = *fingerprint,
+       .budget_bytes = budget,
+       .block_kv_payload_bytes = sizeof(float) * layout.page_floats(),
+       .producer_swa_payload_bytes = sizeof(float) * layout.stored_swa_block_floats()});
   if (!store.ok()) {
     baton::log::Error("cannot start", {{"error", std::string(store.status().message())}});
     return 1;
   }
-  baton::kvstore::KvStoreService service(**store);
+  const uint64_t max_chain_blocks = config->max_position_embeddings / config->kv_block_size;
+  baton::kvstore::KvStoreService service(**store, max_chain_blocks);
   grpc::ServerBuilder builder;
   builder.RegisterService(&service);
   return baton::ServeUntilShutdown(

@@ -4,6 +4,7 @@
 #include <rocksdb/options.h>
 
 #include <cstring>
+#include <string_view>
 
 #include "absl/strings/str_cat.h"
 #include "baton/common/checksum.h"
@@ -12,9 +13,12 @@ namespace baton::kvstore {
 namespace {
 
 constexpr char kMagic[4] = {'B', 'T', 'K', 'V'};
-constexpr uint32_t kFormatVersion = 1;
+// 2: the checksum covers the key and the whole value (1 covered the payload only, so a value
+// copied under another key, or given another parent, still passed).
+constexpr uint32_t kFormatVersion = 2;
 constexpr size_t kHeaderBytes = kValueHeaderBytes;
 static_assert(kHeaderBytes == 89, "the value header layout of Encode and Decode");
+static_assert(kValueChecksumOffset == 73, "the value header layout of Encode and Decode");
 const char* const kFamilies[] = {"block_kv", "producer_swa"};
 
 rocksdb::Slice KeySlice(const Sha256Digest& key) {
@@ -31,10 +35,41 @@ void Append(std::string& out, T value) {
   out.append(reinterpret_cast<const char*>(&value), sizeof(T));
 }
 
+// The checksum field of the value stored under `key` (see kValueHeaderBytes).
+uint64_t ValueChecksum(const Sha256Digest& key, std::string_view value) {
+  return ChecksumParts({std::string_view(reinterpret_cast<const char*>(key.data()), key.size()),
+                        value.substr(0, kValueChecksumOffset),
+                        value.substr(kValueChecksumOffset + 8)});
+}
+
+// Index of the first float32 of `payload` that is NaN or Inf, or nullopt when all are
+// finite. Block KV and SWA rows are model activations: a non-finite one is corrupt and would
+// poison every request that loads it.
+std::optional<size_t> FirstNonFinite(std::string_view payload) {
+  for (size_t i = 0; i + 4 <= payload.size(); i += 4) {
+    uint32_t bits;
+    std::memcpy(&bits, payload.data() + i, 4);
+    if ((bits & 0x7f800000u) == 0x7f800000u) return i / 4;
+  }
+  return std::nullopt;
+}
+
+const char* RegionName(Region region) {
+  return region == Region::kBlockKv ? "block_kv" : "producer_swa";
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<PrefixStore>> PrefixStore::Open(const StoreOptions& options) {
   if (options.path.empty()) return absl::InvalidArgumentError("path: the store needs a folder");
+  for (auto [field, bytes] :
+       {std::pair<const char*, uint64_t>{"block_kv_payload_bytes", options.block_kv_payload_bytes},
+        {"producer_swa_payload_bytes", options.producer_swa_payload_bytes}}) {
+    if (bytes == 0 || bytes % 4 != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ": ", bytes, "; it must be a positive multiple of 4 (float32 rows of a block)"));
+    }
+  }
   std::unique_ptr<PrefixStore> store(new PrefixStore(options));
   store->fingerprint_digest_ =
       Sha256Of(options.model_fingerprint.data(), options.model_fingerprint.size());
@@ -64,7 +99,12 @@ PrefixStore::~PrefixStore() {
   db_.reset();
 }
 
-std::string PrefixStore::Encode(const std::optional<Sha256Digest>& parent,
+uint64_t PrefixStore::PayloadBytes(Region region) const {
+  return region == Region::kBlockKv ? options_.block_kv_payload_bytes
+                                    : options_.producer_swa_payload_bytes;
+}
+
+std::string PrefixStore::Encode(const Sha256Digest& key, const std::optional<Sha256Digest>& parent,
                                 const std::string& payload) const {
   std::string value;
   value.reserve(kHeaderBytes + payload.size());
@@ -75,14 +115,16 @@ std::string PrefixStore::Encode(const std::optional<Sha256Digest>& parent,
   const Sha256Digest none{};
   const Sha256Digest& p = parent.has_value() ? *parent : none;
   value.append(reinterpret_cast<const char*>(p.data()), 32);
-  Append(value, Checksum(payload.data(), payload.size()));
+  Append(value, uint64_t{0});  // the checksum, filled in below once the value is whole
   Append(value, static_cast<uint64_t>(payload.size()));
   value.append(payload);
+  const uint64_t checksum = ValueChecksum(key, value);
+  std::memcpy(value.data() + kValueChecksumOffset, &checksum, 8);
   return value;
 }
 
-bool PrefixStore::Decode(const std::string& value, std::string* payload,
-                         std::optional<Sha256Digest>* parent) const {
+bool PrefixStore::Decode(const Sha256Digest& key, Region region, const std::string& value,
+                         std::string* payload, std::optional<Sha256Digest>* parent) const {
   if (value.size() < kHeaderBytes || std::memcmp(value.data(), kMagic, 4) != 0) return false;
   uint32_t version;
   std::memcpy(&version, value.data() + 4, 4);
@@ -91,12 +133,15 @@ bool PrefixStore::Decode(const std::string& value, std::string* payload,
   const bool has_parent = value[40] != 0;
   Sha256Digest p;
   std::memcpy(p.data(), value.data() + 41, 32);
+  if (has_parent && p == key) return false;  // would never be evicted (see Write)
   uint64_t checksum, length;
-  std::memcpy(&checksum, value.data() + 73, 8);
+  std::memcpy(&checksum, value.data() + kValueChecksumOffset, 8);
   std::memcpy(&length, value.data() + 81, 8);
-  if (length != value.size() - kHeaderBytes) return false;
-  if (Checksum(value.data() + kHeaderBytes, length) != checksum) return false;
-  if (payload != nullptr) payload->assign(value.data() + kHeaderBytes, length);
+  if (length != value.size() - kHeaderBytes || length != PayloadBytes(region)) return false;
+  if (ValueChecksum(key, value) != checksum) return false;
+  const std::string_view stored(value.data() + kHeaderBytes, length);
+  if (FirstNonFinite(stored).has_value()) return false;
+  if (payload != nullptr) payload->assign(stored);
   *parent = has_parent ? std::optional<Sha256Digest>(p) : std::nullopt;
   return true;
 }
@@ -110,12 +155,13 @@ absl::Status PrefixStore::Rebuild() {
     std::vector<std::string> corrupt;
     for (it->SeekToFirst(); it->Valid(); it->Next()) {
       std::optional<Sha256Digest> parent;
-      if (it->key().size() != 32 || !Decode(it->value().ToString(), nullptr, &parent)) {
+      Sha256Digest key{};
+      if (it->key().size() == 32) std::memcpy(key.data(), it->key().data(), 32);
+      if (it->key().size() != 32 ||
+          !Decode(key, static_cast<Region>(region), it->value().ToString(), nullptr, &parent)) {
         corrupt.push_back(it->key().ToString());
         continue;
       }
-      Sha256Digest key;
-      std::memcpy(key.data(), it->key().data(), 32);
       index_.Add(key, parent, static_cast<Region>(region), it->value().size());
     }
     if (!it->status().ok()) return FromRocks(it->status(), "scan");
@@ -156,7 +202,7 @@ absl::StatusOr<std::string> PrefixStore::Read(const Sha256Digest& key, Region re
   }
   std::string payload;
   std::optional<Sha256Digest> parent;
-  if (!Decode(value, &payload, &parent)) {
+  if (!Decode(key, region, value, &payload, &parent)) {
     ++counters_.corrupt_values;
     ++counters_.misses;
     db_->Delete(rocksdb::WriteOptions(), handles_[static_cast<int>(region) + 1], KeySlice(key));
@@ -171,12 +217,30 @@ absl::StatusOr<std::string> PrefixStore::Read(const Sha256Digest& key, Region re
 
 absl::Status PrefixStore::Write(const Sha256Digest& key, const std::optional<Sha256Digest>& parent,
                                 Region region, const std::string& payload) {
+  if (parent == key) {
+    return absl::InvalidArgumentError(
+        "parent: equals the key; a block's parent is the previous block of its chain");
+  }
+  if (payload.size() != PayloadBytes(region)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("payload: ", payload.size(), " bytes; a ", RegionName(region),
+                     " value of this model is exactly ", PayloadBytes(region), " bytes"));
+  }
+  if (const std::optional<size_t> bad = FirstNonFinite(payload)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("payload: float ", *bad, " is NaN or Inf; stored rows must be finite"));
+  }
   std::lock_guard<std::mutex> lock(mutex_);
+  if (parent.has_value() && !index_.Contains(*parent, Region::kBlockKv) &&
+      !index_.Contains(*parent, Region::kProducerSwa)) {
+    return absl::FailedPreconditionError(
+        "parent: not in the store; write the chain from its root (empty parent) on");
+  }
   if (index_.Contains(key, region)) {
     index_.Touch(key);  // already stored (blocks are immutable for a given key)
     return absl::OkStatus();
   }
-  const std::string value = Encode(parent, payload);
+  const std::string value = Encode(key, parent, payload);
   if (absl::Status s =
           FromRocks(db_->Put(rocksdb::WriteOptions(), handles_[static_cast<int>(region) + 1],
                              KeySlice(key), value),

@@ -3,9 +3,11 @@
 #include <algorithm>
 #include <cstring>
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "baton/common/checked_math.h"
 #include "nlohmann/json.hpp"
 
 namespace baton::model {
@@ -93,11 +95,15 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::Read(const std::string& path) {
     }
     const auto& shape = entry["shape"];
     if (!shape.is_array()) return TensorError(path, name, "shape is not an array");
+    // The tensor's bytes, in checked arithmetic: [2^40, 2^40] of F32 is 2^82 bytes, which
+    // would wrap to 0 and match an empty data range.
+    std::optional<uint64_t> tensor_bytes = DtypeSize(info.dtype);
     for (const auto& dim : shape) {
       if (!dim.is_number_integer() || dim.get<int64_t>() < 0 || dim.get<int64_t>() > (1ll << 40)) {
         return TensorError(path, name, absl::StrCat("shape ", shape.dump(), " is not valid"));
       }
       info.shape.push_back(dim.get<int64_t>());
+      if (tensor_bytes) tensor_bytes = CheckedMul<uint64_t>(*tensor_bytes, dim.get<uint64_t>());
     }
     const auto& offsets = entry["data_offsets"];
     if (!offsets.is_array() || offsets.size() != 2 || !offsets[0].is_number_unsigned() ||
@@ -111,11 +117,12 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::Read(const std::string& path) {
                          absl::StrCat("data [", info.begin, ", ", info.end, ") lies outside the ",
                                       data_size, " data bytes: the file is truncated or corrupt"));
     }
-    if (info.end - info.begin != static_cast<size_t>(info.numel()) * DtypeSize(info.dtype)) {
+    if (!tensor_bytes || info.end - info.begin != *tensor_bytes) {
       return TensorError(
           path, name,
           absl::StrCat("holds ", info.end - info.begin, " bytes; shape ", shape.dump(), " in ",
-                       dtype.get<std::string>(), " needs ", info.numel() * DtypeSize(info.dtype)));
+                       dtype.get<std::string>(), " needs ",
+                       tensor_bytes ? absl::StrCat(*tensor_bytes) : std::string("more than 2^64")));
     }
     file.tensors_.emplace(name, std::move(info));
   }

@@ -8,6 +8,7 @@
 #include "baton/common/metrics.h"
 #include "baton/common/rpc.h"
 #include "baton/common/security.h"
+#include "baton/common/wire_bounds.h"
 #include "baton/kvstore/chain.h"
 #include "baton/model/sampling.h"
 #include "baton/transfer/grpc_regions.h"
@@ -39,6 +40,29 @@ absl::StatusOr<model::TruncationMode> ModeFromProto(v1::TruncationMode mode) {
     default:
       return absl::InvalidArgumentError("mode: must be OFF, MASK or COMPACT");
   }
+}
+
+// The wire bounds of a prefill request, checked before anything is sized from it: the
+// router checks too, but this node must not rely on its peers (DESIGN section 6). Token ids
+// and the truncation spec are the model's to check.
+absl::Status ValidatePrefill(const v1::PrefillRequest& request, const ModelConfig& config) {
+  const v1::GenerateRequest& generate = request.request();
+  for (absl::Status s :
+       {CheckRequestId("request.request_id", generate.request_id()),
+        CheckRequestId("reservation.reservation_id", request.reservation().reservation_id()),
+        CheckBytes("request.cache_salt", generate.cache_salt(), kMaxCacheSaltBytes),
+        CheckBytes("tenant", request.tenant(), kMaxTenantBytes),
+        CheckSequenceLength("request.prompt_token_ids", generate.prompt_token_ids_size(), 0,
+                            config),
+        CheckSampling("request.sampling", generate.sampling(), config)}) {
+    if (!s.ok()) return s;
+  }
+  if (request.s_valid() > static_cast<uint64_t>(generate.prompt_token_ids_size())) {
+    return absl::InvalidArgumentError(absl::StrCat("s_valid: ", request.s_valid(),
+                                                   " exceeds the prompt's ",
+                                                   generate.prompt_token_ids_size(), " tokens"));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -135,7 +159,7 @@ bool PrefillService::LoadPrefix(const std::vector<Sha256Digest>& keys, int64_t h
       });
   const int64_t first_swa =
       std::max<int64_t>(0, hit_tokens - model_.config().sliding_window + 1) / B;
-  const uint64_t swa_bytes = sizeof(float) * layout.producer_layers * 2 * B * layout.kv_dim;
+  const uint64_t swa_bytes = sizeof(float) * layout.stored_swa_block_floats();
   const bool swa =
       kv &&
       read(first_swa, v1::STORE_REGION_PRODUCER_SWA, swa_bytes,
@@ -302,6 +326,7 @@ grpc::Status PrefillService::Run(grpc::ServerContext* context, const v1::Prefill
                               generate.prompt_token_ids().end());
   absl::StatusOr<model::TruncationMode> mode = ModeFromProto(request->mode());
   if (!mode.ok()) return ToGrpcStatus(mode.status());
+  if (absl::Status s = ValidatePrefill(*request, model_.config()); !s.ok()) return ToGrpcStatus(s);
   {
     std::lock_guard<std::mutex> lock(mutex_);
     ++active_;

@@ -8,6 +8,7 @@
 #include "baton/common/metrics.h"
 #include "baton/common/rpc.h"
 #include "baton/common/security.h"
+#include "baton/common/wire_bounds.h"
 #include "baton/kvstore/chain.h"
 #include "baton/v1/kvstore.grpc.pb.h"
 #include "grpcpp/health_check_service_interface.h"
@@ -245,6 +246,22 @@ absl::StatusOr<RouterService::Effective> RouterService::Validate(
     }
     return invalid("prompt_token_ids: the prompt is empty; send at least one token id");
   }
+  if (absl::Status st = CheckRequestId("request_id", r.request_id()); !st.ok()) return st;
+  if (absl::Status st = CheckBytes("cache_salt", r.cache_salt(), kMaxCacheSaltBytes); !st.ok()) {
+    return st;
+  }
+  const auto& s = r.sampling();
+  if (s.max_tokens() == 0 || s.max_tokens() > options_.max_tokens_limit) {
+    return invalid(absl::StrCat("sampling.max_tokens: ", s.max_tokens(), " must lie in [1, ",
+                                options_.max_tokens_limit, "]"));
+  }
+  // The model's own limit, whatever --max-model-len says; before the token loop, so that an
+  // oversized prompt costs nothing more.
+  if (absl::Status st = CheckSequenceLength("prompt_token_ids", r.prompt_token_ids_size(),
+                                            s.max_tokens(), config_);
+      !st.ok()) {
+    return st;
+  }
   for (int i = 0; i < r.prompt_token_ids_size(); ++i) {
     const int32_t t = r.prompt_token_ids(i);
     if (t < 0 || t >= config_.vocab_size) {
@@ -252,29 +269,13 @@ absl::StatusOr<RouterService::Effective> RouterService::Validate(
                                   " is outside the vocabulary [0, ", config_.vocab_size, ")"));
     }
   }
-  const auto& s = r.sampling();
-  if (s.max_tokens() == 0 || s.max_tokens() > options_.max_tokens_limit) {
-    return invalid(absl::StrCat("sampling.max_tokens: ", s.max_tokens(), " must lie in [1, ",
-                                options_.max_tokens_limit, "]"));
-  }
   const uint64_t total = static_cast<uint64_t>(r.prompt_token_ids_size()) + s.max_tokens();
   if (total > options_.max_model_len) {
     return invalid(
         absl::StrCat("prompt_token_ids + sampling.max_tokens: ", r.prompt_token_ids_size(), " + ",
                      s.max_tokens(), " exceeds the context limit ", options_.max_model_len));
   }
-  if (!(s.temperature() >= 0)) {
-    return invalid(absl::StrCat("sampling.temperature: ", s.temperature(), " must be >= 0"));
-  }
-  if (!(s.top_p() >= 0 && s.top_p() <= 1)) {
-    return invalid(absl::StrCat("sampling.top_p: ", s.top_p(), " must lie in [0, 1]"));
-  }
-  for (int32_t stop : s.stop_token_ids()) {
-    if (stop < 0 || stop >= config_.vocab_size) {
-      return invalid(absl::StrCat("sampling.stop_token_ids: ", stop,
-                                  " is outside the vocabulary [0, ", config_.vocab_size, ")"));
-    }
-  }
+  if (absl::Status st = CheckSampling("sampling", s, config_); !st.ok()) return st;
   Effective effective{options_.default_mode, static_cast<uint32_t>(options_.default_keep)};
   if (r.has_truncation()) {
     const v1::TruncationMode mode = r.truncation().mode();

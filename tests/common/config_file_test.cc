@@ -86,5 +86,22 @@ TEST(ConfigFile, RefusesWhatNoBinaryTakes) {
   }
 }
 
+TEST(ConfigFile, KeysThatAreListsOrMapsAreAnErrorNotAnAbort) {
+  // yaml-cpp's conversion of such a key to a name used to escape as an exception and abort
+  // the binary (exit 134); in any section, this binary's or another's.
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"router: {? [a, b] : 1}\n", "line 1: router: a key must be a plain name, not a list"},
+      {"decode:\n  ? {a: 1}\n  : 2\n", "line 2: decode: a key must be a plain name, not a map"},
+      {"? [decode]\n: {}\n", "line 1: the top level: a key must be a plain name, not a list"},
+      {"common:\n  ? [model]\n  : x\n", "line 2: common: a key must be a plain name"},
+  };
+  for (const auto& [yaml, message] : cases) {
+    Flags flags;
+    const std::string error = Parse(yaml, {}, flags);
+    EXPECT_THAT(error, HasSubstr(message)) << yaml;
+    EXPECT_THAT(error, HasSubstr("config.yaml")) << yaml;  // the message names the file
+  }
+}
+
 }  // namespace
 }  // namespace baton

@@ -1,7 +1,10 @@
 #include "baton/common/model_config.h"
 
+#include <limits>
+#include <optional>
 #include <string>
 
+#include "baton/common/checked_math.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -52,7 +55,7 @@ TEST(ModelConfigTest, RejectsInconsistentConfigsNamingTheField) {
       {"n_prefill_layer", 8, "'n_prefill_layer' is 8"},
       {"num_key_value_heads", 3, "'num_key_value_heads' is 3; it must divide"},
       {"head_dim", 31, "'head_dim' is 31; it must be even"},
-      {"sliding_window", 0, "'sliding_window' is 0; it must be >= 1"},
+      {"sliding_window", 0, "'sliding_window' is 0; it must lie in [1, 1048576]"},
       {"vocab_size", "512", "'vocab_size' must be an integer"},
       {"rms_norm_eps", 0.0, "'rms_norm_eps'"},
       {"tie_word_embeddings", 1, "'tie_word_embeddings' must be true or false"},
@@ -71,6 +74,73 @@ TEST(ModelConfigTest, RejectsInconsistentConfigsNamingTheField) {
     EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_THAT(config.status().message(), HasSubstr(c.message));
   }
+}
+
+TEST(ModelConfigTest, RejectsSizesPastTheirBoundsNamingTheFieldAndTheRange) {
+  const int64_t two40 = int64_t{1} << 40;
+  const BadConfigCase cases[] = {
+      {"vocab_size", two40, "'vocab_size' is 1099511627776; it must lie in [1, 16777216]"},
+      {"hidden_size", int64_t{1} << 24, "'hidden_size' is 16777216; it must lie in [1, 65536]"},
+      {"intermediate_size", two40, "'intermediate_size' is 1099511627776; it must lie in [1, "},
+      {"num_hidden_layers", 4096, "'num_hidden_layers' is 4096; it must lie in [2, 1024]"},
+      {"num_attention_heads", 2048, "'num_attention_heads' is 2048; it must lie in [1, 1024]"},
+      {"head_dim", 8192, "'head_dim' is 8192; it must lie in [1, 4096]"},
+      {"sliding_window", two40, "'sliding_window' is 1099511627776"},
+      {"max_backtrack", two40, "'max_backtrack' is 1099511627776"},
+      {"kv_block_size", int64_t{1} << 20, "'kv_block_size' is 1048576; it must lie in [1, 65536]"},
+      {"max_position_embeddings", two40, "'max_position_embeddings' is 1099511627776"},
+      {"max_position_embeddings", 0, "'max_position_embeddings' is 0; it must lie in [1, "},
+      {"vocab_size", std::numeric_limits<int64_t>::max(), "'vocab_size' is 9223372036854775807"},
+  };
+  for (const BadConfigCase& c : cases) {
+    nlohmann::json json = TinyConfigJson();
+    json[c.key] = c.value;
+    auto config = ParseModelConfig(json.dump());
+    ASSERT_FALSE(config.ok()) << c.key;
+    EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(config.status().message(), HasSubstr(c.message));
+  }
+}
+
+TEST(ModelConfigTest, RefusesProductsPastTheTensorBoundInsteadOfWrapping) {
+  // Each factor is within its own bound; the products are not. In int64, 2^40 * 2^24 is 0.
+  nlohmann::json json = TinyConfigJson();
+  json["vocab_size"] = kMaxVocabSize;
+  json["hidden_size"] = kMaxHiddenSize;
+  auto config = ParseModelConfig(json.dump());
+  ASSERT_FALSE(config.ok());
+  EXPECT_THAT(config.status().message(),
+              HasSubstr("config product vocab_size * hidden_size is 1099511627776 elements; it "
+                        "must be <= 68719476736"));
+
+  // Every field at its bound: the StateBlock regions (the consumer rings, 1020 * 2 * 22 * 2^22
+  // floats, and a page, 1020 * 2 * 2^16 * 2^22) are past the bound.
+  json = TinyConfigJson();
+  json["num_hidden_layers"] = kMaxLayers;
+  json["num_attention_heads"] = kMaxHeads;
+  json["num_key_value_heads"] = kMaxHeads;
+  json["head_dim"] = kMaxHeadDim;
+  json["kv_block_size"] = kMaxKvBlockSize;
+  json["hidden_size"] = 128;
+  config = ParseModelConfig(json.dump());
+  ASSERT_FALSE(config.ok());
+  EXPECT_THAT(config.status().message(), HasSubstr("config product "));
+  EXPECT_THAT(config.status().message(), HasSubstr("it must be <= 68719476736"));
+
+  EXPECT_EQ(CheckedProduct<int64_t>({int64_t{1} << 40, int64_t{1} << 24}), std::nullopt);
+  EXPECT_EQ(CheckedProduct<int64_t>({int64_t{1} << 40, int64_t{1} << 22}), int64_t{1} << 62);
+  EXPECT_EQ(CheckedAdd<uint64_t>(~uint64_t{0} - 8191, 8208), std::nullopt);
+}
+
+TEST(ModelConfigTest, MaxPositionEmbeddingsDefaultsAndRoundTrips) {
+  auto config = ParseModelConfig(TinyConfigJson().dump());
+  ASSERT_TRUE(config.ok());
+  EXPECT_EQ(config->max_position_embeddings, kDefaultMaxPositionEmbeddings);
+  nlohmann::json json = TinyConfigJson();
+  json["max_position_embeddings"] = 4096;
+  config = ParseModelConfig(json.dump());
+  ASSERT_TRUE(config.ok());
+  EXPECT_EQ(ParseModelConfig(ModelConfigToJson(*config))->max_position_embeddings, 4096);
 }
 
 TEST(ModelConfigTest, RejectsTextThatIsNotAJsonObject) {

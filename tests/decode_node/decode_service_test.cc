@@ -1,10 +1,12 @@
 // The decode node's service in process, over a real in-process gRPC channel: checksum
 // mismatches fail the request and free it, uncommitted reservations expire, full pools queue
-// up to a bound and then refuse with RESOURCE_EXHAUSTED, and bad region chunks are refused.
+// up to a bound and then refuse with RESOURCE_EXHAUSTED, and wire values past their bounds
+// (region chunks outside their region, lengths that wrap, oversized ids) are refused.
 #include "baton/decode_node/decode_service.h"
 
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "baton/common/checksum.h"
 #include "baton/model/model_factory.h"
 #include "gmock/gmock.h"
@@ -38,18 +40,40 @@ class DecodeServiceTest : public ::testing::Test {
     if (server_) server_->Shutdown(std::chrono::system_clock::now());
   }
 
-  grpc::Status Reserve(const std::string& id, uint32_t prompt, uint32_t max_tokens,
-                       v1::Reservation* out, uint32_t timeout_ms = 10000,
-                       std::chrono::milliseconds deadline = std::chrono::seconds(5)) {
+  static v1::ReserveRequest ReserveRequest(const std::string& id, uint32_t prompt,
+                                           uint32_t max_tokens) {
     v1::ReserveRequest request;
     request.set_request_id(id);
     request.set_prompt_tokens(prompt);
     request.set_model_fingerprint(model_->fingerprint());
     request.mutable_sampling()->set_max_tokens(max_tokens);
-    request.set_timeout_ms(timeout_ms);
+    return request;
+  }
+  grpc::Status Send(const v1::ReserveRequest& request, v1::Reservation* out) {
     grpc::ClientContext context;
-    context.set_deadline(std::chrono::system_clock::now() + deadline);
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
     return stub_->Reserve(&context, request, out);
+  }
+  grpc::Status Reserve(const std::string& id, uint32_t prompt, uint32_t max_tokens,
+                       v1::Reservation* out, uint32_t timeout_ms = 10000) {
+    v1::ReserveRequest request = ReserveRequest(id, prompt, max_tokens);
+    request.set_timeout_ms(timeout_ms);
+    return Send(request, out);
+  }
+  // Pushes one chunk of `bytes` at `offset` into `region` of `reservation`; the status.
+  grpc::Status Push(const v1::Reservation& reservation, v1::Region region, uint64_t offset,
+                    const std::string& bytes) {
+    grpc::ClientContext context;
+    v1::PushRegionsResponse pushed;
+    auto writer = stub_->PushRegions(&context, &pushed);
+    v1::RegionChunk chunk;
+    chunk.set_reservation_id(reservation.reservation_id());
+    chunk.set_region(region);
+    chunk.set_offset(offset);
+    chunk.set_data(bytes);
+    writer->Write(chunk);
+    writer->WritesDone();
+    return writer->Finish();
   }
   v1::StatsResponse Stats() {
     grpc::ClientContext context;
@@ -168,19 +192,80 @@ TEST_F(DecodeServiceTest, ChunksOutsideTheRegionAreRefused) {
   Start({.slots = 1, .pages = 64});
   v1::Reservation reservation;
   ASSERT_TRUE(Reserve("r1", 10, 5, &reservation).ok());
-  grpc::ClientContext context;
-  v1::PushRegionsResponse pushed;
-  auto writer = stub_->PushRegions(&context, &pushed);
-  v1::RegionChunk chunk;
-  chunk.set_reservation_id(reservation.reservation_id());
-  chunk.set_region(v1::REGION_PRODUCER_SWA);
-  chunk.set_offset(reservation.producer_swa_bytes() - 4);
-  chunk.set_data(std::string(8, 'x'));
-  writer->Write(chunk);
-  writer->WritesDone();
-  const grpc::Status status = writer->Finish();
+  const grpc::Status status = Push(reservation, v1::REGION_PRODUCER_SWA,
+                                   reservation.producer_swa_bytes() - 4, std::string(8, 'x'));
   EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_THAT(status.error_message(), HasSubstr("lies outside region REGION_PRODUCER_SWA"));
+}
+
+TEST_F(DecodeServiceTest, ChunkWhoseEndWrapsIsRefusedAndWritesNothing) {
+  Start({.slots = 2, .pages = 64});
+  v1::Reservation a, b;
+  ASSERT_TRUE(Reserve("a", 10, 5, &a).ok());
+  ASSERT_TRUE(Reserve("b", 10, 5, &b).ok());
+  // offset + size wraps to 16, so a naive end check passes and the write lands 8 KiB below
+  // b's producer ring: in a's consumer ring, the slot just before it in the pool.
+  const uint64_t offset = ~uint64_t{0} - 8192 + 1;
+  ASSERT_EQ(a.consumer_swa_addr() + a.consumer_swa_bytes(), b.producer_swa_addr());
+  ASSERT_GE(a.consumer_swa_bytes(), 8192u);
+  const char* watched = reinterpret_cast<const char*>(a.consumer_swa_addr());
+  const size_t watched_bytes = a.consumer_swa_bytes() + b.producer_swa_bytes();
+  const std::string before(watched, watched_bytes);
+
+  const grpc::Status status = Push(b, v1::REGION_PRODUCER_SWA, offset, std::string(8208, 'x'));
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(status.error_message(), HasSubstr("lies outside region REGION_PRODUCER_SWA"));
+  EXPECT_EQ(std::string(watched, watched_bytes), before);
+}
+
+TEST_F(DecodeServiceTest, ReserveWhosePositionsWrapUint32IsRefusedAndTheNodeServesOn) {
+  Start({.slots = 1, .pages = 64});
+  v1::Reservation reservation;
+  // 4294967295 + 2 wraps uint32 to 1: one page reserved for 2^32 positions.
+  const grpc::Status refused = Reserve("wrap", 4294967295u, 2, &reservation);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(refused.error_message(), HasSubstr("prompt_tokens"));
+  EXPECT_THAT(refused.error_message(),
+              HasSubstr(absl::StrCat(model_->config().max_position_embeddings)));
+  const grpc::Status beyond = Reserve(
+      "long", static_cast<uint32_t>(model_->config().max_position_embeddings), 1, &reservation);
+  EXPECT_EQ(beyond.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(beyond.error_message(), HasSubstr("prompt_tokens + tokens to generate"));
+
+  const grpc::Status served = Reserve("normal", 40, 5, &reservation);
+  ASSERT_TRUE(served.ok()) << served.error_message();
+  EXPECT_EQ(reservation.page_addrs_size(), 3);
+}
+
+TEST_F(DecodeServiceTest, OversizedRequestIdAndStopListAreRefused) {
+  Start({.slots = 1, .pages = 64});
+  v1::Reservation reservation;
+  grpc::Status status = Send(ReserveRequest(std::string(257, 'i'), 10, 5), &reservation);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(status.error_message(), HasSubstr("request_id: 257 bytes; it must be at most 256"));
+
+  v1::ReserveRequest stops = ReserveRequest("stops", 10, 5);
+  for (int i = 0; i < 65; ++i) stops.mutable_sampling()->add_stop_token_ids(i);
+  status = Send(stops, &reservation);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(status.error_message(), HasSubstr("sampling.stop_token_ids: 65 ids; at most 64"));
+
+  // The largest allowed of both is served.
+  v1::ReserveRequest largest = ReserveRequest(std::string(256, 'i'), 10, 5);
+  for (int i = 0; i < 64; ++i) largest.mutable_sampling()->add_stop_token_ids(i);
+  status = Send(largest, &reservation);
+  EXPECT_TRUE(status.ok()) << status.error_message();
+}
+
+TEST_F(DecodeServiceTest, FingerprintMismatchDoesNotRevealTheNodesFingerprint) {
+  Start({.slots = 1, .pages = 64});
+  v1::ReserveRequest request = ReserveRequest("r1", 10, 5);
+  request.set_model_fingerprint("some-other-model");
+  v1::Reservation reservation;
+  const grpc::Status status = Send(request, &reservation);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(status.error_message(), HasSubstr("model_fingerprint: does not match"));
+  EXPECT_THAT(status.error_message(), ::testing::Not(HasSubstr(model_->fingerprint())));
 }
 
 }  // namespace

@@ -4,9 +4,19 @@
 // call (a prefill certificate cannot register as decode, call Prefill or Stream, and only the
 // prefill identity a reservation names may fill it); the client port never serves Registry;
 // API keys authenticate clients and their tenants never share prefix-cache entries.
-#include <random>
+#include <sys/wait.h>
 
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <limits>
+#include <random>
+#include <tuple>
+
+#include "baton/common/hash.h"
 #include "baton/common/pki.h"
+#include "baton/model/ced_model.h"
 #include "baton/model/model_factory.h"
 #include "client.h"
 #include "gmock/gmock.h"
@@ -217,6 +227,135 @@ TEST_F(SecurityTest, ApiKeysAuthenticateAndTenantsNeverShareCachedPrefixes) {
   ASSERT_TRUE(other.status.ok()) << other.status.error_message();
   EXPECT_EQ(other.usage.cached_tokens(), 0u);
   EXPECT_EQ(other.tokens, first.tokens);
+}
+
+// The reproducers of the security issue, each against the real binaries: a node refuses the
+// input with a status naming the field, and serves on.
+TEST_F(SecurityTest, AReserveWhoseSizesWrapIsRefusedAndTheNodeServesOn) {
+  StartCluster();
+  auto as_router = cluster_->Decode("decode", "router");
+  v1::ReserveRequest reserve;
+  reserve.set_request_id("wrap");
+  reserve.set_prompt_tokens(4294967295u);
+  reserve.set_model_fingerprint(*model::ModelFingerprint(model_));
+  reserve.mutable_sampling()->set_max_tokens(2);
+  reserve.set_prefill_identity("spiffe://baton/prefill");
+  grpc::ClientContext context;
+  v1::Reservation reservation;
+  const grpc::Status status = as_router->Reserve(&context, reserve, &reservation);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(status.error_message(), HasSubstr("prompt_tokens"));
+  EXPECT_TRUE(HealthCheck(cluster_->Address("decode"), TlsAs("client")).ok());
+  auto client = cluster_->Client();
+  const Outcome outcome = Generate(*client, Request({1, 2, 3, 4, 5, 6}, 4));
+  EXPECT_TRUE(outcome.status.ok()) << outcome.status.error_message();
+  EXPECT_TRUE(DecodeDrained(*cluster_, "decode"));
+}
+
+TEST_F(SecurityTest, RegionChunksReachingPast2To64AreRefused) {
+  StartCluster();
+  auto as_router = cluster_->Decode("decode", "router");
+  v1::ReserveRequest reserve;
+  reserve.set_request_id("offsets");
+  reserve.set_prompt_tokens(40);
+  reserve.set_model_fingerprint(*model::ModelFingerprint(model_));
+  reserve.mutable_sampling()->set_max_tokens(4);
+  reserve.set_prefill_identity("spiffe://baton/prefill");
+  v1::Reservation reservation;
+  grpc::ClientContext reserve_context;
+  ASSERT_TRUE(as_router->Reserve(&reserve_context, reserve, &reservation).ok());
+  for (const v1::Region region :
+       {v1::REGION_PRODUCER_SWA, v1::REGION_CONSUMER_SWA, v1::REGION_BLOCK_KV}) {
+    auto as_prefill = cluster_->Decode("decode", "prefill");
+    grpc::ClientContext context;
+    v1::PushRegionsResponse pushed;
+    auto writer = as_prefill->PushRegions(&context, &pushed);
+    v1::RegionChunk chunk;
+    chunk.set_reservation_id(reservation.reservation_id());
+    chunk.set_region(region);
+    chunk.set_offset(std::numeric_limits<uint64_t>::max() - 8191);  // 2^64 - 8192
+    chunk.set_data(std::string(8208, 'x'));
+    writer->Write(chunk);
+    writer->WritesDone();
+    const grpc::Status status = writer->Finish();
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+        << v1::Region_Name(region) << ": " << status.error_message();
+  }
+  EXPECT_TRUE(HealthCheck(cluster_->Address("decode"), TlsAs("client")).ok());
+  auto client = cluster_->Client();
+  const Outcome outcome = Generate(*client, Request({9, 8, 7, 6, 5}, 4));
+  EXPECT_TRUE(outcome.status.ok()) << outcome.status.error_message();
+}
+
+TEST_F(SecurityTest, StoreWritesThatWouldPoisonOrPinTheStoreAreRefused) {
+  StartCluster();
+  const model::StateLayout layout = (*model::CedModel::Load(model_))->state_layout();
+  const std::string kv_payload(sizeof(float) * layout.page_floats(), '\0');
+  auto store =
+      v1::KvStore::NewStub(grpc::CreateChannel(cluster_->Address("kvstore"), TlsAs("prefill")));
+  const Sha256Digest digest = Sha256Of("block", 5);
+  const std::string key(reinterpret_cast<const char*>(digest.data()), digest.size());
+  auto write = [&](const std::string& parent, const std::string& payload) {
+    grpc::ClientContext context;
+    v1::WriteBlocksResponse written;
+    auto writer = store->WriteBlocks(&context, &written);
+    v1::BlockWrite w;
+    w.set_key(key);
+    w.set_parent(parent);
+    w.set_region(v1::STORE_REGION_BLOCK_KV);
+    w.set_payload(payload);
+    writer->Write(w);
+    writer->WritesDone();
+    return writer->Finish();
+  };
+  std::string nan_payload = kv_payload;
+  const float nan = std::nanf("");
+  std::memcpy(nan_payload.data() + 64, &nan, sizeof(nan));
+  for (const auto& [what, parent, payload] :
+       {std::tuple<const char*, std::string, std::string>{"its own parent", key, kv_payload},
+        {"a payload of the wrong size", "", kv_payload + "x"},
+        {"a NaN", "", nan_payload}}) {
+    const grpc::Status status = write(parent, payload);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << what;
+  }
+  grpc::ClientContext stats_context;
+  v1::KvStoreStats stats;
+  ASSERT_TRUE(cluster_->Kvstore()->Stats(&stats_context, v1::KvStoreStatsRequest(), &stats).ok());
+  EXPECT_EQ(stats.block_kv_values(), 0u);
+  EXPECT_EQ(stats.stored_bytes(), 0u);
+  EXPECT_TRUE(write("", kv_payload).ok());  // a well-formed root block is stored
+}
+
+// Runs `command`, returning its exit status and what it wrote.
+std::pair<int, std::string> RunCommand(const std::string& command) {
+  const std::string out = ProcessTempDir() + "/run.out";
+  const int status = std::system((command + " > " + out + " 2>&1").c_str());
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, ReadFile(out)};
+}
+
+TEST_F(SecurityTest, BadConfigFilesAndModelConfigsAreRefusedWithAMessage) {
+  const std::string yaml = ProcessTempDir() + "/complex_key.yaml";
+  std::ofstream(yaml) << "router: {? [a, b] : 1}\n";
+  const auto [yaml_status, yaml_output] =
+      RunCommand(std::string(BATON_DECODE_PATH) + " --config " + yaml + " --check-config");
+  EXPECT_EQ(yaml_status, 2) << yaml_output;
+  EXPECT_THAT(yaml_output, HasSubstr(yaml));
+
+  // config.json whose vocabulary is 2^40 (its products would wrap in 64 bits).
+  const std::string huge = ProcessTempDir() + "/huge_vocab";
+  std::filesystem::create_directories(huge);
+  std::string config = ReadFile(model_ + "/config.json");
+  const size_t at = config.find("\"vocab_size\"");
+  ASSERT_NE(at, std::string::npos);
+  const size_t end = config.find_first_of(",}", at);
+  config.replace(at, end - at, "\"vocab_size\": 1099511627776");
+  std::ofstream(huge + "/config.json") << config;
+  std::filesystem::copy_file(model_ + "/model.safetensors", huge + "/model.safetensors",
+                             std::filesystem::copy_options::overwrite_existing);
+  const auto [model_status, model_output] = RunCommand(
+      std::string(BATON_DECODE_PATH) + " --model " + huge + " --insecure-internal --port 0");
+  EXPECT_EQ(model_status, 2) << model_output;
+  EXPECT_THAT(model_output, HasSubstr("vocab_size"));
 }
 
 }  // namespace

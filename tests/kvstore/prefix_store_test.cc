@@ -1,11 +1,17 @@
-// The RocksDB prefix store: chain keys, durable values in two column families, corrupt values
+// The RocksDB prefix store: chain keys, durable values in two column families, writes checked
+// against the chain and the model's layout, corrupt values (bad checksum, NaN/Inf, old format)
 // as counted misses, leaf-first eviction within a budget (SWA rows before block KV).
 #include "baton/kvstore/prefix_store.h"
 
 #include <rocksdb/db.h>
 
+#include <cmath>
+#include <cstring>
 #include <filesystem>
+#include <functional>
+#include <limits>
 
+#include "baton/common/checksum.h"
 #include "baton/kvstore/chain.h"
 #include "baton/kvstore/hit_policy.h"
 #include "gmock/gmock.h"
@@ -55,15 +61,19 @@ class PrefixStoreTest : public ::testing::Test {
             ::testing::UnitTest::GetInstance()->current_test_info()->name();
     std::filesystem::remove_all(path_);
   }
-  std::unique_ptr<PrefixStore> Open(uint64_t budget = 0) {
-    auto store =
-        PrefixStore::Open({.path = path_, .model_fingerprint = "fp", .budget_bytes = budget});
+  // A store whose values are `payload` bytes in both regions.
+  std::unique_ptr<PrefixStore> Open(uint64_t budget = 0, uint64_t payload = kPayload) {
+    auto store = PrefixStore::Open({.path = path_,
+                                    .model_fingerprint = "fp",
+                                    .budget_bytes = budget,
+                                    .block_kv_payload_bytes = payload,
+                                    .producer_swa_payload_bytes = payload});
     EXPECT_TRUE(store.ok()) << store.status();
     return store.ok() ? *std::move(store) : nullptr;
   }
   // Writes blocks [0, n) of a chain with payloads of `bytes` per region.
-  void WriteChain(PrefixStore& store, const std::vector<Sha256Digest>& chain, size_t bytes,
-                  bool with_swa = true) {
+  void WriteChain(PrefixStore& store, const std::vector<Sha256Digest>& chain,
+                  size_t bytes = kPayload, bool with_swa = true) {
     for (size_t b = 0; b < chain.size(); ++b) {
       const std::optional<Sha256Digest> parent =
           b > 0 ? std::optional<Sha256Digest>(chain[b - 1]) : std::nullopt;
@@ -75,14 +85,41 @@ class PrefixStoreTest : public ::testing::Test {
       }
     }
   }
+  // Replaces the block-KV value of `key` behind the store's back (the store must be closed)
+  // with what `edit` makes of it.
+  void RewriteBlockKv(const Sha256Digest& key, const Sha256Digest& new_key,
+                      const std::function<void(std::string&)>& edit) {
+    rocksdb::DB* db = nullptr;
+    std::vector<rocksdb::ColumnFamilyHandle*> handles;
+    std::vector<rocksdb::ColumnFamilyDescriptor> descriptors = {
+        {rocksdb::kDefaultColumnFamilyName, {}}, {"block_kv", {}}, {"producer_swa", {}}};
+    ASSERT_TRUE(rocksdb::DB::Open(rocksdb::Options(), path_, descriptors, &handles, &db).ok());
+    std::string value;
+    ASSERT_TRUE(db->Get(rocksdb::ReadOptions(), handles[1], Slice(key), &value).ok());
+    edit(value);
+    ASSERT_TRUE(db->Put(rocksdb::WriteOptions(), handles[1], Slice(new_key), value).ok());
+    for (auto* h : handles) db->DestroyColumnFamilyHandle(h);
+    delete db;
+  }
+  static rocksdb::Slice Slice(const Sha256Digest& key) {
+    return rocksdb::Slice(reinterpret_cast<const char*>(key.data()), key.size());
+  }
+
+  static constexpr uint64_t kPayload = 1000;
   std::string path_;
 };
+
+// `payload` with float `index` replaced by `value`.
+std::string WithFloat(std::string payload, size_t index, float value) {
+  std::memcpy(payload.data() + 4 * index, &value, 4);
+  return payload;
+}
 
 TEST_F(PrefixStoreTest, ValuesRoundTripAndSurviveARestart) {
   const auto chain = ChainKeys("fp", "", "", Tokens(64), 16);
   {
     auto store = Open();
-    WriteChain(*store, chain, 1000);
+    WriteChain(*store, chain);
     const ChainLookup lookup = store->Lookup(chain);
     EXPECT_EQ(lookup.block_kv_blocks, 4);
     EXPECT_THAT(lookup.swa_present, ::testing::Each(true));
@@ -110,26 +147,109 @@ TEST_F(PrefixStoreTest, OnlyTheTwoStoredRegionsHaveColumnFamilies) {
 
 TEST_F(PrefixStoreTest, CorruptValueIsACountedMissNotACrash) {
   const auto chain = ChainKeys("fp", "", "", Tokens(32), 16);
-  { WriteChain(*Open(), chain, 500); }
-  {
-    // Flip one payload byte of block 1's block KV behind the store's back.
-    rocksdb::DB* db = nullptr;
-    std::vector<rocksdb::ColumnFamilyHandle*> handles;
-    std::vector<rocksdb::ColumnFamilyDescriptor> descriptors = {
-        {rocksdb::kDefaultColumnFamilyName, {}}, {"block_kv", {}}, {"producer_swa", {}}};
-    ASSERT_TRUE(rocksdb::DB::Open(rocksdb::Options(), path_, descriptors, &handles, &db).ok());
-    const rocksdb::Slice key(reinterpret_cast<const char*>(chain[1].data()), 32);
-    std::string value;
-    ASSERT_TRUE(db->Get(rocksdb::ReadOptions(), handles[1], key, &value).ok());
-    value.back() ^= 0x5a;
-    ASSERT_TRUE(db->Put(rocksdb::WriteOptions(), handles[1], key, value).ok());
-    for (auto* h : handles) db->DestroyColumnFamilyHandle(h);
-    delete db;
-  }
+  { WriteChain(*Open(), chain); }
+  // Flip one payload byte of block 1's block KV.
+  RewriteBlockKv(chain[1], chain[1], [](std::string& value) { value.back() ^= 0x5a; });
   auto store = Open();  // the scan at open finds it and drops it
   EXPECT_EQ(store->counters().corrupt_values, 1u);
   EXPECT_EQ(store->Lookup(chain).block_kv_blocks, 1);
   EXPECT_FALSE(store->Read(chain[1], Region::kBlockKv).ok());
+  EXPECT_TRUE(store->Read(chain[0], Region::kBlockKv).ok());
+}
+
+TEST_F(PrefixStoreTest, WritesThatBreakTheChainOrTheLayoutAreRefusedAndStoreNothing) {
+  const auto chain = ChainKeys("fp", "", "", Tokens(32), 16);
+  const std::string good(kPayload, 'k');
+  auto store = Open();
+  struct Case {
+    std::optional<Sha256Digest> parent;
+    std::string payload;
+    absl::StatusCode code;
+    const char* message;
+  };
+  const Case cases[] = {
+      {chain[1], good, absl::StatusCode::kInvalidArgument, "parent: equals the key"},
+      {chain[0], good, absl::StatusCode::kFailedPrecondition, "parent: not in the store"},
+      {std::nullopt, std::string(kPayload - 4, 'k'), absl::StatusCode::kInvalidArgument,
+       "payload: 996 bytes; a block_kv value of this model is exactly 1000 bytes"},
+      {std::nullopt, std::string(kPayload + 4, 'k'), absl::StatusCode::kInvalidArgument,
+       "payload: 1004 bytes"},
+      {std::nullopt, WithFloat(good, 7, std::numeric_limits<float>::quiet_NaN()),
+       absl::StatusCode::kInvalidArgument, "payload: float 7 is NaN or Inf"},
+      {std::nullopt, WithFloat(good, 0, -std::numeric_limits<float>::infinity()),
+       absl::StatusCode::kInvalidArgument, "payload: float 0 is NaN or Inf"},
+  };
+  for (const Case& c : cases) {
+    const absl::Status status = store->Write(chain[1], c.parent, Region::kBlockKv, c.payload);
+    EXPECT_EQ(status.code(), c.code) << c.message;
+    EXPECT_THAT(status.message(), ::testing::HasSubstr(c.message));
+  }
+  const StoreCounters counters = store->counters();
+  EXPECT_EQ(counters.stored_bytes, 0u);
+  EXPECT_EQ(counters.block_kv_values, 0u);
+  EXPECT_EQ(counters.bytes_written, 0u);
+  // The same value as a chain root, then its child, are stored.
+  EXPECT_TRUE(store->Write(chain[0], std::nullopt, Region::kBlockKv, good).ok());
+  EXPECT_TRUE(store->Write(chain[1], chain[0], Region::kBlockKv, good).ok());
+  EXPECT_EQ(store->Lookup(chain).block_kv_blocks, 2);
+}
+
+TEST_F(PrefixStoreTest, SelfParentWritesCannotPinValuesPastTheBudget) {
+  // A value that were its own parent would never be a leaf, so never evicted: twenty such
+  // 12 KB writes used to leave 241,780 bytes under a 30,000-byte budget.
+  const uint64_t payload = 12 * 1024;
+  auto store = Open(/*budget=*/30000, payload);
+  const auto keys = ChainKeys("fp", "", "", Tokens(20 * 16), 16);
+  for (const Sha256Digest& key : keys) {
+    EXPECT_EQ(store->Write(key, key, Region::kBlockKv, std::string(payload, 'k')).code(),
+              absl::StatusCode::kInvalidArgument);
+    EXPECT_TRUE(store->Write(key, std::nullopt, Region::kBlockKv, std::string(payload, 'k')).ok());
+  }
+  EXPECT_LE(store->counters().stored_bytes, 30000u);
+  EXPECT_GT(store->counters().evictions, 0u);
+}
+
+TEST_F(PrefixStoreTest, NonFiniteValueReadsAsACountedMiss) {
+  const auto chain = ChainKeys("fp", "", "", Tokens(32), 16);
+  { WriteChain(*Open(), chain); }
+  // Block 1: NaN in the payload under a checksum recomputed as the store computes it, so that
+  // only the finiteness check can catch it.
+  RewriteBlockKv(chain[1], chain[1], [&](std::string& value) {
+    const float nan = std::nanf("");
+    std::memcpy(value.data() + kValueHeaderBytes + 12, &nan, 4);
+    const std::string_view v(value);
+    const uint64_t checksum =
+        ChecksumParts({std::string_view(reinterpret_cast<const char*>(chain[1].data()), 32),
+                       v.substr(0, kValueChecksumOffset), v.substr(kValueChecksumOffset + 8)});
+    std::memcpy(value.data() + kValueChecksumOffset, &checksum, 8);
+  });
+  // Block 0: a value of the first format (version 1, checksum of the payload alone) whose
+  // payload became Inf; that old checksum is valid for the payload as it is now.
+  RewriteBlockKv(chain[0], chain[0], [](std::string& value) {
+    const uint32_t version = 1;
+    std::memcpy(value.data() + 4, &version, 4);
+    const float inf = std::numeric_limits<float>::infinity();
+    std::memcpy(value.data() + kValueHeaderBytes, &inf, 4);
+    const uint64_t checksum =
+        Checksum(value.data() + kValueHeaderBytes, value.size() - kValueHeaderBytes);
+    std::memcpy(value.data() + kValueChecksumOffset, &checksum, 8);
+  });
+  auto store = Open();
+  EXPECT_EQ(store->Read(chain[1], Region::kBlockKv).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(store->Read(chain[0], Region::kBlockKv).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(store->counters().corrupt_values, 2u);
+  EXPECT_EQ(store->counters().misses, 2u);
+  EXPECT_TRUE(store->Read(chain[1], Region::kProducerSwa).ok());  // the other region is intact
+}
+
+TEST_F(PrefixStoreTest, ChecksumCoversTheKey) {
+  const auto chain = ChainKeys("fp", "", "", Tokens(32), 16);
+  { WriteChain(*Open(), {chain[0]}); }
+  // The whole, valid value of block 0 copied under block 1's key.
+  RewriteBlockKv(chain[0], chain[1], [](std::string&) {});
+  auto store = Open();
+  EXPECT_EQ(store->counters().corrupt_values, 1u);
+  EXPECT_EQ(store->Read(chain[1], Region::kBlockKv).status().code(), absl::StatusCode::kNotFound);
   EXPECT_TRUE(store->Read(chain[0], Region::kBlockKv).ok());
 }
 
@@ -138,8 +258,8 @@ TEST_F(PrefixStoreTest, BudgetEvictsLeavesFirstAndSwaBeforeBlockKv) {
   const auto new_chain = ChainKeys("fp", "", "", Tokens(64, 1), 16);
   // Values are 1,000 payload bytes plus an 89-byte header; the budget holds 13 of 16.
   auto store = Open(/*budget=*/13 * 1089 + 50);
-  WriteChain(*store, old_chain, 1000);
-  WriteChain(*store, new_chain, 1000);
+  WriteChain(*store, old_chain);
+  WriteChain(*store, new_chain);
   const StoreCounters c = store->counters();
   EXPECT_LE(c.stored_bytes, store->budget_bytes());
   EXPECT_EQ(c.evictions, 3u);
@@ -161,7 +281,7 @@ TEST_F(PrefixStoreTest, EvictedSwaRowsOfTheLastNeededBlockBackOffExactlyOneBlock
                              .block_size = 16};
   {
     auto store = Open();
-    WriteChain(*store, chain, 1000);
+    WriteChain(*store, chain);
     EXPECT_EQ(HitBlocks(input, store->Lookup(chain)), 5);  // cap floor(88 / 16) = 5
   }
   // A budget one value short: the leaf (block 4) loses its SWA rows and keeps its block KV.

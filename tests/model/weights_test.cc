@@ -9,6 +9,7 @@
 
 #include "baton/model/ced_model.h"
 #include "baton/model/model_factory.h"
+#include "baton/model/safetensors.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -182,6 +183,51 @@ TEST_F(WeightsTest, TruncatedFilesAreRefused) {
   ExpectRefused("exceeds the file");
   std::filesystem::remove(weights_path());
   ExpectRefused("cannot open weights file");
+}
+
+// A safetensors file of `header` (JSON text) and `data`, its length field set to `length`.
+std::string Safetensors(const std::string& header, const std::string& data, uint64_t length) {
+  std::string bytes(8, '\0');
+  for (int i = 0; i < 8; ++i) bytes[i] = static_cast<char>((length >> (8 * i)) & 0xff);
+  return bytes + header + data;
+}
+
+void ExpectReadRefused(const std::string& path, const std::string& bytes,
+                       const std::string& message) {
+  WriteFile(path, bytes);
+  auto file = SafetensorsFile::Read(path);
+  ASSERT_FALSE(file.ok()) << "expected: " << message;
+  EXPECT_EQ(file.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(file.status().message(), HasSubstr(message));
+}
+
+TEST_F(WeightsTest, HeaderLengthPastTheFileIsRefused) {
+  const std::string header = R"({"t": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}})";
+  const std::string data(8, '\0');
+  const std::string path = dir_ + "/raw.safetensors";
+  WriteFile(path, Safetensors(header, data, header.size()));
+  ASSERT_TRUE(SafetensorsFile::Read(path).ok());  // the well-formed file reads
+  ExpectReadRefused(path, Safetensors(header, data, header.size() + data.size() + 1),
+                    "exceeds the file");
+  // 8 + length wraps 64 bits to 7: the check must not add.
+  ExpectReadRefused(path, Safetensors(header, data, ~uint64_t{0}), "exceeds the file");
+}
+
+TEST_F(WeightsTest, TensorOffsetsAndShapesPastTheFileAreRefused) {
+  const std::string path = dir_ + "/raw.safetensors";
+  auto file_with = [](const std::string& shape, const std::string& offsets) {
+    const std::string header =
+        R"({"t": {"dtype": "F32", "shape": )" + shape + R"(, "data_offsets": )" + offsets + "}}";
+    return Safetensors(header, std::string(8, '\0'), header.size());
+  };
+  ExpectReadRefused(path, file_with("[2]", "[0, 18446744073709551615]"),
+                    "tensor 't': data [0, 18446744073709551615) lies outside the 8 data bytes");
+  ExpectReadRefused(path, file_with("[2]", "[18446744073709551608, 8]"), "lies outside");
+  // 2^40 * 2^40 * 4 bytes wraps to 0 in 64 bits and would match an empty range.
+  ExpectReadRefused(path, file_with("[1099511627776, 1099511627776]", "[0, 0]"),
+                    "tensor 't': holds 0 bytes; shape [1099511627776,1099511627776] in F32 "
+                    "needs more than 2^64");
+  ExpectReadRefused(path, file_with("[3]", "[0, 8]"), "holds 8 bytes; shape [3] in F32 needs 12");
 }
 
 TEST_F(WeightsTest, InconsistentConfigIsNamed) {

@@ -2,6 +2,7 @@
 // field, and the deterministic prompt tokens of hash ids.
 #include "trace.h"
 
+#include <cmath>
 #include <set>
 #include <string>
 #include <vector>
@@ -40,7 +41,14 @@ TEST(TraceParseTest, ErrorsNameTheLineAndTheField) {
   const Case cases[] = {
       {R"({"timestamp": 0, "output_length": 1, "hash_ids": [1]})", "line 2: input_length: missing"},
       {R"({"timestamp": 0, "input_length": -5, "output_length": 1, "hash_ids": [1]})",
-       "line 2: input_length: -5 is not allowed; it must be >= 1"},
+       "line 2: input_length: -5 is not allowed; it must lie in [1, 16777216]"},
+      // ceil(input_length / trace_block) used to add first and overflow int64.
+      {R"({"timestamp": 0, "input_length": 9223372036854775807, "output_length": 1, "hash_ids": [1]})",
+       "line 2: input_length: 9223372036854775807 is not allowed; it must lie in [1, 16777216]"},
+      {R"({"timestamp": 0, "input_length": 10, "output_length": 16777217, "hash_ids": [1]})",
+       "line 2: output_length: 16777217 is not allowed"},
+      {R"({"timestamp": 0, "input_length": 18446744073709551615, "output_length": 1, "hash_ids": [1]})",
+       "line 2: input_length: expected an integer"},
       {R"({"timestamp": 0, "input_length": "10", "output_length": 1, "hash_ids": [1]})",
        "line 2: input_length: expected an integer"},
       {R"({"timestamp": 0, "input_length": 10.5, "output_length": 1, "hash_ids": [1]})",
@@ -157,6 +165,17 @@ TEST(TraceTokensTest, OptionsAreValidated) {
   EXPECT_THAT(ValidateTokenOptions({.trace_block = 0}).message(), HasSubstr("trace_block"));
   EXPECT_THAT(ValidateTokenOptions({.length_scale = 0}).message(), HasSubstr("length_scale"));
   EXPECT_THAT(ValidateTokenOptions({.vocab_size = 3}).message(), HasSubstr("vocab_size"));
+  // Upper bounds: each of these sizes an allocation per request.
+  EXPECT_THAT(ValidateTokenOptions({.trace_block = int64_t{1} << 40}).message(),
+              HasSubstr("trace_block is 1099511627776; it must lie in [1, 1048576]"));
+  EXPECT_THAT(ValidateTokenOptions({.length_scale = 1e30}).message(),
+              HasSubstr("length_scale is 1e+30; it must lie in (0, 16]"));
+  EXPECT_THAT(ValidateTokenOptions({.length_scale = std::nan("")}).message(),
+              HasSubstr("length_scale"));
+  EXPECT_THAT(ValidateTokenOptions({.vocab_size = int64_t{1} << 40}).message(),
+              HasSubstr("vocab_size is 1099511627776"));
+  EXPECT_THAT(ParseTraceLine("{}", 1, int64_t{1} << 40).status().message(),
+              HasSubstr("trace_block is 1099511627776"));
 }
 
 }  // namespace

@@ -15,7 +15,6 @@
 // store. Loop order, outermost first: block size, keep, hit cap, store budget, window,
 // max_backtrack.
 #include <chrono>
-#include <cmath>
 #include <iostream>
 #include <memory>
 #include <optional>
@@ -480,16 +479,17 @@ int RunSimulate(const SimulateOptions& o) {
                                                                 " is not allowed; it must be >= 0 "
                                                                 "(0: one chunk per prompt)")));
   }
-  if (o.trace_block < 1) {
+  if (o.trace_block < 1 || o.trace_block > kMaxTraceBlock) {
     return ReportError("simulate",
                        FlagError("--trace-block",
-                                 absl::StrCat(o.trace_block, " is not allowed; it must be >= 1")));
+                                 absl::StrCat(o.trace_block, " is not allowed; it must lie in [1, ",
+                                              kMaxTraceBlock, "]")));
   }
-  if (!(o.length_scale > 0) || !std::isfinite(o.length_scale)) {
-    return ReportError("simulate",
-                       FlagError("--length-scale", absl::StrCat(o.length_scale,
-                                                                " is not allowed; it must be a "
-                                                                "finite number > 0")));
+  if (!(o.length_scale > 0 && o.length_scale <= kMaxLengthScale)) {
+    return ReportError(
+        "simulate", FlagError("--length-scale",
+                              absl::StrCat(o.length_scale, " is not allowed; it must lie in (0, ",
+                                           kMaxLengthScale, "]")));
   }
   const TokenOptions tokens{.trace_block = o.trace_block,
                             .length_scale = o.length_scale,

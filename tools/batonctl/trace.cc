@@ -32,16 +32,25 @@ bool AsInt64(const nlohmann::json& value, int64_t* out) {
   return false;
 }
 
-// A required integer field with a lower bound.
-absl::Status ReadCount(const nlohmann::json& object, const char* field, int64_t min, int64_t line,
-                       int64_t* out) {
+// A required integer field in [min, max].
+absl::Status ReadCount(const nlohmann::json& object, const char* field, int64_t min, int64_t max,
+                       int64_t line, int64_t* out) {
   auto it = object.find(field);
   if (it == object.end()) return LineError(line, field, "missing; expected an integer");
   if (!AsInt64(*it, out)) {
     return LineError(line, field, absl::StrCat("expected an integer, got ", it->dump()));
   }
-  if (*out < min) {
-    return LineError(line, field, absl::StrCat(*out, " is not allowed; it must be >= ", min));
+  if (*out < min || *out > max) {
+    return LineError(line, field,
+                     absl::StrCat(*out, " is not allowed; it must lie in [", min, ", ", max, "]"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckTraceBlock(int64_t trace_block) {
+  if (trace_block < 1 || trace_block > kMaxTraceBlock) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("trace_block is ", trace_block, "; it must lie in [1, ", kMaxTraceBlock, "]"));
   }
   return absl::OkStatus();
 }
@@ -57,10 +66,7 @@ uint64_t SplitMix64(uint64_t& state) {
 
 absl::StatusOr<TraceRequest> ParseTraceLine(absl::string_view text, int64_t line,
                                             int64_t trace_block) {
-  if (trace_block < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("trace_block is ", trace_block, "; it must be >= 1"));
-  }
+  if (absl::Status s = CheckTraceBlock(trace_block); !s.ok()) return s;
   const nlohmann::json object = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (object.is_discarded()) {
     return absl::InvalidArgumentError(absl::StrCat("line ", line, ": not valid JSON"));
@@ -84,10 +90,13 @@ absl::StatusOr<TraceRequest> ParseTraceLine(absl::string_view text, int64_t line
     return LineError(line, "timestamp",
                      absl::StrCat(timestamp->dump(), " is not allowed; it must be >= 0"));
   }
-  if (absl::Status s = ReadCount(object, "input_length", 1, line, &request.input_length); !s.ok()) {
+  if (absl::Status s =
+          ReadCount(object, "input_length", 1, kMaxTraceLength, line, &request.input_length);
+      !s.ok()) {
     return s;
   }
-  if (absl::Status s = ReadCount(object, "output_length", 0, line, &request.output_length);
+  if (absl::Status s =
+          ReadCount(object, "output_length", 0, kMaxTraceLength, line, &request.output_length);
       !s.ok()) {
     return s;
   }
@@ -145,17 +154,16 @@ absl::StatusOr<std::vector<TraceRequest>> LoadTrace(const std::string& path, int
 }
 
 absl::Status ValidateTokenOptions(const TokenOptions& options) {
-  if (options.trace_block < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("trace_block is ", options.trace_block, "; it must be >= 1"));
+  if (absl::Status s = CheckTraceBlock(options.trace_block); !s.ok()) return s;
+  if (!(options.length_scale > 0 && options.length_scale <= kMaxLengthScale)) {
+    return absl::InvalidArgumentError(absl::StrCat("length_scale is ", options.length_scale,
+                                                   "; it must lie in (0, ", kMaxLengthScale, "]"));
   }
-  if (!(options.length_scale > 0) || !std::isfinite(options.length_scale)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("length_scale is ", options.length_scale, "; it must be a finite number > 0"));
-  }
-  if (options.vocab_size < 4) {
+  constexpr int64_t kMaxVocab = int64_t{1} << 31;  // token ids are int32
+  if (options.vocab_size < 4 || options.vocab_size > kMaxVocab) {
     return absl::InvalidArgumentError(absl::StrCat("vocab_size is ", options.vocab_size,
-                                                   "; it must be >= 4 (ids 0..2 are special)"));
+                                                   "; it must lie in [4, ", kMaxVocab,
+                                                   "] (ids 0..2 are special)"));
   }
   return absl::OkStatus();
 }

@@ -24,16 +24,24 @@ namespace baton::tools {
 // Tokens per hash id in Mooncake's traces.
 inline constexpr int64_t kMooncakeTraceBlock = 512;
 
+// Bounds on what a trace may ask for; a trace is input from anywhere, and these values size
+// allocations. A line's lengths are at most the largest model context baton accepts
+// (kMaxPositionEmbeddings, 2^24 tokens); a hash id stands for at most 2^20 tokens; the length
+// scale is at most 16, so a scaled prompt stays below 2^28 tokens.
+inline constexpr int64_t kMaxTraceLength = int64_t{1} << 24;
+inline constexpr int64_t kMaxTraceBlock = int64_t{1} << 20;
+inline constexpr double kMaxLengthScale = 16;
+
 struct TraceRequest {
   int64_t line = 0;               // 1-based line of the trace file, for messages
   double timestamp_ms = 0;        // arrival, >= 0; need not increase from line to line
-  int64_t input_length = 0;       // prompt tokens, >= 1
-  int64_t output_length = 0;      // completion tokens, >= 0
+  int64_t input_length = 0;       // prompt tokens, in [1, kMaxTraceLength]
+  int64_t output_length = 0;      // completion tokens, in [0, kMaxTraceLength]
   std::vector<int64_t> hash_ids;  // at least ceil(input_length / trace_block) ids
 };
 
-// Parses one line. Unknown keys are ignored. Errors (INVALID_ARGUMENT) read
-// "line N: <field>: <what is wrong and what is allowed>".
+// Parses one line; trace_block must lie in [1, kMaxTraceBlock]. Unknown keys are ignored.
+// Errors (INVALID_ARGUMENT) read "line N: <field>: <what is wrong and what is allowed>".
 absl::StatusOr<TraceRequest> ParseTraceLine(absl::string_view text, int64_t line,
                                             int64_t trace_block = kMooncakeTraceBlock);
 
@@ -57,8 +65,8 @@ struct TokenOptions {
   int64_t vocab_size = 4096;
 };
 
-// Checks trace_block >= 1, length_scale > 0 and finite, vocab_size >= 4; the message names
-// the field.
+// Checks trace_block in [1, kMaxTraceBlock], length_scale in (0, kMaxLengthScale], vocab_size
+// in [4, 2^31] (ids are int32); the message names the field.
 absl::Status ValidateTokenOptions(const TokenOptions& options);
 
 // max(1, round(trace_block * length_scale)): tokens each hash id stands for.

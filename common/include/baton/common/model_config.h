@@ -1,8 +1,10 @@
 // The CED model configuration (DESIGN section 2), read from a Hugging Face style config.json.
 //
 // A ModelConfig that came out of ParseModelConfig or ValidateModelConfig is consistent: every
-// size is positive, the boundary P lies in [1, N), heads divide evenly, head_dim is even (RoPE
-// rotates halves). Code further down may rely on that and does not re-check.
+// size is positive and within the bounds below, the boundary P lies in [1, N), heads divide
+// evenly, head_dim is even (RoPE rotates halves), and every weight tensor and StateBlock region
+// has at most kMaxTensorElements elements. Code further down may rely on that and does not
+// re-check; in particular any product of sizes that names a tensor or region fits int64.
 #pragma once
 
 #include <cstdint>
@@ -13,6 +15,26 @@
 #include "absl/strings/string_view.h"
 
 namespace baton {
+
+// Upper bounds on config.json sizes. config.json comes from outside (a model directory, a
+// ConfigMap), and these sizes multiply into allocations, so each is bounded: far above any
+// real model (today's largest have V ~ 2^18, d ~ 2^14, N ~ 2^7, contexts ~ 2^20) and low
+// enough that products of them cannot wrap int64.
+inline constexpr int64_t kMaxVocabSize = int64_t{1} << 24;
+inline constexpr int64_t kMaxHiddenSize = int64_t{1} << 16;
+inline constexpr int64_t kMaxIntermediateSize = int64_t{1} << 18;
+inline constexpr int64_t kMaxLayers = 1024;  // num_hidden_layers
+inline constexpr int64_t kMaxHeads = 1024;   // query and KV heads
+inline constexpr int64_t kMaxHeadDim = 4096;
+inline constexpr int64_t kMaxSlidingWindow = int64_t{1} << 20;
+inline constexpr int64_t kMaxBacktrack = int64_t{1} << 20;
+inline constexpr int64_t kMaxKvBlockSize = int64_t{1} << 16;
+inline constexpr int64_t kMaxPositionEmbeddings = int64_t{1} << 24;
+// Elements of one weight tensor or one StateBlock region (a page, a ring set): 2^36 floats
+// (256 GiB) is beyond any node's memory, so a config past it is a mistake, not a model.
+inline constexpr int64_t kMaxTensorElements = int64_t{1} << 36;
+// max_position_embeddings when config.json has none (the common 128K context).
+inline constexpr int64_t kDefaultMaxPositionEmbeddings = int64_t{1} << 17;
 
 struct ModelConfig {
   int64_t vocab_size = 0;           // V
@@ -26,6 +48,9 @@ struct ModelConfig {
   int64_t sliding_window = 0;       // W
   int64_t max_backtrack = 5;        // ring capacity C = W + max_backtrack + 1
   int64_t kv_block_size = 0;        // B
+  // Longest sequence (prompt + generated tokens) the model serves; every node bounds wire
+  // lengths by it (Hugging Face's name; vLLM's max_model_len comes from it too).
+  int64_t max_position_embeddings = kDefaultMaxPositionEmbeddings;
   double rms_norm_eps = 1e-6;
   double rope_theta = 10000.0;
   bool tie_word_embeddings = false;
@@ -44,8 +69,8 @@ struct ModelConfig {
   }
 };
 
-// Checks the invariants stated in the file comment; the message names the field and what is
-// allowed.
+// Checks the invariants stated in the file comment; the message names the field (or the
+// product of fields) and what is allowed.
 absl::Status ValidateModelConfig(const ModelConfig& config);
 
 // Parses config.json text. Unknown keys are ignored (Hugging Face configs carry many);

@@ -1,7 +1,8 @@
 // baton-kvstore's gRPC service over a PrefixStore: chain lookup in one call, block reads as a
 // stream (one block per message, so large blocks never meet a message-size limit), block
 // writes as a client stream, and counters (also exposed as Prometheus metrics, read from the
-// store at scrape time).
+// store at scrape time). A Lookup or ReadBlocks naming more than `max_keys` keys (longer than
+// any chain of the model) is refused with INVALID_ARGUMENT; writes are checked by the store.
 #pragma once
 
 #include <atomic>
@@ -15,7 +16,7 @@ namespace baton::kvstore {
 
 class KvStoreService final : public v1::KvStore::Service {
  public:
-  explicit KvStoreService(PrefixStore& store);
+  KvStoreService(PrefixStore& store, uint64_t max_keys);
 
   grpc::Status Lookup(grpc::ServerContext* context, const v1::LookupRequest* request,
                       v1::LookupResponse* reply) override;
@@ -28,6 +29,7 @@ class KvStoreService final : public v1::KvStore::Service {
 
  private:
   PrefixStore& store_;
+  uint64_t max_keys_;
   std::atomic<uint64_t> lookups_{0};
   std::atomic<uint64_t> lookup_blocks_{0};
   std::shared_ptr<prometheus::Collectable> collector_;

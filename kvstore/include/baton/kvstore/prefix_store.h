@@ -3,9 +3,16 @@
 // Consumer SWA never enters it.
 //
 // Every value carries a format version, the model fingerprint, its parent's key and an XXH3
-// checksum of its payload; a value that fails any check is counted, deleted and reported as
-// a miss. Writes go through the write-ahead log, so the store survives restarts; the index
-// used for eviction (PrefixIndex) is rebuilt from the values at Open.
+// checksum of its key and every other byte of the value; a value that fails any check (also:
+// a payload of the wrong size for its region, or one holding NaN or Inf as float32) is
+// counted, deleted and reported as a miss. Writes go through the write-ahead log, so the store
+// survives restarts; the index used for eviction (PrefixIndex) is rebuilt from the values at
+// Open.
+//
+// Writes are checked before anything is stored: a payload is exactly one block of its region
+// for the model (StoreOptions), holds only finite floats, and names a parent that differs from
+// its key and is in the store (or no parent: a chain root). A value that were its own parent
+// would be a node that is never a leaf, hence never evicted.
 //
 // Budget: when the stored bytes (values with their headers) pass `budget_bytes`, the least
 // recently used chain leaf loses its producer SWA rows first, then its block KV (which may
@@ -33,8 +40,11 @@ class ColumnFamilyHandle;
 namespace baton::kvstore {
 
 // Bytes a stored value takes beyond its payload: magic (4), format version (4), fingerprint
-// digest (32), has-parent flag (1), parent key (32), payload checksum (8), payload length (8).
+// digest (32), has-parent flag (1), parent key (32), checksum (8), payload length (8). The
+// checksum is XXH3-64 of the key followed by every byte of the value except the checksum field.
 inline constexpr uint64_t kValueHeaderBytes = 4 + 4 + 32 + 1 + 32 + 8 + 8;
+// Where the checksum field lies in a value.
+inline constexpr uint64_t kValueChecksumOffset = 4 + 4 + 32 + 1 + 32;
 
 // The size a payload of `payload_bytes` takes in the store, the unit of the budget.
 constexpr uint64_t StoredValueBytes(uint64_t payload_bytes) {
@@ -45,6 +55,10 @@ struct StoreOptions {
   std::string path;
   std::string model_fingerprint;  // hex; values of another model are treated as corrupt
   uint64_t budget_bytes = 0;      // 0: unlimited
+  // Payload of one block, per region (model::StateLayout: page_floats() and
+  // stored_swa_block_floats() floats); both required, multiples of 4 (float32).
+  uint64_t block_kv_payload_bytes = 0;
+  uint64_t producer_swa_payload_bytes = 0;
 };
 
 struct StoreCounters {
@@ -69,6 +83,8 @@ class PrefixStore {
   // The payload, or NOT_FOUND (absent, or dropped after failing its checks).
   absl::StatusOr<std::string> Read(const Sha256Digest& key, Region region);
   // `parent` is the previous block's key (nullopt for block 0). Evicts to stay in budget.
+  // INVALID_ARGUMENT for a payload of the wrong size or with NaN/Inf, or a parent equal to the
+  // key; FAILED_PRECONDITION for a parent not in the store. A refused write stores nothing.
   absl::Status Write(const Sha256Digest& key, const std::optional<Sha256Digest>& parent,
                      Region region, const std::string& payload);
   StoreCounters counters() const;
@@ -77,10 +93,13 @@ class PrefixStore {
  private:
   explicit PrefixStore(const StoreOptions& options);
   absl::Status Rebuild();
-  std::string Encode(const std::optional<Sha256Digest>& parent, const std::string& payload) const;
-  // Checks a value; returns its payload and parent, or nullopt when it fails.
-  bool Decode(const std::string& value, std::string* payload,
-              std::optional<Sha256Digest>* parent) const;
+  uint64_t PayloadBytes(Region region) const;
+  std::string Encode(const Sha256Digest& key, const std::optional<Sha256Digest>& parent,
+                     const std::string& payload) const;
+  // Checks the value stored under (key, region); on success sets its parent and, when
+  // `payload` is given, its payload. False when any check fails.
+  bool Decode(const Sha256Digest& key, Region region, const std::string& value,
+              std::string* payload, std::optional<Sha256Digest>* parent) const;
   // Evicts from the index and deletes from RocksDB until within budget; caller holds mutex_.
   void EvictToBudget();
 

@@ -32,6 +32,9 @@ struct StateLayout {
   int64_t consumer_swa_floats() const { return consumer_layers * 2 * ring_capacity * kv_dim; }
   // Page: for consumer layer l, K rows [B, kv_dim] at l * 2 * B * kv_dim, V rows after them.
   int64_t page_floats() const { return consumer_layers * 2 * block_size * kv_dim; }
+  // Producer SWA rows of one block as the prefix store keeps them (DESIGN section 5):
+  // [P][2][B][kv_dim], K rows then V rows per producer layer.
+  int64_t stored_swa_block_floats() const { return producer_layers * 2 * block_size * kv_dim; }
   int64_t ring_k_offset(int64_t layer) const { return layer * 2 * ring_capacity * kv_dim; }
   int64_t ring_v_offset(int64_t layer) const {
     return ring_k_offset(layer) + ring_capacity * kv_dim;

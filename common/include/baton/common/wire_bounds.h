@@ -1,0 +1,42 @@
+// Bounds on the lengths and values a node receives on the wire (DESIGN section 6: every wire
+// value is bounds-checked in 64 bits at every node that receives it). The router checks a
+// request first, but the prefill and decode nodes check again: a peer may be buggy or
+// compromised, and each of them sizes memory from these values.
+//
+// Every error is INVALID_ARGUMENT and its message names the field and what is allowed.
+#pragma once
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "baton/common/model_config.h"
+#include "baton/v1/generation.pb.h"
+
+namespace baton {
+
+inline constexpr uint64_t kMaxRequestIdBytes = 256;
+inline constexpr uint64_t kMaxCacheSaltBytes = 256;
+inline constexpr uint64_t kMaxTenantBytes = 64;     // API key tenants (common/api_keys.h)
+inline constexpr uint64_t kMaxIdentityBytes = 512;  // certificate identities (SPIFFE ids)
+inline constexpr int kMaxStopTokenIds = 64;
+
+// `value` is at most `max_bytes` bytes.
+absl::Status CheckBytes(absl::string_view field, absl::string_view value, uint64_t max_bytes);
+
+// At most kMaxRequestIdBytes bytes (empty is the caller's rule: the router makes one).
+absl::Status CheckRequestId(absl::string_view field, absl::string_view id);
+
+// At most kMaxStopTokenIds stop ids, each in the vocabulary; temperature >= 0 and top_p in
+// [0, 1] (NaN refused). `field` prefixes the message, e.g. "sampling".
+absl::Status CheckSampling(absl::string_view field, const v1::SamplingParams& sampling,
+                           const ModelConfig& config);
+
+// The positions a request will hold fit the model: prompt_tokens >= 1, prompt_tokens <=
+// max_position_embeddings, and prompt_tokens + more_tokens (generated positions still to come)
+// <= max_position_embeddings, summed in 64 bits so that no uint32 sum can wrap.
+// `prompt_field` names the prompt in the message.
+absl::Status CheckSequenceLength(absl::string_view prompt_field, uint64_t prompt_tokens,
+                                 uint64_t more_tokens, const ModelConfig& config);
+
+}  // namespace baton

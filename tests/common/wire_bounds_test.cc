@@ -1,0 +1,64 @@
+// The wire bounds every node applies (the router, prefill and decode nodes share them): ids,
+// stop lists and sequence lengths past their bounds are refused by name, in 64 bits.
+#include "baton/common/wire_bounds.h"
+
+#include <cmath>
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace baton {
+namespace {
+
+using ::testing::HasSubstr;
+
+ModelConfig Config() {
+  ModelConfig c;
+  c.vocab_size = 512;
+  c.max_position_embeddings = 4096;
+  return c;
+}
+
+TEST(WireBoundsTest, RequestIdIsAtMost256Bytes) {
+  EXPECT_TRUE(CheckRequestId("request_id", std::string(256, 'x')).ok());
+  const absl::Status s = CheckRequestId("request.request_id", std::string(257, 'x'));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("request.request_id: 257 bytes; it must be at most 256"));
+}
+
+TEST(WireBoundsTest, SamplingBoundsStopIdsAndValues) {
+  v1::SamplingParams sampling;
+  for (int i = 0; i < 64; ++i) sampling.add_stop_token_ids(i);
+  EXPECT_TRUE(CheckSampling("sampling", sampling, Config()).ok());
+  sampling.add_stop_token_ids(64);
+  EXPECT_THAT(CheckSampling("sampling", sampling, Config()).message(),
+              HasSubstr("sampling.stop_token_ids: 65 ids; at most 64"));
+
+  v1::SamplingParams outside;
+  outside.add_stop_token_ids(512);
+  EXPECT_THAT(CheckSampling("sampling", outside, Config()).message(),
+              HasSubstr("sampling.stop_token_ids: 512 is outside the vocabulary [0, 512)"));
+  v1::SamplingParams nan;
+  nan.set_temperature(std::nanf(""));
+  EXPECT_THAT(CheckSampling("sampling", nan, Config()).message(),
+              HasSubstr("sampling.temperature"));
+  v1::SamplingParams top_p;
+  top_p.set_top_p(1.5f);
+  EXPECT_THAT(CheckSampling("sampling", top_p, Config()).message(), HasSubstr("sampling.top_p"));
+}
+
+TEST(WireBoundsTest, SequenceLengthIsBoundedByTheModelWithoutWrapping) {
+  EXPECT_TRUE(CheckSequenceLength("prompt_tokens", 4000, 96, Config()).ok());
+  EXPECT_THAT(CheckSequenceLength("prompt_tokens", 0, 1, Config()).message(),
+              HasSubstr("prompt_tokens: 0 tokens; it must lie in [1, 4096]"));
+  EXPECT_THAT(CheckSequenceLength("prompt_tokens", 4294967295u, 2, Config()).message(),
+              HasSubstr("prompt_tokens: 4294967295 tokens; it must lie in [1, 4096]"));
+  EXPECT_THAT(CheckSequenceLength("prompt_tokens", 4000, 97, Config()).message(),
+              HasSubstr("prompt_tokens + tokens to generate: 4000 + 97 exceeds"));
+  // A sum that would wrap 64 bits is still refused.
+  EXPECT_FALSE(CheckSequenceLength("prompt_tokens", 1, ~uint64_t{0}, Config()).ok());
+}
+
+}  // namespace
+}  // namespace baton
