@@ -7,18 +7,10 @@
 #include <string_view>
 
 #include "absl/strings/str_cat.h"
-#include "baton/common/checksum.h"
 
 namespace baton::kvstore {
 namespace {
 
-constexpr char kMagic[4] = {'B', 'T', 'K', 'V'};
-// 2: the checksum covers the key and the whole value (1 covered the payload only, so a value
-// copied under another key, or given another parent, still passed).
-constexpr uint32_t kFormatVersion = 2;
-constexpr size_t kHeaderBytes = kValueHeaderBytes;
-static_assert(kHeaderBytes == 89, "the value header layout of Encode and Decode");
-static_assert(kValueChecksumOffset == 73, "the value header layout of Encode and Decode");
 const char* const kFamilies[] = {"block_kv", "producer_swa"};
 
 rocksdb::Slice KeySlice(const Sha256Digest& key) {
@@ -28,30 +20,6 @@ rocksdb::Slice KeySlice(const Sha256Digest& key) {
 absl::Status FromRocks(const rocksdb::Status& status, const char* what) {
   if (status.ok()) return absl::OkStatus();
   return absl::UnavailableError(absl::StrCat("prefix store ", what, ": ", status.ToString()));
-}
-
-template <typename T>
-void Append(std::string& out, T value) {
-  out.append(reinterpret_cast<const char*>(&value), sizeof(T));
-}
-
-// The checksum field of the value stored under `key` (see kValueHeaderBytes).
-uint64_t ValueChecksum(const Sha256Digest& key, std::string_view value) {
-  return ChecksumParts({std::string_view(reinterpret_cast<const char*>(key.data()), key.size()),
-                        value.substr(0, kValueChecksumOffset),
-                        value.substr(kValueChecksumOffset + 8)});
-}
-
-// Index of the first float32 of `payload` that is NaN or Inf, or nullopt when all are
-// finite. Block KV and SWA rows are model activations: a non-finite one is corrupt and would
-// poison every request that loads it.
-std::optional<size_t> FirstNonFinite(std::string_view payload) {
-  for (size_t i = 0; i + 4 <= payload.size(); i += 4) {
-    uint32_t bits;
-    std::memcpy(&bits, payload.data() + i, 4);
-    if ((bits & 0x7f800000u) == 0x7f800000u) return i / 4;
-  }
-  return std::nullopt;
 }
 
 const char* RegionName(Region region) {
@@ -71,8 +39,6 @@ absl::StatusOr<std::unique_ptr<PrefixStore>> PrefixStore::Open(const StoreOption
     }
   }
   std::unique_ptr<PrefixStore> store(new PrefixStore(options));
-  store->fingerprint_digest_ =
-      Sha256Of(options.model_fingerprint.data(), options.model_fingerprint.size());
   rocksdb::Options db_options;
   db_options.create_if_missing = true;
   db_options.create_missing_column_families = true;
@@ -91,59 +57,15 @@ absl::StatusOr<std::unique_ptr<PrefixStore>> PrefixStore::Open(const StoreOption
   return store;
 }
 
-PrefixStore::PrefixStore(const StoreOptions& options) : options_(options) {}
+PrefixStore::PrefixStore(const StoreOptions& options)
+    : options_(options),
+      codec_(options.model_fingerprint, options.block_kv_payload_bytes,
+             options.producer_swa_payload_bytes) {}
 
 PrefixStore::~PrefixStore() {
   if (db_ == nullptr) return;
   for (rocksdb::ColumnFamilyHandle* handle : handles_) db_->DestroyColumnFamilyHandle(handle);
   db_.reset();
-}
-
-uint64_t PrefixStore::PayloadBytes(Region region) const {
-  return region == Region::kBlockKv ? options_.block_kv_payload_bytes
-                                    : options_.producer_swa_payload_bytes;
-}
-
-std::string PrefixStore::Encode(const Sha256Digest& key, const std::optional<Sha256Digest>& parent,
-                                const std::string& payload) const {
-  std::string value;
-  value.reserve(kHeaderBytes + payload.size());
-  value.append(kMagic, 4);
-  Append(value, kFormatVersion);
-  value.append(reinterpret_cast<const char*>(fingerprint_digest_.data()), 32);
-  value.push_back(parent.has_value() ? 1 : 0);
-  const Sha256Digest none{};
-  const Sha256Digest& p = parent.has_value() ? *parent : none;
-  value.append(reinterpret_cast<const char*>(p.data()), 32);
-  Append(value, uint64_t{0});  // the checksum, filled in below once the value is whole
-  Append(value, static_cast<uint64_t>(payload.size()));
-  value.append(payload);
-  const uint64_t checksum = ValueChecksum(key, value);
-  std::memcpy(value.data() + kValueChecksumOffset, &checksum, 8);
-  return value;
-}
-
-bool PrefixStore::Decode(const Sha256Digest& key, Region region, const std::string& value,
-                         std::string* payload, std::optional<Sha256Digest>* parent) const {
-  if (value.size() < kHeaderBytes || std::memcmp(value.data(), kMagic, 4) != 0) return false;
-  uint32_t version;
-  std::memcpy(&version, value.data() + 4, 4);
-  if (version != kFormatVersion) return false;
-  if (std::memcmp(value.data() + 8, fingerprint_digest_.data(), 32) != 0) return false;
-  const bool has_parent = value[40] != 0;
-  Sha256Digest p;
-  std::memcpy(p.data(), value.data() + 41, 32);
-  if (has_parent && p == key) return false;  // would never be evicted (see Write)
-  uint64_t checksum, length;
-  std::memcpy(&checksum, value.data() + kValueChecksumOffset, 8);
-  std::memcpy(&length, value.data() + 81, 8);
-  if (length != value.size() - kHeaderBytes || length != PayloadBytes(region)) return false;
-  if (ValueChecksum(key, value) != checksum) return false;
-  const std::string_view stored(value.data() + kHeaderBytes, length);
-  if (FirstNonFinite(stored).has_value()) return false;
-  if (payload != nullptr) payload->assign(stored);
-  *parent = has_parent ? std::optional<Sha256Digest>(p) : std::nullopt;
-  return true;
 }
 
 absl::Status PrefixStore::Rebuild() {
@@ -157,8 +79,8 @@ absl::Status PrefixStore::Rebuild() {
       std::optional<Sha256Digest> parent;
       Sha256Digest key{};
       if (it->key().size() == 32) std::memcpy(key.data(), it->key().data(), 32);
-      if (it->key().size() != 32 ||
-          !Decode(key, static_cast<Region>(region), it->value().ToString(), nullptr, &parent)) {
+      if (it->key().size() != 32 || !codec_.Decode(key, static_cast<Region>(region),
+                                                   it->value().ToString(), nullptr, &parent)) {
         corrupt.push_back(it->key().ToString());
         continue;
       }
@@ -202,7 +124,7 @@ absl::StatusOr<std::string> PrefixStore::Read(const Sha256Digest& key, Region re
   }
   std::string payload;
   std::optional<Sha256Digest> parent;
-  if (!Decode(key, region, value, &payload, &parent)) {
+  if (!codec_.Decode(key, region, value, &payload, &parent)) {
     ++counters_.corrupt_values;
     ++counters_.misses;
     db_->Delete(rocksdb::WriteOptions(), handles_[static_cast<int>(region) + 1], KeySlice(key));
@@ -221,10 +143,10 @@ absl::Status PrefixStore::Write(const Sha256Digest& key, const std::optional<Sha
     return absl::InvalidArgumentError(
         "parent: equals the key; a block's parent is the previous block of its chain");
   }
-  if (payload.size() != PayloadBytes(region)) {
+  if (payload.size() != codec_.payload_bytes(region)) {
     return absl::InvalidArgumentError(
         absl::StrCat("payload: ", payload.size(), " bytes; a ", RegionName(region),
-                     " value of this model is exactly ", PayloadBytes(region), " bytes"));
+                     " value of this model is exactly ", codec_.payload_bytes(region), " bytes"));
   }
   if (const std::optional<size_t> bad = FirstNonFinite(payload)) {
     return absl::InvalidArgumentError(
@@ -240,7 +162,7 @@ absl::Status PrefixStore::Write(const Sha256Digest& key, const std::optional<Sha
     index_.Touch(key);  // already stored (blocks are immutable for a given key)
     return absl::OkStatus();
   }
-  const std::string value = Encode(key, parent, payload);
+  const std::string value = codec_.Encode(key, parent, payload);
   if (absl::Status s =
           FromRocks(db_->Put(rocksdb::WriteOptions(), handles_[static_cast<int>(region) + 1],
                              KeySlice(key), value),

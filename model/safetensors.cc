@@ -53,10 +53,15 @@ float Bf16ToFloat(uint16_t value) {
 absl::StatusOr<SafetensorsFile> SafetensorsFile::Read(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat("cannot open weights file '", path, "'"));
-  SafetensorsFile file;
   std::stringstream buffer;
   buffer << in.rdbuf();
-  file.bytes_ = std::move(buffer).str();
+  return Parse(std::move(buffer).str(), path);
+}
+
+absl::StatusOr<SafetensorsFile> SafetensorsFile::Parse(std::string contents,
+                                                       const std::string& path) {
+  SafetensorsFile file;
+  file.bytes_ = std::move(contents);
   const std::string& bytes = file.bytes_;
   if (bytes.size() < 8) {
     return absl::InvalidArgumentError(absl::StrCat(

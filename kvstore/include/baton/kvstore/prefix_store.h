@@ -31,6 +31,7 @@
 #include "absl/status/statusor.h"
 #include "baton/common/hash.h"
 #include "baton/kvstore/prefix_index.h"
+#include "baton/kvstore/stored_value.h"
 
 namespace rocksdb {
 class DB;
@@ -38,18 +39,6 @@ class ColumnFamilyHandle;
 }  // namespace rocksdb
 
 namespace baton::kvstore {
-
-// Bytes a stored value takes beyond its payload: magic (4), format version (4), fingerprint
-// digest (32), has-parent flag (1), parent key (32), checksum (8), payload length (8). The
-// checksum is XXH3-64 of the key followed by every byte of the value except the checksum field.
-inline constexpr uint64_t kValueHeaderBytes = 4 + 4 + 32 + 1 + 32 + 8 + 8;
-// Where the checksum field lies in a value.
-inline constexpr uint64_t kValueChecksumOffset = 4 + 4 + 32 + 1 + 32;
-
-// The size a payload of `payload_bytes` takes in the store, the unit of the budget.
-constexpr uint64_t StoredValueBytes(uint64_t payload_bytes) {
-  return kValueHeaderBytes + payload_bytes;
-}
 
 struct StoreOptions {
   std::string path;
@@ -93,18 +82,11 @@ class PrefixStore {
  private:
   explicit PrefixStore(const StoreOptions& options);
   absl::Status Rebuild();
-  uint64_t PayloadBytes(Region region) const;
-  std::string Encode(const Sha256Digest& key, const std::optional<Sha256Digest>& parent,
-                     const std::string& payload) const;
-  // Checks the value stored under (key, region); on success sets its parent and, when
-  // `payload` is given, its payload. False when any check fails.
-  bool Decode(const Sha256Digest& key, Region region, const std::string& value,
-              std::string* payload, std::optional<Sha256Digest>* parent) const;
   // Evicts from the index and deletes from RocksDB until within budget; caller holds mutex_.
   void EvictToBudget();
 
   StoreOptions options_;
-  Sha256Digest fingerprint_digest_{};
+  ValueCodec codec_;
   std::unique_ptr<rocksdb::DB> db_;
   std::vector<rocksdb::ColumnFamilyHandle*> handles_;  // default, block_kv, producer_swa
   mutable std::mutex mutex_;

@@ -30,6 +30,8 @@ struct TensorInfo {
 class SafetensorsFile {
  public:
   static absl::StatusOr<SafetensorsFile> Read(const std::string& path);
+  // The same checks on a file's contents; messages name `path`.
+  static absl::StatusOr<SafetensorsFile> Parse(std::string contents, const std::string& path);
 
   const std::map<std::string, TensorInfo>& tensors() const { return tensors_; }
   // The tensor widened to F32 ([numel] floats); the caller checked the shape.

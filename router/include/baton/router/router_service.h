@@ -64,6 +64,15 @@ class RouterService final : public v1::Generation::Service, public v1::Registry:
   void WatchHealth(HealthSetter health);
   void StopHealth();
 
+  // A request's effective truncation.
+  struct Effective {
+    v1::TruncationMode mode;
+    uint32_t keep;
+  };
+  // Checks a client's request (every field bounded, each refusal INVALID_ARGUMENT naming the
+  // field) and gives its effective truncation: the request's override or the defaults.
+  absl::StatusOr<Effective> Validate(const v1::GenerateRequest& request) const;
+
  private:
   struct Node {
     v1::RegisterRequest info;
@@ -72,11 +81,6 @@ class RouterService final : public v1::Generation::Service, public v1::Registry:
     std::shared_ptr<grpc::Channel> channel;
     std::string identity;  // the certificate identity it registered with ("" without TLS)
   };
-  struct Effective {
-    v1::TruncationMode mode;
-    uint32_t keep;
-  };
-
   // What one request did, for its metrics and log lines.
   struct Trace {
     std::string id;
@@ -91,7 +95,6 @@ class RouterService final : public v1::Generation::Service, public v1::Registry:
                      grpc::ServerWriter<v1::GenerateResponse>* writer, Trace& trace);
   // Records `n` tokens handed to the client now: time to first token, then inter-token times.
   void Delivered(Trace& trace, int n);
-  absl::StatusOr<Effective> Validate(const v1::GenerateRequest& request) const;
   // The prefix hit H (tokens) for a request, or 0 when the store is absent, slow or failing.
   uint32_t PrefixHit(const v1::GenerateRequest& request, const Effective& effective,
                      const std::string& fingerprint, const std::string& tenant);
