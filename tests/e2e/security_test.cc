@@ -63,6 +63,43 @@ class SecurityTest : public ::testing::Test {
         cluster_->StartPrefill("prefill", {"--kvstore", cluster_->Address("kvstore")}).empty());
     ASSERT_TRUE(cluster_->WaitForHealth(true)) << cluster_->Log("router");
   }
+  // A reservation request as the router sends it, naming the cluster's prefill identity.
+  v1::ReserveRequest ReserveRequest(uint32_t prompt_tokens, uint32_t max_tokens) const {
+    v1::ReserveRequest reserve;
+    reserve.set_request_id("test");
+    reserve.set_prompt_tokens(prompt_tokens);
+    reserve.set_model_fingerprint(*model::ModelFingerprint(model_));
+    reserve.mutable_sampling()->set_max_tokens(max_tokens);
+    reserve.set_prefill_identity("spiffe://baton/prefill");
+    return reserve;
+  }
+  grpc::Status Reserve(const v1::ReserveRequest& request, v1::Reservation* reservation) {
+    grpc::ClientContext context;
+    return cluster_->Decode("decode", "router")->Reserve(&context, request, reservation);
+  }
+  // Pushes one chunk into `reservation` as `role`; the status.
+  grpc::Status Push(const std::string& role, const v1::Reservation& reservation, v1::Region region,
+                    uint64_t offset, const std::string& bytes) {
+    auto stub = cluster_->Decode("decode", role);
+    grpc::ClientContext context;
+    v1::PushRegionsResponse pushed;
+    auto writer = stub->PushRegions(&context, &pushed);
+    v1::RegionChunk chunk;
+    chunk.set_reservation_id(reservation.reservation_id());
+    chunk.set_region(region);
+    chunk.set_offset(offset);
+    chunk.set_data(bytes);
+    writer->Write(chunk);
+    writer->WritesDone();
+    return writer->Finish();
+  }
+  // The cluster still serves a request end to end.
+  void ExpectServing() {
+    EXPECT_TRUE(HealthCheck(cluster_->Address("decode"), TlsAs("client")).ok());
+    auto client = cluster_->Client();
+    const Outcome outcome = Generate(*client, Request({1, 2, 3, 4, 5, 6}, 4));
+    EXPECT_TRUE(outcome.status.ok()) << outcome.status.error_message();
+  }
   std::vector<std::string> InternalPorts() const {
     return {cluster_->router_internal(), cluster_->Address("prefill"), cluster_->Address("decode"),
             cluster_->Address("kvstore")};
@@ -150,48 +187,29 @@ TEST_F(SecurityTest, ACertificateCallsOnlyWhatItsRoleAllows) {
 
 TEST_F(SecurityTest, OnlyThePrefillIdentityAReservationNamesMayFillIt) {
   StartCluster();
-  auto as_router = cluster_->Decode("decode", "router");
-  v1::ReserveRequest reserve;
-  reserve.set_request_id("bound");
-  reserve.set_prompt_tokens(10);
-  reserve.mutable_sampling()->set_max_tokens(4);
-  reserve.set_prefill_identity("spiffe://baton/prefill");
+  v1::ReserveRequest reserve = ReserveRequest(10, 4);
+  reserve.set_model_fingerprint("some other model");
   v1::Reservation reservation;
-  {
-    // The fingerprint from a failed reserve is not revealed; the router's view of it is the
-    // model's, which the test reads from the registered node's stats instead.
-    grpc::ClientContext context;
-    const grpc::Status status = as_router->Reserve(&context, reserve, &reservation);
-    ASSERT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
-    EXPECT_THAT(status.error_message(), ::testing::Not(HasSubstr("serves ")));
-  }
-  reserve.set_model_fingerprint(*model::ModelFingerprint(model_));
-  grpc::ClientContext reserve_context;
-  ASSERT_TRUE(as_router->Reserve(&reserve_context, reserve, &reservation).ok());
+  const grpc::Status mismatch = Reserve(reserve, &reservation);
+  ASSERT_EQ(mismatch.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  // The node's own fingerprint is not revealed.
+  EXPECT_THAT(mismatch.error_message(),
+              ::testing::Not(HasSubstr(*model::ModelFingerprint(model_))));
+  ASSERT_TRUE(Reserve(ReserveRequest(10, 4), &reservation).ok());
   EXPECT_EQ(reservation.reservation_id().size(), 32u);
-  auto push = [&](const std::string& role) {
-    auto stub = cluster_->Decode("decode", role);
-    grpc::ClientContext context;
-    v1::PushRegionsResponse pushed;
-    auto writer = stub->PushRegions(&context, &pushed);
-    v1::RegionChunk chunk;
-    chunk.set_reservation_id(reservation.reservation_id());
-    chunk.set_region(v1::REGION_PRODUCER_SWA);
-    chunk.set_data(std::string(64, 'x'));
-    writer->Write(chunk);
-    writer->WritesDone();
-    return writer->Finish();
-  };
+  const std::string bytes(64, 'x');
   // Another prefill identity sees no such reservation; the router may not push at all.
-  EXPECT_EQ(push("prefill-b").error_code(), grpc::StatusCode::NOT_FOUND);
-  EXPECT_EQ(push("router").error_code(), grpc::StatusCode::PERMISSION_DENIED);
-  EXPECT_TRUE(push("prefill").ok());
-  // A guessed id is as unknown as a missing one.
+  EXPECT_EQ(Push("prefill-b", reservation, v1::REGION_PRODUCER_SWA, 0, bytes).error_code(),
+            grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(Push("router", reservation, v1::REGION_PRODUCER_SWA, 0, bytes).error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_TRUE(Push("prefill", reservation, v1::REGION_PRODUCER_SWA, 0, bytes).ok());
   v1::ReleaseRequest release;
   release.set_reservation_id(reservation.reservation_id());
   grpc::ClientContext release_context;
   v1::ReleaseResponse released;
-  ASSERT_TRUE(as_router->Release(&release_context, release, &released).ok());
+  ASSERT_TRUE(
+      cluster_->Decode("decode", "router")->Release(&release_context, release, &released).ok());
   EXPECT_TRUE(DecodeDrained(*cluster_, "decode"));
 }
 
@@ -233,58 +251,27 @@ TEST_F(SecurityTest, ApiKeysAuthenticateAndTenantsNeverShareCachedPrefixes) {
 // input with a status naming the field, and serves on.
 TEST_F(SecurityTest, AReserveWhoseSizesWrapIsRefusedAndTheNodeServesOn) {
   StartCluster();
-  auto as_router = cluster_->Decode("decode", "router");
-  v1::ReserveRequest reserve;
-  reserve.set_request_id("wrap");
-  reserve.set_prompt_tokens(4294967295u);
-  reserve.set_model_fingerprint(*model::ModelFingerprint(model_));
-  reserve.mutable_sampling()->set_max_tokens(2);
-  reserve.set_prefill_identity("spiffe://baton/prefill");
-  grpc::ClientContext context;
   v1::Reservation reservation;
-  const grpc::Status status = as_router->Reserve(&context, reserve, &reservation);
+  const grpc::Status status = Reserve(ReserveRequest(4294967295u, 2), &reservation);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_THAT(status.error_message(), HasSubstr("prompt_tokens"));
-  EXPECT_TRUE(HealthCheck(cluster_->Address("decode"), TlsAs("client")).ok());
-  auto client = cluster_->Client();
-  const Outcome outcome = Generate(*client, Request({1, 2, 3, 4, 5, 6}, 4));
-  EXPECT_TRUE(outcome.status.ok()) << outcome.status.error_message();
+  ExpectServing();
   EXPECT_TRUE(DecodeDrained(*cluster_, "decode"));
 }
 
 TEST_F(SecurityTest, RegionChunksReachingPast2To64AreRefused) {
   StartCluster();
-  auto as_router = cluster_->Decode("decode", "router");
-  v1::ReserveRequest reserve;
-  reserve.set_request_id("offsets");
-  reserve.set_prompt_tokens(40);
-  reserve.set_model_fingerprint(*model::ModelFingerprint(model_));
-  reserve.mutable_sampling()->set_max_tokens(4);
-  reserve.set_prefill_identity("spiffe://baton/prefill");
   v1::Reservation reservation;
-  grpc::ClientContext reserve_context;
-  ASSERT_TRUE(as_router->Reserve(&reserve_context, reserve, &reservation).ok());
+  ASSERT_TRUE(Reserve(ReserveRequest(40, 4), &reservation).ok());
   for (const v1::Region region :
        {v1::REGION_PRODUCER_SWA, v1::REGION_CONSUMER_SWA, v1::REGION_BLOCK_KV}) {
-    auto as_prefill = cluster_->Decode("decode", "prefill");
-    grpc::ClientContext context;
-    v1::PushRegionsResponse pushed;
-    auto writer = as_prefill->PushRegions(&context, &pushed);
-    v1::RegionChunk chunk;
-    chunk.set_reservation_id(reservation.reservation_id());
-    chunk.set_region(region);
-    chunk.set_offset(std::numeric_limits<uint64_t>::max() - 8191);  // 2^64 - 8192
-    chunk.set_data(std::string(8208, 'x'));
-    writer->Write(chunk);
-    writer->WritesDone();
-    const grpc::Status status = writer->Finish();
+    const grpc::Status status =
+        Push("prefill", reservation, region, std::numeric_limits<uint64_t>::max() - 8191,
+             std::string(8208, 'x'));  // offset 2^64 - 8192: the end wraps to 16
     EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
         << v1::Region_Name(region) << ": " << status.error_message();
   }
-  EXPECT_TRUE(HealthCheck(cluster_->Address("decode"), TlsAs("client")).ok());
-  auto client = cluster_->Client();
-  const Outcome outcome = Generate(*client, Request({9, 8, 7, 6, 5}, 4));
-  EXPECT_TRUE(outcome.status.ok()) << outcome.status.error_message();
+  ExpectServing();
 }
 
 TEST_F(SecurityTest, StoreWritesThatWouldPoisonOrPinTheStoreAreRefused) {
