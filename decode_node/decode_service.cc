@@ -4,18 +4,17 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "baton/common/checksum.h"
 #include "baton/common/log.h"
 #include "baton/common/metrics.h"
 #include "baton/common/rpc.h"
 #include "baton/common/security.h"
 #include "baton/common/wire_bounds.h"
+#include "baton/transfer/state_block.h"
 
 namespace baton::decode_node {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-constexpr uint32_t kStateFormatVersion = 1;
 constexpr uint32_t kMaxReservationTimeoutMs = 10 * 60 * 1000;
 
 using security::Role;
@@ -254,30 +253,15 @@ grpc::Status DecodeService::Reserve(grpc::ServerContext* context, const v1::Rese
   }
   reply->set_producer_swa_addr(reinterpret_cast<uint64_t>(r->state->producer_swa()));
   reply->set_consumer_swa_addr(reinterpret_cast<uint64_t>(r->state->consumer_swa()));
-  reply->set_producer_swa_bytes(sizeof(float) * layout.producer_swa_floats());
-  reply->set_consumer_swa_bytes(sizeof(float) * layout.consumer_swa_floats());
-  reply->set_page_bytes(sizeof(float) * layout.page_floats());
-  const int64_t prompt_pages = (r->prompt_len + B - 1) / B;
-  for (int64_t p = 0; p < prompt_pages; ++p) {
+  const transfer::RegionSizes sizes = transfer::RegionSizesFor(layout, r->prompt_len);
+  reply->set_producer_swa_bytes(sizes.producer_swa);
+  reply->set_consumer_swa_bytes(sizes.consumer_swa);
+  reply->set_page_bytes(sizes.page);
+  for (uint64_t p = 0; p < sizes.pages; ++p) {
     reply->add_page_addrs(reinterpret_cast<uint64_t>(r->state->pages()[p]));
   }
   requests_[r->id] = std::move(r);
   return grpc::Status::OK;
-}
-
-uint64_t DecodeService::RegionBytes(v1::Region region, const Request& r) const {
-  const model::StateLayout& layout = model_.state_layout();
-  switch (region) {
-    case v1::REGION_PRODUCER_SWA:
-      return sizeof(float) * layout.producer_swa_floats();
-    case v1::REGION_CONSUMER_SWA:
-      return sizeof(float) * layout.consumer_swa_floats();
-    case v1::REGION_BLOCK_KV:
-      return sizeof(float) * layout.page_floats() *
-             ((r.prompt_len + layout.block_size - 1) / layout.block_size);
-    default:
-      return 0;
-  }
 }
 
 grpc::Status DecodeService::PushRegions(grpc::ServerContext* context,
@@ -299,7 +283,8 @@ grpc::Status DecodeService::PushRegions(grpc::ServerContext* context,
         return NoReservation(chunk.reservation_id());
       }
     }
-    const uint64_t limit = RegionBytes(chunk.region(), *r);
+    const uint64_t limit =
+        transfer::RegionSizesFor(model_.state_layout(), r->prompt_len).bytes(chunk.region());
     uint64_t offset = chunk.offset(), left = chunk.data().size();
     // offset + size may wrap 64 bits (offset 2^64 - 8192 and 8208 bytes "end" at 16), so the
     // check never forms that sum.
@@ -348,49 +333,12 @@ grpc::Status DecodeService::Commit(grpc::ServerContext* context, const v1::Commi
     Erase(r->id);
     return grpc::Status(code, message);
   };
-  if (h.format_version() != kStateFormatVersion) {
-    return fail(grpc::StatusCode::FAILED_PRECONDITION,
-                absl::StrCat("header.format_version ", h.format_version(), "; expected ",
-                             kStateFormatVersion));
-  }
-  if (h.model_fingerprint() != model_.fingerprint()) {
-    return fail(grpc::StatusCode::FAILED_PRECONDITION, "header.model_fingerprint does not match");
-  }
-  if (h.prompt_len() != r->prompt_len) {
-    return fail(grpc::StatusCode::INVALID_ARGUMENT,
-                absl::StrCat("header.prompt_len ", h.prompt_len(), " but ", r->prompt_len,
-                             " were reserved"));
-  }
-  if (h.s_valid() > h.prompt_len()) {
-    return fail(
-        grpc::StatusCode::INVALID_ARGUMENT,
-        absl::StrCat("header.s_valid ", h.s_valid(), " exceeds prompt_len ", h.prompt_len()));
-  }
-  if (h.first_token() < 0 || h.first_token() >= model_.config().vocab_size) {
-    return fail(grpc::StatusCode::INVALID_ARGUMENT, "header.first_token outside the vocabulary");
-  }
-  const model::StateLayout& layout = model_.state_layout();
-  const uint64_t page_bytes = sizeof(float) * layout.page_floats();
-  const uint64_t kv_bytes = RegionBytes(v1::REGION_BLOCK_KV, *r);
-  std::vector<const void*> pages(r->state->pages().begin(), r->state->pages().end());
-  struct Check {
-    const char* name;
-    uint64_t expected, actual, bytes, expected_bytes;
-  } checks[] = {
-      {"producer_swa", h.producer_swa_checksum(),
-       Checksum(r->state->producer_swa(), sizeof(float) * layout.producer_swa_floats()),
-       h.producer_swa_bytes(), sizeof(float) * layout.producer_swa_floats()},
-      {"consumer_swa", h.consumer_swa_checksum(),
-       Checksum(r->state->consumer_swa(), sizeof(float) * layout.consumer_swa_floats()),
-       h.consumer_swa_bytes(), sizeof(float) * layout.consumer_swa_floats()},
-      {"block_kv", h.block_kv_checksum(), ChecksumPieces(pages, page_bytes, kv_bytes),
-       h.block_kv_bytes(), kv_bytes},
-  };
-  for (const Check& c : checks) {
-    if (c.bytes != c.expected_bytes || c.expected != c.actual) {
-      return fail(grpc::StatusCode::DATA_LOSS,
-                  absl::StrCat("region ", c.name, " failed its checksum after transfer"));
-    }
+  absl::Status verified =
+      transfer::VerifyHeader(h, model_.fingerprint(), r->prompt_len, model_.config().vocab_size);
+  if (verified.ok()) verified = transfer::VerifyRegions(h, *r->state);
+  if (!verified.ok()) {
+    Erase(r->id);
+    return ToGrpcStatus(verified);
   }
   r->state->length = h.prompt_len();
   r->state->s_valid = h.s_valid();

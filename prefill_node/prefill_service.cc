@@ -12,12 +12,12 @@
 #include "baton/kvstore/chain.h"
 #include "baton/model/sampling.h"
 #include "baton/transfer/grpc_regions.h"
+#include "baton/transfer/state_block.h"
 
 namespace baton::prefill_node {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-constexpr uint32_t kStateFormatVersion = 1;
 
 uint64_t PayloadBytes(const std::vector<v1::BlockWrite>& writes) {
   uint64_t bytes = 0;
@@ -120,14 +120,6 @@ PrefillService::~PrefillService() {
   if (writer_.joinable()) writer_.join();
 }
 
-// Producer SWA rows of one block in the store: [P][2][B][kv_dim] (K rows, then V rows, per
-// producer layer).
-namespace {
-int64_t SwaRowOffset(const model::StateLayout& l, int64_t layer, int64_t kv, int64_t row) {
-  return ((layer * 2 + kv) * l.block_size + row) * l.kv_dim;
-}
-}  // namespace
-
 bool PrefillService::LoadPrefix(const std::vector<Sha256Digest>& keys, int64_t hit_tokens,
                                 model::SequenceState& state) {
   const model::StateLayout& layout = state.layout();
@@ -153,30 +145,17 @@ bool PrefillService::LoadPrefix(const std::vector<Sha256Digest>& keys, int64_t h
     return reader->Finish().ok() && ok && b == h;
   };
   const uint64_t page_bytes = sizeof(float) * layout.page_floats();
-  const bool kv =
-      read(0, v1::STORE_REGION_BLOCK_KV, page_bytes, [&](int64_t b, const std::string& payload) {
-        std::memcpy(state.pages()[b], payload.data(), page_bytes);
-      });
+  const bool kv = read(
+      0, v1::STORE_REGION_BLOCK_KV, page_bytes,
+      [&](int64_t b, const std::string& payload) { transfer::LoadBlockKv(payload, b, state); });
   const int64_t first_swa =
       std::max<int64_t>(0, hit_tokens - model_.config().sliding_window + 1) / B;
   const uint64_t swa_bytes = sizeof(float) * layout.stored_swa_block_floats();
-  const bool swa =
-      kv &&
-      read(first_swa, v1::STORE_REGION_PRODUCER_SWA, swa_bytes,
-           [&](int64_t b, const std::string& payload) {
-             const float* rows = reinterpret_cast<const float*>(payload.data());
-             for (int64_t r = 0; r < B; ++r) {
-               const int64_t pos = b * B + r;
-               if (pos < hit_tokens - C) continue;
-               for (int64_t l = 0; l < layout.producer_layers; ++l) {
-                 float* ring = state.producer_swa();
-                 std::memcpy(ring + layout.ring_k_offset(l) + (pos % C) * layout.kv_dim,
-                             rows + SwaRowOffset(layout, l, 0, r), sizeof(float) * layout.kv_dim);
-                 std::memcpy(ring + layout.ring_v_offset(l) + (pos % C) * layout.kv_dim,
-                             rows + SwaRowOffset(layout, l, 1, r), sizeof(float) * layout.kv_dim);
-               }
-             }
-           });
+  const bool swa = kv && read(first_swa, v1::STORE_REGION_PRODUCER_SWA, swa_bytes,
+                              [&](int64_t b, const std::string& payload) {
+                                // The window needs only the rows the ring keeps: [H - C, H).
+                                transfer::LoadProducerSwaRows(payload, b, hit_tokens - C, state);
+                              });
   return kv && swa;
 }
 
@@ -414,15 +393,13 @@ grpc::Status PrefillService::Run(grpc::ServerContext* context, const v1::Prefill
 
   // Move the regions, then commit them with their checksums.
   const auto transfer_start = Clock::now();
-  const uint64_t page_bytes = sizeof(float) * layout.page_floats();
-  const int64_t prompt_pages =
-      (static_cast<int64_t>(tokens.size()) + layout.block_size - 1) / layout.block_size;
-  const uint64_t block_kv_bytes = page_bytes * prompt_pages;
+  const transfer::RegionSizes sizes = transfer::RegionSizesFor(layout, tokens.size());
+  const uint64_t block_kv_bytes = sizes.block_kv;
   const v1::Reservation& reservation = request->reservation();
-  if (reservation.page_addrs_size() != prompt_pages ||
-      reservation.producer_swa_bytes() != sizeof(float) * layout.producer_swa_floats() ||
-      reservation.consumer_swa_bytes() != sizeof(float) * layout.consumer_swa_floats() ||
-      reservation.page_bytes() != page_bytes) {
+  if (static_cast<uint64_t>(reservation.page_addrs_size()) != sizes.pages ||
+      reservation.producer_swa_bytes() != sizes.producer_swa ||
+      reservation.consumer_swa_bytes() != sizes.consumer_swa ||
+      reservation.page_bytes() != sizes.page) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                         "reservation: its regions do not match this prompt and model");
   }
@@ -432,10 +409,8 @@ grpc::Status PrefillService::Run(grpc::ServerContext* context, const v1::Prefill
           ? SendGrpc(context, decode, reservation.reservation_id(), state, block_kv_bytes)
           : SendUcx(reservation, state, block_kv_bytes);
   if (!sent.ok()) return ToGrpcStatus(sent);
-  std::vector<const void*> pages(state.pages().begin(), state.pages().end());
   v1::CommitRequest commit;
   v1::StateHeader& h = *commit.mutable_header();
-  h.set_format_version(kStateFormatVersion);
   h.set_model_fingerprint(model_.fingerprint());
   h.set_request_id(generate.request_id());
   h.set_reservation_id(reservation.reservation_id());
@@ -446,12 +421,7 @@ grpc::Status PrefillService::Run(grpc::ServerContext* context, const v1::Prefill
   h.set_first_token(first.token);
   h.set_first_logprob(first.logprob);
   h.set_replayed_rows(static_cast<uint32_t>(result->consumer_rows));
-  h.set_producer_swa_bytes(sizeof(float) * layout.producer_swa_floats());
-  h.set_consumer_swa_bytes(sizeof(float) * layout.consumer_swa_floats());
-  h.set_block_kv_bytes(block_kv_bytes);
-  h.set_producer_swa_checksum(Checksum(state.producer_swa(), h.producer_swa_bytes()));
-  h.set_consumer_swa_checksum(Checksum(state.consumer_swa(), h.consumer_swa_bytes()));
-  h.set_block_kv_checksum(ChecksumPieces(pages, page_bytes, block_kv_bytes));
+  transfer::SealHeader(state, h);
   model_lock.unlock();
   auto client = grpc::ClientContext::FromServerContext(*context);
   v1::CommitResponse committed;
@@ -474,19 +444,11 @@ grpc::Status PrefillService::Run(grpc::ServerContext* context, const v1::Prefill
       kv.set_key(kvstore::KeyBytes(keys[b]));
       kv.set_parent(parent);
       kv.set_region(v1::STORE_REGION_BLOCK_KV);
-      kv.set_payload(reinterpret_cast<const char*>(state.pages()[b]), page_bytes);
+      kv.set_payload(transfer::BlockKvPayload(state, b));
       writes.push_back(std::move(kv));
       v1::BlockWrite swa = writes.back();
       swa.set_region(v1::STORE_REGION_PRODUCER_SWA);
-      std::string& rows = *swa.mutable_payload();
-      rows.clear();
-      for (int64_t l = 0; l < layout.producer_layers; ++l) {
-        for (int kv_index = 0; kv_index < 2; ++kv_index) {
-          rows.append(reinterpret_cast<const char*>(
-                          producer_rows.data() + ((l * 2 + kv_index) * L + b * B) * layout.kv_dim),
-                      sizeof(float) * B * layout.kv_dim);
-        }
-      }
+      swa.set_payload(transfer::ProducerSwaPayload(layout, producer_rows, L, b));
       writes.push_back(std::move(swa));
     }
     metrics_->written_blocks.Increment(static_cast<double>(writes.size() / 2));

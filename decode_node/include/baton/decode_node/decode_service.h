@@ -77,7 +77,6 @@ class DecodeService final : public v1::DecodeNode::Service {
   grpc::Status RunStream(grpc::ServerContext* context, const v1::StreamRequest* request,
                          grpc::ServerWriter<v1::DecodeOutput>* writer,
                          std::string* request_id);  // set once the request is found
-  uint64_t RegionBytes(v1::Region region, const Request& r) const;
 
   const model::CedModel& model_;
   DecodeOptions options_;

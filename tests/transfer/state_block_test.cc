@@ -1,0 +1,143 @@
+// The StateBlock module: a sealed header verifies against the state it was sealed from and
+// fails, naming the region, when any byte of a region changes; header fields outside what was
+// reserved are refused; store payloads of a block load back where they came from.
+#include "baton/transfer/state_block.h"
+
+#include <numeric>
+#include <random>
+
+#include "baton/model/model_factory.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace baton::transfer {
+namespace {
+
+using ::testing::HasSubstr;
+
+class StateBlockTest : public ::testing::Test {
+ protected:
+  StateBlockTest() : layout_(model::StateLayout::For(*model::PresetConfig("tiny"))) {}
+
+  // A state of `length` positions filled with distinct values.
+  std::unique_ptr<model::SequenceState> Filled(int64_t length, float base) {
+    auto state = std::make_unique<model::SequenceState>(layout_);
+    EXPECT_TRUE(state->EnsurePages(length).ok());
+    std::iota(state->producer_swa(), state->producer_swa() + layout_.producer_swa_floats(), base);
+    std::iota(state->consumer_swa(), state->consumer_swa() + layout_.consumer_swa_floats(),
+              base + 1e5f);
+    for (size_t p = 0; p < state->pages().size(); ++p) {
+      std::iota(state->pages()[p], state->pages()[p] + layout_.page_floats(),
+                base + 2e5f + 1e4f * static_cast<float>(p));
+    }
+    return state;
+  }
+  v1::StateHeader Sealed(const model::SequenceState& state, uint32_t prompt_len) {
+    v1::StateHeader h;
+    h.set_model_fingerprint("fp");
+    h.set_prompt_len(prompt_len);
+    h.set_first_token(3);
+    SealHeader(state, h);
+    return h;
+  }
+
+  model::StateLayout layout_;
+};
+
+TEST_F(StateBlockTest, RegionSizesFollowTheLayoutAndThePrompt) {
+  const RegionSizes sizes = RegionSizesFor(layout_, 40);
+  EXPECT_EQ(sizes.pages, 3u);  // 40 positions in blocks of 16
+  EXPECT_EQ(sizes.page, sizeof(float) * layout_.page_floats());
+  EXPECT_EQ(sizes.block_kv, 3 * sizes.page);
+  EXPECT_EQ(sizes.bytes(v1::REGION_PRODUCER_SWA), sizeof(float) * layout_.producer_swa_floats());
+  EXPECT_EQ(sizes.bytes(v1::REGION_CONSUMER_SWA), sizeof(float) * layout_.consumer_swa_floats());
+  EXPECT_EQ(sizes.bytes(v1::REGION_UNSPECIFIED), 0u);
+  EXPECT_EQ(RegionSizesFor(layout_, 48).pages, 3u);
+  EXPECT_EQ(RegionSizesFor(layout_, 49).pages, 4u);
+}
+
+TEST_F(StateBlockTest, ASealedHeaderVerifiesAndAnyChangedByteFailsItsRegion) {
+  auto state = Filled(40, 1.0f);
+  const v1::StateHeader h = Sealed(*state, 40);
+  EXPECT_EQ(h.format_version(), kStateFormatVersion);
+  EXPECT_TRUE(VerifyHeader(h, "fp", 40, 512).ok());
+  EXPECT_TRUE(VerifyRegions(h, *state).ok());
+  struct Case {
+    const char* region;
+    float* where;
+  };
+  for (const Case& c : {Case{"producer_swa", state->producer_swa() + 7},
+                        Case{"consumer_swa", state->consumer_swa() + 11},
+                        Case{"block_kv", state->pages()[2] + 5}}) {
+    const float saved = *c.where;
+    *c.where += 1.0f;
+    const absl::Status status = VerifyRegions(h, *state);
+    EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << c.region;
+    EXPECT_THAT(std::string(status.message()), HasSubstr(c.region));
+    *c.where = saved;
+  }
+  v1::StateHeader short_kv = h;
+  short_kv.set_block_kv_bytes(h.block_kv_bytes() - 4);
+  EXPECT_EQ(VerifyRegions(short_kv, *state).code(), absl::StatusCode::kDataLoss);
+}
+
+TEST_F(StateBlockTest, HeaderFieldsOutsideTheReservationAreRefusedByName) {
+  auto state = Filled(40, 1.0f);
+  const v1::StateHeader h = Sealed(*state, 40);
+  auto refused = [&](v1::StateHeader changed, uint32_t reserved, absl::StatusCode code,
+                     const char* field) {
+    const absl::Status status = VerifyHeader(changed, "fp", reserved, 512);
+    EXPECT_EQ(status.code(), code) << field;
+    EXPECT_THAT(std::string(status.message()), HasSubstr(field));
+  };
+  v1::StateHeader version = h;
+  version.set_format_version(kStateFormatVersion + 1);
+  refused(version, 40, absl::StatusCode::kFailedPrecondition, "header.format_version");
+  v1::StateHeader model = h;
+  model.set_model_fingerprint("other");
+  refused(model, 40, absl::StatusCode::kFailedPrecondition, "header.model_fingerprint");
+  refused(h, 39, absl::StatusCode::kInvalidArgument, "header.prompt_len");
+  v1::StateHeader s_valid = h;
+  s_valid.set_s_valid(41);
+  refused(s_valid, 40, absl::StatusCode::kInvalidArgument, "header.s_valid");
+  for (int32_t token : {-1, 512}) {
+    v1::StateHeader first = h;
+    first.set_first_token(token);
+    refused(first, 40, absl::StatusCode::kInvalidArgument, "header.first_token");
+  }
+}
+
+TEST_F(StateBlockTest, StorePayloadsLoadBackWhereTheyCameFrom) {
+  const int64_t L = 48, B = layout_.block_size, C = layout_.ring_capacity;
+  auto source = Filled(L, 1.0f);
+  // Producer rows as the prefill captures them: [P][2][L][kv_dim].
+  std::vector<float> rows(layout_.producer_layers * 2 * L * layout_.kv_dim);
+  std::mt19937 rng(3);
+  for (float& v : rows) v = static_cast<float>(rng() % 1000);
+  auto target = Filled(L, -5e5f);
+  for (int64_t b = 0; b < L / B; ++b) {
+    const std::string kv = BlockKvPayload(*source, b);
+    const std::string swa = ProducerSwaPayload(layout_, rows, L, b);
+    ASSERT_EQ(kv.size(), sizeof(float) * layout_.page_floats());
+    ASSERT_EQ(swa.size(), sizeof(float) * layout_.stored_swa_block_floats());
+    LoadBlockKv(kv, b, *target);
+    LoadProducerSwaRows(swa, b, L - C, *target);
+    EXPECT_EQ(0, std::memcmp(target->pages()[b], source->pages()[b], kv.size())) << b;
+  }
+  // The rings hold the last C positions' rows at slot position mod C; older rows were skipped.
+  for (int64_t l = 0; l < layout_.producer_layers; ++l) {
+    for (int64_t pos = L - C; pos < L; ++pos) {
+      for (int64_t kv = 0; kv < 2; ++kv) {
+        const float* ring = target->producer_swa() +
+                            (kv == 0 ? layout_.ring_k_offset(l) : layout_.ring_v_offset(l)) +
+                            (pos % C) * layout_.kv_dim;
+        const float* row = rows.data() + ((l * 2 + kv) * L + pos) * layout_.kv_dim;
+        EXPECT_EQ(0, std::memcmp(ring, row, sizeof(float) * layout_.kv_dim))
+            << "layer " << l << " pos " << pos;
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace baton::transfer

@@ -1,0 +1,151 @@
+#include "baton/transfer/state_block.h"
+
+#include <cstring>
+#include <functional>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "baton/common/checksum.h"
+
+namespace baton::transfer {
+namespace {
+
+// Where row `row` of producer layer `layer` (kv 0: K, 1: V) lies in a block's store payload.
+int64_t SwaRowOffset(const model::StateLayout& l, int64_t layer, int64_t kv, int64_t row) {
+  return ((layer * 2 + kv) * l.block_size + row) * l.kv_dim;
+}
+
+uint64_t BlockKvChecksum(const model::SequenceState& state, const RegionSizes& sizes) {
+  std::vector<const void*> pages(state.pages().begin(), state.pages().end());
+  return ChecksumPieces(pages, sizes.page, sizes.block_kv);
+}
+
+}  // namespace
+
+uint64_t RegionSizes::bytes(v1::Region region) const {
+  switch (region) {
+    case v1::REGION_PRODUCER_SWA:
+      return producer_swa;
+    case v1::REGION_CONSUMER_SWA:
+      return consumer_swa;
+    case v1::REGION_BLOCK_KV:
+      return block_kv;
+    default:
+      return 0;
+  }
+}
+
+RegionSizes RegionSizesFor(const model::StateLayout& layout, uint64_t prompt_len) {
+  RegionSizes sizes;
+  sizes.producer_swa = sizeof(float) * static_cast<uint64_t>(layout.producer_swa_floats());
+  sizes.consumer_swa = sizeof(float) * static_cast<uint64_t>(layout.consumer_swa_floats());
+  sizes.page = sizeof(float) * static_cast<uint64_t>(layout.page_floats());
+  const uint64_t B = static_cast<uint64_t>(layout.block_size);
+  sizes.pages = prompt_len / B + (prompt_len % B != 0 ? 1 : 0);
+  sizes.block_kv = sizes.pages * sizes.page;
+  return sizes;
+}
+
+void SealHeader(const model::SequenceState& state, v1::StateHeader& header) {
+  const RegionSizes sizes = RegionSizesFor(state.layout(), header.prompt_len());
+  header.set_format_version(kStateFormatVersion);
+  header.set_producer_swa_bytes(sizes.producer_swa);
+  header.set_consumer_swa_bytes(sizes.consumer_swa);
+  header.set_block_kv_bytes(sizes.block_kv);
+  header.set_producer_swa_checksum(Checksum(state.producer_swa(), sizes.producer_swa));
+  header.set_consumer_swa_checksum(Checksum(state.consumer_swa(), sizes.consumer_swa));
+  header.set_block_kv_checksum(BlockKvChecksum(state, sizes));
+}
+
+absl::Status VerifyHeader(const v1::StateHeader& h, std::string_view fingerprint,
+                          uint32_t reserved_prompt_len, int64_t vocab_size) {
+  if (h.format_version() != kStateFormatVersion) {
+    return absl::FailedPreconditionError(absl::StrCat("header.format_version ", h.format_version(),
+                                                      "; expected ", kStateFormatVersion));
+  }
+  if (h.model_fingerprint() != fingerprint) {
+    return absl::FailedPreconditionError("header.model_fingerprint does not match");
+  }
+  if (h.prompt_len() != reserved_prompt_len) {
+    return absl::InvalidArgumentError(absl::StrCat("header.prompt_len ", h.prompt_len(), " but ",
+                                                   reserved_prompt_len, " were reserved"));
+  }
+  if (h.s_valid() > h.prompt_len()) {
+    return absl::InvalidArgumentError(absl::StrCat("header.s_valid ", h.s_valid(),
+                                                   " exceeds header.prompt_len ", h.prompt_len()));
+  }
+  if (h.first_token() < 0 || h.first_token() >= vocab_size) {
+    return absl::InvalidArgumentError("header.first_token outside the vocabulary");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status VerifyRegions(const v1::StateHeader& h, const model::SequenceState& state) {
+  const RegionSizes sizes = RegionSizesFor(state.layout(), h.prompt_len());
+  struct Check {
+    const char* name;
+    uint64_t bytes, expected_bytes, checksum;
+    std::function<uint64_t()> actual;
+  };
+  const Check checks[] = {
+      {"producer_swa", h.producer_swa_bytes(), sizes.producer_swa, h.producer_swa_checksum(),
+       [&] { return Checksum(state.producer_swa(), sizes.producer_swa); }},
+      {"consumer_swa", h.consumer_swa_bytes(), sizes.consumer_swa, h.consumer_swa_checksum(),
+       [&] { return Checksum(state.consumer_swa(), sizes.consumer_swa); }},
+      {"block_kv", h.block_kv_bytes(), sizes.block_kv, h.block_kv_checksum(),
+       [&] { return BlockKvChecksum(state, sizes); }},
+  };
+  for (const Check& c : checks) {
+    if (c.bytes != c.expected_bytes || c.actual() != c.checksum) {
+      return absl::DataLossError(
+          absl::StrCat("region ", c.name, " failed its checksum after transfer"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::string BlockKvPayload(const model::SequenceState& state, int64_t block) {
+  return std::string(reinterpret_cast<const char*>(state.pages()[block]),
+                     sizeof(float) * state.layout().page_floats());
+}
+
+std::string ProducerSwaPayload(const model::StateLayout& layout,
+                               std::span<const float> producer_rows, int64_t prompt_len,
+                               int64_t block) {
+  const int64_t B = layout.block_size;
+  std::string rows;
+  rows.reserve(sizeof(float) * layout.stored_swa_block_floats());
+  for (int64_t l = 0; l < layout.producer_layers; ++l) {
+    for (int64_t kv = 0; kv < 2; ++kv) {
+      rows.append(
+          reinterpret_cast<const char*>(producer_rows.data() +
+                                        ((l * 2 + kv) * prompt_len + block * B) * layout.kv_dim),
+          sizeof(float) * B * layout.kv_dim);
+    }
+  }
+  return rows;
+}
+
+void LoadBlockKv(std::string_view payload, int64_t block, model::SequenceState& state) {
+  std::memcpy(state.pages()[block], payload.data(), sizeof(float) * state.layout().page_floats());
+}
+
+void LoadProducerSwaRows(std::string_view payload, int64_t block, int64_t first_position,
+                         model::SequenceState& state) {
+  const model::StateLayout& layout = state.layout();
+  const int64_t B = layout.block_size, C = layout.ring_capacity;
+  const float* rows = reinterpret_cast<const float*>(payload.data());
+  float* ring = state.producer_swa();
+  for (int64_t r = 0; r < B; ++r) {
+    const int64_t pos = block * B + r;
+    if (pos < first_position) continue;
+    for (int64_t l = 0; l < layout.producer_layers; ++l) {
+      std::memcpy(ring + layout.ring_k_offset(l) + (pos % C) * layout.kv_dim,
+                  rows + SwaRowOffset(layout, l, 0, r), sizeof(float) * layout.kv_dim);
+      std::memcpy(ring + layout.ring_v_offset(l) + (pos % C) * layout.kv_dim,
+                  rows + SwaRowOffset(layout, l, 1, r), sizeof(float) * layout.kv_dim);
+    }
+  }
+}
+
+}  // namespace baton::transfer
