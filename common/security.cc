@@ -3,6 +3,7 @@
 #include <openssl/rand.h>
 
 #include <array>
+#include <atomic>
 #include <fstream>
 #include <mutex>
 
@@ -69,15 +70,15 @@ struct State {
   std::array<std::shared_ptr<tls::CertificateVerifier>, kRoles.size()> verifiers;
 };
 
+// Set once by Configure at start-up and read by every call: readers take a reference to the
+// immutable state (a reference count, not a copy), and Enabled is one atomic load.
 std::mutex state_mutex;
-State& GlobalState() {
-  static State state;
-  return state;
-}
+std::shared_ptr<const State> state_ptr = std::make_shared<const State>();
+std::atomic<bool> enabled{false};
 
-State Snapshot() {
+std::shared_ptr<const State> Snapshot() {
   std::lock_guard<std::mutex> lock(state_mutex);
-  return GlobalState();
+  return state_ptr;
 }
 
 absl::Status Readable(const std::string& path, const char* flag) {
@@ -146,19 +147,23 @@ absl::Status Configure(const TlsOptions& options) {
       state.verifiers[i] = tls::ExternalCertificateVerifier::Create<RoleVerifier>(kRoles[i]);
     }
   }
-  std::lock_guard<std::mutex> lock(state_mutex);
-  GlobalState() = std::move(state);
+  const bool on = state.enabled;
+  {
+    std::lock_guard<std::mutex> lock(state_mutex);
+    state_ptr = std::make_shared<const State>(std::move(state));
+  }
+  enabled.store(on, std::memory_order_release);
   return absl::OkStatus();
 }
 
 bool Enabled() {
-  return Snapshot().enabled;
+  return enabled.load(std::memory_order_acquire);
 }
 
 std::shared_ptr<grpc::ServerCredentials> InternalServerCredentials() {
-  const State state = Snapshot();
-  if (!state.enabled) return grpc::InsecureServerCredentials();
-  tls::TlsServerCredentialsOptions options(state.provider);
+  const std::shared_ptr<const State> state = Snapshot();
+  if (!state->enabled) return grpc::InsecureServerCredentials();
+  tls::TlsServerCredentialsOptions options(state->provider);
   options.watch_root_certs();
   options.watch_identity_key_cert_pairs();
   options.set_cert_request_type(GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
@@ -176,7 +181,7 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ClientApiCredentials(
   }
   if (absl::Status s = Readable(cert_file, "--client-tls-cert"); !s.ok()) return s;
   if (absl::Status s = Readable(key_file, "--client-tls-key"); !s.ok()) return s;
-  const int refresh = GlobalState().options.refresh_seconds;
+  const int refresh = Snapshot()->options.refresh_seconds;
   std::shared_ptr<tls::CertificateProviderInterface> provider;
   if (client_ca_file.empty()) {
     provider = std::make_shared<tls::FileWatcherCertificateProvider>(key_file, cert_file, refresh);
@@ -202,20 +207,20 @@ grpc::ChannelArguments ChannelArguments() {
 }
 
 std::shared_ptr<grpc::Channel> InternalChannel(const std::string& address, Role server_role) {
-  const State state = Snapshot();
-  if (!state.enabled) {
+  const std::shared_ptr<const State> state = Snapshot();
+  if (!state->enabled) {
     return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(),
                                      ChannelArguments());
   }
   tls::TlsChannelCredentialsOptions options;
-  options.set_certificate_provider(state.provider);
+  options.set_certificate_provider(state->provider);
   options.watch_root_certs();
   options.watch_identity_key_cert_pairs();
   options.set_verify_server_certs(true);
   // The server's identity is its role, not its address (pods come and go); RoleVerifier
   // checks it in place of the host name.
   options.set_check_call_host(false);
-  options.set_certificate_verifier(state.verifiers[static_cast<size_t>(server_role)]);
+  options.set_certificate_verifier(state->verifiers[static_cast<size_t>(server_role)]);
   return grpc::CreateCustomChannel(address, grpc::experimental::TlsCredentials(options),
                                    ChannelArguments());
 }

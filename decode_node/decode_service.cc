@@ -162,7 +162,7 @@ DecodeService::~DecodeService() {
   ucx_memory_.reset();
 }
 
-std::shared_ptr<DecodeService::Request> DecodeService::Owned(const grpc::ServerContext& context,
+std::shared_ptr<DecodeService::Request> DecodeService::Owned(const std::string& caller,
                                                              const std::string& id,
                                                              Role role) const {
   auto it = requests_.find(id);
@@ -170,7 +170,7 @@ std::shared_ptr<DecodeService::Request> DecodeService::Owned(const grpc::ServerC
   const Request& r = *it->second;
   // Another identity's reservation looks exactly like a missing one.
   const std::string& owner = role == Role::kPrefill ? r.prefill_identity : r.router_identity;
-  if (security::Enabled() && security::PeerIdentity(context) != owner) return nullptr;
+  if (security::Enabled() && caller != owner) return nullptr;
   return it->second;
 }
 
@@ -271,6 +271,7 @@ grpc::Status DecodeService::PushRegions(grpc::ServerContext* context,
       !s.ok()) {
     return ToGrpcStatus(s);
   }
+  const std::string caller = security::PeerIdentity(*context);
   v1::RegionChunk chunk;
   uint64_t total = 0;
   const uint64_t page_bytes = sizeof(float) * model_.state_layout().page_floats();
@@ -278,7 +279,7 @@ grpc::Status DecodeService::PushRegions(grpc::ServerContext* context,
     std::shared_ptr<Request> r;
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      r = Owned(*context, chunk.reservation_id(), Role::kPrefill);
+      r = Owned(caller, chunk.reservation_id(), Role::kPrefill);
       if (r == nullptr || r->phase != Phase::kReserved) {
         return NoReservation(chunk.reservation_id());
       }
@@ -327,7 +328,8 @@ grpc::Status DecodeService::Commit(grpc::ServerContext* context, const v1::Commi
   }
   const v1::StateHeader& h = request->header();
   std::unique_lock<std::mutex> lock(mutex_);
-  std::shared_ptr<Request> r = Owned(*context, h.reservation_id(), Role::kPrefill);
+  std::shared_ptr<Request> r =
+      Owned(security::PeerIdentity(*context), h.reservation_id(), Role::kPrefill);
   if (r == nullptr || r->phase != Phase::kReserved) return NoReservation(h.reservation_id());
   auto fail = [&](grpc::StatusCode code, const std::string& message) {
     Erase(r->id);
@@ -442,7 +444,8 @@ grpc::Status DecodeService::RunStream(grpc::ServerContext* context,
                                       grpc::ServerWriter<v1::DecodeOutput>* writer,
                                       std::string* request_id) {
   std::unique_lock<std::mutex> lock(mutex_);
-  std::shared_ptr<Request> r = Owned(*context, request->reservation_id(), Role::kRouter);
+  std::shared_ptr<Request> r =
+      Owned(security::PeerIdentity(*context), request->reservation_id(), Role::kRouter);
   if (r == nullptr || r->phase == Phase::kReserved) {
     return grpc::Status(
         grpc::StatusCode::NOT_FOUND,
@@ -490,7 +493,8 @@ grpc::Status DecodeService::Release(grpc::ServerContext* context, const v1::Rele
     return ToGrpcStatus(s);
   }
   std::lock_guard<std::mutex> lock(mutex_);
-  if (Owned(*context, request->reservation_id(), Role::kRouter) != nullptr) {
+  if (Owned(security::PeerIdentity(*context), request->reservation_id(), Role::kRouter) !=
+      nullptr) {
     Erase(request->reservation_id());
   }
   return grpc::Status::OK;

@@ -27,6 +27,18 @@ TEST(WireBoundsTest, RequestIdIsAtMost256Bytes) {
   EXPECT_THAT(s.message(), HasSubstr("request.request_id: 257 bytes; it must be at most 256"));
 }
 
+TEST(WireBoundsTest, SaltsTenantsAndIdentitiesHaveTheirBounds) {
+  for (const auto& [field, bound] :
+       {std::pair<const char*, uint64_t>{"cache_salt", kMaxCacheSaltBytes},
+        {"tenant", kMaxTenantBytes},
+        {"prefill_identity", kMaxIdentityBytes}}) {
+    EXPECT_TRUE(CheckBytes(field, std::string(bound, 'x'), bound).ok()) << field;
+    const absl::Status s = CheckBytes(field, std::string(bound + 1, 'x'), bound);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << field;
+    EXPECT_THAT(s.message(), HasSubstr(field));
+  }
+}
+
 TEST(WireBoundsTest, SamplingBoundsStopIdsAndValues) {
   v1::SamplingParams sampling;
   for (int i = 0; i < 64; ++i) sampling.add_stop_token_ids(i);

@@ -237,7 +237,7 @@ TEST_F(DecodeServiceTest, ReserveWhosePositionsWrapUint32IsRefusedAndTheNodeServ
   EXPECT_EQ(reservation.page_addrs_size(), 3);
 }
 
-TEST_F(DecodeServiceTest, OversizedRequestIdAndStopListAreRefused) {
+TEST_F(DecodeServiceTest, OversizedRequestIdStopListAndIdentityAreRefused) {
   Start({.slots = 1, .pages = 64});
   v1::Reservation reservation;
   grpc::Status status = Send(ReserveRequest(std::string(257, 'i'), 10, 5), &reservation);
@@ -250,9 +250,17 @@ TEST_F(DecodeServiceTest, OversizedRequestIdAndStopListAreRefused) {
   EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_THAT(status.error_message(), HasSubstr("sampling.stop_token_ids: 65 ids; at most 64"));
 
-  // The largest allowed of both is served.
+  v1::ReserveRequest identity = ReserveRequest("identity", 10, 5);
+  identity.set_prefill_identity(std::string(513, 'p'));
+  status = Send(identity, &reservation);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(status.error_message(),
+              HasSubstr("prefill_identity: 513 bytes; it must be at most 512"));
+
+  // The largest allowed of each is served.
   v1::ReserveRequest largest = ReserveRequest(std::string(256, 'i'), 10, 5);
   for (int i = 0; i < 64; ++i) largest.mutable_sampling()->add_stop_token_ids(i);
+  largest.set_prefill_identity(std::string(512, 'p'));
   status = Send(largest, &reservation);
   EXPECT_TRUE(status.ok()) << status.error_message();
 }

@@ -69,9 +69,9 @@ class DecodeService final : public v1::DecodeNode::Service {
   // Applies a sampled token: appends it and decides whether the request is finished.
   void Accept(Request& r, int32_t token, float logprob);
   void Erase(const std::string& id);  // caller holds mutex_
-  // The reservation `id` when the caller is its `role` owner (see Request); nullptr when it is
-  // absent or another identity's. Caller holds mutex_.
-  std::shared_ptr<Request> Owned(const grpc::ServerContext& context, const std::string& id,
+  // The reservation `id` when `caller` (the peer's certificate identity) is its `role` owner
+  // (see Request); nullptr when it is absent or another identity's. Caller holds mutex_.
+  std::shared_ptr<Request> Owned(const std::string& caller, const std::string& id,
                                  security::Role role) const;
   struct Metrics;
   grpc::Status RunStream(grpc::ServerContext* context, const v1::StreamRequest* request,
