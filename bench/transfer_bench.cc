@@ -1,132 +1,196 @@
-// StateBlock transfer throughput into a running baton-decode: block-KV pages moved by UCX put
-// + flush (the prefill node's path) and by the gRPC transport (PushRegions), for StateBlocks of
-// the given sizes. Pair it with `ucx_perftest -t ucp_put_bw` (bench/run_transfer_bench.sh).
+// StateBlock transfer throughput by pull, as the nodes move it: one process exposes staging
+// memory per StateBlock as the prefill node does (transfer::Exposure in a StagingPool, UCX
+// allocated and registered, served to ReadRegions), the other reads it into UCX-allocated
+// memory as the decode node reads into its pool, through the same Transports (UCX get, and the
+// gRPC transport). It also times what exposing costs the prefill node, per request and with a
+// reused staging buffer. Pair it with
+// `ucx_perftest -t ucp_get` (bench/run_transfer_bench.sh).
 //
-//   baton_transfer_bench --model DIR --decode HOST:PORT [--sizes 1,16,256] [--iterations 10]
-#include <algorithm>
+//   baton_transfer_bench --expose FILE [--sizes 1,16,256]          (stays up until killed)
+//   baton_transfer_bench --read FILE [--sizes 1,16,256] [--iterations 10]
 #include <chrono>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <iostream>
+#include <thread>
 
 #include "CLI/CLI.hpp"
+#include "absl/strings/escaping.h"
 #include "baton/common/parse.h"
-#include "baton/model/weights.h"
-#include "baton/transfer/grpc_regions.h"
-#include "baton/transfer/ucx.h"
-#include "baton/v1/node.grpc.pb.h"
+#include "baton/transfer/exposure.h"
+#include "baton/transfer/transport.h"
 #include "grpcpp/grpcpp.h"
 #include "nlohmann/json.hpp"
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using baton::transfer::Clock;
+constexpr uint64_t kPageBytes = 64 << 10;  // block-KV page of the bench's StateBlocks
 
 double Seconds(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-}  // namespace
+baton::transfer::RegionSizes SizesOf(int64_t mib) {
+  baton::transfer::RegionSizes sizes;
+  sizes.page = kPageBytes;
+  sizes.pages = (static_cast<uint64_t>(mib) << 20) / kPageBytes;
+  sizes.block_kv = sizes.pages * sizes.page;
+  return sizes;
+}
 
-int main(int argc, char** argv) {
-  CLI::App app{"baton StateBlock transfer benchmark"};
-  std::string model_dir, decode_address, sizes_text = "1,16,256";
-  int iterations = 10;
-  app.add_option("--model", model_dir, "Model directory the decode node serves")->required();
-  app.add_option("--decode", decode_address, "baton-decode address")->required();
-  app.add_option("--sizes", sizes_text, "StateBlock sizes in MiB");
-  app.add_option("--iterations", iterations, "Timed transfers per size");
-  CLI11_PARSE(app, argc, argv);
-  auto sizes = baton::ParseIntList(sizes_text, "--sizes");
-  auto weights = baton::model::LoadCedWeights(model_dir);
-  if (!sizes.ok() || !weights.ok()) {
-    std::cerr << (sizes.ok() ? weights.status() : sizes.status()).message() << "\n";
-    return 2;
+class ReadRegionsServer final : public baton::v1::PrefillNode::Service {
+ public:
+  explicit ReadRegionsServer(const baton::transfer::ExposureTable& table) : table_(table) {}
+  grpc::Status ReadRegions(grpc::ServerContext*, const baton::v1::ReadRegionsRequest* request,
+                           grpc::ServerWriter<baton::v1::RegionChunk>* writer) override {
+    return table_.Serve("", *request, *writer);
   }
-  auto decode = baton::v1::DecodeNode::NewStub(
-      grpc::CreateChannel(decode_address, grpc::InsecureChannelCredentials()));
+
+ private:
+  const baton::transfer::ExposureTable& table_;
+};
+
+int Expose(const std::string& file, const std::vector<int64_t>& sizes, int iterations) {
   auto worker = baton::transfer::UcxWorker::Create();
   if (!worker.ok()) {
     std::cerr << worker.status().message() << "\n";
     return 1;
   }
-  nlohmann::json out = nlohmann::json::array();
-  for (int64_t mib : *sizes) {
-    const uint64_t bytes = static_cast<uint64_t>(mib) << 20;
-    baton::v1::ReserveRequest reserve;
-    reserve.set_request_id("transfer-bench-" + std::to_string(mib));
-    reserve.set_model_fingerprint(weights->fingerprint);
-    reserve.mutable_sampling()->set_max_tokens(1);
-    reserve.set_timeout_ms(600000);
-    // One page first, to learn the page size; then a prompt whose block KV is `bytes`.
-    reserve.set_prompt_tokens(1);
-    baton::v1::Reservation probe;
-    {
-      grpc::ClientContext context;
-      if (!decode->Reserve(&context, reserve, &probe).ok()) return 1;
-      grpc::ClientContext release_context;
-      baton::v1::ReleaseRequest release;
-      release.set_reservation_id(probe.reservation_id());
-      baton::v1::ReleaseResponse ignored;
-      decode->Release(&release_context, release, &ignored);
-    }
-    const uint64_t page_bytes = probe.page_bytes();
-    const uint64_t pages = std::max<uint64_t>(1, bytes / page_bytes);
-    reserve.set_prompt_tokens(static_cast<uint32_t>(pages * weights->config.kv_block_size));
-    baton::v1::Reservation reservation;
-    grpc::ClientContext context;
-    if (grpc::Status s = decode->Reserve(&context, reserve, &reservation); !s.ok()) {
-      std::cerr << "reserve " << mib << " MiB: " << s.error_message() << "\n";
-      return 1;
-    }
-    auto local = (*worker)->Allocate(pages * page_bytes);
-    auto endpoint = (*worker)->Connect(reservation.ucx_worker_address(), reservation.rkey());
-    if (!local.ok() || !endpoint.ok()) {
-      std::cerr << "UCX set-up failed\n";
-      return 1;
-    }
-    auto* source = reinterpret_cast<char*>((*local)->address());
-    std::memset(source, 7, pages * page_bytes);
-    std::vector<const void*> local_pages;
-    for (uint64_t p = 0; p < pages; ++p) local_pages.push_back(source + p * page_bytes);
-    const std::vector<uint64_t> remote_pages(reservation.page_addrs().begin(),
-                                             reservation.page_addrs().end());
-    auto ucx_once = [&] {
-      (void)(*endpoint)->PutPages(local_pages, remote_pages, page_bytes, pages * page_bytes);
-      (void)(*endpoint)->Flush();
-    };
-    auto grpc_once = [&] {
-      grpc::ClientContext push_context;
-      baton::v1::PushRegionsResponse pushed;
-      auto writer = decode->PushRegions(&push_context, &pushed);
-      for (uint64_t p = 0; p < pages; ++p) {
-        baton::transfer::WriteRegionChunks(*writer, reservation.reservation_id(),
-                                           baton::v1::REGION_BLOCK_KV, source + p * page_bytes,
-                                           page_bytes, p * page_bytes);
+  // What one exposure costs the prefill node: registered for one request (allocate, register,
+  // pack the key, zero, free), and a staging buffer reused for the same reader (zero).
+  nlohmann::json out;
+  baton::transfer::StagingPool strict(worker->get(), 0);
+  baton::transfer::StagingPool pool(worker->get(), uint64_t{1} << 30);
+  for (int64_t mib : sizes) {
+    for (auto [name, staging] : {std::pair{"expose_ms", &strict}, {"expose_reused_ms", &pool}}) {
+      (void)baton::transfer::Exposure::Create(*staging, SizesOf(mib), "", "reader");
+      const auto start = Clock::now();
+      for (int i = 0; i < iterations; ++i) {
+        (void)baton::transfer::Exposure::Create(*staging, SizesOf(mib), "", "reader");
       }
-      writer->WritesDone();
-      (void)writer->Finish();
-    };
-    auto measure = [&](auto&& once) {
+      out[name][std::to_string(mib)] = Seconds(start) * 1000 / iterations;
+    }
+  }
+  baton::transfer::ExposureTable table;
+  std::vector<std::shared_ptr<baton::transfer::Exposure>> held;
+  for (int64_t mib : sizes) {
+    auto exposure = baton::transfer::Exposure::Create(pool, SizesOf(mib), "", "reader");
+    if (!exposure.ok()) {
+      std::cerr << exposure.status().message() << "\n";
+      return 1;
+    }
+    std::memset((*exposure)->block_kv(), 7, SizesOf(mib).block_kv);
+    table.Add(*exposure);
+    const auto source = (*exposure)->Source(baton::v1::TRANSPORT_UCX);
+    out["sources"][std::to_string(mib)] = absl::BytesToHexString(source.SerializeAsString());
+    held.push_back(*exposure);
+  }
+  ReadRegionsServer service(table);
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.SetMaxSendMessageSize(64 << 20);
+  builder.RegisterService(&service);
+  auto server = builder.BuildAndStart();
+  out["grpc_address"] = "127.0.0.1:" + std::to_string(port);
+  std::ofstream(file + ".tmp") << out.dump();
+  std::filesystem::rename(file + ".tmp", file);
+  // Progress for transports that emulate RMA (tcp); shared memory needs none.
+  while (true) {
+    if ((*worker)->Progress() == 0) std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+}
+
+int Read(const std::string& file, const std::vector<int64_t>& sizes, int iterations) {
+  nlohmann::json in;
+  for (int i = 0; i < 600 && in.is_null(); ++i) {
+    std::ifstream f(file);
+    if (f) {
+      in = nlohmann::json::parse(f);
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  }
+  if (in.is_null()) {
+    std::cerr << "no exposures in " << file << "\n";
+    return 1;
+  }
+  auto worker = baton::transfer::UcxWorker::Create();
+  if (!worker.ok()) {
+    std::cerr << worker.status().message() << "\n";
+    return 1;
+  }
+  auto ucx = baton::transfer::MakeUcxTransport(**worker);
+  auto grpc = baton::transfer::MakeGrpcTransport();
+  nlohmann::json out = nlohmann::json::array();
+  for (int64_t mib : sizes) {
+    const baton::transfer::RegionSizes region_sizes = SizesOf(mib);
+    // Destination like the decode node's pool: UCX-allocated, the request's pages in a row.
+    auto memory = (*worker)->Allocate(region_sizes.block_kv);
+    if (!memory.ok()) return 1;
+    baton::transfer::RegionSpans into;
+    into.sizes = region_sizes;
+    for (uint64_t p = 0; p < region_sizes.pages; ++p) {
+      into.pages.push_back(static_cast<char*>((*memory)->data()) + p * kPageBytes);
+    }
+    baton::v1::RegionSource source;
+    if (!source.ParseFromString(
+            absl::HexStringToBytes(in["sources"][std::to_string(mib)].get<std::string>()))) {
+      return 1;
+    }
+    const std::string address = in["grpc_address"];
+    bool ok = true;
+    auto measure = [&](baton::transfer::Transport& transport, baton::v1::Transport kind) {
+      source.set_transport(kind);
+      auto once = [&] {
+        const absl::Status s =
+            transport.Read(source, address, into, Clock::now() + std::chrono::seconds(60));
+        if (!s.ok()) {
+          std::cerr << s.message() << "\n";
+          ok = false;
+        }
+      };
       once();
       once();
       const auto start = Clock::now();
       for (int i = 0; i < iterations; ++i) once();
-      return static_cast<double>(pages * page_bytes) * iterations / Seconds(start) / (1 << 20);
+      return static_cast<double>(region_sizes.block_kv) * iterations / Seconds(start) / (1 << 20);
     };
-    const double ucx = measure(ucx_once);
-    const double grpc_rate = measure(grpc_once);
+    const double ucx_rate = measure(*ucx, baton::v1::TRANSPORT_UCX);
+    const double grpc_rate = measure(*grpc, baton::v1::TRANSPORT_GRPC);
+    if (!ok || static_cast<unsigned char>(into.pages[0][0]) != 7) return 1;
     out.push_back({{"size_mib", mib},
-                   {"pages", pages},
-                   {"page_bytes", page_bytes},
-                   {"ucx_mib_per_s", ucx},
-                   {"grpc_mib_per_s", grpc_rate}});
-    endpoint->reset();
-    grpc::ClientContext release_context;
-    baton::v1::ReleaseRequest release;
-    release.set_reservation_id(reservation.reservation_id());
-    baton::v1::ReleaseResponse ignored;
-    decode->Release(&release_context, release, &ignored);
+                   {"ucx_mib_per_s", ucx_rate},
+                   {"grpc_mib_per_s", grpc_rate},
+                   {"expose_ms", in["expose_ms"][std::to_string(mib)]},
+                   {"expose_reused_ms", in["expose_reused_ms"][std::to_string(mib)]}});
   }
   std::cout << out.dump(2) << "\n";
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"baton StateBlock transfer benchmark (pull)"};
+  std::string expose_file, read_file, sizes_text = "1,16,256";
+  int iterations = 10;
+  auto* expose = app.add_option("--expose", expose_file,
+                                "Expose one StateBlock per size and describe them in this file");
+  app.add_option("--read", read_file, "Read the StateBlocks that file describes")
+      ->excludes(expose);
+  app.add_option("--sizes", sizes_text, "StateBlock sizes in MiB");
+  app.add_option("--iterations", iterations, "Timed transfers per size")->check(CLI::Range(1, 1000));
+  CLI11_PARSE(app, argc, argv);
+  auto sizes = baton::ParseIntList(sizes_text, "--sizes");
+  if (!sizes.ok()) {
+    std::cerr << sizes.status().message() << "\n";
+    return 2;
+  }
+  if (!expose_file.empty()) return Expose(expose_file, *sizes, iterations);
+  if (!read_file.empty()) return Read(read_file, *sizes, iterations);
+  std::cerr << "one of --expose FILE or --read FILE is required\n";
+  return 2;
 }

@@ -26,10 +26,10 @@ absl::Status ValidateReserve(const v1::ReserveRequest& request, const std::strin
     return absl::InvalidArgumentError("request_id: must not be empty");
   }
   if (absl::Status s = CheckRequestId("request_id", request.request_id()); !s.ok()) return s;
-  if (absl::Status s =
-          CheckBytes("prefill_identity", request.prefill_identity(), kMaxIdentityBytes);
-      !s.ok()) {
-    return s;
+  for (absl::Status s :
+       {CheckBytes("prefill_identity", request.prefill_identity(), kMaxIdentityBytes),
+        CheckBytes("prefill_address", request.prefill_address(), kMaxAddressBytes)}) {
+    if (!s.ok()) return s;
   }
   // Only "does not match": the node's own fingerprint is not the caller's to learn.
   if (request.model_fingerprint() != fingerprint) {
@@ -64,6 +64,11 @@ struct DecodeService::Metrics {
   prometheus::Histogram& batch_size =
       metrics::Histogram("baton_decode_batch_size", "Requests in one decode step")
           .Add({}, prometheus::Histogram::BucketBoundaries{1, 2, 4, 8, 16, 32, 64, 128, 256});
+  prometheus::Family<prometheus::Counter>& pulled_bytes = metrics::Counter(
+      "baton_transfer_pulled_bytes_total",
+      "StateBlock bytes read from prefill nodes into reservations, by transport");
+  prometheus::Family<prometheus::Histogram>& pull_seconds = metrics::Histogram(
+      "baton_transfer_pull_seconds", "Time to read one StateBlock's regions, by transport");
 };
 
 struct DecodeService::Request {
@@ -82,6 +87,7 @@ struct DecodeService::Request {
   // router that reserved it streams and releases, the prefill node it named pushes and commits.
   std::string router_identity;
   std::string prefill_identity;
+  std::string prefill_address;  // where the gRPC transport reads from
   Phase phase = Phase::kReserved;
   int64_t slot = -1;
   int64_t reserved_pages = 0;
@@ -122,6 +128,13 @@ DecodeService::DecodeService(const model::CedModel& model, const DecodeOptions& 
   pool_ = std::make_unique<StatePool>(
       layout, options.slots, options.pages,
       ucx_memory_ != nullptr ? reinterpret_cast<void*>(ucx_memory_->address()) : nullptr);
+  if (options.poison_freed_memory) pool_->EnablePoison();
+  auto with_faults = [&](std::unique_ptr<transfer::Transport> transport) {
+    if (!options.transfer_faults.has_value()) return transport;
+    return transfer::MakeFaultInjectingTransport(std::move(transport), *options.transfer_faults);
+  };
+  if (ucx_ != nullptr) ucx_transport_ = with_faults(transfer::MakeUcxTransport(*ucx_));
+  grpc_transport_ = with_faults(transfer::MakeGrpcTransport());
   metrics_ = std::make_unique<Metrics>();
   pool_collector_ = metrics::AddCollector([this] {
     const v1::LoadReport load = Load();
@@ -141,11 +154,13 @@ DecodeService::DecodeService(const model::CedModel& model, const DecodeOptions& 
         gauge("baton_pool_slots_used", "State slots (rings) in use", slots - load.free_slots()),
         gauge("baton_pool_slots_capacity", "State slots in the pool", slots),
         gauge("baton_pool_usage_ratio", "Share of block-KV pages in use (0 to 1)",
-              pages > 0 ? used / pages : 0)};
+              pages > 0 ? used / pages : 0),
+        gauge("baton_pool_poison_violations",
+              "Writes found in freed pool memory (counted with --poison-freed-memory only)",
+              static_cast<double>(pool_->poison_violations()))};
   });
   decode_thread_ = std::thread([this] { DecodeLoop(); });
   reap_thread_ = std::thread([this] { ReapLoop(); });
-  if (ucx_ != nullptr) ucx_thread_ = std::thread([this] { UcxProgressLoop(); });
 }
 
 DecodeService::~DecodeService() {
@@ -157,7 +172,6 @@ DecodeService::~DecodeService() {
   changed_.notify_all();
   decode_thread_.join();
   reap_thread_.join();
-  if (ucx_thread_.joinable()) ucx_thread_.join();
   pool_.reset();
   ucx_memory_.reset();
 }
@@ -225,6 +239,7 @@ grpc::Status DecodeService::Reserve(grpc::ServerContext* context, const v1::Rese
   r->request_id = request->request_id();
   r->router_identity = security::PeerIdentity(*context);
   r->prefill_identity = request->prefill_identity();
+  r->prefill_address = request->prefill_address();
   r->slot = *slot;
   r->reserved_pages = pages;
   r->state = std::make_unique<model::SequenceState>(
@@ -245,78 +260,13 @@ grpc::Status DecodeService::Reserve(grpc::ServerContext* context, const v1::Rese
   const uint32_t timeout_ms = std::min<uint32_t>(
       request->timeout_ms() > 0 ? request->timeout_ms() : 10000, kMaxReservationTimeoutMs);
   r->deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
-  const model::StateLayout& layout = model_.state_layout();
   reply->set_reservation_id(r->id);
-  if (ucx_ != nullptr) {
-    reply->set_ucx_worker_address(ucx_->address());
-    reply->set_rkey(ucx_memory_->packed_rkey());
-  }
-  reply->set_producer_swa_addr(reinterpret_cast<uint64_t>(r->state->producer_swa()));
-  reply->set_consumer_swa_addr(reinterpret_cast<uint64_t>(r->state->consumer_swa()));
-  const transfer::RegionSizes sizes = transfer::RegionSizesFor(layout, r->prompt_len);
+  const transfer::RegionSizes sizes = transfer::RegionSizesFor(model_.state_layout(), r->prompt_len);
   reply->set_producer_swa_bytes(sizes.producer_swa);
   reply->set_consumer_swa_bytes(sizes.consumer_swa);
   reply->set_page_bytes(sizes.page);
-  for (uint64_t p = 0; p < sizes.pages; ++p) {
-    reply->add_page_addrs(reinterpret_cast<uint64_t>(r->state->pages()[p]));
-  }
+  reply->set_pages(static_cast<uint32_t>(sizes.pages));
   requests_[r->id] = std::move(r);
-  return grpc::Status::OK;
-}
-
-grpc::Status DecodeService::PushRegions(grpc::ServerContext* context,
-                                        grpc::ServerReader<v1::RegionChunk>* reader,
-                                        v1::PushRegionsResponse* reply) {
-  if (absl::Status s = security::Authorize(*context, {Role::kPrefill}, "DecodeNode/PushRegions");
-      !s.ok()) {
-    return ToGrpcStatus(s);
-  }
-  const std::string caller = security::PeerIdentity(*context);
-  v1::RegionChunk chunk;
-  uint64_t total = 0;
-  const uint64_t page_bytes = sizeof(float) * model_.state_layout().page_floats();
-  while (reader->Read(&chunk)) {
-    std::shared_ptr<Request> r;
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      r = Owned(caller, chunk.reservation_id(), Role::kPrefill);
-      if (r == nullptr || r->phase != Phase::kReserved) {
-        return NoReservation(chunk.reservation_id());
-      }
-    }
-    const uint64_t limit =
-        transfer::RegionSizesFor(model_.state_layout(), r->prompt_len).bytes(chunk.region());
-    uint64_t offset = chunk.offset(), left = chunk.data().size();
-    // offset + size may wrap 64 bits (offset 2^64 - 8192 and 8208 bytes "end" at 16), so the
-    // check never forms that sum.
-    if (limit == 0 || offset > limit || left > limit - offset) {
-      return ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat(
-          "region chunk of ", left, " bytes at offset ", offset, " lies outside region ",
-          v1::Region_Name(chunk.region()), " of ", limit, " bytes")));
-    }
-    const char* data = chunk.data().data();
-    while (left > 0) {
-      char* target;
-      uint64_t room;
-      if (chunk.region() == v1::REGION_BLOCK_KV) {
-        target =
-            reinterpret_cast<char*>(r->state->pages()[offset / page_bytes]) + offset % page_bytes;
-        room = page_bytes - offset % page_bytes;
-      } else {
-        float* base = chunk.region() == v1::REGION_PRODUCER_SWA ? r->state->producer_swa()
-                                                                : r->state->consumer_swa();
-        target = reinterpret_cast<char*>(base) + offset;
-        room = left;
-      }
-      const uint64_t n = std::min(left, room);
-      std::memcpy(target, data, n);
-      data += n;
-      offset += n;
-      left -= n;
-    }
-    total += chunk.data().size();
-  }
-  reply->set_bytes(total);
   return grpc::Status::OK;
 }
 
@@ -327,21 +277,58 @@ grpc::Status DecodeService::Commit(grpc::ServerContext* context, const v1::Commi
     return ToGrpcStatus(s);
   }
   const v1::StateHeader& h = request->header();
+  const v1::RegionSource& source = request->source();
   std::unique_lock<std::mutex> lock(mutex_);
   std::shared_ptr<Request> r =
       Owned(security::PeerIdentity(*context), h.reservation_id(), Role::kPrefill);
   if (r == nullptr || r->phase != Phase::kReserved) return NoReservation(h.reservation_id());
-  auto fail = [&](grpc::StatusCode code, const std::string& message) {
-    Erase(r->id);
-    return grpc::Status(code, message);
-  };
   absl::Status verified =
       transfer::VerifyHeader(h, model_.fingerprint(), r->prompt_len, model_.config().vocab_size);
-  if (verified.ok()) verified = transfer::VerifyRegions(h, *r->state);
+  if (verified.ok()) verified = CheckRequestId("source.exposure_id", source.exposure_id());
+  transfer::Transport* transport = source.transport() == v1::TRANSPORT_GRPC  ? grpc_transport_.get()
+                                   : source.transport() == v1::TRANSPORT_UCX ? ucx_transport_.get()
+                                                                             : nullptr;
+  if (verified.ok() && transport == nullptr) {
+    verified = source.transport() == v1::TRANSPORT_UCX
+                   ? absl::FailedPreconditionError("source.transport: this decode node has no UCX")
+                   : absl::InvalidArgumentError("source.transport: must be UCX or GRPC");
+  }
   if (!verified.ok()) {
     Erase(r->id);
     return ToGrpcStatus(verified);
   }
+  // Read the regions into the reservation while it is live: by its deadline (and the
+  // caller's). `r` keeps the memory until the transport has stopped writing, even when the
+  // reservation expires or is released meanwhile; only then may it return to the pool.
+  r->phase = Phase::kTransferring;
+  const auto caller_deadline =
+      Clock::now() + std::min<std::chrono::system_clock::duration>(
+                         context->deadline() - std::chrono::system_clock::now(),
+                         std::chrono::hours(1));
+  const Clock::time_point deadline = std::min(r->deadline, caller_deadline);
+  const transfer::RegionSpans into = transfer::SpansOf(*r->state, r->prompt_len);
+  lock.unlock();
+  const auto transfer_start = Clock::now();
+  absl::Status read = transport->Read(source, r->prefill_address, into, deadline);
+  const double transfer_seconds =
+      std::chrono::duration<double>(Clock::now() - transfer_start).count();
+  lock.lock();
+  auto live = requests_.find(r->id);
+  if (live == requests_.end() || live->second != r) {
+    return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
+                        "reservation_id: the reservation expired or was released during the "
+                        "transfer; its memory was freed after the read stopped");
+  }
+  if (read.ok()) read = transfer::VerifyRegions(h, *r->state);
+  if (!read.ok()) {
+    Erase(r->id);
+    return ToGrpcStatus(read);
+  }
+  const char* transport_name = source.transport() == v1::TRANSPORT_GRPC ? "grpc" : "ucx";
+  metrics_->pulled_bytes.Add({{"transport", transport_name}})
+      .Increment(static_cast<double>(transfer::StagingBytes(into.sizes)));
+  metrics_->pull_seconds.Add({{"transport", transport_name}}, metrics::TokenLatencyBuckets())
+      .Observe(transfer_seconds);
   r->state->length = h.prompt_len();
   r->state->s_valid = h.s_valid();
   r->phase = Phase::kCommitted;
@@ -446,7 +433,7 @@ grpc::Status DecodeService::RunStream(grpc::ServerContext* context,
   std::unique_lock<std::mutex> lock(mutex_);
   std::shared_ptr<Request> r =
       Owned(security::PeerIdentity(*context), request->reservation_id(), Role::kRouter);
-  if (r == nullptr || r->phase == Phase::kReserved) {
+  if (r == nullptr || r->phase == Phase::kReserved || r->phase == Phase::kTransferring) {
     return grpc::Status(
         grpc::StatusCode::NOT_FOUND,
         absl::StrCat("reservation_id: no committed request '", request->reservation_id(), "'"));
@@ -539,16 +526,6 @@ void DecodeService::ReapLoop() {
       metrics_->requests.Add({{"outcome", "expired"}}).Increment();
       Erase(id);
     }
-  }
-}
-
-void DecodeService::UcxProgressLoop() {
-  while (true) {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      if (stop_) return;
-    }
-    if (ucx_->Progress() == 0) std::this_thread::sleep_for(std::chrono::microseconds(200));
   }
 }
 

@@ -1,5 +1,7 @@
-// baton-decode: a decode node. Loads the model, maps its state pools (registered with UCX),
+// baton-decode: a decode node. Loads the model, maps its state pools (allocated through UCX),
 // serves DecodeNode plus grpc.health.v1, and registers with the router.
+#include <iostream>
+
 #include "CLI/CLI.hpp"
 #include "baton/common/rpc.h"
 #include "baton/common/server_flags.h"
@@ -12,6 +14,7 @@ int main(int argc, char** argv) {
   baton::ServerFlags flags;
   baton::decode_node::DecodeOptions options;
   bool no_ucx = false;
+  std::string transfer_faults;
   app.add_option("--model", model_dir, "Model directory")->required();
   baton::AddServerFlags(app, flags);
   app.add_option("--router", router, "Router address to register with");
@@ -26,10 +29,24 @@ int main(int argc, char** argv) {
                  "Reservations that may wait for memory before RESOURCE_EXHAUSTED")
       ->check(CLI::Range(0, 1 << 20));
   app.add_flag("--no-ucx", no_ucx, "Serve only the gRPC transport");
+  app.add_flag("--poison-freed-memory", options.poison_freed_memory,
+               "Fill freed pool memory with a poison pattern and count writes into it "
+               "(baton_pool_poison_violations; for tests and debugging)");
+  app.add_option("--inject-transfer-faults", transfer_faults,
+                 "Faults in every StateBlock read, for tests: drop=P,corrupt=P,truncate=P,"
+                 "delay_ms=N,seed=N");
   if (auto exit = baton::ParseServerFlags(app, argc, argv, "baton-decode", "decode", flags)) {
     return *exit;
   }
   options.use_ucx = !no_ucx;
+  if (!transfer_faults.empty()) {
+    auto spec = baton::transfer::ParseFaultSpec(transfer_faults);
+    if (!spec.ok()) {
+      std::cerr << "--inject-transfer-faults: " << spec.status().message() << "\n";
+      return 2;
+    }
+    options.transfer_faults = *spec;
+  }
   auto model = baton::model::CedModel::Load(model_dir);
   if (!model.ok()) {
     baton::log::Error("cannot start", {{"error", std::string(model.status().message())}});

@@ -13,11 +13,18 @@ StateLayout StateLayout::For(const ModelConfig& c) {
 }
 
 ContiguousPageAllocator::ContiguousPageAllocator(const StateLayout& layout, int64_t pages)
-    : buffer_(layout.page_floats() * pages, 0.0f), page_floats_(layout.page_floats()) {}
+    : buffer_(layout.page_floats() * pages, 0.0f),
+      base_(buffer_.data()),
+      pages_(pages),
+      page_floats_(layout.page_floats()) {}
+
+ContiguousPageAllocator::ContiguousPageAllocator(const StateLayout& layout, int64_t pages,
+                                                 float* memory)
+    : base_(memory), pages_(pages), page_floats_(layout.page_floats()) {}
 
 float* ContiguousPageAllocator::Allocate() {
-  if ((next_ + 1) * page_floats_ > static_cast<int64_t>(buffer_.size())) return nullptr;
-  return buffer_.data() + page_floats_ * next_++;
+  if (next_ >= pages_) return nullptr;
+  return base_ + page_floats_ * next_++;
 }
 
 SequenceState::SequenceState(const StateLayout& layout, PageAllocator* allocator,

@@ -23,6 +23,14 @@ int main(int argc, char** argv) {
   app.add_option("--write-back-bytes", options.write_back_bytes,
                  "Block payload bytes waiting for the prefix store at most (default 256 MiB)")
       ->check(CLI::Range(uint64_t{1} << 20, uint64_t{1} << 40));
+  app.add_option("--commit-timeout-ms", options.commit_timeout_ms,
+                 "How long a commit, and so the decode node's read of the exposed regions, may "
+                 "take (default 30000)")
+      ->check(CLI::Range(1, 600000));
+  app.add_option("--staging-cache-bytes", options.staging_cache_bytes,
+                 "Idle staging memory kept for reuse, each buffer only for requests to the same "
+                 "decode node (default 1 GiB; 0: register staging memory per request)")
+      ->check(CLI::Range(uint64_t{0}, uint64_t{1} << 40));
   if (auto exit = baton::ParseServerFlags(app, argc, argv, "baton-prefill", "prefill", flags)) {
     return *exit;
   }

@@ -11,7 +11,6 @@
 #include "baton/common/wire_bounds.h"
 #include "baton/kvstore/chain.h"
 #include "baton/model/sampling.h"
-#include "baton/transfer/grpc_regions.h"
 #include "baton/transfer/state_block.h"
 
 namespace baton::prefill_node {
@@ -52,6 +51,8 @@ absl::Status ValidatePrefill(const v1::PrefillRequest& request, const ModelConfi
         CheckRequestId("reservation.reservation_id", request.reservation().reservation_id()),
         CheckBytes("request.cache_salt", generate.cache_salt(), kMaxCacheSaltBytes),
         CheckBytes("tenant", request.tenant(), kMaxTenantBytes),
+        CheckBytes("decode_identity", request.decode_identity(), kMaxIdentityBytes),
+        CheckBytes("decode_address", request.decode_address(), kMaxAddressBytes),
         CheckSequenceLength("request.prompt_token_ids", generate.prompt_token_ids_size(), 0,
                             config),
         CheckSampling("request.sampling", generate.sampling(), config)}) {
@@ -104,14 +105,18 @@ PrefillService::PrefillService(const model::CedModel& model, const PrefillOption
     auto worker = transfer::UcxWorker::Create();
     if (worker.ok()) {
       ucx_ = *std::move(worker);
+      ucx_thread_ = std::thread([this] { UcxProgressLoop(); });
     } else {
       log::Warn("UCX unavailable; only the gRPC transport will work",
                 {{"error", std::string(worker.status().message())}});
     }
   }
+  staging_ = std::make_unique<transfer::StagingPool>(ucx_.get(), options.staging_cache_bytes);
 }
 
 PrefillService::~PrefillService() {
+  stop_progress_ = true;
+  if (ucx_thread_.joinable()) ucx_thread_.join();
   {
     std::lock_guard<std::mutex> lock(write_mutex_);
     stop_writer_ = true;
@@ -199,6 +204,12 @@ void PrefillService::WriteBackLoop() {
   }
 }
 
+void PrefillService::UcxProgressLoop() {
+  while (!stop_progress_) {
+    if (ucx_->Progress() == 0) std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+}
+
 v1::LoadReport PrefillService::Load() const {
   std::lock_guard<std::mutex> lock(mutex_);
   v1::LoadReport load;
@@ -215,57 +226,15 @@ v1::DecodeNode::Stub& PrefillService::DecodeStub(const std::string& address) {
   return *stub;
 }
 
-absl::Status PrefillService::SendUcx(const v1::Reservation& reservation,
-                                     const model::SequenceState& state, uint64_t block_kv_bytes) {
-  if (ucx_ == nullptr) return absl::FailedPreconditionError("this prefill node has no UCX");
-  if (reservation.ucx_worker_address().empty()) {
-    return absl::FailedPreconditionError("the decode node offers no UCX worker address");
+grpc::Status PrefillService::ReadRegions(grpc::ServerContext* context,
+                                         const v1::ReadRegionsRequest* request,
+                                         grpc::ServerWriter<v1::RegionChunk>* writer) {
+  if (absl::Status s =
+          security::Authorize(*context, {security::Role::kDecode}, "PrefillNode/ReadRegions");
+      !s.ok()) {
+    return ToGrpcStatus(s);
   }
-  const std::string key = reservation.ucx_worker_address() + reservation.rkey();
-  auto& endpoint = endpoints_[key];
-  if (endpoint == nullptr) {
-    auto connected = ucx_->Connect(reservation.ucx_worker_address(), reservation.rkey());
-    if (!connected.ok()) return connected.status();
-    endpoint = *std::move(connected);
-  }
-  absl::Status status = endpoint->Put(state.producer_swa(), reservation.producer_swa_bytes(),
-                                      reservation.producer_swa_addr());
-  if (status.ok()) {
-    status = endpoint->Put(state.consumer_swa(), reservation.consumer_swa_bytes(),
-                           reservation.consumer_swa_addr());
-  }
-  if (status.ok()) {
-    const std::vector<const void*> local(state.pages().begin(), state.pages().end());
-    const std::vector<uint64_t> remote(reservation.page_addrs().begin(),
-                                       reservation.page_addrs().end());
-    status = endpoint->PutPages(local, remote, reservation.page_bytes(), block_kv_bytes);
-  }
-  if (absl::Status flushed = endpoint->Flush(); status.ok()) status = flushed;
-  if (!status.ok()) endpoints_.erase(key);  // the peer may be gone; reconnect next time
-  return status;
-}
-
-absl::Status PrefillService::SendGrpc(grpc::ServerContext* context, v1::DecodeNode::Stub& decode,
-                                      const std::string& reservation_id,
-                                      const model::SequenceState& state, uint64_t block_kv_bytes) {
-  auto client = grpc::ClientContext::FromServerContext(*context);
-  v1::PushRegionsResponse response;
-  auto writer = decode.PushRegions(client.get(), &response);
-  const model::StateLayout& layout = state.layout();
-  const uint64_t page_bytes = sizeof(float) * layout.page_floats();
-  auto send = [&](v1::Region region, const void* data, uint64_t bytes, uint64_t offset) {
-    return transfer::WriteRegionChunks(*writer, reservation_id, region, data, bytes, offset);
-  };
-  bool ok = send(v1::REGION_PRODUCER_SWA, state.producer_swa(),
-                 sizeof(float) * layout.producer_swa_floats(), 0) &&
-            send(v1::REGION_CONSUMER_SWA, state.consumer_swa(),
-                 sizeof(float) * layout.consumer_swa_floats(), 0);
-  for (uint64_t p = 0; ok && p * page_bytes < block_kv_bytes; ++p) {
-    ok = send(v1::REGION_BLOCK_KV, state.pages()[p],
-              std::min(page_bytes, block_kv_bytes - p * page_bytes), p * page_bytes);
-  }
-  writer->WritesDone();
-  return FromGrpcStatus(writer->Finish());
+  return exposures_.Serve(security::PeerIdentity(*context), *request, *writer);
 }
 
 grpc::Status PrefillService::Prefill(grpc::ServerContext* context,
@@ -322,11 +291,31 @@ grpc::Status PrefillService::Run(grpc::ServerContext* context, const v1::Prefill
   std::unique_lock<std::mutex> model_lock(model_mutex_);
   metrics_->queue_depth.Decrement();
   if (context->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled");
-  // Block KV in one contiguous buffer, so that UCX moves it in as few puts as possible.
+  const v1::Reservation& reservation = request->reservation();
+  if (request->transport() == v1::TRANSPORT_UCX && ucx_ == nullptr) {
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                        "transport: UCX was asked for and this prefill node has none");
+  }
+  if (request->transport() != v1::TRANSPORT_UCX && request->transport() != v1::TRANSPORT_GRPC) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "transport: must be UCX or GRPC");
+  }
+  // The state is computed straight into staging memory exposed for this request alone, with
+  // block KV contiguous, so that the decode node reads each region in one get.
   const model::StateLayout layout = model_.state_layout();
-  model::ContiguousPageAllocator page_buffer(
-      layout, (static_cast<int64_t>(tokens.size()) + layout.block_size - 1) / layout.block_size);
-  model::SequenceState state(layout, &page_buffer);
+  const transfer::RegionSizes sizes = transfer::RegionSizesFor(layout, tokens.size());
+  if (reservation.pages() != sizes.pages || reservation.producer_swa_bytes() != sizes.producer_swa ||
+      reservation.consumer_swa_bytes() != sizes.consumer_swa || reservation.page_bytes() != sizes.page) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        "reservation: its regions do not match this prompt and model");
+  }
+  absl::StatusOr<std::shared_ptr<transfer::Exposure>> exposure =
+      transfer::Exposure::Create(*staging_, sizes, request->decode_identity(),
+                                 request->decode_address());
+  if (!exposure.ok()) return ToGrpcStatus(exposure.status());
+  model::ContiguousPageAllocator page_buffer(layout, static_cast<int64_t>(sizes.pages),
+                                             (*exposure)->block_kv());
+  model::SequenceState state(layout, &page_buffer, (*exposure)->producer_swa(),
+                             (*exposure)->consumer_swa());
   const int64_t L = static_cast<int64_t>(tokens.size());
   if (absl::Status s = state.EnsurePages(L); !s.ok()) return ToGrpcStatus(s);
   model::PrefillOptions options{.mode = *mode,
@@ -391,25 +380,11 @@ grpc::Status PrefillService::Run(grpc::ServerContext* context, const v1::Prefill
   const double prefill_ms = MillisSince(start);
   if (context->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled");
 
-  // Move the regions, then commit them with their checksums.
+  // Commit the header with its checksums; the decode node reads the exposed regions meanwhile.
   const auto transfer_start = Clock::now();
-  const transfer::RegionSizes sizes = transfer::RegionSizesFor(layout, tokens.size());
-  const uint64_t block_kv_bytes = sizes.block_kv;
-  const v1::Reservation& reservation = request->reservation();
-  if (static_cast<uint64_t>(reservation.page_addrs_size()) != sizes.pages ||
-      reservation.producer_swa_bytes() != sizes.producer_swa ||
-      reservation.consumer_swa_bytes() != sizes.consumer_swa ||
-      reservation.page_bytes() != sizes.page) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                        "reservation: its regions do not match this prompt and model");
-  }
   v1::DecodeNode::Stub& decode = DecodeStub(request->decode_address());
-  absl::Status sent =
-      request->transport() == v1::TRANSPORT_GRPC
-          ? SendGrpc(context, decode, reservation.reservation_id(), state, block_kv_bytes)
-          : SendUcx(reservation, state, block_kv_bytes);
-  if (!sent.ok()) return ToGrpcStatus(sent);
   v1::CommitRequest commit;
+  *commit.mutable_source() = (*exposure)->Source(request->transport());
   v1::StateHeader& h = *commit.mutable_header();
   h.set_model_fingerprint(model_.fingerprint());
   h.set_request_id(generate.request_id());
@@ -424,12 +399,19 @@ grpc::Status PrefillService::Run(grpc::ServerContext* context, const v1::Prefill
   transfer::SealHeader(state, h);
   model_lock.unlock();
   auto client = grpc::ClientContext::FromServerContext(*context);
+  // The propagated deadline of the router's call still applies: the earlier of the two wins.
+  client->set_deadline(std::chrono::system_clock::now() +
+                       std::chrono::milliseconds(options_.commit_timeout_ms));
   v1::CommitResponse committed;
-  if (grpc::Status s = decode.Commit(client.get(), commit, &committed); !s.ok()) return s;
+  exposures_.Add(*exposure);
+  const grpc::Status commit_status = decode.Commit(client.get(), commit, &committed);
+  // The decode node has read the regions (or given up): stop exposing them. The UCX
+  // registration ends with the last reference, once the write-back payloads are copied.
+  exposures_.Remove((*exposure)->id());
+  if (!commit_status.ok()) return commit_status;
   const char* transport = request->transport() == v1::TRANSPORT_GRPC ? "grpc" : "ucx";
   metrics_->transfer_bytes.Add({{"transport", transport}})
-      .Increment(
-          static_cast<double>(block_kv_bytes + h.producer_swa_bytes() + h.consumer_swa_bytes()));
+      .Increment(static_cast<double>(transfer::StagingBytes(sizes)));
   metrics_->transfer_seconds.Add({{"transport", transport}}, metrics::TokenLatencyBuckets())
       .Observe(MillisSince(transfer_start) / 1000);
 

@@ -460,6 +460,7 @@ grpc::Status RouterService::Serve(grpc::ServerContext* context, const v1::Genera
     v1::ReserveRequest reserve;
     reserve.set_request_id(absl::StrCat(id, "#", attempt));  // the decode node logs under it
     reserve.set_prefill_identity(prefill_node->identity);
+    reserve.set_prefill_address(prefill_node->info.address());
     reserve.set_prompt_tokens(prompt_len);
     reserve.set_model_fingerprint(decode->info.model_fingerprint());
     *reserve.mutable_sampling() = request->sampling();
@@ -478,6 +479,7 @@ grpc::Status RouterService::Serve(grpc::ServerContext* context, const v1::Genera
       return status;
     }
     prefill.set_decode_address(decode->info.address());
+    prefill.set_decode_identity(decode->identity);
     if (!s_valid.has_value()) {
       s_valid = PrefixHit(*request, *effective, decode->info.model_fingerprint(), trace.tenant);
     }

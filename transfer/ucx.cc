@@ -52,21 +52,13 @@ UcxWorker::~UcxWorker() {
 }
 
 absl::StatusOr<std::unique_ptr<UcxMemory>> UcxWorker::Allocate(uint64_t length) {
-  return MapParams(nullptr, length);
-}
-
-absl::StatusOr<std::unique_ptr<UcxMemory>> UcxWorker::Map(void* address, uint64_t length) {
-  return MapParams(address, length);
-}
-
-absl::StatusOr<std::unique_ptr<UcxMemory>> UcxWorker::MapParams(void* address, uint64_t length) {
   std::unique_ptr<UcxMemory> memory(new UcxMemory());
   ucp_mem_map_params_t params{};
   params.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
                       UCP_MEM_MAP_PARAM_FIELD_FLAGS;
-  params.address = address;
+  params.address = nullptr;
   params.length = length;
-  params.flags = address == nullptr ? UCP_MEM_MAP_ALLOCATE : 0;
+  params.flags = UCP_MEM_MAP_ALLOCATE;
   ucp_mem_h memh = nullptr;
   if (ucs_status_t s = ucp_mem_map(static_cast<ucp_context_h>(context_), &params, &memh);
       s != UCS_OK) {
@@ -96,8 +88,8 @@ UcxMemory::~UcxMemory() {
   }
 }
 
-absl::StatusOr<std::unique_ptr<UcxEndpoint>> UcxWorker::Connect(const std::string& remote_address,
-                                                                const std::string& packed_rkey) {
+absl::StatusOr<std::unique_ptr<UcxEndpoint>> UcxWorker::Connect(
+    const std::string& remote_address) {
   std::unique_ptr<UcxEndpoint> endpoint(new UcxEndpoint());
   endpoint->worker_ = this;
   ucp_ep_params_t params{};
@@ -109,11 +101,6 @@ absl::StatusOr<std::unique_ptr<UcxEndpoint>> UcxWorker::Connect(const std::strin
     return UcxError("ep_create", s);
   }
   endpoint->ep_ = ep;
-  ucp_rkey_h rkey = nullptr;
-  if (ucs_status_t s = ucp_ep_rkey_unpack(ep, packed_rkey.data(), &rkey); s != UCS_OK) {
-    return UcxError("rkey_unpack", s);
-  }
-  endpoint->rkey_ = rkey;
   return endpoint;
 }
 
@@ -130,58 +117,67 @@ absl::Status UcxWorker::Wait(void* request) {
   return status == UCS_OK ? absl::OkStatus() : UcxError("request", status);
 }
 
-UcxEndpoint::~UcxEndpoint() {
-  for (void* request : pending_) (void)worker_->Wait(request);
-  if (rkey_ != nullptr) ucp_rkey_destroy(static_cast<ucp_rkey_h>(rkey_));
-  if (ep_ != nullptr) {
-    ucp_request_param_t param{};
-    param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-    param.flags = UCP_EP_CLOSE_FLAG_FORCE;
-    (void)worker_->Wait(ucp_ep_close_nbx(static_cast<ucp_ep_h>(ep_), &param));
-  }
-}
-
-absl::Status UcxEndpoint::Put(const void* local, uint64_t length, uint64_t remote_address) {
-  ucp_request_param_t param{};
-  void* request = ucp_put_nbx(static_cast<ucp_ep_h>(ep_), local, length, remote_address,
-                              static_cast<ucp_rkey_h>(rkey_), &param);
-  if (UCS_PTR_IS_ERR(request)) return UcxError("put", UCS_PTR_STATUS(request));
-  if (request != nullptr) pending_.push_back(request);
-  return absl::OkStatus();
-}
-
-absl::Status UcxEndpoint::PutPages(const std::vector<const void*>& local,
-                                   const std::vector<uint64_t>& remote, uint64_t page_bytes,
-                                   uint64_t total_bytes) {
-  const size_t n = std::min(local.size(), remote.size());
-  size_t p = 0;
-  while (p < n && p * page_bytes < total_bytes) {
-    size_t end = p + 1;
-    while (end < n && end * page_bytes < total_bytes &&
-           static_cast<const char*>(local[end]) ==
-               static_cast<const char*>(local[end - 1]) + page_bytes &&
-           remote[end] == remote[end - 1] + page_bytes) {
-      ++end;
+absl::Status UcxWorker::WaitAll(std::vector<void*>& pending, Clock::time_point deadline) {
+  absl::Status failed;
+  while (!pending.empty()) {
+    Progress();
+    for (size_t i = 0; i < pending.size();) {
+      const ucs_status_t status = ucp_request_check_status(pending[i]);
+      if (status == UCS_INPROGRESS) {
+        ++i;
+        continue;
+      }
+      ucp_request_free(pending[i]);
+      pending[i] = pending.back();
+      pending.pop_back();
+      if (status != UCS_OK && failed.ok()) failed = UcxError("get", status);
     }
-    const uint64_t length = std::min(end * page_bytes, total_bytes) - p * page_bytes;
-    if (absl::Status s = Put(local[p], length, remote[p]); !s.ok()) return s;
-    p = end;
+    if (!pending.empty() && Clock::now() >= deadline) {
+      return absl::DeadlineExceededError("UCX get: not complete by the transfer deadline");
+    }
   }
-  return absl::OkStatus();
+  return failed;
 }
 
-absl::Status UcxEndpoint::Flush() {
-  absl::Status status;
-  for (void* request : pending_) {
-    if (absl::Status s = worker_->Wait(request); !s.ok()) status = s;
-  }
-  pending_.clear();
+UcxRemoteKey::~UcxRemoteKey() {
+  if (rkey_ != nullptr) ucp_rkey_destroy(static_cast<ucp_rkey_h>(rkey_));
+}
+
+UcxEndpoint::~UcxEndpoint() { Close(); }
+
+void UcxEndpoint::Close() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (ep_ == nullptr) return;
   ucp_request_param_t param{};
-  if (absl::Status s = worker_->Wait(ucp_ep_flush_nbx(static_cast<ucp_ep_h>(ep_), &param));
-      !s.ok()) {
-    status = s;
+  param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+  param.flags = UCP_EP_CLOSE_FLAG_FORCE;
+  (void)worker_->Wait(ucp_ep_close_nbx(static_cast<ucp_ep_h>(ep_), &param));
+  ep_ = nullptr;
+}
+
+absl::StatusOr<std::unique_ptr<UcxRemoteKey>> UcxEndpoint::Unpack(const std::string& packed_rkey) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (ep_ == nullptr) return absl::UnavailableError("UCX endpoint: closed");
+  std::unique_ptr<UcxRemoteKey> key(new UcxRemoteKey());
+  ucp_rkey_h rkey = nullptr;
+  if (ucs_status_t s = ucp_ep_rkey_unpack(static_cast<ucp_ep_h>(ep_), packed_rkey.data(), &rkey);
+      s != UCS_OK) {
+    return UcxError("rkey_unpack", s);
   }
-  return status;
+  key->rkey_ = rkey;
+  return key;
+}
+
+absl::Status UcxEndpoint::Get(void* local, uint64_t length, uint64_t remote_address,
+                              const UcxRemoteKey& rkey, std::vector<void*>& pending) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (ep_ == nullptr) return absl::UnavailableError("UCX endpoint: closed");
+  ucp_request_param_t param{};
+  void* request = ucp_get_nbx(static_cast<ucp_ep_h>(ep_), local, length, remote_address,
+                              static_cast<ucp_rkey_h>(rkey.rkey_), &param);
+  if (UCS_PTR_IS_ERR(request)) return UcxError("get", UCS_PTR_STATUS(request));
+  if (request != nullptr) pending.push_back(request);
+  return absl::OkStatus();
 }
 
 }  // namespace baton::transfer

@@ -1,7 +1,10 @@
-// The decode node's service in process, over a real in-process gRPC channel: checksum
-// mismatches fail the request and free it, uncommitted reservations expire, full pools queue
-// up to a bound and then refuse with RESOURCE_EXHAUSTED, and wire values past their bounds
-// (region chunks outside their region, lengths that wrap, oversized ids) are refused.
+// The decode node's service in process, over a real in-process gRPC channel, pulling
+// StateBlocks from a loopback PrefillNode that serves exposures (the gRPC transport): a good
+// pull commits, checksum mismatches and injected faults fail the request and free it, a
+// reservation that expires during its transfer never receives a byte (poisoned pool memory
+// stays intact), full pools queue up to a bound and then refuse with RESOURCE_EXHAUSTED, and
+// wire values past their bounds (chunks outside their region, lengths that wrap, oversized
+// ids) are refused.
 #include "baton/decode_node/decode_service.h"
 
 #include <thread>
@@ -9,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "baton/common/checksum.h"
 #include "baton/model/model_factory.h"
+#include "baton/transfer/exposure.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
@@ -18,6 +22,27 @@ namespace baton::decode_node {
 namespace {
 
 using ::testing::HasSubstr;
+
+// A PrefillNode that serves reads of its exposures as baton-prefill does, or, when told to,
+// holds each read back first or answers with one chunk of its own (a misbehaving peer).
+class FakePrefill final : public v1::PrefillNode::Service {
+ public:
+  grpc::Status ReadRegions(grpc::ServerContext* context, const v1::ReadRegionsRequest* request,
+                           grpc::ServerWriter<v1::RegionChunk>* writer) override {
+    if (hold_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(hold_ms.load()));
+    if (forged.has_value()) {
+      writer->Write(*forged);
+      return grpc::Status::OK;
+    }
+    grpc::Status status = table.Serve("", *request, *writer);
+    ++served;
+    return status;
+  }
+  transfer::ExposureTable table;
+  std::atomic<int> hold_ms{0};
+  std::atomic<int> served{0};
+  std::optional<v1::RegionChunk> forged;
+};
 
 class DecodeServiceTest : public ::testing::Test {
  protected:
@@ -30,23 +55,32 @@ class DecodeServiceTest : public ::testing::Test {
 
   void Start(DecodeOptions options) {
     options.use_ucx = false;
+    options.poison_freed_memory = true;
     service_ = std::make_unique<DecodeService>(*model_, options);
     grpc::ServerBuilder builder;
     builder.RegisterService(service_.get());
     server_ = builder.BuildAndStart();
     stub_ = v1::DecodeNode::NewStub(server_->InProcessChannel(grpc::ChannelArguments()));
+    grpc::ServerBuilder prefill_builder;
+    int port = 0;
+    prefill_builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    prefill_builder.RegisterService(&prefill_);
+    prefill_server_ = prefill_builder.BuildAndStart();
+    prefill_address_ = "127.0.0.1:" + std::to_string(port);
   }
   void TearDown() override {
     if (server_) server_->Shutdown(std::chrono::system_clock::now());
+    if (prefill_server_) prefill_server_->Shutdown(std::chrono::system_clock::now());
   }
 
-  static v1::ReserveRequest ReserveRequest(const std::string& id, uint32_t prompt,
-                                           uint32_t max_tokens) {
+  v1::ReserveRequest ReserveRequest(const std::string& id, uint32_t prompt,
+                                    uint32_t max_tokens) const {
     v1::ReserveRequest request;
     request.set_request_id(id);
     request.set_prompt_tokens(prompt);
     request.set_model_fingerprint(model_->fingerprint());
     request.mutable_sampling()->set_max_tokens(max_tokens);
+    request.set_prefill_address(prefill_address_);
     return request;
   }
   grpc::Status Send(const v1::ReserveRequest& request, v1::Reservation* out) {
@@ -60,20 +94,39 @@ class DecodeServiceTest : public ::testing::Test {
     request.set_timeout_ms(timeout_ms);
     return Send(request, out);
   }
-  // Pushes one chunk of `bytes` at `offset` into `region` of `reservation`; the status.
-  grpc::Status Push(const v1::Reservation& reservation, v1::Region region, uint64_t offset,
-                    const std::string& bytes) {
+  // An exposure of `prompt_len` positions on the fake prefill node, each region filled with
+  // its own byte, and the commit that names it with matching checksums.
+  v1::CommitRequest Expose(const v1::Reservation& reservation, uint32_t prompt_len) {
+    const transfer::RegionSizes sizes =
+        transfer::RegionSizesFor(model_->state_layout(), prompt_len);
+    auto exposure = transfer::Exposure::Create(staging_, sizes, "", "decode");
+    EXPECT_TRUE(exposure.ok());
+    std::memset((*exposure)->producer_swa(), 1, sizes.producer_swa);
+    std::memset((*exposure)->consumer_swa(), 2, sizes.consumer_swa);
+    std::memset((*exposure)->block_kv(), 3, sizes.block_kv);
+    prefill_.table.Add(*exposure);
+    v1::CommitRequest commit;
+    *commit.mutable_source() = (*exposure)->Source(v1::TRANSPORT_GRPC);
+    v1::StateHeader& h = *commit.mutable_header();
+    h.set_format_version(1);
+    h.set_model_fingerprint(model_->fingerprint());
+    h.set_request_id("r");
+    h.set_reservation_id(reservation.reservation_id());
+    h.set_prompt_len(prompt_len);
+    h.set_first_token(3);
+    h.set_producer_swa_bytes(sizes.producer_swa);
+    h.set_consumer_swa_bytes(sizes.consumer_swa);
+    h.set_block_kv_bytes(sizes.block_kv);
+    h.set_producer_swa_checksum(Checksum((*exposure)->producer_swa(), sizes.producer_swa));
+    h.set_consumer_swa_checksum(Checksum((*exposure)->consumer_swa(), sizes.consumer_swa));
+    h.set_block_kv_checksum(Checksum((*exposure)->block_kv(), sizes.block_kv));
+    return commit;
+  }
+  grpc::Status Commit(const v1::CommitRequest& commit) {
     grpc::ClientContext context;
-    v1::PushRegionsResponse pushed;
-    auto writer = stub_->PushRegions(&context, &pushed);
-    v1::RegionChunk chunk;
-    chunk.set_reservation_id(reservation.reservation_id());
-    chunk.set_region(region);
-    chunk.set_offset(offset);
-    chunk.set_data(bytes);
-    writer->Write(chunk);
-    writer->WritesDone();
-    return writer->Finish();
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    v1::CommitResponse committed;
+    return stub_->Commit(&context, commit, &committed);
   }
   v1::StatsResponse Stats() {
     grpc::ClientContext context;
@@ -82,7 +135,8 @@ class DecodeServiceTest : public ::testing::Test {
     return stats;
   }
   bool Drained() {
-    for (int i = 0; i < 100; ++i) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    while (std::chrono::steady_clock::now() < deadline) {
       const v1::StatsResponse s = Stats();
       if (s.reservations() == 0 && s.load().free_pages() == s.load().total_pages() &&
           s.load().free_slots() == s.load().total_slots()) {
@@ -92,58 +146,178 @@ class DecodeServiceTest : public ::testing::Test {
     }
     return false;
   }
+  // Reserves the whole pool once more, so every freed slot and page is handed out again and
+  // its poison checked; the count of disturbed ones.
+  int64_t PoisonViolationsAfterReuse(uint32_t prompt) {
+    v1::Reservation again;
+    EXPECT_TRUE(Reserve("reuse", prompt, 5, &again).ok());
+    return service_->poison_violations();
+  }
 
   static model::CedModel* model_;
+  transfer::StagingPool staging_{nullptr, 0};
+  FakePrefill prefill_;
+  std::unique_ptr<grpc::Server> prefill_server_;
+  std::string prefill_address_;
   std::unique_ptr<DecodeService> service_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<v1::DecodeNode::Stub> stub_;
 };
 model::CedModel* DecodeServiceTest::model_ = nullptr;
 
+TEST(StatePoolTest, WritesIntoFreedMemoryAreCounted) {
+  const model::StateLayout layout = {
+      .producer_layers = 1, .consumer_layers = 1, .ring_capacity = 4, .block_size = 4,
+      .kv_dim = 2};
+  StatePool pool(layout, 1, 2);
+  pool.EnablePoison();
+  std::optional<int64_t> slot = pool.TryReserve(2);
+  ASSERT_TRUE(slot.has_value());
+  float* page = pool.Allocate();
+  ASSERT_NE(page, nullptr);
+  page[0] = 1.0f;  // a live page may be written
+  pool.Free(page);
+  pool.Unreserve(*slot, 1);
+  EXPECT_EQ(pool.poison_violations(), 0);
+  pool.consumer_ring(*slot)[1] = 2.0f;  // a write after the slot was freed
+  ASSERT_TRUE(pool.TryReserve(2).has_value());
+  EXPECT_EQ(pool.poison_violations(), 1);
+  page[3] = 3.0f;  // and after the page was freed
+  EXPECT_EQ(pool.Allocate(), page);
+  EXPECT_EQ(pool.poison_violations(), 2);
+}
+
+TEST_F(DecodeServiceTest, PulledRegionsCommitAndTheRequestStreams) {
+  Start({.slots = 2, .pages = 64});
+  v1::Reservation reservation;
+  // max_tokens 1: the first token (the prefill node's) finishes it, so no decode step runs
+  // over the made-up state.
+  ASSERT_TRUE(Reserve("r1", 40, 1, &reservation).ok());
+  EXPECT_EQ(reservation.pages(), 3u);  // 40 positions in blocks of 16
+  const grpc::Status committed = Commit(Expose(reservation, 40));
+  ASSERT_TRUE(committed.ok()) << committed.error_message();
+  EXPECT_EQ(prefill_.served, 3);  // one read per region
+  grpc::ClientContext context;
+  v1::StreamRequest request;
+  request.set_reservation_id(reservation.reservation_id());
+  auto stream = stub_->Stream(&context, request);
+  v1::DecodeOutput output;
+  ASSERT_TRUE(stream->Read(&output));
+  EXPECT_EQ(output.finish_reason(), v1::FINISH_REASON_LENGTH);
+  EXPECT_TRUE(stream->Finish().ok());
+  EXPECT_TRUE(Drained());
+  EXPECT_EQ(PoisonViolationsAfterReuse(40), 0);
+}
+
 TEST_F(DecodeServiceTest, ChecksumMismatchFailsTheRequestAndFreesIt) {
   Start({.slots = 2, .pages = 64});
   v1::Reservation reservation;
   ASSERT_TRUE(Reserve("r1", 40, 5, &reservation).ok());
-  EXPECT_EQ(reservation.page_addrs_size(), 3);  // 40 positions in blocks of 16
-  // Push recognisable bytes into every region over the gRPC transport.
-  grpc::ClientContext push_context;
-  v1::PushRegionsResponse pushed;
-  auto writer = stub_->PushRegions(&push_context, &pushed);
-  const std::string producer(reservation.producer_swa_bytes(), 'p');
-  const std::string consumer(reservation.consumer_swa_bytes(), 'c');
-  const std::string block_kv(3 * reservation.page_bytes(), 'k');
-  for (auto [region, bytes] : {std::pair{v1::REGION_PRODUCER_SWA, &producer},
-                               {v1::REGION_CONSUMER_SWA, &consumer},
-                               {v1::REGION_BLOCK_KV, &block_kv}}) {
-    v1::RegionChunk chunk;
-    chunk.set_reservation_id(reservation.reservation_id());
-    chunk.set_region(region);
-    chunk.set_data(*bytes);
-    ASSERT_TRUE(writer->Write(chunk));
-  }
-  writer->WritesDone();
-  ASSERT_TRUE(writer->Finish().ok());
-  EXPECT_EQ(pushed.bytes(), producer.size() + consumer.size() + block_kv.size());
-
-  v1::CommitRequest commit;
+  v1::CommitRequest commit = Expose(reservation, 40);
   v1::StateHeader& h = *commit.mutable_header();
-  h.set_format_version(1);
-  h.set_model_fingerprint(model_->fingerprint());
-  h.set_request_id("r1");
-  h.set_reservation_id(reservation.reservation_id());
-  h.set_prompt_len(40);
-  h.set_first_token(3);
-  h.set_producer_swa_bytes(producer.size());
-  h.set_consumer_swa_bytes(consumer.size());
-  h.set_block_kv_bytes(block_kv.size());
-  h.set_producer_swa_checksum(Checksum(producer.data(), producer.size()));
-  h.set_consumer_swa_checksum(Checksum(consumer.data(), consumer.size()));
-  h.set_block_kv_checksum(Checksum(block_kv.data(), block_kv.size()) ^ 1);
-  grpc::ClientContext commit_context;
-  v1::CommitResponse committed;
-  const grpc::Status status = stub_->Commit(&commit_context, commit, &committed);
+  h.set_block_kv_checksum(h.block_kv_checksum() ^ 1);
+  const grpc::Status status = Commit(commit);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::DATA_LOSS);
   EXPECT_THAT(status.error_message(), HasSubstr("region block_kv failed its checksum"));
+  EXPECT_TRUE(Drained());
+}
+
+TEST_F(DecodeServiceTest, CorruptedTransferFailsItsChecksum) {
+  Start({.slots = 2, .pages = 64, .transfer_faults = transfer::FaultSpec{.corrupt = 1}});
+  v1::Reservation reservation;
+  ASSERT_TRUE(Reserve("r1", 40, 5, &reservation).ok());
+  grpc::Status status = Commit(Expose(reservation, 40));
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::DATA_LOSS);
+  EXPECT_THAT(status.error_message(), HasSubstr("region producer_swa failed its checksum"));
+  EXPECT_TRUE(Drained());
+}
+
+TEST_F(DecodeServiceTest, TruncatedTransferFailsItsChecksum) {
+  Start({.slots = 2, .pages = 64, .transfer_faults = transfer::FaultSpec{.truncate = 1}});
+  v1::Reservation reservation;
+  ASSERT_TRUE(Reserve("r2", 40, 5, &reservation).ok());
+  const grpc::Status status = Commit(Expose(reservation, 40));
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::DATA_LOSS);
+  EXPECT_THAT(status.error_message(), HasSubstr("region block_kv failed its checksum"));
+  EXPECT_TRUE(Drained());
+}
+
+TEST_F(DecodeServiceTest, DroppedTransferEndsAtTheReservationDeadline) {
+  Start({.slots = 1, .pages = 64, .transfer_faults = transfer::FaultSpec{.drop = 1}});
+  v1::Reservation reservation;
+  ASSERT_TRUE(Reserve("r1", 40, 5, &reservation, /*timeout_ms=*/300).ok());
+  const grpc::Status status = Commit(Expose(reservation, 40));
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  EXPECT_TRUE(Drained());
+  EXPECT_EQ(PoisonViolationsAfterReuse(40), 0);
+}
+
+// The reproducer: a reservation that expires before its transfer is done is freed, and the
+// prefill node's bytes, arriving later, never land in it (nor in whoever gets it next).
+TEST_F(DecodeServiceTest, ReservationExpiringDuringItsTransferNeverReceivesAByte) {
+  Start({.slots = 1, .pages = 3});
+  prefill_.hold_ms = 600;  // the prefill node answers after the reservation's deadline
+  v1::Reservation reservation;
+  ASSERT_TRUE(Reserve("r1", 40, 1, &reservation, /*timeout_ms=*/200).ok());
+  const grpc::Status status = Commit(Expose(reservation, 40));
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  EXPECT_TRUE(Drained());
+  // Wait until the prefill node has sent its answer, then hand the same slot and pages out.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (prefill_.served == 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_EQ(prefill_.served, 1);
+  EXPECT_EQ(PoisonViolationsAfterReuse(40), 0);
+  // A commit to the expired reservation is refused before anything is read.
+  prefill_.hold_ms = 0;
+  const grpc::Status late = Commit(Expose(reservation, 40));
+  EXPECT_EQ(late.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(prefill_.served, 1);
+}
+
+// The reproducer: a chunk whose end wraps 64 bits (offset 2^64 - 8192, 8208 bytes) would
+// write 8 KiB below the ring with a naive end check.
+TEST_F(DecodeServiceTest, ChunkWhoseEndWrapsIsRefusedAndWritesNothing) {
+  Start({.slots = 2, .pages = 64});
+  v1::Reservation reservation;
+  ASSERT_TRUE(Reserve("r1", 40, 5, &reservation).ok());
+  v1::RegionChunk forged;
+  forged.set_region(v1::REGION_PRODUCER_SWA);
+  forged.set_offset(~uint64_t{0} - 8192 + 1);
+  forged.set_data(std::string(8208, 'x'));
+  prefill_.forged = forged;
+  const grpc::Status status = Commit(Expose(reservation, 40));
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(status.error_message(), HasSubstr("lies outside region REGION_PRODUCER_SWA"));
+  EXPECT_TRUE(Drained());
+  // Nothing landed in any freed slot or page.
+  EXPECT_EQ(PoisonViolationsAfterReuse(40), 0);
+}
+
+TEST_F(DecodeServiceTest, ChunksOutsideTheRegionAreRefused) {
+  Start({.slots = 1, .pages = 64});
+  v1::Reservation reservation;
+  ASSERT_TRUE(Reserve("r1", 10, 5, &reservation).ok());
+  v1::RegionChunk forged;
+  forged.set_region(v1::REGION_PRODUCER_SWA);
+  forged.set_offset(0);
+  forged.set_data(std::string(reservation.producer_swa_bytes() + 4, 'x'));
+  prefill_.forged = forged;
+  const grpc::Status status = Commit(Expose(reservation, 10));
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(status.error_message(), HasSubstr("lies outside region REGION_PRODUCER_SWA"));
+}
+
+TEST_F(DecodeServiceTest, CommitNamingAnUnknownExposureFailsAndFrees) {
+  Start({.slots = 1, .pages = 64});
+  v1::Reservation reservation;
+  ASSERT_TRUE(Reserve("r1", 10, 5, &reservation).ok());
+  v1::CommitRequest commit = Expose(reservation, 10);
+  commit.mutable_source()->set_exposure_id("0123456789abcdef0123456789abcdef");
+  const grpc::Status status = Commit(commit);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_THAT(status.error_message(), HasSubstr("no open exposure"));
   EXPECT_TRUE(Drained());
 }
 
@@ -188,36 +362,6 @@ TEST_F(DecodeServiceTest, QueuedReservationGetsMemoryWhenItIsFreed) {
   EXPECT_NE(second.reservation_id(), first.reservation_id());
 }
 
-TEST_F(DecodeServiceTest, ChunksOutsideTheRegionAreRefused) {
-  Start({.slots = 1, .pages = 64});
-  v1::Reservation reservation;
-  ASSERT_TRUE(Reserve("r1", 10, 5, &reservation).ok());
-  const grpc::Status status = Push(reservation, v1::REGION_PRODUCER_SWA,
-                                   reservation.producer_swa_bytes() - 4, std::string(8, 'x'));
-  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-  EXPECT_THAT(status.error_message(), HasSubstr("lies outside region REGION_PRODUCER_SWA"));
-}
-
-TEST_F(DecodeServiceTest, ChunkWhoseEndWrapsIsRefusedAndWritesNothing) {
-  Start({.slots = 2, .pages = 64});
-  v1::Reservation a, b;
-  ASSERT_TRUE(Reserve("a", 10, 5, &a).ok());
-  ASSERT_TRUE(Reserve("b", 10, 5, &b).ok());
-  // offset + size wraps to 16, so a naive end check passes and the write lands 8 KiB below
-  // b's producer ring: in a's consumer ring, the slot just before it in the pool.
-  const uint64_t offset = ~uint64_t{0} - 8192 + 1;
-  ASSERT_EQ(a.consumer_swa_addr() + a.consumer_swa_bytes(), b.producer_swa_addr());
-  ASSERT_GE(a.consumer_swa_bytes(), 8192u);
-  const char* watched = reinterpret_cast<const char*>(a.consumer_swa_addr());
-  const size_t watched_bytes = a.consumer_swa_bytes() + b.producer_swa_bytes();
-  const std::string before(watched, watched_bytes);
-
-  const grpc::Status status = Push(b, v1::REGION_PRODUCER_SWA, offset, std::string(8208, 'x'));
-  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-  EXPECT_THAT(status.error_message(), HasSubstr("lies outside region REGION_PRODUCER_SWA"));
-  EXPECT_EQ(std::string(watched, watched_bytes), before);
-}
-
 TEST_F(DecodeServiceTest, ReserveWhosePositionsWrapUint32IsRefusedAndTheNodeServesOn) {
   Start({.slots = 1, .pages = 64});
   v1::Reservation reservation;
@@ -234,7 +378,7 @@ TEST_F(DecodeServiceTest, ReserveWhosePositionsWrapUint32IsRefusedAndTheNodeServ
 
   const grpc::Status served = Reserve("normal", 40, 5, &reservation);
   ASSERT_TRUE(served.ok()) << served.error_message();
-  EXPECT_EQ(reservation.page_addrs_size(), 3);
+  EXPECT_EQ(reservation.pages(), 3u);
 }
 
 TEST_F(DecodeServiceTest, OversizedRequestIdStopListAndIdentityAreRefused) {
@@ -256,6 +400,13 @@ TEST_F(DecodeServiceTest, OversizedRequestIdStopListAndIdentityAreRefused) {
   EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_THAT(status.error_message(),
               HasSubstr("prefill_identity: 513 bytes; it must be at most 512"));
+
+  v1::ReserveRequest address = ReserveRequest("address", 10, 5);
+  address.set_prefill_address(std::string(513, 'a'));
+  status = Send(address, &reservation);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(status.error_message(),
+              HasSubstr("prefill_address: 513 bytes; it must be at most 512"));
 
   // The largest allowed of each is served.
   v1::ReserveRequest largest = ReserveRequest(std::string(256, 'i'), 10, 5);

@@ -5,6 +5,7 @@
 #include "cluster.h"
 
 #include <atomic>
+#include <map>
 #include <random>
 #include <sstream>
 #include <thread>
@@ -347,6 +348,42 @@ TEST_F(FaultTest, PrefillNodeLostBeforeCommitIsRetriedAndTheReservationFreed) {
         << outcome.status.error_message();
   }
   EXPECT_TRUE(DecodeDrained(cluster, "decode")) << "the reservation was not released";
+}
+
+// Transfers that go wrong (the fault-injecting transport in the decode node) fail the request
+// with the checksum's DATA_LOSS or the deadline, free the reservation, and leave the cluster
+// serving: the next good transfer decodes the undisturbed tokens.
+TEST_F(FaultTest, CorruptedOrDroppedTransfersFailCleanlyAndFreeTheReservation) {
+  Cluster cluster(small_);
+  ASSERT_FALSE(cluster.StartRouter({"--reservation-timeout-ms", "1500"}).empty());
+  ASSERT_FALSE(
+      cluster.StartDecode("decode", {"--inject-transfer-faults", "corrupt=0.5,drop=0.3,seed=3"})
+          .empty());
+  ASSERT_FALSE(cluster.StartPrefill("prefill").empty());
+  ASSERT_TRUE(cluster.WaitForHealth(true));
+  auto stub = cluster.Client();
+  std::mt19937_64 rng(53);
+  const auto prompt = RandomPrompt(rng, 40, 4096);
+  std::map<grpc::StatusCode, int> outcomes;
+  std::vector<int32_t> tokens;
+  for (int i = 0; i < 8; ++i) {
+    const Outcome outcome = Generate(*stub, Request(prompt, 4), std::chrono::seconds(60));
+    ++outcomes[outcome.status.error_code()];
+    if (outcome.status.ok()) {
+      if (!tokens.empty()) EXPECT_EQ(outcome.tokens, tokens);  // good transfers agree
+      tokens = outcome.tokens;
+    } else if (outcome.status.error_code() == grpc::StatusCode::DATA_LOSS) {
+      EXPECT_THAT(outcome.status.error_message(), ::testing::HasSubstr("failed its checksum"));
+    }
+    EXPECT_TRUE(DecodeDrained(cluster, "decode")) << "request " << i << " left its reservation";
+  }
+  // The seeded draws give each outcome at least once in eight requests.
+  EXPECT_GT(outcomes[grpc::StatusCode::DATA_LOSS], 0);
+  EXPECT_GT(outcomes[grpc::StatusCode::DEADLINE_EXCEEDED], 0);
+  EXPECT_GT(outcomes[grpc::StatusCode::OK], 0);
+  EXPECT_EQ(outcomes[grpc::StatusCode::DATA_LOSS] + outcomes[grpc::StatusCode::DEADLINE_EXCEEDED] +
+                outcomes[grpc::StatusCode::OK],
+            8);
 }
 
 }  // namespace

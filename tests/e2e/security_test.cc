@@ -2,8 +2,11 @@
 // wire input can corrupt a node): every internal port refuses plaintext clients, clients
 // without a certificate and clients of another CA; a certificate's role decides what it may
 // call (a prefill certificate cannot register as decode, call Prefill or Stream, and only the
-// prefill identity a reservation names may fill it); the client port never serves Registry;
-// API keys authenticate clients and their tenants never share prefix-cache entries.
+// prefill identity a reservation names may commit into it); the client port never serves
+// Registry; API keys authenticate clients and their tenants never share prefix-cache entries.
+// The data plane: the decode node reads only from the prefill node its reservation names, refuses
+// chunks outside their region, and a reservation that expires before its transfer never
+// receives a byte.
 #include <sys/wait.h>
 
 #include <cmath>
@@ -12,6 +15,7 @@
 #include <filesystem>
 #include <limits>
 #include <random>
+#include <thread>
 #include <tuple>
 
 #include "baton/common/hash.h"
@@ -19,6 +23,7 @@
 #include "baton/model/ced_model.h"
 #include "baton/model/model_factory.h"
 #include "client.h"
+#include "scrape.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "test_dir.h"
@@ -40,6 +45,45 @@ grpc::Status HealthCheck(const std::string& address,
   return stub->Check(&context, grpc::health::v1::HealthCheckRequest(), &response);
 }
 
+// A prefill node of the test PKI (mutual TLS, the prefill certificate) that answers every read
+// with its own chunk, after `hold_ms`: a misbehaving or slow peer of the decode node.
+class FakePrefill final : public v1::PrefillNode::Service {
+ public:
+  FakePrefill() {
+    grpc::SslServerCredentialsOptions ssl(GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+    ssl.pem_root_certs = ReadFile(TestPki() + "/ca.crt");
+    ssl.pem_key_cert_pairs.push_back(
+        {ReadFile(TestPki() + "/prefill.key"), ReadFile(TestPki() + "/prefill.crt")});
+    grpc::ServerBuilder builder;
+    int port = 0;
+    builder.AddListeningPort("127.0.0.1:0", grpc::SslServerCredentials(ssl), &port);
+    builder.RegisterService(this);
+    server_ = builder.BuildAndStart();
+    address = "127.0.0.1:" + std::to_string(port);
+  }
+  ~FakePrefill() override { server_->Shutdown(std::chrono::system_clock::now()); }
+  grpc::Status ReadRegions(grpc::ServerContext* context, const v1::ReadRegionsRequest* request,
+                           grpc::ServerWriter<v1::RegionChunk>* writer) override {
+    std::this_thread::sleep_for(std::chrono::milliseconds(hold_ms));
+    v1::RegionChunk answer = chunk;
+    if (answer.data().empty()) {  // a well-formed answer: the whole range asked for
+      answer.set_region(request->region());
+      answer.set_offset(request->offset());
+      answer.set_data(std::string(request->length(), 'x'));
+    }
+    writer->Write(answer);
+    ++answered;
+    return grpc::Status::OK;
+  }
+  std::string address;
+  int hold_ms = 0;
+  v1::RegionChunk chunk;  // empty data: answer well-formed
+  std::atomic<int> answered{0};
+
+ private:
+  std::unique_ptr<grpc::Server> server_;
+};
+
 class SecurityTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
@@ -52,13 +96,14 @@ class SecurityTest : public ::testing::Test {
     keys_ = ProcessTempDir() + "/api_keys.yaml";
     std::ofstream(keys_) << "\"" << kKeyA << "\": tenant-a\n\"" << kKeyB << "\": tenant-b\n";
   }
-  void StartCluster(std::vector<std::string> router_flags = {}) {
+  void StartCluster(std::vector<std::string> router_flags = {},
+                    std::vector<std::string> decode_flags = {}) {
     cluster_ = std::make_unique<Cluster>(model_);
     router_flags.push_back("--require-kvstore");
     router_ = cluster_->StartRouter(router_flags);
     ASSERT_FALSE(router_.empty()) << cluster_->Log("router");
     ASSERT_FALSE(cluster_->StartKvstore("kvstore", cluster_->dir() + "/store").empty());
-    ASSERT_FALSE(cluster_->StartDecode("decode").empty());
+    ASSERT_FALSE(cluster_->StartDecode("decode", decode_flags).empty());
     ASSERT_FALSE(
         cluster_->StartPrefill("prefill", {"--kvstore", cluster_->Address("kvstore")}).empty());
     ASSERT_TRUE(cluster_->WaitForHealth(true)) << cluster_->Log("router");
@@ -77,21 +122,27 @@ class SecurityTest : public ::testing::Test {
     grpc::ClientContext context;
     return cluster_->Decode("decode", "router")->Reserve(&context, request, reservation);
   }
-  // Pushes one chunk into `reservation` as `role`; the status.
-  grpc::Status Push(const std::string& role, const v1::Reservation& reservation, v1::Region region,
-                    uint64_t offset, const std::string& bytes) {
-    auto stub = cluster_->Decode("decode", role);
+  // Commits `reservation` of `prompt_len` positions as `role`, naming an exposure to read over
+  // gRPC from the prefill node the reservation names; the status. The header's checksums are
+  // made up: a commit that gets as far as them fails DATA_LOSS.
+  grpc::Status Commit(const std::string& role, const v1::Reservation& reservation,
+                      uint32_t prompt_len) {
+    v1::CommitRequest commit;
+    v1::StateHeader& h = *commit.mutable_header();
+    h.set_format_version(1);
+    h.set_model_fingerprint(*model::ModelFingerprint(model_));
+    h.set_request_id("test");
+    h.set_reservation_id(reservation.reservation_id());
+    h.set_prompt_len(prompt_len);
+    h.set_producer_swa_bytes(reservation.producer_swa_bytes());
+    h.set_consumer_swa_bytes(reservation.consumer_swa_bytes());
+    h.set_block_kv_bytes(uint64_t{reservation.pages()} * reservation.page_bytes());
+    commit.mutable_source()->set_transport(v1::TRANSPORT_GRPC);
+    commit.mutable_source()->set_exposure_id("0123456789abcdef0123456789abcdef");
     grpc::ClientContext context;
-    v1::PushRegionsResponse pushed;
-    auto writer = stub->PushRegions(&context, &pushed);
-    v1::RegionChunk chunk;
-    chunk.set_reservation_id(reservation.reservation_id());
-    chunk.set_region(region);
-    chunk.set_offset(offset);
-    chunk.set_data(bytes);
-    writer->Write(chunk);
-    writer->WritesDone();
-    return writer->Finish();
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+    v1::CommitResponse committed;
+    return cluster_->Decode("decode", role)->Commit(&context, commit, &committed);
   }
   // The cluster still serves a request end to end.
   void ExpectServing() {
@@ -195,22 +246,38 @@ TEST_F(SecurityTest, OnlyThePrefillIdentityAReservationNamesMayFillIt) {
   // The node's own fingerprint is not revealed.
   EXPECT_THAT(mismatch.error_message(),
               ::testing::Not(HasSubstr(*model::ModelFingerprint(model_))));
-  ASSERT_TRUE(Reserve(ReserveRequest(10, 4), &reservation).ok());
+  FakePrefill fake;
+  v1::ReserveRequest named = ReserveRequest(10, 4);
+  named.set_prefill_address(fake.address);
+  ASSERT_TRUE(Reserve(named, &reservation).ok());
   EXPECT_EQ(reservation.reservation_id().size(), 32u);
-  const std::string bytes(64, 'x');
-  // Another prefill identity sees no such reservation; the router may not push at all.
-  EXPECT_EQ(Push("prefill-b", reservation, v1::REGION_PRODUCER_SWA, 0, bytes).error_code(),
-            grpc::StatusCode::NOT_FOUND);
-  EXPECT_EQ(Push("router", reservation, v1::REGION_PRODUCER_SWA, 0, bytes).error_code(),
-            grpc::StatusCode::PERMISSION_DENIED);
-  EXPECT_TRUE(Push("prefill", reservation, v1::REGION_PRODUCER_SWA, 0, bytes).ok());
-  v1::ReleaseRequest release;
-  release.set_reservation_id(reservation.reservation_id());
-  grpc::ClientContext release_context;
-  v1::ReleaseResponse released;
-  ASSERT_TRUE(
-      cluster_->Decode("decode", "router")->Release(&release_context, release, &released).ok());
+  // Another prefill identity sees no such reservation; the router may not commit at all.
+  EXPECT_EQ(Commit("prefill-b", reservation, 10).error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(Commit("router", reservation, 10).error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(fake.answered, 0);
+  // The named identity's commit is read from the named prefill node (and its made-up bytes
+  // fail their checksums).
+  const grpc::Status named_commit = Commit("prefill", reservation, 10);
+  EXPECT_EQ(named_commit.error_code(), grpc::StatusCode::DATA_LOSS) << named_commit.error_message();
+  EXPECT_EQ(fake.answered, 3);
   EXPECT_TRUE(DecodeDrained(*cluster_, "decode"));
+  // Only a decode certificate may read a prefill node's exposures, and only ones it was told.
+  auto read = [&](const std::string& role) {
+    auto stub = v1::PrefillNode::NewStub(
+        grpc::CreateChannel(cluster_->Address("prefill"), TlsAs(role)));
+    grpc::ClientContext context;
+    v1::ReadRegionsRequest request;
+    request.set_exposure_id("0123456789abcdef0123456789abcdef");
+    request.set_region(v1::REGION_BLOCK_KV);
+    request.set_length(64);
+    auto reader = stub->ReadRegions(&context, request);
+    v1::RegionChunk chunk;
+    while (reader->Read(&chunk)) {
+    }
+    return reader->Finish();
+  };
+  EXPECT_EQ(read("router").error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(read("decode").error_code(), grpc::StatusCode::NOT_FOUND);
 }
 
 TEST_F(SecurityTest, ApiKeysAuthenticateAndTenantsNeverShareCachedPrefixes) {
@@ -259,18 +326,55 @@ TEST_F(SecurityTest, AReserveWhoseSizesWrapIsRefusedAndTheNodeServesOn) {
 }
 
 TEST_F(SecurityTest, RegionChunksReachingPast2To64AreRefused) {
-  StartCluster();
+  StartCluster({}, {"--poison-freed-memory", "--metrics-port", "0", "--metrics-ready-file",
+                    ProcessTempDir() + "/wrap-decode.metrics"});
+  FakePrefill fake;
+  fake.chunk.set_region(v1::REGION_PRODUCER_SWA);
+  fake.chunk.set_offset(std::numeric_limits<uint64_t>::max() - 8191);  // 2^64 - 8192
+  fake.chunk.set_data(std::string(8208, 'x'));                          // the end wraps to 16
+  v1::ReserveRequest request = ReserveRequest(40, 4);
+  request.set_prefill_address(fake.address);
   v1::Reservation reservation;
-  ASSERT_TRUE(Reserve(ReserveRequest(40, 4), &reservation).ok());
-  for (const v1::Region region :
-       {v1::REGION_PRODUCER_SWA, v1::REGION_CONSUMER_SWA, v1::REGION_BLOCK_KV}) {
-    const grpc::Status status =
-        Push("prefill", reservation, region, std::numeric_limits<uint64_t>::max() - 8191,
-             std::string(8208, 'x'));  // offset 2^64 - 8192: the end wraps to 16
-    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
-        << v1::Region_Name(region) << ": " << status.error_message();
-  }
+  ASSERT_TRUE(Reserve(request, &reservation).ok());
+  const grpc::Status status = Commit("prefill", reservation, 40);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << status.error_message();
+  EXPECT_THAT(status.error_message(), HasSubstr("lies outside region REGION_PRODUCER_SWA"));
+  EXPECT_TRUE(DecodeDrained(*cluster_, "decode"));
   ExpectServing();
+  std::string metrics;
+  std::ifstream(ProcessTempDir() + "/wrap-decode.metrics") >> metrics;
+  EXPECT_EQ(Sample(Scrape(metrics), "baton_pool_poison_violations"), 0);
+}
+
+// A reservation that expires while the prefill node is still answering is freed once the read
+// has stopped; the late bytes land nowhere (freed memory keeps its poison through reuse).
+TEST_F(SecurityTest, AReservationThatExpiresBeforeItsTransferNeverReceivesAByte) {
+  const std::string metrics_file = ProcessTempDir() + "/expire-decode.metrics";
+  StartCluster({}, {"--poison-freed-memory", "--metrics-port", "0", "--metrics-ready-file",
+                    metrics_file, "--slots", "1"});
+  FakePrefill fake;
+  fake.hold_ms = 1500;
+  v1::ReserveRequest request = ReserveRequest(40, 4);
+  request.set_prefill_address(fake.address);
+  request.set_timeout_ms(300);
+  v1::Reservation reservation;
+  ASSERT_TRUE(Reserve(request, &reservation).ok());
+  const grpc::Status status = Commit("prefill", reservation, 40);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << status.error_message();
+  EXPECT_TRUE(DecodeDrained(*cluster_, "decode"));
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (fake.answered == 0 && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_GE(fake.answered, 1);
+  // The one slot and its pages serve the next requests, whose reservations check the poison.
+  ExpectServing();
+  ExpectServing();
+  std::string metrics;
+  std::ifstream(metrics_file) >> metrics;
+  const std::string exposition = Scrape(metrics);
+  EXPECT_EQ(Sample(exposition, "baton_pool_poison_violations"), 0);
+  EXPECT_THAT(cluster_->Log("decode"), ::testing::Not(HasSubstr("freed pool memory was written")));
 }
 
 TEST_F(SecurityTest, StoreWritesThatWouldPoisonOrPinTheStoreAreRefused) {

@@ -19,6 +19,7 @@ inline constexpr uint64_t kMaxRequestIdBytes = 256;
 inline constexpr uint64_t kMaxCacheSaltBytes = 256;
 inline constexpr uint64_t kMaxTenantBytes = 64;     // API key tenants (common/api_keys.h)
 inline constexpr uint64_t kMaxIdentityBytes = 512;  // certificate identities (SPIFFE ids)
+inline constexpr uint64_t kMaxAddressBytes = 512;   // host:port of a node
 inline constexpr int kMaxStopTokenIds = 64;
 
 // `value` is at most `max_bytes` bytes.

@@ -1,9 +1,12 @@
 // baton-decode's service (DESIGN sections 4 and 6): reservations in the state pool, the
-// StateBlock's arrival (UCX put by the prefill node, or PushRegions), the commit that checks
-// its checksums, continuous batching of every committed request, sampling and streaming.
+// commit at which this node pulls the StateBlock's regions from the prefill node (UCX get, or
+// PrefillNode.ReadRegions) into the reservation and checks their checksums, continuous
+// batching of every committed request, sampling and streaming.
 //
-// Lifecycle of a request: Reserve -> (regions arrive) -> Commit -> decode steps -> Stream
-// drains the tokens -> freed. A reservation not committed within its timeout, a stream
+// Lifecycle of a request: Reserve -> Commit (regions read, verified) -> decode steps -> Stream
+// drains the tokens -> freed. The read goes only into a reservation that is live: it ends by
+// the reservation's deadline, and the memory returns to the pool only after the transport has
+// stopped writing (transfer/transport.h). A reservation not committed within its timeout, a stream
 // cancelled by the client or past its deadline, and a Release all free the slot and pages at
 // once. When the pool is short, Reserve waits (at most max_waiting requests at a time, each
 // until its deadline); past that bound it answers RESOURCE_EXHAUSTED.
@@ -14,6 +17,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -23,6 +27,7 @@
 #include "baton/decode_node/state_pool.h"
 #include "baton/model/ced_model.h"
 #include "baton/model/sampling.h"
+#include "baton/transfer/transport.h"
 #include "baton/transfer/ucx.h"
 #include "baton/v1/node.grpc.pb.h"
 #include "prometheus/collectable.h"
@@ -36,6 +41,10 @@ struct DecodeOptions {
   int64_t max_waiting = 64;           // Reserve calls that may wait for memory at once
   int64_t attach_timeout_ms = 30000;  // committed but no stream attached
   bool use_ucx = true;
+  // Fill freed pool memory with a poison pattern and count writes into it (StatePool).
+  bool poison_freed_memory = false;
+  // Faults injected into every transfer (tests; see transfer::FaultSpec).
+  std::optional<transfer::FaultSpec> transfer_faults;
 };
 
 class DecodeService final : public v1::DecodeNode::Service {
@@ -45,9 +54,6 @@ class DecodeService final : public v1::DecodeNode::Service {
 
   grpc::Status Reserve(grpc::ServerContext* context, const v1::ReserveRequest* request,
                        v1::Reservation* reply) override;
-  grpc::Status PushRegions(grpc::ServerContext* context,
-                           grpc::ServerReader<v1::RegionChunk>* reader,
-                           v1::PushRegionsResponse* reply) override;
   grpc::Status Commit(grpc::ServerContext* context, const v1::CommitRequest* request,
                       v1::CommitResponse* reply) override;
   grpc::Status Stream(grpc::ServerContext* context, const v1::StreamRequest* request,
@@ -58,14 +64,14 @@ class DecodeService final : public v1::DecodeNode::Service {
                      v1::StatsResponse* reply) override;
 
   v1::LoadReport Load() const;
+  int64_t poison_violations() const { return pool_->poison_violations(); }
 
  private:
   struct Request;
-  enum class Phase { kReserved, kCommitted, kFinished };
+  enum class Phase { kReserved, kTransferring, kCommitted, kFinished };
 
   void DecodeLoop();
   void ReapLoop();
-  void UcxProgressLoop();
   // Applies a sampled token: appends it and decides whether the request is finished.
   void Accept(Request& r, int32_t token, float logprob);
   void Erase(const std::string& id);  // caller holds mutex_
@@ -82,6 +88,8 @@ class DecodeService final : public v1::DecodeNode::Service {
   DecodeOptions options_;
   std::unique_ptr<transfer::UcxWorker> ucx_;
   std::unique_ptr<transfer::UcxMemory> ucx_memory_;  // the pool's memory when UCX is up
+  std::unique_ptr<transfer::Transport> ucx_transport_;  // null without UCX
+  std::unique_ptr<transfer::Transport> grpc_transport_;
   std::unique_ptr<StatePool> pool_;
 
   mutable std::mutex mutex_;
@@ -91,7 +99,6 @@ class DecodeService final : public v1::DecodeNode::Service {
   bool stop_ = false;
   std::thread decode_thread_;
   std::thread reap_thread_;
-  std::thread ucx_thread_;
   std::unique_ptr<Metrics> metrics_;
   std::shared_ptr<prometheus::Collectable> pool_collector_;  // running, queue and pool gauges
 };

@@ -1,6 +1,11 @@
 // The decode node's memory for request state: one mapped range holding every state slot's
-// rings (producer SWA, consumer SWA) and every block-KV page, registered once with UCX so that
-// a prefill node can put regions anywhere in it with one remote key.
+// rings (producer SWA, consumer SWA) and every block-KV page. When UCX is up the range is
+// allocated through UCX, so that gets from a prefill node's staging memory land in it
+// directly; its remote key is never handed out (DESIGN section 4: no peer writes it).
+//
+// With poisoning on (a test and debugging aid), freed slots and pages are filled with a poison
+// pattern, and a slot or page whose poison is disturbed when it is handed out again counts as
+// a violation: something wrote memory that no live request owned.
 //
 // Reservations are accounted up front (TryReserve takes a slot and a page count under one
 // lock), so Allocate() never fails for a reserved request. Thread-safe.
@@ -26,6 +31,9 @@ class StatePool : public model::PageAllocator {
   StatePool& operator=(const StatePool&) = delete;
 
   void* base() const { return base_; }
+  // Fills every free slot and page with the poison pattern from now on (see file comment).
+  void EnablePoison();
+  int64_t poison_violations() const;
   uint64_t bytes() const { return bytes_; }
   const model::StateLayout& layout() const { return layout_; }
 
@@ -56,6 +64,10 @@ class StatePool : public model::PageAllocator {
   std::vector<int64_t> free_slot_list_;
   std::vector<float*> free_page_list_;
   int64_t page_credit_;  // pages not yet promised
+  bool poison_ = false;
+  int64_t poison_violations_ = 0;
+  void Poison(void* memory, uint64_t bytes);
+  void CheckPoison(const void* memory, uint64_t bytes);  // caller holds mutex_
 };
 
 }  // namespace baton::decode_node

@@ -53,15 +53,20 @@ class PageAllocator {
 };
 
 // Hands out pages from one contiguous buffer of `pages` pages, in address order, so that a
-// request's block KV is one contiguous range (a transfer can then move it in one put).
+// request's block KV is one contiguous range (a transfer can then move it in one get).
 class ContiguousPageAllocator : public PageAllocator {
  public:
+  // A zeroed buffer of its own.
   ContiguousPageAllocator(const StateLayout& layout, int64_t pages);
+  // `memory` (at least pages x page_floats floats, not owned): a node's staging memory.
+  ContiguousPageAllocator(const StateLayout& layout, int64_t pages, float* memory);
   float* Allocate() override;
   void Free(float*) override {}  // the buffer goes with the allocator
 
  private:
   std::vector<float> buffer_;
+  float* base_;
+  int64_t pages_;
   int64_t page_floats_;
   int64_t next_ = 0;
 };

@@ -1,12 +1,14 @@
 // baton-prefill's service (DESIGN sections 4 and 6): runs a prompt through the model in
-// chunks of at most `token_budget` rows, samples the first token, moves the StateBlock's
-// regions into the decode node's reservation (UCX put + flush, or the gRPC stream), and
-// commits them with the header and checksums.
+// chunks of at most `token_budget` rows, straight into staging memory exposed for that request
+// alone (transfer/exposure.h), samples the first token, and commits the StateBlock's header
+// and checksums to the decode node, which pulls the regions (UCX get, or ReadRegions here)
+// during the commit. The exposure ends when the commit returns or times out.
 //
 // Prefills run one at a time, in arrival order: the model already uses every core, so running
 // two at once would only make both slower.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <map>
@@ -18,6 +20,7 @@
 
 #include "baton/common/hash.h"
 #include "baton/model/ced_model.h"
+#include "baton/transfer/exposure.h"
 #include "baton/transfer/ucx.h"
 #include "baton/v1/kvstore.grpc.pb.h"
 #include "baton/v1/node.grpc.pb.h"
@@ -31,6 +34,11 @@ struct PrefillOptions {
   // Payload bytes waiting for the store at most; a prompt whose blocks do not fit is not
   // written back (the store is behind, and memory stays bounded).
   uint64_t write_back_bytes = uint64_t{256} << 20;
+  // How long a commit (and so the decode node's read of the exposed regions) may take.
+  int64_t commit_timeout_ms = 30000;
+  // Idle staging buffers kept for reuse by requests to the same decode node (0: register
+  // staging memory per request; transfer/exposure.h).
+  uint64_t staging_cache_bytes = uint64_t{1} << 30;
 };
 
 class PrefillService final : public v1::PrefillNode::Service {
@@ -40,18 +48,16 @@ class PrefillService final : public v1::PrefillNode::Service {
 
   grpc::Status Prefill(grpc::ServerContext* context, const v1::PrefillRequest* request,
                        v1::PrefillResponse* reply) override;
+  grpc::Status ReadRegions(grpc::ServerContext* context, const v1::ReadRegionsRequest* request,
+                           grpc::ServerWriter<v1::RegionChunk>* writer) override;
 
   v1::LoadReport Load() const;
+  size_t open_exposures() const { return exposures_.size(); }
 
  private:
   struct Metrics;
   grpc::Status Run(grpc::ServerContext* context, const v1::PrefillRequest* request,
                    v1::PrefillResponse* reply);
-  absl::Status SendUcx(const v1::Reservation& reservation, const model::SequenceState& state,
-                       uint64_t block_kv_bytes);
-  absl::Status SendGrpc(grpc::ServerContext* context, v1::DecodeNode::Stub& decode,
-                        const std::string& reservation_id, const model::SequenceState& state,
-                        uint64_t block_kv_bytes);
   v1::DecodeNode::Stub& DecodeStub(const std::string& address);
   // Loads the hit's blocks [0, H / B) from the prefix store: block KV into the pages, producer
   // SWA rows of [H - W + 1, H) into the producer rings. False (state untouched) on any miss.
@@ -61,6 +67,7 @@ class PrefillService final : public v1::PrefillNode::Service {
   // the first token never waits for the store.
   void QueueWriteBack(std::vector<v1::BlockWrite> writes);
   void WriteBackLoop();
+  void UcxProgressLoop();
 
   const model::CedModel& model_;
   PrefillOptions options_;
@@ -68,7 +75,10 @@ class PrefillService final : public v1::PrefillNode::Service {
   mutable std::mutex mutex_;
   int64_t active_ = 0;
   std::unique_ptr<transfer::UcxWorker> ucx_;
-  std::map<std::string, std::unique_ptr<transfer::UcxEndpoint>> endpoints_;
+  std::thread ucx_thread_;  // progress for transports that emulate RMA (a get over TCP)
+  std::atomic<bool> stop_progress_{false};
+  std::unique_ptr<transfer::StagingPool> staging_;
+  transfer::ExposureTable exposures_;
   std::map<std::string, std::unique_ptr<v1::DecodeNode::Stub>> decode_stubs_;
   std::unique_ptr<v1::KvStore::Stub> kvstore_;
   std::mutex write_mutex_;

@@ -1,14 +1,15 @@
-// UCX (ucp) RMA for StateBlock regions (DESIGN sections 4 and 6): the decode node maps its
-// pools once and hands out the packed remote key; the prefill node puts each region straight
-// into the reserved memory and flushes. No intermediate serialisation.
+// UCX (ucp) RMA for StateBlock regions (DESIGN sections 4 and 6), read by pull: the prefill
+// node allocates one request's staging memory through UCX and hands out its packed remote key;
+// the decode node unpacks that key on an endpoint to the prefill node's worker and gets the
+// regions straight into its own pool. No intermediate serialisation, and no node registers
+// memory that a peer may write.
 //
-// Threading: a UcxWorker is safe to use from several threads (UCS_THREAD_MODE_MULTI); a
-// UcxEndpoint's Put/Flush calls must not interleave between threads (the prefill scheduler
-// serialises transfers).
+// Threading: a UcxWorker and its endpoints are safe to use from several threads
+// (UCS_THREAD_MODE_MULTI); each caller keeps its own list of outstanding requests.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -20,13 +21,15 @@ namespace baton::transfer {
 
 class UcxWorker;
 
-// A registered memory range and its packed remote key.
+// A registered memory range and its packed remote key; unregistered (and, when UCX allocated
+// it, freed) on destruction, after which the key reads nothing.
 class UcxMemory {
  public:
   ~UcxMemory();
   const std::string& packed_rkey() const { return packed_rkey_; }
   uint64_t address() const { return address_; }
   uint64_t length() const { return length_; }
+  void* data() const { return reinterpret_cast<void*>(address_); }
 
  private:
   friend class UcxWorker;
@@ -38,55 +41,71 @@ class UcxMemory {
   uint64_t length_ = 0;
 };
 
-// An endpoint to a remote worker plus the remote key of its pool.
+class UcxEndpoint;
+
+// A peer's packed remote key, unpacked for one endpoint. Destroy it only once no get that
+// names it is outstanding.
+class UcxRemoteKey {
+ public:
+  ~UcxRemoteKey();
+
+ private:
+  friend class UcxEndpoint;
+  UcxRemoteKey() = default;
+  void* rkey_ = nullptr;
+};
+
+// An endpoint to a remote worker.
 class UcxEndpoint {
  public:
+  // Force-closes the endpoint (outstanding requests complete as cancelled).
   ~UcxEndpoint();
-  // Starts a put of [local, local + length) to remote_address; completes at Flush.
-  absl::Status Put(const void* local, uint64_t length, uint64_t remote_address);
-  // Puts pages [0, n) of `total_bytes` (the last page may be partial) to their remote
-  // addresses, merging runs that are contiguous on both sides into one put: large puts reach
-  // the transports' copy bandwidth, page-sized ones do not.
-  absl::Status PutPages(const std::vector<const void*>& local, const std::vector<uint64_t>& remote,
-                        uint64_t page_bytes, uint64_t total_bytes);
-  // Waits until every put issued so far is complete at the remote side.
-  absl::Status Flush();
+
+  absl::StatusOr<std::unique_ptr<UcxRemoteKey>> Unpack(const std::string& packed_rkey);
+  // Starts a get of [remote_address, remote_address + length) under `rkey` into `local`; the
+  // request, if one is outstanding, is appended to `pending` for UcxWorker::WaitAll.
+  absl::Status Get(void* local, uint64_t length, uint64_t remote_address,
+                   const UcxRemoteKey& rkey, std::vector<void*>& pending);
+  // Closes the endpoint at once: every outstanding request on it completes (cancelled) at the
+  // worker's next progress. Later gets fail.
+  void Close();
 
  private:
   friend class UcxWorker;
   UcxEndpoint() = default;
   UcxWorker* worker_ = nullptr;
+  std::mutex mutex_;  // Close against Unpack and Get from other threads
   void* ep_ = nullptr;
-  void* rkey_ = nullptr;
-  std::vector<void*> pending_;
 };
 
 class UcxWorker {
  public:
+  using Clock = std::chrono::steady_clock;
+
   // Initialises a ucp context with RMA and one worker.
   static absl::StatusOr<std::unique_ptr<UcxWorker>> Create();
   ~UcxWorker();
 
   // This worker's address, for a peer's endpoint.
   const std::string& address() const { return address_; }
-  absl::StatusOr<std::unique_ptr<UcxMemory>> Map(void* address, uint64_t length);
-  // Lets UCX allocate `length` bytes, so that shared-memory transports can reach them from
-  // another process (private heap memory would need CMA or TCP).
+  // Lets UCX allocate and register `length` bytes, so that shared-memory transports can reach
+  // them from another process (private heap memory would need CMA or TCP).
   absl::StatusOr<std::unique_ptr<UcxMemory>> Allocate(uint64_t length);
-  absl::StatusOr<std::unique_ptr<UcxEndpoint>> Connect(const std::string& remote_address,
-                                                       const std::string& packed_rkey);
+  absl::StatusOr<std::unique_ptr<UcxEndpoint>> Connect(const std::string& remote_address);
   // Drives communication; a target must call it for transports that emulate RMA (tcp).
   unsigned Progress();
   // Waits for a request returned by ucp *_nbx calls.
   absl::Status Wait(void* request);
+  // Waits for every request in `pending` until `deadline`. Completed requests are freed and
+  // removed; DEADLINE_EXCEEDED leaves the rest in `pending` (close their endpoint, then wait
+  // again), any other error means every request completed and one failed.
+  absl::Status WaitAll(std::vector<void*>& pending, Clock::time_point deadline);
 
  private:
   UcxWorker() = default;
-  absl::StatusOr<std::unique_ptr<UcxMemory>> MapParams(void* address, uint64_t length);
   void* context_ = nullptr;
   void* worker_ = nullptr;
   std::string address_;
-  std::mutex mutex_;
 };
 
 }  // namespace baton::transfer

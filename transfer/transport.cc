@@ -1,0 +1,377 @@
+#include "baton/transfer/transport.h"
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <random>
+#include <thread>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "baton/common/checked_math.h"
+#include "baton/common/rpc.h"
+#include "baton/common/security.h"
+#include "baton/v1/node.grpc.pb.h"
+
+namespace baton::transfer {
+
+RegionSpans SpansOf(model::SequenceState& state, uint64_t prompt_len) {
+  RegionSpans spans;
+  spans.sizes = RegionSizesFor(state.layout(), prompt_len);
+  spans.producer_swa = reinterpret_cast<char*>(state.producer_swa());
+  spans.consumer_swa = reinterpret_cast<char*>(state.consumer_swa());
+  for (uint64_t p = 0; p < spans.sizes.pages; ++p) {
+    spans.pages.push_back(reinterpret_cast<char*>(state.pages()[p]));
+  }
+  return spans;
+}
+
+void ForEachPiece(const RegionSpans& spans, v1::Region region, uint64_t offset, uint64_t length,
+                  const std::function<void(char*, uint64_t, uint64_t)>& fn) {
+  if (region != v1::REGION_BLOCK_KV) {
+    char* base = region == v1::REGION_PRODUCER_SWA ? spans.producer_swa : spans.consumer_swa;
+    if (length > 0) fn(base + offset, length, offset);
+    return;
+  }
+  const uint64_t page = spans.sizes.page;
+  while (length > 0) {
+    const uint64_t in_page = offset % page;
+    const uint64_t n = std::min(length, page - in_page);
+    fn(spans.pages[offset / page] + in_page, n, offset);
+    offset += n;
+    length -= n;
+  }
+}
+
+uint64_t StagingOffset(const RegionSizes& sizes, v1::Region region) {
+  switch (region) {
+    case v1::REGION_PRODUCER_SWA:
+      return 0;
+    case v1::REGION_CONSUMER_SWA:
+      return sizes.producer_swa;
+    default:
+      return sizes.producer_swa + sizes.consumer_swa;
+  }
+}
+
+uint64_t StagingBytes(const RegionSizes& sizes) {
+  return sizes.producer_swa + sizes.consumer_swa + sizes.block_kv;
+}
+
+namespace {
+
+constexpr v1::Region kRegions[] = {v1::REGION_PRODUCER_SWA, v1::REGION_CONSUMER_SWA,
+                                   v1::REGION_BLOCK_KV};
+
+// Unpacking a key attaches the peer's memory (a shared-memory transport maps it; every page
+// of a fresh mapping faults on first touch), which costs more than the get itself, so each
+// endpoint keeps the keys it unpacked: the prefill node reuses a staging buffer, and so its
+// key, only for reads by the same decode node (transfer/exposure.h). Keys unused for
+// kKeyIdle, or past kMaxKeys per endpoint, are let go.
+constexpr size_t kMaxKeys = 32;
+constexpr auto kKeyIdle = std::chrono::seconds(30);
+
+class UcxTransport final : public Transport {
+ public:
+  explicit UcxTransport(UcxWorker& worker) : worker_(worker) {}
+
+  absl::Status Read(const v1::RegionSource& source, const std::string& prefill_address,
+                    const RegionSpans& into, Clock::time_point deadline) override {
+    if (source.ucx_worker_address().empty() ||
+        source.ucx_worker_address().size() > kMaxUcxWorkerAddressBytes) {
+      return absl::InvalidArgumentError(absl::StrCat("source.ucx_worker_address: must be 1 to ",
+                                                     kMaxUcxWorkerAddressBytes, " bytes"));
+    }
+    if (source.rkey().empty() || source.rkey().size() > kMaxRkeyBytes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("source.rkey: must be 1 to ", kMaxRkeyBytes, " bytes"));
+    }
+    const uint64_t total = StagingBytes(into.sizes);
+    if (!CheckedAdd<uint64_t>(source.address(), total).has_value()) {
+      return absl::InvalidArgumentError(absl::StrCat("source.address: ", source.address(), " + ",
+                                                     total, " bytes wraps 64 bits"));
+    }
+    auto peer = Peer(source.ucx_worker_address());
+    if (!peer.ok()) return peer.status();
+    auto rkey = Key(**peer, source.rkey());
+    if (!rkey.ok()) return rkey.status();
+    UcxEndpoint& endpoint = *(*peer)->endpoint;
+    std::vector<void*> pending;
+    absl::Status status;
+    for (v1::Region region : kRegions) {
+      const uint64_t remote = source.address() + StagingOffset(into.sizes, region);
+      // Pages adjacent in the pool become one get; the source is contiguous.
+      char* run = nullptr;
+      uint64_t run_bytes = 0, run_offset = 0;
+      auto flush = [&] {
+        if (run_bytes > 0 && status.ok()) {
+          status = endpoint.Get(run, run_bytes, remote + run_offset, **rkey, pending);
+        }
+        run_bytes = 0;
+      };
+      ForEachPiece(into, region, 0, into.sizes.bytes(region),
+                   [&](char* local, uint64_t n, uint64_t offset) {
+                     if (run_bytes > 0 && run + run_bytes == local) {
+                       run_bytes += n;
+                       return;
+                     }
+                     flush();
+                     run = local;
+                     run_bytes = n;
+                     run_offset = offset;
+                   });
+      flush();
+    }
+    absl::Status waited = worker_.WaitAll(pending, deadline);
+    if (absl::IsDeadlineExceeded(waited)) {
+      // The gets still running must end before the destination may be freed: close the
+      // endpoint (which cancels them) and wait for every one.
+      endpoint.Close();
+      Forget(source.ucx_worker_address(), *peer);
+      (void)worker_.WaitAll(pending, Clock::time_point::max());
+    }
+    if (!status.ok() || !waited.ok()) {
+      // A key that failed may be stale (the peer freed its buffer): unpack afresh next time.
+      std::lock_guard<std::mutex> lock((*peer)->mutex);
+      (*peer)->keys.erase(source.rkey());
+    }
+    return status.ok() ? waited : status;
+  }
+
+ private:
+  struct CachedKey {
+    std::shared_ptr<UcxRemoteKey> key;
+    Clock::time_point used;
+  };
+  struct PeerState {
+    std::unique_ptr<UcxEndpoint> endpoint;
+    std::mutex mutex;
+    std::map<std::string, CachedKey> keys;  // by packed key
+    ~PeerState() {
+      keys.clear();  // keys go before their endpoint
+    }
+  };
+
+  absl::StatusOr<std::shared_ptr<PeerState>> Peer(const std::string& address) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto& peer = peers_[address];
+    if (peer == nullptr) {
+      auto connected = worker_.Connect(address);
+      if (!connected.ok()) {
+        peers_.erase(address);
+        return connected.status();
+      }
+      peer = std::make_shared<PeerState>();
+      peer->endpoint = *std::move(connected);
+    }
+    return peer;
+  }
+  absl::StatusOr<std::shared_ptr<UcxRemoteKey>> Key(PeerState& peer, const std::string& packed) {
+    std::lock_guard<std::mutex> lock(peer.mutex);
+    const Clock::time_point now = Clock::now();
+    for (auto it = peer.keys.begin(); it != peer.keys.end();) {
+      it = now - it->second.used > kKeyIdle ? peer.keys.erase(it) : std::next(it);
+    }
+    auto found = peer.keys.find(packed);
+    if (found != peer.keys.end()) {
+      found->second.used = now;
+      return found->second.key;
+    }
+    auto unpacked = peer.endpoint->Unpack(packed);
+    if (!unpacked.ok()) return unpacked.status();
+    if (peer.keys.size() >= kMaxKeys) {
+      auto oldest = std::min_element(peer.keys.begin(), peer.keys.end(), [](auto& a, auto& b) {
+        return a.second.used < b.second.used;
+      });
+      peer.keys.erase(oldest);
+    }
+    std::shared_ptr<UcxRemoteKey> key = *std::move(unpacked);
+    peer.keys[packed] = {key, now};
+    return key;
+  }
+  void Forget(const std::string& address, const std::shared_ptr<PeerState>& peer) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = peers_.find(address);
+    if (it != peers_.end() && it->second == peer) peers_.erase(it);
+  }
+
+  UcxWorker& worker_;
+  std::mutex mutex_;
+  std::map<std::string, std::shared_ptr<PeerState>> peers_;
+};
+
+class GrpcTransport final : public Transport {
+ public:
+  absl::Status Read(const v1::RegionSource& source, const std::string& prefill_address,
+                    const RegionSpans& into, Clock::time_point deadline) override {
+    if (prefill_address.empty()) {
+      return absl::FailedPreconditionError("prefill_address: the reservation names none");
+    }
+    v1::PrefillNode::Stub& stub = Stub(prefill_address);
+    for (v1::Region region : kRegions) {
+      const uint64_t size = into.sizes.bytes(region);
+      if (size == 0) continue;
+      grpc::ClientContext context;
+      context.set_deadline(std::chrono::system_clock::now() +
+                           std::min<Clock::duration>(deadline - Clock::now(), std::chrono::hours(1)));
+      v1::ReadRegionsRequest request;
+      request.set_exposure_id(source.exposure_id());
+      request.set_region(region);
+      request.set_offset(0);
+      request.set_length(size);
+      auto reader = stub.ReadRegions(&context, request);
+      v1::RegionChunk chunk;
+      uint64_t next = 0;
+      absl::Status bad;
+      while (bad.ok() && reader->Read(&chunk)) {
+        const uint64_t bytes = chunk.data().size();
+        // Chunks come in order and inside the region; offset + bytes may wrap 64 bits, so the
+        // check never forms that sum.
+        if (chunk.region() != region || chunk.offset() != next || bytes > size - next) {
+          bad = absl::InvalidArgumentError(absl::StrCat(
+              "region chunk of ", bytes, " bytes at offset ", chunk.offset(),
+              " lies outside region ", v1::Region_Name(region), " of ", size,
+              " bytes (or out of order; expected offset ", next, ")"));
+          break;
+        }
+        const char* data = chunk.data().data();
+        ForEachPiece(into, region, next, bytes, [&](char* local, uint64_t n, uint64_t offset) {
+          std::memcpy(local, data + (offset - next), n);
+        });
+        next += bytes;
+      }
+      if (!bad.ok()) {
+        context.TryCancel();
+        (void)reader->Finish();
+        return bad;
+      }
+      if (absl::Status s = FromGrpcStatus(reader->Finish()); !s.ok()) return s;
+      if (next != size) {
+        return absl::DataLossError(absl::StrCat("region ", v1::Region_Name(region), ": got ", next,
+                                                " of ", size, " bytes"));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  v1::PrefillNode::Stub& Stub(const std::string& address) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto& stub = stubs_[address];
+    if (stub == nullptr) {
+      stub = v1::PrefillNode::NewStub(security::InternalChannel(address, security::Role::kPrefill));
+    }
+    return *stub;
+  }
+
+  std::mutex mutex_;
+  std::map<std::string, std::unique_ptr<v1::PrefillNode::Stub>> stubs_;
+};
+
+class FaultInjectingTransport final : public Transport {
+ public:
+  FaultInjectingTransport(std::unique_ptr<Transport> inner, const FaultSpec& spec)
+      : inner_(std::move(inner)), spec_(spec), random_(spec.seed) {}
+
+  absl::Status Read(const v1::RegionSource& source, const std::string& prefill_address,
+                    const RegionSpans& into, Clock::time_point deadline) override {
+    bool drop, corrupt, truncate;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      drop = Draw(spec_.drop);
+      corrupt = Draw(spec_.corrupt);
+      truncate = Draw(spec_.truncate);
+    }
+    if (spec_.delay_ms > 0) {
+      const Clock::time_point until = Clock::now() + std::chrono::milliseconds(spec_.delay_ms);
+      std::this_thread::sleep_until(std::min(until, deadline));
+      if (until > deadline) {
+        return absl::DeadlineExceededError("transfer delayed past its deadline (injected fault)");
+      }
+    }
+    if (drop) {
+      std::this_thread::sleep_until(deadline);
+      return absl::DeadlineExceededError("transfer dropped (injected fault)");
+    }
+    RegionSpans spans = into;
+    if (truncate) {
+      // Half of the last non-empty region arrives; the read reports success.
+      if (spans.sizes.block_kv > 0) {
+        spans.sizes.block_kv /= 2;
+      } else if (spans.sizes.consumer_swa > 0) {
+        spans.sizes.consumer_swa /= 2;
+      } else {
+        spans.sizes.producer_swa /= 2;
+      }
+    }
+    if (absl::Status s = inner_->Read(source, prefill_address, spans, deadline); !s.ok()) return s;
+    if (corrupt) {
+      for (v1::Region region : kRegions) {
+        if (spans.sizes.bytes(region) == 0) continue;
+        ForEachPiece(spans, region, 0, 1, [](char* local, uint64_t, uint64_t) { *local ^= 0x40; });
+        break;
+      }
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  bool Draw(double probability) {
+    return probability > 0 && std::uniform_real_distribution<double>(0, 1)(random_) < probability;
+  }
+
+  std::unique_ptr<Transport> inner_;
+  FaultSpec spec_;
+  std::mutex mutex_;
+  std::mt19937_64 random_;
+};
+
+}  // namespace
+
+std::unique_ptr<Transport> MakeUcxTransport(UcxWorker& worker) {
+  return std::make_unique<UcxTransport>(worker);
+}
+
+std::unique_ptr<Transport> MakeGrpcTransport() { return std::make_unique<GrpcTransport>(); }
+
+std::unique_ptr<Transport> MakeFaultInjectingTransport(std::unique_ptr<Transport> inner,
+                                                       const FaultSpec& spec) {
+  return std::make_unique<FaultInjectingTransport>(std::move(inner), spec);
+}
+
+absl::StatusOr<FaultSpec> ParseFaultSpec(const std::string& text) {
+  FaultSpec spec;
+  for (absl::string_view item : absl::StrSplit(text, ',', absl::SkipEmpty())) {
+    std::pair<absl::string_view, absl::string_view> kv = absl::StrSplit(item, '=');
+    const std::string key(kv.first);
+    double* probability = key == "drop"       ? &spec.drop
+                          : key == "corrupt"  ? &spec.corrupt
+                          : key == "truncate" ? &spec.truncate
+                                              : nullptr;
+    if (probability != nullptr) {
+      if (!absl::SimpleAtod(kv.second, probability) || !(*probability >= 0 && *probability <= 1)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("transfer faults: ", key, " must be a probability in [0, 1]"));
+      }
+    } else if (key == "delay_ms") {
+      if (!absl::SimpleAtoi(kv.second, &spec.delay_ms) || spec.delay_ms < 0 ||
+          spec.delay_ms > 600000) {
+        return absl::InvalidArgumentError(
+            "transfer faults: delay_ms must be an integer in [0, 600000]");
+      }
+    } else if (key == "seed") {
+      if (!absl::SimpleAtoi(kv.second, &spec.seed)) {
+        return absl::InvalidArgumentError("transfer faults: seed must be an unsigned integer");
+      }
+    } else {
+      return absl::InvalidArgumentError(
+          absl::StrCat("transfer faults: unknown key '", key,
+                       "' (allowed: drop, corrupt, truncate, delay_ms, seed)"));
+    }
+  }
+  return spec;
+}
+
+}  // namespace baton::transfer
