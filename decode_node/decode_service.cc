@@ -16,6 +16,8 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 constexpr uint32_t kMaxReservationTimeoutMs = 10 * 60 * 1000;
+// A commit's read ends this long before the caller's deadline.
+constexpr auto kCommitMargin = std::chrono::milliseconds(500);
 
 using security::Role;
 
@@ -113,7 +115,7 @@ DecodeService::DecodeService(const model::CedModel& model, const DecodeOptions& 
   const model::StateLayout layout = model.state_layout();
   const uint64_t bytes = StatePool::BytesFor(layout, options.slots, options.pages);
   if (options.use_ucx) {
-    auto worker = transfer::UcxWorker::Create();
+    auto worker = transfer::UcxWorker::Create(options.ucx_peer_errors);
     auto memory = worker.ok()
                       ? (*worker)->Allocate(bytes)
                       : absl::StatusOr<std::unique_ptr<transfer::UcxMemory>>(worker.status());
@@ -300,16 +302,25 @@ grpc::Status DecodeService::Commit(grpc::ServerContext* context, const v1::Commi
   // Read the regions into the reservation while it is live: by its deadline (and the
   // caller's). `r` keeps the memory until the transport has stopped writing, even when the
   // reservation expires or is released meanwhile; only then may it return to the pool.
+  // The read also ends a little before the prefill node's commit call does, and at once when
+  // that call is cancelled: the prefill node stops exposing the regions then.
   r->phase = Phase::kTransferring;
   const auto caller_deadline =
-      Clock::now() + std::min<std::chrono::system_clock::duration>(
-                         context->deadline() - std::chrono::system_clock::now(),
-                         std::chrono::hours(1));
+      Clock::now() +
+      std::min<std::chrono::system_clock::duration>(
+          context->deadline() - std::chrono::system_clock::now(), std::chrono::hours(1)) -
+      kCommitMargin;
   const Clock::time_point deadline = std::min(r->deadline, caller_deadline);
   const transfer::RegionSpans into = transfer::SpansOf(*r->state, r->prompt_len);
   lock.unlock();
   const auto transfer_start = Clock::now();
-  absl::Status read = transport->Read(source, r->prefill_address, into, deadline);
+  absl::Status read = transport->Read(source, r->prefill_address, into, deadline,
+                                      [context] { return context->IsCancelled(); });
+  if (absl::IsUnavailable(read) || absl::IsCancelled(read)) {
+    // The transfer failed, not this node: ABORTED, which nobody takes for a lost node.
+    read = absl::AbortedError(
+        absl::StrCat("reading the StateBlock from the prefill node failed: ", read.message()));
+  }
   const double transfer_seconds =
       std::chrono::duration<double>(Clock::now() - transfer_start).count();
   lock.lock();

@@ -29,6 +29,10 @@ int main(int argc, char** argv) {
                  "Reservations that may wait for memory before RESOURCE_EXHAUSTED")
       ->check(CLI::Range(0, 1 << 20));
   app.add_flag("--no-ucx", no_ucx, "Serve only the gRPC transport");
+  app.add_flag("--ucx-peer-errors", options.ucx_peer_errors,
+               "UCX endpoints with peer error handling: a dead prefill node fails its transfer "
+               "instead of this process (network transports only: UCX 1.13 cannot use shared "
+               "memory with it)");
   app.add_flag("--poison-freed-memory", options.poison_freed_memory,
                "Fill freed pool memory with a poison pattern and count writes into it "
                "(baton_pool_poison_violations; for tests and debugging)");

@@ -89,4 +89,9 @@ absl::StatusOr<DecodeRow> ScheduleDecodeRow(const ModelConfig& config, int64_t i
       .slot = static_cast<int32_t>(length % config.ring_capacity())};
 }
 
+absl::Status PrefillCancelled(int64_t q_start, int64_t prompt_len) {
+  return absl::CancelledError(absl::StrCat("prefill cancelled after ", q_start, " of ", prompt_len,
+                                           " prompt rows"));
+}
+
 }  // namespace baton::model

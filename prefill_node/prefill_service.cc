@@ -322,6 +322,8 @@ grpc::Status PrefillService::Run(grpc::ServerContext* context, const v1::Prefill
                                 .keep = request->keep(),
                                 .s_valid = request->s_valid(),
                                 .chunk_size = options_.token_budget};
+  // A request whose caller went away (or whose deadline passed) computes no further chunk.
+  options.cancelled = [context] { return context->IsCancelled(); };
   // A prefix hit loads [0, H) from the store; if that fails, the prefill computes producers and
   // block KV over [0, H) itself, which gives the same result (DESIGN section 3, s_valid).
   std::vector<Sha256Digest> keys;
@@ -408,7 +410,15 @@ grpc::Status PrefillService::Run(grpc::ServerContext* context, const v1::Prefill
   // The decode node has read the regions (or given up): stop exposing them. The UCX
   // registration ends with the last reference, once the write-back payloads are copied.
   exposures_.Remove((*exposure)->id());
-  if (!commit_status.ok()) return commit_status;
+  if (!commit_status.ok()) {
+    // The decode node may not have noticed yet that this commit ended: its buffer is not
+    // handed to another request until it must have (transfer/exposure.h, HoldBack).
+    (*exposure)->HoldBack();
+    // The decode node failed or refused, not this node: the router must not take this node
+    // for lost when the decode node is (DESIGN section 6, faults).
+    context->AddTrailingMetadata(kFailedNodeKey, "decode");
+    return commit_status;
+  }
   const char* transport = request->transport() == v1::TRANSPORT_GRPC ? "grpc" : "ucx";
   metrics_->transfer_bytes.Add({{"transport", transport}})
       .Increment(static_cast<double>(transfer::StagingBytes(sizes)));

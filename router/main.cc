@@ -43,6 +43,13 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"ring", "keep"}));
   app.add_option("--lookup-timeout-ms", options.lookup_timeout_ms,
                  "Prefix-store lookups slower than this run the request cold");
+  app.add_option("--max-queued", options.max_queued,
+                 "Requests that may wait for a prefill slot; beyond, RESOURCE_EXHAUSTED at once "
+                 "(default 1024)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
+  app.add_option("--prefill-slots", options.prefill_slots,
+                 "Prefills in flight per prefill node (default 2: one computing, one ready)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 10));
   app.add_flag("--require-kvstore", options.require_kvstore,
                "Become SERVING only once a kvstore has registered too (losing it later makes "
                "requests cold, not the router unready)");

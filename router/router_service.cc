@@ -119,8 +119,10 @@ RouterService::RouterService(const ModelConfig& config, const RouterOptions& opt
   // Live nodes by role, read at scrape time from the registry.
   nodes_collector_ = metrics::AddCollector([this] {
     std::map<std::string, double> live = {{"prefill", 0}, {"decode", 0}, {"kvstore", 0}};
+    double queued = 0;
     {
       std::lock_guard<std::mutex> lock(mutex_);
+      queued = static_cast<double>(queue_.size());
       const auto now = Clock::now();
       for (const auto& [id, node] : nodes_) {
         if (now - node->last_seen <= std::chrono::milliseconds(options_.node_ttl_ms)) {
@@ -130,8 +132,12 @@ RouterService::RouterService(const ModelConfig& config, const RouterOptions& opt
     }
     std::vector<std::pair<std::map<std::string, std::string>, double>> samples;
     for (const auto& [role, n] : live) samples.push_back({{{"role", role}}, n});
-    return std::vector<prometheus::MetricFamily>{metrics::GaugeFamily(
-        "baton_nodes", "Registered nodes heard from recently, by role", samples)};
+    return std::vector<prometheus::MetricFamily>{
+        metrics::GaugeFamily("baton_nodes", "Registered nodes heard from recently, by role",
+                             samples),
+        metrics::GaugeFamily("baton_router_queue_depth",
+                             "Requests waiting in the admission queue for a prefill slot",
+                             {{{}, queued}})};
   });
 }
 
@@ -196,6 +202,85 @@ std::shared_ptr<RouterService::Node> RouterService::Pick(v1::NodeRole role,
   }
   if (best != nullptr) ++best->inflight;
   return best;
+}
+
+absl::StatusOr<std::shared_ptr<RouterService::Node>> RouterService::AdmitPrefill(
+    grpc::ServerContext* context, const std::vector<std::string>& exclude, bool retry,
+    int64_t* retry_after_ms) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  std::optional<uint64_t> ticket;
+  auto leave = [&] {
+    if (ticket.has_value()) {
+      queue_.erase(std::find(queue_.begin(), queue_.end(), *ticket));
+      admission_.notify_all();
+    }
+  };
+  while (true) {
+    const auto now = Clock::now();
+    std::shared_ptr<Node> best;
+    int64_t live = 0;
+    for (auto& [id, node] : nodes_) {
+      if (node->info.role() != v1::NODE_ROLE_PREFILL ||
+          now - node->last_seen > std::chrono::milliseconds(options_.node_ttl_ms) ||
+          std::find(exclude.begin(), exclude.end(), id) != exclude.end()) {
+        continue;
+      }
+      ++live;
+      if (node->prefilling >= options_.prefill_slots) continue;
+      // Fewest prefills in flight, then the least reported queue.
+      if (best == nullptr || node->prefilling < best->prefilling ||
+          (node->prefilling == best->prefilling &&
+           node->info.load().queued_requests() < best->info.load().queued_requests())) {
+        best = node;
+      }
+    }
+    if (live == 0) {
+      leave();
+      return absl::UnavailableError("no prefill node is available");
+    }
+    // First come, first served: a new request takes a slot only at the head of the queue.
+    const bool turn = retry || queue_.empty() || (ticket.has_value() && queue_.front() == *ticket);
+    if (best != nullptr && turn) {
+      if (ticket.has_value()) {
+        queue_.pop_front();
+        admission_.notify_all();
+      }
+      ++best->prefilling;
+      ++best->inflight;
+      return best;
+    }
+    if (!ticket.has_value() && !retry) {
+      if (static_cast<int64_t>(queue_.size()) >= options_.max_queued) {
+        // Roughly when the queue ahead will have drained to where this request would start.
+        *retry_after_ms = static_cast<int64_t>(
+            prefill_ms_average_ * static_cast<double>(queue_.size()) /
+            static_cast<double>(std::max<int64_t>(1, live * options_.prefill_slots)));
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "the router's admission queue is full (", options_.max_queued,
+            " requests waiting for a prefill node); retry after ", *retry_after_ms, " ms"));
+      }
+      ticket = next_ticket_++;
+      queue_.push_back(*ticket);
+    }
+    if (context->IsCancelled()) {
+      leave();
+      return absl::CancelledError("cancelled while waiting for a prefill node");
+    }
+    if (context->deadline() < std::chrono::system_clock::now()) {
+      leave();
+      return absl::DeadlineExceededError(
+          "the request's deadline passed while it waited for a prefill node");
+    }
+    admission_.wait_for(lock, std::chrono::milliseconds(20));
+  }
+}
+
+void RouterService::PrefillDone(Node& node, Clock::duration took) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  --node.prefilling;
+  prefill_ms_average_ =
+      0.8 * prefill_ms_average_ + 0.2 * std::chrono::duration<double, std::milli>(took).count();
+  admission_.notify_all();
 }
 
 void RouterService::MarkDown(const std::string& node_id) {
@@ -421,6 +506,7 @@ grpc::Status RouterService::Serve(grpc::ServerContext* context, const v1::Genera
   v1::Timings timings;
   const std::chrono::milliseconds reserve_cap(options_.reservation_timeout_ms);
 
+  int transfer_retries = 0;
   for (int attempt = 0; attempt < 6; ++attempt) {
     const uint32_t g = static_cast<uint32_t>(generated.size());
     // A re-prefill covers prompt + the g tokens streamed so far, with keep K + g so that
@@ -445,12 +531,30 @@ grpc::Status RouterService::Serve(grpc::ServerContext* context, const v1::Genera
         --node->inflight;
       }
     };
-    // The prefill node is chosen first: the reservation names the identity that may fill it.
-    std::shared_ptr<Node> prefill_node = Pick(v1::NODE_ROLE_PREFILL, lost_prefill);
-    if (prefill_node == nullptr) {
-      return grpc::Status(grpc::StatusCode::UNAVAILABLE, "no prefill node is available");
+    // Admission first: the prefill node, once one has a free slot (the reservation names the
+    // identity that may fill it, and is taken only now, so it never expires in a queue).
+    int64_t retry_after_ms = 0;
+    absl::StatusOr<std::shared_ptr<Node>> admitted =
+        AdmitPrefill(context, lost_prefill, attempt > 0, &retry_after_ms);
+    if (!admitted.ok()) {
+      if (absl::IsResourceExhausted(admitted.status())) {
+        context->AddTrailingMetadata(kRetryAfterKey, std::to_string(retry_after_ms));
+      }
+      return ToGrpcStatus(admitted.status());
     }
+    std::shared_ptr<Node> prefill_node = *admitted;
     Inflight prefill_inflight{this, prefill_node};
+    // The prefill slot goes back when the prefill node answers (or this attempt ends first).
+    struct PrefillSlot {
+      RouterService* self;
+      Node* node;
+      Clock::time_point start = Clock::now();
+      void Done() {
+        if (node != nullptr) self->PrefillDone(*node, Clock::now() - start);
+        node = nullptr;
+      }
+      ~PrefillSlot() { Done(); }
+    } prefill_slot{this, prefill_node.get()};
     std::shared_ptr<Node> decode = Pick(v1::NODE_ROLE_DECODE, lost_decode);
     if (decode == nullptr) {
       return grpc::Status(grpc::StatusCode::UNAVAILABLE, "no decode node is available");
@@ -498,8 +602,36 @@ grpc::Status RouterService::Serve(grpc::ServerContext* context, const v1::Genera
     auto prefill_context = grpc::ClientContext::FromServerContext(*context);
     v1::PrefillResponse prefilled;
     status = prefill_stub->Prefill(prefill_context.get(), prefill, &prefilled);
+    prefill_slot.Done();
     if (!status.ok()) {
       release();
+      // A failure the prefill node attributes to the decode node (its commit could not reach
+      // it) is the decode node's: retry on another decode node, keep the prefill node.
+      const auto& trailers = prefill_context->GetServerTrailingMetadata();
+      auto failed = trailers.find(kFailedNodeKey);
+      const bool decode_failed = failed != trailers.end() && failed->second == "decode";
+      if (decode_failed && status.error_code() == grpc::StatusCode::ABORTED &&
+          transfer_retries < 2) {
+        // The decode node's read of the StateBlock failed (the peer or transport, not a
+        // node): try the transfer again.
+        ++transfer_retries;
+        log::Warn("StateBlock transfer failed; retrying",
+                  {{"request_id", id},
+                   {"node", decode->info.node_id()},
+                   {"error", status.error_message()}});
+        metrics_->retries.Add({{"reason", "transfer_failed"}}).Increment();
+        continue;
+      }
+      if (decode_failed && NodeLost(status)) {
+        log::Warn("decode node lost before its commit; retrying on another",
+                  {{"request_id", id},
+                   {"node", decode->info.node_id()},
+                   {"error", status.error_message()}});
+        metrics_->retries.Add({{"reason", "decode_lost"}}).Increment();
+        MarkDown(decode->info.node_id());
+        lost_decode.push_back(decode->info.node_id());
+        continue;
+      }
       if (NodeLost(status)) {
         log::Warn(
             "prefill node lost; retrying on another",

@@ -45,8 +45,42 @@ absl::StatusOr<std::unique_ptr<StagingBuffer>> StagingPool::Acquire(const std::s
   return buffer;
 }
 
+void StagingPool::TakeDue(std::vector<std::unique_ptr<StagingBuffer>>& due) {
+  const auto now = std::chrono::steady_clock::now();
+  for (auto it = held_.begin(); it != held_.end();) {
+    if (it->first <= now) {
+      due.push_back(std::move(it->second));
+      it = held_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+void StagingPool::ReleaseAfter(std::unique_ptr<StagingBuffer> buffer,
+                               std::chrono::milliseconds hold) {
+  std::vector<std::unique_ptr<StagingBuffer>> due;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    held_.emplace_back(std::chrono::steady_clock::now() + hold, std::move(buffer));
+    TakeDue(due);
+  }
+  for (auto& b : due) Release(std::move(b));
+}
+
+size_t StagingPool::held() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return held_.size();
+}
+
 void StagingPool::Release(std::unique_ptr<StagingBuffer> buffer) {
   std::vector<std::unique_ptr<StagingBuffer>> evicted;  // freed outside the lock
+  std::vector<std::unique_ptr<StagingBuffer>> due;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    TakeDue(due);
+  }
+  for (auto& b : due) Release(std::move(b));
   std::lock_guard<std::mutex> lock(mutex_);
   if (buffer->capacity > cache_bytes_) return;
   buffer->released = std::chrono::steady_clock::now();
@@ -84,7 +118,12 @@ absl::StatusOr<std::shared_ptr<Exposure>> Exposure::Create(StagingPool& pool,
 }
 
 Exposure::~Exposure() {
-  if (buffer_ != nullptr) pool_->Release(std::move(buffer_));
+  if (buffer_ == nullptr) return;
+  if (hold_back_) {
+    pool_->ReleaseAfter(std::move(buffer_), kFailedCommitHold);
+  } else {
+    pool_->Release(std::move(buffer_));
+  }
 }
 
 float* Exposure::At(v1::Region region) const {

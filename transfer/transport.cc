@@ -72,13 +72,15 @@ constexpr v1::Region kRegions[] = {v1::REGION_PRODUCER_SWA, v1::REGION_CONSUMER_
 // kKeyIdle, or past kMaxKeys per endpoint, are let go.
 constexpr size_t kMaxKeys = 32;
 constexpr auto kKeyIdle = std::chrono::seconds(30);
+constexpr auto kPeerIdle = std::chrono::minutes(5);
 
 class UcxTransport final : public Transport {
  public:
   explicit UcxTransport(UcxWorker& worker) : worker_(worker) {}
 
   absl::Status Read(const v1::RegionSource& source, const std::string& prefill_address,
-                    const RegionSpans& into, Clock::time_point deadline) override {
+                    const RegionSpans& into, Clock::time_point deadline,
+                    const std::function<bool()>& stop) override {
     if (source.ucx_worker_address().empty() ||
         source.ucx_worker_address().size() > kMaxUcxWorkerAddressBytes) {
       return absl::InvalidArgumentError(absl::StrCat("source.ucx_worker_address: must be 1 to ",
@@ -124,10 +126,11 @@ class UcxTransport final : public Transport {
                    });
       flush();
     }
-    absl::Status waited = worker_.WaitAll(pending, deadline);
-    if (absl::IsDeadlineExceeded(waited)) {
+    absl::Status waited = worker_.WaitAll(pending, deadline, stop);
+    if (absl::IsDeadlineExceeded(waited) || absl::IsCancelled(waited)) {
       // The gets still running must end before the destination may be freed: close the
-      // endpoint (which cancels them) and wait for every one.
+      // endpoint (which cancels them) and wait for every one. Its keys are released after
+      // the close; UCX 1.13 releases a key through its transport component alone.
       endpoint.Close();
       Forget(source.ucx_worker_address(), *peer);
       (void)worker_.WaitAll(pending, Clock::time_point::max());
@@ -147,6 +150,7 @@ class UcxTransport final : public Transport {
   };
   struct PeerState {
     std::unique_ptr<UcxEndpoint> endpoint;
+    Clock::time_point used;  // guarded by UcxTransport::mutex_
     std::mutex mutex;
     std::map<std::string, CachedKey> keys;  // by packed key
     ~PeerState() {
@@ -156,6 +160,13 @@ class UcxTransport final : public Transport {
 
   absl::StatusOr<std::shared_ptr<PeerState>> Peer(const std::string& address) {
     std::lock_guard<std::mutex> lock(mutex_);
+    // Endpoints (and the keys, and so the memory, they hold) of prefill nodes not read from
+    // for a while go: a node that restarted or left is not read from again.
+    const Clock::time_point now = Clock::now();
+    for (auto it = peers_.begin(); it != peers_.end();) {
+      const bool idle = it->second.use_count() == 1 && now - it->second->used > kPeerIdle;
+      it = idle ? peers_.erase(it) : std::next(it);
+    }
     auto& peer = peers_[address];
     if (peer == nullptr) {
       auto connected = worker_.Connect(address);
@@ -166,6 +177,7 @@ class UcxTransport final : public Transport {
       peer = std::make_shared<PeerState>();
       peer->endpoint = *std::move(connected);
     }
+    peer->used = now;
     return peer;
   }
   absl::StatusOr<std::shared_ptr<UcxRemoteKey>> Key(PeerState& peer, const std::string& packed) {
@@ -205,7 +217,8 @@ class UcxTransport final : public Transport {
 class GrpcTransport final : public Transport {
  public:
   absl::Status Read(const v1::RegionSource& source, const std::string& prefill_address,
-                    const RegionSpans& into, Clock::time_point deadline) override {
+                    const RegionSpans& into, Clock::time_point deadline,
+                    const std::function<bool()>& stop) override {
     if (prefill_address.empty()) {
       return absl::FailedPreconditionError("prefill_address: the reservation names none");
     }
@@ -226,6 +239,10 @@ class GrpcTransport final : public Transport {
       uint64_t next = 0;
       absl::Status bad;
       while (bad.ok() && reader->Read(&chunk)) {
+        if (stop && stop()) {
+          bad = absl::CancelledError("gRPC read: the transfer was abandoned");
+          break;
+        }
         const uint64_t bytes = chunk.data().size();
         // Chunks come in order and inside the region; offset + bytes may wrap 64 bits, so the
         // check never forms that sum.
@@ -276,7 +293,8 @@ class FaultInjectingTransport final : public Transport {
       : inner_(std::move(inner)), spec_(spec), random_(spec.seed) {}
 
   absl::Status Read(const v1::RegionSource& source, const std::string& prefill_address,
-                    const RegionSpans& into, Clock::time_point deadline) override {
+                    const RegionSpans& into, Clock::time_point deadline,
+                    const std::function<bool()>& stop) override {
     bool drop, corrupt, truncate;
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -284,15 +302,26 @@ class FaultInjectingTransport final : public Transport {
       corrupt = Draw(spec_.corrupt);
       truncate = Draw(spec_.truncate);
     }
+    // Waits until `until`, or less when the reader stops; false when it stopped.
+    auto wait = [&](Clock::time_point until) {
+      while (Clock::now() < until) {
+        if (stop && stop()) return false;
+        std::this_thread::sleep_for(
+            std::min<Clock::duration>(until - Clock::now(), std::chrono::milliseconds(10)));
+      }
+      return true;
+    };
     if (spec_.delay_ms > 0) {
       const Clock::time_point until = Clock::now() + std::chrono::milliseconds(spec_.delay_ms);
-      std::this_thread::sleep_until(std::min(until, deadline));
+      if (!wait(std::min(until, deadline))) {
+        return absl::CancelledError("transfer abandoned while delayed (injected fault)");
+      }
       if (until > deadline) {
         return absl::DeadlineExceededError("transfer delayed past its deadline (injected fault)");
       }
     }
     if (drop) {
-      std::this_thread::sleep_until(deadline);
+      if (!wait(deadline)) return absl::CancelledError("dropped transfer abandoned (injected fault)");
       return absl::DeadlineExceededError("transfer dropped (injected fault)");
     }
     RegionSpans spans = into;
@@ -306,7 +335,9 @@ class FaultInjectingTransport final : public Transport {
         spans.sizes.producer_swa /= 2;
       }
     }
-    if (absl::Status s = inner_->Read(source, prefill_address, spans, deadline); !s.ok()) return s;
+    if (absl::Status s = inner_->Read(source, prefill_address, spans, deadline, stop); !s.ok()) {
+      return s;
+    }
     if (corrupt) {
       for (v1::Region region : kRegions) {
         if (spans.sizes.bytes(region) == 0) continue;

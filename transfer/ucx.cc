@@ -2,6 +2,8 @@
 
 #include <ucp/api/ucp.h>
 
+#include <thread>
+
 #include "absl/strings/str_cat.h"
 
 namespace baton::transfer {
@@ -13,8 +15,9 @@ absl::Status UcxError(const char* what, ucs_status_t status) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<UcxWorker>> UcxWorker::Create() {
+absl::StatusOr<std::unique_ptr<UcxWorker>> UcxWorker::Create(bool peer_error_handling) {
   std::unique_ptr<UcxWorker> w(new UcxWorker());
+  w->peer_error_handling_ = peer_error_handling;
   ucp_config_t* config = nullptr;
   if (ucs_status_t s = ucp_config_read(nullptr, nullptr, &config); s != UCS_OK) {
     return UcxError("config", s);
@@ -92,9 +95,21 @@ absl::StatusOr<std::unique_ptr<UcxEndpoint>> UcxWorker::Connect(
     const std::string& remote_address) {
   std::unique_ptr<UcxEndpoint> endpoint(new UcxEndpoint());
   endpoint->worker_ = this;
+  // The address came off the wire and ucp reads it without a length: copy it into a
+  // zero-padded buffer, so that a truncated one is read into zeros, never past its end.
+  std::string padded = remote_address;
+  padded.resize(remote_address.size() + kWirePadBytes, '\0');
   ucp_ep_params_t params{};
   params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS;
-  params.address = reinterpret_cast<const ucp_address_t*>(remote_address.data());
+  params.address = reinterpret_cast<const ucp_address_t*>(padded.data());
+  if (peer_error_handling_) {
+    // A dead peer fails this endpoint's requests (they complete with an error, which the
+    // reader reports), and a forced close is defined behaviour.
+    params.field_mask |= UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+    params.err_handler.cb = [](void*, ucp_ep_h, ucs_status_t) {};
+    params.err_handler.arg = nullptr;
+  }
   ucp_ep_h ep = nullptr;
   if (ucs_status_t s = ucp_ep_create(static_cast<ucp_worker_h>(worker_), &params, &ep);
       s != UCS_OK) {
@@ -117,10 +132,16 @@ absl::Status UcxWorker::Wait(void* request) {
   return status == UCS_OK ? absl::OkStatus() : UcxError("request", status);
 }
 
-absl::Status UcxWorker::WaitAll(std::vector<void*>& pending, Clock::time_point deadline) {
+absl::Status UcxWorker::WaitAll(std::vector<void*>& pending, Clock::time_point deadline,
+                                const std::function<bool()>& stop) {
   absl::Status failed;
+  const Clock::time_point spin_until = Clock::now() + std::chrono::milliseconds(1);
   while (!pending.empty()) {
-    Progress();
+    // Spin while transfers are young (shared-memory gets finish in microseconds), then back
+    // off so that a stalled peer does not hold a core.
+    if (Progress() == 0 && Clock::now() > spin_until) {
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
     for (size_t i = 0; i < pending.size();) {
       const ucs_status_t status = ucp_request_check_status(pending[i]);
       if (status == UCS_INPROGRESS) {
@@ -134,6 +155,9 @@ absl::Status UcxWorker::WaitAll(std::vector<void*>& pending, Clock::time_point d
     }
     if (!pending.empty() && Clock::now() >= deadline) {
       return absl::DeadlineExceededError("UCX get: not complete by the transfer deadline");
+    }
+    if (!pending.empty() && stop && stop()) {
+      return absl::CancelledError("UCX get: the transfer was abandoned");
     }
   }
   return failed;
@@ -159,8 +183,10 @@ absl::StatusOr<std::unique_ptr<UcxRemoteKey>> UcxEndpoint::Unpack(const std::str
   std::lock_guard<std::mutex> lock(mutex_);
   if (ep_ == nullptr) return absl::UnavailableError("UCX endpoint: closed");
   std::unique_ptr<UcxRemoteKey> key(new UcxRemoteKey());
+  std::string padded = packed_rkey;  // as for the worker address in Connect
+  padded.resize(packed_rkey.size() + kWirePadBytes, '\0');
   ucp_rkey_h rkey = nullptr;
-  if (ucs_status_t s = ucp_ep_rkey_unpack(static_cast<ucp_ep_h>(ep_), packed_rkey.data(), &rkey);
+  if (ucs_status_t s = ucp_ep_rkey_unpack(static_cast<ucp_ep_h>(ep_), padded.data(), &rkey);
       s != UCS_OK) {
     return UcxError("rkey_unpack", s);
   }

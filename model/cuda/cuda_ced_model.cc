@@ -533,6 +533,7 @@ absl::StatusOr<PrefillResult> CudaCedModel::Prefill(std::span<const int32_t> tok
   result.consumer_rows = schedule->plan.total_consumer_rows();
   const int64_t V = config_.vocab_size;
   for (const PrefillRun& run : schedule->runs) {
+    if (options.cancelled && options.cancelled()) return PrefillCancelled(run.q_start, L);
     Segment seg{.state = &state, .q_start = run.q_start, .rows = run.rows};
     if (run.chunk >= 0) {
       const ChunkPlan& chunk_plan = schedule->plan.chunks[run.chunk];

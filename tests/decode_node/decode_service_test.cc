@@ -245,7 +245,7 @@ TEST_F(DecodeServiceTest, TruncatedTransferFailsItsChecksum) {
 TEST_F(DecodeServiceTest, DroppedTransferEndsAtTheReservationDeadline) {
   Start({.slots = 1, .pages = 64, .transfer_faults = transfer::FaultSpec{.drop = 1}});
   v1::Reservation reservation;
-  ASSERT_TRUE(Reserve("r1", 40, 5, &reservation, /*timeout_ms=*/300).ok());
+  ASSERT_TRUE(Reserve("r1", 40, 5, &reservation, /*timeout_ms=*/1000).ok());
   const grpc::Status status = Commit(Expose(reservation, 40));
   EXPECT_EQ(status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
   EXPECT_TRUE(Drained());
@@ -256,9 +256,9 @@ TEST_F(DecodeServiceTest, DroppedTransferEndsAtTheReservationDeadline) {
 // prefill node's bytes, arriving later, never land in it (nor in whoever gets it next).
 TEST_F(DecodeServiceTest, ReservationExpiringDuringItsTransferNeverReceivesAByte) {
   Start({.slots = 1, .pages = 3});
-  prefill_.hold_ms = 600;  // the prefill node answers after the reservation's deadline
+  prefill_.hold_ms = 2500;  // the prefill node answers after the reservation's deadline
   v1::Reservation reservation;
-  ASSERT_TRUE(Reserve("r1", 40, 1, &reservation, /*timeout_ms=*/200).ok());
+  ASSERT_TRUE(Reserve("r1", 40, 1, &reservation, /*timeout_ms=*/1000).ok());
   const grpc::Status status = Commit(Expose(reservation, 40));
   EXPECT_EQ(status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
   EXPECT_TRUE(Drained());

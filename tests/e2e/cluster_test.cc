@@ -355,7 +355,7 @@ TEST_F(FaultTest, PrefillNodeLostBeforeCommitIsRetriedAndTheReservationFreed) {
 // serving: the next good transfer decodes the undisturbed tokens.
 TEST_F(FaultTest, CorruptedOrDroppedTransfersFailCleanlyAndFreeTheReservation) {
   Cluster cluster(small_);
-  ASSERT_FALSE(cluster.StartRouter({"--reservation-timeout-ms", "1500"}).empty());
+  ASSERT_FALSE(cluster.StartRouter({"--reservation-timeout-ms", "3000"}).empty());
   ASSERT_FALSE(
       cluster.StartDecode("decode", {"--inject-transfer-faults", "corrupt=0.5,drop=0.3,seed=3"})
           .empty());

@@ -353,16 +353,16 @@ TEST_F(SecurityTest, AReservationThatExpiresBeforeItsTransferNeverReceivesAByte)
   StartCluster({}, {"--poison-freed-memory", "--metrics-port", "0", "--metrics-ready-file",
                     metrics_file, "--slots", "1"});
   FakePrefill fake;
-  fake.hold_ms = 1500;
+  fake.hold_ms = 5000;
   v1::ReserveRequest request = ReserveRequest(40, 4);
   request.set_prefill_address(fake.address);
-  request.set_timeout_ms(300);
+  request.set_timeout_ms(2000);
   v1::Reservation reservation;
   ASSERT_TRUE(Reserve(request, &reservation).ok());
   const grpc::Status status = Commit("prefill", reservation, 40);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << status.error_message();
   EXPECT_TRUE(DecodeDrained(*cluster_, "decode"));
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
   while (fake.answered == 0 && std::chrono::steady_clock::now() < until) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }

@@ -38,9 +38,11 @@ const BATON_CONFIG_KEYS = {
            "router", "tls-ca", "tls-cert", "tls-key", "insecure-internal"],
   router: ["port", "internal-port", "client-tls-cert", "client-tls-key", "client-tls-ca", "api-keys",
            "default-mode", "default-keep", "max-tokens-limit", "max-model-len", "transport",
-           "reservation-timeout-ms", "hit-cap", "lookup-timeout-ms", "require-kvstore"],
+           "reservation-timeout-ms", "hit-cap", "lookup-timeout-ms", "require-kvstore", "max-queued",
+           "prefill-slots"],
   prefill: ["port", "node-id", "token-budget", "no-ucx", "kvstore"],
-  decode: ["port", "node-id", "slots", "pages", "max-batch", "max-waiting", "no-ucx"],
+  decode: ["port", "node-id", "slots", "pages", "max-batch", "max-waiting", "no-ucx",
+           "ucx-peer-errors"],
   kvstore: ["port", "data-dir", "budget-bytes"],
 };
 

@@ -298,6 +298,22 @@ TEST_F(CedModelTest, StreamedResultLogitsEqualTheWholeResultAndKeepOnlyTheLastRo
       1e-6);
 }
 
+TEST_F(CedModelTest, CancelledPrefillStopsAtTheNextChunk) {
+  std::mt19937_64 rng(19);
+  const auto tokens = RandomTokens(rng, 70, tiny().config().vocab_size);
+  int asked = 0;
+  PrefillOptions options{.chunk_size = 16};
+  // Cancelled once two chunks have started: the third never runs.
+  options.cancelled = [&] { return ++asked > 2; };
+  SequenceState state(tiny().state_layout());
+  auto result = tiny().Prefill(tokens, options, state);
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kCancelled) << result.status();
+  EXPECT_THAT(std::string(result.status().message()),
+              ::testing::HasSubstr("after 32 of 70 prompt rows"));
+  EXPECT_EQ(asked, 3);
+  EXPECT_EQ(state.length, 0);  // the state was never completed
+}
+
 TEST_F(CedModelTest, GreedyIsDeterministicAndBatchEqualsAlone) {
   std::mt19937_64 rng(17);
   const int64_t V = tiny().config().vocab_size;

@@ -23,6 +23,14 @@ namespace baton {
 grpc::Status ToGrpcStatus(const absl::Status& status);
 absl::Status FromGrpcStatus(const grpc::Status& status);
 
+// Trailing metadata by which a node says that a failure it reports is another node's: the
+// prefill node names "decode" when its commit to the decode node failed, so the router retries
+// on another decode node instead of taking the prefill node for lost.
+inline constexpr char kFailedNodeKey[] = "baton-failed-node";
+// Trailing metadata of a RESOURCE_EXHAUSTED refusal: milliseconds after which a retry may
+// find room.
+inline constexpr char kRetryAfterKey[] = "retry-after-ms";
+
 struct ServerOptions {
   std::string host = "127.0.0.1";
   int port = 0;                    // 0: any free port

@@ -41,6 +41,8 @@ struct DecodeOptions {
   int64_t max_waiting = 64;           // Reserve calls that may wait for memory at once
   int64_t attach_timeout_ms = 30000;  // committed but no stream attached
   bool use_ucx = true;
+  // UCX endpoints with peer error handling (network transports only; transfer/ucx.h).
+  bool ucx_peer_errors = false;
   // Fill freed pool memory with a poison pattern and count writes into it (StatePool).
   bool poison_freed_memory = false;
   // Faults injected into every transfer (tests; see transfer::FaultSpec).

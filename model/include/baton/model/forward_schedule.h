@@ -39,7 +39,14 @@ struct PrefillOptions {
   // rows (prompt logprobs of a long prompt never hold L x V floats).
   std::function<void(int64_t position, std::span<const float> logits)> on_result_logits;
   ProducerRowsCallback on_producer_rows;
+  // Asked before each chunk: true stops the prefill there with CANCELLED (a request whose
+  // client went away or whose deadline passed computes no further chunk). The state is then
+  // incomplete and must be discarded.
+  std::function<bool()> cancelled;
 };
+
+// The status of a prefill stopped by PrefillOptions::cancelled before the run at `q_start`.
+absl::Status PrefillCancelled(int64_t q_start, int64_t prompt_len);
 
 struct PrefillResult {
   std::vector<int32_t> positions;  // rows whose logits follow, increasing

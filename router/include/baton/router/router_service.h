@@ -13,6 +13,8 @@
 #pragma once
 
 #include <chrono>
+#include <condition_variable>
+#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -44,6 +46,12 @@ struct RouterOptions {
   kvstore::HitCap hit_cap = kvstore::HitCap::kRing;
   uint32_t lookup_timeout_ms = 200;  // a slower prefix store means a cold request
   bool require_kvstore = false;      // first SERVING also waits for a kvstore to register
+  // Admission: requests wait in one FIFO queue of at most `max_queued` until a prefill node
+  // has a free slot (`prefill_slots` prefills in flight per node: one computing, the next
+  // ready); the decode reservation is taken only then, so none expires in a queue. Past the
+  // bound: RESOURCE_EXHAUSTED at once, with a retry hint (common/rpc.h kRetryAfterKey).
+  int64_t max_queued = 1024;
+  int64_t prefill_slots = 2;
   // Client API keys (key -> tenant); null: the client API takes no key and the tenant is empty.
   std::shared_ptr<const ApiKeys> api_keys;
 };
@@ -77,7 +85,8 @@ class RouterService final : public v1::Generation::Service, public v1::Registry:
   struct Node {
     v1::RegisterRequest info;
     std::chrono::steady_clock::time_point last_seen;
-    int64_t inflight = 0;  // requests this router sent there and has not finished
+    int64_t inflight = 0;    // requests this router sent there and has not finished
+    int64_t prefilling = 0;  // of those, prefills not yet answered (prefill nodes)
     std::shared_ptr<grpc::Channel> channel;
     std::string identity;  // the certificate identity it registered with ("" without TLS)
   };
@@ -100,6 +109,16 @@ class RouterService final : public v1::Generation::Service, public v1::Registry:
                      const std::string& fingerprint, const std::string& tenant);
   // The live node of `role` with the least load, not in `exclude`; nullptr when none.
   std::shared_ptr<Node> Pick(v1::NodeRole role, const std::vector<std::string>& exclude);
+  // Waits in the admission queue (see RouterOptions) for a prefill node, not in `exclude`,
+  // with a free slot, and takes the slot. A retry after a lost node does not queue behind new
+  // requests. UNAVAILABLE when no prefill node is live, RESOURCE_EXHAUSTED (with
+  // `retry_after_ms` set) past the queue's bound, CANCELLED or DEADLINE_EXCEEDED with the
+  // client's call.
+  absl::StatusOr<std::shared_ptr<Node>> AdmitPrefill(grpc::ServerContext* context,
+                                                     const std::vector<std::string>& exclude,
+                                                     bool retry, int64_t* retry_after_ms);
+  // Frees the slot AdmitPrefill took; `took` feeds the retry hint.
+  void PrefillDone(Node& node, std::chrono::steady_clock::duration took);
   void MarkDown(const std::string& node_id);
   bool Serving() const;
 
@@ -107,6 +126,10 @@ class RouterService final : public v1::Generation::Service, public v1::Registry:
   RouterOptions options_;
   mutable std::mutex mutex_;
   std::map<std::string, std::shared_ptr<Node>> nodes_;
+  std::condition_variable admission_;  // a prefill slot was freed, or the queue moved
+  std::deque<uint64_t> queue_;         // tickets of the requests waiting for admission
+  uint64_t next_ticket_ = 0;
+  double prefill_ms_average_ = 100;  // moving average of a prefill's time, for retry hints
   mutable bool kvstore_seen_ = false;  // a kvstore has registered since start
   bool stop_ = false;
   std::thread health_thread_;

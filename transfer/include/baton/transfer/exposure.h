@@ -54,6 +54,10 @@ class StagingPool {
   // Keeps it for its reader's next request, evicting the least recently released idle buffers
   // past cache_bytes, or frees it.
   void Release(std::unique_ptr<StagingBuffer> buffer);
+  // Releases it only after `hold` (buffers of failed commits, which a reader may still be
+  // reading from for a moment).
+  void ReleaseAfter(std::unique_ptr<StagingBuffer> buffer, std::chrono::milliseconds hold);
+  size_t held() const;
   uint64_t idle_bytes() const;
 
  private:
@@ -62,7 +66,15 @@ class StagingPool {
   mutable std::mutex mutex_;
   std::vector<std::unique_ptr<StagingBuffer>> idle_;
   uint64_t idle_bytes_ = 0;
+  std::vector<std::pair<std::chrono::steady_clock::time_point, std::unique_ptr<StagingBuffer>>>
+      held_;
+  // Moves buffers whose hold has passed into `due`. Caller holds mutex_.
+  void TakeDue(std::vector<std::unique_ptr<StagingBuffer>>& due);
 };
+
+// How long the buffer of a failed commit is held back: the reader stops within its poll
+// interval of the commit's end, and at the latest half a second before the commit's deadline.
+inline constexpr std::chrono::milliseconds kFailedCommitHold{10000};
 
 class Exposure {
  public:
@@ -85,6 +97,9 @@ class Exposure {
   v1::RegionSource Source(v1::Transport transport) const;
   // Ends gRPC reads (in flight and later); the UCX registration goes with the object.
   void Close() { closed_ = true; }
+  // The commit failed: on destruction the buffer is held back for kFailedCommitHold before
+  // its pool reuses or frees it.
+  void HoldBack() { hold_back_ = true; }
   bool closed() const { return closed_; }
   bool MayRead(const std::string& identity) const;
 
@@ -98,6 +113,7 @@ class Exposure {
   std::unique_ptr<StagingBuffer> buffer_;
   char* base_ = nullptr;
   std::atomic<bool> closed_{false};
+  bool hold_back_ = false;
 };
 
 // The open exposures of a prefill node, and the server side of the gRPC transport.

@@ -57,10 +57,12 @@ class Transport {
  public:
   virtual ~Transport() = default;
   // Reads the regions `source` names (served by the prefill node at `prefill_address`) into
-  // `into`, by `deadline`. DEADLINE_EXCEEDED when they did not all arrive in time,
-  // INVALID_ARGUMENT for a source or chunk outside its bounds, DATA_LOSS for a short read.
+  // `into`, by `deadline`, giving up (CANCELLED) as soon as `stop` says so. DEADLINE_EXCEEDED
+  // when they did not all arrive in time, INVALID_ARGUMENT for a source or chunk outside its
+  // bounds, DATA_LOSS for a short read, UNAVAILABLE when the peer or transport failed.
   virtual absl::Status Read(const v1::RegionSource& source, const std::string& prefill_address,
-                            const RegionSpans& into, Clock::time_point deadline) = 0;
+                            const RegionSpans& into, Clock::time_point deadline,
+                            const std::function<bool()>& stop = nullptr) = 0;
 };
 
 // UCX RMA get through `worker` (which must outlive the transport): one endpoint per prefill

@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -18,6 +19,9 @@
 #include "absl/status/statusor.h"
 
 namespace baton::transfer {
+
+// Zeros appended to a worker address or packed key from the wire before ucp parses it.
+inline constexpr size_t kWirePadBytes = 256;
 
 class UcxWorker;
 
@@ -82,8 +86,12 @@ class UcxWorker {
  public:
   using Clock = std::chrono::steady_clock;
 
-  // Initialises a ucp context with RMA and one worker.
-  static absl::StatusOr<std::unique_ptr<UcxWorker>> Create();
+  // Initialises a ucp context with RMA and one worker. With `peer_error_handling` its
+  // endpoints use UCP_ERR_HANDLING_MODE_PEER: a dead peer fails their requests instead of the
+  // process, and a forced close (a read past its deadline) is within UCX's contract. UCX 1.13's
+  // shared-memory transports do not support it (with it, peers on one host talk TCP at a tenth
+  // of the bandwidth), so it is for network transports (UCX_TLS=tcp and the like).
+  static absl::StatusOr<std::unique_ptr<UcxWorker>> Create(bool peer_error_handling = false);
   ~UcxWorker();
 
   // This worker's address, for a peer's endpoint.
@@ -96,16 +104,19 @@ class UcxWorker {
   unsigned Progress();
   // Waits for a request returned by ucp *_nbx calls.
   absl::Status Wait(void* request);
-  // Waits for every request in `pending` until `deadline`. Completed requests are freed and
-  // removed; DEADLINE_EXCEEDED leaves the rest in `pending` (close their endpoint, then wait
-  // again), any other error means every request completed and one failed.
-  absl::Status WaitAll(std::vector<void*>& pending, Clock::time_point deadline);
+  // Waits for every request in `pending` until `deadline`, or until `stop` (when given) says
+  // so. Completed requests are freed and removed; DEADLINE_EXCEEDED and CANCELLED leave the
+  // rest in `pending` (close their endpoint, then wait again), any other error means every
+  // request completed and one failed.
+  absl::Status WaitAll(std::vector<void*>& pending, Clock::time_point deadline,
+                       const std::function<bool()>& stop = nullptr);
 
  private:
   UcxWorker() = default;
   void* context_ = nullptr;
   void* worker_ = nullptr;
   std::string address_;
+  bool peer_error_handling_ = false;
 };
 
 }  // namespace baton::transfer

@@ -1,0 +1,230 @@
+// Load and faults against the real binaries (issue: under load and faults every request is
+// answered, nothing wedges): hundreds of concurrent streams all complete with their tokens
+// because requests wait in the router's admission queue, not in decode reservations that
+// expire; past `--max-queued` the surplus is refused at once with a retry hint; and a decode
+// node killed under load costs no stream, because a failure the prefill node reports for the
+// decode node is retried on another decode node instead of taking the prefill node down.
+#include <signal.h>
+
+#include <atomic>
+#include <map>
+#include <random>
+#include <thread>
+
+#include "baton/common/model_config.h"
+#include "baton/model/model_factory.h"
+#include "baton_up.h"
+#include "client.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "test_dir.h"
+
+namespace baton::testing {
+namespace {
+
+struct Answer {
+  Outcome outcome;
+  std::string retry_after_ms;  // the trailer of a RESOURCE_EXHAUSTED refusal
+};
+
+// Generate, keeping the trailing metadata's retry hint.
+Answer GenerateWithTrailers(v1::Generation::Stub& stub, const v1::GenerateRequest& request) {
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::minutes(5));
+  Answer answer;
+  auto reader = stub.Generate(&context, request);
+  v1::GenerateResponse response;
+  while (reader->Read(&response)) {
+    answer.outcome.tokens.insert(answer.outcome.tokens.end(), response.token_ids().begin(),
+                                 response.token_ids().end());
+  }
+  answer.outcome.status = reader->Finish();
+  const auto& trailers = context.GetServerTrailingMetadata();
+  if (auto it = trailers.find("retry-after-ms"); it != trailers.end()) {
+    answer.retry_after_ms = std::string(it->second.data(), it->second.size());
+  }
+  return answer;
+}
+
+// Runs `n` requests at once (request i uses prompts[i % prompts.size()]).
+std::vector<Answer> RunConcurrently(v1::Generation::Stub& stub,
+                                    const std::vector<std::vector<int32_t>>& prompts, int n,
+                                    uint32_t max_tokens) {
+  std::vector<Answer> answers(n);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < n; ++i) {
+    threads.emplace_back([&, i] {
+      answers[i] = GenerateWithTrailers(stub, Request(prompts[i % prompts.size()], max_tokens));
+    });
+  }
+  for (auto& t : threads) t.join();
+  return answers;
+}
+
+class LoadTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    model_ = ProcessTempDir() + "/load_small";
+    ASSERT_TRUE(model::MakeModel(*model::PresetConfig("small"), 31, model_).ok());
+    std::mt19937_64 rng(61);
+    for (int i = 0; i < 4; ++i) prompts_.push_back(RandomPrompt(rng, 128, 4096));
+  }
+  // Each prompt's tokens from one request at a time.
+  static std::vector<std::vector<int32_t>> Undisturbed(v1::Generation::Stub& stub,
+                                                       uint32_t max_tokens) {
+    std::vector<std::vector<int32_t>> tokens;
+    for (const auto& prompt : prompts_) {
+      const Outcome outcome = Generate(stub, Request(prompt, max_tokens));
+      EXPECT_TRUE(outcome.status.ok()) << outcome.status.error_message();
+      tokens.push_back(outcome.tokens);
+    }
+    return tokens;
+  }
+  static std::string model_;
+  static std::vector<std::vector<int32_t>> prompts_;
+};
+std::string LoadTest::model_;
+std::vector<std::vector<int32_t>> LoadTest::prompts_;
+
+// The reproducer: 256 concurrent streams of 128-token prompts and 8 tokens against `baton up`
+// (before: a third ended NOT_FOUND, their reservations expired in the prefill queue; or
+// RESOURCE_EXHAUSTED from the decode node's wait bound).
+TEST_F(LoadTest, TwoHundredFiftySixConcurrentStreamsAllCompleteWithTheirTokens) {
+  BatonUp up(ProcessTempDir() + "/load_up", model_);
+  ASSERT_TRUE(up.WaitUntilUp()) << up.log();
+  auto stub = v1::Generation::NewStub(
+      grpc::CreateChannel(up.Address("router.addr"), grpc::InsecureChannelCredentials()));
+  const auto expected = Undisturbed(*stub, 8);
+  const std::vector<Answer> answers = RunConcurrently(*stub, prompts_, 256, 8);
+  std::map<grpc::StatusCode, int> codes;
+  for (size_t i = 0; i < answers.size(); ++i) {
+    const Outcome& o = answers[i].outcome;
+    ++codes[o.status.error_code()];
+    EXPECT_TRUE(o.status.ok()) << "stream " << i << ": " << o.status.error_message();
+    if (o.status.ok()) {
+      EXPECT_EQ(o.tokens, expected[i % expected.size()]) << "stream " << i;
+    }
+  }
+  EXPECT_EQ(codes[grpc::StatusCode::OK], 256);
+  EXPECT_THAT(up.log(), ::testing::Not(::testing::HasSubstr("reservation expired")));
+}
+
+TEST_F(LoadTest, BeyondMaxQueuedTheSurplusIsRefusedWithARetryHint) {
+  Cluster cluster(model_);
+  ASSERT_FALSE(cluster.StartRouter({"--max-queued", "8"}).empty());
+  ASSERT_FALSE(cluster.StartDecode("decode").empty());
+  ASSERT_FALSE(cluster.StartPrefill("prefill").empty());
+  ASSERT_TRUE(cluster.WaitForHealth(true));
+  auto stub = cluster.Client();
+  const auto expected = Undisturbed(*stub, 4);
+  const std::vector<Answer> answers = RunConcurrently(*stub, prompts_, 64, 4);
+  int ok = 0, refused = 0;
+  for (size_t i = 0; i < answers.size(); ++i) {
+    const Answer& a = answers[i];
+    if (a.outcome.status.ok()) {
+      ++ok;
+      EXPECT_EQ(a.outcome.tokens, expected[i % expected.size()]) << "stream " << i;
+    } else {
+      ++refused;
+      EXPECT_EQ(a.outcome.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+          << a.outcome.status.error_message();
+      EXPECT_THAT(a.outcome.status.error_message(), ::testing::HasSubstr("admission queue"));
+      EXPECT_TRUE(a.outcome.tokens.empty());
+      EXPECT_FALSE(a.retry_after_ms.empty()) << "stream " << i << " got no retry hint";
+    }
+  }
+  // At most 8 wait and 2 prefill at a time, so some of 64 are refused; many complete.
+  EXPECT_GT(refused, 0);
+  EXPECT_GE(ok, 10);
+  EXPECT_EQ(ok + refused, 64);
+  EXPECT_TRUE(DecodeDrained(cluster, "decode"));
+}
+
+// The reproducer: a second decode node killed under load used to take the prefill node (and
+// so the cluster) down with it: the prefill node's failed commit read as its own death.
+TEST_F(LoadTest, ADecodeNodeKilledUnderLoadCostsNoStream) {
+  Cluster cluster(model_);
+  ASSERT_FALSE(cluster.StartRouter().empty());
+  ASSERT_FALSE(cluster.StartDecode("decode-a", {"--pages", "512"}).empty());
+  ASSERT_FALSE(cluster.StartDecode("decode-b", {"--pages", "512"}).empty());
+  ASSERT_FALSE(cluster.StartPrefill("prefill").empty());
+  ASSERT_TRUE(cluster.WaitForHealth(true));
+  auto stub = cluster.Client();
+  const auto expected = Undisturbed(*stub, 48);
+  std::atomic<bool> killed{false};
+  std::atomic<int> started{0};
+  std::vector<Outcome> outcomes(16);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 16; ++i) {
+    threads.emplace_back([&, i] {
+      outcomes[i] = Generate(*stub, Request(prompts_[i % prompts_.size()], 48),
+                             std::chrono::seconds(180), [&](const Outcome& o) {
+                               if (o.tokens.size() == 1) ++started;
+                               return true;
+                             });
+    });
+  }
+  // Kill decode-b once streams are running and it holds some of them.
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (std::chrono::steady_clock::now() < until) {
+    if (started >= 2 && Reservations(cluster, "decode-b") > 0) {
+      cluster.Kill("decode-b");
+      killed = true;
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  for (auto& t : threads) t.join();
+  ASSERT_TRUE(killed) << "decode-b never held a stream";
+  for (int i = 0; i < 16; ++i) {
+    EXPECT_TRUE(outcomes[i].status.ok()) << "stream " << i << ": "
+                                         << outcomes[i].status.error_message();
+    EXPECT_EQ(outcomes[i].tokens, expected[i % expected.size()]) << "stream " << i;
+  }
+  EXPECT_THAT(cluster.Log("router"),
+              ::testing::Not(::testing::HasSubstr("no prefill node is available")));
+  EXPECT_TRUE(DecodeDrained(cluster, "decode-a"));
+}
+
+// The same, made deterministic: the decode node dies while the prefill node's commit to it is
+// in flight (its read held back by an injected delay). The prefill node reports the failure as
+// the decode node's, and the router retries on the other decode node.
+TEST_F(LoadTest, ADecodeNodeDyingDuringTheCommitIsRetriedOnAnotherDecodeNode) {
+  Cluster cluster(model_);
+  ASSERT_FALSE(cluster.StartRouter().empty());
+  // More free pages: the router's first choice.
+  ASSERT_FALSE(cluster
+                   .StartDecode("decode-b", {"--pages", "1024", "--inject-transfer-faults",
+                                             "delay_ms=20000"})
+                   .empty());
+  ASSERT_FALSE(cluster.StartDecode("decode-a", {"--pages", "256"}).empty());
+  ASSERT_FALSE(cluster.StartPrefill("prefill").empty());
+  ASSERT_TRUE(cluster.WaitForHealth(true));
+  // The server default: compact with K = C.
+  const int64_t C = LoadModelConfig(model_ + "/config.json")->ring_capacity();
+  const std::vector<int32_t> expected = ForwardTokens(model_, prompts_[0], "compact", C, 6);
+  Outcome outcome;
+  std::thread client([&] {
+    auto stub = cluster.Client();
+    outcome = Generate(*stub, Request(prompts_[0], 6), std::chrono::seconds(120));
+  });
+  // Once decode-b holds the reservation, its commit (held back 20 s) follows within
+  // milliseconds: kill it then.
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (Reservations(cluster, "decode-b") == 0 && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_GT(Reservations(cluster, "decode-b"), 0u);
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  cluster.Kill("decode-b");
+  client.join();
+  ASSERT_TRUE(outcome.status.ok()) << outcome.status.error_message();
+  EXPECT_EQ(outcome.tokens, expected);
+  const std::string router_log = cluster.Log("router");
+  EXPECT_THAT(router_log, ::testing::HasSubstr("decode node lost before its commit"));
+  EXPECT_THAT(router_log, ::testing::Not(::testing::HasSubstr("prefill node lost")));
+  EXPECT_TRUE(DecodeDrained(cluster, "decode-a"));
+}
+
+}  // namespace
+}  // namespace baton::testing
