@@ -135,7 +135,7 @@ absl::Status UcxWorker::Wait(void* request) {
 absl::Status UcxWorker::WaitAll(std::vector<void*>& pending, Clock::time_point deadline,
                                 const std::function<bool()>& stop) {
   absl::Status failed;
-  const Clock::time_point spin_until = Clock::now() + std::chrono::milliseconds(1);
+  const Clock::time_point spin_until = Clock::now() + std::chrono::milliseconds(10);
   while (!pending.empty()) {
     // Spin while transfers are young (shared-memory gets finish in microseconds), then back
     // off so that a stalled peer does not hold a core.
