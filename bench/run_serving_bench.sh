@@ -6,15 +6,8 @@
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${BATON_BUILD_DIR:-$root/build}"
-work="$(mktemp -d)"
-model="${1:-}"
-args=(up --port 0 --data-dir "$work/data")
-[[ -n "$model" ]] && args+=(--model "$model")
-"$build/tools/baton" "${args[@]}" >"$work/up.log" 2>&1 &
-up=$!
-trap 'kill -INT $up 2>/dev/null; wait $up 2>/dev/null; rm -rf "$work"' EXIT
-for _ in $(seq 600); do grep -q "router at" "$work/up.log" && break; sleep 0.2; done
-addr="$(cat "$work/data/run/router.addr")"
+source "$root/bench/baton_up.sh"
+start_baton_up "$build" "${1:-}"
 "$build/bench/baton_serving_bench" --addr "$addr" --concurrency "${CONCURRENCY:-1,8,32}" \
   --requests "${REQUESTS:-4}" --prompt-len "${PROMPT_LEN:-512}" --max-tokens "${MAX_TOKENS:-32}" \
   >"$work/serving.json"

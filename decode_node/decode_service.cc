@@ -161,6 +161,8 @@ DecodeService::DecodeService(const model::CedModel& model, const DecodeOptions& 
               "Writes found in freed pool memory (counted with --poison-freed-memory only)",
               static_cast<double>(pool_->poison_violations()))};
   });
+  watchdog_ = std::make_unique<Watchdog>("decode", std::chrono::milliseconds(options.watchdog_ms),
+                                         [this] { return stepping_.load(); });
   decode_thread_ = std::thread([this] { DecodeLoop(); });
   reap_thread_ = std::thread([this] { ReapLoop(); });
 }
@@ -323,6 +325,9 @@ grpc::Status DecodeService::Commit(grpc::ServerContext* context, const v1::Commi
   }
   const double transfer_seconds =
       std::chrono::duration<double>(Clock::now() - transfer_start).count();
+  // The checksums run outside the node's lock (they read every byte; other streams go on):
+  // nothing else touches a reservation while it is transferring.
+  if (read.ok()) read = transfer::VerifyRegions(h, *r->state);
   lock.lock();
   auto live = requests_.find(r->id);
   if (live == requests_.end() || live->second != r) {
@@ -330,7 +335,6 @@ grpc::Status DecodeService::Commit(grpc::ServerContext* context, const v1::Commi
                         "reservation_id: the reservation expired or was released during the "
                         "transfer; its memory was freed after the read stopped");
   }
-  if (read.ok()) read = transfer::VerifyRegions(h, *r->state);
   if (!read.ok()) {
     Erase(r->id);
     return ToGrpcStatus(read);
@@ -377,6 +381,7 @@ void DecodeService::Accept(Request& r, int32_t token, float logprob) {
 void DecodeService::DecodeLoop() {
   std::unique_lock<std::mutex> lock(mutex_);
   while (!stop_) {
+    watchdog_->Beat();
     std::vector<std::shared_ptr<Request>> batch;
     for (auto& [id, r] : requests_) {
       if (r->phase == Phase::kCommitted &&
@@ -384,6 +389,7 @@ void DecodeService::DecodeLoop() {
         batch.push_back(r);
       }
     }
+    stepping_ = !batch.empty();
     if (batch.empty()) {
       changed_.wait_for(lock, std::chrono::milliseconds(100));
       continue;
@@ -391,6 +397,9 @@ void DecodeService::DecodeLoop() {
     std::vector<model::DecodeItem> items;
     for (auto& r : batch) items.push_back({r->state.get(), r->next_input, r->logits.data()});
     lock.unlock();
+    if (options_.inject_step_stall_ms > 0) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(options_.inject_step_stall_ms));
+    }
     const auto step_start = Clock::now();
     const absl::Status status = model_.Decode(items);
     metrics_->step_seconds.Observe(

@@ -33,6 +33,13 @@ int main(int argc, char** argv) {
                "UCX endpoints with peer error handling: a dead prefill node fails its transfer "
                "instead of this process (network transports only: UCX 1.13 cannot use shared "
                "memory with it)");
+  app.add_option("--watchdog-ms", options.watchdog_ms,
+                 "Liveness turns NOT_SERVING when the decode loop has not advanced for this long "
+                 "while it has requests (default 30000)")
+      ->check(CLI::Range(int64_t{10}, int64_t{3600000}));
+  app.add_option("--inject-step-stall-ms", options.inject_step_stall_ms,
+                 "Tests: sleep this long before each decode step (a wedged worker)")
+      ->check(CLI::Range(int64_t{0}, int64_t{3600000}));
   app.add_flag("--poison-freed-memory", options.poison_freed_memory,
                "Fill freed pool memory with a poison pattern and count writes into it "
                "(baton_pool_poison_violations; for tests and debugging)");
@@ -62,5 +69,7 @@ int main(int argc, char** argv) {
   return baton::ServeUntilShutdown(
       "baton-decode", builder, flags.server,
       baton::NodeRegistration(router, node_id, baton::v1::NODE_ROLE_DECODE, (*model)->fingerprint(),
-                              [&] { return service.Load(); }));
+                              [&] { return service.Load(); }),
+      [&](baton::HealthSetter health) { service.StartWatchdog(std::move(health)); },
+      [&] { service.StopWatchdog(); });
 }

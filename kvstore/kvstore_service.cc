@@ -70,6 +70,10 @@ KvStoreService::KvStoreService(PrefixStore& store, uint64_t max_keys)
         metrics::CounterFamily("baton_store_corrupt_values_total",
                                "Values that failed their checks and were dropped",
                                one(c.corrupt_values)),
+        metrics::CounterFamily("baton_store_failed_deletes_total",
+                               "RocksDB deletes that failed (the value stays on disk until the "
+                               "next open)",
+                               one(c.failed_deletes)),
         metrics::GaugeFamily("baton_store_bytes", "Bytes of every value held", one(c.stored_bytes)),
         metrics::GaugeFamily("baton_store_budget_bytes", "The byte budget (0: unlimited)",
                              one(store_.budget_bytes())),
@@ -139,23 +143,25 @@ grpc::Status KvStoreService::WriteBlocks(grpc::ServerContext* context,
   v1::BlockWrite write;
   uint32_t written = 0;
   while (reader->Read(&write)) {
-    absl::StatusOr<Sha256Digest> key = KeyFrom(write.key(), "key");
-    if (!key.ok()) return ToGrpcStatus(key.status());
-    std::optional<Sha256Digest> parent;
-    if (!write.parent().empty()) {
-      absl::StatusOr<Sha256Digest> p = KeyFrom(write.parent(), "parent");
-      if (!p.ok()) return ToGrpcStatus(p.status());
-      parent = *p;
-    }
-    absl::StatusOr<Region> region = RegionFrom(write.region());
-    if (!region.ok()) return ToGrpcStatus(region.status());
-    if (absl::Status s = store_.Write(*key, parent, *region, write.payload()); !s.ok()) {
-      return ToGrpcStatus(s);
-    }
+    if (absl::Status s = Write(write); !s.ok()) return ToGrpcStatus(s);
     ++written;
   }
   reply->set_written(written);
   return grpc::Status::OK;
+}
+
+absl::Status KvStoreService::Write(const v1::BlockWrite& write) {
+  absl::StatusOr<Sha256Digest> key = KeyFrom(write.key(), "key");
+  if (!key.ok()) return key.status();
+  std::optional<Sha256Digest> parent;
+  if (!write.parent().empty()) {
+    absl::StatusOr<Sha256Digest> p = KeyFrom(write.parent(), "parent");
+    if (!p.ok()) return p.status();
+    parent = *p;
+  }
+  absl::StatusOr<Region> region = RegionFrom(write.region());
+  if (!region.ok()) return region.status();
+  return store_.Write(*key, parent, *region, write.payload());
 }
 
 grpc::Status KvStoreService::Stats(grpc::ServerContext* context,

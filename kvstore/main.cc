@@ -17,6 +17,10 @@ int main(int argc, char** argv) {
       ->required();
   app.add_option("--data-dir", data_dir, "RocksDB folder")->required();
   app.add_option("--budget-bytes", budget, "Bytes of stored values at most (0: unlimited)");
+  bool sync_writes = false;
+  app.add_flag("--sync-writes", sync_writes,
+               "fsync the write-ahead log at every write and delete: acknowledged blocks survive "
+               "a machine crash, not only a process crash");
   baton::AddServerFlags(app, flags);
   app.add_option("--router", router, "Router address to register with");
   if (auto exit = baton::ParseServerFlags(app, argc, argv, "baton-kvstore", "kvstore", flags)) {
@@ -37,7 +41,8 @@ int main(int argc, char** argv) {
        .model_fingerprint = *fingerprint,
        .budget_bytes = budget,
        .block_kv_payload_bytes = sizeof(float) * layout.page_floats(),
-       .producer_swa_payload_bytes = sizeof(float) * layout.stored_swa_block_floats()});
+       .producer_swa_payload_bytes = sizeof(float) * layout.stored_swa_block_floats(),
+       .sync_writes = sync_writes});
   if (!store.ok()) {
     baton::log::Error("cannot start", {{"error", std::string(store.status().message())}});
     return 1;

@@ -7,6 +7,7 @@
 #include <string_view>
 
 #include "absl/strings/str_cat.h"
+#include "baton/common/log.h"
 
 namespace baton::kvstore {
 namespace {
@@ -88,7 +89,7 @@ absl::Status PrefixStore::Rebuild() {
     }
     if (!it->status().ok()) return FromRocks(it->status(), "scan");
     for (const std::string& key : corrupt) {
-      db_->Delete(rocksdb::WriteOptions(), handles_[region + 1], key);
+      Delete(region, key);
       ++counters_.corrupt_values;
     }
   }
@@ -96,12 +97,61 @@ absl::Status PrefixStore::Rebuild() {
   return absl::OkStatus();
 }
 
+void PrefixStore::Delete(int region, const rocksdb::Slice& key) {
+  rocksdb::WriteOptions write;
+  write.sync = options_.sync_writes;
+  const rocksdb::Status status = db_->Delete(write, handles_[region + 1], key);
+  if (!status.ok()) {
+    ++counters_.failed_deletes;
+    log::Error("prefix-store delete failed; the value stays on disk until the next open",
+               {{"error", status.ToString()}});
+  }
+}
+
 void PrefixStore::EvictToBudget() {
   if (options_.budget_bytes == 0) return;
   counters_.evictions += index_.EvictToBudget(
       options_.budget_bytes, [this](const Sha256Digest& key, Region region, uint64_t) {
-        db_->Delete(rocksdb::WriteOptions(), handles_[static_cast<int>(region) + 1], KeySlice(key));
+        Delete(static_cast<int>(region), KeySlice(key));
       });
+}
+
+absl::Status PrefixStore::Verify() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  uint64_t values = 0, bytes = 0;
+  for (int region = 0; region < 2; ++region) {
+    std::unique_ptr<rocksdb::Iterator> it(
+        db_->NewIterator(rocksdb::ReadOptions(), handles_[region + 1]));
+    for (it->SeekToFirst(); it->Valid(); it->Next()) {
+      Sha256Digest key{};
+      if (it->key().size() != 32) {
+        return absl::DataLossError(absl::StrCat("a key of ", it->key().size(), " bytes in ",
+                                                kFamilies[region]));
+      }
+      std::memcpy(key.data(), it->key().data(), 32);
+      std::optional<Sha256Digest> parent;
+      if (!codec_.Decode(key, static_cast<Region>(region), it->value().ToString(), nullptr,
+                         &parent)) {
+        return absl::DataLossError(
+            absl::StrCat("a value in ", kFamilies[region], " fails its checks"));
+      }
+      if (!index_.Contains(key, static_cast<Region>(region))) {
+        return absl::DataLossError(
+            absl::StrCat("a value in ", kFamilies[region], " is not in the index"));
+      }
+      ++values;
+      bytes += it->value().size();
+    }
+    if (!it->status().ok()) return FromRocks(it->status(), "scan");
+  }
+  const uint64_t indexed =
+      index_.values(Region::kBlockKv) + index_.values(Region::kProducerSwa);
+  if (values != indexed || bytes != index_.stored_bytes()) {
+    return absl::DataLossError(absl::StrCat("RocksDB holds ", values, " values of ", bytes,
+                                            " bytes; the index ", indexed, " of ",
+                                            index_.stored_bytes()));
+  }
+  return absl::OkStatus();
 }
 
 ChainLookup PrefixStore::Lookup(const std::vector<Sha256Digest>& chain) {
@@ -127,7 +177,7 @@ absl::StatusOr<std::string> PrefixStore::Read(const Sha256Digest& key, Region re
   if (!codec_.Decode(key, region, value, &payload, &parent)) {
     ++counters_.corrupt_values;
     ++counters_.misses;
-    db_->Delete(rocksdb::WriteOptions(), handles_[static_cast<int>(region) + 1], KeySlice(key));
+    Delete(static_cast<int>(region), KeySlice(key));
     index_.Remove(key, region);
     return absl::NotFoundError("stored value failed its checks; dropped");
   }
@@ -163,10 +213,10 @@ absl::Status PrefixStore::Write(const Sha256Digest& key, const std::optional<Sha
     return absl::OkStatus();
   }
   const std::string value = codec_.Encode(key, parent, payload);
-  if (absl::Status s =
-          FromRocks(db_->Put(rocksdb::WriteOptions(), handles_[static_cast<int>(region) + 1],
-                             KeySlice(key), value),
-                    "write");
+  rocksdb::WriteOptions write;
+  write.sync = options_.sync_writes;
+  if (absl::Status s = FromRocks(
+          db_->Put(write, handles_[static_cast<int>(region) + 1], KeySlice(key), value), "write");
       !s.ok()) {
     return s;
   }

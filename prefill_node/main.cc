@@ -27,6 +27,10 @@ int main(int argc, char** argv) {
                  "How long a commit, and so the decode node's read of the exposed regions, may "
                  "take (default 30000)")
       ->check(CLI::Range(1, 600000));
+  app.add_option("--watchdog-ms", options.watchdog_ms,
+                 "Liveness turns NOT_SERVING when a prefill has computed no chunk for this long "
+                 "(default 30000)")
+      ->check(CLI::Range(int64_t{10}, int64_t{3600000}));
   app.add_option("--staging-cache-bytes", options.staging_cache_bytes,
                  "Idle staging memory kept for reuse, each buffer only for requests to the same "
                  "decode node (default 1 GiB; 0: register staging memory per request)")
@@ -46,5 +50,7 @@ int main(int argc, char** argv) {
   return baton::ServeUntilShutdown(
       "baton-prefill", builder, flags.server,
       baton::NodeRegistration(router, node_id, baton::v1::NODE_ROLE_PREFILL,
-                              (*model)->fingerprint(), [&] { return service.Load(); }));
+                              (*model)->fingerprint(), [&] { return service.Load(); }),
+      [&](baton::HealthSetter health) { service.StartWatchdog(std::move(health)); },
+      [&] { service.StopWatchdog(); });
 }

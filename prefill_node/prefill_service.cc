@@ -41,10 +41,11 @@ absl::StatusOr<model::TruncationMode> ModeFromProto(v1::TruncationMode mode) {
   }
 }
 
-// The wire bounds of a prefill request, checked before anything is sized from it: the
-// router checks too, but this node must not rely on its peers (DESIGN section 6). Token ids
-// and the truncation spec are the model's to check.
-absl::Status ValidatePrefill(const v1::PrefillRequest& request, const ModelConfig& config) {
+
+}  // namespace
+
+absl::Status ValidatePrefillRequest(const v1::PrefillRequest& request,
+                                    const ModelConfig& config) {
   const v1::GenerateRequest& generate = request.request();
   for (absl::Status s :
        {CheckRequestId("request.request_id", generate.request_id()),
@@ -65,8 +66,6 @@ absl::Status ValidatePrefill(const v1::PrefillRequest& request, const ModelConfi
   }
   return absl::OkStatus();
 }
-
-}  // namespace
 
 struct PrefillService::Metrics {
   prometheus::Family<prometheus::Counter>& requests = metrics::Counter(
@@ -96,6 +95,8 @@ struct PrefillService::Metrics {
 
 PrefillService::PrefillService(const model::CedModel& model, const PrefillOptions& options)
     : model_(model), options_(options), metrics_(std::make_unique<Metrics>()) {
+  watchdog_ = std::make_unique<Watchdog>("prefill", std::chrono::milliseconds(options.watchdog_ms),
+                                         [this] { return computing_.load(); });
   if (!options.kvstore_address.empty()) {
     kvstore_ = v1::KvStore::NewStub(
         security::InternalChannel(options.kvstore_address, security::Role::kKvstore));
@@ -214,6 +215,7 @@ v1::LoadReport PrefillService::Load() const {
   std::lock_guard<std::mutex> lock(mutex_);
   v1::LoadReport load;
   load.set_active_requests(static_cast<uint32_t>(active_));
+  load.set_queued_requests(static_cast<uint32_t>(queued_));
   return load;
 }
 
@@ -274,7 +276,9 @@ grpc::Status PrefillService::Run(grpc::ServerContext* context, const v1::Prefill
                               generate.prompt_token_ids().end());
   absl::StatusOr<model::TruncationMode> mode = ModeFromProto(request->mode());
   if (!mode.ok()) return ToGrpcStatus(mode.status());
-  if (absl::Status s = ValidatePrefill(*request, model_.config()); !s.ok()) return ToGrpcStatus(s);
+  if (absl::Status s = ValidatePrefillRequest(*request, model_.config()); !s.ok()) {
+    return ToGrpcStatus(s);
+  }
   {
     std::lock_guard<std::mutex> lock(mutex_);
     ++active_;
@@ -287,10 +291,6 @@ grpc::Status PrefillService::Run(grpc::ServerContext* context, const v1::Prefill
     }
   } done{this};
 
-  metrics_->queue_depth.Increment();
-  std::unique_lock<std::mutex> model_lock(model_mutex_);
-  metrics_->queue_depth.Decrement();
-  if (context->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled");
   const v1::Reservation& reservation = request->reservation();
   if (request->transport() == v1::TRANSPORT_UCX && ucx_ == nullptr) {
     return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
@@ -303,8 +303,10 @@ grpc::Status PrefillService::Run(grpc::ServerContext* context, const v1::Prefill
   // block KV contiguous, so that the decode node reads each region in one get.
   const model::StateLayout layout = model_.state_layout();
   const transfer::RegionSizes sizes = transfer::RegionSizesFor(layout, tokens.size());
-  if (reservation.pages() != sizes.pages || reservation.producer_swa_bytes() != sizes.producer_swa ||
-      reservation.consumer_swa_bytes() != sizes.consumer_swa || reservation.page_bytes() != sizes.page) {
+  if (reservation.pages() != sizes.pages ||
+      reservation.producer_swa_bytes() != sizes.producer_swa ||
+      reservation.consumer_swa_bytes() != sizes.consumer_swa ||
+      reservation.page_bytes() != sizes.page) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                         "reservation: its regions do not match this prompt and model");
   }
@@ -323,7 +325,10 @@ grpc::Status PrefillService::Run(grpc::ServerContext* context, const v1::Prefill
                                 .s_valid = request->s_valid(),
                                 .chunk_size = options_.token_budget};
   // A request whose caller went away (or whose deadline passed) computes no further chunk.
-  options.cancelled = [context] { return context->IsCancelled(); };
+  options.cancelled = [this, context] {
+    watchdog_->Beat();
+    return context->IsCancelled();
+  };
   // A prefix hit loads [0, H) from the store; if that fails, the prefill computes producers and
   // block KV over [0, H) itself, which gives the same result (DESIGN section 3, s_valid).
   std::vector<Sha256Digest> keys;
@@ -366,6 +371,28 @@ grpc::Status PrefillService::Run(grpc::ServerContext* context, const v1::Prefill
       }
     };
   }
+  // Staging memory and the prefix load above run while another request may hold the model;
+  // the model itself runs one prefill at a time.
+  metrics_->queue_depth.Increment();
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    ++queued_;
+  }
+  std::unique_lock<std::mutex> model_lock(model_mutex_);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    --queued_;
+  }
+  metrics_->queue_depth.Decrement();
+  // The model is this request's until the commit: the watchdog watches it advance chunk by
+  // chunk (a request that holds it without advancing is a wedged node).
+  watchdog_->Beat();
+  computing_ = true;
+  struct Computing {
+    PrefillService* self;
+    ~Computing() { self->computing_ = false; }
+  } computing{this};
+  if (context->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled");
   absl::StatusOr<model::PrefillResult> result = model_.Prefill(tokens, options, state);
   if (!result.ok()) return ToGrpcStatus(result.status());
   const int64_t vocab = model_.config().vocab_size;
@@ -399,6 +426,7 @@ grpc::Status PrefillService::Run(grpc::ServerContext* context, const v1::Prefill
   h.set_first_logprob(first.logprob);
   h.set_replayed_rows(static_cast<uint32_t>(result->consumer_rows));
   transfer::SealHeader(state, h);
+  computing_ = false;
   model_lock.unlock();
   auto client = grpc::ClientContext::FromServerContext(*context);
   // The propagated deadline of the router's call still applies: the earlier of the two wins.

@@ -165,6 +165,12 @@ grpc::Status RouterService::Register(grpc::ServerContext* context,
   if (request->node_id().empty() || request->address().empty()) {
     return Invalid("node_id and address: both are required");
   }
+  for (absl::Status s : {CheckBytes("node_id", request->node_id(), kMaxNodeIdBytes),
+                         CheckBytes("address", request->address(), kMaxAddressBytes),
+                         CheckBytes("model_fingerprint", request->model_fingerprint(),
+                                    kMaxFingerprintBytes)}) {
+    if (!s.ok()) return ToGrpcStatus(s);
+  }
   std::lock_guard<std::mutex> lock(mutex_);
   auto& node = nodes_[request->node_id()];
   if (node == nullptr || node->info.address() != request->address() ||

@@ -226,5 +226,48 @@ TEST_F(LoadTest, ADecodeNodeDyingDuringTheCommitIsRetriedOnAnotherDecodeNode) {
   EXPECT_TRUE(DecodeDrained(cluster, "decode-a"));
 }
 
+// Liveness: a decode node whose loop is held up (an injected stall before each step) turns
+// NOT_SERVING on "liveness" while it has work, and SERVING again once the loop advances.
+TEST_F(LoadTest, AWedgedDecodeLoopTurnsLivenessNotServing) {
+  Cluster cluster(model_);
+  ASSERT_FALSE(cluster.StartRouter().empty());
+  ASSERT_FALSE(cluster
+                   .StartDecode("decode", {"--watchdog-ms", "300", "--inject-step-stall-ms",
+                                           "2500"})
+                   .empty());
+  ASSERT_FALSE(cluster.StartPrefill("prefill").empty());
+  ASSERT_TRUE(cluster.WaitForHealth(true));
+  auto health = grpc::health::v1::Health::NewStub(
+      grpc::CreateChannel(cluster.Address("decode"), TlsAs("client")));
+  auto liveness = [&] {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    grpc::health::v1::HealthCheckRequest request;
+    request.set_service("liveness");
+    grpc::health::v1::HealthCheckResponse response;
+    const grpc::Status status = health->Check(&context, request, &response);
+    return status.ok() ? response.status() : grpc::health::v1::HealthCheckResponse::UNKNOWN;
+  };
+  auto wait_for = [&](grpc::health::v1::HealthCheckResponse::ServingStatus want) {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (std::chrono::steady_clock::now() < until) {
+      if (liveness() == want) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return false;
+  };
+  EXPECT_EQ(liveness(), grpc::health::v1::HealthCheckResponse::SERVING);  // idle: not wedged
+  Outcome outcome;
+  std::thread client([&] {
+    auto stub = cluster.Client();
+    outcome = Generate(*stub, Request(prompts_[0], 3), std::chrono::seconds(60));
+  });
+  EXPECT_TRUE(wait_for(grpc::health::v1::HealthCheckResponse::NOT_SERVING));
+  client.join();
+  EXPECT_TRUE(outcome.status.ok()) << outcome.status.error_message();
+  EXPECT_TRUE(wait_for(grpc::health::v1::HealthCheckResponse::SERVING));
+  EXPECT_THAT(cluster.Log("decode"), ::testing::HasSubstr("worker loop wedged"));
+}
+
 }  // namespace
 }  // namespace baton::testing

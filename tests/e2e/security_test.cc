@@ -202,6 +202,13 @@ TEST_F(SecurityTest, ACertificateCallsOnlyWhatItsRoleAllows) {
   const grpc::Status refused = registry->Register(&register_context, reg, &registered);
   EXPECT_EQ(refused.error_code(), grpc::StatusCode::PERMISSION_DENIED);
   EXPECT_THAT(refused.error_message(), HasSubstr("Registry/Register"));
+  // Registering as prefill with a name past its bound.
+  reg.set_role(v1::NODE_ROLE_PREFILL);
+  reg.set_node_id(std::string(257, 'n'));
+  grpc::ClientContext long_context;
+  const grpc::Status too_long = registry->Register(&long_context, reg, &registered);
+  EXPECT_EQ(too_long.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(too_long.error_message(), HasSubstr("node_id: 257 bytes; it must be at most 256"));
   // Calling Prefill (only a router may).
   auto prefill =
       v1::PrefillNode::NewStub(grpc::CreateChannel(cluster_->Address("prefill"), as_prefill));

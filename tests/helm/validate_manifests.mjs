@@ -43,7 +43,7 @@ const BATON_CONFIG_KEYS = {
   prefill: ["port", "node-id", "token-budget", "no-ucx", "kvstore"],
   decode: ["port", "node-id", "slots", "pages", "max-batch", "max-waiting", "no-ucx",
            "ucx-peer-errors"],
-  kvstore: ["port", "data-dir", "budget-bytes"],
+  kvstore: ["port", "data-dir", "budget-bytes", "sync-writes"],
 };
 
 // Where a kind's model lives: kubernetes-models/<group>/<version>/<Kind>.js ("v1" for the core

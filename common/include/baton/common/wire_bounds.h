@@ -20,6 +20,8 @@ inline constexpr uint64_t kMaxCacheSaltBytes = 256;
 inline constexpr uint64_t kMaxTenantBytes = 64;     // API key tenants (common/api_keys.h)
 inline constexpr uint64_t kMaxIdentityBytes = 512;  // certificate identities (SPIFFE ids)
 inline constexpr uint64_t kMaxAddressBytes = 512;   // host:port of a node
+inline constexpr uint64_t kMaxNodeIdBytes = 256;    // a node's name at the router
+inline constexpr uint64_t kMaxFingerprintBytes = 128;  // a model fingerprint (hex digest)
 inline constexpr int kMaxStopTokenIds = 64;
 
 // `value` is at most `max_bytes` bytes.

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "baton/common/security.h"
+#include "baton/common/watchdog.h"
 #include "baton/decode_node/state_pool.h"
 #include "baton/model/ced_model.h"
 #include "baton/model/sampling.h"
@@ -47,6 +48,11 @@ struct DecodeOptions {
   bool poison_freed_memory = false;
   // Faults injected into every transfer (tests; see transfer::FaultSpec).
   std::optional<transfer::FaultSpec> transfer_faults;
+  // Liveness turns NOT_SERVING when the decode loop has not advanced for this long while it
+  // has requests (common/watchdog.h).
+  int64_t watchdog_ms = 30000;
+  // Tests: the decode loop sleeps this long before each step (a wedged worker).
+  int64_t inject_step_stall_ms = 0;
 };
 
 class DecodeService final : public v1::DecodeNode::Service {
@@ -67,6 +73,9 @@ class DecodeService final : public v1::DecodeNode::Service {
 
   v1::LoadReport Load() const;
   int64_t poison_violations() const { return pool_->poison_violations(); }
+  // Starts the liveness watchdog of the decode loop (ServeUntilShutdown's on_started).
+  void StartWatchdog(HealthSetter health) { watchdog_->Start(std::move(health)); }
+  void StopWatchdog() { watchdog_->Stop(); }
 
  private:
   struct Request;
@@ -103,6 +112,8 @@ class DecodeService final : public v1::DecodeNode::Service {
   std::thread reap_thread_;
   std::unique_ptr<Metrics> metrics_;
   std::shared_ptr<prometheus::Collectable> pool_collector_;  // running, queue and pool gauges
+  std::atomic<bool> stepping_{false};  // the decode loop has a batch (the watchdog's "work")
+  std::unique_ptr<Watchdog> watchdog_;
 };
 
 }  // namespace baton::decode_node

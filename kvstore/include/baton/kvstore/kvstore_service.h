@@ -27,6 +27,10 @@ class KvStoreService final : public v1::KvStore::Service {
   grpc::Status Stats(grpc::ServerContext* context, const v1::KvStoreStatsRequest* request,
                      v1::KvStoreStats* reply) override;
 
+  // One write of WriteBlocks: the key, parent and region checked as wire values, then stored
+  // (the store checks the payload and the chain).
+  absl::Status Write(const v1::BlockWrite& write);
+
  private:
   PrefixStore& store_;
   uint64_t max_keys_;

@@ -36,6 +36,7 @@
 namespace rocksdb {
 class DB;
 class ColumnFamilyHandle;
+class Slice;
 }  // namespace rocksdb
 
 namespace baton::kvstore {
@@ -48,6 +49,9 @@ struct StoreOptions {
   // stored_swa_block_floats() floats); both required, multiples of 4 (float32).
   uint64_t block_kv_payload_bytes = 0;
   uint64_t producer_swa_payload_bytes = 0;
+  // Every write and delete waits for its write-ahead-log record to reach the disk (fsync), so
+  // an acknowledged write survives a crash of the machine, not only of the process.
+  bool sync_writes = false;
 };
 
 struct StoreCounters {
@@ -57,6 +61,7 @@ struct StoreCounters {
   uint64_t bytes_written = 0;
   uint64_t evictions = 0;  // values removed for the budget
   uint64_t corrupt_values = 0;
+  uint64_t failed_deletes = 0;  // RocksDB deletes that failed (the value stays on disk)
   uint64_t stored_bytes = 0;  // bytes of every value held now
   uint64_t block_kv_values = 0;
   uint64_t producer_swa_values = 0;
@@ -78,12 +83,18 @@ class PrefixStore {
                      Region region, const std::string& payload);
   StoreCounters counters() const;
   uint64_t budget_bytes() const { return options_.budget_bytes; }
+  // Compares the in-memory index with what RocksDB holds (every value of either is in the
+  // other, with its size) and checks each value's checksum: OK, or DATA_LOSS naming the first
+  // difference. A full scan, for tests and the crash test's verification.
+  absl::Status Verify() const;
 
  private:
   explicit PrefixStore(const StoreOptions& options);
   absl::Status Rebuild();
   // Evicts from the index and deletes from RocksDB until within budget; caller holds mutex_.
   void EvictToBudget();
+  // Deletes a value from RocksDB; a failure is logged and counted. Caller holds mutex_.
+  void Delete(int region, const rocksdb::Slice& key);
 
   StoreOptions options_;
   ValueCodec codec_;

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "baton/common/hash.h"
+#include "baton/common/watchdog.h"
 #include "baton/model/ced_model.h"
 #include "baton/transfer/exposure.h"
 #include "baton/transfer/ucx.h"
@@ -39,7 +40,15 @@ struct PrefillOptions {
   // Idle staging buffers kept for reuse by requests to the same decode node (0: register
   // staging memory per request; transfer/exposure.h).
   uint64_t staging_cache_bytes = uint64_t{1} << 30;
+  // Liveness turns NOT_SERVING when a prefill has computed no chunk for this long
+  // (common/watchdog.h).
+  int64_t watchdog_ms = 30000;
 };
+
+// The wire bounds of a prefill request, checked before anything is sized from it: the router
+// checks too, but a node must not rely on its peers (DESIGN section 6). Token ids and the
+// truncation spec are the model's to check.
+absl::Status ValidatePrefillRequest(const v1::PrefillRequest& request, const ModelConfig& config);
 
 class PrefillService final : public v1::PrefillNode::Service {
  public:
@@ -53,6 +62,9 @@ class PrefillService final : public v1::PrefillNode::Service {
 
   v1::LoadReport Load() const;
   size_t open_exposures() const { return exposures_.size(); }
+  // The liveness watchdog of the model loop (ServeUntilShutdown's on_started, on_stopping).
+  void StartWatchdog(HealthSetter health) { watchdog_->Start(std::move(health)); }
+  void StopWatchdog() { watchdog_->Stop(); }
 
  private:
   struct Metrics;
@@ -74,6 +86,7 @@ class PrefillService final : public v1::PrefillNode::Service {
   std::mutex model_mutex_;  // one prefill at a time (see file comment)
   mutable std::mutex mutex_;
   int64_t active_ = 0;
+  int64_t queued_ = 0;  // of those, waiting for the model
   std::unique_ptr<transfer::UcxWorker> ucx_;
   std::thread ucx_thread_;  // progress for transports that emulate RMA (a get over TCP)
   std::atomic<bool> stop_progress_{false};
@@ -88,6 +101,8 @@ class PrefillService final : public v1::PrefillNode::Service {
   bool stop_writer_ = false;
   std::thread writer_;
   std::unique_ptr<Metrics> metrics_;
+  std::atomic<bool> computing_{false};  // a prefill holds the model (the watchdog's "work")
+  std::unique_ptr<Watchdog> watchdog_;
 };
 
 }  // namespace baton::prefill_node

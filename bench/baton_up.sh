@@ -1,0 +1,14 @@
+# Sourced by the bench scripts: starts `baton up` (with MODEL_DIR when given) in a temporary
+# folder, stops it on exit, and sets `addr` to its router's client address.
+#   start_baton_up BUILD_DIR [MODEL_DIR]
+start_baton_up() {
+  local build="$1" model="${2:-}"
+  work="$(mktemp -d)"
+  local args=(up --port 0 --data-dir "$work/data")
+  [[ -n "$model" ]] && args+=(--model "$model")
+  "$build/tools/baton" "${args[@]}" >"$work/up.log" 2>&1 &
+  up=$!
+  trap 'kill -INT $up 2>/dev/null; wait $up 2>/dev/null; rm -rf "$work"' EXIT
+  for _ in $(seq 600); do grep -q "router at" "$work/up.log" && break; sleep 0.2; done
+  addr="$(cat "$work/data/run/router.addr")"
+}
