@@ -28,7 +28,7 @@ void Watchdog::Stop() {
   if (thread_.joinable()) thread_.join();
 }
 
-void Watchdog::Beat() { last_beat_ns_.store(NowNs(), std::memory_order_relaxed); }
+void Watchdog::Beat() { last_beat_ns_.store(NowNs(), std::memory_order_release); }
 
 void Watchdog::Start(HealthSetter health) {
   health_ = std::move(health);
@@ -42,8 +42,11 @@ void Watchdog::Run() {
     wake_.wait_for(lock, std::max<std::chrono::milliseconds>(limit_ / 4,
                                                              std::chrono::milliseconds(10)));
     if (stop_) return;
-    const int64_t silent_ms = (NowNs() - last_beat_ns_.load(std::memory_order_relaxed)) / 1000000;
-    const bool wedged = silent_ms > limit_.count() && has_work_();
+    // Work first: a loop beats before it takes work on, so a beat read after seeing work is
+    // at least as fresh as the work (an idle node's old beat never counts against new work).
+    const bool work = has_work_();
+    const int64_t silent_ms = (NowNs() - last_beat_ns_.load(std::memory_order_acquire)) / 1000000;
+    const bool wedged = work && silent_ms > limit_.count();
     if (wedged == live) {
       live = !wedged;
       health_("liveness", live);

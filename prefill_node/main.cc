@@ -31,6 +31,10 @@ int main(int argc, char** argv) {
                  "Liveness turns NOT_SERVING when a prefill has computed no chunk for this long "
                  "(default 30000)")
       ->check(CLI::Range(int64_t{10}, int64_t{3600000}));
+  app.add_option("--max-staged-requests", options.max_staged_requests,
+                 "Requests holding staging memory at once, from before the model through the "
+                 "commit (default 4)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 16));
   app.add_option("--staging-cache-bytes", options.staging_cache_bytes,
                  "Idle staging memory kept for reuse, each buffer only for requests to the same "
                  "decode node (default 1 GiB; 0: register staging memory per request)")

@@ -310,6 +310,27 @@ grpc::Status PrefillService::Run(grpc::ServerContext* context, const v1::Prefill
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                         "reservation: its regions do not match this prompt and model");
   }
+  // Staging memory is held from here through the commit, by a bounded number of requests.
+  {
+    std::unique_lock<std::mutex> lock(mutex_);
+    while (staged_ >= options_.max_staged_requests) {
+      if (context->IsCancelled()) {
+        return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled while waiting for staging");
+      }
+      staging_free_.wait_for(lock, std::chrono::milliseconds(20));
+    }
+    ++staged_;
+  }
+  struct Staged {
+    PrefillService* self;
+    ~Staged() {
+      {
+        std::lock_guard<std::mutex> lock(self->mutex_);
+        --self->staged_;
+      }
+      self->staging_free_.notify_one();
+    }
+  } staged{this};
   absl::StatusOr<std::shared_ptr<transfer::Exposure>> exposure =
       transfer::Exposure::Create(*staging_, sizes, request->decode_identity(),
                                  request->decode_address());
@@ -390,7 +411,9 @@ grpc::Status PrefillService::Run(grpc::ServerContext* context, const v1::Prefill
   computing_ = true;
   struct Computing {
     PrefillService* self;
-    ~Computing() { self->computing_ = false; }
+    ~Computing() {
+      if (self != nullptr) self->computing_ = false;
+    }
   } computing{this};
   if (context->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled");
   absl::StatusOr<model::PrefillResult> result = model_.Prefill(tokens, options, state);
@@ -427,6 +450,7 @@ grpc::Status PrefillService::Run(grpc::ServerContext* context, const v1::Prefill
   h.set_replayed_rows(static_cast<uint32_t>(result->consumer_rows));
   transfer::SealHeader(state, h);
   computing_ = false;
+  computing.self = nullptr;  // the next request may set it from now on
   model_lock.unlock();
   auto client = grpc::ClientContext::FromServerContext(*context);
   // The propagated deadline of the router's call still applies: the earlier of the two wins.

@@ -173,14 +173,22 @@ grpc::Status RouterService::Register(grpc::ServerContext* context,
   }
   std::lock_guard<std::mutex> lock(mutex_);
   auto& node = nodes_[request->node_id()];
+  const std::string identity = security::PeerIdentity(*context);
+  // Requests in flight read a node's address, id, fingerprint and identity without the lock, so
+  // those never change in place: a node that comes back different is a new Node. A heartbeat
+  // of the same node only refreshes its load (read under the lock).
   if (node == nullptr || node->info.address() != request->address() ||
-      node->info.role() != request->role()) {
+      node->info.role() != request->role() ||
+      node->info.model_fingerprint() != request->model_fingerprint() ||
+      node->identity != identity) {
     node = std::make_shared<Node>();
     // The router sends prompts and state only to a server that proves the registered role.
     node->channel = security::InternalChannel(request->address(), *role);
+    node->identity = identity;
+    node->info = *request;
+  } else {
+    *node->info.mutable_load() = request->load();
   }
-  node->identity = security::PeerIdentity(*context);
-  node->info = *request;
   node->last_seen = Clock::now();
   reply->set_heartbeat_ms(options_.heartbeat_ms);
   return grpc::Status::OK;
@@ -214,6 +222,7 @@ absl::StatusOr<std::shared_ptr<RouterService::Node>> RouterService::AdmitPrefill
     grpc::ServerContext* context, const std::vector<std::string>& exclude, bool retry,
     int64_t* retry_after_ms) {
   std::unique_lock<std::mutex> lock(mutex_);
+  const auto entered = Clock::now();
   std::optional<uint64_t> ticket;
   auto leave = [&] {
     if (ticket.has_value()) {
@@ -240,7 +249,9 @@ absl::StatusOr<std::shared_ptr<RouterService::Node>> RouterService::AdmitPrefill
         best = node;
       }
     }
-    if (live == 0) {
+    // A node marked down after one failed call is back at its next heartbeat: wait that long
+    // before telling the queue there is none.
+    if (live == 0 && now - entered > std::chrono::milliseconds(options_.node_ttl_ms)) {
       leave();
       return absl::UnavailableError("no prefill node is available");
     }

@@ -2,11 +2,15 @@
 // chains of blocks with --sync-writes and reports each acknowledged write down a pipe; the test
 // kills it with SIGKILL mid-burst, reopens the same folder, and checks that every acknowledged
 // value is present and intact and that the rebuilt index equals what RocksDB holds. With a
-// budget, evictions (deletes) run during the burst too.
+// budget, evictions (deletes) run during the burst too. A process kill leaves the write-ahead
+// log in the page cache, so this checks the store's recovery, not the fsync of --sync-writes
+// (which only a machine crash tells apart).
+#include <poll.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <vector>
@@ -67,8 +71,11 @@ std::vector<int> CrashDuringBurst(const std::string& dir, uint64_t budget, int a
   close(fds[1]);
   std::vector<int> acknowledged;
   int block;
-  while (static_cast<int>(acknowledged.size()) < acks &&
-         read(fds[0], &block, sizeof(block)) == sizeof(block)) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (static_cast<int>(acknowledged.size()) < acks && std::chrono::steady_clock::now() < until) {
+    pollfd ready{.fd = fds[0], .events = POLLIN};
+    if (poll(&ready, 1, 100) <= 0) continue;
+    if (read(fds[0], &block, sizeof(block)) != sizeof(block)) break;  // the writer died
     acknowledged.push_back(block);
   }
   kill(pid, SIGKILL);
@@ -81,11 +88,22 @@ std::vector<int> CrashDuringBurst(const std::string& dir, uint64_t budget, int a
   return acknowledged;
 }
 
-TEST(StoreCrashTest, KillDuringAWriteBurstLosesNoAcknowledgedWrite) {
+// Both writers run (and die) before this process opens RocksDB itself, so neither child is
+// forked from a process with RocksDB's threads.
+TEST(StoreCrashTest, KillDuringAWriteBurstLosesNoAcknowledgedWriteAndKeepsTheIndexTrue) {
   const std::string dir = baton::testing::ProcessTempDir() + "/crash_store";
+  const std::string budget_dir = baton::testing::ProcessTempDir() + "/crash_store_budget";
   std::filesystem::remove_all(dir);
+  std::filesystem::remove_all(budget_dir);
+  // Room for about 40 blocks: that burst evicts (deletes) all the while.
+  const uint64_t budget =
+      40 * (StoredValueBytes(kBlockKvBytes) + StoredValueBytes(kSwaBytes));
   const std::vector<int> acknowledged = CrashDuringBurst(dir, 0, 200);
+  const std::vector<int> evicting = CrashDuringBurst(budget_dir, budget, 200);
   ASSERT_GE(acknowledged.size(), 200u);
+  ASSERT_GE(evicting.size(), 200u);
+
+  // Without a budget every acknowledged block is there, byte for byte.
   auto store = PrefixStore::Open(Options(dir, 0));
   ASSERT_TRUE(store.ok()) << store.status();
   EXPECT_TRUE((*store)->Verify().ok()) << (*store)->Verify();
@@ -98,27 +116,17 @@ TEST(StoreCrashTest, KillDuringAWriteBurstLosesNoAcknowledgedWrite) {
   }
   EXPECT_GE((*store)->counters().block_kv_values, acknowledged.size());
   EXPECT_EQ((*store)->counters().corrupt_values, 0u);
-}
 
-TEST(StoreCrashTest, KillDuringEvictionsLeavesTheIndexEqualToRocksDb) {
-  const std::string dir = baton::testing::ProcessTempDir() + "/crash_store_budget";
-  std::filesystem::remove_all(dir);
-  // Room for about 40 blocks: the burst evicts all the while.
-  const uint64_t budget = 40 * StoredValueBytes(kBlockKvBytes + kSwaBytes);
-  const std::vector<int> acknowledged = CrashDuringBurst(dir, budget, 200);
-  ASSERT_GE(acknowledged.size(), 200u);
-  auto store = PrefixStore::Open(Options(dir, budget));
-  ASSERT_TRUE(store.ok()) << store.status();
-  EXPECT_TRUE((*store)->Verify().ok()) << (*store)->Verify();
-  const StoreCounters counters = (*store)->counters();
+  // Killed between writes and their evictions: the reopened index equals RocksDB, within
+  // budget, and what it holds is intact.
+  auto evicted = PrefixStore::Open(Options(budget_dir, budget));
+  ASSERT_TRUE(evicted.ok()) << evicted.status();
+  EXPECT_TRUE((*evicted)->Verify().ok()) << (*evicted)->Verify();
+  const StoreCounters counters = (*evicted)->counters();
   EXPECT_LE(counters.stored_bytes, budget);
   EXPECT_GT(counters.block_kv_values, 0u);
   EXPECT_EQ(counters.failed_deletes, 0u);
-  // The most recent acknowledged block survives: eviction takes the least recently used.
-  const int last = acknowledged.back();
-  absl::StatusOr<std::string> payload = (*store)->Read(KeyOf(last), Region::kBlockKv);
-  ASSERT_TRUE(payload.ok()) << payload.status();
-  EXPECT_EQ(*payload, PayloadOf(last, Region::kBlockKv));
+  EXPECT_EQ(counters.corrupt_values, 0u);
 }
 
 }  // namespace

@@ -24,7 +24,7 @@ class Watchdog {
   Watchdog(const Watchdog&) = delete;
   Watchdog& operator=(const Watchdog&) = delete;
 
-  // The loop advanced. Cheap: one relaxed store.
+  // The loop advanced (call it before taking work on). Cheap: one atomic store.
   void Beat();
   // Starts watching, setting "liveness" through `health` (ServeUntilShutdown's on_started).
   void Start(HealthSetter health);

@@ -43,6 +43,9 @@ struct PrefillOptions {
   // Liveness turns NOT_SERVING when a prefill has computed no chunk for this long
   // (common/watchdog.h).
   int64_t watchdog_ms = 30000;
+  // Requests holding staging memory at once (from before the model, through the commit); the
+  // rest wait for one to finish, so memory stays bounded however many requests arrive.
+  int64_t max_staged_requests = 4;
 };
 
 // The wire bounds of a prefill request, checked before anything is sized from it: the router
@@ -87,6 +90,8 @@ class PrefillService final : public v1::PrefillNode::Service {
   mutable std::mutex mutex_;
   int64_t active_ = 0;
   int64_t queued_ = 0;  // of those, waiting for the model
+  int64_t staged_ = 0;  // of those, holding staging memory (at most max_staged_requests)
+  std::condition_variable staging_free_;
   std::unique_ptr<transfer::UcxWorker> ucx_;
   std::thread ucx_thread_;  // progress for transports that emulate RMA (a get over TCP)
   std::atomic<bool> stop_progress_{false};
