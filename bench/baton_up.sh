@@ -1,6 +1,8 @@
 # Sourced by the bench scripts: starts `baton up` (with MODEL_DIR when given) in a temporary
-# folder, stops it on exit, and sets `addr` to its router's client address.
+# folder and sets `addr` to its router's client address; stop_baton_up stops it (and it is
+# stopped on exit in any case).
 #   start_baton_up BUILD_DIR [MODEL_DIR]
+#   stop_baton_up
 start_baton_up() {
   local build="$1" model="${2:-}"
   work="$(mktemp -d)"
@@ -8,7 +10,15 @@ start_baton_up() {
   [[ -n "$model" ]] && args+=(--model "$model")
   "$build/tools/baton" "${args[@]}" >"$work/up.log" 2>&1 &
   up=$!
-  trap 'kill -INT $up 2>/dev/null; wait $up 2>/dev/null; rm -rf "$work"' EXIT
+  trap stop_baton_up EXIT
   for _ in $(seq 600); do grep -q "router at" "$work/up.log" && break; sleep 0.2; done
   addr="$(cat "$work/data/run/router.addr")"
+}
+stop_baton_up() {
+  if [[ -n "${up:-}" ]]; then
+    kill -INT "$up" 2>/dev/null || true
+    wait "$up" 2>/dev/null || true
+    rm -rf "$work"
+    up=""
+  fi
 }

@@ -47,6 +47,15 @@ absl::StatusOr<StartedServer> StartServer(grpc::ServerBuilder& builder,
   quota.SetMaxThreads(options.max_rpc_threads);
   quota.Resize(static_cast<size_t>(options.rpc_memory_bytes));
   builder.SetResourceQuota(quota);
+  // A peer that vanishes without closing its connection (a cut link, a frozen host) is found
+  // by HTTP/2 pings: the server pings every 10 s and drops the connection after 10 s without
+  // an answer, which cancels its calls and frees what they held. Clients ping as often
+  // (security::ChannelArguments); this server accepts pings that often.
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, security::kKeepaliveMs);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, security::kKeepaliveMs);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
+                             security::kKeepaliveMs / 2);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   int port = 0;
   builder.AddListeningPort(
       absl::StrCat(options.host, ":", options.port),

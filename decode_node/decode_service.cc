@@ -138,6 +138,7 @@ DecodeService::DecodeService(const model::CedModel& model, const DecodeOptions& 
   if (ucx_ != nullptr) ucx_transport_ = with_faults(transfer::MakeUcxTransport(*ucx_));
   grpc_transport_ = with_faults(transfer::MakeGrpcTransport());
   metrics_ = std::make_unique<Metrics>();
+  idle_watch_ = std::make_unique<StreamWatch>(options.stream_idle_timeout, "decode");
   pool_collector_ = metrics::AddCollector([this] {
     const v1::LoadReport load = Load();
     const double pages = static_cast<double>(load.total_pages());
@@ -477,7 +478,11 @@ grpc::Status DecodeService::RunStream(grpc::ServerContext* context,
       r->streamed = r->tokens.size();
       if (finished) out.set_finish_reason(r->finish);
       lock.unlock();
-      const bool written = writer->Write(out);
+      bool written;
+      {
+        StreamWatch::Writing writing(*idle_watch_, context);
+        written = writer->Write(out);
+      }
       lock.lock();
       if (!written || finished) {
         Erase(r->id);

@@ -3,6 +3,7 @@
 #include <iostream>
 
 #include "CLI/CLI.hpp"
+#include "baton/common/stream_watch.h"
 #include "baton/common/rpc.h"
 #include "baton/common/server_flags.h"
 #include "baton/decode_node/decode_service.h"
@@ -46,8 +47,19 @@ int main(int argc, char** argv) {
   app.add_option("--inject-transfer-faults", transfer_faults,
                  "Faults in every StateBlock read, for tests: drop=P,corrupt=P,truncate=P,"
                  "delay_ms=N,seed=N");
+  std::string stream_idle_timeout = "60s";
+  app.add_option("--stream-idle-timeout", stream_idle_timeout,
+                 "Cancel a stream, and free its slot and pages, once its reader (the router) has "
+                 "taken no message for this long (30s, 500ms, 2m; a bare number is seconds; 0: "
+                 "never)");
   if (auto exit = baton::ParseServerFlags(app, argc, argv, "baton-decode", "decode", flags)) {
     return *exit;
+  }
+  if (auto idle = baton::ParseStreamIdleTimeout(stream_idle_timeout); idle.ok()) {
+    options.stream_idle_timeout = *idle;
+  } else {
+    std::cerr << idle.status().message() << "\n";
+    return 2;
   }
   options.use_ucx = !no_ucx;
   if (!transfer_faults.empty()) {

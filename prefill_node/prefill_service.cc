@@ -113,6 +113,17 @@ PrefillService::PrefillService(const model::CedModel& model, const PrefillOption
     }
   }
   staging_ = std::make_unique<transfer::StagingPool>(ucx_.get(), options.staging_cache_bytes);
+  staging_collector_ = metrics::AddCollector([this] {
+    auto gauge = [](const char* name, const char* help, double value) {
+      return metrics::GaugeFamily(name, help, {{{}, value}});
+    };
+    return std::vector<prometheus::MetricFamily>{
+        gauge("baton_prefill_exposures",
+              "Computed states exposed for their decode node's read (commits in flight)",
+              static_cast<double>(exposures_.size())),
+        gauge("baton_prefill_staging_buffers", "Idle staging buffers kept for their reader's next request",
+              static_cast<double>(staging_->held()))};
+  });
 }
 
 PrefillService::~PrefillService() {
@@ -126,8 +137,8 @@ PrefillService::~PrefillService() {
   if (writer_.joinable()) writer_.join();
 }
 
-bool PrefillService::LoadPrefix(const std::vector<Sha256Digest>& keys, int64_t hit_tokens,
-                                model::SequenceState& state) {
+bool PrefillService::LoadPrefix(grpc::ServerContext& caller, const std::vector<Sha256Digest>& keys,
+                                int64_t hit_tokens, model::SequenceState& state) {
   const model::StateLayout& layout = state.layout();
   const int64_t B = layout.block_size, C = layout.ring_capacity;
   const int64_t h = hit_tokens / B;
@@ -137,9 +148,10 @@ bool PrefillService::LoadPrefix(const std::vector<Sha256Digest>& keys, int64_t h
     v1::ReadBlocksRequest request;
     for (int64_t b = first; b < h; ++b) request.add_keys(kvstore::KeyBytes(keys[b]));
     request.set_region(region);
-    grpc::ClientContext context;
-    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
-    auto reader = kvstore_->ReadBlocks(&context, request);
+    // The caller's cancellation and deadline carry over; the earlier deadline wins.
+    auto context = grpc::ClientContext::FromServerContext(caller);
+    context->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    auto reader = kvstore_->ReadBlocks(context.get(), request);
     v1::StoredBlock block;
     int64_t b = first;
     bool ok = true;
@@ -357,7 +369,7 @@ grpc::Status PrefillService::Run(grpc::ServerContext* context, const v1::Prefill
   if (kvstore_ != nullptr) {
     keys = kvstore::ChainKeys(model_.fingerprint(), request->tenant(), generate.cache_salt(),
                               tokens, layout.block_size);
-    if (request->s_valid() > 0 && LoadPrefix(keys, request->s_valid(), state)) {
+    if (request->s_valid() > 0 && LoadPrefix(*context, keys, request->s_valid(), state)) {
       cached = request->s_valid();
       state.length = cached;
       metrics_->loaded_blocks.Increment(static_cast<double>(cached / layout.block_size));
@@ -469,6 +481,14 @@ grpc::Status PrefillService::Run(grpc::ServerContext* context, const v1::Prefill
     // The decode node failed or refused, not this node: the router must not take this node
     // for lost when the decode node is (DESIGN section 6, faults).
     context->AddTrailingMetadata(kFailedNodeKey, "decode");
+    if (commit_status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED &&
+        context->deadline() > std::chrono::system_clock::now()) {
+      // --commit-timeout-ms ran out before the router's deadline: the decode node did not
+      // answer (dead, wedged or cut off), and the request may go to another one.
+      return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                          absl::StrCat("decode node did not answer the commit within ",
+                                       options_.commit_timeout_ms, " ms"));
+    }
     return commit_status;
   }
   const char* transport = request->transport() == v1::TRANSPORT_GRPC ? "grpc" : "ucx";

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "baton/common/rpc.h"
 #include "baton/common/server_flags.h"
+#include "baton/common/stream_watch.h"
 #include "baton/router/router_service.h"
 
 int main(int argc, char** argv) {
@@ -50,11 +51,24 @@ int main(int argc, char** argv) {
   app.add_option("--prefill-slots", options.prefill_slots,
                  "Prefills in flight per prefill node (default 2: one computing, one ready)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 10));
+  std::string stream_idle_timeout = "60s";
+  app.add_option("--stream-idle-timeout", stream_idle_timeout,
+                 "Cancel a client's stream, and free its decode slot, once the client has taken "
+                 "no message for this long (30s, 500ms, 2m; a bare number is seconds; 0: never)");
+  app.add_option("--prefill-timeout-ms", options.prefill_timeout_ms,
+                 "Longest a prefill may take (the client's deadline, when shorter, wins)")
+      ->check(CLI::Range(uint32_t{1}, uint32_t{86400000}));
   app.add_flag("--require-kvstore", options.require_kvstore,
                "Become SERVING only once a kvstore has registered too (losing it later makes "
                "requests cold, not the router unready)");
   if (auto exit = baton::ParseServerFlags(app, argc, argv, "baton-router", "router", flags)) {
     return *exit;
+  }
+  if (auto idle = baton::ParseStreamIdleTimeout(stream_idle_timeout); idle.ok()) {
+    options.stream_idle_timeout = *idle;
+  } else {
+    baton::log::Error("cannot start", {{"error", std::string(idle.status().message())}});
+    return 2;
   }
   auto config = baton::LoadModelConfig(model_dir + "/config.json");
   if (!config.ok()) {

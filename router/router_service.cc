@@ -114,7 +114,10 @@ struct RouterService::Metrics {
 };
 
 RouterService::RouterService(const ModelConfig& config, const RouterOptions& options)
-    : config_(config), options_(options), metrics_(std::make_unique<Metrics>()) {
+    : config_(config),
+      options_(options),
+      metrics_(std::make_unique<Metrics>()),
+      idle_watch_(std::make_unique<StreamWatch>(options.stream_idle_timeout, "router")) {
   if (options_.default_keep == 0) options_.default_keep = config.ring_capacity();
   // Live nodes by role, read at scrape time from the registry.
   nodes_collector_ = metrics::AddCollector([this] {
@@ -219,14 +222,14 @@ std::shared_ptr<RouterService::Node> RouterService::Pick(v1::NodeRole role,
 }
 
 absl::StatusOr<std::shared_ptr<RouterService::Node>> RouterService::AdmitPrefill(
-    grpc::ServerContext* context, const std::vector<std::string>& exclude, bool retry,
-    int64_t* retry_after_ms) {
+    grpc::ServerContext* context, const std::vector<std::string>& exclude,
+    const std::string& tenant, bool retry, int64_t* retry_after_ms) {
   std::unique_lock<std::mutex> lock(mutex_);
   const auto entered = Clock::now();
   std::optional<uint64_t> ticket;
   auto leave = [&] {
     if (ticket.has_value()) {
-      queue_.erase(std::find(queue_.begin(), queue_.end(), *ticket));
+      queue_.Remove(*ticket, /*admitted=*/false);
       admission_.notify_all();
     }
   };
@@ -255,11 +258,11 @@ absl::StatusOr<std::shared_ptr<RouterService::Node>> RouterService::AdmitPrefill
       leave();
       return absl::UnavailableError("no prefill node is available");
     }
-    // First come, first served: a new request takes a slot only at the head of the queue.
-    const bool turn = retry || queue_.empty() || (ticket.has_value() && queue_.front() == *ticket);
+    // A new request takes a slot only when it is its turn (fair_queue.h).
+    const bool turn = retry || queue_.empty() || (ticket.has_value() && queue_.Head() == ticket);
     if (best != nullptr && turn) {
       if (ticket.has_value()) {
-        queue_.pop_front();
+        queue_.Remove(*ticket, /*admitted=*/true);
         admission_.notify_all();
       }
       ++best->prefilling;
@@ -276,8 +279,7 @@ absl::StatusOr<std::shared_ptr<RouterService::Node>> RouterService::AdmitPrefill
             "the router's admission queue is full (", options_.max_queued,
             " requests waiting for a prefill node); retry after ", *retry_after_ms, " ms"));
       }
-      ticket = next_ticket_++;
-      queue_.push_back(*ticket);
+      ticket = queue_.Push(tenant);
     }
     if (context->IsCancelled()) {
       leave();
@@ -507,6 +509,13 @@ grpc::Status RouterService::Generate(grpc::ServerContext* context,
   return status;
 }
 
+bool RouterService::Send(grpc::ServerContext* context,
+                         grpc::ServerWriter<v1::GenerateResponse>* writer,
+                         const v1::GenerateResponse& response) {
+  StreamWatch::Writing writing(*idle_watch_, context);
+  return writer->Write(response);
+}
+
 grpc::Status RouterService::Serve(grpc::ServerContext* context, const v1::GenerateRequest* request,
                                   grpc::ServerWriter<v1::GenerateResponse>* writer, Trace& trace) {
   const auto start = trace.start;
@@ -552,7 +561,7 @@ grpc::Status RouterService::Serve(grpc::ServerContext* context, const v1::Genera
     // identity that may fill it, and is taken only now, so it never expires in a queue).
     int64_t retry_after_ms = 0;
     absl::StatusOr<std::shared_ptr<Node>> admitted =
-        AdmitPrefill(context, lost_prefill, attempt > 0, &retry_after_ms);
+        AdmitPrefill(context, lost_prefill, trace.tenant, attempt > 0, &retry_after_ms);
     if (!admitted.ok()) {
       if (absl::IsResourceExhausted(admitted.status())) {
         context->AddTrailingMetadata(kRetryAfterKey, std::to_string(retry_after_ms));
@@ -616,7 +625,8 @@ grpc::Status RouterService::Serve(grpc::ServerContext* context, const v1::Genera
     };
 
     auto prefill_stub = v1::PrefillNode::NewStub(prefill_node->channel);
-    auto prefill_context = grpc::ClientContext::FromServerContext(*context);
+    auto prefill_context =
+        Propagated(context, std::chrono::milliseconds(options_.prefill_timeout_ms));
     v1::PrefillResponse prefilled;
     status = prefill_stub->Prefill(prefill_context.get(), prefill, &prefilled);
     prefill_slot.Done();
@@ -677,7 +687,7 @@ grpc::Status RouterService::Serve(grpc::ServerContext* context, const v1::Genera
     first.add_token_ids(prefilled.first_token());
     if (request->logprobs()) first.add_logprobs(prefilled.first_logprob());
     if (g == 0) *first.mutable_prompt_logprobs() = prefilled.prompt_logprobs();
-    if (!writer->Write(first)) {
+    if (!Send(context, writer, first)) {
       release();
       return grpc::Status(grpc::StatusCode::CANCELLED, "client went away");
     }
@@ -702,7 +712,7 @@ grpc::Status RouterService::Serve(grpc::ServerContext* context, const v1::Genera
         *response.mutable_usage() = usage;
         *response.mutable_timings() = timings;
       }
-      if (!writer->Write(response)) {
+      if (!Send(context, writer, response)) {
         stream_context->TryCancel();
         return grpc::Status(grpc::StatusCode::CANCELLED, "client went away");
       }

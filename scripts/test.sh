@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
-# Runs baton's whole test suite: every ctest suite (unit, CLI, multi-process e2e and the Helm
-# chart test) in build/, then the sanitizer and fuzzing pass (scripts/sanitize.sh: in-process
-# suites under ASan + UBSan, each libFuzzer target for FUZZ_SECONDS). Exits non-zero on any
-# failure. Extra arguments go to ctest and skip the sanitizer pass, e.g. `scripts/test.sh -L unit`.
+# Runs baton's test suite: every ctest suite (unit, CLI, multi-process e2e, the network-
+# namespace fault tests and the Helm chart test) in build/, then the sanitizer and fuzzing pass
+# (scripts/sanitize.sh: in-process suites under ASan + UBSan, each libFuzzer target for
+# FUZZ_SECONDS). Exits non-zero on any failure.
+#
+#   scripts/test.sh          what CI runs: everything except the suites labelled "extended"
+#   scripts/test.sh --all    everything, the "extended" suites too (the 2,000-request soak)
+#   scripts/test.sh ARGS...  only ctest with ARGS (no sanitizer pass), e.g. -L unit
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -13,7 +17,13 @@ if [[ ! -f "$build_dir/CMakeCache.txt" ]]; then
   exit 1
 fi
 cmake --build "$build_dir" -j "${BATON_JOBS:-2}"
-ctest --test-dir "$build_dir" --output-on-failure -j "${BATON_JOBS:-2}" "$@"
+ctest_run() { ctest --test-dir "$build_dir" --output-on-failure -j "${BATON_JOBS:-2}" "$@"; }
 if (($# == 0)); then
+  ctest_run -LE extended
   bash "$root/scripts/sanitize.sh"
+elif [[ "$1" == "--all" && $# -eq 1 ]]; then
+  ctest_run
+  bash "$root/scripts/sanitize.sh"
+else
+  ctest_run "$@"
 fi

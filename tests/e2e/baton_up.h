@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -78,6 +79,38 @@ class BatonUp {
     return address;
   }
   std::string log() const { return ReadFile(dir_ / "up.log"); }
+  pid_t pid() const { return pid_; }
+
+  // The pid of baton up's child started with `--node-id node_id`, or of the one whose
+  // program is `program` ("baton-router"); -1 if none.
+  pid_t Child(const std::string& node_id, const std::string& program = "") const {
+    for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+      const std::string name = entry.path().filename().string();
+      if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+      std::string stat = ReadFile(entry.path() / "stat");
+      const size_t close = stat.rfind(')');
+      if (close == std::string::npos) continue;
+      int ppid = -1;
+      char state;
+      if (sscanf(stat.c_str() + close + 1, " %c %d", &state, &ppid) != 2 || ppid != pid_) continue;
+      const std::string cmdline = ReadFile(entry.path() / "cmdline");
+      std::vector<std::string> args;
+      for (size_t at = 0; at < cmdline.size();) {
+        const size_t end = cmdline.find('\0', at);
+        args.push_back(cmdline.substr(at, end - at));
+        if (end == std::string::npos) break;
+        at = end + 1;
+      }
+      if (args.empty()) continue;
+      if (!program.empty() && std::filesystem::path(args[0]).filename() == program) {
+        return std::stoi(name);
+      }
+      for (size_t i = 0; i + 1 < args.size(); ++i) {
+        if (args[i] == "--node-id" && args[i + 1] == node_id) return std::stoi(name);
+      }
+    }
+    return -1;
+  }
 
  private:
   std::filesystem::path dir_;

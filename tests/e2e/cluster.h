@@ -100,7 +100,12 @@ class Cluster {
                     std::vector<std::string> args) {
     const std::string ready = (dir_ / (name + ".addr")).string();
     args.insert(args.end(), {"--ready-file", ready});
-    std::vector<char*> argv = {const_cast<char*>(program.c_str())};
+    // Inside a network namespace: `ip netns exec NS program args...` (netns.h).
+    std::vector<std::string> wrap;
+    if (auto it = wrappers_.find(name); it != wrappers_.end()) wrap = it->second;
+    wrap.push_back(program);
+    std::vector<char*> argv;
+    for (auto& w : wrap) argv.push_back(w.data());
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
     const std::string log = (dir_ / (name + ".log")).string();
@@ -109,7 +114,7 @@ class Cluster {
     posix_spawn_file_actions_addopen(&actions, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     posix_spawn_file_actions_adddup2(&actions, 1, 2);
     pid_t pid = -1;
-    const int error = posix_spawn(&pid, program.c_str(), &actions, nullptr, argv.data(), environ);
+    const int error = posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environ);
     posix_spawn_file_actions_destroy(&actions);
     if (error != 0) return "";
     pids_[name] = pid;
@@ -129,6 +134,12 @@ class Cluster {
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
     return "";
+  }
+
+  // Runs the process started as `name` under `prefix` + its program + its arguments (e.g. `ip
+  // netns exec NS`, which execs the program, so the pid stays the program's).
+  void WrapIn(const std::string& name, std::vector<std::string> prefix) {
+    wrappers_[name] = std::move(prefix);
   }
 
   // Starts a router named `name`; returns its client address (its internal one goes to
@@ -183,6 +194,11 @@ class Cluster {
     return it == addresses_.end() ? "" : it->second;
   }
   const std::string& router_internal() const { return router_internal_; }
+  // The pid of the process started as `name` (-1 once stopped or killed).
+  pid_t Pid(const std::string& name) const {
+    auto it = pids_.find(name);
+    return it == pids_.end() ? -1 : it->second;
+  }
   std::string dir() const { return dir_.string(); }
 
   void Kill(const std::string& name, int signal = SIGKILL) {
@@ -220,7 +236,11 @@ class Cluster {
   // A decode node as `role` sees it (the router by default, which may call Stats).
   std::unique_ptr<v1::DecodeNode::Stub> Decode(const std::string& name,
                                                const std::string& role = "router") {
-    return v1::DecodeNode::NewStub(grpc::CreateChannel(addresses_[name], TlsAs(role)));
+    // Test certificates name 127.0.0.1; nodes in network namespaces have other addresses.
+    grpc::ChannelArguments args;
+    args.SetSslTargetNameOverride("127.0.0.1");
+    return v1::DecodeNode::NewStub(
+        grpc::CreateCustomChannel(addresses_[name], TlsAs(role), args));
   }
   std::string Log(const std::string& name) const {
     std::ifstream in(dir_ / (name + ".log"));
@@ -236,6 +256,7 @@ class Cluster {
   std::string kvstore_;
   std::map<std::string, pid_t> pids_;
   std::map<std::string, std::string> addresses_;
+  std::map<std::string, std::vector<std::string>> wrappers_;
 };
 
 }  // namespace baton::testing

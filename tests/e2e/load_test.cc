@@ -7,13 +7,16 @@
 #include <signal.h>
 
 #include <atomic>
+#include <fstream>
 #include <map>
+#include <mutex>
 #include <random>
 #include <thread>
 
 #include "baton/common/model_config.h"
 #include "baton/model/model_factory.h"
 #include "baton_up.h"
+#include "scrape.h"
 #include "client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -267,6 +270,158 @@ TEST_F(LoadTest, AWedgedDecodeLoopTurnsLivenessNotServing) {
   EXPECT_TRUE(outcome.status.ok()) << outcome.status.error_message();
   EXPECT_TRUE(wait_for(grpc::health::v1::HealthCheckResponse::SERVING));
   EXPECT_THAT(cluster.Log("decode"), ::testing::HasSubstr("worker loop wedged"));
+}
+
+// `baton up --prefill-nodes 2 --decode-nodes 2`: a decode node killed while 16 streams run
+// costs no stream, and baton up starts it again on its port; the router, killed in turn, comes
+// back on its client port and serves again.
+TEST_F(LoadTest, BatonUpRunsSeveralNodesAndRestartsOneThatExits) {
+  BatonUp up(ProcessTempDir() + "/restart_up", model_,
+             {"--prefill-nodes", "2", "--decode-nodes", "2"});
+  ASSERT_TRUE(up.WaitUntilUp()) << up.log();
+  for (const char* file : {"prefill.addr", "prefill-1.addr", "decode.addr", "decode-1.addr"}) {
+    EXPECT_FALSE(up.Address(file).empty()) << file;
+  }
+  const std::string router = up.Address("router.addr");
+  const std::string decode_1 = up.Address("decode-1.addr");
+  auto stub = v1::Generation::NewStub(grpc::CreateChannel(router, grpc::InsecureChannelCredentials()));
+  const auto expected = Undisturbed(*stub, 32);
+  std::atomic<int> started{0};
+  std::vector<Outcome> outcomes(16);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 16; ++i) {
+    threads.emplace_back([&, i] {
+      outcomes[i] = Generate(*stub, Request(prompts_[i % prompts_.size()], 32),
+                             std::chrono::seconds(180), [&](const Outcome& o) {
+                               if (o.tokens.size() == 1) ++started;
+                               return true;
+                             });
+    });
+  }
+  const pid_t victim = up.Child("decode-1");
+  ASSERT_GT(victim, 0) << "no decode-1 child of baton up";
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (started < 4 && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  kill(victim, SIGKILL);
+  for (auto& t : threads) t.join();
+  for (int i = 0; i < 16; ++i) {
+    EXPECT_TRUE(outcomes[i].status.ok()) << "stream " << i << ": "
+                                         << outcomes[i].status.error_message();
+    EXPECT_EQ(outcomes[i].tokens, expected[i % expected.size()]) << "stream " << i;
+  }
+  auto poll = [](const std::function<bool()>& done) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (std::chrono::steady_clock::now() < deadline) {
+      if (done()) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return false;
+  };
+  EXPECT_TRUE(poll([&] {
+    const pid_t again = up.Child("decode-1");
+    return again > 0 && again != victim && up.Address("decode-1.addr") == decode_1;
+  })) << up.log();
+  EXPECT_THAT(up.log(), ::testing::HasSubstr("decode-1 exited (killed by signal 9); restarting"));
+
+  const pid_t router_pid = up.Child("", "baton-router");
+  ASSERT_GT(router_pid, 0);
+  kill(router_pid, SIGKILL);
+  // Back on the same client port, with the nodes registered again.
+  Outcome after;
+  EXPECT_TRUE(poll([&] {
+    auto again = v1::Generation::NewStub(
+        grpc::CreateChannel(router, grpc::InsecureChannelCredentials()));
+    after = Generate(*again, Request(prompts_[0], 32), std::chrono::seconds(20));
+    return after.status.ok();
+  })) << after.status.error_message() << "\n" << up.log();
+  EXPECT_EQ(after.tokens, expected[0]);
+  EXPECT_THAT(up.log(), ::testing::HasSubstr("router restarted"));
+}
+
+// A client that stops reading: once its HTTP/2 window and the router's write buffer are full,
+// the router's write blocks; after --stream-idle-timeout the router cancels the stream and the
+// decode node frees the slot and pages behind it (before: held until the client's deadline).
+TEST_F(LoadTest, AClientThatStopsReadingIsCancelledAndItsSlotFreed) {
+  Cluster cluster(model_);
+  ASSERT_FALSE(cluster.StartRouter({"--stream-idle-timeout", "1s"}).empty());
+  ASSERT_FALSE(cluster.StartDecode("decode").empty());
+  ASSERT_FALSE(cluster.StartPrefill("prefill").empty());
+  ASSERT_TRUE(cluster.WaitForHealth(true));
+  // A small receive window, never grown, and no reads at all.
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+  args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 1024);
+  auto stub = v1::Generation::NewStub(grpc::CreateCustomChannel(
+      cluster.Address("router"), grpc::InsecureChannelCredentials(), args));
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::minutes(10));
+  auto reader = stub->Generate(&context, Request(prompts_[0], 4000));
+  // The request reaches the decode node, then its tokens back up until the router gives up.
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  bool held = false, cancelled = false;
+  while (std::chrono::steady_clock::now() < until && !cancelled) {
+    held = held || Reservations(cluster, "decode") > 0;
+    cancelled = cluster.Log("router").find("its client took no message") != std::string::npos;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_TRUE(held);
+  ASSERT_TRUE(cancelled) << cluster.Log("router");
+  EXPECT_TRUE(DecodeDrained(cluster, "decode"));
+  v1::GenerateResponse response;
+  while (reader->Read(&response)) {
+  }
+  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
+}
+
+// Fairness across tenants (API keys): "flood" queues 24 requests behind one prefill slot, then
+// "small" sends 3. Each of small's requests is admitted within a turn or two of arriving, so
+// it finishes among the first completions; first come, first served would finish all three
+// after all 24 of flood's.
+TEST_F(LoadTest, ATenantFloodingTheQueueDoesNotHoldBackAnother) {
+  const std::string keys = ProcessTempDir() + "/fair_keys.yaml";
+  std::ofstream(keys) << "\"flood-key-0123456789\": flood\n\"small-key-0123456789\": small\n";
+  Cluster cluster(model_);
+  const std::string metrics = cluster.dir() + "/router.metrics";
+  ASSERT_FALSE(cluster
+                   .StartRouter({"--api-keys", keys, "--prefill-slots", "1", "--metrics-port",
+                                 "0", "--metrics-ready-file", metrics})
+                   .empty());
+  ASSERT_FALSE(cluster.StartDecode("decode").empty());
+  ASSERT_FALSE(cluster.StartPrefill("prefill").empty());
+  ASSERT_TRUE(cluster.WaitForHealth(true));
+  auto stub = cluster.Client();
+  std::mutex mutex;
+  std::vector<std::string> finished;  // tenants in completion order
+  std::vector<std::thread> threads;
+  auto send = [&](const std::string& tenant, int i) {
+    threads.emplace_back([&, tenant, i] {
+      const Outcome o = Generate(*stub, Request(prompts_[i % prompts_.size()], 2),
+                                 std::chrono::seconds(300), nullptr, tenant + "-key-0123456789");
+      EXPECT_TRUE(o.status.ok()) << tenant << ": " << o.status.error_message();
+      std::lock_guard<std::mutex> lock(mutex);
+      finished.push_back(tenant);
+    });
+  };
+  for (int i = 0; i < 24; ++i) send("flood", i);
+  std::string address;
+  std::ifstream(metrics) >> address;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (std::chrono::steady_clock::now() < until &&
+         Sample(Scrape(address), "baton_router_queue_depth").value_or(0) < 16) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  for (int i = 0; i < 3; ++i) send("small", i);
+  for (auto& t : threads) t.join();
+  ASSERT_EQ(finished.size(), 27u);
+  int last_small = -1;
+  for (int i = 0; i < 27; ++i) {
+    if (finished[i] == "small") last_small = i;
+  }
+  // 24 - 16 = at most 8 of flood's were admitted before small arrived; fair turns then finish
+  // small's 3 within the next ~6 completions.
+  EXPECT_LT(last_small, 18) << "small's last request finished " << last_small + 1 << " of 27";
 }
 
 }  // namespace

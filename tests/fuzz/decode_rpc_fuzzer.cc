@@ -1,6 +1,7 @@
 // The decode node's request validation: Reserve with any ReserveRequest, then Commit with any
-// StateHeader aimed at a live reservation, then Release. Whatever the bytes, the node answers
-// with a status and its pool ends as it started (no slot or page leaks).
+// CommitRequest (the StateHeader and the RegionSource the node would read from) aimed at a
+// live reservation, then Release. Whatever the bytes, the node answers with a status and its
+// pool ends as it started (no slot or page leaks).
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -47,7 +48,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   grpc::ServerContext valid_context;
   baton::v1::Reservation live;
   baton::v1::CommitRequest commit;
-  if (commit.mutable_header()->ParseFromArray(data + split, static_cast<int>(size - split)) &&
+  if (commit.ParseFromArray(data + split, static_cast<int>(size - split)) &&
       service->Reserve(&valid_context, &valid, &live).ok()) {
     commit.mutable_header()->set_reservation_id(live.reservation_id());
     grpc::ServerContext commit_context;

@@ -1,14 +1,19 @@
 // `baton up`: the embedded default (DESIGN section 7). Starts baton-router, baton-kvstore
-// (RocksDB under <data-dir>/kvstore), one baton-prefill and one baton-decode on loopback
-// (generating the small preset into the data dir when no model is given), prints the router address
-// once it reports SERVING,
+// (RocksDB under <data-dir>/kvstore), --prefill-nodes baton-prefill and --decode-nodes
+// baton-decode on loopback (generating the small preset into the data dir when no model is
+// given) and prints the router address once it reports SERVING.
 //
 // Secure by default: a throwaway CA and one certificate per role (router, prefill, decode,
 // kvstore, client) under <data-dir>/tls/, every internal surface on mutual TLS, the client
 // port plaintext on loopback unless --client-tls (then TLS with the router's certificate), and
-// --api-keys handed to the router. and on SIGINT or SIGTERM stops every child and exits only after
-// all of them have exited. If a child dies on its own, the others are stopped too and `baton up`
-// exits non-zero.
+// --api-keys handed to the router.
+//
+// A component that exits on its own is started again on the same port (after 0.5 s, doubling
+// to 10 s while it keeps failing within 30 s of its start), so faults can be tried by hand:
+// kill -9 a decode node and its streams move to another and it comes back. Five quick
+// failures in a row of one component stop everything (exit 1); --no-restart stops
+// everything at the first exit instead. On SIGINT or SIGTERM every child is stopped and
+// `baton up` exits only after all of them have exited.
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
@@ -19,6 +24,7 @@
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -39,8 +45,13 @@ namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
 struct Child {
-  std::string name;
+  std::string name;     // file stem under <data-dir>/run and the node id ("prefill-1")
+  std::string program;  // the binary
+  std::vector<std::string> args;
   pid_t pid = -1;
+  Clock::time_point started;
+  std::optional<Clock::time_point> restart_at;  // set while it waits to be started again
+  int quick_failures = 0;                       // exits within 30 s of a start, in a row
 };
 
 pid_t Spawn(const std::string& program, const std::vector<std::string>& args) {
@@ -93,6 +104,22 @@ bool WaitForServing(const std::string& address,
   return false;
 }
 
+// The port of a "host:port" address (the ready files' format).
+std::string PortOf(const std::string& address) {
+  return address.substr(address.rfind(':') + 1);
+}
+
+// Replaces the value after `flag` in `args` (or appends both).
+void SetFlag(std::vector<std::string>& args, const std::string& flag, const std::string& value) {
+  for (size_t i = 0; i + 1 < args.size(); ++i) {
+    if (args[i] == flag) {
+      args[i + 1] = value;
+      return;
+    }
+  }
+  args.insert(args.end(), {flag, value});
+}
+
 void StopAll(std::vector<Child>& children) {
   for (Child& c : children) {
     if (c.pid > 0) kill(c.pid, SIGTERM);
@@ -136,7 +163,15 @@ int main(int argc, char** argv) {
   up->add_option("--data-dir", data_dir, "Where the generated model and run files go");
   up->add_option("--transport", transport, "StateBlock transport: ucx or grpc")
       ->check(CLI::IsMember({"ucx", "grpc"}));
-  up->add_option("--decode-pages", decode_pages, "Block-KV pages of the decode node");
+  up->add_option("--decode-pages", decode_pages, "Block-KV pages of each decode node");
+  int prefill_nodes = 1, decode_nodes = 1;
+  bool no_restart = false;
+  up->add_option("--prefill-nodes", prefill_nodes, "baton-prefill processes to run (1 to 16)")
+      ->check(CLI::Range(1, 16));
+  up->add_option("--decode-nodes", decode_nodes, "baton-decode processes to run (1 to 16)")
+      ->check(CLI::Range(1, 16));
+  up->add_flag("--no-restart", no_restart,
+               "Stop everything when a component exits, instead of starting it again");
   uint64_t kvstore_budget = uint64_t{8} << 30;
   up->add_option("--kvstore-budget-bytes", kvstore_budget,
                  "Prefix-store budget under <data-dir>/kvstore (default 8 GiB)");
@@ -208,28 +243,39 @@ int main(int argc, char** argv) {
     return (bin / name).string();
   };
   const fs::path run = fs::path(data_dir) / "run";
-  for (const char* name : {"router", "router-internal", "prefill", "decode", "kvstore"}) {
-    fs::remove(run / (std::string(name) + ".addr"), error);
-    fs::remove(run / (std::string(name) + ".metrics"), error);
+  // The first prefill and decode node keep the plain names ("prefill", "decode"); the others
+  // are numbered ("prefill-1", ...). Each name is the node id and the stem of its run files.
+  auto instance = [](const std::string& role, int i) {
+    return i == 0 ? role : role + "-" + std::to_string(i);
+  };
+  for (const fs::directory_entry& entry : fs::directory_iterator(run, error)) {
+    const std::string ext = entry.path().extension().string();
+    if (ext == ".addr" || ext == ".metrics") fs::remove(entry.path(), error);
   }
 
   std::vector<Child> children;
-  // Every component: its metrics on any free port (written to run/<role>.metrics), the log
+  // Every component: its metrics on any free port (written to run/<name>.metrics), the log
   // format, and the config file when given.
-  auto start = [&](const std::string& name, std::vector<std::string> args, const fs::path& ready,
-                   std::string* address) {
-    const std::string role = name.substr(name.find('-') + 1);
+  auto start = [&](const std::string& name, const std::string& binary,
+                   std::vector<std::string> args, std::string* address) {
+    const std::string role = binary.substr(binary.find('-') + 1);
     const std::vector<std::string> tls_flags = identity(role);
     args.insert(args.end(), tls_flags.begin(), tls_flags.end());
     args.insert(args.end(), {"--metrics-port", "0", "--metrics-ready-file",
-                             (run / (role + ".metrics")).string(), "--log-format", log_format});
+                             (run / (name + ".metrics")).string(), "--log-format", log_format,
+                             "--ready-file", (run / (name + ".addr")).string()});
     if (!config_file.empty()) args.insert(args.end(), {"--config", config_file});
-    const pid_t pid = Spawn(program(name.c_str()), args);
+    const std::string path = program(binary.c_str());
+    const pid_t pid = Spawn(path, args);
     if (pid < 0) return false;
-    children.push_back({name, pid});
-    return WaitForReadyFile(ready.string(), pid, address);
+    children.push_back({name, path, args, pid, Clock::now()});
+    if (!WaitForReadyFile((run / (name + ".addr")).string(), pid, address)) return false;
+    // A restart serves on the same port, so the others' addresses for it stay right.
+    SetFlag(children.back().args, "--port", PortOf(*address));
+    return true;
   };
-  std::string router_address, internal_address, prefill_address, decode_address, kvstore_address;
+  std::string router_address, internal_address, kvstore_address;
+  std::vector<std::string> prefill_addresses, decode_addresses;
   std::vector<std::string> router_args = {"--model",
                                           model_dir,
                                           "--port",
@@ -238,31 +284,37 @@ int main(int argc, char** argv) {
                                           transport,
                                           "--require-kvstore",
                                           "--internal-ready-file",
-                                          (run / "router-internal.addr").string(),
-                                          "--ready-file",
-                                          (run / "router.addr").string()};
+                                          (run / "router-internal.addr").string()};
   if (client_tls) {
     router_args.insert(router_args.end(), {"--client-tls-cert", (tls / "router.crt").string(),
                                            "--client-tls-key", (tls / "router.key").string()});
   }
   if (!api_keys.empty()) router_args.insert(router_args.end(), {"--api-keys", api_keys});
-  bool ok = start("baton-router", router_args, run / "router.addr", &router_address) &&
+  bool ok = start("router", "baton-router", router_args, &router_address) &&
             WaitForReadyFile((run / "router-internal.addr").string(), children.back().pid,
                              &internal_address);
-  ok =
-      ok && start("baton-kvstore",
-                  {"--model", model_dir, "--router", internal_address, "--data-dir",
-                   (fs::path(data_dir) / "kvstore").string(), "--budget-bytes",
-                   std::to_string(kvstore_budget), "--ready-file", (run / "kvstore.addr").string()},
-                  run / "kvstore.addr", &kvstore_address);
-  ok = ok && start("baton-decode",
-                   {"--model", model_dir, "--router", internal_address, "--pages",
-                    std::to_string(decode_pages), "--ready-file", (run / "decode.addr").string()},
-                   run / "decode.addr", &decode_address);
-  ok = ok && start("baton-prefill",
-                   {"--model", model_dir, "--router", internal_address, "--kvstore",
-                    kvstore_address, "--ready-file", (run / "prefill.addr").string()},
-                   run / "prefill.addr", &prefill_address);
+  if (ok) SetFlag(children.back().args, "--internal-port", PortOf(internal_address));
+  ok = ok && start("kvstore", "baton-kvstore",
+                   {"--model", model_dir, "--router", internal_address, "--data-dir",
+                    (fs::path(data_dir) / "kvstore").string(), "--budget-bytes",
+                    std::to_string(kvstore_budget)},
+                   &kvstore_address);
+  for (int i = 0; ok && i < decode_nodes; ++i) {
+    std::string address;
+    ok = start(instance("decode", i), "baton-decode",
+               {"--model", model_dir, "--router", internal_address, "--node-id",
+                instance("decode", i), "--pages", std::to_string(decode_pages)},
+               &address);
+    decode_addresses.push_back(address);
+  }
+  for (int i = 0; ok && i < prefill_nodes; ++i) {
+    std::string address;
+    ok = start(instance("prefill", i), "baton-prefill",
+               {"--model", model_dir, "--router", internal_address, "--node-id",
+                instance("prefill", i), "--kvstore", kvstore_address},
+               &address);
+    prefill_addresses.push_back(address);
+  }
   std::shared_ptr<grpc::ChannelCredentials> client_credentials = grpc::InsecureChannelCredentials();
   if (client_tls) {
     std::ifstream ca(tls / "ca.crt");
@@ -276,37 +328,84 @@ int main(int argc, char** argv) {
     StopAll(children);
     return 1;
   }
+  auto list = [](const std::vector<std::string>& addresses) {
+    std::string out;
+    for (const std::string& a : addresses) out += (out.empty() ? "" : " ") + a;
+    return out;
+  };
   std::cout << "baton up: router at " << router_address << (client_tls ? " (TLS)" : "")
-            << " (internal " << internal_address << ", prefill " << prefill_address << ", decode "
-            << decode_address << ", kvstore " << kvstore_address << "); certificates in "
-            << tls.string() << "; Ctrl-C to stop" << std::endl;
+            << " (internal " << internal_address << ", prefill " << list(prefill_addresses)
+            << ", decode " << list(decode_addresses) << ", kvstore " << kvstore_address
+            << "); certificates in " << tls.string() << "; Ctrl-C to stop" << std::endl;
   std::cout << "baton up: metrics at";
-  for (const char* role : {"router", "prefill", "decode", "kvstore"}) {
+  for (const Child& c : children) {
     std::string metrics;
-    std::ifstream(run / (std::string(role) + ".metrics")) >> metrics;
-    std::cout << " " << role << " http://" << metrics << "/metrics";
+    std::ifstream(run / (c.name + ".metrics")) >> metrics;
+    std::cout << " " << c.name << " http://" << metrics << "/metrics";
   }
   std::cout << std::endl;
 
   int exit_code = 0;
-  while (true) {
-    siginfo_t info;
-    const int signal = sigwaitinfo(&signals, &info);
-    if (signal == SIGINT || signal == SIGTERM) break;
-    if (signal == SIGCHLD) {
-      bool lost = false;
-      for (Child& c : children) {
-        int status;
-        if (c.pid > 0 && waitpid(c.pid, &status, WNOHANG) == c.pid) {
-          std::cerr << "baton up: " << c.name << " exited; stopping the others\n";
-          c.pid = -1;
-          lost = true;
-        }
+  bool running = true;
+  while (running) {
+    // Wake for a signal, or when the next restart is due.
+    auto wait = std::chrono::milliseconds(1000);
+    for (const Child& c : children) {
+      if (c.restart_at.has_value()) {
+        wait = std::min(wait, std::chrono::duration_cast<std::chrono::milliseconds>(
+                                  *c.restart_at - Clock::now()));
       }
-      if (lost) {
+    }
+    wait = std::max(wait, std::chrono::milliseconds(1));
+    const timespec timeout{static_cast<time_t>(wait.count() / 1000),
+                           static_cast<long>(wait.count() % 1000) * 1000000};
+    siginfo_t info;
+    const int signal = sigtimedwait(&signals, &info, &timeout);
+    if (signal == SIGINT || signal == SIGTERM) break;
+    for (Child& c : children) {
+      int status;
+      if (c.pid > 0 && waitpid(c.pid, &status, WNOHANG) == c.pid) {
+        c.pid = -1;
+        const std::string how = WIFSIGNALED(status)
+                                    ? "killed by signal " + std::to_string(WTERMSIG(status))
+                                    : "status " + std::to_string(WEXITSTATUS(status));
+        if (no_restart) {
+          std::cerr << "baton up: " << c.name << " exited (" << how << "); stopping the others\n";
+          exit_code = 1;
+          running = false;
+          break;
+        }
+        const bool quick = Clock::now() - c.started < std::chrono::seconds(30);
+        c.quick_failures = quick ? c.quick_failures + 1 : 1;
+        if (c.quick_failures > 5) {
+          std::cerr << "baton up: " << c.name << " exited (" << how
+                    << ") five times in a row within 30 s of starting; stopping the others\n";
+          exit_code = 1;
+          running = false;
+          break;
+        }
+        const auto delay = std::chrono::milliseconds(
+            std::min<int64_t>(10000, int64_t{500} << (c.quick_failures - 1)));
+        std::cerr << "baton up: " << c.name << " exited (" << how << "); restarting in "
+                  << delay.count() << " ms\n";
+        c.restart_at = Clock::now() + delay;
+      }
+    }
+    for (Child& c : children) {
+      if (!running) break;
+      if (!c.restart_at.has_value() || Clock::now() < *c.restart_at) continue;
+      c.restart_at.reset();
+      std::error_code ignored;
+      fs::remove(run / (c.name + ".addr"), ignored);
+      c.pid = Spawn(c.program, c.args);
+      c.started = Clock::now();
+      if (c.pid < 0) {
+        std::cerr << "baton up: cannot start " << c.name << " again; stopping the others\n";
         exit_code = 1;
+        running = false;
         break;
       }
+      std::cerr << "baton up: " << c.name << " restarted (pid " << c.pid << ")\n";
     }
   }
   StopAll(children);

@@ -43,6 +43,9 @@ inline std::string RoleUri(Role role) {
 // gRPC-transport region chunk or a store block (a few MiB); a prompt of max_model_len token
 // ids is far below this.
 inline constexpr int kMaxMessageBytes = 64 << 20;
+// HTTP/2 keepalive: ping every this many ms while calls are open, and give a peer as long to
+// answer before its connection (and every call on it) fails.
+inline constexpr int kKeepaliveMs = 10000;
 
 struct TlsOptions {
   std::string ca_file;       // PEM: the CA whose certificates are trusted

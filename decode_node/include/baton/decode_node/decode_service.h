@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "baton/common/security.h"
+#include "baton/common/stream_watch.h"
 #include "baton/common/watchdog.h"
 #include "baton/decode_node/state_pool.h"
 #include "baton/model/ced_model.h"
@@ -53,6 +54,9 @@ struct DecodeOptions {
   int64_t watchdog_ms = 30000;
   // Tests: the decode loop sleeps this long before each step (a wedged worker).
   int64_t inject_step_stall_ms = 0;
+  // A stream whose reader takes no message for this long is cancelled and its request freed
+  // (common/stream_watch.h); 0 disables.
+  std::chrono::milliseconds stream_idle_timeout{60000};
 };
 
 class DecodeService final : public v1::DecodeNode::Service {
@@ -114,6 +118,7 @@ class DecodeService final : public v1::DecodeNode::Service {
   std::shared_ptr<prometheus::Collectable> pool_collector_;  // running, queue and pool gauges
   std::atomic<bool> stepping_{false};  // the decode loop has a batch (the watchdog's "work")
   std::unique_ptr<Watchdog> watchdog_;
+  std::unique_ptr<StreamWatch> idle_watch_;
 };
 
 }  // namespace baton::decode_node

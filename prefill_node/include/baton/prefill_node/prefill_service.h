@@ -25,6 +25,7 @@
 #include "baton/transfer/ucx.h"
 #include "baton/v1/kvstore.grpc.pb.h"
 #include "baton/v1/node.grpc.pb.h"
+#include "prometheus/collectable.h"
 
 namespace baton::prefill_node {
 
@@ -76,8 +77,9 @@ class PrefillService final : public v1::PrefillNode::Service {
   v1::DecodeNode::Stub& DecodeStub(const std::string& address);
   // Loads the hit's blocks [0, H / B) from the prefix store: block KV into the pages, producer
   // SWA rows of [H - W + 1, H) into the producer rings. False (state untouched) on any miss.
-  bool LoadPrefix(const std::vector<Sha256Digest>& keys, int64_t hit_tokens,
-                  model::SequenceState& state);
+  // The reads end with `caller`'s call (cancelled or past its deadline) and within 5 s.
+  bool LoadPrefix(grpc::ServerContext& caller, const std::vector<Sha256Digest>& keys,
+                  int64_t hit_tokens, model::SequenceState& state);
   // Queues the prompt's new full blocks for the store; a background thread writes them, so
   // the first token never waits for the store.
   void QueueWriteBack(std::vector<v1::BlockWrite> writes);
@@ -108,6 +110,8 @@ class PrefillService final : public v1::PrefillNode::Service {
   std::unique_ptr<Metrics> metrics_;
   std::atomic<bool> computing_{false};  // a prefill holds the model (the watchdog's "work")
   std::unique_ptr<Watchdog> watchdog_;
+  // baton_prefill_exposures and baton_prefill_staging_buffers (read at scrape time).
+  std::shared_ptr<prometheus::Collectable> staging_collector_;
 };
 
 }  // namespace baton::prefill_node

@@ -30,6 +30,8 @@
 #include "baton/v1/generation.grpc.pb.h"
 #include "baton/v1/node.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
+#include "baton/common/stream_watch.h"
+#include "baton/router/fair_queue.h"
 #include "prometheus/collectable.h"
 
 namespace baton::router {
@@ -46,14 +48,19 @@ struct RouterOptions {
   kvstore::HitCap hit_cap = kvstore::HitCap::kRing;
   uint32_t lookup_timeout_ms = 200;  // a slower prefix store means a cold request
   bool require_kvstore = false;      // first SERVING also waits for a kvstore to register
-  // Admission: requests wait in one FIFO queue of at most `max_queued` until a prefill node
-  // has a free slot (`prefill_slots` prefills in flight per node: one computing, the next
+  // Admission: requests wait in one queue of at most `max_queued` (first come, first served
+  // within a tenant, fair across tenants: fair_queue.h) until a prefill node has a free slot (`prefill_slots` prefills in flight per node: one computing, the next
   // ready); the decode reservation is taken only then, so none expires in a queue. Past the
   // bound: RESOURCE_EXHAUSTED at once, with a retry hint (common/rpc.h kRetryAfterKey).
   int64_t max_queued = 1024;
   int64_t prefill_slots = 2;
   // Client API keys (key -> tenant); null: the client API takes no key and the tenant is empty.
   std::shared_ptr<const ApiKeys> api_keys;
+  // A client that takes no message for this long has its stream cancelled, and the decode
+  // slot behind it freed (common/stream_watch.h); 0 disables.
+  std::chrono::milliseconds stream_idle_timeout{60000};
+  // The prefill call's deadline: the client's, and at most this.
+  uint32_t prefill_timeout_ms = 600000;
 };
 
 class RouterService final : public v1::Generation::Service, public v1::Registry::Service {
@@ -104,19 +111,24 @@ class RouterService final : public v1::Generation::Service, public v1::Registry:
                      grpc::ServerWriter<v1::GenerateResponse>* writer, Trace& trace);
   // Records `n` tokens handed to the client now: time to first token, then inter-token times.
   void Delivered(Trace& trace, int n);
+  // Writes one message to the client, cancelling the call if it stays blocked past
+  // --stream-idle-timeout; false when the client is gone.
+  bool Send(grpc::ServerContext* context, grpc::ServerWriter<v1::GenerateResponse>* writer,
+            const v1::GenerateResponse& response);
   // The prefix hit H (tokens) for a request, or 0 when the store is absent, slow or failing.
   uint32_t PrefixHit(const v1::GenerateRequest& request, const Effective& effective,
                      const std::string& fingerprint, const std::string& tenant);
   // The live node of `role` with the least load, not in `exclude`; nullptr when none.
   std::shared_ptr<Node> Pick(v1::NodeRole role, const std::vector<std::string>& exclude);
   // Waits in the admission queue (see RouterOptions) for a prefill node, not in `exclude`,
-  // with a free slot, and takes the slot. A retry after a lost node does not queue behind new
-  // requests. UNAVAILABLE when no prefill node is live, RESOURCE_EXHAUSTED (with
+  // with a free slot, and takes the slot; `tenant`'s turn comes by fair_queue.h. A retry after
+  // a lost node does not queue behind new requests. UNAVAILABLE when no prefill node is live, RESOURCE_EXHAUSTED (with
   // `retry_after_ms` set) past the queue's bound, CANCELLED or DEADLINE_EXCEEDED with the
   // client's call.
   absl::StatusOr<std::shared_ptr<Node>> AdmitPrefill(grpc::ServerContext* context,
                                                      const std::vector<std::string>& exclude,
-                                                     bool retry, int64_t* retry_after_ms);
+                                                     const std::string& tenant, bool retry,
+                                                     int64_t* retry_after_ms);
   // Frees the slot AdmitPrefill took; `took` feeds the retry hint.
   void PrefillDone(Node& node, std::chrono::steady_clock::duration took);
   void MarkDown(const std::string& node_id);
@@ -127,13 +139,13 @@ class RouterService final : public v1::Generation::Service, public v1::Registry:
   mutable std::mutex mutex_;
   std::map<std::string, std::shared_ptr<Node>> nodes_;
   std::condition_variable admission_;  // a prefill slot was freed, or the queue moved
-  std::deque<uint64_t> queue_;         // tickets of the requests waiting for admission
-  uint64_t next_ticket_ = 0;
+  FairQueue queue_;  // the requests waiting for admission
   double prefill_ms_average_ = 100;  // moving average of a prefill's time, for retry hints
   mutable bool kvstore_seen_ = false;  // a kvstore has registered since start
   bool stop_ = false;
   std::thread health_thread_;
   std::unique_ptr<Metrics> metrics_;
+  std::unique_ptr<StreamWatch> idle_watch_;
   std::shared_ptr<prometheus::Collectable> nodes_collector_;  // baton_nodes{role}
 };
 
