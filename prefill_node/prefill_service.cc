@@ -41,11 +41,9 @@ absl::StatusOr<model::TruncationMode> ModeFromProto(v1::TruncationMode mode) {
   }
 }
 
-
 }  // namespace
 
-absl::Status ValidatePrefillRequest(const v1::PrefillRequest& request,
-                                    const ModelConfig& config) {
+absl::Status ValidatePrefillRequest(const v1::PrefillRequest& request, const ModelConfig& config) {
   const v1::GenerateRequest& generate = request.request();
   for (absl::Status s :
        {CheckRequestId("request.request_id", generate.request_id()),
@@ -121,7 +119,8 @@ PrefillService::PrefillService(const model::CedModel& model, const PrefillOption
         gauge("baton_prefill_exposures",
               "Computed states exposed for their decode node's read (commits in flight)",
               static_cast<double>(exposures_.size())),
-        gauge("baton_prefill_staging_buffers", "Idle staging buffers kept for their reader's next request",
+        gauge("baton_prefill_staging_buffers",
+              "Idle staging buffers kept for their reader's next request",
               static_cast<double>(staging_->held()))};
   });
 }
@@ -343,9 +342,8 @@ grpc::Status PrefillService::Run(grpc::ServerContext* context, const v1::Prefill
       self->staging_free_.notify_one();
     }
   } staged{this};
-  absl::StatusOr<std::shared_ptr<transfer::Exposure>> exposure =
-      transfer::Exposure::Create(*staging_, sizes, request->decode_identity(),
-                                 request->decode_address());
+  absl::StatusOr<std::shared_ptr<transfer::Exposure>> exposure = transfer::Exposure::Create(
+      *staging_, sizes, request->decode_identity(), request->decode_address());
   if (!exposure.ok()) return ToGrpcStatus(exposure.status());
   model::ContiguousPageAllocator page_buffer(layout, static_cast<int64_t>(sizes.pages),
                                              (*exposure)->block_kv());
@@ -466,8 +464,9 @@ grpc::Status PrefillService::Run(grpc::ServerContext* context, const v1::Prefill
   model_lock.unlock();
   auto client = grpc::ClientContext::FromServerContext(*context);
   // The propagated deadline of the router's call still applies: the earlier of the two wins.
-  client->set_deadline(std::chrono::system_clock::now() +
-                       std::chrono::milliseconds(options_.commit_timeout_ms));
+  const auto commit_deadline =
+      std::chrono::system_clock::now() + std::chrono::milliseconds(options_.commit_timeout_ms);
+  client->set_deadline(commit_deadline);
   v1::CommitResponse committed;
   exposures_.Add(*exposure);
   const grpc::Status commit_status = decode.Commit(client.get(), commit, &committed);
@@ -481,10 +480,13 @@ grpc::Status PrefillService::Run(grpc::ServerContext* context, const v1::Prefill
     // The decode node failed or refused, not this node: the router must not take this node
     // for lost when the decode node is (DESIGN section 6, faults).
     context->AddTrailingMetadata(kFailedNodeKey, "decode");
+    const auto now = std::chrono::system_clock::now();
     if (commit_status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED &&
-        context->deadline() > std::chrono::system_clock::now()) {
+        now >= commit_deadline && context->deadline() > now) {
       // --commit-timeout-ms ran out before the router's deadline: the decode node did not
-      // answer (dead, wedged or cut off), and the request may go to another one.
+      // answer (dead, wedged or cut off), and the request may go to another one. A
+      // DEADLINE_EXCEEDED the decode node answered itself (its reservation expired during the
+      // transfer) arrives before then and goes back as it is: that node is alive.
       return grpc::Status(grpc::StatusCode::UNAVAILABLE,
                           absl::StrCat("decode node did not answer the commit within ",
                                        options_.commit_timeout_ms, " ms"));

@@ -120,16 +120,29 @@ TEST(SoakTest, TwoThousandRequestsWithFaultsLeaveEveryNodeAtItsIdleBaseline) {
     }
     for (auto& t : warm) t.join();
   }
-  auto drained = [&] {
-    for (const char* d : {"decode-a", "decode-b"}) {
-      if (!DecodeDrained(cluster, d)) return false;
-    }
-    for (const char* p : {"prefill-a", "prefill-b"}) {
-      std::string address;
-      std::ifstream(cluster.dir() + "/" + std::string(p) + ".metrics") >> address;
-      if (Sample(Scrape(address), "baton_prefill_exposures").value_or(-1) != 0) return false;
-    }
-    return true;
+  // Every reservation, page and slot free on the decode nodes and nothing exposed on the prefill
+  // nodes, polled with a deadline (a cancelled request's reservation is released a little after
+  // its client has gone); what is still held is reported.
+  auto drained = [&]() -> ::testing::AssertionResult {
+    std::string held;
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    do {
+      held.clear();
+      for (const char* d : {"decode-a", "decode-b"}) {
+        if (!DecodeDrained(cluster, d))
+          held += std::string(" ") + d + " holds a reservation, page or slot;";
+      }
+      for (const char* p : {"prefill-a", "prefill-b"}) {
+        std::string address;
+        std::ifstream(cluster.dir() + "/" + std::string(p) + ".metrics") >> address;
+        const double exposures = Sample(Scrape(address), "baton_prefill_exposures").value_or(-1);
+        if (exposures != 0)
+          held += " " + std::string(p) + " exposures " + std::to_string(exposures) + ";";
+      }
+      if (held.empty()) return ::testing::AssertionSuccess();
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    } while (std::chrono::steady_clock::now() < until);
+    return ::testing::AssertionFailure() << "still held after 60 s:" << held;
   };
   ASSERT_TRUE(drained());
   // The idle baseline: a few seconds after the warm-up, once idle server threads have gone.
@@ -190,8 +203,9 @@ TEST(SoakTest, TwoThousandRequestsWithFaultsLeaveEveryNodeAtItsIdleBaseline) {
         }
         case Action::kCancel: {
           const size_t after = 1 + rng() % 3;
-          const Outcome o = Generate(*stub, Request(prompt, 40), std::chrono::seconds(180),
-                                     [&](const Outcome& so_far) { return so_far.tokens.size() < after; });
+          const Outcome o =
+              Generate(*stub, Request(prompt, 40), std::chrono::seconds(180),
+                       [&](const Outcome& so_far) { return so_far.tokens.size() < after; });
           const auto code = o.status.error_code();
           const bool good = code == grpc::StatusCode::CANCELLED || code == grpc::StatusCode::OK;
           record(good ? "cancel ok" : "cancel FAILED", good ? "" : o.status.error_message());
@@ -208,9 +222,10 @@ TEST(SoakTest, TwoThousandRequestsWithFaultsLeaveEveryNodeAtItsIdleBaseline) {
         }
         case Action::kDisconnect: {
           // A client process killed mid-stream: its connection drops without a cancel.
-          std::vector<std::string> args = {BATONCTL_PATH, "generate",     "--addr",
-                                           cluster.Address("router"), "--tokens", Join(prompt),
-                                           "--max-tokens", "200",     "--ignore-eos"};
+          std::vector<std::string> args = {
+              BATONCTL_PATH, "generate",   "--addr",       cluster.Address("router"),
+              "--tokens",    Join(prompt), "--max-tokens", "200",
+              "--ignore-eos"};
           std::vector<char*> argv;
           for (auto& a : args) argv.push_back(a.data());
           argv.push_back(nullptr);
@@ -258,18 +273,30 @@ TEST(SoakTest, TwoThousandRequestsWithFaultsLeaveEveryNodeAtItsIdleBaseline) {
   // Back to the idle baseline, polled with a deadline (streams end and server threads retire
   // a little after the last client).
   ASSERT_TRUE(drained());
+  // File descriptors must match exactly. gRPC's synchronous server keeps a varying number of
+  // idle polling threads (between its minimum and maximum pollers), so a node's thread count may
+  // sit up to kThreadSlack above its baseline; a thread leaked by even one request in a hundred
+  // would put it 20 above.
+  constexpr int64_t kThreadSlack = 2;
+  auto settled = [&](const Footprint& after, const Footprint& before) {
+    return after.fds == before.fds && after.threads <= before.threads + kThreadSlack;
+  };
   std::map<std::string, Footprint> now;
   const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(90);
   while (std::chrono::steady_clock::now() < until) {
-    for (const auto& n : nodes) now[n] = FootprintOf(cluster.Pid(n));
-    if (now == baseline) break;
+    bool all = true;
+    for (const auto& n : nodes) {
+      now[n] = FootprintOf(cluster.Pid(n));
+      all = all && settled(now[n], baseline[n]);
+    }
+    if (all) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
   }
   for (const auto& n : nodes) {
     std::cout << "soak: " << n << ": baseline " << Describe(baseline[n]) << ", after "
               << Describe(now[n]) << std::endl;
-    EXPECT_EQ(now[n], baseline[n]) << n << ": baseline " << Describe(baseline[n]) << ", after "
-                                   << Describe(now[n]);
+    EXPECT_TRUE(settled(now[n], baseline[n]))
+        << n << ": baseline " << Describe(baseline[n]) << ", after " << Describe(now[n]);
   }
 }
 

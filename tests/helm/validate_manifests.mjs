@@ -39,10 +39,10 @@ const BATON_CONFIG_KEYS = {
   router: ["port", "internal-port", "client-tls-cert", "client-tls-key", "client-tls-ca", "api-keys",
            "default-mode", "default-keep", "max-tokens-limit", "max-model-len", "transport",
            "reservation-timeout-ms", "hit-cap", "lookup-timeout-ms", "require-kvstore", "max-queued",
-           "prefill-slots"],
-  prefill: ["port", "node-id", "token-budget", "no-ucx", "kvstore"],
+           "prefill-slots", "stream-idle-timeout", "prefill-timeout-ms"],
+  prefill: ["port", "node-id", "token-budget", "no-ucx", "kvstore", "commit-timeout-ms"],
   decode: ["port", "node-id", "slots", "pages", "max-batch", "max-waiting", "no-ucx",
-           "ucx-peer-errors"],
+           "ucx-peer-errors", "stream-idle-timeout"],
   kvstore: ["port", "data-dir", "budget-bytes", "sync-writes"],
 };
 
