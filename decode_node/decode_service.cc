@@ -54,6 +54,15 @@ grpc::Status NoReservation(const std::string& id) {
 
 }  // namespace
 
+v1::FinishReason FinishReasonFor(int32_t token, uint32_t completion, uint32_t max_tokens,
+                                 const std::set<int32_t>& stop_ids, bool ignore_eos,
+                                 int64_t eos_token_id) {
+  if (stop_ids.contains(token)) return v1::FINISH_REASON_STOP;
+  if (!ignore_eos && token == eos_token_id) return v1::FINISH_REASON_EOS;
+  if (completion >= max_tokens) return v1::FINISH_REASON_LENGTH;
+  return v1::FINISH_REASON_UNSPECIFIED;
+}
+
 struct DecodeService::Metrics {
   prometheus::Family<prometheus::Counter>& requests = metrics::Counter(
       "baton_decode_requests_total",
@@ -66,9 +75,9 @@ struct DecodeService::Metrics {
   prometheus::Histogram& batch_size =
       metrics::Histogram("baton_decode_batch_size", "Requests in one decode step")
           .Add({}, prometheus::Histogram::BucketBoundaries{1, 2, 4, 8, 16, 32, 64, 128, 256});
-  prometheus::Family<prometheus::Counter>& pulled_bytes = metrics::Counter(
-      "baton_transfer_pulled_bytes_total",
-      "StateBlock bytes read from prefill nodes into reservations, by transport");
+  prometheus::Family<prometheus::Counter>& pulled_bytes =
+      metrics::Counter("baton_transfer_pulled_bytes_total",
+                       "StateBlock bytes read from prefill nodes into reservations, by transport");
   prometheus::Family<prometheus::Histogram>& pull_seconds = metrics::Histogram(
       "baton_transfer_pull_seconds", "Time to read one StateBlock's regions, by transport");
 };
@@ -266,7 +275,8 @@ grpc::Status DecodeService::Reserve(grpc::ServerContext* context, const v1::Rese
       request->timeout_ms() > 0 ? request->timeout_ms() : 10000, kMaxReservationTimeoutMs);
   r->deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
   reply->set_reservation_id(r->id);
-  const transfer::RegionSizes sizes = transfer::RegionSizesFor(model_.state_layout(), r->prompt_len);
+  const transfer::RegionSizes sizes =
+      transfer::RegionSizesFor(model_.state_layout(), r->prompt_len);
   reply->set_producer_swa_bytes(sizes.producer_swa);
   reply->set_consumer_swa_bytes(sizes.consumer_swa);
   reply->set_page_bytes(sizes.page);
@@ -352,13 +362,8 @@ grpc::Status DecodeService::Commit(grpc::ServerContext* context, const v1::Commi
   // The first token was sampled by the prefill node; it counts, and may already finish.
   r->completion += 1;
   r->next_input = h.first_token();
-  if (r->completion >= r->max_tokens) {
-    r->finish = v1::FINISH_REASON_LENGTH;
-  } else if (r->stop_ids.contains(h.first_token())) {
-    r->finish = v1::FINISH_REASON_STOP;
-  } else if (!r->ignore_eos && h.first_token() == model_.config().eos_token_id) {
-    r->finish = v1::FINISH_REASON_EOS;
-  }
+  r->finish = FinishReasonFor(h.first_token(), r->completion, r->max_tokens, r->stop_ids,
+                              r->ignore_eos, model_.config().eos_token_id);
   if (r->finish != v1::FINISH_REASON_UNSPECIFIED) r->phase = Phase::kFinished;
   changed_.notify_all();
   return grpc::Status::OK;
@@ -369,13 +374,8 @@ void DecodeService::Accept(Request& r, int32_t token, float logprob) {
   r.logprobs.push_back(logprob);
   r.completion += 1;
   r.next_input = token;
-  if (r.stop_ids.contains(token)) {
-    r.finish = v1::FINISH_REASON_STOP;
-  } else if (!r.ignore_eos && token == model_.config().eos_token_id) {
-    r.finish = v1::FINISH_REASON_EOS;
-  } else if (r.completion >= r.max_tokens) {
-    r.finish = v1::FINISH_REASON_LENGTH;
-  }
+  r.finish = FinishReasonFor(token, r.completion, r.max_tokens, r.stop_ids, r.ignore_eos,
+                             model_.config().eos_token_id);
   if (r.finish != v1::FINISH_REASON_UNSPECIFIED) r.phase = Phase::kFinished;
 }
 

@@ -63,7 +63,7 @@ void CedModel::RunLayers(std::span<const Segment> segments, const int32_t* token
     for (int64_t j = 0; j < seg.rows; ++j) {
       const int64_t pos = seg.q_start + j;
       positions[seg.row_offset + j] = static_cast<int32_t>(pos);
-      producer_lo[seg.row_offset + j] = static_cast<int32_t>(std::max<int64_t>(0, pos - W + 1));
+      producer_lo[seg.row_offset + j] = static_cast<int32_t>(ProducerLowerBound(pos, W));
     }
     consumer_total += seg.consumer_rows;
   }

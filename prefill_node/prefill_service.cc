@@ -3,6 +3,7 @@
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
+#include "baton/common/ced_rules.h"
 #include "baton/common/checksum.h"
 #include "baton/common/log.h"
 #include "baton/common/metrics.h"
@@ -10,6 +11,7 @@
 #include "baton/common/security.h"
 #include "baton/common/wire_bounds.h"
 #include "baton/kvstore/chain.h"
+#include "baton/kvstore/hit_policy.h"
 #include "baton/model/sampling.h"
 #include "baton/transfer/state_block.h"
 
@@ -26,19 +28,6 @@ uint64_t PayloadBytes(const std::vector<v1::BlockWrite>& writes) {
 
 double MillisSince(Clock::time_point start) {
   return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
-}
-
-absl::StatusOr<model::TruncationMode> ModeFromProto(v1::TruncationMode mode) {
-  switch (mode) {
-    case v1::TRUNCATION_MODE_OFF:
-      return model::TruncationMode::kOff;
-    case v1::TRUNCATION_MODE_MASK:
-      return model::TruncationMode::kMask;
-    case v1::TRUNCATION_MODE_COMPACT:
-      return model::TruncationMode::kCompact;
-    default:
-      return absl::InvalidArgumentError("mode: must be OFF, MASK or COMPACT");
-  }
 }
 
 }  // namespace
@@ -61,6 +50,11 @@ absl::Status ValidatePrefillRequest(const v1::PrefillRequest& request, const Mod
     return absl::InvalidArgumentError(absl::StrCat("s_valid: ", request.s_valid(),
                                                    " exceeds the prompt's ",
                                                    generate.prompt_token_ids_size(), " tokens"));
+  }
+  if (request.s_valid() % static_cast<uint64_t>(config.kv_block_size) != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("s_valid: ", request.s_valid(), " is not a multiple of the block size B = ",
+                     config.kv_block_size, " (a prefix hit is whole blocks)"));
   }
   return absl::OkStatus();
 }
@@ -142,10 +136,11 @@ bool PrefillService::LoadPrefix(grpc::ServerContext& caller, const std::vector<S
   const int64_t B = layout.block_size, C = layout.ring_capacity;
   const int64_t h = hit_tokens / B;
   if (kvstore_ == nullptr || h == 0 || static_cast<int64_t>(keys.size()) < h) return false;
-  auto read = [&](int64_t first, v1::StoreRegion region, uint64_t bytes,
+  const kvstore::HitReads reads = kvstore::ReadsForHit(h, model_.config().sliding_window, B);
+  auto read = [&](int64_t first, int64_t end, v1::StoreRegion region, uint64_t bytes,
                   const std::function<void(int64_t, const std::string&)>& use) {
     v1::ReadBlocksRequest request;
-    for (int64_t b = first; b < h; ++b) request.add_keys(kvstore::KeyBytes(keys[b]));
+    for (int64_t b = first; b < end; ++b) request.add_keys(kvstore::KeyBytes(keys[b]));
     request.set_region(region);
     // The caller's cancellation and deadline carry over; the earlier deadline wins.
     auto context = grpc::ClientContext::FromServerContext(caller);
@@ -159,20 +154,19 @@ bool PrefillService::LoadPrefix(grpc::ServerContext& caller, const std::vector<S
       if (ok) use(b, block.payload());
       ++b;
     }
-    return reader->Finish().ok() && ok && b == h;
+    return reader->Finish().ok() && ok && b == end;
   };
   const uint64_t page_bytes = sizeof(float) * layout.page_floats();
   const bool kv = read(
-      0, v1::STORE_REGION_BLOCK_KV, page_bytes,
+      0, reads.block_kv_end, v1::STORE_REGION_BLOCK_KV, page_bytes,
       [&](int64_t b, const std::string& payload) { transfer::LoadBlockKv(payload, b, state); });
-  const int64_t first_swa =
-      std::max<int64_t>(0, hit_tokens - model_.config().sliding_window + 1) / B;
   const uint64_t swa_bytes = sizeof(float) * layout.stored_swa_block_floats();
-  const bool swa = kv && read(first_swa, v1::STORE_REGION_PRODUCER_SWA, swa_bytes,
-                              [&](int64_t b, const std::string& payload) {
-                                // The window needs only the rows the ring keeps: [H - C, H).
-                                transfer::LoadProducerSwaRows(payload, b, hit_tokens - C, state);
-                              });
+  const bool swa =
+      kv && read(reads.producer_swa_begin, reads.producer_swa_end, v1::STORE_REGION_PRODUCER_SWA,
+                 swa_bytes, [&](int64_t b, const std::string& payload) {
+                   // The window needs only the rows the ring keeps: [H - C, H).
+                   transfer::LoadProducerSwaRows(payload, b, hit_tokens - C, state);
+                 });
   return kv && swa;
 }
 
@@ -285,7 +279,7 @@ grpc::Status PrefillService::Run(grpc::ServerContext* context, const v1::Prefill
   const v1::GenerateRequest& generate = request->request();
   std::vector<int32_t> tokens(generate.prompt_token_ids().begin(),
                               generate.prompt_token_ids().end());
-  absl::StatusOr<model::TruncationMode> mode = ModeFromProto(request->mode());
+  absl::StatusOr<model::TruncationMode> mode = model::ModeFromProto(request->mode());
   if (!mode.ok()) return ToGrpcStatus(mode.status());
   if (absl::Status s = ValidatePrefillRequest(*request, model_.config()); !s.ok()) {
     return ToGrpcStatus(s);
@@ -503,19 +497,18 @@ grpc::Status PrefillService::Run(grpc::ServerContext* context, const v1::Prefill
     // The prompt's full blocks that this prefill computed (the hit's blocks are stored
     // already), written back after the first token is on its way.
     std::vector<v1::BlockWrite> writes;
-    const int64_t B = layout.block_size;
-    for (int64_t b = cached / B; b < static_cast<int64_t>(keys.size()); ++b) {
-      const std::string parent = b > 0 ? kvstore::KeyBytes(keys[b - 1]) : std::string();
-      v1::BlockWrite kv;
-      kv.set_key(kvstore::KeyBytes(keys[b]));
-      kv.set_parent(parent);
-      kv.set_region(v1::STORE_REGION_BLOCK_KV);
-      kv.set_payload(transfer::BlockKvPayload(state, b));
-      writes.push_back(std::move(kv));
-      v1::BlockWrite swa = writes.back();
-      swa.set_region(v1::STORE_REGION_PRODUCER_SWA);
-      swa.set_payload(transfer::ProducerSwaPayload(layout, producer_rows, L, b));
-      writes.push_back(std::move(swa));
+    for (const kvstore::WriteBackStep& step :
+         kvstore::WriteBackSteps(cached / layout.block_size, static_cast<int64_t>(keys.size()))) {
+      v1::BlockWrite& write = writes.emplace_back();
+      write.set_key(kvstore::KeyBytes(keys[step.block]));
+      if (step.parent >= 0) write.set_parent(kvstore::KeyBytes(keys[step.parent]));
+      if (step.region == kvstore::Region::kBlockKv) {
+        write.set_region(v1::STORE_REGION_BLOCK_KV);
+        write.set_payload(transfer::BlockKvPayload(state, step.block));
+      } else {
+        write.set_region(v1::STORE_REGION_PRODUCER_SWA);
+        write.set_payload(transfer::ProducerSwaPayload(layout, producer_rows, L, step.block));
+      }
     }
     metrics_->written_blocks.Increment(static_cast<double>(writes.size() / 2));
     QueueWriteBack(std::move(writes));

@@ -4,6 +4,7 @@
 // (SERVING only while a prefill and a decode node are live).
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
+#include "baton/common/ced_rules.h"
 #include "baton/common/rpc.h"
 #include "baton/common/server_flags.h"
 #include "baton/common/stream_watch.h"
@@ -75,17 +76,19 @@ int main(int argc, char** argv) {
     baton::log::Error("cannot start", {{"error", std::string(config.status().message())}});
     return 2;
   }
-  options.default_mode = default_mode == "off"    ? baton::v1::TRUNCATION_MODE_OFF
-                         : default_mode == "mask" ? baton::v1::TRUNCATION_MODE_MASK
-                                                  : baton::v1::TRUNCATION_MODE_COMPACT;
-  if (options.default_mode != baton::v1::TRUNCATION_MODE_OFF && options.default_keep != 0 &&
-      options.default_keep < config->ring_capacity()) {
-    baton::log::Error(
-        "cannot start",
-        {{"error", absl::StrCat("--default-keep ", options.default_keep,
-                                " is below the ring capacity C = ", config->ring_capacity())}});
+  absl::StatusOr<baton::v1::TruncationMode> mode =
+      baton::ParseTruncationModeName(default_mode, "--default-mode");
+  absl::Status keep =
+      mode.ok()
+          ? baton::CheckKeep(*mode != baton::v1::TRUNCATION_MODE_OFF,
+                             baton::EffectiveKeep(options.default_keep, config->ring_capacity()),
+                             config->ring_capacity(), "--default-keep")
+          : mode.status();
+  if (!keep.ok()) {
+    baton::log::Error("cannot start", {{"error", std::string(keep.message())}});
     return 2;
   }
+  options.default_mode = *mode;
   if (!api_keys_file.empty()) {
     auto keys = baton::ApiKeys::Load(api_keys_file);
     if (!keys.ok()) {
@@ -101,8 +104,7 @@ int main(int argc, char** argv) {
                       {{"error", std::string(client_credentials.status().message())}});
     return 2;
   }
-  options.hit_cap =
-      hit_cap == "keep" ? baton::kvstore::HitCap::kKeep : baton::kvstore::HitCap::kRing;
+  options.hit_cap = *baton::kvstore::ParseHitCap(hit_cap, "--hit-cap");  // checked above
   options.transport = transport == "grpc" ? baton::v1::TRANSPORT_GRPC : baton::v1::TRANSPORT_UCX;
   baton::router::RouterService service(*config, options);
   grpc::ServerBuilder internal_builder, client_builder;

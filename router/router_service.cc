@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "baton/common/ced_rules.h"
 #include "baton/common/log.h"
 #include "baton/common/metrics.h"
 #include "baton/common/rpc.h"
@@ -118,7 +119,7 @@ RouterService::RouterService(const ModelConfig& config, const RouterOptions& opt
       options_(options),
       metrics_(std::make_unique<Metrics>()),
       idle_watch_(std::make_unique<StreamWatch>(options.stream_idle_timeout, "router")) {
-  if (options_.default_keep == 0) options_.default_keep = config.ring_capacity();
+  options_.default_keep = EffectiveKeep(options_.default_keep, config.ring_capacity());
   // Live nodes by role, read at scrape time from the registry.
   nodes_collector_ = metrics::AddCollector([this] {
     std::map<std::string, double> live = {{"prefill", 0}, {"decode", 0}, {"kvstore", 0}};
@@ -168,10 +169,10 @@ grpc::Status RouterService::Register(grpc::ServerContext* context,
   if (request->node_id().empty() || request->address().empty()) {
     return Invalid("node_id and address: both are required");
   }
-  for (absl::Status s : {CheckBytes("node_id", request->node_id(), kMaxNodeIdBytes),
-                         CheckBytes("address", request->address(), kMaxAddressBytes),
-                         CheckBytes("model_fingerprint", request->model_fingerprint(),
-                                    kMaxFingerprintBytes)}) {
+  for (absl::Status s :
+       {CheckBytes("node_id", request->node_id(), kMaxNodeIdBytes),
+        CheckBytes("address", request->address(), kMaxAddressBytes),
+        CheckBytes("model_fingerprint", request->model_fingerprint(), kMaxFingerprintBytes)}) {
     if (!s.ok()) return ToGrpcStatus(s);
   }
   std::lock_guard<std::mutex> lock(mutex_);
@@ -189,6 +190,11 @@ grpc::Status RouterService::Register(grpc::ServerContext* context,
     node->channel = security::InternalChannel(request->address(), *role);
     node->identity = identity;
     node->info = *request;
+    log::Info("node registered",
+              {{"node", request->node_id()},
+               {"role", v1::NodeRole_Name(request->role())},
+               {"address", request->address()},
+               {"message", absl::StrCat("node ", request->node_id(), " registered")}});
   } else {
     *node->info.mutable_load() = request->load();
   }
@@ -383,15 +389,11 @@ absl::StatusOr<RouterService::Effective> RouterService::Validate(
   Effective effective{options_.default_mode, static_cast<uint32_t>(options_.default_keep)};
   if (r.has_truncation()) {
     const v1::TruncationMode mode = r.truncation().mode();
-    if (mode != v1::TRUNCATION_MODE_OFF && mode != v1::TRUNCATION_MODE_MASK &&
-        mode != v1::TRUNCATION_MODE_COMPACT) {
-      return invalid("truncation.mode: must be OFF, MASK or COMPACT");
-    }
-    const int64_t capacity = config_.ring_capacity();
-    if (mode != v1::TRUNCATION_MODE_OFF && r.truncation().keep() < capacity) {
-      return invalid(absl::StrCat("truncation.keep: ", r.truncation().keep(),
-                                  " is below the ring capacity C = ", capacity, "; ",
-                                  v1::TruncationMode_Name(mode), " needs keep >= C"));
+    if (!IsTruncationMode(mode)) return invalid("truncation.mode: must be OFF, MASK or COMPACT");
+    if (absl::Status keep = CheckKeep(mode != v1::TRUNCATION_MODE_OFF, r.truncation().keep(),
+                                      config_.ring_capacity(), "truncation.keep");
+        !keep.ok()) {
+      return keep;
     }
     if (mode != v1::TRUNCATION_MODE_OFF && r.prompt_logprobs()) {
       return invalid(absl::StrCat("prompt_logprobs: unavailable with truncation on (",
@@ -642,10 +644,9 @@ grpc::Status RouterService::Serve(grpc::ServerContext* context, const v1::Genera
         // The decode node's read of the StateBlock failed (the peer or transport, not a
         // node): try the transfer again.
         ++transfer_retries;
-        log::Warn("StateBlock transfer failed; retrying",
-                  {{"request_id", id},
-                   {"node", decode->info.node_id()},
-                   {"error", status.error_message()}});
+        log::Warn("StateBlock transfer failed; retrying", {{"request_id", id},
+                                                           {"node", decode->info.node_id()},
+                                                           {"error", status.error_message()}});
         metrics_->retries.Add({{"reason", "transfer_failed"}}).Increment();
         continue;
       }

@@ -242,7 +242,7 @@ absl::Status CudaCedModel::RunLayers(std::span<const Segment> segments, const in
     for (int64_t j = 0; j < seg.rows; ++j) {
       const int64_t pos = seg.q_start + j, r = seg.row_offset + j;
       meta[off_positions + r] = static_cast<int32_t>(pos);
-      meta[off_producer_lo + r] = static_cast<int32_t>(std::max<int64_t>(0, pos - W + 1));
+      meta[off_producer_lo + r] = static_cast<int32_t>(ProducerLowerBound(pos, W));
       // Producer rings take the segment's last C rows (no two of them share a slot).
       meta[off_producer_slots + r] = j >= seg.rows - C ? static_cast<int32_t>(pos % C) : -1;
     }

@@ -165,10 +165,34 @@ class DecodeServiceTest : public ::testing::Test {
 };
 model::CedModel* DecodeServiceTest::model_ = nullptr;
 
+// One rule for the first token and every later one: a stop id, then EOS, then the length.
+TEST(FinishReasonTest, StopAndEosComeBeforeTheLengthForEveryToken) {
+  const std::set<int32_t> stop = {7};
+  constexpr int64_t kEos = 2;
+  for (uint32_t completion : {1u, 5u}) {  // the first token, a later one
+    // The last token allowed that is also a stop id, or the EOS id: STOP and EOS, not LENGTH.
+    EXPECT_EQ(FinishReasonFor(7, completion, completion, stop, false, kEos),
+              v1::FINISH_REASON_STOP);
+    EXPECT_EQ(FinishReasonFor(kEos, completion, completion, stop, false, kEos),
+              v1::FINISH_REASON_EOS);
+    // ignore_eos: EOS is an ordinary token; only the length ends the request.
+    EXPECT_EQ(FinishReasonFor(kEos, completion, completion, stop, true, kEos),
+              v1::FINISH_REASON_LENGTH);
+    EXPECT_EQ(FinishReasonFor(kEos, completion, completion + 1, stop, true, kEos),
+              v1::FINISH_REASON_UNSPECIFIED);
+    // A stop id finishes before the limit too; an ordinary token at the limit is LENGTH.
+    EXPECT_EQ(FinishReasonFor(7, completion, completion + 3, stop, false, kEos),
+              v1::FINISH_REASON_STOP);
+    EXPECT_EQ(FinishReasonFor(3, completion, completion, stop, false, kEos),
+              v1::FINISH_REASON_LENGTH);
+    EXPECT_EQ(FinishReasonFor(3, completion, completion + 1, stop, false, kEos),
+              v1::FINISH_REASON_UNSPECIFIED);
+  }
+}
+
 TEST(StatePoolTest, WritesIntoFreedMemoryAreCounted) {
   const model::StateLayout layout = {
-      .producer_layers = 1, .consumer_layers = 1, .ring_capacity = 4, .block_size = 4,
-      .kv_dim = 2};
+      .producer_layers = 1, .consumer_layers = 1, .ring_capacity = 4, .block_size = 4, .kv_dim = 2};
   StatePool pool(layout, 1, 2);
   pool.EnablePoison();
   std::optional<int64_t> slot = pool.TryReserve(2);
@@ -348,8 +372,12 @@ TEST_F(DecodeServiceTest, QueuedReservationGetsMemoryWhenItIsFreed) {
   ASSERT_TRUE(Reserve("a", 10, 5, &first).ok());
   grpc::Status queued;
   std::thread waiter([&] { queued = Reserve("b", 10, 5, &second); });
-  std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  EXPECT_EQ(Stats().load().queued_requests(), 1u);
+  // Polled with a deadline: the waiter's Reserve reaches the queue when its thread runs.
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (Stats().load().queued_requests() != 1u && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_EQ(Stats().load().queued_requests(), 1u);
   grpc::ClientContext context;
   v1::ReleaseRequest release;
   release.set_reservation_id(first.reservation_id());

@@ -332,21 +332,26 @@ TEST_F(FaultTest, PrefillNodeLostBeforeCommitIsRetriedAndTheReservationFreed) {
     auto stub = cluster.Client();
     outcome = Generate(*stub, request);
   });
-  // prefill-a is computing (a 2,500-token off prefill takes seconds); bring up prefill-b,
-  // give it a heartbeat to register, then kill prefill-a before it can commit.
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  // prefill-a is computing (a 2,500-token off prefill takes seconds) once the request holds
+  // its reservation; bring up prefill-b, wait until the router has registered it, then kill
+  // prefill-a before it can commit. The router must retry on prefill-b.
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (Reservations(cluster, "decode") == 0 && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
   ASSERT_EQ(Reservations(cluster, "decode"), 1u) << "the request should hold a reservation";
   ASSERT_FALSE(cluster.StartPrefill("prefill-b").empty());
-  std::this_thread::sleep_for(std::chrono::milliseconds(800));
+  while (cluster.Log("router").find("node prefill-b registered") == std::string::npos &&
+         std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_THAT(cluster.Log("router"), HasSubstr("node prefill-b registered"));
   cluster.Kill("prefill-a");
   client.join();
   EXPECT_THAT(cluster.Log("router"), HasSubstr("prefill node prefill-a lost"));
-  if (outcome.status.ok()) {
-    EXPECT_EQ(outcome.tokens, ForwardTokens(small_, prompt, "off", 0, 4));
-  } else {
-    EXPECT_EQ(outcome.status.error_code(), grpc::StatusCode::UNAVAILABLE)
-        << outcome.status.error_message();
-  }
+  // The retry is asserted: the request completes on prefill-b with the undisturbed tokens.
+  ASSERT_TRUE(outcome.status.ok()) << outcome.status.error_message();
+  EXPECT_EQ(outcome.tokens, ForwardTokens(small_, prompt, "off", 0, 4));
   EXPECT_TRUE(DecodeDrained(cluster, "decode")) << "the reservation was not released";
 }
 

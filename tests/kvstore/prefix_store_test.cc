@@ -27,6 +27,27 @@ std::vector<int32_t> Tokens(int64_t n, int32_t offset = 0) {
   return t;
 }
 
+// Known answers, computed apart from this code (Python's hashlib) from DESIGN section 5's
+// definition: k_-1 = SHA-256(fingerprint || [len(tenant) as uint32 LE || tenant] || salt),
+// k_b = SHA-256(k_b-1 || block b's tokens as int32 LE). Stores written by one build must be
+// read by the next: these keys may never change.
+TEST(ChainKeysTest, KeysMatchTheKnownAnswerVectors) {
+  std::vector<int32_t> tokens;
+  for (int32_t i = 0; i < 40; ++i) tokens.push_back(i * 4099);
+  const auto tenant = ChainKeys("baton-fp", "acme", "salt", tokens, 16);
+  ASSERT_EQ(tenant.size(), 2u);  // the trailing 8 tokens make no block
+  EXPECT_EQ(HexDigest(tenant[0]),
+            "b93bd8823e3640477d677b6bcaa2f40a196857e9fecee93a1c3e37a09c050a81");
+  EXPECT_EQ(HexDigest(tenant[1]),
+            "2c6beaaaf4a76360b9793b4404b8942b645534b64b6e1dd74970326c5d172aef");
+  const auto no_tenant = ChainKeys("baton-fp", "", "salt", tokens, 16);
+  ASSERT_EQ(no_tenant.size(), 2u);
+  EXPECT_EQ(HexDigest(no_tenant[0]),
+            "dbd440bbc4a68594e64c129dbdf1c8841f1b4ae36f6502c4b9ba7380fec15c84");
+  EXPECT_EQ(HexDigest(no_tenant[1]),
+            "f5ebcf287a0d0b83aad37e7cd3dbd337efe5fc1b2847ff581549c849c1592d26");
+}
+
 TEST(ChainKeysTest, KeysNameWholePrefixesAndSaltsIsolate) {
   const auto a = ChainKeys("fp", "", "", Tokens(40), 16);
   ASSERT_EQ(a.size(), 2u);  // the partial third block has no key
@@ -325,6 +346,58 @@ TEST(HitPolicyTest, CapAndQualification) {
                        .block_size = 16},
                       {10, all}),
             0);
+  // Uncapped: floor((L - 1) / B), the last prompt token always computed; SWA still qualifies.
+  EXPECT_EQ(hit(100, 10, all, HitCap::kNone), 99 / 16);  // 6
+  EXPECT_EQ(hit(97, 10, all, HitCap::kNone), 6);
+  EXPECT_EQ(hit(96, 10, all, HitCap::kNone), 5);
+  // h = 6 needs the SWA rows of block 5 only, so the hole at 3 does not matter; one at 5 does.
+  EXPECT_EQ(hit(100, 10, hole, HitCap::kNone), 6);
+  std::vector<bool> hole5 = all;
+  hole5[5] = false;
+  EXPECT_EQ(hit(100, 10, hole5, HitCap::kNone), 5);
+}
+
+TEST(HitPolicyTest, CapNamesParseAndOnlyRingAndKeepAreChoices) {
+  EXPECT_EQ(*ParseHitCap("ring", "--hit-cap"), HitCap::kRing);
+  EXPECT_EQ(*ParseHitCap("keep", "--hit-cap"), HitCap::kKeep);
+  for (HitCap cap : {HitCap::kRing, HitCap::kKeep}) {
+    EXPECT_EQ(*ParseHitCap(HitCapName(cap), "f"), cap);
+  }
+  const absl::StatusOr<HitCap> none = ParseHitCap("none", "--hit-cap");
+  ASSERT_FALSE(none.ok());
+  EXPECT_THAT(std::string(none.status().message()),
+              ::testing::HasSubstr("--hit-cap: 'none' is unknown; allowed: ring, keep"));
+}
+
+// The prefill node's reads and write-back, which `batonctl simulate` replays through the same
+// functions: block KV of [0, h), producer SWA from the first block the window reaches.
+TEST(HitPolicyTest, ReadsAndWriteBackOfAHit) {
+  // h = 4 blocks of B = 16, W = 16: the rows after H = 64 attend back to 49, block 3.
+  HitReads reads = ReadsForHit(4, 16, 16);
+  EXPECT_EQ(reads.block_kv_end, 4);
+  EXPECT_EQ(reads.producer_swa_begin, 3);
+  EXPECT_EQ(reads.producer_swa_end, 4);
+  // W = 40 reaches back to 25: blocks [1, 4). A window wider than the hit reads all of it.
+  EXPECT_EQ(ReadsForHit(4, 40, 16).producer_swa_begin, 1);
+  EXPECT_EQ(ReadsForHit(4, 128, 16).producer_swa_begin, 0);
+  // No hit, no reads.
+  reads = ReadsForHit(0, 16, 16);
+  EXPECT_EQ(reads.block_kv_end, 0);
+  EXPECT_EQ(reads.producer_swa_end, 0);
+
+  const std::vector<WriteBackStep> steps = WriteBackSteps(2, 4);
+  ASSERT_EQ(steps.size(), 4u);  // blocks 2 and 3, each block KV then producer SWA
+  EXPECT_EQ(steps[0].block, 2);
+  EXPECT_EQ(steps[0].parent, 1);
+  EXPECT_EQ(steps[0].region, Region::kBlockKv);
+  EXPECT_EQ(steps[1].block, 2);
+  EXPECT_EQ(steps[1].region, Region::kProducerSwa);
+  EXPECT_EQ(steps[3].block, 3);
+  EXPECT_EQ(steps[3].parent, 2);
+  const std::vector<WriteBackStep> cold = WriteBackSteps(0, 1);
+  ASSERT_EQ(cold.size(), 2u);
+  EXPECT_EQ(cold[0].parent, -1);  // the first block has no parent
+  EXPECT_TRUE(WriteBackSteps(3, 3).empty());
 }
 
 }  // namespace

@@ -23,6 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "baton/common/ced_rules.h"
 #include "baton/common/parse.h"
 #include "baton/model/ced_model.h"
 #include "commands.h"
@@ -51,11 +52,11 @@ struct Run {
 };
 
 absl::StatusOr<Run> RunVariant(const model::CedModel& ced, const std::vector<int32_t>& prompt,
-                               const std::vector<int32_t>& continuation,
-                               model::TruncationMode mode, int64_t keep, int64_t s_valid) {
+                               const std::vector<int32_t>& continuation, model::TruncationMode mode,
+                               int64_t keep, int64_t s_valid) {
   model::SequenceState state(ced.state_layout());
-  absl::StatusOr<model::PrefillResult> result = ced.Prefill(
-      prompt, {.mode = mode, .keep = keep, .s_valid = s_valid}, state);
+  absl::StatusOr<model::PrefillResult> result =
+      ced.Prefill(prompt, {.mode = mode, .keep = keep, .s_valid = s_valid}, state);
   if (!result.ok()) return result.status();
   const int64_t V = ced.config().vocab_size;
   Run run;
@@ -117,14 +118,14 @@ absl::StatusOr<std::vector<std::vector<int32_t>>> LoadPrompts(const ApproxErrorO
       if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
       const nlohmann::json row = nlohmann::json::parse(line, nullptr, false);
       if (!row.is_array() || row.empty()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "--prompts: line ", n, " must be a non-empty JSON list of token ids"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("--prompts: line ", n, " must be a non-empty JSON list of token ids"));
       }
       std::vector<int32_t> prompt;
       for (const nlohmann::json& t : row) {
         if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= vocab) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "--prompts: line ", n, ": ", t.dump(), " is not a token id in [0, ", vocab, ")"));
+          return absl::InvalidArgumentError(absl::StrCat("--prompts: line ", n, ": ", t.dump(),
+                                                         " is not a token id in [0, ", vocab, ")"));
         }
         prompt.push_back(t.get<int32_t>());
       }
@@ -151,8 +152,7 @@ int RunApproxError(const ApproxErrorOptions& o) {
   const model::CedModel& ced = **loaded;
   const ModelConfig& config = ced.config();
   const int64_t C = config.ring_capacity(), W = config.sliding_window, B = config.kv_block_size;
-  const int64_t D = config.num_hidden_layers - config.n_prefill_layer;
-  const int64_t R = W + (D - 1) * (W - 1);
+  const int64_t R = config.dependency_span();
   if (o.steps < 1) {
     return ReportError("approx-error", absl::InvalidArgumentError(
                                            absl::StrCat("--steps is ", o.steps, "; must be >= 1")));
@@ -167,10 +167,8 @@ int RunApproxError(const ApproxErrorOptions& o) {
     keeps = *parsed;
   }
   for (int64_t k : keeps) {
-    if (k < C) {
-      return ReportError("approx-error",
-                         absl::InvalidArgumentError(absl::StrCat(
-                             "--keep: ", k, " is below the ring capacity C = ", C)));
+    if (absl::Status st = CheckKeep(true, k, C, "--keep"); !st.ok()) {
+      return ReportError("approx-error", st);
     }
   }
   std::vector<std::pair<std::string, model::TruncationMode>> modes;
@@ -271,8 +269,8 @@ int RunApproxError(const ApproxErrorOptions& o) {
             cold[name] = *std::move(run);
           } else {
             for (int64_t i = 0; i < o.steps; ++i) {
-              t.vs_cold = std::max(t.vs_cold, MaxAbs(run->step_logits[i],
-                                                     cold[name].step_logits[i]));
+              t.vs_cold =
+                  std::max(t.vs_cold, MaxAbs(run->step_logits[i], cold[name].step_logits[i]));
             }
           }
         }

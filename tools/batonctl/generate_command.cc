@@ -4,6 +4,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "baton/common/ced_rules.h"
 #include "baton/common/parse.h"
 #include "baton/common/rpc.h"
 #include "baton/v1/generation.grpc.pb.h"
@@ -71,12 +72,9 @@ int RunGenerate(const GenerateOptions& o, const CLI::App& command) {
     for (int64_t id : *ids) sampling->add_stop_token_ids(static_cast<int32_t>(id));
   }
   if (!o.mode.empty()) {
-    v1::TruncationMode mode;
-    if (!v1::TruncationMode_Parse("TRUNCATION_MODE_" + absl::AsciiStrToUpper(o.mode), &mode)) {
-      return ReportError("generate", absl::InvalidArgumentError(absl::StrCat(
-                                         "--mode: '", o.mode, "'; allowed: off, mask, compact")));
-    }
-    request.mutable_truncation()->set_mode(mode);
+    absl::StatusOr<v1::TruncationMode> mode = ParseTruncationModeName(o.mode, "--mode");
+    if (!mode.ok()) return ReportError("generate", mode.status());
+    request.mutable_truncation()->set_mode(*mode);
     request.mutable_truncation()->set_keep(o.keep);
   }
   request.set_logprobs(o.logprobs);

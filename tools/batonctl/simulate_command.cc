@@ -28,6 +28,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "baton/common/ced_rules.h"
 #include "baton/common/model_config.h"
 #include "baton/common/parse.h"
 #include "baton/kvstore/chain.h"
@@ -77,7 +78,7 @@ struct Setting {
   std::optional<uint64_t> store_budget;  // bytes; nullopt: unlimited
   int64_t window = 0;                    // W
   int64_t max_backtrack = 0;
-  int64_t ring_capacity() const { return window + max_backtrack + 1; }
+  int64_t ring_capacity() const { return RingCapacity(window, max_backtrack); }
 };
 
 // Sizes of the two values a block writes, as the store counts them (header included).
@@ -133,15 +134,12 @@ absl::StatusOr<std::vector<HitCap>> ParseHitCaps(const std::string& text) {
   std::vector<HitCap> caps;
   for (absl::string_view item : absl::StrSplit(text, ',')) {
     const absl::string_view name = absl::StripAsciiWhitespace(item);
-    if (name == "ring") {
-      caps.push_back(HitCap::kRing);
-    } else if (name == "keep") {
-      caps.push_back(HitCap::kKeep);
-    } else {
-      return FlagError("--hit-cap", absl::StrCat("'", name,
-                                                 "' is unknown; allowed: ring, keep "
-                                                 "(a comma-separated list)"));
+    absl::StatusOr<HitCap> cap = kvstore::ParseHitCap(name, "--hit-cap");
+    if (!cap.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(cap.status().message(), " (a comma-separated list)"));
     }
+    caps.push_back(*cap);
   }
   return caps;
 }
@@ -242,13 +240,12 @@ absl::StatusOr<std::vector<Setting>> BuildSettings(const SimulateOptions& o,
                         .store_budget = budget,
                         .window = window,
                         .max_backtrack = backtrack};
-              if (keep == 0) s.keep = s.ring_capacity();
-              if (s.keep < s.ring_capacity()) {
-                return FlagError(
-                    "--keep",
-                    absl::StrCat(keep, " is below the ring capacity C = ", s.ring_capacity(),
-                                 " of window ", window, " and max_backtrack ", backtrack,
-                                 "; allowed: 0 (meaning C) or K >= C (DESIGN section 3)"));
+              s.keep = EffectiveKeep(keep, s.ring_capacity());
+              if (absl::Status st = CheckKeep(true, s.keep, s.ring_capacity(), "--keep");
+                  !st.ok()) {
+                return absl::InvalidArgumentError(absl::StrCat(st.message(), " (window ", window,
+                                                               ", max_backtrack ", backtrack,
+                                                               "; 0 means C)"));
               }
               settings.push_back(s);
             }
@@ -322,26 +319,23 @@ SettingResult RunSetting(const Setting& s, const Prompts& prompts, const ValueSi
                                    .block_size = B,
                                    .cap = s.hit_cap};
     const int64_t h = kvstore::HitBlocks(policy, lookup);
-    // Without the cap: the last prompt token is always computed (its logits give the first
-    // token), so at most floor((L - 1) / B) blocks; producer SWA still qualifies the hit.
-    policy.ring_capacity = 1;
-    policy.cap = HitCap::kRing;
+    // Without the cap (producer SWA still qualifies the hit).
+    policy.cap = HitCap::kNone;
     const int64_t h_uncapped = kvstore::HitBlocks(policy, lookup);
 
-    // The prefill node: LoadPrefix reads block KV of [0, h), then the SWA rows of
-    // [max(0, hB - W + 1), hB); each read touches its block.
-    if (h > 0) {
-      for (int64_t b = 0; b < h; ++b) index.Touch(keys[b]);
-      for (int64_t b = std::max<int64_t>(0, h * B - s.window + 1) / B; b < h; ++b) {
-        index.Touch(keys[b]);
-      }
+    // The prefill node: the store reads of the hit (each touches its block), then the
+    // write-back of the full blocks it computed, by the same functions the node uses.
+    const kvstore::HitReads reads = kvstore::ReadsForHit(h, s.window, B);
+    for (int64_t b = 0; b < reads.block_kv_end; ++b) index.Touch(keys[b]);
+    for (int64_t b = reads.producer_swa_begin; b < reads.producer_swa_end; ++b) {
+      index.Touch(keys[b]);
     }
-    // Then its write-back: the full blocks it computed, block KV then producer SWA per block.
-    for (int64_t b = h; b < static_cast<int64_t>(keys.size()); ++b) {
+    for (const kvstore::WriteBackStep& step :
+         kvstore::WriteBackSteps(h, static_cast<int64_t>(keys.size()))) {
       const std::optional<Sha256Digest> parent =
-          b > 0 ? std::optional<Sha256Digest>(keys[b - 1]) : std::nullopt;
-      write(keys[b], parent, Region::kBlockKv, sizes.block_kv);
-      write(keys[b], parent, Region::kProducerSwa, sizes.producer_swa);
+          step.parent >= 0 ? std::optional<Sha256Digest>(keys[step.parent]) : std::nullopt;
+      write(keys[step.block], parent, step.region,
+            step.region == Region::kBlockKv ? sizes.block_kv : sizes.producer_swa);
     }
 
     const model::WorkEstimate with_cache = Estimate(s, L, h * B, token_budget, config);
@@ -392,7 +386,7 @@ nlohmann::json ResultToJson(const Setting& s, const SettingResult& r, bool with_
       {"window", s.window},
       {"max_backtrack", s.max_backtrack},
       {"ring_capacity", s.ring_capacity()},
-      {"hit_cap", s.hit_cap == HitCap::kRing ? "ring" : "keep"},
+      {"hit_cap", HitCapName(s.hit_cap)},
       {"store_budget", s.store_budget ? nlohmann::json(*s.store_budget) : nlohmann::json(nullptr)},
       {"requests", r.requests},
       {"prompt_tokens", r.prompt_tokens},
@@ -441,8 +435,7 @@ void PrintTable(const std::vector<std::pair<Setting, SettingResult>>& rows, bool
         with_config ? absl::StrFormat("%.4f", Ratio(r.flops, r.flops_uncapped)) : "-";
     std::cout << absl::StrFormat(
         "%6d %6d %6d %9d %7s %12s %8d %9.4f %9.4f %9d %11s %14d %14d %10s %10s %7.2f\n",
-        s.block_size, s.keep, s.window, s.max_backtrack,
-        s.hit_cap == HitCap::kRing ? "ring" : "keep",
+        s.block_size, s.keep, s.window, s.max_backtrack, std::string(HitCapName(s.hit_cap)).c_str(),
         s.store_budget ? HumanBytes(*s.store_budget) : "unlimited", r.requests,
         Ratio(r.cached_tokens, r.prompt_tokens), Ratio(r.hit_requests, r.requests),
         r.evicted_block_kv + r.evicted_producer_swa, peak, r.prefill_rows, r.replayed_rows, vs_cold,

@@ -13,6 +13,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "baton/common/ced_rules.h"
 
 namespace baton {
 
@@ -62,11 +63,9 @@ struct ModelConfig {
   int64_t num_consumer_layers() const { return num_hidden_layers - n_prefill_layer; }
   int64_t num_producer_layers() const { return n_prefill_layer; }
   // C = W + max_backtrack + 1: slots in every SWA ring (134 for W = 128).
-  int64_t ring_capacity() const { return sliding_window + max_backtrack + 1; }
+  int64_t ring_capacity() const { return RingCapacity(sliding_window, max_backtrack); }
   // R = W + (D - 1)(W - 1): the consumer SWA dependency span (seed equation 9.1).
-  int64_t dependency_span() const {
-    return sliding_window + (num_consumer_layers() - 1) * (sliding_window - 1);
-  }
+  int64_t dependency_span() const { return DependencySpan(sliding_window, num_consumer_layers()); }
 };
 
 // Checks the invariants stated in the file comment; the message names the field (or the

@@ -36,6 +36,13 @@
 
 namespace baton::decode_node {
 
+// The one finish rule, for the first token (sampled by the prefill node) and every later one,
+// in vLLM's order: a stop id finishes STOP, then the EOS id (unless ignore_eos) EOS, then the
+// length limit LENGTH; UNSPECIFIED while the request goes on. `completion` counts `token`.
+v1::FinishReason FinishReasonFor(int32_t token, uint32_t completion, uint32_t max_tokens,
+                                 const std::set<int32_t>& stop_ids, bool ignore_eos,
+                                 int64_t eos_token_id);
+
 struct DecodeOptions {
   int64_t slots = 64;
   int64_t pages = 4096;
@@ -102,7 +109,7 @@ class DecodeService final : public v1::DecodeNode::Service {
   const model::CedModel& model_;
   DecodeOptions options_;
   std::unique_ptr<transfer::UcxWorker> ucx_;
-  std::unique_ptr<transfer::UcxMemory> ucx_memory_;  // the pool's memory when UCX is up
+  std::unique_ptr<transfer::UcxMemory> ucx_memory_;     // the pool's memory when UCX is up
   std::unique_ptr<transfer::Transport> ucx_transport_;  // null without UCX
   std::unique_ptr<transfer::Transport> grpc_transport_;
   std::unique_ptr<StatePool> pool_;

@@ -10,6 +10,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "baton/common/ced_rules.h"
+#include "baton/v1/generation.pb.h"
 
 namespace baton::model {
 
@@ -18,10 +20,15 @@ namespace baton::model {
 // per chunk that lies wholly before the suffix).
 enum class TruncationMode { kOff, kMask, kCompact };
 
+// The names and the wire enum are baton::TruncationModeName's (common/ced_rules.h).
 absl::string_view TruncationModeName(TruncationMode mode);
 // Accepts "off", "mask" and "compact"; `field` names the input in the error message.
 absl::StatusOr<TruncationMode> ParseTruncationMode(absl::string_view text,
                                                    absl::string_view field = "mode");
+v1::TruncationMode ModeToProto(TruncationMode mode);
+// OFF, MASK and COMPACT; anything else is an error naming `field`.
+absl::StatusOr<TruncationMode> ModeFromProto(v1::TruncationMode mode,
+                                             absl::string_view field = "mode");
 
 // Longest prompt the planner accepts; positions are int32 on the kernel side.
 inline constexpr int64_t kMaxPromptLen = int64_t{1} << 30;
@@ -35,7 +42,7 @@ struct TruncationSpec {
   int64_t s_valid = 0;        // earliest valid consumer SWA position (H after a prefix hit)
 
   bool truncated() const { return mode != TruncationMode::kOff; }
-  int64_t ring_capacity() const { return window + max_backtrack + 1; }
+  int64_t ring_capacity() const { return RingCapacity(window, max_backtrack); }
   // s_keep = max(0, L - K): start of the retained region (0 when truncation is off).
   int64_t s_keep() const;
   // The first position whose consumer row belongs to the prompt's result and may write the
