@@ -10,76 +10,170 @@
 namespace baton::kernels {
 namespace {
 
+// The build targets baseline x86-64 (SSE2), which keeps the binaries portable; the hot row
+// loops are also compiled for AVX2 + FMA and AVX-512 and picked at load time by the CPU
+// (GCC function multiversioning).
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define BATON_VECTOR_CLONES \
+  __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define BATON_VECTOR_CLONES
+#endif
+
+// Sixteen independent partial sums: the compiler turns the inner loop into vector FMAs, where
+// one running sum would make every product wait for the one before it.
 inline float Dot(const float* a, const float* b, int64_t n) {
+  constexpr int64_t kLanes = 16;
+  float lanes[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (int64_t l = 0; l < kLanes; ++l) lanes[l] += a[i + l] * b[i + l];
+  }
   float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-  for (int64_t i = 0; i < n; ++i) sum += a[i] * b[i];
+  for (int64_t l = 0; l < kLanes; ++l) sum += lanes[l];
+  for (; i < n; ++i) sum += a[i] * b[i];
   return sum;
 }
 
-inline void Axpy(float alpha, const float* x, float* y, int64_t n) {
-#pragma omp simd
-  for (int64_t i = 0; i < n; ++i) y[i] += alpha * x[i];
+// Keys whose value rows one pass keeps in L1 (64 rows of head_dim 128 are 32 KiB).
+constexpr int64_t kValueBlock = 64;
+
+// Sixteen floats as one value (GCC vector extension): one AVX-512 register, two AVX2 or four
+// SSE registers, whichever the clone was compiled for.
+typedef float Vec16 __attribute__((vector_size(64)));
+
+// The sum of a vector's sixteen lanes by halving (four adds, not fifteen in a chain).
+inline float SumLanes(Vec16 x) {
+  typedef float Vec8 __attribute__((vector_size(32)));
+  typedef float Vec4 __attribute__((vector_size(16)));
+  const Vec8 h8 = __builtin_shufflevector(x, x, 0, 1, 2, 3, 4, 5, 6, 7) +
+                  __builtin_shufflevector(x, x, 8, 9, 10, 11, 12, 13, 14, 15);
+  const Vec4 h4 =
+      __builtin_shufflevector(h8, h8, 0, 1, 2, 3) + __builtin_shufflevector(h8, h8, 4, 5, 6, 7);
+  return (h4[0] + h4[2]) + (h4[1] + h4[3]);
 }
 
-// One (row, head): scores over global keys [0, pos] then SWA keys [lo, pos], one softmax.
-void AttendRowHead(const AttentionParams& p, int64_t row, int64_t head, std::vector<float>& score) {
+// q . k for a head_dim known at compile time, in vector registers.
+template <int64_t kHd>
+inline float DotHd(const float* q, const float* k) {
+  static_assert(kHd % 16 == 0);
+  Vec16 acc = {};
+  for (int64_t v = 0; v < kHd / 16; ++v) {
+    Vec16 a, b;
+    std::memcpy(&a, q + 16 * v, sizeof a);
+    std::memcpy(&b, k + 16 * v, sizeof b);
+    acc += a * b;
+  }
+  return SumLanes(acc);
+}
+
+// o += sum_{j in [j0, j1)} s[j] * values[j], for a head_dim known at compile time: the row is
+// accumulated in registers across the keys and stored once.
+template <int64_t kHd>
+inline void AccumulateValues(const float* s, const float* const* values, int64_t j0, int64_t j1,
+                             float* o) {
+  static_assert(kHd % 16 == 0);
+  constexpr int64_t kVecs = kHd / 16;
+  Vec16 acc[kVecs];
+  std::memcpy(acc, o, sizeof acc);
+  for (int64_t j = j0; j < j1; ++j) {
+    const Vec16 w = Vec16{} + s[j];
+    for (int64_t v = 0; v < kVecs; ++v) {
+      Vec16 x;
+      std::memcpy(&x, values[j] + 16 * v, sizeof x);
+      acc[v] += w * x;
+    }
+  }
+  std::memcpy(o, acc, sizeof acc);
+}
+
+// One (row, kv head): the G = H / Hkv query heads that share the kv head, over global keys
+// [0, pos] then SWA keys [lo, pos], one softmax per head. Each key and value row is read once
+// for all G heads (grouped-query attention), so a decode step reads a request's KV once per
+// layer instead of once per query head.
+BATON_VECTOR_CLONES void AttendRowGroup(const AttentionParams& p, int64_t row, int64_t kv_head,
+                                        std::vector<float>& score,
+                                        std::vector<const float*>& values) {
   const int64_t hd = p.head_dim;
   const int64_t kv_dim = p.num_kv_heads * hd;
-  const int64_t kv_head = head / (p.num_heads / p.num_kv_heads);
+  const int64_t group = p.num_heads / p.num_kv_heads;
   const int64_t kv_col = kv_head * hd;
   const int64_t pos = p.positions[row];
   const int64_t lo = p.swa_lo[row];
-  const float* q = p.q + row * p.q_stride + head * hd;
   const int64_t num_global = p.global != nullptr ? pos + 1 : 0;
   const int64_t num_swa = std::max<int64_t>(0, pos + 1 - lo);
-  score.resize(num_global + num_swa);
+  const int64_t n = num_global + num_swa;
+  score.resize(group * n);  // [group, n]
 
   const SwaSource& swa = p.swa;
-  auto swa_k = [&](int64_t j) {
-    return j >= swa.tail_start ? swa.tail_k + (j - swa.tail_start) * swa.tail_stride + kv_col
-                               : swa.ring_k + (j % swa.ring_capacity) * kv_dim + kv_col;
-  };
-  auto swa_v = [&](int64_t j) {
-    return j >= swa.tail_start ? swa.tail_v + (j - swa.tail_start) * swa.tail_stride + kv_col
-                               : swa.ring_v + (j % swa.ring_capacity) * kv_dim + kv_col;
-  };
-  auto global_row = [&](int64_t j, int64_t offset) {
-    const BlockKvSource& g = *p.global;
-    return g.pages[j / g.block_size] + offset + (j % g.block_size) * kv_dim + kv_col;
+  // Key (or value) j of the n visible ones: global positions first, then SWA from lo.
+  auto key_row = [&](int64_t j, bool value) {
+    if (j < num_global) {
+      const BlockKvSource& g = *p.global;
+      return g.pages[j / g.block_size] + (value ? g.v_offset : g.k_offset) +
+             (j % g.block_size) * kv_dim + kv_col;
+    }
+    const int64_t at = lo + j - num_global;
+    if (at >= swa.tail_start) {
+      return (value ? swa.tail_v : swa.tail_k) + (at - swa.tail_start) * swa.tail_stride + kv_col;
+    }
+    return (value ? swa.ring_v : swa.ring_k) + (at % swa.ring_capacity) * kv_dim + kv_col;
   };
 
-  float max_score = -INFINITY;
-  for (int64_t j = 0; j < num_global; ++j) {
-    score[j] = Dot(q, global_row(j, p.global->k_offset), hd) * p.scale;
-    max_score = std::max(max_score, score[j]);
+  const float* q = p.q + row * p.q_stride + kv_head * group * hd;  // the group's heads, in a row
+  for (int64_t j = 0; j < n; ++j) {
+    const float* k = key_row(j, false);
+    for (int64_t g = 0; g < group; ++g) {
+      const float* qg = q + g * hd;
+      const float dot = hd == 64    ? DotHd<64>(qg, k)
+                        : hd == 128 ? DotHd<128>(qg, k)
+                                    : Dot(qg, k, hd);
+      score[g * n + j] = dot * p.scale;
+    }
   }
-  for (int64_t j = 0; j < num_swa; ++j) {
-    float& s = score[num_global + j];
-    s = Dot(q, swa_k(lo + j), hd) * p.scale;
-    max_score = std::max(max_score, s);
+  float* out = p.out + row * p.num_heads * hd + kv_head * group * hd;
+  std::fill(out, out + group * hd, 0.0f);
+  if (n == 0) return;  // no visible key: the output rows are zero
+  for (int64_t g = 0; g < group; ++g) {
+    float* s = score.data() + g * n;
+    const float max_score = *std::max_element(s, s + n);
+    float total = 0.0f;
+    for (int64_t j = 0; j < n; ++j) {
+      s[j] = std::exp(s[j] - max_score);
+      total += s[j];
+    }
+    const float inv_total = 1.0f / total;
+    for (int64_t j = 0; j < n; ++j) s[j] *= inv_total;
   }
-  float* out = p.out + row * p.num_heads * hd + head * hd;
-  std::fill(out, out + hd, 0.0f);
-  if (score.empty()) return;  // no visible key: the output row is zero
-  float total = 0.0f;
-  for (float& s : score) {
-    s = std::exp(s - max_score);
-    total += s;
-  }
-  const float inv_total = 1.0f / total;
-  for (int64_t j = 0; j < num_global; ++j) {
-    Axpy(score[j] * inv_total, global_row(j, p.global->v_offset), out, hd);
-  }
-  for (int64_t j = 0; j < num_swa; ++j) {
-    Axpy(score[num_global + j] * inv_total, swa_v(lo + j), out, hd);
+  // out[g] = sum_j s[g][j] v_j over blocks of keys whose values stay in L1 while every head of
+  // the group reads them; keys are summed in order, as the definition reads.
+  values.resize(n);
+  for (int64_t j = 0; j < n; ++j) values[j] = key_row(j, true);
+  for (int64_t j0 = 0; j0 < n; j0 += kValueBlock) {
+    const int64_t j1 = std::min(n, j0 + kValueBlock);
+    for (int64_t g = 0; g < group; ++g) {
+      const float* s = score.data() + g * n;
+      float* o = out + g * hd;
+      switch (hd) {
+        case 64:
+          AccumulateValues<64>(s, values.data(), j0, j1, o);
+          break;
+        case 128:
+          AccumulateValues<128>(s, values.data(), j0, j1, o);
+          break;
+        default:
+          for (int64_t j = j0; j < j1; ++j) {
+            for (int64_t i = 0; i < hd; ++i) o[i] += s[j] * values[j][i];
+          }
+      }
+    }
   }
 }
 
 // Many-row entries (prefill chunks) run tile by tile on GEMMs: the keys an entry can see are
 // gathered once into contiguous buffers, then for each (tile of query rows, head) the scores
 // are one sgemm per key source, masked to each row's visible range, softmaxed together, and
-// multiplied into the values with two more sgemms. Same arithmetic as AttendRowHead up to
+// multiplied into the values with two more sgemms. Same arithmetic as AttendRowGroup up to
 // summation order.
 constexpr int64_t kTileRows = 64;
 constexpr int64_t kTiledMinRows = 64;
@@ -199,24 +293,25 @@ void Attention(std::span<const AttentionParams> batch) {
       }
     }
   }
-  // Flatten (entry, row, head) of the row-by-row entries so that the loop balances them.
+  // Flatten (entry, row, kv head) of the row-by-row entries so that the loop balances them.
   std::vector<int64_t> first_task(batch.size() + 1, 0);
   for (size_t e = 0; e < batch.size(); ++e) {
     const int64_t rows = batch[e].rows < kTiledMinRows ? batch[e].rows : 0;
-    first_task[e + 1] = first_task[e] + rows * batch[e].num_heads;
+    first_task[e + 1] = first_task[e] + rows * batch[e].num_kv_heads;
   }
   const int64_t tasks = first_task.back();
   if (tasks == 0) return;
 #pragma omp parallel
   {
     std::vector<float> score;
-#pragma omp for schedule(dynamic, 4)
+    std::vector<const float*> values;
+#pragma omp for schedule(dynamic, 1)
     for (int64_t t = 0; t < tasks; ++t) {
       const size_t e = static_cast<size_t>(
           std::upper_bound(first_task.begin(), first_task.end(), t) - first_task.begin() - 1);
       const AttentionParams& p = batch[e];
       const int64_t local = t - first_task[e];
-      AttendRowHead(p, local / p.num_heads, local % p.num_heads, score);
+      AttendRowGroup(p, local / p.num_kv_heads, local % p.num_kv_heads, score, values);
     }
   }
 }

@@ -24,17 +24,15 @@
 #include "baton/kernels/gemm.h"
 #include "baton/kernels/rows.h"
 #include "baton/model/sampling.h"
+#include "op_cases.h"
 
 namespace baton::kernels {
 namespace {
 
-std::vector<float> Uniform(size_t n, uint64_t seed, float lo = -1.0f, float hi = 1.0f) {
-  std::mt19937_64 rng(seed);
-  std::uniform_real_distribution<float> dist(lo, hi);
-  std::vector<float> v(n);
-  for (float& x : v) x = dist(rng);
-  return v;
-}
+using op_cases::AttentionCase;
+using op_cases::AttentionData;
+using op_cases::ExpectClose;
+using op_cases::Uniform;
 
 // Mirrors host buffers on the device and translates host pointers into them, so that a test
 // builds one set of params over host memory and derives the device set mechanically.
@@ -93,28 +91,6 @@ class Mirror {
   cuda::Context& ctx_;
   std::map<const void*, Buffer> buffers_;
 };
-
-// |a - b| <= atol + rtol * |a| everywhere; reports the worst element.
-void ExpectClose(const std::vector<float>& cpu, const std::vector<float>& gpu, float atol,
-                 float rtol, const std::string& what) {
-  ASSERT_EQ(cpu.size(), gpu.size()) << what;
-  size_t worst = 0;
-  double worst_excess = -1.0;
-  for (size_t i = 0; i < cpu.size(); ++i) {
-    const double excess = std::abs(double(cpu[i]) - gpu[i]) - (atol + rtol * std::abs(cpu[i]));
-    if (std::isnan(gpu[i]) != std::isnan(cpu[i])) {
-      worst = i;
-      worst_excess = INFINITY;
-      break;
-    }
-    if (excess > worst_excess) {
-      worst_excess = excess;
-      worst = i;
-    }
-  }
-  EXPECT_LE(worst_excess, 0.0) << what << ": element " << worst << " cpu " << cpu[worst] << " cuda "
-                               << gpu[worst] << " (atol " << atol << ", rtol " << rtol << ")";
-}
 
 class CudaConsistencyTest : public ::testing::Test {
  protected:
@@ -408,80 +384,6 @@ TEST_F(CudaConsistencyTest, GatherScatterAndBlockKvWrite) {
   EXPECT_EQ(page_memory_cpu, mirror_->Download(page_memory)) << "WriteBlockKv";
 }
 
-// One attention entry's host data: q/k/v rows as the model lays them out (q, then this row's K
-// and V in one qkv row), a ring of C slots for earlier SWA positions, optional block-KV pages.
-struct AttentionCase {
-  int64_t heads = 8, kv_heads = 2, head_dim = 64;
-  int64_t window = 64, capacity = 70, block_size = 16;
-  int64_t first_position = 0, rows = 1;
-  int64_t swa_floor = 0;  // max(s_keep, s_valid): lo_i = clamp(max(i - W + 1, floor), 0, i + 1)
-  bool global = false;
-  bool no_swa = false;  // lo_i = i + 1 for every row (no SWA key)
-  uint64_t seed = 1;
-};
-
-struct AttentionData {
-  AttentionCase c;
-  std::vector<float> qkv, ring, pages, out;
-  std::vector<int32_t> positions, lo;
-  std::vector<float*> page_table;  // host pointers
-  BlockKvSource global_cpu;
-
-  explicit AttentionData(const AttentionCase& cs) : c(cs) {
-    const int64_t q_dim = c.heads * c.head_dim, kv_dim = c.kv_heads * c.head_dim;
-    const int64_t qkv_dim = q_dim + 2 * kv_dim;
-    qkv = Uniform(c.rows * qkv_dim, c.seed, -2.0f, 2.0f);
-    ring = Uniform(2 * c.capacity * kv_dim, c.seed + 1);
-    out.assign(c.rows * q_dim, 0.0f);
-    for (int64_t r = 0; r < c.rows; ++r) {
-      const int64_t pos = c.first_position + r;
-      positions.push_back(static_cast<int32_t>(pos));
-      const int64_t lo = std::clamp<int64_t>(std::max(pos - c.window + 1, c.swa_floor), 0, pos + 1);
-      this->lo.push_back(static_cast<int32_t>(c.no_swa ? pos + 1 : lo));
-    }
-    if (c.global) {
-      const int64_t last = c.first_position + c.rows - 1;
-      const int64_t num_pages = last / c.block_size + 1;
-      // Two layers per page; this entry reads layer 1 (K at 2*B*kv_dim, V after it).
-      const int64_t page_floats = 2 * 2 * c.block_size * kv_dim;
-      pages = Uniform(num_pages * page_floats, c.seed + 2);
-      for (int64_t p = 0; p < num_pages; ++p) {
-        page_table.push_back(pages.data() + ((p * 5 + 1) % num_pages) * page_floats);
-      }
-      global_cpu = {.pages = page_table.data(),
-                    .block_size = c.block_size,
-                    .k_offset = 2 * c.block_size * kv_dim,
-                    .v_offset = 3 * c.block_size * kv_dim};
-    }
-  }
-
-  // Params over `q`/`ring` pointers (host or device); `global` as given.
-  AttentionParams Params(const float* qkv_base, const float* ring_base, float* out_base,
-                         const int32_t* positions_base, const int32_t* lo_base,
-                         const BlockKvSource* global_source) const {
-    const int64_t q_dim = c.heads * c.head_dim, kv_dim = c.kv_heads * c.head_dim;
-    const int64_t qkv_dim = q_dim + 2 * kv_dim;
-    return {.rows = c.rows,
-            .num_heads = c.heads,
-            .num_kv_heads = c.kv_heads,
-            .head_dim = c.head_dim,
-            .scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim)),
-            .q = qkv_base,
-            .q_stride = qkv_dim,
-            .out = out_base,
-            .positions = positions_base,
-            .swa_lo = lo_base,
-            .swa = {.ring_k = ring_base,
-                    .ring_v = ring_base + c.capacity * kv_dim,
-                    .ring_capacity = c.capacity,
-                    .tail_k = qkv_base + q_dim,
-                    .tail_v = qkv_base + q_dim + kv_dim,
-                    .tail_stride = qkv_dim,
-                    .tail_start = c.first_position},
-            .global = global_source};
-  }
-};
-
 // Runs all cases as ONE batch on each backend (so the CUDA launcher's flattening of entries
 // is exercised too) and compares every entry's output.
 void RunAttentionBatch(cuda::Context& ctx, Mirror& mirror, const std::vector<AttentionCase>& cases,
@@ -527,88 +429,19 @@ void RunAttentionBatch(cuda::Context& ctx, Mirror& mirror, const std::vector<Att
 }
 
 TEST_F(CudaConsistencyTest, ProducerSwaAttentionPrefillChunks) {
-  // >= 64 rows take the CPU's tiled path, fewer its row path; both against one CUDA kernel.
-  RunAttentionBatch(*ctx_, *mirror_,
-                    {{.first_position = 300, .rows = 100, .seed = 21},
-                     {.first_position = 0, .rows = 70, .seed = 22},
-                     {.first_position = 40, .rows = 10, .seed = 23}},
-                    "producer SWA");
+  RunAttentionBatch(*ctx_, *mirror_, op_cases::ProducerSwaCases(), "producer SWA");
 }
 
 TEST_F(CudaConsistencyTest, ConsumerUnionAttentionWithTruncatedLowerBounds) {
-  // Compact-like chunk: rows 420..499 with s_keep 430, so rows 420..429 see no SWA key (lo =
-  // i + 1) but still their block KV; MHA at head_dim 128, GQA at head_dim 96 (not a multiple
-  // of the warp), a chunk after a prefix hit (floor = s_valid).
-  RunAttentionBatch(*ctx_, *mirror_,
-                    {{.heads = 4,
-                      .kv_heads = 4,
-                      .head_dim = 128,
-                      .window = 128,
-                      .capacity = 134,
-                      .block_size = 64,
-                      .first_position = 420,
-                      .rows = 80,
-                      .swa_floor = 430,
-                      .global = true,
-                      .seed = 31},
-                     {.heads = 6,
-                      .kv_heads = 3,
-                      .head_dim = 96,
-                      .first_position = 257,
-                      .rows = 30,
-                      .swa_floor = 260,
-                      .global = true,
-                      .seed = 32},
-                     {.heads = 8,
-                      .kv_heads = 1,
-                      .head_dim = 32,
-                      .window = 16,
-                      .capacity = 22,
-                      .first_position = 1000,
-                      .rows = 65,
-                      .global = true,
-                      .seed = 33}},
-                    "consumer union");
+  RunAttentionBatch(*ctx_, *mirror_, op_cases::ConsumerUnionCases(), "consumer union");
 }
 
 TEST_F(CudaConsistencyTest, PagedBlockKvDecodeBatch) {
-  std::vector<AttentionCase> cases;
-  for (int i = 0; i < 64; ++i) {
-    cases.push_back({.heads = 32,
-                     .kv_heads = 8,
-                     .head_dim = 128,
-                     .window = 128,
-                     .capacity = 134,
-                     .block_size = 64,
-                     .first_position = (i * 977) % 3000,
-                     .rows = 1,
-                     .swa_floor = i % 5 == 0 ? 2000 : 0,
-                     .global = true,
-                     .seed = static_cast<uint64_t>(100 + i)});
-  }
-  RunAttentionBatch(*ctx_, *mirror_, cases, "decode");
+  RunAttentionBatch(*ctx_, *mirror_, op_cases::DecodeBatchCases(), "decode");
 }
 
 TEST_F(CudaConsistencyTest, AttentionEdgeShapes) {
-  // No visible key at all (producer row with lo = i + 1): output zero on both backends; head
-  // dims at the kernel's limits.
-  RunAttentionBatch(*ctx_, *mirror_,
-                    {{.first_position = 5, .rows = 3, .no_swa = true, .seed = 41},
-                     {.heads = 2,
-                      .kv_heads = 1,
-                      .head_dim = 256,
-                      .first_position = 90,
-                      .rows = 4,
-                      .global = true,
-                      .seed = 42},
-                     {.heads = 3,
-                      .kv_heads = 3,
-                      .head_dim = 2,
-                      .first_position = 7,
-                      .rows = 5,
-                      .global = true,
-                      .seed = 43}},
-                    "edge shapes");
+  RunAttentionBatch(*ctx_, *mirror_, op_cases::EdgeShapeCases(), "edge shapes");
 }
 
 TEST_F(CudaConsistencyTest, SamplingMatchesModelSampleToken) {

@@ -1,0 +1,377 @@
+// Every op of the CPU backend against a naive reference computed here in double precision, over
+// the same op list (and, for attention, the same cases: op_cases.h) that the CPU/CUDA
+// consistency harness uses. Tolerances: exact for data movement and BF16 rounding; FP32
+// rounding for row-wise ops; summation-order bounds for GEMM and attention. Sampling runs on
+// model/sampling.cc, which the model tests cover and the CUDA harness compares against.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "baton/kernels/attention.h"
+#include "baton/kernels/elementwise.h"
+#include "baton/kernels/gemm.h"
+#include "baton/kernels/rows.h"
+#include "op_cases.h"
+
+namespace baton::kernels {
+namespace {
+
+using op_cases::AttentionCase;
+using op_cases::AttentionData;
+using op_cases::ExpectClose;
+using op_cases::Uniform;
+
+float FromBits(uint32_t bits) {
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+uint32_t Bits(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, sizeof bits);
+  return bits;
+}
+float Bf16ToFloat(Bf16 v) {
+  return FromBits(static_cast<uint32_t>(v) << 16);
+}
+
+TEST(CpuOpsTest, GemmFp32WithStridesAndBeta) {
+  struct Shape {
+    int64_t rows, in, out, x_stride, y_stride;
+    float beta;
+  };
+  for (const Shape& s : {Shape{7, 33, 17, 40, 20, 0.0f}, Shape{1, 512, 96, 0, 0, 1.0f},
+                         Shape{65, 70, 3, 71, 5, 1.0f}}) {
+    const int64_t xs = s.x_stride ? s.x_stride : s.in, ys = s.y_stride ? s.y_stride : s.out;
+    const std::vector<float> x = Uniform(s.rows * xs, 1), w = Uniform(s.out * s.in, 2);
+    std::vector<float> y = Uniform(s.rows * ys, 3), expected = y;
+    for (int64_t r = 0; r < s.rows; ++r) {
+      for (int64_t o = 0; o < s.out; ++o) {
+        double sum = 0;
+        for (int64_t k = 0; k < s.in; ++k) sum += double(x[r * xs + k]) * w[o * s.in + k];
+        expected[r * ys + o] = static_cast<float>(sum + s.beta * y[r * ys + o]);
+      }
+    }
+    Gemm({.rows = s.rows,
+          .in = s.in,
+          .out = s.out,
+          .x = x.data(),
+          .x_stride = s.x_stride,
+          .w = w.data(),
+          .y = y.data(),
+          .y_stride = s.y_stride,
+          .beta = s.beta});
+    // Columns of Y beyond `out` (the stride's padding) stay as they were.
+    ExpectClose(expected, y, 1e-5f, 1e-4f, "gemm " + std::to_string(s.rows));
+  }
+}
+
+TEST(CpuOpsTest, ToBf16RoundsToNearestEvenAndKeepsNaN) {
+  std::vector<float> in = Uniform(10000, 4, -1e4f, 1e4f);
+  // Ties: exactly half an ulp of BF16 above an even and an odd mantissa; infinities; NaNs.
+  in.push_back(FromBits(0x3f808000u));  // tie, even below: rounds down to 0x3f80
+  in.push_back(FromBits(0x3f818000u));  // tie, odd below: rounds up to 0x3f82
+  in.push_back(FromBits(0x3f808001u));  // above the tie: up
+  in.push_back(std::numeric_limits<float>::infinity());
+  in.push_back(-std::numeric_limits<float>::infinity());
+  in.push_back(std::numeric_limits<float>::quiet_NaN());
+  in.push_back(FromBits(0xff800001u));  // a signalling NaN whose payload is in the low bits
+  std::vector<Bf16> out(in.size());
+  ToBf16({.count = static_cast<int64_t>(in.size()), .in = in.data(), .out = out.data()});
+  for (size_t i = 0; i < in.size(); ++i) {
+    if (std::isnan(in[i])) {
+      EXPECT_TRUE(std::isnan(Bf16ToFloat(out[i]))) << "NaN " << i << " became a number";
+      EXPECT_EQ(out[i] & 0x8000u, (Bits(in[i]) >> 16) & 0x8000u) << "sign of NaN " << i;
+      continue;
+    }
+    // The nearest BF16 value; on a tie, the one with an even mantissa.
+    const uint32_t b = Bits(in[i]);
+    const Bf16 down = static_cast<Bf16>(b >> 16), up = static_cast<Bf16>(down + 1);
+    const double d_down = std::abs(double(in[i]) - Bf16ToFloat(down));
+    const double d_up = std::isinf(in[i]) ? INFINITY : std::abs(double(in[i]) - Bf16ToFloat(up));
+    const Bf16 nearest = d_down < d_up ? down : d_up < d_down ? up : (down & 1u) == 0 ? down : up;
+    EXPECT_EQ(out[i], nearest) << "value " << in[i] << " (bits " << std::hex << b << ")";
+  }
+  EXPECT_EQ(out[10000], 0x3f80u);
+  EXPECT_EQ(out[10001], 0x3f82u);
+  EXPECT_EQ(out[10002], 0x3f81u);
+}
+
+TEST(CpuOpsTest, GemmBf16AccumulatesInFp32) {
+  const int64_t rows = 33, in = 1024, out = 768, x_stride = 1030;
+  const std::vector<float> xf = Uniform(rows * x_stride, 5), wf = Uniform(out * in, 6);
+  std::vector<Bf16> x(xf.size()), w(wf.size());
+  ToBf16({.count = static_cast<int64_t>(xf.size()), .in = xf.data(), .out = x.data()});
+  ToBf16({.count = static_cast<int64_t>(wf.size()), .in = wf.data(), .out = w.data()});
+  std::vector<float> y = Uniform(rows * out, 7), expected = y;
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t o = 0; o < out; ++o) {
+      double sum = 0;
+      for (int64_t k = 0; k < in; ++k) {
+        sum += double(Bf16ToFloat(x[r * x_stride + k])) * Bf16ToFloat(w[o * in + k]);
+      }
+      expected[r * out + o] = static_cast<float>(sum + y[r * out + o]);
+    }
+  }
+  GemmBf16({.rows = rows,
+            .in = in,
+            .out = out,
+            .x = x.data(),
+            .x_stride = x_stride,
+            .w = w.data(),
+            .y = y.data(),
+            .beta = 1.0f});
+  ExpectClose(expected, y, 1e-4f, 1e-4f, "gemm bf16");
+}
+
+TEST(CpuOpsTest, RmsNormOutOfPlaceAndInPlace) {
+  const int64_t rows = 19, dim = 4096 + 7;
+  std::vector<float> x = Uniform(rows * dim, 8, -3.0f, 3.0f);
+  const std::vector<float> weight = Uniform(dim, 9);
+  const float eps = 1e-5f;
+  std::vector<float> expected(x.size());
+  for (int64_t r = 0; r < rows; ++r) {
+    double squares = 0;
+    for (int64_t i = 0; i < dim; ++i) squares += double(x[r * dim + i]) * x[r * dim + i];
+    const double inv = 1.0 / std::sqrt(squares / dim + eps);
+    for (int64_t i = 0; i < dim; ++i) {
+      expected[r * dim + i] = static_cast<float>(x[r * dim + i] * inv * weight[i]);
+    }
+  }
+  std::vector<float> out(x.size());
+  RmsNorm({.rows = rows,
+           .dim = dim,
+           .x = x.data(),
+           .weight = weight.data(),
+           .out = out.data(),
+           .eps = eps});
+  ExpectClose(expected, out, 1e-6f, 1e-5f, "rmsnorm");
+  RmsNorm({.rows = rows,
+           .dim = dim,
+           .x = x.data(),
+           .weight = weight.data(),
+           .out = x.data(),
+           .eps = eps});
+  ExpectClose(expected, x, 1e-6f, 1e-5f, "rmsnorm in place");
+}
+
+TEST(CpuOpsTest, RopeOnStridedHeadsAtLargePositions) {
+  for (int64_t head_dim : {2, 64, 128}) {
+    const int64_t rows = 21, heads = 5, stride = heads * head_dim + 16, half = head_dim / 2;
+    std::vector<float> x = Uniform(rows * stride, 10);
+    std::vector<int32_t> positions;
+    for (int64_t r = 0; r < rows; ++r) positions.push_back(static_cast<int32_t>(r * 9973 % 200000));
+    const double theta = 500000.0;
+    std::vector<float> expected = x;  // padding columns stay as they are
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t h = 0; h < heads; ++h) {
+        const float* in = x.data() + r * stride + h * head_dim;
+        float* e = expected.data() + r * stride + h * head_dim;
+        for (int64_t k = 0; k < half; ++k) {
+          const double angle = positions[r] * std::pow(theta, -2.0 * k / head_dim);
+          // The op rounds cos and sin to FP32, as Hugging Face's cached tables do.
+          const double c = static_cast<float>(std::cos(angle));
+          const double s = static_cast<float>(std::sin(angle));
+          e[k] = static_cast<float>(in[k] * c - in[k + half] * s);
+          e[k + half] = static_cast<float>(in[k + half] * c + in[k] * s);
+        }
+      }
+    }
+    Rope({.rows = rows,
+          .heads = heads,
+          .head_dim = head_dim,
+          .x = x.data(),
+          .stride = stride,
+          .positions = positions.data(),
+          .theta = theta});
+    ExpectClose(expected, x, 1e-6f, 1e-5f, "rope head_dim " + std::to_string(head_dim));
+  }
+}
+
+TEST(CpuOpsTest, SwiGluAndEmbedding) {
+  const int64_t rows = 17, inter = 1536 + 3, vocab = 300, dim = 200;
+  const std::vector<float> gate_up = Uniform(rows * 2 * inter, 11, -8.0f, 8.0f);
+  std::vector<float> act(rows * inter), expected(rows * inter);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t i = 0; i < inter; ++i) {
+      const double g = gate_up[r * 2 * inter + i], u = gate_up[r * 2 * inter + inter + i];
+      expected[r * inter + i] = static_cast<float>(g / (1.0 + std::exp(-g)) * u);
+    }
+  }
+  SwiGlu({.rows = rows, .inter = inter, .gate_up = gate_up.data(), .out = act.data()});
+  ExpectClose(expected, act, 1e-6f, 1e-5f, "swiglu");
+
+  const std::vector<float> table = Uniform(vocab * dim, 12);
+  std::vector<int32_t> ids;
+  for (int64_t r = 0; r < rows; ++r) ids.push_back(static_cast<int32_t>((r * 37 + 5) % vocab));
+  ids.back() = vocab - 1;
+  std::vector<float> emb(rows * dim);
+  Embedding(
+      {.rows = rows, .dim = dim, .table = table.data(), .ids = ids.data(), .out = emb.data()});
+  for (int64_t r = 0; r < rows; ++r) {
+    EXPECT_TRUE(std::equal(emb.begin() + r * dim, emb.begin() + (r + 1) * dim,
+                           table.begin() + ids[r] * dim))
+        << "embedding row " << r;
+  }
+}
+
+TEST(CpuOpsTest, GatherScatterAndBlockKvWrite) {
+  const int64_t rows = 40, width = 96, src_stride = 130, capacity = 50, B = 16, pages = 8;
+  const std::vector<float> src = Uniform(rows * src_stride, 13);
+  std::vector<int32_t> index;
+  for (int64_t r = 0; r < rows; ++r) index.push_back(r % 7 == 3 ? -1 : static_cast<int32_t>(r));
+
+  // Gather: dst[r] = src[index[r]], rows with -1 untouched.
+  std::vector<float> gathered = Uniform(rows * width, 14), expected = gathered;
+  for (int64_t r = 0; r < rows; ++r) {
+    if (index[r] < 0) continue;
+    std::copy_n(src.begin() + index[r] * src_stride, width, expected.begin() + r * width);
+  }
+  GatherRows({.rows = rows,
+              .width = width,
+              .src = src.data(),
+              .src_stride = src_stride,
+              .index = index.data(),
+              .dst = gathered.data(),
+              .dst_stride = width});
+  EXPECT_EQ(gathered, expected) << "GatherRows";
+
+  // Scatter into ring slots: dst[slot] = src[r], slot -1 skipped.
+  std::vector<int32_t> slots;
+  for (int64_t r = 0; r < rows; ++r) {
+    slots.push_back(r % 5 == 1 ? -1 : static_cast<int32_t>((r * 11) % capacity));
+  }
+  std::vector<float> ring = Uniform(capacity * width, 15), ring_expected = ring;
+  for (int64_t r = 0; r < rows; ++r) {
+    if (slots[r] < 0) continue;
+    std::copy_n(src.begin() + r * src_stride, width, ring_expected.begin() + slots[r] * width);
+  }
+  ScatterRows({.rows = rows,
+               .width = width,
+               .src = src.data(),
+               .src_stride = src_stride,
+               .index = slots.data(),
+               .dst = ring.data(),
+               .dst_stride = width});
+  EXPECT_EQ(ring, ring_expected) << "ScatterRows";
+
+  // Block KV: position p to pages[p / B] + offset + (p % B) * width, through a shuffled table.
+  const int64_t page_floats = 2 * B * width, offset = B * width;  // the V half of each page
+  std::vector<float> memory = Uniform(pages * page_floats, 16), memory_expected = memory;
+  std::vector<float*> table, table_expected;
+  for (int64_t p = 0; p < pages; ++p) {
+    table.push_back(memory.data() + ((p * 3 + 2) % pages) * page_floats);
+    table_expected.push_back(memory_expected.data() + ((p * 3 + 2) % pages) * page_floats);
+  }
+  std::vector<int32_t> positions;
+  for (int64_t r = 0; r < rows; ++r) positions.push_back(static_cast<int32_t>(70 + r * 1));
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t p = positions[r];
+    std::copy_n(src.begin() + r * src_stride, width,
+                table_expected[p / B] + offset + (p % B) * width);
+  }
+  WriteBlockKv({.rows = rows,
+                .width = width,
+                .src = src.data(),
+                .src_stride = src_stride,
+                .positions = positions.data(),
+                .pages = table.data(),
+                .block_size = B,
+                .offset = offset});
+  EXPECT_EQ(memory, memory_expected) << "WriteBlockKv";
+}
+
+// The attention of one entry by definition: for each (row, head), one softmax over the global
+// keys [0, pos] (when the entry has block KV) and the SWA keys [lo, pos], in double.
+std::vector<float> NaiveAttention(const AttentionData& d) {
+  const AttentionCase& c = d.c;
+  const int64_t hd = c.head_dim, q_dim = c.heads * hd, kv_dim = c.kv_heads * hd;
+  const int64_t qkv_dim = q_dim + 2 * kv_dim, group = c.heads / c.kv_heads;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
+  std::vector<float> out(c.rows * q_dim, 0.0f);
+  for (int64_t r = 0; r < c.rows; ++r) {
+    const int64_t pos = d.positions[r], lo = d.lo[r];
+    for (int64_t h = 0; h < c.heads; ++h) {
+      const int64_t col = (h / group) * hd;
+      std::vector<const float*> keys, values;
+      if (c.global) {
+        for (int64_t j = 0; j <= pos; ++j) {
+          const float* page = d.page_table[j / c.block_size];
+          keys.push_back(page + d.global_cpu.k_offset + (j % c.block_size) * kv_dim + col);
+          values.push_back(page + d.global_cpu.v_offset + (j % c.block_size) * kv_dim + col);
+        }
+      }
+      for (int64_t j = lo; j <= pos; ++j) {
+        if (j >= c.first_position) {  // this entry's own rows (the tail)
+          const float* row = d.qkv.data() + (j - c.first_position) * qkv_dim;
+          keys.push_back(row + q_dim + col);
+          values.push_back(row + q_dim + kv_dim + col);
+        } else {  // the ring: position j in slot j % C
+          keys.push_back(d.ring.data() + (j % c.capacity) * kv_dim + col);
+          values.push_back(d.ring.data() + c.capacity * kv_dim + (j % c.capacity) * kv_dim + col);
+        }
+      }
+      if (keys.empty()) continue;  // no visible key: zero
+      const float* q = d.qkv.data() + r * qkv_dim + h * hd;
+      std::vector<double> score(keys.size());
+      double max_score = -INFINITY;
+      for (size_t k = 0; k < keys.size(); ++k) {
+        double dot = 0;
+        for (int64_t i = 0; i < hd; ++i) dot += double(q[i]) * keys[k][i];
+        score[k] = dot * scale;
+        max_score = std::max(max_score, score[k]);
+      }
+      double total = 0;
+      for (double& s : score) total += (s = std::exp(s - max_score));
+      std::vector<double> sum(hd, 0.0);
+      for (size_t k = 0; k < keys.size(); ++k) {
+        const double weight = score[k] / total;
+        for (int64_t i = 0; i < hd; ++i) sum[i] += weight * values[k][i];
+      }
+      for (int64_t i = 0; i < hd; ++i) out[r * q_dim + h * hd + i] = static_cast<float>(sum[i]);
+    }
+  }
+  return out;
+}
+
+// All cases of a list as one batch (so the flattening of entries is exercised), each entry
+// against its naive attention.
+void ExpectAttentionMatchesTheDefinition(const std::vector<AttentionCase>& cases,
+                                         const std::string& what) {
+  std::vector<std::unique_ptr<AttentionData>> data;
+  std::vector<AttentionParams> batch;
+  for (const AttentionCase& c : cases) {
+    data.push_back(std::make_unique<AttentionData>(c));
+    AttentionData& d = *data.back();
+    std::fill(d.out.begin(), d.out.end(), NAN);  // every output element must be written
+    batch.push_back(d.Params(d.qkv.data(), d.ring.data(), d.out.data(), d.positions.data(),
+                             d.lo.data(), c.global ? &d.global_cpu : nullptr));
+  }
+  Attention(batch);
+  for (size_t e = 0; e < data.size(); ++e) {
+    ExpectClose(NaiveAttention(*data[e]), data[e]->out, 2e-5f, 1e-4f,
+                what + " entry " + std::to_string(e));
+  }
+}
+
+TEST(CpuOpsTest, ProducerSwaAttentionPrefillChunks) {
+  ExpectAttentionMatchesTheDefinition(op_cases::ProducerSwaCases(), "producer SWA");
+}
+
+TEST(CpuOpsTest, ConsumerUnionAttentionWithTruncatedLowerBounds) {
+  ExpectAttentionMatchesTheDefinition(op_cases::ConsumerUnionCases(), "consumer union");
+}
+
+TEST(CpuOpsTest, PagedBlockKvDecodeBatch) {
+  ExpectAttentionMatchesTheDefinition(op_cases::DecodeBatchCases(), "decode");
+}
+
+TEST(CpuOpsTest, AttentionEdgeShapes) {
+  ExpectAttentionMatchesTheDefinition(op_cases::EdgeShapeCases(), "edge shapes");
+}
+
+}  // namespace
+}  // namespace baton::kernels
