@@ -4,6 +4,10 @@
 # machine's sgemm and memcpy limits. Prints a table with baton/torch ratios.
 #
 #   bench/run_model_bench.sh [MODEL_DIR]     (default: a small preset model in a temp dir)
+#
+# BEFORE_BUILD_DIR=<another build> also runs that build's baton_model_bench on the same model,
+# alternating with this one (REPEATS times each, the machine's noise shared), and prints the
+# after/before ratios of every figure: the before/after comparison in one run.
 # Needs a build (scripts/setup.sh) and `apt-get install python3-torch python3-numpy`.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -18,6 +22,14 @@ repeats="${REPEATS:-3}"
 check_tokens="$(seq -s, 11 37 4000 | cut -d, -f1-60)"
 "$build/tools/batonctl" forward --model "$model" --tokens "$check_tokens" --json >"$work/check.json"
 "$build/bench/baton_model_bench" --model "$model" --repeats "$repeats" --json >"$work/baton.json"
+if [[ -n "${BEFORE_BUILD_DIR:-}" ]]; then
+  for round in 1 2; do
+    "$BEFORE_BUILD_DIR/bench/baton_model_bench" --model "$model" --repeats "$repeats" --json \
+      >"$work/before.$round.json"
+    "$build/bench/baton_model_bench" --model "$model" --repeats "$repeats" --json \
+      >"$work/after.$round.json"
+  done
+fi
 # Debian's torch reaches BLAS through libblas.so.3, which defaults to OpenBLAS's pthread build;
 # like baton, give it the OpenMP build so that its OpenMP threads and BLAS do not contend.
 LD_LIBRARY_PATH="/usr/lib/$(gcc -print-multiarch)/openblas-openmp${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
@@ -48,3 +60,20 @@ for d in baton["decode"]:
     print(f"       {d['batch']:5d}  {d['step_ms']:13.2f}  {d['bandwidth_bound_ms']:8.2f}  {d['step_over_bound']:10.2f}  "
           f"{q['step_ms']:13.2f}  {q['step_ms'] / d['step_ms']:11.2f}")
 PY
+if [[ -n "${BEFORE_BUILD_DIR:-}" ]]; then
+  /usr/bin/python3 - "$work" <<'PY'
+import json, sys
+work = sys.argv[1]
+runs = [(json.load(open(f"{work}/before.{r}.json")), json.load(open(f"{work}/after.{r}.json")))
+        for r in (1, 2)]
+print("before/after in one run (two alternating rounds; ratio = after/before, < 1 is faster)")
+for r, (b, a) in enumerate(runs, 1):
+    for pb, pa in zip(b["prefill"], a["prefill"]):
+        print(f"round {r} prefill L={pb['length']:5d} {pb['mode']:7s} tok/s {pb['tokens_per_s']:8.1f} -> "
+              f"{pa['tokens_per_s']:8.1f}  time ratio {pa['seconds'] / pb['seconds']:.2f}")
+    for db, da in zip(b["decode"], a["decode"]):
+        print(f"round {r} decode batch={db['batch']:3d} step {db['step_ms']:7.2f} -> {da['step_ms']:7.2f} ms  "
+              f"ratio {da['step_ms'] / db['step_ms']:.2f}  step/bound {db['step_over_bound']:.2f} -> "
+              f"{da['step_over_bound']:.2f}")
+PY
+fi
