@@ -533,6 +533,9 @@ grpc::Status DecodeService::Stats(grpc::ServerContext* context, const v1::StatsR
   *reply->mutable_load() = Load();
   std::lock_guard<std::mutex> lock(mutex_);
   reply->set_reservations(static_cast<uint32_t>(requests_.size()));
+  uint32_t transferring = 0;
+  for (const auto& [id, r] : requests_) transferring += r->phase == Phase::kTransferring ? 1 : 0;
+  reply->set_transferring(transferring);
   return grpc::Status::OK;
 }
 

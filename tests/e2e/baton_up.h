@@ -3,9 +3,7 @@
 // object goes.
 #pragma once
 
-#include <fcntl.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -16,6 +14,8 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "spawn.h"
 
 extern char** environ;
 
@@ -33,19 +33,10 @@ class BatonUp {
           std::vector<std::string> extra = {})
       : dir_(dir) {
     std::filesystem::create_directories(dir_);
-    std::vector<std::string> args = {BATON_PATH, "up",         "--model",    model_dir,
-                                     "--port",   "0",          "--data-dir", dir_.string()};
+    std::vector<std::string> args = {BATON_PATH, "up", "--model",    model_dir,
+                                     "--port",   "0",  "--data-dir", dir_.string()};
     args.insert(args.end(), extra.begin(), extra.end());
-    std::vector<char*> argv;
-    for (std::string& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    const std::string log = (dir_ / "up.log").string();
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_addopen(&actions, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    posix_spawn_file_actions_adddup2(&actions, 1, 2);
-    posix_spawn(&pid_, args[0].c_str(), &actions, nullptr, argv.data(), environ);
-    posix_spawn_file_actions_destroy(&actions);
+    pid_ = Spawn(std::move(args), (dir_ / "up.log").string());
   }
   ~BatonUp() {
     if (pid_ <= 0) return;

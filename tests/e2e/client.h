@@ -107,12 +107,21 @@ inline bool DecodeDrained(Cluster& cluster, const std::string& decode) {
   return false;
 }
 
-inline uint32_t Reservations(Cluster& cluster, const std::string& decode) {
+inline v1::StatsResponse DecodeStats(Cluster& cluster, const std::string& decode) {
   grpc::ClientContext context;
   v1::StatsRequest request;
   v1::StatsResponse stats;
-  if (!cluster.Decode(decode)->Stats(&context, request, &stats).ok()) return 0;
-  return stats.reservations();
+  if (!cluster.Decode(decode)->Stats(&context, request, &stats).ok()) return {};
+  return stats;
+}
+
+inline uint32_t Reservations(Cluster& cluster, const std::string& decode) {
+  return DecodeStats(cluster, decode).reservations();
+}
+
+// Reservations whose StateBlock the decode node is reading now.
+inline uint32_t Transferring(Cluster& cluster, const std::string& decode) {
+  return DecodeStats(cluster, decode).transferring();
 }
 
 }  // namespace baton::testing

@@ -27,6 +27,7 @@
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "spawn.h"
 #include "test_dir.h"
 
 extern char** environ;
@@ -104,19 +105,9 @@ class Cluster {
     std::vector<std::string> wrap;
     if (auto it = wrappers_.find(name); it != wrappers_.end()) wrap = it->second;
     wrap.push_back(program);
-    std::vector<char*> argv;
-    for (auto& w : wrap) argv.push_back(w.data());
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    const std::string log = (dir_ / (name + ".log")).string();
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_addopen(&actions, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    posix_spawn_file_actions_adddup2(&actions, 1, 2);
-    pid_t pid = -1;
-    const int error = posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environ);
-    posix_spawn_file_actions_destroy(&actions);
-    if (error != 0) return "";
+    wrap.insert(wrap.end(), args.begin(), args.end());
+    const pid_t pid = Spawn(std::move(wrap), (dir_ / (name + ".log")).string());
+    if (pid < 0) return "";
     pids_[name] = pid;
     const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
     while (std::chrono::steady_clock::now() < until) {
@@ -239,8 +230,7 @@ class Cluster {
     // Test certificates name 127.0.0.1; nodes in network namespaces have other addresses.
     grpc::ChannelArguments args;
     args.SetSslTargetNameOverride("127.0.0.1");
-    return v1::DecodeNode::NewStub(
-        grpc::CreateCustomChannel(addresses_[name], TlsAs(role), args));
+    return v1::DecodeNode::NewStub(grpc::CreateCustomChannel(addresses_[name], TlsAs(role), args));
   }
   std::string Log(const std::string& name) const {
     std::ifstream in(dir_ / (name + ".log"));

@@ -14,7 +14,6 @@
 #include <fcntl.h>
 #include <sched.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -22,6 +21,8 @@
 #include <map>
 #include <string>
 #include <vector>
+
+#include "spawn.h"
 
 extern char** environ;
 
@@ -37,17 +38,8 @@ inline std::string IpPath() {
 
 // Runs a command (argv[0] a path or a name on PATH), its output discarded; its exit status.
 inline int RunQuiet(const std::vector<std::string>& args) {
-  std::vector<char*> argv;
-  for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0);
-  posix_spawn_file_actions_addopen(&actions, 2, "/dev/null", O_WRONLY, 0);
-  pid_t pid = -1;
-  const int error = posix_spawnp(&pid, argv[0], &actions, nullptr, argv.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
-  if (error != 0) return -1;
+  const pid_t pid = Spawn(args);
+  if (pid < 0) return -1;
   int status = 0;
   waitpid(pid, &status, 0);
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
@@ -89,15 +81,14 @@ class Netns {
     members_[member] = n;
     const std::string ns = Ns(member), link = Link(member);
     const std::string address = "10.211.0." + std::to_string(n);
-    const bool ok =
-        ok_ && Ip({"netns", "add", ns}) == 0 &&
-        Ip({"-n", Hub(), "link", "add", link, "type", "veth", "peer", "name", "eth0", "netns",
-            ns}) == 0 &&
-        Ip({"-n", Hub(), "link", "set", link, "master", "br0"}) == 0 &&
-        Ip({"-n", Hub(), "link", "set", link, "up"}) == 0 &&
-        Ip({"-n", ns, "addr", "add", address + "/24", "dev", "eth0"}) == 0 &&
-        Ip({"-n", ns, "link", "set", "eth0", "up"}) == 0 &&
-        Ip({"-n", ns, "link", "set", "lo", "up"}) == 0;
+    const bool ok = ok_ && Ip({"netns", "add", ns}) == 0 &&
+                    Ip({"-n", Hub(), "link", "add", link, "type", "veth", "peer", "name", "eth0",
+                        "netns", ns}) == 0 &&
+                    Ip({"-n", Hub(), "link", "set", link, "master", "br0"}) == 0 &&
+                    Ip({"-n", Hub(), "link", "set", link, "up"}) == 0 &&
+                    Ip({"-n", ns, "addr", "add", address + "/24", "dev", "eth0"}) == 0 &&
+                    Ip({"-n", ns, "link", "set", "eth0", "up"}) == 0 &&
+                    Ip({"-n", ns, "link", "set", "lo", "up"}) == 0;
     addresses_[member] = address;
     return ok;
   }
@@ -137,8 +128,7 @@ class Netns {
       *how = "netem delay " + delay + " each way";
       return true;
     }
-    const std::vector<std::string> tbf = {"tbf", "rate", "1mbit", "burst", "16kb", "latency",
-                                          "5s"};
+    const std::vector<std::string> tbf = {"tbf", "rate", "1mbit", "burst", "16kb", "latency", "5s"};
     if (Tc(Hub(), Link(member), tbf) && Tc(Ns(member), "eth0", tbf)) {
       *how = "tbf rate 1 Mbit/s each way (this kernel has no netem)";
       return true;
@@ -157,8 +147,8 @@ class Netns {
     return RunQuiet(args);
   }
   bool Tc(const std::string& ns, const std::string& dev, std::vector<std::string> qdisc) const {
-    std::vector<std::string> args = {ip_, "netns", "exec", ns, "tc", "qdisc", "replace",
-                                     "dev", dev,   "root"};
+    std::vector<std::string> args = {ip_,     "netns",   "exec", ns,  "tc",
+                                     "qdisc", "replace", "dev",  dev, "root"};
     args.insert(args.end(), qdisc.begin(), qdisc.end());
     return RunQuiet(args) == 0;
   }

@@ -4,6 +4,8 @@
 // prefill node killed mid-transfer, the store slowed. Every request must still complete with
 // exactly the tokens of an undisturbed run, within its deadline, and no process may wedge.
 // Skipped where network namespaces cannot be made (not root, no iproute2).
+#include "netns.h"
+
 #include <signal.h>
 #include <stdlib.h>
 
@@ -16,7 +18,6 @@
 #include "client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "netns.h"
 #include "test_dir.h"
 
 namespace baton::testing {
@@ -110,11 +111,10 @@ TEST_F(NetnsTest, ADecodeNodeCutOffMidTransferIsRetriedElsewhereAndNothingWedges
   auto stub = cluster.Client();
   Outcome outcome;
   const auto start = std::chrono::steady_clock::now();
-  std::thread client([&] { outcome = Generate(*stub, Request(prompt, 12), std::chrono::seconds(90)); });
-  ASSERT_TRUE(PollFor([&] { return Reservations(cluster, "decode-b") > 0; }));
-  // The reservation is taken before the prefill computes (a few hundred ms for 128 tokens);
-  // the decode node's read then waits 3 s. Cut inside that wait.
-  std::this_thread::sleep_for(std::chrono::milliseconds(1000));
+  std::thread client(
+      [&] { outcome = Generate(*stub, Request(prompt, 12), std::chrono::seconds(90)); });
+  // The decode node's read waits 3 s once the commit arrives: cut inside that wait.
+  ASSERT_TRUE(PollFor([&] { return Transferring(cluster, "decode-b") > 0; }));
   ASSERT_TRUE(net_->Cut("decode-b"));
   client.join();
   const double seconds =
@@ -143,9 +143,9 @@ TEST_F(NetnsTest, StreamsOnADecodeNodeCutOffMidStreamFinishOnAnother) {
   Cluster cluster(model_);
   ASSERT_FALSE(Start(cluster, "router", "router").empty());
   // Slow steps keep the streams mid-way when the link goes.
-  ASSERT_FALSE(Start(cluster, "decode", "decode-b",
-                     {"--pages", "1024", "--inject-step-stall-ms", "150"})
-                   .empty());
+  ASSERT_FALSE(
+      Start(cluster, "decode", "decode-b", {"--pages", "1024", "--inject-step-stall-ms", "150"})
+          .empty());
   ASSERT_FALSE(Start(cluster, "decode", "decode-a", {"--pages", "256"}).empty());
   ASSERT_FALSE(Start(cluster, "prefill", "prefill-a").empty());
   ASSERT_TRUE(cluster.WaitForHealth(true));
@@ -172,8 +172,8 @@ TEST_F(NetnsTest, StreamsOnADecodeNodeCutOffMidStreamFinishOnAnother) {
   ASSERT_TRUE(net_->Cut("decode-b"));
   for (auto& c : clients) c.join();
   for (int i = 0; i < 4; ++i) {
-    EXPECT_TRUE(outcomes[i].status.ok()) << "stream " << i << ": "
-                                         << outcomes[i].status.error_message();
+    EXPECT_TRUE(outcomes[i].status.ok())
+        << "stream " << i << ": " << outcomes[i].status.error_message();
     EXPECT_EQ(outcomes[i].tokens, expected[i]) << "stream " << i;
   }
   EXPECT_THAT(cluster.Log("router"), HasSubstr("decode node lost; re-prefilling"));
@@ -190,8 +190,8 @@ TEST_F(NetnsTest, APrefillNodeKilledMidTransferCostsNoStream) {
   Cluster cluster(model_);
   ASSERT_FALSE(Start(cluster, "router", "router").empty());
   // Every read waits 2 s, so the kill lands while reads are in flight.
-  ASSERT_FALSE(Start(cluster, "decode", "decode-a", {"--inject-transfer-faults", "delay_ms=2000"})
-                   .empty());
+  ASSERT_FALSE(
+      Start(cluster, "decode", "decode-a", {"--inject-transfer-faults", "delay_ms=2000"}).empty());
   ASSERT_FALSE(Start(cluster, "prefill", "prefill-a").empty());
   ASSERT_FALSE(Start(cluster, "prefill", "prefill-b").empty());
   ASSERT_TRUE(cluster.WaitForHealth(true));
@@ -209,15 +209,14 @@ TEST_F(NetnsTest, APrefillNodeKilledMidTransferCostsNoStream) {
       outcomes[i] = Generate(*stub, Request(prompts[i % 4], 8), std::chrono::seconds(180));
     });
   }
-  // Both prefill nodes have commits out once the decode node holds several reservations
-  // (two prefill slots each); half a second later their reads are inside the 2 s wait.
-  ASSERT_TRUE(PollFor([&] { return Reservations(cluster, "decode-a") >= 3; }));
-  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  // Each prefill node has at most two commits out (its two prefill slots): once the decode
+  // node reads three StateBlocks, both nodes have a read inside the 2 s wait.
+  ASSERT_TRUE(PollFor([&] { return Transferring(cluster, "decode-a") >= 3; }));
   cluster.Kill("prefill-b");
   for (auto& c : clients) c.join();
   for (int i = 0; i < 16; ++i) {
-    EXPECT_TRUE(outcomes[i].status.ok()) << "stream " << i << ": "
-                                         << outcomes[i].status.error_message();
+    EXPECT_TRUE(outcomes[i].status.ok())
+        << "stream " << i << ": " << outcomes[i].status.error_message();
     EXPECT_EQ(outcomes[i].tokens, expected[i % 4]) << "stream " << i;
   }
   EXPECT_THAT(cluster.Log("router"), HasSubstr("prefill node lost; retrying on another"));
@@ -248,13 +247,14 @@ TEST_F(NetnsTest, AStoreSlowedOnTheNetworkMakesRequestsColdNotFailed) {
   std::vector<Outcome> outcomes(6);
   std::vector<std::thread> clients;
   for (int i = 0; i < 6; ++i) {
-    clients.emplace_back(
-        [&, i] { outcomes[i] = Generate(*stub, Request(prompts[i], 8), std::chrono::seconds(60)); });
+    clients.emplace_back([&, i] {
+      outcomes[i] = Generate(*stub, Request(prompts[i], 8), std::chrono::seconds(60));
+    });
   }
   for (auto& c : clients) c.join();
   for (int i = 0; i < 6; ++i) {
-    EXPECT_TRUE(outcomes[i].status.ok()) << "request " << i << ": "
-                                         << outcomes[i].status.error_message();
+    EXPECT_TRUE(outcomes[i].status.ok())
+        << "request " << i << ": " << outcomes[i].status.error_message();
     EXPECT_EQ(outcomes[i].tokens, expected[i]) << "request " << i;
   }
   EXPECT_TRUE(DecodeDrained(cluster, "decode-a"));

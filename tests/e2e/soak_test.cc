@@ -21,6 +21,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "scrape.h"
+#include "spawn.h"
 #include "test_dir.h"
 
 namespace baton::testing {
@@ -226,17 +227,8 @@ TEST(SoakTest, TwoThousandRequestsWithFaultsLeaveEveryNodeAtItsIdleBaseline) {
               BATONCTL_PATH, "generate",   "--addr",       cluster.Address("router"),
               "--tokens",    Join(prompt), "--max-tokens", "200",
               "--ignore-eos"};
-          std::vector<char*> argv;
-          for (auto& a : args) argv.push_back(a.data());
-          argv.push_back(nullptr);
-          posix_spawn_file_actions_t actions;
-          posix_spawn_file_actions_init(&actions);
-          posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0);
-          posix_spawn_file_actions_addopen(&actions, 2, "/dev/null", O_WRONLY, 0);
-          pid_t pid = -1;
-          const bool spawned =
-              posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environ) == 0;
-          posix_spawn_file_actions_destroy(&actions);
+          const pid_t pid = Spawn(std::move(args));
+          const bool spawned = pid > 0;
           if (spawned) {
             std::this_thread::sleep_for(std::chrono::milliseconds(100 + rng() % 900));
             kill(pid, SIGKILL);

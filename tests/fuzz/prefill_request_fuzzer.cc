@@ -32,6 +32,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       request.decode_address().size() > baton::kMaxAddressBytes ||
       generate.prompt_token_ids_size() > config->max_position_embeddings ||
       request.s_valid() > static_cast<uint64_t>(generate.prompt_token_ids_size()) ||
+      request.s_valid() % static_cast<uint64_t>(config->kv_block_size) != 0 ||
       generate.sampling().stop_token_ids_size() > 64) {
     std::abort();  // passed with a length past its bound
   }
