@@ -9,10 +9,10 @@
 //                   [--keep 140] [--batches 1,8,64] [--decode-context 2048] [--repeats 3]
 //                   [--json]
 //
-// The pass follows model/ced_model.cc op for op: producers over every row (SWA ring writes of
-// the last C rows), the boundary's shared rows and every consumer layer's block KV, consumers
-// over the plan's rows (all L in off, the last K in compact), final norm, lm_head and, for
-// decode, device sampling. Block KV of all consumer layers is written into one layer's pages
+// The pass follows model/engine.cc (CedEngine::RunStep) op for op: producers over every row (SWA
+// ring writes of the last C rows), the boundary's shared rows and every consumer layer's block KV,
+// consumers over the plan's rows (all L in off, the last K in compact), final norm, lm_head and,
+// for decode, device sampling. Block KV of all consumer layers is written into one layer's pages
 // (same work, 1/D of the memory).
 #include <algorithm>
 #include <cmath>

@@ -15,13 +15,13 @@
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_format.h"
 #include "baton/common/parse.h"
-#include "baton/model/ced_model.h"
+#include "baton/model/engine_factory.h"
 #include "baton/model/work_estimator.h"
 #include "nlohmann/json.hpp"
 
 namespace {
 
-using baton::model::CedModel;
+using baton::model::Engine;
 using baton::model::TruncationMode;
 using Clock = std::chrono::steady_clock;
 
@@ -84,12 +84,12 @@ int main(int argc, char** argv) {
     std::cerr << (lengths.ok() ? batches.status() : lengths.status()).message() << "\n";
     return 2;
   }
-  auto loaded = CedModel::Load(model_dir);
+  auto loaded = baton::model::LoadEngine(model_dir);
   if (!loaded.ok()) {
     std::cerr << loaded.status().message() << "\n";
     return 2;
   }
-  const CedModel& model = **loaded;
+  Engine& model = **loaded;
   const baton::ModelConfig& config = model.config();
   nlohmann::json out;
   out["machine"] = {{"sgemm_gflops", SgemmGflops(repeats)}, {"memcpy_gbps", MemcpyGBps(repeats)}};

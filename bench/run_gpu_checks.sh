@@ -4,7 +4,7 @@
 # the tiny preset; `batonctl forward --device cuda` vs `--device cpu` on the small preset), the
 # GPU benchmark and its PyTorch peer; everything lands under $OUT (default ./gpu-out):
 # commands.log (what ran), summary.txt (one line per step with its exit status and seconds), a
-# log per step, consistency.json and cuda_ced_model.json (GoogleTest), forward_{cpu,cuda}.json
+# log per step, consistency.json and engine_backends.json (GoogleTest), forward_{cpu,cuda}.json
 # (batonctl) and forward_compare.txt, the bench JSON and table. Steps go on after a failed step (the summary says which failed); the exit status is
 # non-zero when any step failed.
 #
@@ -57,7 +57,7 @@ for s in $steps; do
       ;;
     build)
       step build "${BUILD_TIMEOUT:-600}" cmake --build "$build" -j "$jobs" --target \
-        baton_kernels_cuda cuda_consistency_test cuda_ced_model_test batonctl baton_gpu_bench
+        baton_kernels_cuda cuda_consistency_test engine_backends_test batonctl baton_gpu_bench
       ;;
     test)
       # On a GPU machine a skipped test is a failure of this check: the summary line says so.
@@ -68,9 +68,9 @@ for s in $steps; do
         exit $rc' "$build"
       ;;
     modeltest)
-      # CudaCedModel against CedModel (tiny preset, every truncation mode, decode); a skip fails.
+      # The engine on CUDA against the engine on the CPU (tiny preset, every truncation mode, decode); a skip fails.
       step modeltest "${MODELTEST_TIMEOUT:-240}" bash -c '
-        "$0/tests/model/cuda_ced_model_test" --gtest_output="json:$OUT/cuda_ced_model.json"
+        "$0/tests/model/engine_backends_test" --gtest_output="json:$OUT/engine_backends.json"
         rc=$?
         if grep -q "\[  SKIPPED \]" "$OUT/modeltest.log" 2>/dev/null; then echo "tests SKIPPED: no usable GPU?"; exit 3; fi
         exit $rc' "$build"

@@ -82,11 +82,35 @@ struct DecodeService::Metrics {
       "baton_transfer_pull_seconds", "Time to read one StateBlock's regions, by transport");
 };
 
+namespace {
+
+// A request's block-KV pages in the engine's copy of the pool: the pool pages its host state
+// (the transfer's target) holds, at the same offsets. The host state allocates and frees them.
+class EnginePages : public model::PageAllocator {
+ public:
+  EnginePages(model::SequenceState& host, std::function<float*(float*)> in_engine)
+      : host_(host), in_engine_(std::move(in_engine)) {}
+  float* Allocate() override {
+    const int64_t page = next_++;
+    if (!host_.EnsurePages((page + 1) * host_.layout().block_size).ok()) return nullptr;
+    return in_engine_(host_.pages()[page]);
+  }
+  void Free(float*) override {}
+
+ private:
+  model::SequenceState& host_;
+  std::function<float*(float*)> in_engine_;
+  int64_t next_ = 0;
+};
+
+}  // namespace
+
 struct DecodeService::Request {
   // The slot and unused page credit go back only when the last holder lets go: an in-flight
   // decode step keeps writing the rings of a request that was just cancelled.
   ~Request() {
     if (pool == nullptr) return;
+    engine_state.reset();
     const int64_t used = static_cast<int64_t>(state->pages().size());
     state.reset();
     pool->Unreserve(slot, reserved_pages - used);
@@ -102,7 +126,12 @@ struct DecodeService::Request {
   Phase phase = Phase::kReserved;
   int64_t slot = -1;
   int64_t reserved_pages = 0;
-  std::unique_ptr<model::SequenceState> state;
+  std::unique_ptr<model::SequenceState> state;  // in the pool: what transfers write
+  // On a device engine, the state the decode steps run on (the pool's copy in the engine's
+  // memory, staged in at commit); null on a host-memory engine, which runs on `state`.
+  std::unique_ptr<EnginePages> engine_pages;
+  std::unique_ptr<model::SequenceState> engine_state;
+  model::SequenceState& computed() { return engine_state != nullptr ? *engine_state : *state; }
   uint32_t prompt_len = 0;
   model::SamplingParams sampling;
   uint32_t max_tokens = 0;
@@ -119,7 +148,7 @@ struct DecodeService::Request {
   std::vector<float> logits;
 };
 
-DecodeService::DecodeService(const model::CedModel& model, const DecodeOptions& options)
+DecodeService::DecodeService(model::Engine& model, const DecodeOptions& options)
     : model_(model), options_(options) {
   const model::StateLayout layout = model.state_layout();
   const uint64_t bytes = StatePool::BytesFor(layout, options.slots, options.pages);
@@ -140,6 +169,19 @@ DecodeService::DecodeService(const model::CedModel& model, const DecodeOptions& 
       layout, options.slots, options.pages,
       ucx_memory_ != nullptr ? reinterpret_cast<void*>(ucx_memory_->address()) : nullptr);
   if (options.poison_freed_memory) pool_->EnablePoison();
+  model::Backend& backend = model.backend();
+  if (!backend.host_memory()) {
+    engine_pool_ = model::BackendArray<char>(backend, pool_->bytes());
+    if (engine_pool_.data() == nullptr) {
+      status_ = absl::ResourceExhaustedError(
+          absl::StrCat("no ", model::DeviceName(backend.device()), " memory for the state pool (",
+                       pool_->bytes(), " bytes); lower --slots or --pages"));
+    }
+    if (absl::Status pinned = backend.PinHost(pool_->base(), pool_->bytes()); !pinned.ok()) {
+      log::Warn("state pool not page-locked; staging copies run slower",
+                {{"error", std::string(pinned.message())}});
+    }
+  }
   auto with_faults = [&](std::unique_ptr<transfer::Transport> transport) {
     if (!options.transfer_faults.has_value()) return transport;
     return transfer::MakeFaultInjectingTransport(std::move(transport), *options.transfer_faults);
@@ -186,8 +228,16 @@ DecodeService::~DecodeService() {
   changed_.notify_all();
   decode_thread_.join();
   reap_thread_.join();
+  if (engine_pool_.data() != nullptr) model_.backend().UnpinHost(pool_->base());
   pool_.reset();
   ucx_memory_.reset();
+}
+
+float* DecodeService::InEngine(float* pool_address) const {
+  if (engine_pool_.data() == nullptr) return pool_address;
+  const char* base = static_cast<const char*>(pool_->base());
+  return reinterpret_cast<float*>(engine_pool_.data() +
+                                  (reinterpret_cast<const char*>(pool_address) - base));
 }
 
 std::shared_ptr<DecodeService::Request> DecodeService::Owned(const std::string& caller,
@@ -260,6 +310,16 @@ grpc::Status DecodeService::Reserve(grpc::ServerContext* context, const v1::Rese
       model_.state_layout(), pool_.get(), pool_->producer_ring(*slot), pool_->consumer_ring(*slot));
   r->pool = pool_.get();
   if (absl::Status s = r->state->EnsurePages(positions); !s.ok()) return ToGrpcStatus(s);
+  if (engine_pool_.data() != nullptr) {
+    r->engine_pages = std::make_unique<EnginePages>(
+        *r->state, [this](float* pool_address) { return InEngine(pool_address); });
+    r->engine_state = std::make_unique<model::SequenceState>(
+        model_.state_layout(), r->engine_pages.get(), InEngine(r->state->producer_swa()),
+        InEngine(r->state->consumer_swa()));
+    if (absl::Status s = r->engine_state->EnsurePages(positions); !s.ok()) {
+      return ToGrpcStatus(s);
+    }
+  }
   r->prompt_len = request->prompt_tokens();
   r->sampling = {.temperature = sampling.temperature(),
                  .top_k = static_cast<int32_t>(sampling.top_k()),
@@ -339,6 +399,10 @@ grpc::Status DecodeService::Commit(grpc::ServerContext* context, const v1::Commi
   // The checksums run outside the node's lock (they read every byte; other streams go on):
   // nothing else touches a reservation while it is transferring.
   if (read.ok()) read = transfer::VerifyRegions(h, *r->state);
+  if (read.ok() && r->engine_state != nullptr) {
+    // Whole and verified in the pool: staged into the engine's memory for the decode steps.
+    read = model_.StageIn(model::StateCopies(*r->state, *r->engine_state, h.prompt_len()));
+  }
   lock.lock();
   auto live = requests_.find(r->id);
   if (live == requests_.end() || live->second != r) {
@@ -355,8 +419,11 @@ grpc::Status DecodeService::Commit(grpc::ServerContext* context, const v1::Commi
       .Increment(static_cast<double>(transfer::StagingBytes(into.sizes)));
   metrics_->pull_seconds.Add({{"transport", transport_name}}, metrics::TokenLatencyBuckets())
       .Observe(transfer_seconds);
-  r->state->length = h.prompt_len();
-  r->state->s_valid = h.s_valid();
+  for (model::SequenceState* state : {r->state.get(), r->engine_state.get()}) {
+    if (state == nullptr) continue;
+    state->length = h.prompt_len();
+    state->s_valid = h.s_valid();
+  }
   r->phase = Phase::kCommitted;
   r->deadline = Clock::now() + std::chrono::milliseconds(options_.attach_timeout_ms);
   // The first token was sampled by the prefill node; it counts, and may already finish.
@@ -396,7 +463,7 @@ void DecodeService::DecodeLoop() {
       continue;
     }
     std::vector<model::DecodeItem> items;
-    for (auto& r : batch) items.push_back({r->state.get(), r->next_input, r->logits.data()});
+    for (auto& r : batch) items.push_back({&r->computed(), r->next_input, r->logits.data()});
     lock.unlock();
     if (options_.inject_step_stall_ms > 0) {
       std::this_thread::sleep_for(std::chrono::milliseconds(options_.inject_step_stall_ms));

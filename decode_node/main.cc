@@ -3,10 +3,11 @@
 #include <iostream>
 
 #include "CLI/CLI.hpp"
-#include "baton/common/stream_watch.h"
 #include "baton/common/rpc.h"
 #include "baton/common/server_flags.h"
+#include "baton/common/stream_watch.h"
 #include "baton/decode_node/decode_service.h"
+#include "baton/model/engine_factory.h"
 
 int main(int argc, char** argv) {
   baton::BlockShutdownSignals();
@@ -16,7 +17,11 @@ int main(int argc, char** argv) {
   baton::decode_node::DecodeOptions options;
   bool no_ucx = false;
   std::string transfer_faults;
+  std::string device = "cpu";
   app.add_option("--model", model_dir, "Model directory")->required();
+  app.add_option("--device", device,
+                 "Where the model runs: cpu, or cuda (a CUDA build on a machine with a GPU; the "
+                 "node exits 2 naming the reason otherwise)");
   baton::AddServerFlags(app, flags);
   app.add_option("--router", router, "Router address to register with");
   app.add_option("--node-id", node_id, "Name reported to the router");
@@ -70,12 +75,16 @@ int main(int argc, char** argv) {
     }
     options.transfer_faults = *spec;
   }
-  auto model = baton::model::CedModel::Load(model_dir);
+  auto model = baton::model::LoadEngineOnDevice(model_dir, device);
   if (!model.ok()) {
     baton::log::Error("cannot start", {{"error", std::string(model.status().message())}});
     return 2;
   }
   baton::decode_node::DecodeService service(**model, options);
+  if (!service.status().ok()) {
+    baton::log::Error("cannot start", {{"error", std::string(service.status().message())}});
+    return 2;
+  }
   grpc::ServerBuilder builder;
   builder.RegisterService(&service);
   return baton::ServeUntilShutdown(

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "baton/common/ced_rules.h"
 
 namespace baton::model {
 
@@ -89,9 +90,116 @@ absl::StatusOr<DecodeRow> ScheduleDecodeRow(const ModelConfig& config, int64_t i
       .slot = static_cast<int32_t>(length % config.ring_capacity())};
 }
 
+namespace {
+
+// Builds a StepPlan segment by segment, then lays its integer sections out in one array.
+class StepBuilder {
+ public:
+  explicit StepBuilder(const ModelConfig& config) : config_(config) {}
+
+  // Full rows [q_start, q_start + rows) of `state` with tokens `tokens`; consumer rows are the
+  // last consumer_rows of them, with the plan's positions, SWA bounds and ring slots; `logits`
+  // lists the segment's consumer rows whose logits the step returns.
+  void Add(SequenceState& state, int64_t q_start, int64_t rows, const int32_t* tokens,
+           int64_t consumer_rows, const int32_t* consumer_positions, const int32_t* swa_lo,
+           const int32_t* consumer_slots, std::span<const int64_t> logits) {
+    const int64_t C = config_.ring_capacity(), W = config_.sliding_window;
+    StepSegment seg{.producer_swa = state.producer_swa(),
+                    .consumer_swa = state.consumer_swa(),
+                    .q_start = q_start,
+                    .rows = rows,
+                    .row_offset = static_cast<int64_t>(tokens_.size()),
+                    .consumer_rows = consumer_rows,
+                    .consumer_offset = static_cast<int64_t>(consumer_positions_.size()),
+                    .consumer_start = consumer_rows > 0 ? consumer_positions[0] : 0,
+                    .page_table = static_cast<int64_t>(plan_.page_tables.size())};
+    for (int64_t j = 0; j < rows; ++j) {
+      const int64_t pos = q_start + j;
+      tokens_.push_back(tokens[j]);
+      positions_.push_back(static_cast<int32_t>(pos));
+      producer_lo_.push_back(static_cast<int32_t>(ProducerLowerBound(pos, W)));
+      producer_slots_.push_back(RingSlotOfRunRow(pos, q_start + rows, C));
+    }
+    for (int64_t r = 0; r < consumer_rows; ++r) {
+      consumer_source_.push_back(static_cast<int32_t>(seg.row_offset + rows - consumer_rows + r));
+      consumer_positions_.push_back(consumer_positions[r]);
+      consumer_lo_.push_back(swa_lo[r]);
+      consumer_slots_.push_back(consumer_slots[r]);
+    }
+    for (int64_t r : logits) logit_source_.push_back(static_cast<int32_t>(seg.consumer_offset + r));
+    plan_.page_tables.insert(plan_.page_tables.end(), state.pages().begin(), state.pages().end());
+    plan_.segments.push_back(seg);
+  }
+
+  StepPlan Finish() && {
+    plan_.rows = static_cast<int64_t>(tokens_.size());
+    plan_.consumer_rows = static_cast<int64_t>(consumer_positions_.size());
+    plan_.logit_rows = static_cast<int64_t>(logit_source_.size());
+    auto append = [&](const std::vector<int32_t>& section) {
+      const int64_t offset = static_cast<int64_t>(plan_.ints.size());
+      plan_.ints.insert(plan_.ints.end(), section.begin(), section.end());
+      return offset;
+    };
+    plan_.tokens = append(tokens_);
+    plan_.positions = append(positions_);
+    plan_.producer_lo = append(producer_lo_);
+    plan_.producer_slots = append(producer_slots_);
+    plan_.consumer_source = append(consumer_source_);
+    plan_.consumer_positions = append(consumer_positions_);
+    plan_.consumer_lo = append(consumer_lo_);
+    plan_.consumer_slots = append(consumer_slots_);
+    plan_.logit_source = append(logit_source_);
+    return std::move(plan_);
+  }
+
+ private:
+  const ModelConfig& config_;
+  StepPlan plan_;
+  std::vector<int32_t> tokens_, positions_, producer_lo_, producer_slots_, consumer_source_,
+      consumer_positions_, consumer_lo_, consumer_slots_, logit_source_;
+};
+
+}  // namespace
+
+StepPlan PlanPrefillStep(const ModelConfig& config, const PrefillSchedule& schedule,
+                         const PrefillRun& run, std::span<const int32_t> tokens,
+                         SequenceState& state) {
+  StepBuilder step(config);
+  const int32_t* chunk_tokens = tokens.data() + run.q_start;
+  if (run.chunk < 0) {
+    step.Add(state, run.q_start, run.rows, chunk_tokens, 0, nullptr, nullptr, nullptr, {});
+  } else {
+    const ChunkPlan& chunk = schedule.plan.chunks[run.chunk];
+    step.Add(state, run.q_start, run.rows, chunk_tokens,
+             static_cast<int64_t>(chunk.consumer_positions.size()), chunk.consumer_positions.data(),
+             chunk.swa_lo.data(), chunk.consumer_slots.data(), run.logit_rows);
+  }
+  return std::move(step).Finish();
+}
+
+absl::StatusOr<StepPlan> PlanDecodeStep(const ModelConfig& config,
+                                        std::span<SequenceState* const> states,
+                                        std::span<const int32_t> tokens) {
+  StepBuilder step(config);
+  const int64_t logit_row = 0;
+  for (size_t i = 0; i < states.size(); ++i) {
+    SequenceState* state = states[i];
+    if (state == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat("decode item ", i, " has no state"));
+    }
+    absl::StatusOr<DecodeRow> row = ScheduleDecodeRow(config, static_cast<int64_t>(i), tokens[i],
+                                                      state->length, state->s_valid);
+    if (!row.ok()) return row.status();
+    if (absl::Status s = state->EnsurePages(row->position + 1); !s.ok()) return s;
+    step.Add(*state, row->position, 1, &tokens[i], 1, &row->position, &row->swa_lo, &row->slot,
+             {&logit_row, 1});
+  }
+  return std::move(step).Finish();
+}
+
 absl::Status PrefillCancelled(int64_t q_start, int64_t prompt_len) {
-  return absl::CancelledError(absl::StrCat("prefill cancelled after ", q_start, " of ", prompt_len,
-                                           " prompt rows"));
+  return absl::CancelledError(
+      absl::StrCat("prefill cancelled after ", q_start, " of ", prompt_len, " prompt rows"));
 }
 
 }  // namespace baton::model

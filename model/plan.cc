@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "baton/common/ced_rules.h"
 
 namespace baton::model {
 namespace {
@@ -44,13 +45,12 @@ ChunkPlan PlanChunk(const TruncationSpec& spec, int64_t q_start, int64_t q_len) 
   for (int64_t pos = q_start + chunk.clip_prefix; pos < k; ++pos) {
     // Only retained rows among the chunk's last C rows write the ring (seed listing 9.10): a
     // placeholder must not overwrite live state, and earlier rows would be overwritten anyway.
-    const bool writes = pos >= retained_begin && k - pos <= capacity;
     chunk.consumer_positions.push_back(static_cast<int32_t>(pos));
     chunk.swa_lo.push_back(static_cast<int32_t>(spec.swa_lower_bound(pos)));
-    chunk.consumer_slots.push_back(writes ? static_cast<int32_t>(pos % capacity) : -1);
+    chunk.consumer_slots.push_back(pos >= retained_begin ? RingSlotOfRunRow(pos, k, capacity) : -1);
   }
   for (int64_t pos = q_start; pos < k; ++pos) {
-    chunk.producer_slots.push_back(k - pos <= capacity ? static_cast<int32_t>(pos % capacity) : -1);
+    chunk.producer_slots.push_back(RingSlotOfRunRow(pos, k, capacity));
   }
   chunk.work = EstimateChunkWork(spec, q_start, q_len);
   return chunk;

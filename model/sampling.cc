@@ -5,7 +5,7 @@
 #include <numeric>
 #include <vector>
 
-#include "baton/model/ced_model.h"
+#include "baton/model/engine.h"
 
 namespace baton::model {
 namespace {

@@ -3,6 +3,7 @@
 #include "CLI/CLI.hpp"
 #include "baton/common/rpc.h"
 #include "baton/common/server_flags.h"
+#include "baton/model/engine_factory.h"
 #include "baton/prefill_node/prefill_service.h"
 
 int main(int argc, char** argv) {
@@ -12,7 +13,11 @@ int main(int argc, char** argv) {
   baton::ServerFlags flags;
   baton::prefill_node::PrefillOptions options;
   bool no_ucx = false;
+  std::string device = "cpu";
   app.add_option("--model", model_dir, "Model directory")->required();
+  app.add_option("--device", device,
+                 "Where the model runs: cpu, or cuda (a CUDA build on a machine with a GPU; the "
+                 "node exits 2 naming the reason otherwise)");
   baton::AddServerFlags(app, flags);
   app.add_option("--router", router, "Router address to register with");
   app.add_option("--node-id", node_id, "Name reported to the router");
@@ -43,7 +48,7 @@ int main(int argc, char** argv) {
     return *exit;
   }
   options.use_ucx = !no_ucx;
-  auto model = baton::model::CedModel::Load(model_dir);
+  auto model = baton::model::LoadEngineOnDevice(model_dir, device);
   if (!model.ok()) {
     baton::log::Error("cannot start", {{"error", std::string(model.status().message())}});
     return 2;

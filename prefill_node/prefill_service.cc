@@ -85,7 +85,7 @@ struct PrefillService::Metrics {
           .Add({});
 };
 
-PrefillService::PrefillService(const model::CedModel& model, const PrefillOptions& options)
+PrefillService::PrefillService(model::Engine& model, const PrefillOptions& options)
     : model_(model), options_(options), metrics_(std::make_unique<Metrics>()) {
   watchdog_ = std::make_unique<Watchdog>("prefill", std::chrono::milliseconds(options.watchdog_ms),
                                          [this] { return computing_.load(); });
@@ -168,6 +168,29 @@ bool PrefillService::LoadPrefix(grpc::ServerContext& caller, const std::vector<S
                    transfer::LoadProducerSwaRows(payload, b, hit_tokens - C, state);
                  });
   return kv && swa;
+}
+
+absl::StatusOr<model::PrefillResult> PrefillService::ComputePrefill(
+    std::span<const int32_t> tokens, const model::PrefillOptions& options,
+    model::SequenceState& state) {
+  if (model_.backend().host_memory()) return model_.Prefill(tokens, options, state);
+  // On a device the prefill runs on a copy of the state in the engine's memory: in with what
+  // the prefix load put into the exposed memory, out with the whole prompt for the transfer.
+  absl::StatusOr<std::unique_ptr<model::SequenceState>> device = model_.NewState();
+  if (!device.ok()) return device.status();
+  model::SequenceState& computed = **device;
+  const int64_t L = static_cast<int64_t>(tokens.size());
+  if (absl::Status s = computed.EnsurePages(L); !s.ok()) return s;
+  if (absl::Status s = model_.StageIn(model::StateCopies(state, computed, state.length)); !s.ok()) {
+    return s;
+  }
+  computed.length = state.length;
+  absl::StatusOr<model::PrefillResult> result = model_.Prefill(tokens, options, computed);
+  if (!result.ok()) return result;
+  if (absl::Status s = model_.StageOut(model::StateCopies(computed, state, L)); !s.ok()) return s;
+  state.length = computed.length;
+  state.s_valid = computed.s_valid;
+  return result;
 }
 
 void PrefillService::QueueWriteBack(std::vector<v1::BlockWrite> writes) {
@@ -420,7 +443,7 @@ grpc::Status PrefillService::Run(grpc::ServerContext* context, const v1::Prefill
     }
   } computing{this};
   if (context->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled");
-  absl::StatusOr<model::PrefillResult> result = model_.Prefill(tokens, options, state);
+  absl::StatusOr<model::PrefillResult> result = ComputePrefill(tokens, options, state);
   if (!result.ok()) return ToGrpcStatus(result.status());
   const int64_t vocab = model_.config().vocab_size;
   const std::span<const float> last_row(result->logits.data() + result->logits.size() - vocab,

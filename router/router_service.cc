@@ -11,6 +11,7 @@
 #include "baton/common/security.h"
 #include "baton/common/wire_bounds.h"
 #include "baton/kvstore/chain.h"
+#include "baton/router/routing.h"
 #include "baton/v1/kvstore.grpc.pb.h"
 #include "grpcpp/health_check_service_interface.h"
 
@@ -51,10 +52,6 @@ std::unique_ptr<grpc::ClientContext> Propagated(grpc::ServerContext* server,
   const auto capped = std::chrono::system_clock::now() + cap;
   if (server->deadline() > capped) client->set_deadline(capped);
   return client;
-}
-
-bool NodeLost(const grpc::Status& status) {
-  return status.error_code() == grpc::StatusCode::UNAVAILABLE;
 }
 
 double Seconds(Clock::duration d) {
@@ -206,25 +203,22 @@ grpc::Status RouterService::Register(grpc::ServerContext* context,
 std::shared_ptr<RouterService::Node> RouterService::Pick(v1::NodeRole role,
                                                          const std::vector<std::string>& exclude) {
   std::lock_guard<std::mutex> lock(mutex_);
-  const auto now = Clock::now();
-  std::shared_ptr<Node> best;
-  int64_t best_load = 0;
+  std::vector<std::shared_ptr<Node>> candidates;
+  std::vector<NodeLoad> loads;
   for (auto& [id, node] : nodes_) {
-    if (node->info.role() != role ||
-        now - node->last_seen > std::chrono::milliseconds(options_.node_ttl_ms)) {
-      continue;
-    }
-    if (std::find(exclude.begin(), exclude.end(), id) != exclude.end()) continue;
-    // Load: what the node reported plus what this router sent since; free pages break ties.
-    const int64_t load = node->inflight + node->info.load().queued_requests();
-    if (best == nullptr || load < best_load ||
-        (load == best_load && node->info.load().free_pages() > best->info.load().free_pages())) {
-      best = node;
-      best_load = load;
-    }
+    candidates.push_back(node);
+    loads.push_back({.id = id,
+                     .role = node->info.role(),
+                     .last_seen = node->last_seen,
+                     .inflight = node->inflight,
+                     .queued = node->info.load().queued_requests(),
+                     .free_pages = node->info.load().free_pages()});
   }
-  if (best != nullptr) ++best->inflight;
-  return best;
+  const int64_t chosen = SelectNode(loads, role, exclude, Clock::now(),
+                                    std::chrono::milliseconds(options_.node_ttl_ms));
+  if (chosen < 0) return nullptr;
+  ++candidates[chosen]->inflight;
+  return candidates[chosen];
 }
 
 absl::StatusOr<std::shared_ptr<RouterService::Node>> RouterService::AdmitPrefill(
@@ -638,9 +632,11 @@ grpc::Status RouterService::Serve(grpc::ServerContext* context, const v1::Genera
       // it) is the decode node's: retry on another decode node, keep the prefill node.
       const auto& trailers = prefill_context->GetServerTrailingMetadata();
       auto failed = trailers.find(kFailedNodeKey);
-      const bool decode_failed = failed != trailers.end() && failed->second == "decode";
-      if (decode_failed && status.error_code() == grpc::StatusCode::ABORTED &&
-          transfer_retries < 2) {
+      const PrefillFailure failure = ClassifyPrefillFailure(
+          status,
+          failed != trailers.end() ? std::string(failed->second.data(), failed->second.size()) : "",
+          transfer_retries);
+      if (failure == PrefillFailure::kRetryTransfer) {
         // The decode node's read of the StateBlock failed (the peer or transport, not a
         // node): try the transfer again.
         ++transfer_retries;
@@ -650,7 +646,7 @@ grpc::Status RouterService::Serve(grpc::ServerContext* context, const v1::Genera
         metrics_->retries.Add({{"reason", "transfer_failed"}}).Increment();
         continue;
       }
-      if (decode_failed && NodeLost(status)) {
+      if (failure == PrefillFailure::kDecodeLost) {
         log::Warn("decode node lost before its commit; retrying on another",
                   {{"request_id", id},
                    {"node", decode->info.node_id()},
@@ -660,7 +656,7 @@ grpc::Status RouterService::Serve(grpc::ServerContext* context, const v1::Genera
         lost_decode.push_back(decode->info.node_id());
         continue;
       }
-      if (NodeLost(status)) {
+      if (failure == PrefillFailure::kPrefillLost) {
         log::Warn(
             "prefill node lost; retrying on another",
             {{"request_id", id},

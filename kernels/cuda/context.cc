@@ -144,6 +144,20 @@ void Context::Memset(void* device_dst, int value, size_t bytes) {
   impl_->Check(cudaMemsetAsync(device_dst, value, bytes, impl_->stream), "cudaMemsetAsync");
 }
 
+absl::Status Context::RegisterHost(void* host, size_t bytes) {
+  const cudaError_t error = cudaHostRegister(host, bytes, cudaHostRegisterDefault);
+  if (error != cudaSuccess) {
+    (void)cudaGetLastError();  // not sticky: the memory stays usable, only slower to copy
+    return absl::InternalError(
+        absl::StrCat("cudaHostRegister of ", bytes, " bytes: ", cudaGetErrorString(error)));
+  }
+  return absl::OkStatus();
+}
+
+void Context::UnregisterHost(void* host) {
+  if (host != nullptr && cudaHostUnregister(host) != cudaSuccess) (void)cudaGetLastError();
+}
+
 void Context::StartTimer() {
   impl_->Check(cudaEventRecord(impl_->timer_start, impl_->stream), "cudaEventRecord");
 }

@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "baton/common/checksum.h"
+#include "baton/model/engine_factory.h"
 #include "baton/model/model_factory.h"
 #include "baton/transfer/exposure.h"
 #include "gmock/gmock.h"
@@ -49,7 +50,7 @@ class DecodeServiceTest : public ::testing::Test {
   static void SetUpTestSuite() {
     const std::string dir = baton::testing::ProcessTempDir() + "/decode_tiny";
     ASSERT_TRUE(model::MakeModel(*model::PresetConfig("tiny"), 2, dir).ok());
-    model_ = model::CedModel::Load(dir)->release();
+    model_ = model::LoadEngine(dir)->release();
   }
   static void TearDownTestSuite() { delete model_; }
 
@@ -154,7 +155,7 @@ class DecodeServiceTest : public ::testing::Test {
     return service_->poison_violations();
   }
 
-  static model::CedModel* model_;
+  static model::Engine* model_;
   transfer::StagingPool staging_{nullptr, 0};
   FakePrefill prefill_;
   std::unique_ptr<grpc::Server> prefill_server_;
@@ -163,7 +164,7 @@ class DecodeServiceTest : public ::testing::Test {
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<v1::DecodeNode::Stub> stub_;
 };
-model::CedModel* DecodeServiceTest::model_ = nullptr;
+model::Engine* DecodeServiceTest::model_ = nullptr;
 
 // One rule for the first token and every later one: a stop id, then EOS, then the length.
 TEST(FinishReasonTest, StopAndEosComeBeforeTheLengthForEveryToken) {

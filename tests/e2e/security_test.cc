@@ -20,12 +20,12 @@
 
 #include "baton/common/hash.h"
 #include "baton/common/pki.h"
-#include "baton/model/ced_model.h"
+#include "baton/model/engine.h"
 #include "baton/model/model_factory.h"
 #include "client.h"
-#include "scrape.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "scrape.h"
 #include "test_dir.h"
 
 namespace baton::testing {
@@ -50,7 +50,8 @@ grpc::Status HealthCheck(const std::string& address,
 class FakePrefill final : public v1::PrefillNode::Service {
  public:
   FakePrefill() {
-    grpc::SslServerCredentialsOptions ssl(GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+    grpc::SslServerCredentialsOptions ssl(
+        GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
     ssl.pem_root_certs = ReadFile(TestPki() + "/ca.crt");
     ssl.pem_key_cert_pairs.push_back(
         {ReadFile(TestPki() + "/prefill.key"), ReadFile(TestPki() + "/prefill.crt")});
@@ -270,8 +271,8 @@ TEST_F(SecurityTest, OnlyThePrefillIdentityAReservationNamesMayFillIt) {
   EXPECT_TRUE(DecodeDrained(*cluster_, "decode"));
   // Only a decode certificate may read a prefill node's exposures, and only ones it was told.
   auto read = [&](const std::string& role) {
-    auto stub = v1::PrefillNode::NewStub(
-        grpc::CreateChannel(cluster_->Address("prefill"), TlsAs(role)));
+    auto stub =
+        v1::PrefillNode::NewStub(grpc::CreateChannel(cluster_->Address("prefill"), TlsAs(role)));
     grpc::ClientContext context;
     v1::ReadRegionsRequest request;
     request.set_exposure_id("0123456789abcdef0123456789abcdef");
@@ -338,7 +339,7 @@ TEST_F(SecurityTest, RegionChunksReachingPast2To64AreRefused) {
   FakePrefill fake;
   fake.chunk.set_region(v1::REGION_PRODUCER_SWA);
   fake.chunk.set_offset(std::numeric_limits<uint64_t>::max() - 8191);  // 2^64 - 8192
-  fake.chunk.set_data(std::string(8208, 'x'));                          // the end wraps to 16
+  fake.chunk.set_data(std::string(8208, 'x'));                         // the end wraps to 16
   v1::ReserveRequest request = ReserveRequest(40, 4);
   request.set_prefill_address(fake.address);
   v1::Reservation reservation;
@@ -386,7 +387,7 @@ TEST_F(SecurityTest, AReservationThatExpiresBeforeItsTransferNeverReceivesAByte)
 
 TEST_F(SecurityTest, StoreWritesThatWouldPoisonOrPinTheStoreAreRefused) {
   StartCluster();
-  const model::StateLayout layout = (*model::CedModel::Load(model_))->state_layout();
+  const model::StateLayout layout = model::StateLayout::For(model::LoadCedWeights(model_)->config);
   const std::string kv_payload(sizeof(float) * layout.page_floats(), '\0');
   auto store =
       v1::KvStore::NewStub(grpc::CreateChannel(cluster_->Address("kvstore"), TlsAs("prefill")));

@@ -10,11 +10,12 @@
 #include <thread>
 
 #include "baton/decode_node/decode_service.h"
+#include "baton/model/engine_factory.h"
 #include "baton/model/model_factory.h"
 
 namespace {
 
-baton::model::CedModel* model = nullptr;
+baton::model::Engine* model = nullptr;
 baton::decode_node::DecodeService* service = nullptr;
 
 }  // namespace
@@ -23,7 +24,7 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
   const std::string dir = std::string(std::getenv("TMPDIR") ? std::getenv("TMPDIR") : "/tmp") +
                           "/baton_fuzz_decode_model";
   if (!baton::model::MakeModel(*baton::model::PresetConfig("tiny"), 3, dir).ok()) std::abort();
-  model = baton::model::CedModel::Load(dir)->release();
+  model = baton::model::LoadEngine(dir)->release();
   service = new baton::decode_node::DecodeService(
       *model, {.slots = 2, .pages = 64, .max_waiting = 0, .use_ucx = false});
   return 0;

@@ -17,7 +17,6 @@
 
 #include "baton/kernels/attention.h"
 #include "baton/kernels/cuda/context.h"
-#include "baton/kernels/cuda/memory_pool.h"
 #include "baton/kernels/cuda/ops.h"
 #include "baton/kernels/cuda/sampling.h"
 #include "baton/kernels/elementwise.h"
@@ -503,45 +502,24 @@ TEST_F(CudaConsistencyTest, SamplingMatchesModelSampleToken) {
   }
 }
 
-TEST_F(CudaConsistencyTest, DeviceStatePoolAndPinnedStaging) {
-  const cuda::DeviceStatePoolOptions options{
-      .slots = 3, .slot_floats = 1000, .pages = 5, .page_floats = 256};
-  absl::StatusOr<std::unique_ptr<cuda::DeviceStatePool>> pool =
-      cuda::DeviceStatePool::Create(options);
-  ASSERT_TRUE(pool.ok()) << pool.status();
-  cuda::DeviceStatePool& p = **pool;
-  std::vector<float*> pages;
-  while (float* page = p.AllocatePage()) pages.push_back(page);
-  ASSERT_EQ(pages.size(), 5u);
-  std::sort(pages.begin(), pages.end());
-  for (size_t i = 0; i < pages.size(); ++i) {
-    EXPECT_EQ(pages[i], p.base() + 3 * 1000 + static_cast<int64_t>(i) * 256);  // StatePool's layout
-  }
-  p.FreePage(pages[2]);
-  EXPECT_EQ(p.free_pages(), 1);
-  EXPECT_EQ(p.AllocatePage(), pages[2]);
-  std::vector<int64_t> slots;
-  while (std::optional<int64_t> slot = p.AllocateSlot()) slots.push_back(*slot);
-  EXPECT_EQ(slots.size(), 3u);
-
-  // A region round trip through pinned staging, as UCX without CUDA support would see it.
-  absl::StatusOr<std::unique_ptr<cuda::PinnedStaging>> staging =
-      cuda::PinnedStaging::Create(4 * 1000 * sizeof(float));
-  ASSERT_TRUE(staging.ok()) << staging.status();
-  const std::vector<float> region = Uniform(1000, 60);
-  ctx_->CopyToDevice(p.producer_rings(1), region.data(), region.size() * sizeof(float));
-  (*staging)->StageOut(*ctx_, 1000 * sizeof(float), p.producer_rings(1), 1000 * sizeof(float));
+// A node's transfer staging is host memory page-locked once (RegisterHost) and copied to
+// and from device memory at every commit.
+TEST_F(CudaConsistencyTest, RegisteredHostMemoryRoundTripsThroughTheDevice) {
+  std::vector<float> staging = Uniform(4096, 60);
+  const std::vector<float> region(staging.begin(), staging.end());
+  ASSERT_TRUE(ctx_->RegisterHost(staging.data(), staging.size() * sizeof(float)).ok());
+  cuda::DeviceArray<float> device(*ctx_, staging.size());
+  ctx_->CopyToDevice(device.data(), staging.data(), staging.size() * sizeof(float));
+  std::fill(staging.begin(), staging.end(), 0.0f);
+  ctx_->CopyToHost(staging.data(), device.data(), staging.size() * sizeof(float));
   Sync();
-  const float* staged = static_cast<const float*>((*staging)->data()) + 1000;
-  EXPECT_TRUE(std::equal(region.begin(), region.end(), staged));
-  (*staging)->StageIn(*ctx_, 1000 * sizeof(float), p.producer_rings(2), 1000 * sizeof(float));
-  std::vector<float> back(1000);
-  ctx_->CopyToHost(back.data(), p.producer_rings(2), back.size() * sizeof(float));
-  Sync();
-  EXPECT_EQ(back, region);
-  // Out of range: recorded as the context's error, nothing copied.
-  (*staging)->StageOut(*ctx_, 4000 * sizeof(float), p.producer_rings(0), 1);
-  EXPECT_FALSE(ctx_->Synchronize().ok());
+  EXPECT_EQ(staging, region);
+  ctx_->UnregisterHost(staging.data());
+  // Registering it twice is refused, and the context stays usable.
+  ASSERT_TRUE(ctx_->RegisterHost(staging.data(), staging.size() * sizeof(float)).ok());
+  EXPECT_FALSE(ctx_->RegisterHost(staging.data(), staging.size() * sizeof(float)).ok());
+  ctx_->UnregisterHost(staging.data());
+  EXPECT_TRUE(ctx_->Synchronize().ok());
 }
 
 }  // namespace

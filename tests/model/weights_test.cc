@@ -7,7 +7,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "baton/model/ced_model.h"
+#include "baton/model/engine_factory.h"
 #include "baton/model/model_factory.h"
 #include "baton/model/safetensors.h"
 #include "gmock/gmock.h"
@@ -80,7 +80,7 @@ TEST_F(WeightsTest, GenerationIsDeterministicAndSeeded) {
 }
 
 TEST_F(WeightsTest, GeneratedActivationsAreFiniteAndUnsaturated) {
-  auto model = CedModel::Load(dir_);
+  auto model = LoadEngine(dir_);
   ASSERT_TRUE(model.ok());
   std::vector<int32_t> prompt(200);
   for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>((i * 37 + 11) % 512);

@@ -32,6 +32,7 @@
 #include "CLI/CLI.hpp"
 #include "baton/common/pki.h"
 #include "baton/common/rpc.h"
+#include "baton/model/engine_factory.h"
 #include "baton/model/model_factory.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
@@ -164,6 +165,10 @@ int main(int argc, char** argv) {
   up->add_option("--transport", transport, "StateBlock transport: ucx or grpc")
       ->check(CLI::IsMember({"ucx", "grpc"}));
   up->add_option("--decode-pages", decode_pages, "Block-KV pages of each decode node");
+  std::string device = "cpu";
+  up->add_option("--device", device,
+                 "Where prefill and decode nodes run the model: cpu, or cuda (a CUDA build on a "
+                 "machine with a GPU; exits 2 naming the reason otherwise)");
   int prefill_nodes = 1, decode_nodes = 1;
   bool no_restart = false;
   up->add_option("--prefill-nodes", prefill_nodes, "baton-prefill processes to run (1 to 16)")
@@ -200,6 +205,17 @@ int main(int argc, char** argv) {
     return app.exit(e) == 0 ? 0 : 2;
   }
 
+  // Checked before anything starts: a node that cannot honour it would only exit later.
+  if (absl::StatusOr<baton::model::Device> parsed = baton::model::ParseDevice(device, "--device");
+      !parsed.ok()) {
+    std::cerr << "baton up: " << parsed.status().message() << "\n";
+    return 2;
+  } else if (absl::StatusOr<std::unique_ptr<baton::model::Backend>> backend =
+                 baton::model::MakeBackend(*parsed);
+             !backend.ok()) {
+    std::cerr << "baton up: --device " << device << ": " << backend.status().message() << "\n";
+    return 2;
+  }
   std::error_code error;
   fs::create_directories(fs::path(data_dir) / "run", error);
   if (error) {
@@ -303,7 +319,7 @@ int main(int argc, char** argv) {
     std::string address;
     ok = start(instance("decode", i), "baton-decode",
                {"--model", model_dir, "--router", internal_address, "--node-id",
-                instance("decode", i), "--pages", std::to_string(decode_pages)},
+                instance("decode", i), "--pages", std::to_string(decode_pages), "--device", device},
                &address);
     decode_addresses.push_back(address);
   }
@@ -311,7 +327,7 @@ int main(int argc, char** argv) {
     std::string address;
     ok = start(instance("prefill", i), "baton-prefill",
                {"--model", model_dir, "--router", internal_address, "--node-id",
-                instance("prefill", i), "--kvstore", kvstore_address},
+                instance("prefill", i), "--kvstore", kvstore_address, "--device", device},
                &address);
     prefill_addresses.push_back(address);
   }
@@ -352,8 +368,8 @@ int main(int argc, char** argv) {
     auto wait = std::chrono::milliseconds(1000);
     for (const Child& c : children) {
       if (c.restart_at.has_value()) {
-        wait = std::min(wait, std::chrono::duration_cast<std::chrono::milliseconds>(
-                                  *c.restart_at - Clock::now()));
+        wait = std::min(wait, std::chrono::duration_cast<std::chrono::milliseconds>(*c.restart_at -
+                                                                                    Clock::now()));
       }
     }
     wait = std::max(wait, std::chrono::milliseconds(1));

@@ -25,7 +25,7 @@
 #include "absl/strings/str_split.h"
 #include "baton/common/ced_rules.h"
 #include "baton/common/parse.h"
-#include "baton/model/ced_model.h"
+#include "baton/model/engine_factory.h"
 #include "commands.h"
 #include "nlohmann/json.hpp"
 
@@ -51,7 +51,7 @@ struct Run {
   std::vector<float> consumer_swa;
 };
 
-absl::StatusOr<Run> RunVariant(const model::CedModel& ced, const std::vector<int32_t>& prompt,
+absl::StatusOr<Run> RunVariant(model::Engine& ced, const std::vector<int32_t>& prompt,
                                const std::vector<int32_t>& continuation, model::TruncationMode mode,
                                int64_t keep, int64_t s_valid) {
   model::SequenceState state(ced.state_layout());
@@ -147,9 +147,9 @@ absl::StatusOr<std::vector<std::vector<int32_t>>> LoadPrompts(const ApproxErrorO
 }
 
 int RunApproxError(const ApproxErrorOptions& o) {
-  absl::StatusOr<std::unique_ptr<model::CedModel>> loaded = model::CedModel::Load(o.model_dir);
+  absl::StatusOr<std::unique_ptr<model::Engine>> loaded = model::LoadEngine(o.model_dir);
   if (!loaded.ok()) return ReportError("approx-error", loaded.status());
-  const model::CedModel& ced = **loaded;
+  model::Engine& ced = **loaded;
   const ModelConfig& config = ced.config();
   const int64_t C = config.ring_capacity(), W = config.sliding_window, B = config.kv_block_size;
   const int64_t R = config.dependency_span();

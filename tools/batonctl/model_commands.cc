@@ -1,6 +1,6 @@
 // `batonctl make-model` (deterministic generated models) and `batonctl forward` (one prompt
-// through the CPU forward pass, or with --device cuda the CUDA one: the interface outside
-// checks use, DESIGN section 3).
+// through the engine on the CPU backend, or with --device cuda on the CUDA one: the interface
+// outside checks use, DESIGN section 3).
 #include <functional>
 #include <iostream>
 #include <memory>
@@ -8,12 +8,8 @@
 #include <vector>
 
 #include "baton/common/parse.h"
-#include "baton/model/ced_model.h"
+#include "baton/model/engine_factory.h"
 #include "baton/model/model_factory.h"
-#if BATON_HAS_CUDA
-#include "baton/kernels/cuda/context.h"
-#include "baton/model/cuda/cuda_ced_model.h"
-#endif
 #include "commands.h"
 #include "nlohmann/json.hpp"
 
@@ -61,65 +57,6 @@ struct ForwardOptions {
   bool json = false;
 };
 
-// One backend's prefill and greedy decode steps over one request's state.
-struct ForwardBackend {
-  ModelConfig config;
-  std::function<absl::StatusOr<model::PrefillResult>(std::span<const int32_t>,
-                                                     const model::PrefillOptions&)>
-      prefill;
-  std::function<absl::Status(int32_t token, float* logits)> decode;
-};
-
-absl::StatusOr<ForwardBackend> CpuBackend(const std::string& model_dir) {
-  absl::StatusOr<std::unique_ptr<model::CedModel>> loaded = model::CedModel::Load(model_dir);
-  if (!loaded.ok()) return loaded.status();
-  std::shared_ptr<const model::CedModel> ced = *std::move(loaded);
-  auto state = std::make_shared<model::SequenceState>(ced->state_layout());
-  return ForwardBackend{
-      .config = ced->config(),
-      .prefill =
-          [ced, state](std::span<const int32_t> tokens, const model::PrefillOptions& options) {
-            return ced->Prefill(tokens, options, *state);
-          },
-      .decode =
-          [ced, state](int32_t token, float* logits) {
-            const model::DecodeItem item{.state = state.get(), .token = token, .logits = logits};
-            return ced->Decode({&item, 1});
-          }};
-}
-
-// A machine or build without CUDA cannot honour the flag: INVALID_ARGUMENT, so exit status 2.
-absl::StatusOr<ForwardBackend> CudaBackend(const std::string& model_dir) {
-#if BATON_HAS_CUDA
-  if (kernels::cuda::DeviceCount() == 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--device cuda: no CUDA device: ", kernels::cuda::NoDeviceReason()));
-  }
-  absl::StatusOr<std::unique_ptr<model::cuda::CudaCedModel>> loaded =
-      model::cuda::CudaCedModel::Load(model_dir);
-  if (!loaded.ok()) return loaded.status();
-  std::shared_ptr<model::cuda::CudaCedModel> ced = *std::move(loaded);
-  absl::StatusOr<std::unique_ptr<model::cuda::CudaSequenceState>> made = ced->NewState();
-  if (!made.ok()) return made.status();
-  std::shared_ptr<model::cuda::CudaSequenceState> state = *std::move(made);
-  return ForwardBackend{
-      .config = ced->config(),
-      // The state's destructor uses the model's context: it captures the model too.
-      .prefill =
-          [ced, state](std::span<const int32_t> tokens, const model::PrefillOptions& options) {
-            return ced->Prefill(tokens, options, *state);
-          },
-      .decode =
-          [ced, state](int32_t token, float* logits) {
-            const model::cuda::CudaDecodeItem item{
-                .state = state.get(), .token = token, .logits = logits};
-            return ced->Decode({&item, 1});
-          }};
-#else
-  return absl::InvalidArgumentError("--device cuda: this build has no CUDA kernels");
-#endif
-}
-
 int RunForward(const ForwardOptions& o) {
   absl::StatusOr<std::vector<int64_t>> ids = ParseIntList(o.tokens, "--tokens");
   if (!ids.ok()) return ReportError("forward", ids.status());
@@ -137,29 +74,28 @@ int RunForward(const ForwardOptions& o) {
     return ReportError("forward", absl::InvalidArgumentError(
                                       absl::StrCat("--decode is ", o.decode, "; it must be >= 0")));
   }
-  if (o.device != "cpu" && o.device != "cuda") {
-    return ReportError(
-        "forward", absl::InvalidArgumentError(
-                       absl::StrCat("--device: '", o.device, "' is unknown; allowed: cpu, cuda")));
-  }
-  absl::StatusOr<ForwardBackend> backend =
-      o.device == "cuda" ? CudaBackend(o.model_dir) : CpuBackend(o.model_dir);
-  if (!backend.ok()) return ReportError("forward", backend.status());
+  absl::StatusOr<std::unique_ptr<model::Engine>> engine =
+      model::LoadEngineOnDevice(o.model_dir, o.device);
+  if (!engine.ok()) return ReportError("forward", engine.status());
+  absl::StatusOr<std::unique_ptr<model::SequenceState>> state = (*engine)->NewState();
+  if (!state.ok()) return ReportError("forward", state.status());
   model::PrefillOptions options{.mode = *mode,
                                 .keep = o.keep,
                                 .s_valid = o.valid_start,
                                 .chunk_size = o.chunk_size,
                                 .result_logits = true};
-  absl::StatusOr<model::PrefillResult> result = backend->prefill(tokens, options);
+  absl::StatusOr<model::PrefillResult> result = (*engine)->Prefill(tokens, options, **state);
   if (!result.ok()) return ReportError("forward", result.status());
 
-  const int64_t V = backend->config.vocab_size;
+  const int64_t V = (*engine)->config().vocab_size;
   std::vector<int32_t> generated;
   if (o.decode > 0) {
     std::vector<float> logits(result->logits.end() - V, result->logits.end());
     generated.push_back(model::Argmax(logits));
     for (int64_t step = 1; step < o.decode; ++step) {
-      if (absl::Status s = backend->decode(generated.back(), logits.data()); !s.ok()) {
+      const model::DecodeItem item{
+          .state = state->get(), .token = generated.back(), .logits = logits.data()};
+      if (absl::Status s = (*engine)->Decode({&item, 1}); !s.ok()) {
         return ReportError("forward", s);
       }
       generated.push_back(model::Argmax(logits));

@@ -30,6 +30,13 @@ constexpr int64_t ProducerLowerBound(int64_t pos, int64_t window) {
   return std::max<int64_t>(0, pos - window + 1);
 }
 
+// The ring slot a row at `pos` of a run ending before `end` writes: only the run's last C rows
+// enter a ring (earlier ones would be overwritten within the run), at slot pos % C; -1 for the
+// others (seed listing 9.10).
+constexpr int32_t RingSlotOfRunRow(int64_t pos, int64_t end, int64_t ring_capacity) {
+  return end - pos <= ring_capacity ? static_cast<int32_t>(pos % ring_capacity) : -1;
+}
+
 // The first producer SWA block a prefix hit of `hit_tokens` (H, a multiple of B) must load:
 // the rows after the hit attend back to ProducerLowerBound(H, W) (DESIGN section 5, step 3).
 constexpr int64_t FirstProducerBlock(int64_t hit_tokens, int64_t window, int64_t block_size) {

@@ -27,7 +27,7 @@
 #include "baton/common/stream_watch.h"
 #include "baton/common/watchdog.h"
 #include "baton/decode_node/state_pool.h"
-#include "baton/model/ced_model.h"
+#include "baton/model/engine.h"
 #include "baton/model/sampling.h"
 #include "baton/transfer/transport.h"
 #include "baton/transfer/ucx.h"
@@ -68,8 +68,11 @@ struct DecodeOptions {
 
 class DecodeService final : public v1::DecodeNode::Service {
  public:
-  DecodeService(const model::CedModel& model, const DecodeOptions& options);
+  // On a device engine the pool's memory is mirrored in the engine's memory (see status()).
+  DecodeService(model::Engine& model, const DecodeOptions& options);
   ~DecodeService() override;
+  // Not OK when the service cannot serve: no device memory for the pool's mirror.
+  const absl::Status& status() const { return status_; }
 
   grpc::Status Reserve(grpc::ServerContext* context, const v1::ReserveRequest* request,
                        v1::Reservation* reply) override;
@@ -106,13 +109,22 @@ class DecodeService final : public v1::DecodeNode::Service {
                          grpc::ServerWriter<v1::DecodeOutput>* writer,
                          std::string* request_id);  // set once the request is found
 
-  const model::CedModel& model_;
+  // The address in the engine's copy of the pool of a pool address (the same address on a
+  // host-memory engine).
+  float* InEngine(float* pool_address) const;
+
+  model::Engine& model_;
   DecodeOptions options_;
+  absl::Status status_;
   std::unique_ptr<transfer::UcxWorker> ucx_;
   std::unique_ptr<transfer::UcxMemory> ucx_memory_;     // the pool's memory when UCX is up
   std::unique_ptr<transfer::Transport> ucx_transport_;  // null without UCX
   std::unique_ptr<transfer::Transport> grpc_transport_;
   std::unique_ptr<StatePool> pool_;
+  // A device engine's copy of the pool: the same layout in the engine's memory. Transfers land
+  // in the pool (host memory UCX can reach, page-locked for the copies) and are staged in at
+  // commit; decode steps run on the copy.
+  model::BackendArray<char> engine_pool_;
 
   mutable std::mutex mutex_;
   std::condition_variable changed_;

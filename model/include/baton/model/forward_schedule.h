@@ -1,7 +1,7 @@
-// The host side of a forward step, shared by every backend of the CED forward pass (the CPU
-// CedModel and, in CUDA builds, model/cuda's CudaCedModel): option checks, the truncation plan
-// and the order of the runs a prefill makes (DESIGN section 3), and the per-row metadata of a
-// decode step. A backend only executes a schedule; it never re-derives which row runs, which
+// The host side of a forward step, shared by every backend of the CED forward pass: option
+// checks, the truncation plan and the order of the runs a prefill makes (DESIGN section 3), the
+// per-row metadata of a decode step, and the StepPlan that the layer stack (engine.h) executes
+// for either. A backend only executes a step plan; it never re-derives which row runs, which
 // keys it sees, where it writes or which rows give logits.
 #pragma once
 
@@ -14,6 +14,7 @@
 #include "absl/status/statusor.h"
 #include "baton/common/model_config.h"
 #include "baton/model/plan.h"
+#include "baton/model/state.h"
 
 namespace baton::model {
 
@@ -92,5 +93,54 @@ struct DecodeRow {
 // `index` names the item in error messages.
 absl::StatusOr<DecodeRow> ScheduleDecodeRow(const ModelConfig& config, int64_t index, int32_t token,
                                             int64_t length, int64_t s_valid);
+
+// One run of the layer stack, planned on the host: a batch of segments (a run of consecutive
+// positions of one request: a prefill chunk, or one decode row), every per-row integer the
+// kernels read, and each segment's page table.
+struct StepSegment {
+  float* producer_swa = nullptr;  // the request's rings (backend memory)
+  float* consumer_swa = nullptr;
+  int64_t q_start = 0;          // position of the segment's first row
+  int64_t rows = 0;             // full rows: producers, boundary and block KV
+  int64_t row_offset = 0;       // first full row within the step
+  int64_t consumer_rows = 0;    // the segment's consumer rows (its last rows, or a chunk's plan)
+  int64_t consumer_offset = 0;  // first consumer row within the step
+  int64_t consumer_start = 0;   // position of the first consumer row (the SWA tail's start)
+  int64_t page_table = 0;       // index in StepPlan::page_tables of the segment's first page
+};
+
+struct StepPlan {
+  int64_t rows = 0;           // full rows over all segments
+  int64_t consumer_rows = 0;  // consumer rows over all segments
+  int64_t logit_rows = 0;     // consumer rows whose logits the step returns
+  std::vector<StepSegment> segments;
+
+  // Every per-row integer in one array, so that a device backend uploads it at once. Each
+  // field below is the offset of one [rows], [consumer_rows] or [logit_rows] section.
+  std::vector<int32_t> ints;
+  int64_t tokens = 0;              // [rows] token ids
+  int64_t positions = 0;           // [rows]
+  int64_t producer_lo = 0;         // [rows] ProducerLowerBound(pos, W)
+  int64_t producer_slots = 0;      // [rows] ring slot, or -1 (RingSlotOfRunRow)
+  int64_t consumer_source = 0;     // [consumer_rows] the full row each consumer row continues
+  int64_t consumer_positions = 0;  // [consumer_rows]
+  int64_t consumer_lo = 0;         // [consumer_rows] the plan's swa_lo
+  int64_t consumer_slots = 0;      // [consumer_rows] the plan's ring slot, or -1
+  int64_t logit_source = 0;        // [logit_rows] consumer row of each logits row
+
+  // Every segment's block-KV pages (backend memory), concatenated.
+  std::vector<float*> page_tables;
+};
+
+// The step of one prefill run over `state` (pages must cover the run).
+StepPlan PlanPrefillStep(const ModelConfig& config, const PrefillSchedule& schedule,
+                         const PrefillRun& run, std::span<const int32_t> tokens,
+                         SequenceState& state);
+
+// A decode step: one row per state, token tokens[i] at position states[i]->length. Checks
+// every row (ScheduleDecodeRow) and makes pages cover it; errors name the item.
+absl::StatusOr<StepPlan> PlanDecodeStep(const ModelConfig& config,
+                                        std::span<SequenceState* const> states,
+                                        std::span<const int32_t> tokens);
 
 }  // namespace baton::model

@@ -4,8 +4,10 @@
 //   - consumer SWA (dropped region): per consumer layer, K and V rings of C slots;
 //   - block KV (stored region): pages of B positions, each holding every consumer layer's
 //     global K and V rows for those positions.
-// Ring slot of position p is p % C. Threading: a SequenceState belongs to one request and is
-// used by one thread at a time.
+// Ring slot of position p is p % C. The regions are backend memory (backend.h): host memory
+// for the CPU backend, device memory for the CUDA one; a SequenceState only holds the
+// pointers, so the same class serves both. Threading: a SequenceState belongs to one request
+// and is used by one thread at a time.
 #pragma once
 
 #include <cstdint>
@@ -14,6 +16,7 @@
 
 #include "absl/status/status.h"
 #include "baton/common/model_config.h"
+#include "baton/model/backend.h"
 
 namespace baton::model {
 
@@ -43,7 +46,8 @@ struct StateLayout {
   int64_t page_v_offset(int64_t layer) const { return page_k_offset(layer) + block_size * kv_dim; }
 };
 
-// Where block-KV pages come from: the heap by default; a node's registered pool in serving.
+// Where block-KV pages come from: a backend's memory by default; a node's pool in serving
+// (decode_node::StatePool, over host or device memory).
 class PageAllocator {
  public:
   virtual ~PageAllocator() = default;
@@ -71,12 +75,30 @@ class ContiguousPageAllocator : public PageAllocator {
   int64_t next_ = 0;
 };
 
+// Pages of one backend's memory, allocated one at a time and freed with the state.
+class BackendPageAllocator : public PageAllocator {
+ public:
+  BackendPageAllocator(Backend& backend, const StateLayout& layout)
+      : backend_(backend), page_bytes_(layout.page_floats() * sizeof(float)) {}
+  float* Allocate() override { return static_cast<float*>(backend_.Allocate(page_bytes_)); }
+  void Free(float* page) override { backend_.Free(page); }
+
+ private:
+  Backend& backend_;
+  size_t page_bytes_;
+};
+
 class SequenceState {
  public:
-  // Pages come from `allocator` when given (it must outlive the state), else from the heap.
-  // Rings live in the given buffers (a node's registered pool; not owned) when both are set.
-  explicit SequenceState(const StateLayout& layout, PageAllocator* allocator = nullptr,
-                         float* producer_swa = nullptr, float* consumer_swa = nullptr);
+  // Rings and pages in host memory (the CPU backend's).
+  explicit SequenceState(const StateLayout& layout);
+  // Rings and pages in `backend`'s memory (it must outlive the state); rings start zeroed.
+  // producer_swa() is null when the backend had no memory for the rings.
+  SequenceState(const StateLayout& layout, Backend& backend);
+  // Pages from `allocator` (it must outlive the state); rings in the given buffers (a node's
+  // pool slot; not owned).
+  SequenceState(const StateLayout& layout, PageAllocator* allocator, float* producer_swa,
+                float* consumer_swa);
   ~SequenceState();
   SequenceState(const SequenceState&) = delete;
   SequenceState& operator=(const SequenceState&) = delete;
@@ -99,11 +121,18 @@ class SequenceState {
 
  private:
   StateLayout layout_;
+  std::unique_ptr<BackendPageAllocator> owned_allocator_;  // when the state owns its memory
   PageAllocator* allocator_;
-  std::vector<float> owned_rings_;  // both rings when no external buffers were given
+  BackendArray<float> owned_rings_;  // both rings, when the state owns its memory
   float* producer_swa_;
   float* consumer_swa_;
   std::vector<float*> pages_;
 };
+
+// The copies that put `from`'s rings and the pages covering positions [0, positions) onto
+// `to`'s (same layout; `to`'s pages must cover those positions). A node stages a state between
+// host memory (what transfers and the prefix store read and write) and the engine's memory with
+// them (Engine::StageIn, StageOut).
+std::vector<StageCopy> StateCopies(const SequenceState& from, SequenceState& to, int64_t positions);
 
 }  // namespace baton::model

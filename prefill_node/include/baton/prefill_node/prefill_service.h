@@ -20,7 +20,7 @@
 
 #include "baton/common/hash.h"
 #include "baton/common/watchdog.h"
-#include "baton/model/ced_model.h"
+#include "baton/model/engine.h"
 #include "baton/transfer/exposure.h"
 #include "baton/transfer/ucx.h"
 #include "baton/v1/kvstore.grpc.pb.h"
@@ -56,7 +56,7 @@ absl::Status ValidatePrefillRequest(const v1::PrefillRequest& request, const Mod
 
 class PrefillService final : public v1::PrefillNode::Service {
  public:
-  PrefillService(const model::CedModel& model, const PrefillOptions& options);
+  PrefillService(model::Engine& model, const PrefillOptions& options);
   ~PrefillService() override;
 
   grpc::Status Prefill(grpc::ServerContext* context, const v1::PrefillRequest* request,
@@ -80,13 +80,18 @@ class PrefillService final : public v1::PrefillNode::Service {
   // The reads end with `caller`'s call (cancelled or past its deadline) and within 5 s.
   bool LoadPrefix(grpc::ServerContext& caller, const std::vector<Sha256Digest>& keys,
                   int64_t hit_tokens, model::SequenceState& state);
+  // The engine's prefill over `state` (host memory the transfer exposes), staged through the
+  // engine's memory when that is a device's.
+  absl::StatusOr<model::PrefillResult> ComputePrefill(std::span<const int32_t> tokens,
+                                                      const model::PrefillOptions& options,
+                                                      model::SequenceState& state);
   // Queues the prompt's new full blocks for the store; a background thread writes them, so
   // the first token never waits for the store.
   void QueueWriteBack(std::vector<v1::BlockWrite> writes);
   void WriteBackLoop();
   void UcxProgressLoop();
 
-  const model::CedModel& model_;
+  model::Engine& model_;
   PrefillOptions options_;
   std::mutex model_mutex_;  // one prefill at a time (see file comment)
   mutable std::mutex mutex_;

@@ -46,6 +46,9 @@ class Context {
   void CopyToHost(void* host_dst, const void* device_src, size_t bytes);
   void CopyOnDevice(void* device_dst, const void* device_src, size_t bytes);
   void Memset(void* device_dst, int value, size_t bytes);
+  // Page-locks (cudaHostRegister) or releases host memory that copies use again and again.
+  absl::Status RegisterHost(void* host, size_t bytes);
+  void UnregisterHost(void* host);
 
   // Elapsed milliseconds of `run` on the stream, measured with CUDA events (benchmarks).
   template <typename F>

@@ -1,26 +1,22 @@
-// The CUDA forward pass (CudaCedModel) against the CPU one (CedModel) on the tiny preset: the
-// same schedule must give the same logits (1e-3 relative per row: both run FP32, only
+// The engine on the CUDA backend against the engine on the CPU backend, on the tiny preset:
+// the same step plans must give the same logits (1e-3 relative per row: both run FP32, only
 // summation order differs) in every truncation mode, with chunking and s_valid > 0, and the
 // same greedy tokens over decode steps, alone and batched.
 //
 // Without a CUDA device every test skips with the reason, so machines without a GPU still
 // compile (and so type-check) this file against the CUDA backend.
-#include "baton/model/cuda/cuda_ced_model.h"
-
 #include <algorithm>
 #include <cmath>
 #include <random>
 #include <string>
 #include <vector>
 
-#include "baton/kernels/cuda/context.h"
-#include "baton/kernels/cuda/memory_pool.h"
-#include "baton/model/ced_model.h"
+#include "baton/model/engine_factory.h"
 #include "baton/model/model_factory.h"
 #include "gtest/gtest.h"
 #include "test_dir.h"
 
-namespace baton::model::cuda {
+namespace baton::model {
 namespace {
 
 constexpr double kTolerance = 1e-3;
@@ -43,11 +39,11 @@ struct Case {
   int64_t chunk_size;
 };
 
-class CudaCedModelTest : public ::testing::Test {
+class EngineBackendsTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (kernels::cuda::DeviceCount() == 0) {
-      GTEST_SKIP() << "no CUDA device: " << kernels::cuda::NoDeviceReason()
+    if (absl::StatusOr<std::unique_ptr<Backend>> cuda = MakeBackend(Device::kCuda); !cuda.ok()) {
+      GTEST_SKIP() << cuda.status().message()
                    << "; this CPU/CUDA forward comparison runs only on a machine with a GPU";
     }
   }
@@ -56,10 +52,10 @@ class CudaCedModelTest : public ::testing::Test {
   void LoadBoth(const ModelConfig& config, const std::string& name, uint64_t seed = 11) {
     const std::string dir = baton::testing::ProcessTempDir() + "/cuda_ced_" + name;
     ASSERT_TRUE(MakeModel(config, seed, dir).ok());
-    absl::StatusOr<std::unique_ptr<CedModel>> cpu = CedModel::Load(dir);
+    absl::StatusOr<std::unique_ptr<Engine>> cpu = LoadEngine(dir, Device::kCpu);
     ASSERT_TRUE(cpu.ok()) << cpu.status();
     cpu_ = *std::move(cpu);
-    absl::StatusOr<std::unique_ptr<CudaCedModel>> gpu = CudaCedModel::Load(dir);
+    absl::StatusOr<std::unique_ptr<Engine>> gpu = LoadEngine(dir, Device::kCuda);
     ASSERT_TRUE(gpu.ok()) << gpu.status();
     gpu_ = *std::move(gpu);
     EXPECT_EQ(gpu_->fingerprint(), cpu_->fingerprint());
@@ -94,7 +90,7 @@ class CudaCedModelTest : public ::testing::Test {
                                  .chunk_size = c.chunk_size,
                                  .result_logits = true};
     SequenceState cpu_state(cpu_->state_layout());
-    absl::StatusOr<std::unique_ptr<CudaSequenceState>> gpu_state = gpu_->NewState();
+    absl::StatusOr<std::unique_ptr<SequenceState>> gpu_state = gpu_->NewState();
     ASSERT_TRUE(gpu_state.ok()) << gpu_state.status();
     absl::StatusOr<PrefillResult> cpu = cpu_->Prefill(prompt, options, cpu_state);
     ASSERT_TRUE(cpu.ok()) << c.name << ": " << cpu.status();
@@ -112,7 +108,7 @@ class CudaCedModelTest : public ::testing::Test {
       const DecodeItem cpu_item{
           .state = &cpu_state, .token = cpu_token, .logits = cpu_logits.data()};
       ASSERT_TRUE(cpu_->Decode({&cpu_item, 1}).ok());
-      const CudaDecodeItem gpu_item{
+      const DecodeItem gpu_item{
           .state = gpu_state->get(), .token = gpu_token, .logits = gpu_logits.data()};
       absl::Status s = gpu_->Decode({&gpu_item, 1});
       ASSERT_TRUE(s.ok()) << s;
@@ -122,8 +118,8 @@ class CudaCedModelTest : public ::testing::Test {
     EXPECT_EQ(Argmax(gpu_logits), Argmax(cpu_logits)) << c.name << ", after the last step";
   }
 
-  std::unique_ptr<CedModel> cpu_;
-  std::unique_ptr<CudaCedModel> gpu_;
+  std::unique_ptr<Engine> cpu_;
+  std::unique_ptr<Engine> gpu_;
 };
 
 // tiny: W = 16, C = 22. Prompts of 61 rows in chunks of 9 or 7 rows, so that chunks cross
@@ -140,13 +136,13 @@ const Case kCases[] = {
     {"compact K=45, chunks of 25, s_valid 20", TruncationMode::kCompact, 45, 20, 25},
 };
 
-TEST_F(CudaCedModelTest, PrefillAndDecodeMatchTheCpuInEveryMode) {
+TEST_F(EngineBackendsTest, PrefillAndDecodeMatchTheCpuInEveryMode) {
   LoadBoth(*PresetConfig("tiny"), "tiny");
   const std::vector<int32_t> prompt = Tokens(61, cpu_->config().vocab_size, 5);
   for (const Case& c : kCases) CompareCase(c, prompt, 3);
 }
 
-TEST_F(CudaCedModelTest, GqaUntiedSharedSwaVariantMatchesTheCpu) {
+TEST_F(EngineBackendsTest, GqaUntiedSharedSwaVariantMatchesTheCpu) {
   // Two query heads per KV head, an lm_head of its own, SWA K/V from the shared rows.
   ModelConfig variant = *PresetConfig("tiny");
   variant.num_key_value_heads = 2;
@@ -158,7 +154,7 @@ TEST_F(CudaCedModelTest, GqaUntiedSharedSwaVariantMatchesTheCpu) {
   CompareCase(kCases[7], prompt, 3);
 }
 
-TEST_F(CudaCedModelTest, BatchedDecodeMatchesTheCpu) {
+TEST_F(EngineBackendsTest, BatchedDecodeMatchesTheCpu) {
   LoadBoth(*PresetConfig("tiny"), "tiny_batch");
   const ModelConfig& config = cpu_->config();
   const int64_t V = config.vocab_size, C = config.ring_capacity();
@@ -175,12 +171,12 @@ TEST_F(CudaCedModelTest, BatchedDecodeMatchesTheCpu) {
   };
   const size_t n = std::size(requests);
   std::vector<std::unique_ptr<SequenceState>> cpu_states;
-  std::vector<std::unique_ptr<CudaSequenceState>> gpu_states;
+  std::vector<std::unique_ptr<SequenceState>> gpu_states;
   std::vector<int32_t> tokens;
   for (size_t i = 0; i < n; ++i) {
     const std::vector<int32_t> prompt = Tokens(requests[i].length, V, 100 + i);
     cpu_states.push_back(std::make_unique<SequenceState>(cpu_->state_layout()));
-    absl::StatusOr<std::unique_ptr<CudaSequenceState>> state = gpu_->NewState();
+    absl::StatusOr<std::unique_ptr<SequenceState>> state = gpu_->NewState();
     ASSERT_TRUE(state.ok()) << state.status();
     gpu_states.push_back(*std::move(state));
     absl::StatusOr<PrefillResult> cpu = cpu_->Prefill(prompt, requests[i].options, *cpu_states[i]);
@@ -193,7 +189,7 @@ TEST_F(CudaCedModelTest, BatchedDecodeMatchesTheCpu) {
   std::vector<float> cpu_logits(n * V), gpu_logits(n * V);
   for (int step = 0; step < 3; ++step) {
     std::vector<DecodeItem> cpu_batch;
-    std::vector<CudaDecodeItem> gpu_batch;
+    std::vector<DecodeItem> gpu_batch;
     for (size_t i = 0; i < n; ++i) {
       cpu_batch.push_back({cpu_states[i].get(), tokens[i], cpu_logits.data() + i * V});
       gpu_batch.push_back({gpu_states[i].get(), tokens[i], gpu_logits.data() + i * V});
@@ -210,35 +206,34 @@ TEST_F(CudaCedModelTest, BatchedDecodeMatchesTheCpu) {
   }
 }
 
-TEST_F(CudaCedModelTest, StateFromADeviceStatePoolMatchesTheCpu) {
+// A node's pool lays states out in one range of backend memory, rings and pages given by
+// address: the engine must compute the same through them as through states of its own.
+TEST_F(EngineBackendsTest, StateInAPoolOfDeviceMemoryMatchesTheCpu) {
   LoadBoth(*PresetConfig("tiny"), "tiny_pool");
   const StateLayout layout = cpu_->state_layout();
-  absl::StatusOr<std::unique_ptr<kernels::cuda::DeviceStatePool>> pool =
-      kernels::cuda::DeviceStatePool::Create(
-          {.slots = 2,
-           .slot_floats = layout.producer_swa_floats() + layout.consumer_swa_floats(),
-           .pages = 16,
-           .page_floats = layout.page_floats()});
-  ASSERT_TRUE(pool.ok()) << pool.status();
+  const int64_t pages = 16;
+  BackendArray<float> rings(gpu_->backend(),
+                            layout.producer_swa_floats() + layout.consumer_swa_floats());
+  BackendArray<float> page_memory(gpu_->backend(), pages * layout.page_floats());
+  ASSERT_NE(rings.data(), nullptr);
+  ASSERT_NE(page_memory.data(), nullptr);
+  ContiguousPageAllocator allocator(layout, pages, page_memory.data());
   const std::vector<int32_t> prompt = Tokens(44, cpu_->config().vocab_size, 9);
   const PrefillOptions options{.mode = TruncationMode::kCompact,
                                .keep = layout.ring_capacity,
                                .chunk_size = 12,
                                .result_logits = true};
   SequenceState cpu_state(layout);
-  absl::StatusOr<std::unique_ptr<CudaSequenceState>> gpu_state = gpu_->NewState(pool->get());
-  ASSERT_TRUE(gpu_state.ok()) << gpu_state.status();
+  SequenceState gpu_state(layout, &allocator, rings.data(),
+                          rings.data() + layout.producer_swa_floats());
   absl::StatusOr<PrefillResult> cpu = cpu_->Prefill(prompt, options, cpu_state);
-  absl::StatusOr<PrefillResult> gpu = gpu_->Prefill(prompt, options, **gpu_state);
+  absl::StatusOr<PrefillResult> gpu = gpu_->Prefill(prompt, options, gpu_state);
   ASSERT_TRUE(cpu.ok() && gpu.ok()) << cpu.status() << " / " << gpu.status();
   ExpectSameResult(*cpu, *gpu, "pool state");
-  EXPECT_EQ((*pool)->free_slots(), 1);
-  gpu_state->reset();
-  EXPECT_EQ((*pool)->free_slots(), 2);
-  EXPECT_EQ((*pool)->free_pages(), 16);
+  EXPECT_EQ(gpu_state.pages().front(), page_memory.data());
 }
 
-TEST_F(CudaCedModelTest, ProducerRowsCallbackSeesTheCpuRows) {
+TEST_F(EngineBackendsTest, ProducerRowsCallbackSeesTheCpuRows) {
   LoadBoth(*PresetConfig("tiny"), "tiny_rows");
   const int64_t kv_dim = cpu_->state_layout().kv_dim;
   const std::vector<int32_t> prompt = Tokens(33, cpu_->config().vocab_size, 4);
@@ -254,7 +249,7 @@ TEST_F(CudaCedModelTest, ProducerRowsCallbackSeesTheCpuRows) {
   std::vector<std::vector<float>> cpu_rows, gpu_rows;
   PrefillOptions options{.s_valid = 5, .chunk_size = 8};
   SequenceState cpu_state(cpu_->state_layout());
-  absl::StatusOr<std::unique_ptr<CudaSequenceState>> gpu_state = gpu_->NewState();
+  absl::StatusOr<std::unique_ptr<SequenceState>> gpu_state = gpu_->NewState();
   ASSERT_TRUE(gpu_state.ok()) << gpu_state.status();
   options.on_producer_rows = collect(cpu_rows);
   ASSERT_TRUE(cpu_->Prefill(prompt, options, cpu_state).ok());
@@ -268,4 +263,4 @@ TEST_F(CudaCedModelTest, ProducerRowsCallbackSeesTheCpuRows) {
 }
 
 }  // namespace
-}  // namespace baton::model::cuda
+}  // namespace baton::model

@@ -1,11 +1,10 @@
 // The CED forward pass against the double-precision reference, and the model-level exactness
 // facts of DESIGN section 3 (compact = mask on retained rows; K >= R exact; K = R - 1 not).
-#include "baton/model/ced_model.h"
-
 #include <iostream>
 #include <map>
 #include <random>
 
+#include "baton/model/engine_factory.h"
 #include "baton/model/model_factory.h"
 #include "ced_reference.h"
 #include "gmock/gmock.h"
@@ -38,7 +37,7 @@ struct Variant {
   Dtype dtype;
 };
 
-class CedModelTest : public ::testing::Test {
+class EngineTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     ModelConfig tiny = *PresetConfig("tiny");
@@ -49,11 +48,11 @@ class CedModelTest : public ::testing::Test {
     variant.yoco_swa_share_hidden = true;
     variants_ =
         new std::vector<Variant>{{"tiny", tiny, Dtype::kF32}, {"variant", variant, Dtype::kBF16}};
-    models_ = new std::vector<std::unique_ptr<CedModel>>();
+    models_ = new std::vector<std::unique_ptr<Engine>>();
     for (const Variant& v : *variants_) {
       const std::string dir = baton::testing::ProcessTempDir() + "/ced_" + v.name;
       ASSERT_TRUE(MakeModel(v.config, 7, dir, v.dtype).ok());
-      auto model = CedModel::Load(dir);
+      auto model = LoadEngine(dir);
       ASSERT_TRUE(model.ok()) << model.status();
       models_->push_back(*std::move(model));
     }
@@ -62,7 +61,7 @@ class CedModelTest : public ::testing::Test {
     delete models_;
     delete variants_;
   }
-  static const CedModel& tiny() { return *(*models_)[0]; }
+  static Engine& tiny() { return *(*models_)[0]; }
   static std::string ModelDir(size_t i) {
     return baton::testing::ProcessTempDir() + "/ced_" + (*variants_)[i].name;
   }
@@ -74,7 +73,7 @@ class CedModelTest : public ::testing::Test {
   }
 
   // Prefill, then decode `continuation` teacher-forced; returns logits by position.
-  static std::map<int64_t, std::vector<float>> Run(const CedModel& model,
+  static std::map<int64_t, std::vector<float>> Run(Engine& model,
                                                    const std::vector<int32_t>& prompt,
                                                    const PrefillOptions& options,
                                                    const std::vector<int32_t>& continuation = {}) {
@@ -99,16 +98,16 @@ class CedModelTest : public ::testing::Test {
   }
 
   static std::vector<Variant>* variants_;
-  static std::vector<std::unique_ptr<CedModel>>* models_;
+  static std::vector<std::unique_ptr<Engine>>* models_;
 };
 
-std::vector<Variant>* CedModelTest::variants_ = nullptr;
-std::vector<std::unique_ptr<CedModel>>* CedModelTest::models_ = nullptr;
+std::vector<Variant>* EngineTest::variants_ = nullptr;
+std::vector<std::unique_ptr<Engine>>* EngineTest::models_ = nullptr;
 
-TEST_F(CedModelTest, MatchesReferenceInEveryMode) {
+TEST_F(EngineTest, MatchesReferenceInEveryMode) {
   std::mt19937_64 rng(3);
   for (size_t v = 0; v < models_->size(); ++v) {
-    const CedModel& model = *(*models_)[v];
+    Engine& model = *(*models_)[v];
     const ModelConfig& c = model.config();
     const testing::CedReference reference(ModelDir(v), c);
     const int64_t C = c.ring_capacity();
@@ -148,7 +147,7 @@ TEST_F(CedModelTest, MatchesReferenceInEveryMode) {
   }
 }
 
-TEST_F(CedModelTest, CompactEqualsMaskOnRetainedRows) {
+TEST_F(EngineTest, CompactEqualsMaskOnRetainedRows) {
   std::mt19937_64 rng(5);
   const int64_t C = tiny().config().ring_capacity();
   for (int trial = 0; trial < 10; ++trial) {
@@ -176,7 +175,7 @@ TEST_F(CedModelTest, CompactEqualsMaskOnRetainedRows) {
 
 // Largest relative error, over the last prompt row and one decode step, of compact with
 // `keep` against off.
-double CompactVersusOff(const CedModel& model, const std::vector<int32_t>& prompt, int64_t keep,
+double CompactVersusOff(Engine& model, const std::vector<int32_t>& prompt, int64_t keep,
                         int32_t next) {
   auto run = [&](TruncationMode mode, int64_t k) {
     SequenceState state(model.state_layout());
@@ -193,7 +192,7 @@ double CompactVersusOff(const CedModel& model, const std::vector<int32_t>& promp
                   RelativeError(compact.second, off.second));
 }
 
-TEST_F(CedModelTest, KeepOfSpanRIsExactAndOneLessIsNot) {
+TEST_F(EngineTest, KeepOfSpanRIsExactAndOneLessIsNot) {
   // A short window keeps R short, so a truncation error is not diluted below float noise by
   // a long context: W = 4, D = 4, max_backtrack 0 gives C = 5 and R = 4 + 3 * 3 = 13, and
   // R - 1 = 12 >= C is a legal keep.
@@ -210,7 +209,7 @@ TEST_F(CedModelTest, KeepOfSpanRIsExactAndOneLessIsNot) {
   }
   const std::string dir = baton::testing::ProcessTempDir() + "/ced_span";
   ASSERT_TRUE(SaveCedWeights(weights, dir, Dtype::kF32).ok());
-  auto model = CedModel::Load(dir);
+  auto model = LoadEngine(dir);
   ASSERT_TRUE(model.ok()) << model.status();
   const ModelConfig& c = (*model)->config();
   const int64_t R = c.dependency_span();
@@ -234,7 +233,7 @@ TEST_F(CedModelTest, KeepOfSpanRIsExactAndOneLessIsNot) {
   EXPECT_GT(best_inexact, 100 * worst_exact);
 }
 
-TEST_F(CedModelTest, OffModeChunkingAndDecodeEqualOnePrefill) {
+TEST_F(EngineTest, OffModeChunkingAndDecodeEqualOnePrefill) {
   std::mt19937_64 rng(13);
   const int64_t V = tiny().config().vocab_size;
   for (int trial = 0; trial < 6; ++trial) {
@@ -259,7 +258,7 @@ TEST_F(CedModelTest, OffModeChunkingAndDecodeEqualOnePrefill) {
   }
 }
 
-std::vector<int32_t> Greedy(const CedModel& model, const std::vector<int32_t>& prompt, int steps) {
+std::vector<int32_t> Greedy(Engine& model, const std::vector<int32_t>& prompt, int steps) {
   SequenceState state(model.state_layout());
   auto result = model.Prefill(
       prompt, {.mode = TruncationMode::kCompact, .keep = model.config().ring_capacity()}, state);
@@ -275,7 +274,7 @@ std::vector<int32_t> Greedy(const CedModel& model, const std::vector<int32_t>& p
 
 // Streamed result logits (prompt logprobs) are the same rows, in position order, and the
 // result keeps only the last one: memory is one chunk's rows, not L x V.
-TEST_F(CedModelTest, StreamedResultLogitsEqualTheWholeResultAndKeepOnlyTheLastRow) {
+TEST_F(EngineTest, StreamedResultLogitsEqualTheWholeResultAndKeepOnlyTheLastRow) {
   std::mt19937_64 rng(17);
   const int64_t V = tiny().config().vocab_size;
   const auto tokens = RandomTokens(rng, 70, V);
@@ -298,7 +297,7 @@ TEST_F(CedModelTest, StreamedResultLogitsEqualTheWholeResultAndKeepOnlyTheLastRo
       1e-6);
 }
 
-TEST_F(CedModelTest, CancelledPrefillStopsAtTheNextChunk) {
+TEST_F(EngineTest, CancelledPrefillStopsAtTheNextChunk) {
   std::mt19937_64 rng(19);
   const auto tokens = RandomTokens(rng, 70, tiny().config().vocab_size);
   int asked = 0;
@@ -314,7 +313,7 @@ TEST_F(CedModelTest, CancelledPrefillStopsAtTheNextChunk) {
   EXPECT_EQ(state.length, 0);  // the state was never completed
 }
 
-TEST_F(CedModelTest, GreedyIsDeterministicAndBatchEqualsAlone) {
+TEST_F(EngineTest, GreedyIsDeterministicAndBatchEqualsAlone) {
   std::mt19937_64 rng(17);
   const int64_t V = tiny().config().vocab_size;
   std::vector<std::vector<int32_t>> prompts;
@@ -345,7 +344,7 @@ TEST_F(CedModelTest, GreedyIsDeterministicAndBatchEqualsAlone) {
   }
 }
 
-TEST_F(CedModelTest, ProducerRowsAreCapturedForEveryPositionAndMatchTheRing) {
+TEST_F(EngineTest, ProducerRowsAreCapturedForEveryPositionAndMatchTheRing) {
   const ModelConfig& c = tiny().config();
   const StateLayout layout = tiny().state_layout();
   std::mt19937_64 rng(19);
@@ -373,7 +372,7 @@ TEST_F(CedModelTest, ProducerRowsAreCapturedForEveryPositionAndMatchTheRing) {
   }
 }
 
-TEST_F(CedModelTest, BadRequestsAreRefused) {
+TEST_F(EngineTest, BadRequestsAreRefused) {
   SequenceState state(tiny().state_layout());
   auto empty = tiny().Prefill({}, {}, state);
   EXPECT_THAT(empty.status().message(), HasSubstr("prompt is empty"));

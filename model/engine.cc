@@ -1,0 +1,492 @@
+#include "baton/model/engine.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+
+namespace baton::model {
+
+absl::StatusOr<std::unique_ptr<SequenceState>> Engine::NewState() {
+  auto state = std::make_unique<SequenceState>(state_layout(), backend());
+  if (state->producer_swa() == nullptr) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "no ", DeviceName(backend().device()), " memory for a request's rings (",
+        state_layout().producer_swa_floats() + state_layout().consumer_swa_floats(), " floats)"));
+  }
+  return state;
+}
+
+// The weights as the layer stack reads them: backend memory, laid out as CedWeights'.
+struct CedEngine::Weights {
+  struct Layer {
+    const float* attn_norm;
+    const float* qkv;  // q_swa_kv in consumers
+    const float* o;
+    const float* mlp_norm;
+    const float* gate_up;
+    const float* down;
+  };
+  const float* embed = nullptr;
+  const float* global_kv = nullptr;
+  const float* final_norm = nullptr;
+  const float* lm_head = nullptr;
+  std::vector<Layer> producers, consumers;
+  std::vector<BackendArray<float>> uploaded;  // owned copies on a device backend
+};
+
+// One step's activations, grown to the largest step seen and reused.
+struct CedEngine::Workspace {
+  BackendArray<float> h, x, qkv, attn, gate_up, act, shared, global, hc, sc, final_rows, logits;
+  BackendArray<int32_t> ints;
+  BackendArray<float*> pages;
+};
+
+namespace {
+
+// At least `count` elements of `buffer`, or nullptr when the backend has no memory for them.
+template <typename T>
+T* Grow(Backend& backend, BackendArray<T>& buffer, size_t count) {
+  count = std::max<size_t>(count, 1);
+  if (buffer.size() < count) {
+    const size_t grown = std::max(count, 2 * buffer.size());
+    buffer.Reset();  // free first, so that the old and new never coexist
+    buffer = BackendArray<T>(backend, grown);
+  }
+  return buffer.data();
+}
+
+}  // namespace
+
+CedEngine::CedEngine(CedWeights weights, std::unique_ptr<Backend> backend)
+    : config_(weights.config),
+      fingerprint_(weights.fingerprint),
+      host_weights_(std::move(weights)),
+      backend_(std::move(backend)),
+      weights_(std::make_unique<Weights>()) {}
+
+CedEngine::~CedEngine() {
+  (void)backend_->Synchronize();
+}
+
+absl::StatusOr<std::unique_ptr<CedEngine>> CedEngine::Create(CedWeights weights,
+                                                             std::unique_ptr<Backend> backend) {
+  std::unique_ptr<CedEngine> engine(new CedEngine(std::move(weights), std::move(backend)));
+  if (absl::Status s = engine->Upload(); !s.ok()) return s;
+  return engine;
+}
+
+absl::Status CedEngine::Upload() {
+  Backend& backend = *backend_;
+  const bool in_place = backend.host_memory();
+  bool ok = true;
+  auto place = [&](const std::vector<float>& host) -> const float* {
+    if (in_place) return host.data();
+    BackendArray<float> copy(backend, host.size());
+    if (copy.data() == nullptr) {
+      ok = false;
+      return nullptr;
+    }
+    backend.CopyIn(copy.data(), host.data(), host.size() * sizeof(float));
+    weights_->uploaded.push_back(std::move(copy));
+    return weights_->uploaded.back().data();
+  };
+  const CedWeights& w = host_weights_;
+  Weights& d = *weights_;
+  d.embed = place(w.embed);
+  d.global_kv = place(w.global_kv);
+  d.final_norm = place(w.final_norm);
+  d.lm_head = config_.tie_word_embeddings ? d.embed : place(w.lm_head);
+  for (const ProducerLayerWeights& l : w.producers) {
+    d.producers.push_back({place(l.attn_norm), place(l.qkv), place(l.o), place(l.mlp_norm),
+                           place(l.gate_up), place(l.down)});
+  }
+  for (const ConsumerLayerWeights& l : w.consumers) {
+    d.consumers.push_back({place(l.attn_norm), place(l.q_swa_kv), place(l.o), place(l.mlp_norm),
+                           place(l.gate_up), place(l.down)});
+  }
+  const absl::Status synced = backend.Synchronize();
+  if (!ok) {
+    return absl::ResourceExhaustedError(absl::StrCat("the model's weights do not fit in ",
+                                                     DeviceName(backend.device()), " memory"));
+  }
+  if (!in_place) host_weights_ = CedWeights{};  // the device copy is the only one needed
+  return synced;
+}
+
+std::unique_ptr<CedEngine::Workspace> CedEngine::TakeWorkspace() {
+  std::lock_guard<std::mutex> lock(workspaces_mutex_);
+  if (workspaces_.empty()) return std::make_unique<Workspace>();
+  std::unique_ptr<Workspace> workspace = std::move(workspaces_.back());
+  workspaces_.pop_back();
+  return workspace;
+}
+
+void CedEngine::ReturnWorkspace(std::unique_ptr<Workspace> workspace) {
+  std::lock_guard<std::mutex> lock(workspaces_mutex_);
+  workspaces_.push_back(std::move(workspace));
+}
+
+absl::Status CedEngine::RunStep(const StepPlan& step, const ProducerRowsCallback* on_producer_rows,
+                                float* logits) {
+  using kernels::AttentionParams;
+  using kernels::BlockKvSource;
+  Backend& be = *backend_;
+  const ModelConfig& c = config_;
+  const int64_t d = c.hidden_size, hd = c.head_dim;
+  const int64_t H = c.num_attention_heads, Hkv = c.num_key_value_heads;
+  const int64_t q_dim = H * hd, kv_dim = Hkv * hd, inter = c.intermediate_size;
+  const int64_t qkv_dim = q_dim + 2 * kv_dim;
+  const int64_t C = c.ring_capacity(), B = c.kv_block_size;
+  const int64_t D = c.num_consumer_layers(), V = c.vocab_size;
+  const int64_t global_dim = D * 2 * kv_dim;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const StateLayout layout = state_layout();
+  const int64_t rows = step.rows, consumer_rows = step.consumer_rows, n_logits = step.logit_rows;
+  if (rows == 0) return absl::OkStatus();
+
+  struct Returner {
+    CedEngine* engine;
+    std::unique_ptr<Workspace> workspace;
+    ~Returner() { engine->ReturnWorkspace(std::move(workspace)); }
+  } held{this, TakeWorkspace()};
+  Workspace& ws = *held.workspace;
+
+  // The step's integers and page tables: read in place from host memory, uploaded otherwise.
+  const int32_t* ints = step.ints.data();
+  float* const* pages = step.page_tables.data();
+  const int64_t max_rows = std::max(rows, consumer_rows);
+  bool ok = true;
+  auto grow = [&](auto& buffer, int64_t count) {
+    auto* data = Grow(be, buffer, static_cast<size_t>(count));
+    ok = ok && data != nullptr;
+    return data;
+  };
+  if (!be.host_memory()) {
+    int32_t* device_ints = grow(ws.ints, static_cast<int64_t>(step.ints.size()));
+    float** device_pages = grow(ws.pages, static_cast<int64_t>(step.page_tables.size()));
+    if (ok) {
+      be.CopyIn(device_ints, step.ints.data(), step.ints.size() * sizeof(int32_t));
+      be.CopyIn(device_pages, step.page_tables.data(), step.page_tables.size() * sizeof(float*));
+    }
+    ints = device_ints;
+    pages = device_pages;
+  }
+  float* const h = grow(ws.h, rows * d);
+  float* const x = grow(ws.x, max_rows * d);
+  float* const qkv = grow(ws.qkv, max_rows * qkv_dim);
+  float* const attn = grow(ws.attn, max_rows * q_dim);
+  float* const gate_up = grow(ws.gate_up, max_rows * 2 * inter);
+  float* const act = grow(ws.act, max_rows * inter);
+  float* const shared = grow(ws.shared, rows * d);
+  float* const global = grow(ws.global, rows * global_dim);
+  float* const hc = grow(ws.hc, consumer_rows * d);
+  float* const sc = grow(ws.sc, consumer_rows * d);
+  float* const final_rows = grow(ws.final_rows, n_logits * d);
+  float* const step_logits = be.host_memory() ? logits : grow(ws.logits, n_logits * V);
+  if (!ok) {
+    (void)be.Synchronize();
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "no ", DeviceName(be.device()), " memory for a step of ", rows, " rows' activations"));
+  }
+  const int32_t* const positions = ints + step.positions;
+  const int32_t* const consumer_positions = ints + step.consumer_positions;
+
+  // o_proj into the residual, then the SwiGLU MLP; shared by both layer groups.
+  auto output_and_mlp = [&](float* hidden, int64_t n, const Weights::Layer& w) {
+    be.Gemm({.rows = n, .in = q_dim, .out = d, .x = attn, .w = w.o, .y = hidden, .beta = 1.0f});
+    be.RmsNorm({.rows = n, .dim = d, .x = hidden, .weight = w.mlp_norm, .out = x, .eps = eps});
+    be.Gemm({.rows = n, .in = d, .out = 2 * inter, .x = x, .w = w.gate_up, .y = gate_up});
+    be.SwiGlu({.rows = n, .inter = inter, .gate_up = gate_up, .out = act});
+    be.Gemm({.rows = n, .in = inter, .out = d, .x = act, .w = w.down, .y = hidden, .beta = 1.0f});
+  };
+  // K and V of `n` qkv rows from `first` into one layer's rings at the plan's slots (-1: none).
+  auto write_ring = [&](float* ring, int64_t layer, int64_t n, int64_t first,
+                        const int32_t* slots) {
+    const float* row0 = qkv + first * qkv_dim;
+    for (const bool is_v : {false, true}) {
+      be.ScatterRows(
+          {.rows = n,
+           .width = kv_dim,
+           .src = row0 + q_dim + (is_v ? kv_dim : 0),
+           .src_stride = qkv_dim,
+           .index = slots,
+           .dst = ring + (is_v ? layout.ring_v_offset(layer) : layout.ring_k_offset(layer)),
+           .dst_stride = kv_dim});
+    }
+  };
+  // Attention over `n` rows whose q/k/v sit at qkv row `first`: SWA keys from `ring` (one
+  // layer's K/V rings) before tail_start and from these rows after it.
+  auto swa_attention = [&](int64_t n, int64_t first, const int32_t* row_positions,
+                           const int32_t* lo, const float* ring, int64_t layer, int64_t tail_start,
+                           const BlockKvSource* global_source) {
+    const float* row0 = qkv + first * qkv_dim;
+    return AttentionParams{.rows = n,
+                           .num_heads = H,
+                           .num_kv_heads = Hkv,
+                           .head_dim = hd,
+                           .scale = scale,
+                           .q = row0,
+                           .q_stride = qkv_dim,
+                           .out = attn + first * q_dim,
+                           .positions = row_positions,
+                           .swa_lo = lo,
+                           .swa = {.ring_k = ring + layout.ring_k_offset(layer),
+                                   .ring_v = ring + layout.ring_v_offset(layer),
+                                   .ring_capacity = C,
+                                   .tail_k = row0 + q_dim,
+                                   .tail_v = row0 + q_dim + kv_dim,
+                                   .tail_stride = qkv_dim,
+                                   .tail_start = tail_start},
+                           .global = global_source};
+  };
+  std::vector<AttentionParams> attention(step.segments.size());
+  std::vector<BlockKvSource> block_kv(step.segments.size());
+  std::vector<float> host_rows;
+  const Weights& wt = *weights_;
+
+  be.Embedding({.rows = rows, .dim = d, .table = wt.embed, .ids = ints + step.tokens, .out = h});
+
+  // Producer layers: window-W SWA over every row; a segment's last C rows enter the ring.
+  for (int64_t l = 0; l < c.num_producer_layers(); ++l) {
+    const Weights::Layer& w = wt.producers[l];
+    be.RmsNorm({.rows = rows, .dim = d, .x = h, .weight = w.attn_norm, .out = x, .eps = eps});
+    be.Gemm({.rows = rows, .in = d, .out = qkv_dim, .x = x, .w = w.qkv, .y = qkv});
+    be.Rope({.rows = rows,
+             .heads = H + Hkv,
+             .head_dim = hd,
+             .x = qkv,
+             .stride = qkv_dim,
+             .positions = positions,
+             .theta = c.rope_theta});
+    for (size_t s = 0; s < step.segments.size(); ++s) {
+      const StepSegment& seg = step.segments[s];
+      if (on_producer_rows != nullptr && *on_producer_rows) {
+        const float* seg_rows = qkv + seg.row_offset * qkv_dim;
+        if (!be.host_memory()) {
+          host_rows.resize(seg.rows * qkv_dim);
+          be.CopyOut(host_rows.data(), seg_rows, host_rows.size() * sizeof(float));
+          if (absl::Status st = be.Synchronize(); !st.ok()) return st;
+          seg_rows = host_rows.data();
+        }
+        (*on_producer_rows)(l, seg.q_start, seg.rows, seg_rows + q_dim, seg_rows + q_dim + kv_dim,
+                            qkv_dim);
+      }
+      attention[s] = swa_attention(seg.rows, seg.row_offset, positions + seg.row_offset,
+                                   ints + step.producer_lo + seg.row_offset, seg.producer_swa, l,
+                                   seg.q_start, nullptr);
+    }
+    be.Attention(attention);
+    // Ring writes come after attention: a new row may take the slot of a key still being read.
+    for (const StepSegment& seg : step.segments) {
+      write_ring(seg.producer_swa, l, seg.rows, seg.row_offset,
+                 ints + step.producer_slots + seg.row_offset);
+    }
+    output_and_mlp(h, rows, w);
+  }
+
+  // Boundary (layer P): shared rows s over every row, and from them every consumer layer's
+  // block KV, which is therefore exact whatever the truncation (seed 9.2.2).
+  be.RmsNorm({.rows = rows,
+              .dim = d,
+              .x = h,
+              .weight = wt.consumers[0].attn_norm,
+              .out = shared,
+              .eps = eps});
+  be.Gemm({.rows = rows, .in = d, .out = global_dim, .x = shared, .w = wt.global_kv, .y = global});
+  for (int64_t l = 0; l < D; ++l) {
+    be.Rope({.rows = rows,
+             .heads = Hkv,
+             .head_dim = hd,
+             .x = global + l * 2 * kv_dim,
+             .stride = global_dim,
+             .positions = positions,
+             .theta = c.rope_theta});
+  }
+  for (const StepSegment& seg : step.segments) {
+    for (int64_t l = 0; l < D; ++l) {
+      for (const bool is_v : {false, true}) {
+        be.WriteBlockKv(
+            {.rows = seg.rows,
+             .width = kv_dim,
+             .src = global + seg.row_offset * global_dim + l * 2 * kv_dim + (is_v ? kv_dim : 0),
+             .src_stride = global_dim,
+             .positions = positions + seg.row_offset,
+             .pages = pages + seg.page_table,
+             .block_size = B,
+             .offset = is_v ? layout.page_v_offset(l) : layout.page_k_offset(l)});
+      }
+    }
+  }
+  if (consumer_rows == 0) return be.Synchronize();
+
+  // Consumer layers over each segment's consumer rows (the last rows of the segment).
+  for (auto [from, to] : {std::pair{h, hc}, std::pair{shared, sc}}) {
+    be.GatherRows({.rows = consumer_rows,
+                   .width = d,
+                   .src = from,
+                   .src_stride = d,
+                   .index = ints + step.consumer_source,
+                   .dst = to,
+                   .dst_stride = d});
+  }
+  for (int64_t l = 0; l < D; ++l) {
+    const Weights::Layer& w = wt.consumers[l];
+    be.RmsNorm(
+        {.rows = consumer_rows, .dim = d, .x = hc, .weight = w.attn_norm, .out = x, .eps = eps});
+    if (!c.yoco_swa_share_hidden) {
+      be.Gemm({.rows = consumer_rows, .in = d, .out = qkv_dim, .x = x, .w = w.qkv, .y = qkv});
+    } else {
+      // SWA K/V from the shared boundary rows instead of this layer's own input.
+      be.Gemm({.rows = consumer_rows,
+               .in = d,
+               .out = q_dim,
+               .x = x,
+               .w = w.qkv,
+               .y = qkv,
+               .y_stride = qkv_dim});
+      be.Gemm({.rows = consumer_rows,
+               .in = d,
+               .out = 2 * kv_dim,
+               .x = sc,
+               .w = w.qkv + q_dim * d,
+               .y = qkv + q_dim,
+               .y_stride = qkv_dim});
+    }
+    be.Rope({.rows = consumer_rows,
+             .heads = H + Hkv,
+             .head_dim = hd,
+             .x = qkv,
+             .stride = qkv_dim,
+             .positions = consumer_positions,
+             .theta = c.rope_theta});
+    for (size_t s = 0; s < step.segments.size(); ++s) {
+      const StepSegment& seg = step.segments[s];
+      block_kv[s] = {.pages = pages + seg.page_table,
+                     .block_size = B,
+                     .k_offset = layout.page_k_offset(l),
+                     .v_offset = layout.page_v_offset(l)};
+      attention[s] = swa_attention(seg.consumer_rows, seg.consumer_offset,
+                                   consumer_positions + seg.consumer_offset,
+                                   ints + step.consumer_lo + seg.consumer_offset, seg.consumer_swa,
+                                   l, seg.consumer_start, &block_kv[s]);
+    }
+    be.Attention(attention);
+    for (const StepSegment& seg : step.segments) {
+      write_ring(seg.consumer_swa, l, seg.consumer_rows, seg.consumer_offset,
+                 ints + step.consumer_slots + seg.consumer_offset);
+    }
+    output_and_mlp(hc, consumer_rows, w);
+  }
+
+  // Logits of the requested consumer rows.
+  if (n_logits == 0) return be.Synchronize();
+  be.GatherRows({.rows = n_logits,
+                 .width = d,
+                 .src = hc,
+                 .src_stride = d,
+                 .index = ints + step.logit_source,
+                 .dst = final_rows,
+                 .dst_stride = d});
+  be.RmsNorm({.rows = n_logits,
+              .dim = d,
+              .x = final_rows,
+              .weight = wt.final_norm,
+              .out = final_rows,
+              .eps = eps});
+  be.Gemm(
+      {.rows = n_logits, .in = d, .out = V, .x = final_rows, .w = wt.lm_head, .y = step_logits});
+  if (step_logits != logits) be.CopyOut(logits, step_logits, n_logits * V * sizeof(float));
+  return be.Synchronize();
+}
+
+absl::StatusOr<PrefillResult> CedEngine::Prefill(std::span<const int32_t> tokens,
+                                                 const PrefillOptions& options,
+                                                 SequenceState& state) {
+  std::unique_lock<std::mutex> serial(serial_, std::defer_lock);
+  if (!backend_->concurrent()) serial.lock();
+  absl::StatusOr<PrefillSchedule> schedule =
+      SchedulePrefill(config_, tokens, options, state.length);
+  if (!schedule.ok()) return schedule.status();
+  const int64_t L = static_cast<int64_t>(tokens.size());
+  if (absl::Status s = state.EnsurePages(L); !s.ok()) return s;
+
+  PrefillResult result;
+  result.consumer_rows = schedule->plan.total_consumer_rows();
+  const int64_t V = config_.vocab_size;
+  const bool streamed = options.on_result_logits != nullptr && options.result_logits;
+  for (const PrefillRun& run : schedule->runs) {
+    if (options.cancelled && options.cancelled()) return PrefillCancelled(run.q_start, L);
+    const StepPlan step = PlanPrefillStep(config_, *schedule, run, tokens, state);
+    if (streamed && !run.logit_rows.empty()) result.logits.clear();  // one chunk at a time
+    const size_t old = result.logits.size();
+    result.logits.resize(old + run.logit_rows.size() * V);
+    if (absl::Status s = RunStep(step, &options.on_producer_rows, result.logits.data() + old);
+        !s.ok()) {
+      return s;
+    }
+    const int32_t* consumer_positions = step.ints.data() + step.consumer_positions;
+    for (size_t i = 0; i < run.logit_rows.size(); ++i) {
+      const int64_t position = consumer_positions[run.logit_rows[i]];
+      if (streamed) {
+        options.on_result_logits(position, {result.logits.data() + i * V, static_cast<size_t>(V)});
+      } else {
+        result.positions.push_back(position);
+      }
+    }
+    if (streamed && !run.logit_rows.empty()) {
+      // Keep the last row only: the sampled one.
+      result.logits.erase(result.logits.begin(), result.logits.end() - V);
+      result.positions = {consumer_positions[run.logit_rows.back()]};
+    }
+  }
+  state.length = L;
+  state.s_valid = options.s_valid;
+  return result;
+}
+
+absl::Status CedEngine::Decode(std::span<const DecodeItem> batch) {
+  std::unique_lock<std::mutex> serial(serial_, std::defer_lock);
+  if (!backend_->concurrent()) serial.lock();
+  const size_t n = batch.size();
+  std::vector<SequenceState*> states(n);
+  std::vector<int32_t> tokens(n);
+  for (size_t i = 0; i < n; ++i) {
+    if (batch[i].logits == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat("decode item ", i, " has no logits"));
+    }
+    states[i] = batch[i].state;
+    tokens[i] = batch[i].token;
+  }
+  absl::StatusOr<StepPlan> step = PlanDecodeStep(config_, states, tokens);
+  if (!step.ok()) return step.status();
+  const int64_t V = config_.vocab_size;
+  std::vector<float> logits(n * V);
+  if (absl::Status s = RunStep(*step, nullptr, logits.data()); !s.ok()) return s;
+  for (size_t i = 0; i < n; ++i) {
+    std::copy_n(logits.data() + i * V, V, batch[i].logits);
+    batch[i].state->length += 1;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CedEngine::StageIn(std::span<const StageCopy> copies) {
+  std::unique_lock<std::mutex> serial(serial_, std::defer_lock);
+  if (!backend_->concurrent()) serial.lock();
+  for (const StageCopy& copy : copies) backend_->CopyIn(copy.dst, copy.src, copy.bytes);
+  return backend_->Synchronize();
+}
+
+absl::Status CedEngine::StageOut(std::span<const StageCopy> copies) {
+  std::unique_lock<std::mutex> serial(serial_, std::defer_lock);
+  if (!backend_->concurrent()) serial.lock();
+  for (const StageCopy& copy : copies) backend_->CopyOut(copy.dst, copy.src, copy.bytes);
+  return backend_->Synchronize();
+}
+
+int32_t Argmax(std::span<const float> logits) {
+  return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+}
+
+}  // namespace baton::model

@@ -1,0 +1,41 @@
+#include "baton/router/routing.h"
+
+#include <algorithm>
+
+namespace baton::router {
+
+int64_t SelectNode(std::span<const NodeLoad> nodes, v1::NodeRole role,
+                   const std::vector<std::string>& exclude,
+                   std::chrono::steady_clock::time_point now, std::chrono::milliseconds ttl) {
+  int64_t best = -1;
+  int64_t best_load = 0;
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    const NodeLoad& node = nodes[i];
+    if (node.role != role || now - node.last_seen > ttl) continue;
+    if (std::find(exclude.begin(), exclude.end(), node.id) != exclude.end()) continue;
+    const int64_t load = node.inflight + node.queued;
+    if (best < 0 || load < best_load ||
+        (load == best_load && node.free_pages > nodes[best].free_pages)) {
+      best = static_cast<int64_t>(i);
+      best_load = load;
+    }
+  }
+  return best;
+}
+
+bool NodeLost(const grpc::Status& status) {
+  return status.error_code() == grpc::StatusCode::UNAVAILABLE;
+}
+
+PrefillFailure ClassifyPrefillFailure(const grpc::Status& status, const std::string& failed_node,
+                                      int transfer_retries) {
+  const bool decode_failed = failed_node == "decode";
+  if (decode_failed && status.error_code() == grpc::StatusCode::ABORTED && transfer_retries < 2) {
+    return PrefillFailure::kRetryTransfer;
+  }
+  if (decode_failed && NodeLost(status)) return PrefillFailure::kDecodeLost;
+  if (NodeLost(status)) return PrefillFailure::kPrefillLost;
+  return PrefillFailure::kFinal;
+}
+
+}  // namespace baton::router

@@ -1,0 +1,96 @@
+// `--device` on baton-prefill, baton-decode and `baton up`: a device the build or machine
+// cannot provide, or an unknown name, stops the binary at start with exit status 2 and a
+// message naming the flag and the reason. (Serving on a GPU is checked where there is one:
+// tests/model/engine_backends_test and bench/run_gpu_checks.sh.)
+#include <sys/wait.h>
+
+#include <chrono>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "baton/model/engine_factory.h"
+#include "baton/model/model_factory.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "spawn.h"
+#include "test_dir.h"
+
+namespace baton {
+namespace {
+
+using ::testing::HasSubstr;
+
+struct Exit {
+  int status = -1;  // exit status; -1 when it did not exit by the deadline (then killed)
+  std::string output;
+};
+
+// Runs `args` and waits up to a minute for it to exit.
+Exit RunToExit(std::vector<std::string> args) {
+  const std::string log = baton::testing::ProcessTempDir() + "/device_flag.log";
+  const pid_t pid = baton::testing::Spawn(std::move(args), log);
+  Exit result;
+  if (pid < 0) return result;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  int wait_status = 0;
+  while (waitpid(pid, &wait_status, WNOHANG) == 0) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &wait_status, 0);
+      return result;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  if (WIFEXITED(wait_status)) result.status = WEXITSTATUS(wait_status);
+  std::ifstream in(log);
+  std::stringstream text;
+  text << in.rdbuf();
+  result.output = text.str();
+  return result;
+}
+
+class DeviceFlagTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    ASSERT_TRUE(model::MakeModel(*model::PresetConfig("tiny"), 1, ModelDir()).ok());
+  }
+  static std::string ModelDir() { return baton::testing::ProcessTempDir() + "/device_model"; }
+  // Each binary's command line up to --device.
+  static std::vector<std::vector<std::string>> Commands() {
+    const std::string data = baton::testing::ProcessTempDir() + "/device_up";
+    return {
+        {BATON_PREFILL_PATH, "--model", ModelDir(), "--port", "0", "--insecure-internal",
+         "--no-ucx"},
+        {BATON_DECODE_PATH, "--model", ModelDir(), "--port", "0", "--insecure-internal",
+         "--no-ucx"},
+        {BATON_PATH, "up", "--model", ModelDir(), "--port", "0", "--data-dir", data},
+    };
+  }
+};
+
+TEST_F(DeviceFlagTest, AnUnknownDeviceIsRefusedByName) {
+  for (std::vector<std::string> command : Commands()) {
+    command.insert(command.end(), {"--device", "tpu"});
+    const Exit exit = RunToExit(command);
+    EXPECT_EQ(exit.status, 2) << command[0] << ": " << exit.output;
+    EXPECT_THAT(exit.output, HasSubstr("--device: 'tpu' is unknown; allowed: cpu, cuda"))
+        << command[0];
+  }
+}
+
+TEST_F(DeviceFlagTest, CudaWithoutACudaBuildOrDeviceExitsTwoNamingWhy) {
+  const absl::StatusOr<std::unique_ptr<model::Backend>> cuda =
+      model::MakeBackend(model::Device::kCuda);
+  if (cuda.ok()) GTEST_SKIP() << "this machine has a CUDA device: the nodes serve on it";
+  for (std::vector<std::string> command : Commands()) {
+    command.insert(command.end(), {"--device", "cuda"});
+    const Exit exit = RunToExit(command);
+    EXPECT_EQ(exit.status, 2) << command[0] << ": " << exit.output;
+    EXPECT_THAT(exit.output, HasSubstr("--device cuda: " + std::string(cuda.status().message())))
+        << command[0];
+  }
+}
+
+}  // namespace
+}  // namespace baton

@@ -1,0 +1,240 @@
+// The prefill service in one process against a fake decode node served beside it: the prompt
+// is computed and exposed, the fake reads every region over the gRPC transport and checks it
+// against the header and against the engine's own prefill of the same prompt; a decode node
+// that refuses or never answers the commit is named in the baton-failed-node trailer, with
+// the status the router's retry classification expects.
+#include "baton/prefill_node/prefill_service.h"
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+#include "baton/common/rpc.h"
+#include "baton/model/engine_factory.h"
+#include "baton/model/model_factory.h"
+#include "baton/transfer/transport.h"
+#include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "test_dir.h"
+
+namespace baton::prefill_node {
+namespace {
+
+using ::testing::HasSubstr;
+
+// A DecodeNode that only commits: it reads the exposed regions into a state of its own (kRead),
+// refuses the commit as a failed read would (kAbort), or holds it until the caller gives up
+// (kHang, a wedged decode node).
+class FakeDecodeNode final : public v1::DecodeNode::Service {
+ public:
+  enum class Behaviour { kRead, kAbort, kHang };
+
+  FakeDecodeNode(const model::StateLayout& layout, Behaviour behaviour)
+      : layout_(layout), behaviour_(behaviour) {}
+
+  grpc::Status Commit(grpc::ServerContext* context, const v1::CommitRequest* request,
+                      v1::CommitResponse*) override {
+    ++commits;
+    header = request->header();
+    if (behaviour_ == Behaviour::kAbort) {
+      return grpc::Status(grpc::StatusCode::ABORTED, "reading the StateBlock failed");
+    }
+    if (behaviour_ == Behaviour::kHang) {
+      const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+      while (!context->IsCancelled() && std::chrono::steady_clock::now() < give_up) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
+      return grpc::Status(grpc::StatusCode::CANCELLED, "gave up");
+    }
+    state = std::make_unique<model::SequenceState>(layout_);
+    if (absl::Status s = state->EnsurePages(header.prompt_len()); !s.ok()) return ToGrpcStatus(s);
+    const transfer::RegionSpans into = transfer::SpansOf(*state, header.prompt_len());
+    absl::Status read = transfer::MakeGrpcTransport()->Read(
+        request->source(), address, into, transfer::Clock::now() + std::chrono::seconds(10));
+    if (read.ok()) read = transfer::VerifyRegions(header, *state);
+    return ToGrpcStatus(read);
+  }
+
+  std::string address;  // the prefill node's, where regions are read from
+  std::atomic<int> commits{0};
+  v1::StateHeader header;
+  std::unique_ptr<model::SequenceState> state;  // what a kRead commit read
+
+ private:
+  model::StateLayout layout_;
+  Behaviour behaviour_;
+};
+
+class PrefillServiceTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    const std::string dir = baton::testing::ProcessTempDir() + "/prefill_service_model";
+    ASSERT_TRUE(model::MakeModel(*model::PresetConfig("tiny"), 3, dir).ok());
+    engine_ = model::LoadEngine(dir)->release();
+  }
+  static void TearDownTestSuite() {
+    delete engine_;
+    engine_ = nullptr;
+  }
+
+  // A prefill service and the fake decode node on one loopback server.
+  void Start(FakeDecodeNode::Behaviour behaviour, int64_t commit_timeout_ms = 10000) {
+    service_ = std::make_unique<PrefillService>(
+        *engine_,
+        PrefillOptions{
+            .token_budget = 16, .use_ucx = false, .commit_timeout_ms = commit_timeout_ms});
+    decode_ = std::make_unique<FakeDecodeNode>(engine_->state_layout(), behaviour);
+    grpc::ServerBuilder builder;
+    int port = 0;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    builder.RegisterService(service_.get());
+    builder.RegisterService(decode_.get());
+    server_ = builder.BuildAndStart();
+    ASSERT_NE(server_, nullptr);
+    address_ = "127.0.0.1:" + std::to_string(port);
+    decode_->address = address_;
+    stub_ =
+        v1::PrefillNode::NewStub(grpc::CreateChannel(address_, grpc::InsecureChannelCredentials()));
+  }
+
+  void TearDown() override {
+    if (server_ != nullptr) server_->Shutdown(std::chrono::system_clock::now());
+  }
+
+  std::vector<int32_t> Prompt(int n) const {
+    std::vector<int32_t> tokens;
+    for (int i = 0; i < n; ++i) tokens.push_back(3 + (i * 37) % 500);
+    return tokens;
+  }
+
+  // What the router sends: a reservation sized for the prompt on the fake decode node.
+  v1::PrefillRequest Request(const std::vector<int32_t>& prompt) const {
+    v1::PrefillRequest request;
+    v1::GenerateRequest& generate = *request.mutable_request();
+    generate.set_request_id("prefill-service-test");
+    for (int32_t t : prompt) generate.add_prompt_token_ids(t);
+    generate.mutable_sampling()->set_max_tokens(4);
+    request.set_mode(v1::TRUNCATION_MODE_COMPACT);
+    request.set_keep(static_cast<uint32_t>(engine_->config().ring_capacity()));
+    const transfer::RegionSizes sizes =
+        transfer::RegionSizesFor(engine_->state_layout(), prompt.size());
+    v1::Reservation& reservation = *request.mutable_reservation();
+    reservation.set_reservation_id("0123456789abcdef0123456789abcdef");
+    reservation.set_producer_swa_bytes(sizes.producer_swa);
+    reservation.set_consumer_swa_bytes(sizes.consumer_swa);
+    reservation.set_page_bytes(sizes.page);
+    reservation.set_pages(static_cast<uint32_t>(sizes.pages));
+    request.set_decode_address(address_);
+    request.set_transport(v1::TRANSPORT_GRPC);
+    return request;
+  }
+
+  // The call's status and its baton-failed-node trailer ("" when absent).
+  std::pair<grpc::Status, std::string> Call(const v1::PrefillRequest& request,
+                                            v1::PrefillResponse* response) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+    const grpc::Status status = stub_->Prefill(&context, request, response);
+    const auto& trailers = context.GetServerTrailingMetadata();
+    auto failed = trailers.find(kFailedNodeKey);
+    return {status, failed == trailers.end()
+                        ? ""
+                        : std::string(failed->second.data(), failed->second.size())};
+  }
+
+  static model::Engine* engine_;
+  std::unique_ptr<PrefillService> service_;
+  std::unique_ptr<FakeDecodeNode> decode_;
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<v1::PrefillNode::Stub> stub_;
+  std::string address_;
+};
+
+model::Engine* PrefillServiceTest::engine_ = nullptr;
+
+TEST_F(PrefillServiceTest, TheDecodeNodeReadsThePromptsStateAndItsFirstToken) {
+  Start(FakeDecodeNode::Behaviour::kRead);
+  const std::vector<int32_t> prompt = Prompt(70);  // chunks of 16; compact K = C = 22
+  v1::PrefillResponse response;
+  const auto [status, failed_node] = Call(Request(prompt), &response);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  EXPECT_EQ(failed_node, "");
+  ASSERT_EQ(decode_->commits, 1);
+  ASSERT_NE(decode_->state, nullptr);
+  EXPECT_EQ(decode_->header.prompt_len(), prompt.size());
+  EXPECT_EQ(decode_->header.first_token(), response.first_token());
+
+  // The engine's own prefill of the same prompt, options and chunking.
+  const model::StateLayout layout = engine_->state_layout();
+  model::SequenceState expected(layout);
+  absl::StatusOr<model::PrefillResult> result = engine_->Prefill(
+      prompt,
+      {.mode = model::TruncationMode::kCompact, .keep = layout.ring_capacity, .chunk_size = 16},
+      expected);
+  ASSERT_TRUE(result.ok()) << result.status();
+  const int64_t V = engine_->config().vocab_size;
+  EXPECT_EQ(response.first_token(),
+            model::Argmax({result->logits.data() + result->logits.size() - V,
+                           static_cast<size_t>(V)}));  // greedy sampling
+  EXPECT_EQ(response.usage().replayed_rows(), static_cast<uint32_t>(result->consumer_rows));
+  const model::SequenceState& read = *decode_->state;
+  EXPECT_EQ(std::memcmp(read.producer_swa(), expected.producer_swa(),
+                        layout.producer_swa_floats() * sizeof(float)),
+            0);
+  EXPECT_EQ(std::memcmp(read.consumer_swa(), expected.consumer_swa(),
+                        layout.consumer_swa_floats() * sizeof(float)),
+            0);
+  ASSERT_EQ(read.pages().size(), expected.pages().size());
+  for (size_t p = 0; p < read.pages().size(); ++p) {
+    // The last page holds positions past the prompt only as zeros on both sides.
+    EXPECT_EQ(
+        std::memcmp(read.pages()[p], expected.pages()[p], layout.page_floats() * sizeof(float)), 0)
+        << "page " << p;
+  }
+}
+
+TEST_F(PrefillServiceTest, AFailedReadIsTheDecodeNodesAndGoesBackAsItIs) {
+  Start(FakeDecodeNode::Behaviour::kAbort);
+  v1::PrefillResponse response;
+  const auto [status, failed_node] = Call(Request(Prompt(40)), &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::ABORTED) << status.error_message();
+  EXPECT_EQ(failed_node, "decode");
+  EXPECT_EQ(decode_->commits, 1);
+}
+
+TEST_F(PrefillServiceTest, ADecodeNodeSilentPastTheCommitTimeoutIsTakenForLost) {
+  Start(FakeDecodeNode::Behaviour::kHang, /*commit_timeout_ms=*/300);
+  v1::PrefillResponse response;
+  const auto [status, failed_node] = Call(Request(Prompt(40)), &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE) << status.error_message();
+  EXPECT_THAT(status.error_message(), HasSubstr("did not answer the commit within 300 ms"));
+  EXPECT_EQ(failed_node, "decode");
+}
+
+TEST_F(PrefillServiceTest, AReservationSizedForAnotherPromptIsRefusedBeforeAnyCommit) {
+  Start(FakeDecodeNode::Behaviour::kRead);
+  v1::PrefillRequest request = Request(Prompt(40));
+  request.mutable_reservation()->set_pages(request.reservation().pages() + 1);
+  v1::PrefillResponse response;
+  const auto [status, failed_node] = Call(request, &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << status.error_message();
+  EXPECT_THAT(status.error_message(), HasSubstr("reservation"));
+  EXPECT_EQ(failed_node, "");
+  EXPECT_EQ(decode_->commits, 0);
+}
+
+TEST_F(PrefillServiceTest, ATokenOutsideTheVocabularyIsRefusedByName) {
+  Start(FakeDecodeNode::Behaviour::kRead);
+  std::vector<int32_t> prompt = Prompt(20);
+  prompt[7] = static_cast<int32_t>(engine_->config().vocab_size);
+  v1::PrefillResponse response;
+  const auto [status, failed_node] = Call(Request(prompt), &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << status.error_message();
+  EXPECT_THAT(status.error_message(), HasSubstr("token 7"));
+  EXPECT_EQ(decode_->commits, 0);
+}
+
+}  // namespace
+}  // namespace baton::prefill_node

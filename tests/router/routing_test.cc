@@ -1,0 +1,164 @@
+// The router's decisions on their own: request validation and default truncation
+// (RouterService::Validate), node selection (SelectNode) and what a failed prefill call means
+// for the retry (ClassifyPrefillFailure).
+#include "baton/router/routing.h"
+
+#include "baton/model/model_factory.h"
+#include "baton/router/router_service.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace baton::router {
+namespace {
+
+using ::testing::HasSubstr;
+using Clock = std::chrono::steady_clock;
+
+// ---------------------------------------------------------------------------------------------
+// Validation
+
+class ValidateTest : public ::testing::Test {
+ protected:
+  ValidateTest() : config_(*model::PresetConfig("tiny")), router_(config_, Options()) {}
+  static RouterOptions Options() {
+    RouterOptions options;
+    options.max_tokens_limit = 64;
+    options.max_model_len = 256;
+    return options;
+  }
+  v1::GenerateRequest Request(int prompt_len = 8, uint32_t max_tokens = 4) const {
+    v1::GenerateRequest request;
+    for (int i = 0; i < prompt_len; ++i) request.add_prompt_token_ids(3 + i);
+    request.mutable_sampling()->set_max_tokens(max_tokens);
+    return request;
+  }
+  // The refusal of `request`: INVALID_ARGUMENT whose message names `field`.
+  void ExpectRefused(const v1::GenerateRequest& request, const std::string& field) {
+    absl::StatusOr<RouterService::Effective> effective = router_.Validate(request);
+    ASSERT_FALSE(effective.ok()) << "accepted; expected a refusal naming " << field;
+    EXPECT_EQ(effective.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(effective.status().message(), HasSubstr(field));
+  }
+
+  ModelConfig config_;  // tiny: vocab 512, C = 22
+  RouterService router_;
+};
+
+TEST_F(ValidateTest, AcceptsAPlainRequestWithTheDefaultTruncation) {
+  absl::StatusOr<RouterService::Effective> effective = router_.Validate(Request());
+  ASSERT_TRUE(effective.ok()) << effective.status();
+  EXPECT_EQ(effective->mode, v1::TRUNCATION_MODE_COMPACT);
+  EXPECT_EQ(effective->keep, config_.ring_capacity());  // the default keep 0 stands for C
+}
+
+TEST_F(ValidateTest, RefusesEachBadFieldByName) {
+  ExpectRefused(Request(0), "prompt_token_ids");
+  v1::GenerateRequest text = Request(0);
+  text.set_prompt_text("hello");
+  ExpectRefused(text, "prompt_text");
+  ExpectRefused(Request(8, 0), "sampling.max_tokens");
+  ExpectRefused(Request(8, 65), "sampling.max_tokens");
+  v1::GenerateRequest token = Request();
+  token.set_prompt_token_ids(3, 512);
+  ExpectRefused(token, "prompt_token_ids[3]");
+  token.set_prompt_token_ids(3, -1);
+  ExpectRefused(token, "prompt_token_ids[3]");
+  ExpectRefused(Request(250, 10), "exceeds the context limit 256");
+  v1::GenerateRequest keep = Request();
+  keep.mutable_truncation()->set_mode(v1::TRUNCATION_MODE_MASK);
+  keep.mutable_truncation()->set_keep(21);
+  ExpectRefused(keep, "truncation.keep");
+  v1::GenerateRequest mode = Request();
+  mode.mutable_truncation()->set_mode(static_cast<v1::TruncationMode>(17));
+  ExpectRefused(mode, "truncation.mode");
+  v1::GenerateRequest logprobs = Request();
+  logprobs.mutable_truncation()->set_mode(v1::TRUNCATION_MODE_COMPACT);
+  logprobs.mutable_truncation()->set_keep(22);
+  logprobs.set_prompt_logprobs(true);
+  ExpectRefused(logprobs, "prompt_logprobs");
+}
+
+TEST_F(ValidateTest, ARequestsTruncationOverridesTheDefault) {
+  v1::GenerateRequest request = Request();
+  request.mutable_truncation()->set_mode(v1::TRUNCATION_MODE_MASK);
+  request.mutable_truncation()->set_keep(30);
+  absl::StatusOr<RouterService::Effective> effective = router_.Validate(request);
+  ASSERT_TRUE(effective.ok()) << effective.status();
+  EXPECT_EQ(effective->mode, v1::TRUNCATION_MODE_MASK);
+  EXPECT_EQ(effective->keep, 30u);
+  // Prompt logprobs without a truncation of its own: served untruncated.
+  v1::GenerateRequest logprobs = Request();
+  logprobs.set_prompt_logprobs(true);
+  effective = router_.Validate(logprobs);
+  ASSERT_TRUE(effective.ok()) << effective.status();
+  EXPECT_EQ(effective->mode, v1::TRUNCATION_MODE_OFF);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Selection
+
+TEST(SelectNodeTest, PicksTheLeastLoadedLiveNodeOfTheRole) {
+  const auto now = Clock::now();
+  const std::vector<NodeLoad> nodes = {
+      {.id = "p0", .role = v1::NODE_ROLE_PREFILL, .last_seen = now, .inflight = 0},
+      {.id = "d0", .role = v1::NODE_ROLE_DECODE, .last_seen = now, .inflight = 3, .queued = 1},
+      {.id = "d1", .role = v1::NODE_ROLE_DECODE, .last_seen = now, .inflight = 1, .queued = 1},
+      {.id = "d2", .role = v1::NODE_ROLE_DECODE, .last_seen = now, .inflight = 2, .queued = 1},
+  };
+  const auto ttl = std::chrono::milliseconds(2000);
+  EXPECT_EQ(SelectNode(nodes, v1::NODE_ROLE_DECODE, {}, now, ttl), 2);
+  EXPECT_EQ(SelectNode(nodes, v1::NODE_ROLE_PREFILL, {}, now, ttl), 0);
+  EXPECT_EQ(SelectNode(nodes, v1::NODE_ROLE_KVSTORE, {}, now, ttl), -1);
+  // Excluded nodes (lost ones of this request) are passed over.
+  EXPECT_EQ(SelectNode(nodes, v1::NODE_ROLE_DECODE, {"d1"}, now, ttl), 3);
+  EXPECT_EQ(SelectNode(nodes, v1::NODE_ROLE_DECODE, {"d0", "d1", "d2"}, now, ttl), -1);
+}
+
+TEST(SelectNodeTest, SkipsNodesNotHeardFromWithinTheTtl) {
+  const auto now = Clock::now();
+  const auto ttl = std::chrono::milliseconds(2000);
+  const std::vector<NodeLoad> nodes = {
+      {.id = "stale", .role = v1::NODE_ROLE_DECODE, .last_seen = now - std::chrono::seconds(3)},
+      {.id = "busy", .role = v1::NODE_ROLE_DECODE, .last_seen = now, .inflight = 9},
+  };
+  EXPECT_EQ(SelectNode(nodes, v1::NODE_ROLE_DECODE, {}, now, ttl), 1);
+  EXPECT_EQ(SelectNode({nodes.data(), 1}, v1::NODE_ROLE_DECODE, {}, now, ttl), -1);
+}
+
+TEST(SelectNodeTest, MoreFreePagesBreakATieThenTheEarlierNode) {
+  const auto now = Clock::now();
+  const auto ttl = std::chrono::milliseconds(2000);
+  std::vector<NodeLoad> nodes = {
+      {.id = "a", .role = v1::NODE_ROLE_DECODE, .last_seen = now, .inflight = 1, .free_pages = 10},
+      {.id = "b", .role = v1::NODE_ROLE_DECODE, .last_seen = now, .queued = 1, .free_pages = 50},
+      {.id = "c", .role = v1::NODE_ROLE_DECODE, .last_seen = now, .inflight = 1, .free_pages = 50},
+  };
+  EXPECT_EQ(SelectNode(nodes, v1::NODE_ROLE_DECODE, {}, now, ttl), 1);
+  nodes[2].free_pages = 51;
+  EXPECT_EQ(SelectNode(nodes, v1::NODE_ROLE_DECODE, {}, now, ttl), 2);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Retry classification
+
+TEST(ClassifyPrefillFailureTest, EachFailureGoesToItsRetry) {
+  const grpc::Status unavailable(grpc::StatusCode::UNAVAILABLE, "gone");
+  const grpc::Status aborted(grpc::StatusCode::ABORTED, "transfer failed");
+  const grpc::Status invalid(grpc::StatusCode::INVALID_ARGUMENT, "s_valid");
+  const grpc::Status deadline(grpc::StatusCode::DEADLINE_EXCEEDED, "late");
+  // The decode node's read failed: the transfer again, twice at most.
+  EXPECT_EQ(ClassifyPrefillFailure(aborted, "decode", 0), PrefillFailure::kRetryTransfer);
+  EXPECT_EQ(ClassifyPrefillFailure(aborted, "decode", 1), PrefillFailure::kRetryTransfer);
+  EXPECT_EQ(ClassifyPrefillFailure(aborted, "decode", 2), PrefillFailure::kFinal);
+  // The prefill node could not reach the decode node: that decode node is lost.
+  EXPECT_EQ(ClassifyPrefillFailure(unavailable, "decode", 0), PrefillFailure::kDecodeLost);
+  // No attribution: the prefill node itself did not answer.
+  EXPECT_EQ(ClassifyPrefillFailure(unavailable, "", 0), PrefillFailure::kPrefillLost);
+  // The request's own errors are not retried, attributed or not.
+  EXPECT_EQ(ClassifyPrefillFailure(invalid, "", 0), PrefillFailure::kFinal);
+  EXPECT_EQ(ClassifyPrefillFailure(deadline, "decode", 0), PrefillFailure::kFinal);
+  EXPECT_EQ(ClassifyPrefillFailure(aborted, "", 0), PrefillFailure::kFinal);
+}
+
+}  // namespace
+}  // namespace baton::router
