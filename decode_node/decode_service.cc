@@ -91,9 +91,8 @@ class EnginePages : public model::PageAllocator {
   EnginePages(model::SequenceState& host, std::function<float*(float*)> in_engine)
       : host_(host), in_engine_(std::move(in_engine)) {}
   float* Allocate() override {
-    const int64_t page = next_++;
-    if (!host_.EnsurePages((page + 1) * host_.layout().block_size).ok()) return nullptr;
-    return in_engine_(host_.pages()[page]);
+    if (!host_.EnsurePages((next_ + 1) * host_.layout().block_size).ok()) return nullptr;
+    return in_engine_(host_.pages()[next_++]);
   }
   void Free(float*) override {}
 
@@ -176,8 +175,7 @@ DecodeService::DecodeService(model::Engine& model, const DecodeOptions& options)
       status_ = absl::ResourceExhaustedError(
           absl::StrCat("no ", model::DeviceName(backend.device()), " memory for the state pool (",
                        pool_->bytes(), " bytes); lower --slots or --pages"));
-    }
-    if (absl::Status pinned = backend.PinHost(pool_->base(), pool_->bytes()); !pinned.ok()) {
+    } else if (absl::Status pinned = backend.PinHost(pool_->base(), pool_->bytes()); !pinned.ok()) {
       log::Warn("state pool not page-locked; staging copies run slower",
                 {{"error", std::string(pinned.message())}});
     }

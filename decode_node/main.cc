@@ -48,7 +48,8 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(int64_t{0}, int64_t{3600000}));
   app.add_flag("--poison-freed-memory", options.poison_freed_memory,
                "Fill freed pool memory with a poison pattern and count writes into it "
-               "(baton_pool_poison_violations; for tests and debugging)");
+               "(baton_pool_poison_violations; for tests and debugging). It watches the host "
+               "pool: with --device cuda, decode steps write the pool's device mirror instead");
   app.add_option("--inject-transfer-faults", transfer_faults,
                  "Faults in every StateBlock read, for tests: drop=P,corrupt=P,truncate=P,"
                  "delay_ms=N,seed=N");

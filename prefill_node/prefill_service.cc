@@ -176,10 +176,21 @@ absl::StatusOr<model::PrefillResult> PrefillService::ComputePrefill(
   if (model_.backend().host_memory()) return model_.Prefill(tokens, options, state);
   // On a device the prefill runs on a copy of the state in the engine's memory: in with what
   // the prefix load put into the exposed memory, out with the whole prompt for the transfer.
-  absl::StatusOr<std::unique_ptr<model::SequenceState>> device = model_.NewState();
-  if (!device.ok()) return device.status();
-  model::SequenceState& computed = **device;
+  // The copy is one zeroed allocation (rings, then the prompt's pages), so no page of it
+  // carries another request's rows.
+  const model::StateLayout layout = model_.state_layout();
   const int64_t L = static_cast<int64_t>(tokens.size());
+  const int64_t pages = (L + layout.block_size - 1) / layout.block_size;
+  const int64_t ring_floats = layout.producer_swa_floats() + layout.consumer_swa_floats();
+  model::BackendArray<float> memory(model_.backend(), ring_floats + pages * layout.page_floats());
+  if (memory.data() == nullptr) {
+    return absl::ResourceExhaustedError(absl::StrCat("no ",
+                                                     model::DeviceName(model_.backend().device()),
+                                                     " memory for a prompt of ", L, " tokens"));
+  }
+  model::ContiguousPageAllocator page_memory(layout, pages, memory.data() + ring_floats);
+  model::SequenceState computed(layout, &page_memory, memory.data(),
+                                memory.data() + layout.producer_swa_floats());
   if (absl::Status s = computed.EnsurePages(L); !s.ok()) return s;
   if (absl::Status s = model_.StageIn(model::StateCopies(state, computed, state.length)); !s.ok()) {
     return s;

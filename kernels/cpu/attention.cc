@@ -7,18 +7,10 @@
 #include <cstring>
 #include <vector>
 
+#include "vector.h"
+
 namespace baton::kernels {
 namespace {
-
-// The build targets baseline x86-64 (SSE2), which keeps the binaries portable; the hot row
-// loops are also compiled for AVX2 + FMA and AVX-512 and picked at load time by the CPU
-// (GCC function multiversioning).
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define BATON_VECTOR_CLONES \
-  __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define BATON_VECTOR_CLONES
-#endif
 
 // Sixteen independent partial sums: the compiler turns the inner loop into vector FMAs, where
 // one running sum would make every product wait for the one before it.
@@ -37,21 +29,6 @@ inline float Dot(const float* a, const float* b, int64_t n) {
 
 // Keys whose value rows one pass keeps in L1 (64 rows of head_dim 128 are 32 KiB).
 constexpr int64_t kValueBlock = 64;
-
-// Sixteen floats as one value (GCC vector extension): one AVX-512 register, two AVX2 or four
-// SSE registers, whichever the clone was compiled for.
-typedef float Vec16 __attribute__((vector_size(64)));
-
-// The sum of a vector's sixteen lanes by halving (four adds, not fifteen in a chain).
-inline float SumLanes(Vec16 x) {
-  typedef float Vec8 __attribute__((vector_size(32)));
-  typedef float Vec4 __attribute__((vector_size(16)));
-  const Vec8 h8 = __builtin_shufflevector(x, x, 0, 1, 2, 3, 4, 5, 6, 7) +
-                  __builtin_shufflevector(x, x, 8, 9, 10, 11, 12, 13, 14, 15);
-  const Vec4 h4 =
-      __builtin_shufflevector(h8, h8, 0, 1, 2, 3) + __builtin_shufflevector(h8, h8, 4, 5, 6, 7);
-  return (h4[0] + h4[2]) + (h4[1] + h4[3]);
-}
 
 // q . k for a head_dim known at compile time, in vector registers.
 template <int64_t kHd>

@@ -1,12 +1,99 @@
 #include "baton/kernels/gemm.h"
 
 #include <cblas.h>
+#include <omp.h>
 
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
+#include "vector.h"
+
 namespace baton::kernels {
 namespace {
+
+// Up to this many rows (a decode batch), Gemm runs FewRowsGemm instead of sgemm. sgemm packs
+// W into panels on every call, which for few rows costs as much memory traffic as the product
+// itself; FewRowsGemm reads each row of W once from memory and uses it for every row of X
+// (held in cache), so a decode step reads its weights once.
+constexpr int64_t kFewRows = 32;
+
+// Y tile of kRows x 4 outputs at x, w (4 rows of W), y: dots over `in` in vector lanes, the
+// tail past the last whole vector in scalar. Each output's sum runs in the same order whatever
+// the other rows are, so a row's result does not depend on the batch it is in.
+// Always inlined, so that each clone of FewRowsBlock compiles it for its own instruction set.
+template <int kRows>
+__attribute__((always_inline)) inline void FewRowsTile(const float* x, int64_t x_stride,
+                                                       const float* w, int64_t in, float* y,
+                                                       int64_t y_stride, float beta) {
+  Vec16 acc[kRows][4] = {};
+  int64_t k = 0;
+  for (; k + 16 <= in; k += 16) {
+    Vec16 wv[4];
+    for (int o = 0; o < 4; ++o) std::memcpy(&wv[o], w + o * in + k, sizeof(Vec16));
+    for (int r = 0; r < kRows; ++r) {
+      Vec16 xv;
+      std::memcpy(&xv, x + r * x_stride + k, sizeof(Vec16));
+      for (int o = 0; o < 4; ++o) acc[r][o] += xv * wv[o];
+    }
+  }
+  for (int r = 0; r < kRows; ++r) {
+    for (int o = 0; o < 4; ++o) {
+      float sum = SumLanes(acc[r][o]);
+      for (int64_t t = k; t < in; ++t) sum += x[r * x_stride + t] * w[o * in + t];
+      float& out = y[r * y_stride + o];
+      out = beta == 0.0f ? sum : sum + beta * out;  // beta 0 never reads Y (BLAS semantics)
+    }
+  }
+}
+
+// Outputs [o_begin, o_end) of every row: 4 outputs at a time (their W rows stay in L1 while
+// every row of X passes them), rows 4 at a time; the last outputs one at a time.
+BATON_VECTOR_CLONES
+void FewRowsBlock(const GemmParams& p, int64_t x_stride, int64_t y_stride, int64_t o_begin,
+                  int64_t o_end) {
+  int64_t o = o_begin;
+  for (; o + 4 <= o_end; o += 4) {
+    const float* w = p.w + o * p.in;
+    int64_t r = 0;
+    for (; r + 6 <= p.rows; r += 6) {
+      FewRowsTile<6>(p.x + r * x_stride, x_stride, w, p.in, p.y + r * y_stride + o, y_stride,
+                     p.beta);
+    }
+    for (; r + 3 <= p.rows; r += 3) {
+      FewRowsTile<3>(p.x + r * x_stride, x_stride, w, p.in, p.y + r * y_stride + o, y_stride,
+                     p.beta);
+    }
+    for (; r < p.rows; ++r) {
+      FewRowsTile<1>(p.x + r * x_stride, x_stride, w, p.in, p.y + r * y_stride + o, y_stride,
+                     p.beta);
+    }
+  }
+  for (; o < o_end; ++o) {
+    const float* w = p.w + o * p.in;
+    for (int64_t r = 0; r < p.rows; ++r) {
+      const float* x = p.x + r * x_stride;
+      float sum = 0.0f;
+      for (int64_t t = 0; t < p.in; ++t) sum += x[t] * w[t];
+      float& out = p.y[r * y_stride + o];
+      out = p.beta == 0.0f ? sum : sum + p.beta * out;
+    }
+  }
+}
+
+// The outputs split evenly (in blocks of 4) over the OpenMP team.
+void FewRowsGemm(const GemmParams& p) {
+  const int64_t x_stride = p.x_stride ? p.x_stride : p.in;
+  const int64_t y_stride = p.y_stride ? p.y_stride : p.out;
+  const int64_t blocks = (p.out + 3) / 4;
+#pragma omp parallel
+  {
+    const int64_t team = omp_get_num_threads(), t = omp_get_thread_num();
+    const int64_t begin = std::min(p.out, 4 * (blocks * t / team));
+    const int64_t end = std::min(p.out, 4 * (blocks * (t + 1) / team));
+    if (begin < end) FewRowsBlock(p, x_stride, y_stride, begin, end);
+  }
+}
 
 float FromBf16(Bf16 b) {
   const uint32_t bits = static_cast<uint32_t>(b) << 16;
@@ -19,6 +106,7 @@ float FromBf16(Bf16 b) {
 
 void Gemm(const GemmParams& p) {
   if (p.rows == 0 || p.out == 0) return;
+  if (p.rows <= kFewRows) return FewRowsGemm(p);
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(p.rows),
               static_cast<int>(p.out), static_cast<int>(p.in), 1.0f, p.x,
               static_cast<int>(p.x_stride ? p.x_stride : p.in), p.w, static_cast<int>(p.in), p.beta,

@@ -43,8 +43,11 @@ TEST(CpuOpsTest, GemmFp32WithStridesAndBeta) {
     int64_t rows, in, out, x_stride, y_stride;
     float beta;
   };
+  // Decode batches (up to 32 rows) take the few-rows kernel, longer ones sgemm; shapes cover
+  // whole and partial 4 x 4 tiles and vectors of 16.
   for (const Shape& s : {Shape{7, 33, 17, 40, 20, 0.0f}, Shape{1, 512, 96, 0, 0, 1.0f},
-                         Shape{65, 70, 3, 71, 5, 1.0f}}) {
+                         Shape{32, 1536, 130, 0, 0, 1.0f}, Shape{5, 16, 4, 16, 4, 0.0f},
+                         Shape{33, 64, 9, 0, 0, 0.0f}, Shape{65, 70, 3, 71, 5, 1.0f}}) {
     const int64_t xs = s.x_stride ? s.x_stride : s.in, ys = s.y_stride ? s.y_stride : s.out;
     const std::vector<float> x = Uniform(s.rows * xs, 1), w = Uniform(s.out * s.in, 2);
     std::vector<float> y = Uniform(s.rows * ys, 3), expected = y;
@@ -66,6 +69,26 @@ TEST(CpuOpsTest, GemmFp32WithStridesAndBeta) {
           .beta = s.beta});
     // Columns of Y beyond `out` (the stride's padding) stay as they were.
     ExpectClose(expected, y, 1e-5f, 1e-4f, "gemm " + std::to_string(s.rows));
+  }
+}
+
+// A decode step's rows go through one GEMM: each row's product must be the one it would get
+// alone, to the bit, so that a request's tokens do not depend on which others share its batch.
+TEST(CpuOpsTest, ARowsProductDoesNotDependOnItsBatch) {
+  const int64_t rows = 13, in = 200, out = 37;
+  const std::vector<float> x = Uniform(rows * in, 7), w = Uniform(out * in, 8);
+  std::vector<float> batch(rows * out);
+  Gemm({.rows = rows, .in = in, .out = out, .x = x.data(), .w = w.data(), .y = batch.data()});
+  for (int64_t r = 0; r < rows; ++r) {
+    std::vector<float> alone(out);
+    Gemm({.rows = 1,
+          .in = in,
+          .out = out,
+          .x = x.data() + r * in,
+          .w = w.data(),
+          .y = alone.data()});
+    EXPECT_EQ(0, std::memcmp(alone.data(), batch.data() + r * out, out * sizeof(float)))
+        << "row " << r;
   }
 }
 

@@ -12,7 +12,9 @@
 // node's pool over that memory. Logits and the producer-rows callback are always host memory.
 //
 // Threading: on a backend that is concurrent() (the CPU), calls may run on several threads at
-// once as long as they use different SequenceStates; otherwise the engine serialises them.
+// once as long as they use different SequenceStates; otherwise the engine serialises Prefill,
+// Decode, StageIn and StageOut, and the caller serialises what allocates or frees backend
+// memory outside them (NewState, EnsurePages, destroying a state).
 #pragma once
 
 #include <cstdint>
