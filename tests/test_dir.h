@@ -11,15 +11,26 @@
 
 namespace baton::testing {
 
+// Removed, with everything in it, when the process exits: every test case runs as a process of
+// its own and an e2e case writes a model of a few hundred MB, so a suite run must leave nothing
+// behind (a few runs would otherwise fill the disk).
 inline std::string ProcessTempDir() {
-  static const std::string dir = [] {
-    const std::filesystem::path path =
-        std::filesystem::path(::testing::TempDir()) / ("baton_test_" + std::to_string(getpid()));
-    std::filesystem::remove_all(path);
-    std::filesystem::create_directories(path);
-    return path.string();
-  }();
-  return dir;
+  struct Dir {
+    std::string path;
+    Dir()
+        : path((std::filesystem::path(::testing::TempDir()) /
+                ("baton_test_" + std::to_string(getpid())))
+                   .string()) {
+      std::filesystem::remove_all(path);
+      std::filesystem::create_directories(path);
+    }
+    ~Dir() {
+      std::error_code ignored;
+      std::filesystem::remove_all(path, ignored);
+    }
+  };
+  static const Dir dir;
+  return dir.path;
 }
 
 }  // namespace baton::testing

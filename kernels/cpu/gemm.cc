@@ -20,15 +20,20 @@ constexpr int64_t kFewRows = 32;
 
 // Y tile of kRows x 4 outputs at x, w (4 rows of W), y: dots over `in` in vector lanes, the
 // tail past the last whole vector in scalar. Each output's sum runs in the same order whatever
-// the other rows are, so a row's result does not depend on the batch it is in.
-// Always inlined, so that each clone of FewRowsBlock compiles it for its own instruction set.
-template <int kRows>
+// the other rows are, so a row's result does not depend on the batch it is in. Always inlined,
+// so that each clone of FewRowsBlock compiles it for its own instruction set. With kPrefetch, the
+// tile also asks for the next 4 rows of W (the next tile's, right after these in memory), so that
+// their read from memory overlaps this tile's arithmetic.
+template <int kRows, bool kPrefetch>
 __attribute__((always_inline)) inline void FewRowsTile(const float* x, int64_t x_stride,
                                                        const float* w, int64_t in, float* y,
                                                        int64_t y_stride, float beta) {
   Vec16 acc[kRows][4] = {};
   int64_t k = 0;
   for (; k + 16 <= in; k += 16) {
+    if constexpr (kPrefetch) {
+      for (int o = 0; o < 4; ++o) __builtin_prefetch(w + (4 + o) * in + k);
+    }
     Vec16 wv[4];
     for (int o = 0; o < 4; ++o) std::memcpy(&wv[o], w + o * in + k, sizeof(Vec16));
     for (int r = 0; r < kRows; ++r) {
@@ -48,25 +53,39 @@ __attribute__((always_inline)) inline void FewRowsTile(const float* x, int64_t x
 }
 
 // Outputs [o_begin, o_end) of every row: 4 outputs at a time (their W rows stay in L1 while
-// every row of X passes them), rows 4 at a time; the last outputs one at a time.
+// every row of X passes them), rows 6, then 3, then 1 at a time; the last outputs one at a
+// time.
 BATON_VECTOR_CLONES
 void FewRowsBlock(const GemmParams& p, int64_t x_stride, int64_t y_stride, int64_t o_begin,
                   int64_t o_end) {
   int64_t o = o_begin;
   for (; o + 4 <= o_end; o += 4) {
     const float* w = p.w + o * p.in;
+    // The first tile of rows prefetches the next outputs' W rows (none past the block).
     int64_t r = 0;
+    if (o + 8 <= o_end) {
+      if (p.rows >= 6) {
+        FewRowsTile<6, true>(p.x, x_stride, w, p.in, p.y + o, y_stride, p.beta);
+        r = 6;
+      } else if (p.rows >= 3) {
+        FewRowsTile<3, true>(p.x, x_stride, w, p.in, p.y + o, y_stride, p.beta);
+        r = 3;
+      } else {
+        FewRowsTile<1, true>(p.x, x_stride, w, p.in, p.y + o, y_stride, p.beta);
+        r = 1;
+      }
+    }
     for (; r + 6 <= p.rows; r += 6) {
-      FewRowsTile<6>(p.x + r * x_stride, x_stride, w, p.in, p.y + r * y_stride + o, y_stride,
-                     p.beta);
+      FewRowsTile<6, false>(p.x + r * x_stride, x_stride, w, p.in, p.y + r * y_stride + o, y_stride,
+                            p.beta);
     }
     for (; r + 3 <= p.rows; r += 3) {
-      FewRowsTile<3>(p.x + r * x_stride, x_stride, w, p.in, p.y + r * y_stride + o, y_stride,
-                     p.beta);
+      FewRowsTile<3, false>(p.x + r * x_stride, x_stride, w, p.in, p.y + r * y_stride + o, y_stride,
+                            p.beta);
     }
     for (; r < p.rows; ++r) {
-      FewRowsTile<1>(p.x + r * x_stride, x_stride, w, p.in, p.y + r * y_stride + o, y_stride,
-                     p.beta);
+      FewRowsTile<1, false>(p.x + r * x_stride, x_stride, w, p.in, p.y + r * y_stride + o, y_stride,
+                            p.beta);
     }
   }
   for (; o < o_end; ++o) {
