@@ -1,6 +1,8 @@
 // GEMM against PyTorch Linear weights: Y = X W^T + beta * Y, in FP32 (Gemm) or with BF16
 // inputs and FP32 accumulation and output (GemmBf16, the usual serving precision on GPUs). The
-// CPU backend runs both on OpenBLAS sgemm, which uses every core; the CUDA backend on cuBLAS.
+// CPU backend runs both on OpenBLAS sgemm, which uses every core, except products of up to 32
+// rows (decode batches), which run on its own kernel that reads each row of W once and gives
+// every row of Y the value it would have alone; the CUDA backend runs on cuBLAS.
 #pragma once
 
 #include <cstdint>
