@@ -114,6 +114,12 @@ absl::Status CedEngine::Upload() {
   return synced;
 }
 
+std::unique_lock<std::mutex> CedEngine::Serialize() {
+  std::unique_lock<std::mutex> lock(serial_, std::defer_lock);
+  if (!backend_->concurrent()) lock.lock();
+  return lock;
+}
+
 std::unique_ptr<CedEngine::Workspace> CedEngine::TakeWorkspace() {
   std::lock_guard<std::mutex> lock(workspaces_mutex_);
   if (workspaces_.empty()) return std::make_unique<Workspace>();
@@ -404,8 +410,7 @@ absl::Status CedEngine::RunStep(const StepPlan& step, const ProducerRowsCallback
 absl::StatusOr<PrefillResult> CedEngine::Prefill(std::span<const int32_t> tokens,
                                                  const PrefillOptions& options,
                                                  SequenceState& state) {
-  std::unique_lock<std::mutex> serial(serial_, std::defer_lock);
-  if (!backend_->concurrent()) serial.lock();
+  const std::unique_lock<std::mutex> serial = Serialize();
   absl::StatusOr<PrefillSchedule> schedule =
       SchedulePrefill(config_, tokens, options, state.length);
   if (!schedule.ok()) return schedule.status();
@@ -447,8 +452,7 @@ absl::StatusOr<PrefillResult> CedEngine::Prefill(std::span<const int32_t> tokens
 }
 
 absl::Status CedEngine::Decode(std::span<const DecodeItem> batch) {
-  std::unique_lock<std::mutex> serial(serial_, std::defer_lock);
-  if (!backend_->concurrent()) serial.lock();
+  const std::unique_lock<std::mutex> serial = Serialize();
   const size_t n = batch.size();
   std::vector<SequenceState*> states(n);
   std::vector<int32_t> tokens(n);
@@ -472,15 +476,13 @@ absl::Status CedEngine::Decode(std::span<const DecodeItem> batch) {
 }
 
 absl::Status CedEngine::StageIn(std::span<const StageCopy> copies) {
-  std::unique_lock<std::mutex> serial(serial_, std::defer_lock);
-  if (!backend_->concurrent()) serial.lock();
+  const std::unique_lock<std::mutex> serial = Serialize();
   for (const StageCopy& copy : copies) backend_->CopyIn(copy.dst, copy.src, copy.bytes);
   return backend_->Synchronize();
 }
 
 absl::Status CedEngine::StageOut(std::span<const StageCopy> copies) {
-  std::unique_lock<std::mutex> serial(serial_, std::defer_lock);
-  if (!backend_->concurrent()) serial.lock();
+  const std::unique_lock<std::mutex> serial = Serialize();
   for (const StageCopy& copy : copies) backend_->CopyOut(copy.dst, copy.src, copy.bytes);
   return backend_->Synchronize();
 }

@@ -211,8 +211,8 @@ std::shared_ptr<RouterService::Node> RouterService::Pick(v1::NodeRole role,
                      .role = node->info.role(),
                      .last_seen = node->last_seen,
                      .inflight = node->inflight,
-                     .queued = static_cast<int64_t>(node->info.load().queued_requests()),
-                     .free_pages = static_cast<int64_t>(node->info.load().free_pages())});
+                     .queued = node->info.load().queued_requests(),
+                     .free_pages = node->info.load().free_pages()});
   }
   const int64_t chosen = SelectNode(loads, role, exclude, Clock::now(),
                                     std::chrono::milliseconds(options_.node_ttl_ms));

@@ -3,6 +3,8 @@
 // for the retry (ClassifyPrefillFailure).
 #include "baton/router/routing.h"
 
+#include <limits>
+
 #include "baton/model/model_factory.h"
 #include "baton/router/router_service.h"
 #include "gmock/gmock.h"
@@ -136,6 +138,9 @@ TEST(SelectNodeTest, MoreFreePagesBreakATieThenTheEarlierNode) {
   EXPECT_EQ(SelectNode(nodes, v1::NODE_ROLE_DECODE, {}, now, ttl), 1);
   nodes[2].free_pages = 51;
   EXPECT_EQ(SelectNode(nodes, v1::NODE_ROLE_DECODE, {}, now, ttl), 2);
+  // A reported count is taken whole (uint64 on the wire), never wrapped negative.
+  nodes[1].free_pages = std::numeric_limits<uint64_t>::max();
+  EXPECT_EQ(SelectNode(nodes, v1::NODE_ROLE_DECODE, {}, now, ttl), 1);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -95,6 +95,8 @@ class CedEngine : public Engine {
   // Runs the layer stack over `step`; logits of its logit rows go to `logits` (host).
   absl::Status RunStep(const StepPlan& step, const ProducerRowsCallback* on_producer_rows,
                        float* logits);
+  // Holds serial_ when the backend is not concurrent (unlocked otherwise).
+  std::unique_lock<std::mutex> Serialize();
   std::unique_ptr<Workspace> TakeWorkspace();
   void ReturnWorkspace(std::unique_ptr<Workspace> workspace);
 

@@ -19,9 +19,9 @@ struct NodeLoad {
   std::string id;
   v1::NodeRole role = v1::NODE_ROLE_UNSPECIFIED;
   std::chrono::steady_clock::time_point last_seen;
-  int64_t inflight = 0;    // requests this router sent there and has not finished
-  int64_t queued = 0;      // what the node last reported waiting
-  int64_t free_pages = 0;  // what the node last reported free
+  int64_t inflight = 0;     // requests this router sent there and has not finished
+  uint32_t queued = 0;      // what the node last reported waiting
+  uint64_t free_pages = 0;  // what the node last reported free
 };
 
 // The node of `role` to use: heard from within `ttl` of `now`, not in `exclude`, with the least
