@@ -1,6 +1,8 @@
 // Prefill and decode figures of the CPU forward pass on one model, beside this machine's own
 // limits measured in the same run: OpenBLAS sgemm GFLOP/s and memcpy bandwidth. Prints a
-// table, or one JSON object with --json. Not a test: nothing here asserts a time.
+// table, or one JSON object with --json. Decode runs with FP32 weights ("decode") and with BF16
+// weight matrices ("decode_bf16", with each step over the FP32 one). Not a test: nothing here
+// asserts a time.
 //
 //   baton_model_bench --model DIR [--lengths 1024,4096] [--keep 140] [--batches 1,8,32]
 //                     [--decode-context 512] [--repeats 3] [--json]
@@ -23,6 +25,7 @@ namespace {
 
 using baton::model::Engine;
 using baton::model::TruncationMode;
+using baton::model::WeightType;
 using Clock = std::chrono::steady_clock;
 
 template <typename F>
@@ -53,6 +56,23 @@ double MemcpyGBps(int repeats) {
   const double seconds =
       MedianSeconds(repeats, [&] { std::memcpy(to.data(), from.data(), bytes); });
   return static_cast<double>(bytes) / seconds / 1e9;
+}
+
+// FLOPs of one decode row at position t (untruncated): the estimator's work for a prompt of
+// t + 1 tokens computed as chunks [0, t) and [t, t + 1), less its work for the first t tokens
+// alone. Each estimate counts the LM head of its last row once, so they cancel and one is
+// added back.
+double DecodeRowFlops(const baton::ModelConfig& config, int64_t t) {
+  auto total = [&](std::span<const int64_t> lens, int64_t prompt_len) {
+    return baton::model::EstimateWork({.prompt_len = prompt_len,
+                                       .window = config.sliding_window,
+                                       .max_backtrack = config.max_backtrack},
+                                      lens, &config)
+        .flops->total();
+  };
+  const int64_t split[] = {t, 1}, prefix[] = {t};
+  return total(split, t + 1) - total(prefix, t) +
+         2.0 * static_cast<double>(config.hidden_size) * static_cast<double>(config.vocab_size);
 }
 
 std::vector<int32_t> Prompt(int64_t length, int64_t vocab, uint64_t seed) {
@@ -121,48 +141,74 @@ int main(int argc, char** argv) {
   }
 
   // Decode: every request holds a decode_context-token prompt; one step for the whole batch.
-  int64_t weight_bytes = 0;
-  {
+  // Measured with FP32 weights ("decode") and again with BF16 weight matrices ("decode_bf16").
+  auto loaded_bf16 =
+      baton::model::LoadEngine(model_dir, baton::model::Device::kCpu, WeightType::kBf16);
+  if (!loaded_bf16.ok()) {
+    std::cerr << loaded_bf16.status().message() << "\n";
+    return 2;
+  }
+  const auto layout = model.state_layout();
+  auto measure_decode = [&](Engine& engine, WeightType weight_type, const std::string& key) {
+    // Bytes of weights one step reads: the matrices in the engine's type, the embedding table
+    // and the norms in FP32.
+    int64_t weight_bytes = 0;
     auto weights = baton::model::LoadCedWeights(model_dir);
     for (const auto& slot : baton::model::WeightTensorSlots(*weights)) {
       int64_t n = 1;
       for (int64_t dim : slot.shape) n *= dim;
-      weight_bytes += n * 4;
+      const bool matrix = slot.shape.size() == 2 && slot.name.find("embed") == std::string::npos;
+      weight_bytes += n * (matrix && weight_type == WeightType::kBf16 ? 2 : 4);
     }
-  }
-  const auto layout = model.state_layout();
-  for (int64_t batch : *batches) {
-    std::vector<std::unique_ptr<baton::model::SequenceState>> states;
-    for (int64_t i = 0; i < batch; ++i) {
-      states.push_back(std::make_unique<baton::model::SequenceState>(layout));
-      auto result = model.Prefill(Prompt(decode_context, config.vocab_size, 100 + i),
-                                  {.mode = TruncationMode::kCompact, .keep = keep}, *states.back());
-      if (!result.ok()) std::abort();
+    for (int64_t batch : *batches) {
+      std::vector<std::unique_ptr<baton::model::SequenceState>> states;
+      for (int64_t i = 0; i < batch; ++i) {
+        states.push_back(std::make_unique<baton::model::SequenceState>(layout));
+        auto result =
+            engine.Prefill(Prompt(decode_context, config.vocab_size, 100 + i),
+                           {.mode = TruncationMode::kCompact, .keep = keep}, *states.back());
+        if (!result.ok()) std::abort();
+      }
+      std::vector<std::vector<float>> logits(batch, std::vector<float>(config.vocab_size));
+      const int steps = 8;
+      const double seconds =
+          MedianSeconds(repeats,
+                        [&] {
+                          for (int s = 0; s < steps; ++s) {
+                            std::vector<baton::model::DecodeItem> items;
+                            for (int64_t i = 0; i < batch; ++i)
+                              items.push_back({states[i].get(), 7, logits[i].data()});
+                            if (!engine.Decode(items).ok()) std::abort();
+                          }
+                        }) /
+          steps;
+      // Bytes one step must read: every weight once, plus each request's block KV and rings.
+      const int64_t context = decode_context + steps * repeats;
+      const int64_t state_bytes = 4 * (context * layout.consumer_layers * 2 * layout.kv_dim +
+                                       layout.producer_swa_floats() + layout.consumer_swa_floats());
+      const double bytes = static_cast<double>(weight_bytes + batch * state_bytes);
+      const double bandwidth_bound = bytes / (out["machine"]["memcpy_gbps"].get<double>() * 1e9);
+      // FLOPs one step must do: each request's row at a position in the middle of the timed
+      // steps, at the sgemm rate.
+      const double flops = static_cast<double>(batch) * DecodeRowFlops(config, context - steps);
+      const double compute_bound = flops / (out["machine"]["sgemm_gflops"].get<double>() * 1e9);
+      const double bound = std::max(bandwidth_bound, compute_bound);
+      out[key].push_back({{"batch", batch},
+                          {"weights", std::string(baton::model::WeightTypeName(weight_type))},
+                          {"step_ms", seconds * 1e3},
+                          {"bytes_read", bytes},
+                          {"bandwidth_bound_ms", bandwidth_bound * 1e3},
+                          {"flops", flops},
+                          {"compute_bound_ms", compute_bound * 1e3},
+                          {"bound_ms", bound * 1e3},
+                          {"step_over_bound", seconds / bound}});
     }
-    std::vector<std::vector<float>> logits(batch, std::vector<float>(config.vocab_size));
-    const int steps = 8;
-    const double seconds =
-        MedianSeconds(repeats,
-                      [&] {
-                        for (int s = 0; s < steps; ++s) {
-                          std::vector<baton::model::DecodeItem> items;
-                          for (int64_t i = 0; i < batch; ++i)
-                            items.push_back({states[i].get(), 7, logits[i].data()});
-                          if (!model.Decode(items).ok()) std::abort();
-                        }
-                      }) /
-        steps;
-    // Bytes one step must read: every weight once, plus each request's block KV and rings.
-    const int64_t context = decode_context + steps * repeats;
-    const int64_t state_bytes = 4 * (context * layout.consumer_layers * 2 * layout.kv_dim +
-                                     layout.producer_swa_floats() + layout.consumer_swa_floats());
-    const double bytes = static_cast<double>(weight_bytes + batch * state_bytes);
-    const double bound = bytes / (out["machine"]["memcpy_gbps"].get<double>() * 1e9);
-    out["decode"].push_back({{"batch", batch},
-                             {"step_ms", seconds * 1e3},
-                             {"bytes_read", bytes},
-                             {"bandwidth_bound_ms", bound * 1e3},
-                             {"step_over_bound", seconds / bound}});
+  };
+  measure_decode(model, WeightType::kFp32, "decode");
+  measure_decode(**loaded_bf16, WeightType::kBf16, "decode_bf16");
+  for (size_t i = 0; i < out["decode"].size(); ++i) {
+    out["decode_bf16"][i]["step_over_fp32"] =
+        out["decode_bf16"][i]["step_ms"].get<double>() / out["decode"][i]["step_ms"].get<double>();
   }
 
   if (json_output) {
@@ -179,9 +225,17 @@ int main(int argc, char** argv) {
                                  p["model_gflops_per_s"].get<double>());
   }
   for (const auto& d : out["decode"]) {
-    std::cout << absl::StrFormat("decode batch=%-3d step %7.2f ms (bandwidth bound %.2f ms)\n",
-                                 d["batch"].get<int64_t>(), d["step_ms"].get<double>(),
-                                 d["bandwidth_bound_ms"].get<double>());
+    std::cout << absl::StrFormat(
+        "decode batch=%-3d step %7.2f ms (bandwidth bound %.2f ms, compute bound %.2f ms)\n",
+        d["batch"].get<int64_t>(), d["step_ms"].get<double>(),
+        d["bandwidth_bound_ms"].get<double>(), d["compute_bound_ms"].get<double>());
+  }
+  for (const auto& d : out["decode_bf16"]) {
+    std::cout << absl::StrFormat(
+        "decode batch=%-3d bf16 weights: step %7.2f ms (%.2fx the fp32 step; bandwidth bound %.2f "
+        "ms)\n",
+        d["batch"].get<int64_t>(), d["step_ms"].get<double>(), d["step_over_fp32"].get<double>(),
+        d["bandwidth_bound_ms"].get<double>());
   }
   return 0;
 }

@@ -53,12 +53,16 @@ for length in sorted({p["length"] for p in baton["prefill"]}):
     off, compact = b[(length, "off")], b[(length, "compact")]
     print(f"L={length}: compact/off time {compact['seconds'] / off['seconds']:.3f}, "
           f"estimator FLOP ratio {compact['model_flops'] / off['model_flops']:.3f}")
+print("decode: bound = max(bytes read / memcpy rate, FLOPs / sgemm rate)")
 print("decode batch  baton ms/step  bound ms  step/bound  torch ms/step  torch/baton")
 td = {d["batch"]: d for d in torch["decode"]}
 for d in baton["decode"]:
     q = td[d["batch"]]
-    print(f"       {d['batch']:5d}  {d['step_ms']:13.2f}  {d['bandwidth_bound_ms']:8.2f}  {d['step_over_bound']:10.2f}  "
+    print(f"       {d['batch']:5d}  {d['step_ms']:13.2f}  {d['bound_ms']:8.2f}  {d['step_over_bound']:10.2f}  "
           f"{q['step_ms']:13.2f}  {q['step_ms'] / d['step_ms']:11.2f}")
+print("decode, BF16 weight matrices (same run): batch  ms/step  bf16/fp32 step  step/bound")
+for d in baton["decode_bf16"]:
+    print(f"       {d['batch']:5d}  {d['step_ms']:7.2f}  {d['step_over_fp32']:14.2f}  {d['step_over_bound']:10.2f}")
 PY
 if [[ -n "${BEFORE_BUILD_DIR:-}" ]]; then
   /usr/bin/python3 - "$work" <<'PY'

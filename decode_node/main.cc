@@ -17,11 +17,14 @@ int main(int argc, char** argv) {
   baton::decode_node::DecodeOptions options;
   bool no_ucx = false;
   std::string transfer_faults;
-  std::string device = "cpu";
+  std::string device = "cpu", weights = "fp32";
   app.add_option("--model", model_dir, "Model directory")->required();
   app.add_option("--device", device,
                  "Where the model runs: cpu, or cuda (a CUDA build on a machine with a GPU; the "
                  "node exits 2 naming the reason otherwise)");
+  app.add_option("--weights", weights,
+                 "How the model's weight matrices are held: fp32, or bf16 (--device cpu only; "
+                 "halves the bytes a decode step reads; give every node of a cluster the same)");
   baton::AddServerFlags(app, flags);
   app.add_option("--router", router, "Router address to register with");
   app.add_option("--node-id", node_id, "Name reported to the router");
@@ -76,7 +79,7 @@ int main(int argc, char** argv) {
     }
     options.transfer_faults = *spec;
   }
-  auto model = baton::model::LoadEngineOnDevice(model_dir, device);
+  auto model = baton::model::LoadEngineOnDevice(model_dir, device, weights);
   if (!model.ok()) {
     baton::log::Error("cannot start", {{"error", std::string(model.status().message())}});
     return 2;

@@ -17,22 +17,43 @@ absl::StatusOr<std::unique_ptr<SequenceState>> Engine::NewState() {
   return state;
 }
 
+absl::string_view WeightTypeName(WeightType type) {
+  return type == WeightType::kBf16 ? "bf16" : "fp32";
+}
+
+absl::StatusOr<WeightType> ParseWeightType(absl::string_view name, absl::string_view flag) {
+  if (name == "fp32") return WeightType::kFp32;
+  if (name == "bf16") return WeightType::kBf16;
+  return absl::InvalidArgumentError(
+      absl::StrCat(flag, ": '", name, "' is unknown; allowed: fp32, bf16"));
+}
+
 // The weights as the layer stack reads them: backend memory, laid out as CedWeights'.
 struct CedEngine::Weights {
+  // A weight matrix [out, in]: FP32, or BF16 on the CPU backend.
+  struct Matrix {
+    const float* f32 = nullptr;
+    const kernels::Bf16* bf16 = nullptr;
+    // Its rows from `first` on.
+    Matrix From(int64_t first, int64_t in) const {
+      return {f32 ? f32 + first * in : nullptr, bf16 ? bf16 + first * in : nullptr};
+    }
+  };
   struct Layer {
     const float* attn_norm;
-    const float* qkv;  // q_swa_kv in consumers
-    const float* o;
+    Matrix qkv;  // q_swa_kv in consumers
+    Matrix o;
     const float* mlp_norm;
-    const float* gate_up;
-    const float* down;
+    Matrix gate_up;
+    Matrix down;
   };
   const float* embed = nullptr;
-  const float* global_kv = nullptr;
+  Matrix global_kv;
   const float* final_norm = nullptr;
-  const float* lm_head = nullptr;
+  Matrix lm_head;
   std::vector<Layer> producers, consumers;
-  std::vector<BackendArray<float>> uploaded;  // owned copies on a device backend
+  std::vector<BackendArray<float>> uploaded;       // owned copies on a device backend
+  std::vector<std::vector<kernels::Bf16>> narrow;  // BF16 matrices (host memory)
 };
 
 // One step's activations, grown to the largest step seen and reused.
@@ -70,13 +91,19 @@ CedEngine::~CedEngine() {
 }
 
 absl::StatusOr<std::unique_ptr<CedEngine>> CedEngine::Create(CedWeights weights,
-                                                             std::unique_ptr<Backend> backend) {
+                                                             std::unique_ptr<Backend> backend,
+                                                             WeightType weight_type) {
+  if (weight_type == WeightType::kBf16 && backend->device() != Device::kCpu) {
+    return absl::InvalidArgumentError(absl::StrCat("--weights bf16 is for --device cpu; the ",
+                                                   DeviceName(backend->device()),
+                                                   " backend reads fp32 weights"));
+  }
   std::unique_ptr<CedEngine> engine(new CedEngine(std::move(weights), std::move(backend)));
-  if (absl::Status s = engine->Upload(); !s.ok()) return s;
+  if (absl::Status s = engine->Upload(weight_type); !s.ok()) return s;
   return engine;
 }
 
-absl::Status CedEngine::Upload() {
+absl::Status CedEngine::Upload(WeightType weight_type) {
   Backend& backend = *backend_;
   const bool in_place = backend.host_memory();
   bool ok = true;
@@ -91,19 +118,29 @@ absl::Status CedEngine::Upload() {
     weights_->uploaded.push_back(std::move(copy));
     return weights_->uploaded.back().data();
   };
-  const CedWeights& w = host_weights_;
+  // A matrix as the step reads it. In BF16 (host memory only), the FP32 copy is released.
+  auto matrix = [&](std::vector<float>& host) -> Weights::Matrix {
+    if (weight_type == WeightType::kFp32) return {.f32 = place(host)};
+    std::vector<kernels::Bf16>& narrow = weights_->narrow.emplace_back(host.size());
+    kernels::ToBf16(
+        {.count = static_cast<int64_t>(host.size()), .in = host.data(), .out = narrow.data()});
+    std::vector<float>().swap(host);
+    return {.bf16 = narrow.data()};
+  };
+  CedWeights& w = host_weights_;
   Weights& d = *weights_;
   d.embed = place(w.embed);
-  d.global_kv = place(w.global_kv);
+  d.global_kv = matrix(w.global_kv);
   d.final_norm = place(w.final_norm);
-  d.lm_head = config_.tie_word_embeddings ? d.embed : place(w.lm_head);
-  for (const ProducerLayerWeights& l : w.producers) {
-    d.producers.push_back({place(l.attn_norm), place(l.qkv), place(l.o), place(l.mlp_norm),
-                           place(l.gate_up), place(l.down)});
+  // A tied LM head is the embedding table, which the embedding lookup reads in FP32.
+  d.lm_head = config_.tie_word_embeddings ? Weights::Matrix{.f32 = d.embed} : matrix(w.lm_head);
+  for (ProducerLayerWeights& l : w.producers) {
+    d.producers.push_back({place(l.attn_norm), matrix(l.qkv), matrix(l.o), place(l.mlp_norm),
+                           matrix(l.gate_up), matrix(l.down)});
   }
-  for (const ConsumerLayerWeights& l : w.consumers) {
-    d.consumers.push_back({place(l.attn_norm), place(l.q_swa_kv), place(l.o), place(l.mlp_norm),
-                           place(l.gate_up), place(l.down)});
+  for (ConsumerLayerWeights& l : w.consumers) {
+    d.consumers.push_back({place(l.attn_norm), matrix(l.q_swa_kv), matrix(l.o), place(l.mlp_norm),
+                           matrix(l.gate_up), matrix(l.down)});
   }
   const absl::Status synced = backend.Synchronize();
   if (!ok) {
@@ -199,13 +236,19 @@ absl::Status CedEngine::RunStep(const StepPlan& step, const ProducerRowsCallback
   const int32_t* const positions = ints + step.positions;
   const int32_t* const consumer_positions = ints + step.consumer_positions;
 
+  // Y = X W^T (+ Y) against a weight matrix in whichever type the engine holds it.
+  auto gemm = [&](kernels::GemmParams p, const Weights::Matrix& w) {
+    p.w = w.f32;
+    p.w_bf16 = w.bf16;
+    be.Gemm(p);
+  };
   // o_proj into the residual, then the SwiGLU MLP; shared by both layer groups.
   auto output_and_mlp = [&](float* hidden, int64_t n, const Weights::Layer& w) {
-    be.Gemm({.rows = n, .in = q_dim, .out = d, .x = attn, .w = w.o, .y = hidden, .beta = 1.0f});
+    gemm({.rows = n, .in = q_dim, .out = d, .x = attn, .y = hidden, .beta = 1.0f}, w.o);
     be.RmsNorm({.rows = n, .dim = d, .x = hidden, .weight = w.mlp_norm, .out = x, .eps = eps});
-    be.Gemm({.rows = n, .in = d, .out = 2 * inter, .x = x, .w = w.gate_up, .y = gate_up});
+    gemm({.rows = n, .in = d, .out = 2 * inter, .x = x, .y = gate_up}, w.gate_up);
     be.SwiGlu({.rows = n, .inter = inter, .gate_up = gate_up, .out = act});
-    be.Gemm({.rows = n, .in = inter, .out = d, .x = act, .w = w.down, .y = hidden, .beta = 1.0f});
+    gemm({.rows = n, .in = inter, .out = d, .x = act, .y = hidden, .beta = 1.0f}, w.down);
   };
   // K and V of `n` qkv rows from `first` into one layer's rings at the plan's slots (-1: none).
   auto write_ring = [&](float* ring, int64_t layer, int64_t n, int64_t first,
@@ -258,7 +301,7 @@ absl::Status CedEngine::RunStep(const StepPlan& step, const ProducerRowsCallback
   for (int64_t l = 0; l < c.num_producer_layers(); ++l) {
     const Weights::Layer& w = wt.producers[l];
     be.RmsNorm({.rows = rows, .dim = d, .x = h, .weight = w.attn_norm, .out = x, .eps = eps});
-    be.Gemm({.rows = rows, .in = d, .out = qkv_dim, .x = x, .w = w.qkv, .y = qkv});
+    gemm({.rows = rows, .in = d, .out = qkv_dim, .x = x, .y = qkv}, w.qkv);
     be.Rope({.rows = rows,
              .heads = H + Hkv,
              .head_dim = hd,
@@ -300,7 +343,7 @@ absl::Status CedEngine::RunStep(const StepPlan& step, const ProducerRowsCallback
               .weight = wt.consumers[0].attn_norm,
               .out = shared,
               .eps = eps});
-  be.Gemm({.rows = rows, .in = d, .out = global_dim, .x = shared, .w = wt.global_kv, .y = global});
+  gemm({.rows = rows, .in = d, .out = global_dim, .x = shared, .y = global}, wt.global_kv);
   for (int64_t l = 0; l < D; ++l) {
     be.Rope({.rows = rows,
              .heads = Hkv,
@@ -342,23 +385,18 @@ absl::Status CedEngine::RunStep(const StepPlan& step, const ProducerRowsCallback
     be.RmsNorm(
         {.rows = consumer_rows, .dim = d, .x = hc, .weight = w.attn_norm, .out = x, .eps = eps});
     if (!c.yoco_swa_share_hidden) {
-      be.Gemm({.rows = consumer_rows, .in = d, .out = qkv_dim, .x = x, .w = w.qkv, .y = qkv});
+      gemm({.rows = consumer_rows, .in = d, .out = qkv_dim, .x = x, .y = qkv}, w.qkv);
     } else {
       // SWA K/V from the shared boundary rows instead of this layer's own input.
-      be.Gemm({.rows = consumer_rows,
-               .in = d,
-               .out = q_dim,
-               .x = x,
-               .w = w.qkv,
-               .y = qkv,
-               .y_stride = qkv_dim});
-      be.Gemm({.rows = consumer_rows,
-               .in = d,
-               .out = 2 * kv_dim,
-               .x = sc,
-               .w = w.qkv + q_dim * d,
-               .y = qkv + q_dim,
-               .y_stride = qkv_dim});
+      gemm({.rows = consumer_rows, .in = d, .out = q_dim, .x = x, .y = qkv, .y_stride = qkv_dim},
+           w.qkv);
+      gemm({.rows = consumer_rows,
+            .in = d,
+            .out = 2 * kv_dim,
+            .x = sc,
+            .y = qkv + q_dim,
+            .y_stride = qkv_dim},
+           w.qkv.From(q_dim, d));
     }
     be.Rope({.rows = consumer_rows,
              .heads = H + Hkv,
@@ -401,8 +439,7 @@ absl::Status CedEngine::RunStep(const StepPlan& step, const ProducerRowsCallback
               .weight = wt.final_norm,
               .out = final_rows,
               .eps = eps});
-  be.Gemm(
-      {.rows = n_logits, .in = d, .out = V, .x = final_rows, .w = wt.lm_head, .y = step_logits});
+  gemm({.rows = n_logits, .in = d, .out = V, .x = final_rows, .y = step_logits}, wt.lm_head);
   if (step_logits != logits) be.CopyOut(logits, step_logits, n_logits * V * sizeof(float));
   return be.Synchronize();
 }

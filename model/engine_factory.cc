@@ -39,11 +39,12 @@ absl::StatusOr<void*> LoadCudaBackendLibrary() {
 #endif
 
 absl::StatusOr<std::unique_ptr<Engine>> LoadOnto(const std::string& model_dir,
-                                                 std::unique_ptr<Backend> backend) {
+                                                 std::unique_ptr<Backend> backend,
+                                                 WeightType weight_type) {
   absl::StatusOr<CedWeights> weights = LoadCedWeights(model_dir);
   if (!weights.ok()) return weights.status();
   absl::StatusOr<std::unique_ptr<CedEngine>> engine =
-      CedEngine::Create(*std::move(weights), std::move(backend));
+      CedEngine::Create(*std::move(weights), std::move(backend), weight_type);
   if (!engine.ok()) return engine.status();
   return std::unique_ptr<Engine>(*std::move(engine));
 }
@@ -71,22 +72,26 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(Device device, int ordinal)
 #endif
 }
 
-absl::StatusOr<std::unique_ptr<Engine>> LoadEngine(const std::string& model_dir, Device device) {
+absl::StatusOr<std::unique_ptr<Engine>> LoadEngine(const std::string& model_dir, Device device,
+                                                   WeightType weight_type) {
   absl::StatusOr<std::unique_ptr<Backend>> backend = MakeBackend(device);
   if (!backend.ok()) return backend.status();
-  return LoadOnto(model_dir, *std::move(backend));
+  return LoadOnto(model_dir, *std::move(backend), weight_type);
 }
 
 absl::StatusOr<std::unique_ptr<Engine>> LoadEngineOnDevice(const std::string& model_dir,
-                                                           const std::string& device) {
+                                                           const std::string& device,
+                                                           const std::string& weights) {
   absl::StatusOr<Device> parsed = ParseDevice(device, "--device");
   if (!parsed.ok()) return parsed.status();
+  absl::StatusOr<WeightType> weight_type = ParseWeightType(weights, "--weights");
+  if (!weight_type.ok()) return weight_type.status();
   absl::StatusOr<std::unique_ptr<Backend>> backend = MakeBackend(*parsed);
   if (!backend.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat("--device ", device, ": ", backend.status().message()));
   }
-  return LoadOnto(model_dir, *std::move(backend));
+  return LoadOnto(model_dir, *std::move(backend), *weight_type);
 }
 
 }  // namespace baton::model

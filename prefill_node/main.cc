@@ -13,11 +13,14 @@ int main(int argc, char** argv) {
   baton::ServerFlags flags;
   baton::prefill_node::PrefillOptions options;
   bool no_ucx = false;
-  std::string device = "cpu";
+  std::string device = "cpu", weights = "fp32";
   app.add_option("--model", model_dir, "Model directory")->required();
   app.add_option("--device", device,
                  "Where the model runs: cpu, or cuda (a CUDA build on a machine with a GPU; the "
                  "node exits 2 naming the reason otherwise)");
+  app.add_option("--weights", weights,
+                 "How the model's weight matrices are held: fp32, or bf16 (--device cpu only; "
+                 "halves the bytes a decode step reads; give every node of a cluster the same)");
   baton::AddServerFlags(app, flags);
   app.add_option("--router", router, "Router address to register with");
   app.add_option("--node-id", node_id, "Name reported to the router");
@@ -48,7 +51,7 @@ int main(int argc, char** argv) {
     return *exit;
   }
   options.use_ucx = !no_ucx;
-  auto model = baton::model::LoadEngineOnDevice(model_dir, device);
+  auto model = baton::model::LoadEngineOnDevice(model_dir, device, weights);
   if (!model.ok()) {
     baton::log::Error("cannot start", {{"error", std::string(model.status().message())}});
     return 2;

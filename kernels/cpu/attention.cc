@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "vector.h"
@@ -30,20 +31,6 @@ inline float Dot(const float* a, const float* b, int64_t n) {
 // Keys whose value rows one pass keeps in L1 (64 rows of head_dim 128 are 32 KiB).
 constexpr int64_t kValueBlock = 64;
 
-// q . k for a head_dim known at compile time, in vector registers.
-template <int64_t kHd>
-inline float DotHd(const float* q, const float* k) {
-  static_assert(kHd % 16 == 0);
-  Vec16 acc = {};
-  for (int64_t v = 0; v < kHd / 16; ++v) {
-    Vec16 a, b;
-    std::memcpy(&a, q + 16 * v, sizeof a);
-    std::memcpy(&b, k + 16 * v, sizeof b);
-    acc += a * b;
-  }
-  return SumLanes(acc);
-}
-
 // o += sum_{j in [j0, j1)} s[j] * values[j], for a head_dim known at compile time: the row is
 // accumulated in registers across the keys and stored once.
 template <int64_t kHd>
@@ -55,6 +42,7 @@ inline void AccumulateValues(const float* s, const float* const* values, int64_t
   std::memcpy(acc, o, sizeof acc);
   for (int64_t j = j0; j < j1; ++j) {
     const Vec16 w = Vec16{} + s[j];
+#pragma GCC unroll 8
     for (int64_t v = 0; v < kVecs; ++v) {
       Vec16 x;
       std::memcpy(&x, values[j] + 16 * v, sizeof x);
@@ -64,13 +52,120 @@ inline void AccumulateValues(const float* s, const float* const* values, int64_t
   std::memcpy(o, acc, sizeof acc);
 }
 
+// Keys whose scores one block computes: one vector lane each.
+constexpr int64_t kKeyBlock = 16;
+
+// Swaps bit kBit of the row index with bit kBit of the lane index between rows a and c (row a
+// has the bit clear, row c = a + kBit): one of the four levels of a 16 x 16 transpose.
+template <int kBit, size_t... L>
+__attribute__((always_inline)) inline void SwapIndexBit(Vec16& a, Vec16& c,
+                                                        std::index_sequence<L...>) {
+  const Vec16 lo = __builtin_shufflevector(a, c, ((L & kBit) ? 16 + L - kBit : L)...);
+  const Vec16 hi = __builtin_shufflevector(a, c, ((L & kBit) ? 16 + L : L + kBit)...);
+  a = lo;
+  c = hi;
+}
+
+template <int kBit>
+__attribute__((always_inline)) inline void TransposeLevel(Vec16 (&r)[16]) {
+#pragma GCC unroll 16
+  for (int i = 0; i < 16; ++i) {
+    if ((i & kBit) == 0) SwapIndexBit<kBit>(r[i], r[i + kBit], std::make_index_sequence<16>{});
+  }
+}
+
+// keys_t[d * 16 + i] = keys[i][d] for d < hd (a multiple of 16): a block of key rows turned
+// into one vector per dimension, 16 x 16 at a time in registers.
+__attribute__((always_inline)) inline void TransposeKeys(const float* const* keys, int64_t hd,
+                                                         float* keys_t) {
+  for (int64_t c = 0; c < hd; c += 16) {
+    Vec16 r[16];
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; ++i) std::memcpy(&r[i], keys[i] + c, sizeof(Vec16));
+    TransposeLevel<8>(r);
+    TransposeLevel<4>(r);
+    TransposeLevel<2>(r);
+    TransposeLevel<1>(r);
+    std::memcpy(keys_t + c * 16, r, sizeof r);
+  }
+}
+
+// Scores of one block of keys for kHeads query heads (q: their rows, hd apart): each head's 16
+// dots advance one dimension per vector FMA, so no dot ends in a horizontal sum. Each dot sums
+// its dimensions in the same order whatever the batch; with fewer than 4 heads, kSplit partial
+// sums per head keep enough FMAs in flight. Writes `count` scores per head to s (rows n apart).
+template <int kHeads>
+__attribute__((always_inline)) inline void ScoreBlock(const float* q, int64_t hd,
+                                                      const float* keys_t, float scale, float* s,
+                                                      int64_t n, int64_t count) {
+  constexpr int kSplit = kHeads >= 4 ? 1 : 4 / kHeads;
+  Vec16 acc[kHeads][kSplit] = {};
+  for (int64_t d = 0; d < hd; d += kSplit) {
+#pragma GCC unroll 4
+    for (int sp = 0; sp < kSplit; ++sp) {
+      Vec16 k;
+      std::memcpy(&k, keys_t + (d + sp) * 16, sizeof k);
+#pragma GCC unroll 8
+      for (int h = 0; h < kHeads; ++h) acc[h][sp] += q[h * hd + d + sp] * k;
+    }
+  }
+#pragma GCC unroll 8
+  for (int h = 0; h < kHeads; ++h) {
+    Vec16 total = acc[h][0];
+    for (int sp = 1; sp < kSplit; ++sp) total += acc[h][sp];
+    total *= scale;
+    StoreLanes(s + h * n, total, count);
+  }
+}
+
+// s[j] = e^(s[j] - max) / sum over the n scores, with max the largest of them.
+__attribute__((always_inline)) inline void Softmax(float* s, int64_t n) {
+  const int64_t whole = n / 16 * 16;
+  Vec16 max_lanes = Vec16{} - INFINITY;
+  for (int64_t j = 0; j < whole; j += 16) {
+    Vec16 x;
+    std::memcpy(&x, s + j, sizeof x);
+    max_lanes = x > max_lanes ? x : max_lanes;
+  }
+  float max_score = -INFINITY;
+  for (int l = 0; l < 16; ++l) max_score = std::max(max_score, max_lanes[l]);
+  for (int64_t j = whole; j < n; ++j) max_score = std::max(max_score, s[j]);
+  Vec16 sum = {};
+  for (int64_t j = 0; j < n; j += 16) {
+    const int64_t count = std::min<int64_t>(16, n - j);
+    Vec16 x = Vec16{} + max_score;  // lanes past the last score are e^0, kept out of the sum
+    LoadLanes(x, s + j, count);
+    x -= max_score;
+    Exp(x);
+    if (j == whole) {
+      for (int64_t l = count; l < 16; ++l) x[l] = 0.0f;
+    }
+    sum += x;
+    StoreLanes(s + j, x, count);
+  }
+  const float inv_total = 1.0f / SumLanes(sum);
+  for (int64_t j = 0; j < whole; j += 16) {
+    Vec16 x;
+    std::memcpy(&x, s + j, sizeof x);
+    x *= inv_total;
+    std::memcpy(s + j, &x, sizeof x);
+  }
+  for (int64_t j = whole; j < n; ++j) s[j] *= inv_total;
+}
+
+// What one task reuses across its (row, kv head) pairs.
+struct RowScratch {
+  std::vector<float> score;                // [group, n]
+  std::vector<const float*> keys, values;  // the n visible rows, in visiting order
+  std::vector<float> keys_t;               // [head_dim, 16]: one block of keys, transposed
+};
+
 // One (row, kv head): the G = H / Hkv query heads that share the kv head, over global keys
 // [0, pos] then SWA keys [lo, pos], one softmax per head. Each key and value row is read once
 // for all G heads (grouped-query attention), so a decode step reads a request's KV once per
 // layer instead of once per query head.
 BATON_VECTOR_CLONES void AttendRowGroup(const AttentionParams& p, int64_t row, int64_t kv_head,
-                                        std::vector<float>& score,
-                                        std::vector<const float*>& values) {
+                                        RowScratch& scratch) {
   const int64_t hd = p.head_dim;
   const int64_t kv_dim = p.num_kv_heads * hd;
   const int64_t group = p.num_heads / p.num_kv_heads;
@@ -80,52 +175,76 @@ BATON_VECTOR_CLONES void AttendRowGroup(const AttentionParams& p, int64_t row, i
   const int64_t num_global = p.global != nullptr ? pos + 1 : 0;
   const int64_t num_swa = std::max<int64_t>(0, pos + 1 - lo);
   const int64_t n = num_global + num_swa;
+  std::vector<float>& score = scratch.score;
   score.resize(group * n);  // [group, n]
 
-  const SwaSource& swa = p.swa;
-  // Key (or value) j of the n visible ones: global positions first, then SWA from lo.
-  auto key_row = [&](int64_t j, bool value) {
-    if (j < num_global) {
-      const BlockKvSource& g = *p.global;
-      return g.pages[j / g.block_size] + (value ? g.v_offset : g.k_offset) +
-             (j % g.block_size) * kv_dim + kv_col;
-    }
-    const int64_t at = lo + j - num_global;
-    if (at >= swa.tail_start) {
-      return (value ? swa.tail_v : swa.tail_k) + (at - swa.tail_start) * swa.tail_stride + kv_col;
-    }
-    return (value ? swa.ring_v : swa.ring_k) + (at % swa.ring_capacity) * kv_dim + kv_col;
-  };
-
-  const float* q = p.q + row * p.q_stride + kv_head * group * hd;  // the group's heads, in a row
-  for (int64_t j = 0; j < n; ++j) {
-    const float* k = key_row(j, false);
-    for (int64_t g = 0; g < group; ++g) {
-      const float* qg = q + g * hd;
-      const float dot = hd == 64    ? DotHd<64>(qg, k)
-                        : hd == 128 ? DotHd<128>(qg, k)
-                                    : Dot(qg, k, hd);
-      score[g * n + j] = dot * p.scale;
+  // The n visible key and value rows in visiting order: global positions [0, pos] page by page,
+  // then SWA positions [lo, pos] from the ring (slot = position % C) and then the tail.
+  std::vector<const float*>& keys = scratch.keys;
+  std::vector<const float*>& values = scratch.values;
+  keys.resize(n);
+  values.resize(n);
+  int64_t j = 0;
+  if (num_global > 0) {
+    const BlockKvSource& g = *p.global;
+    for (int64_t page = 0; j < num_global; ++page) {
+      const float* rows = g.pages[page] + kv_col;
+      const int64_t count = std::min(g.block_size, num_global - j);
+      for (int64_t i = 0; i < count; ++i, ++j) {
+        keys[j] = rows + g.k_offset + i * kv_dim;
+        values[j] = rows + g.v_offset + i * kv_dim;
+      }
     }
   }
+  const SwaSource& swa = p.swa;
+  int64_t slot = lo < swa.tail_start ? lo % swa.ring_capacity : 0;
+  for (int64_t at = lo; at <= pos; ++at, ++j) {
+    if (at >= swa.tail_start) {
+      keys[j] = swa.tail_k + (at - swa.tail_start) * swa.tail_stride + kv_col;
+      values[j] = swa.tail_v + (at - swa.tail_start) * swa.tail_stride + kv_col;
+    } else {
+      keys[j] = swa.ring_k + slot * kv_dim + kv_col;
+      values[j] = swa.ring_v + slot * kv_dim + kv_col;
+      if (++slot == swa.ring_capacity) slot = 0;
+    }
+  }
+
+  const float* q = p.q + row * p.q_stride + kv_head * group * hd;  // the group's heads, in a row
   float* out = p.out + row * p.num_heads * hd + kv_head * group * hd;
   std::fill(out, out + group * hd, 0.0f);
   if (n == 0) return;  // no visible key: the output rows are zero
-  for (int64_t g = 0; g < group; ++g) {
-    float* s = score.data() + g * n;
-    const float max_score = *std::max_element(s, s + n);
-    float total = 0.0f;
-    for (int64_t j = 0; j < n; ++j) {
-      s[j] = std::exp(s[j] - max_score);
-      total += s[j];
+  if (hd % 16 == 0) {
+    // Blocks of 16 keys, transposed once for every head of the group.
+    scratch.keys_t.resize(hd * kKeyBlock);
+    for (int64_t j0 = 0; j0 < n; j0 += kKeyBlock) {
+      const int64_t count = std::min(kKeyBlock, n - j0);
+      const float* block[kKeyBlock];
+      for (int64_t i = 0; i < kKeyBlock; ++i) block[i] = keys[j0 + std::min(i, count - 1)];
+      // The next block's key rows, asked for while this block computes (about 0.9x the
+      // attention's time in a decode batch of 32).
+      for (int64_t i = j0 + kKeyBlock; i < std::min(n, j0 + 2 * kKeyBlock); ++i) {
+        for (int64_t c = 0; c < hd; c += 16) __builtin_prefetch(keys[i] + c, 0, 3);
+      }
+      TransposeKeys(block, hd, scratch.keys_t.data());
+      const float* kt = scratch.keys_t.data();
+      float* s = score.data() + j0;
+      int64_t g = 0;
+      for (; g + 8 <= group; g += 8)
+        ScoreBlock<8>(q + g * hd, hd, kt, p.scale, s + g * n, n, count);
+      for (; g + 4 <= group; g += 4)
+        ScoreBlock<4>(q + g * hd, hd, kt, p.scale, s + g * n, n, count);
+      for (; g + 2 <= group; g += 2)
+        ScoreBlock<2>(q + g * hd, hd, kt, p.scale, s + g * n, n, count);
+      for (; g < group; ++g) ScoreBlock<1>(q + g * hd, hd, kt, p.scale, s + g * n, n, count);
     }
-    const float inv_total = 1.0f / total;
-    for (int64_t j = 0; j < n; ++j) s[j] *= inv_total;
+  } else {
+    for (int64_t j = 0; j < n; ++j) {
+      for (int64_t g = 0; g < group; ++g) score[g * n + j] = Dot(q + g * hd, keys[j], hd) * p.scale;
+    }
   }
+  for (int64_t g = 0; g < group; ++g) Softmax(score.data() + g * n, n);
   // out[g] = sum_j s[g][j] v_j over blocks of keys whose values stay in L1 while every head of
   // the group reads them; keys are summed in order, as the definition reads.
-  values.resize(n);
-  for (int64_t j = 0; j < n; ++j) values[j] = key_row(j, true);
   for (int64_t j0 = 0; j0 < n; j0 += kValueBlock) {
     const int64_t j1 = std::min(n, j0 + kValueBlock);
     for (int64_t g = 0; g < group; ++g) {
@@ -280,15 +399,14 @@ void Attention(std::span<const AttentionParams> batch) {
   if (tasks == 0) return;
 #pragma omp parallel
   {
-    std::vector<float> score;
-    std::vector<const float*> values;
+    RowScratch scratch;
 #pragma omp for schedule(dynamic, 1)
     for (int64_t t = 0; t < tasks; ++t) {
       const size_t e = static_cast<size_t>(
           std::upper_bound(first_task.begin(), first_task.end(), t) - first_task.begin() - 1);
       const AttentionParams& p = batch[e];
       const int64_t local = t - first_task[e];
-      AttendRowGroup(p, local / p.num_kv_heads, local % p.num_kv_heads, score, values);
+      AttendRowGroup(p, local / p.num_kv_heads, local % p.num_kv_heads, scratch);
     }
   }
 }

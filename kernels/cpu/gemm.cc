@@ -4,6 +4,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -18,16 +19,42 @@ namespace {
 // (held in cache), so a decode step reads its weights once.
 constexpr int64_t kFewRows = 32;
 
+inline float Widen(float w) {
+  return w;
+}
+
+inline float Widen(Bf16 b) {
+  const uint32_t bits = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+// Sixteen weights from memory into FP32 lanes (BF16 widened exactly: its bits become the upper
+// half of each lane).
+__attribute__((always_inline)) inline void LoadWeights(Vec16& v, const float* w) {
+  std::memcpy(&v, w, sizeof v);
+}
+
+__attribute__((always_inline)) inline void LoadWeights(Vec16& v, const Bf16* w) {
+  typedef uint16_t Half16 __attribute__((vector_size(32)));
+  typedef uint32_t Word16 __attribute__((vector_size(64)));
+  Half16 h;
+  std::memcpy(&h, w, sizeof h);
+  const Word16 bits = __builtin_convertvector(h, Word16) << 16;
+  std::memcpy(&v, &bits, sizeof v);
+}
+
 // Y tile of kRows x 4 outputs at x, w (4 rows of W), y: dots over `in` in vector lanes, the
 // tail past the last whole vector in scalar. Each output's sum runs in the same order whatever
 // the other rows are, so a row's result does not depend on the batch it is in. Always inlined,
 // so that each clone of FewRowsBlock compiles it for its own instruction set. With kPrefetch, the
 // tile also asks for the next 4 rows of W (the next tile's, right after these in memory), so that
 // their read from memory overlaps this tile's arithmetic.
-template <int kRows, bool kPrefetch>
-__attribute__((always_inline)) inline void FewRowsTile(const float* x, int64_t x_stride,
-                                                       const float* w, int64_t in, float* y,
-                                                       int64_t y_stride, float beta) {
+template <int kRows, bool kPrefetch, typename W>
+__attribute__((always_inline)) inline void FewRowsTile(const float* x, int64_t x_stride, const W* w,
+                                                       int64_t in, float* y, int64_t y_stride,
+                                                       float beta) {
   Vec16 acc[kRows][4] = {};
   int64_t k = 0;
   for (; k + 16 <= in; k += 16) {
@@ -35,17 +62,31 @@ __attribute__((always_inline)) inline void FewRowsTile(const float* x, int64_t x
       for (int o = 0; o < 4; ++o) __builtin_prefetch(w + (4 + o) * in + k);
     }
     Vec16 wv[4];
-    for (int o = 0; o < 4; ++o) std::memcpy(&wv[o], w + o * in + k, sizeof(Vec16));
+    for (int o = 0; o < 4; ++o) LoadWeights(wv[o], w + o * in + k);
     for (int r = 0; r < kRows; ++r) {
       Vec16 xv;
       std::memcpy(&xv, x + r * x_stride + k, sizeof(Vec16));
       for (int o = 0; o < 4; ++o) acc[r][o] += xv * wv[o];
     }
   }
+  // The lane sums of all kRows x 4 accumulators, 16, 8 and 4 at a time.
+  constexpr int kSums = kRows * 4;
+  float sums[kSums];
+  Vec16* v = &acc[0][0];
+  int i = 0;
+  for (; i + 16 <= kSums; i += 16) SumLanesOf<16>(v + i, sums + i);
+  if (i + 8 <= kSums) {
+    SumLanesOf<8>(v + i, sums + i);
+    i += 8;
+  }
+  if (i + 4 <= kSums) SumLanesOf<4>(v + i, sums + i);
   for (int r = 0; r < kRows; ++r) {
     for (int o = 0; o < 4; ++o) {
-      float sum = SumLanes(acc[r][o]);
-      for (int64_t t = k; t < in; ++t) sum += x[r * x_stride + t] * w[o * in + t];
+      float sum = sums[r * 4 + o];
+      // Explicit fused multiply-adds: whether the compiler would fuse `sum += x * w` differs
+      // between the FP32 and BF16 instantiations, and the two must agree bit for bit.
+      for (int64_t t = k; t < in; ++t)
+        sum = std::fma(x[r * x_stride + t], Widen(w[o * in + t]), sum);
       float& out = y[r * y_stride + o];
       out = beta == 0.0f ? sum : sum + beta * out;  // beta 0 never reads Y (BLAS semantics)
     }
@@ -55,12 +96,12 @@ __attribute__((always_inline)) inline void FewRowsTile(const float* x, int64_t x
 // Outputs [o_begin, o_end) of every row: 4 outputs at a time (their W rows stay in L1 while
 // every row of X passes them), rows 6, then 3, then 1 at a time; the last outputs one at a
 // time.
-BATON_VECTOR_CLONES
-void FewRowsBlock(const GemmParams& p, int64_t x_stride, int64_t y_stride, int64_t o_begin,
-                  int64_t o_end) {
+template <typename W>
+BATON_VECTOR_CLONES void FewRowsBlock(const GemmParams& p, const W* weights, int64_t x_stride,
+                                      int64_t y_stride, int64_t o_begin, int64_t o_end) {
   int64_t o = o_begin;
   for (; o + 4 <= o_end; o += 4) {
-    const float* w = p.w + o * p.in;
+    const W* w = weights + o * p.in;
     // The first tile of rows prefetches the next outputs' W rows (none past the block).
     int64_t r = 0;
     if (o + 8 <= o_end) {
@@ -89,18 +130,19 @@ void FewRowsBlock(const GemmParams& p, int64_t x_stride, int64_t y_stride, int64
     }
   }
   for (; o < o_end; ++o) {
-    const float* w = p.w + o * p.in;
+    const W* w = weights + o * p.in;
     for (int64_t r = 0; r < p.rows; ++r) {
       const float* x = p.x + r * x_stride;
       float sum = 0.0f;
-      for (int64_t t = 0; t < p.in; ++t) sum += x[t] * w[t];
+      for (int64_t t = 0; t < p.in; ++t) sum = std::fma(x[t], Widen(w[t]), sum);
       float& out = p.y[r * y_stride + o];
       out = p.beta == 0.0f ? sum : sum + p.beta * out;
     }
   }
 }
 
-// The outputs split evenly (in blocks of 4) over the OpenMP team.
+// The outputs split evenly (in blocks of 4) over the OpenMP team. (Pieces taken dynamically
+// measured slower: each piece loses its last tile's prefetch and pays the scheduling.)
 void FewRowsGemm(const GemmParams& p) {
   const int64_t x_stride = p.x_stride ? p.x_stride : p.in;
   const int64_t y_stride = p.y_stride ? p.y_stride : p.out;
@@ -110,15 +152,14 @@ void FewRowsGemm(const GemmParams& p) {
     const int64_t team = omp_get_num_threads(), t = omp_get_thread_num();
     const int64_t begin = std::min(p.out, 4 * (blocks * t / team));
     const int64_t end = std::min(p.out, 4 * (blocks * (t + 1) / team));
-    if (begin < end) FewRowsBlock(p, x_stride, y_stride, begin, end);
+    if (begin < end) {
+      if (p.w_bf16 != nullptr) {
+        FewRowsBlock(p, p.w_bf16, x_stride, y_stride, begin, end);
+      } else {
+        FewRowsBlock(p, p.w, x_stride, y_stride, begin, end);
+      }
+    }
   }
-}
-
-float FromBf16(Bf16 b) {
-  const uint32_t bits = static_cast<uint32_t>(b) << 16;
-  float f;
-  std::memcpy(&f, &bits, sizeof f);
-  return f;
 }
 
 }  // namespace
@@ -126,9 +167,18 @@ float FromBf16(Bf16 b) {
 void Gemm(const GemmParams& p) {
   if (p.rows == 0 || p.out == 0) return;
   if (p.rows <= kFewRows) return FewRowsGemm(p);
+  // Many rows: sgemm, over BF16 weights widened into a per-thread buffer (the product's
+  // arithmetic outweighs widening W once).
+  const float* w = p.w;
+  if (p.w_bf16 != nullptr) {
+    thread_local std::vector<float> wide;
+    wide.resize(p.out * p.in);
+    for (int64_t i = 0; i < p.out * p.in; ++i) wide[i] = Widen(p.w_bf16[i]);
+    w = wide.data();
+  }
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(p.rows),
               static_cast<int>(p.out), static_cast<int>(p.in), 1.0f, p.x,
-              static_cast<int>(p.x_stride ? p.x_stride : p.in), p.w, static_cast<int>(p.in), p.beta,
+              static_cast<int>(p.x_stride ? p.x_stride : p.in), w, static_cast<int>(p.in), p.beta,
               p.y, static_cast<int>(p.y_stride ? p.y_stride : p.out));
 }
 
@@ -139,9 +189,9 @@ void GemmBf16(const GemmBf16Params& p) {
   const int64_t x_stride = p.x_stride ? p.x_stride : p.in;
   std::vector<float> x(p.rows * p.in), w(p.out * p.in);
   for (int64_t r = 0; r < p.rows; ++r) {
-    for (int64_t i = 0; i < p.in; ++i) x[r * p.in + i] = FromBf16(p.x[r * x_stride + i]);
+    for (int64_t i = 0; i < p.in; ++i) x[r * p.in + i] = Widen(p.x[r * x_stride + i]);
   }
-  for (int64_t i = 0; i < p.out * p.in; ++i) w[i] = FromBf16(p.w[i]);
+  for (int64_t i = 0; i < p.out * p.in; ++i) w[i] = Widen(p.w[i]);
   Gemm({.rows = p.rows,
         .in = p.in,
         .out = p.out,

@@ -3,10 +3,15 @@
 // The build targets baseline x86-64 (SSE2), which keeps the binaries portable; the hot loops
 // are also compiled for AVX2 + FMA and AVX-512 and picked at load time by the CPU (GCC
 // function multiversioning: BATON_VECTOR_CLONES on the function that holds the loop, never on
-// one that opens an OpenMP region, whose outlined body would not be cloned).
+// one that opens an OpenMP region, whose outlined body would not be cloned). The build is
+// -O2, which does not fully unroll small fixed loops: loops over arrays of accumulators carry
+// `#pragma GCC unroll`, so that the arrays live in registers rather than on the stack (which
+// alone made the decode attention about 2x faster).
 #pragma once
 
 #include <cstdint>
+#include <cstring>
+#include <utility>
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define BATON_VECTOR_CLONES \
@@ -30,6 +35,82 @@ inline float SumLanes(Vec16 x) {
   const Vec4 h4 =
       __builtin_shufflevector(h8, h8, 0, 1, 2, 3) + __builtin_shufflevector(h8, h8, 4, 5, 6, 7);
   return (h4[0] + h4[2]) + (h4[1] + h4[3]);
+}
+
+// The first `count` (at most 16) lanes of x from or to memory; a whole vector is one load or
+// store (a copy of variable length is a byte loop).
+__attribute__((always_inline)) inline void LoadLanes(Vec16& x, const float* from, int64_t count) {
+  if (count == 16) {
+    std::memcpy(&x, from, sizeof x);
+  } else {
+    std::memcpy(&x, from, count * sizeof(float));
+  }
+}
+
+__attribute__((always_inline)) inline void StoreLanes(float* to, const Vec16& x, int64_t count) {
+  if (count == 16) {
+    std::memcpy(to, &x, sizeof x);
+  } else {
+    std::memcpy(to, &x, count * sizeof(float));
+  }
+}
+
+// Sums of lanes of N vectors at once (N = 4, 8 or 16): the vectors are halved together, each
+// level adding pairs of lanes kBit apart in two vectors and packing both halves into one, so
+// that N sums cost about 3(N - 1) vector operations instead of N horizontal sums. The sum of
+// v[k] lands in lane k * 16 / N of v[0], added in exactly SumLanes's order, so the result is
+// bit-equal to SumLanes(v[k]).
+template <int kBit, size_t... L>
+__attribute__((always_inline)) inline void PairSum(Vec16& a, const Vec16& c,
+                                                   std::index_sequence<L...>) {
+  a = __builtin_shufflevector(a, c, ((L % (2 * kBit)) < kBit ? L : 16 + L - kBit)...) +
+      __builtin_shufflevector(a, c, ((L % (2 * kBit)) < kBit ? L + kBit : 16 + L)...);
+}
+
+template <int kBit, int kCount>
+__attribute__((always_inline)) inline void HalveLanes(Vec16* v) {
+  constexpr auto lanes = std::make_index_sequence<16>{};
+  if constexpr (kCount > 1) {
+#pragma GCC unroll 8
+    for (int i = 0; i < kCount / 2; ++i) PairSum<kBit>(v[i], v[i + kCount / 2], lanes);
+  } else {
+    PairSum<kBit>(v[0], v[0], lanes);
+  }
+}
+
+template <int N>
+__attribute__((always_inline)) inline void SumLanesOf(Vec16* v, float* sums) {
+  static_assert(N == 4 || N == 8 || N == 16);
+  HalveLanes<8, N>(v);
+  HalveLanes<4, (N > 1 ? N / 2 : 1)>(v);
+  HalveLanes<2, (N > 2 ? N / 4 : 1)>(v);
+  HalveLanes<1, (N > 4 ? N / 8 : 1)>(v);
+#pragma GCC unroll 16
+  for (int k = 0; k < N; ++k) sums[k] = v[0][k * 16 / N];
+}
+
+// x = e^x in sixteen lanes: 2^k e^r with k = round(x / ln 2), |r| <= ln(2) / 2, and e^r from a
+// degree-7 series (within a few ulp of expf). x is held to [-87, 88], where 2^k stays a normal
+// float: below, e^x is under 1e-37 and flushes to about that; NaN stays NaN.
+__attribute__((always_inline)) inline void Exp(Vec16& x) {
+  typedef int32_t Int16 __attribute__((vector_size(64)));
+  const Vec16 hi = Vec16{} + 88.0f, lo = Vec16{} - 87.0f;
+  x = x > hi ? hi : x;
+  x = x < lo ? lo : x;
+  const Vec16 shifter = Vec16{} + 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
+  const Vec16 k = (x * 1.44269504f + shifter) - shifter;
+  const Vec16 r = (x - k * 0.693359375f) - k * -2.12194440e-4f;  // ln 2 in two parts
+  Vec16 p = Vec16{} + 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  const Vec16 e = p * r * r + r + 1.0f;
+  Int16 bits;
+  std::memcpy(&bits, &e, sizeof bits);
+  bits += __builtin_convertvector(k, Int16) << 23;
+  std::memcpy(&x, &bits, sizeof x);
 }
 
 }  // namespace baton::kernels

@@ -4,9 +4,11 @@
 // tests/model/engine_backends_test and bench/run_gpu_checks.sh.)
 #include <sys/wait.h>
 
+#include <array>
 #include <chrono>
 #include <fstream>
 #include <sstream>
+#include <string>
 #include <thread>
 
 #include "baton/model/engine_factory.h"
@@ -69,13 +71,17 @@ class DeviceFlagTest : public ::testing::Test {
   }
 };
 
-TEST_F(DeviceFlagTest, AnUnknownDeviceIsRefusedByName) {
-  for (std::vector<std::string> command : Commands()) {
-    command.insert(command.end(), {"--device", "tpu"});
-    const Exit exit = RunToExit(command);
-    EXPECT_EQ(exit.status, 2) << command[0] << ": " << exit.output;
-    EXPECT_THAT(exit.output, HasSubstr("--device: 'tpu' is unknown; allowed: cpu, cuda"))
-        << command[0];
+TEST_F(DeviceFlagTest, AnUnknownDeviceOrWeightTypeIsRefusedByName) {
+  const std::vector<std::array<std::string, 3>> cases = {
+      {"--device", "tpu", "--device: 'tpu' is unknown; allowed: cpu, cuda"},
+      {"--weights", "fp16", "--weights: 'fp16' is unknown; allowed: fp32, bf16"}};
+  for (const auto& [flag, value, message] : cases) {
+    for (std::vector<std::string> command : Commands()) {
+      command.insert(command.end(), {flag, value});
+      const Exit exit = RunToExit(command);
+      EXPECT_EQ(exit.status, 2) << command[0] << " " << flag << ": " << exit.output;
+      EXPECT_THAT(exit.output, HasSubstr(message)) << command[0];
+    }
   }
 }
 

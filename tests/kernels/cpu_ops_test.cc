@@ -92,6 +92,39 @@ TEST(CpuOpsTest, ARowsProductDoesNotDependOnItsBatch) {
   }
 }
 
+// BF16 weights are widened exactly as they are read, so Gemm over them equals Gemm over the
+// widened FP32 matrix bit for bit: few rows (the decode kernel, with a tail past the last whole
+// vector and outputs past the last 4) and many rows (sgemm), with beta.
+TEST(CpuOpsTest, Bf16WeightsGiveTheProductOfTheWidenedWeights) {
+  const int64_t in = 203, out = 37;
+  const std::vector<float> w = Uniform(out * in, 9);
+  std::vector<Bf16> narrow(w.size());
+  ToBf16({.count = static_cast<int64_t>(w.size()), .in = w.data(), .out = narrow.data()});
+  std::vector<float> widened(w.size());
+  for (size_t i = 0; i < w.size(); ++i) widened[i] = Bf16ToFloat(narrow[i]);
+  for (int64_t rows : {1, 7, 32, 70}) {
+    const std::vector<float> x = Uniform(rows * in, 10 + rows);
+    for (float beta : {0.0f, 1.0f}) {
+      std::vector<float> expected = Uniform(rows * out, 20 + rows), got = expected;
+      Gemm({.rows = rows,
+            .in = in,
+            .out = out,
+            .x = x.data(),
+            .w = widened.data(),
+            .y = expected.data(),
+            .beta = beta});
+      Gemm({.rows = rows,
+            .in = in,
+            .out = out,
+            .x = x.data(),
+            .w_bf16 = narrow.data(),
+            .y = got.data(),
+            .beta = beta});
+      EXPECT_EQ(got, expected) << rows << " rows, beta " << beta;
+    }
+  }
+}
+
 TEST(CpuOpsTest, ToBf16RoundsToNearestEvenAndKeepsNaN) {
   std::vector<float> in = Uniform(10000, 4, -1e4f, 1e4f);
   // Ties: exactly half an ulp of BF16 above an even and an odd mantissa; infinities; NaNs.
@@ -216,7 +249,10 @@ TEST(CpuOpsTest, RopeOnStridedHeadsAtLargePositions) {
 
 TEST(CpuOpsTest, SwiGluAndEmbedding) {
   const int64_t rows = 17, inter = 1536 + 3, vocab = 300, dim = 200;
-  const std::vector<float> gate_up = Uniform(rows * 2 * inter, 11, -8.0f, 8.0f);
+  std::vector<float> gate_up = Uniform(rows * 2 * inter, 11, -8.0f, 8.0f);
+  // Gates past the range where e^-g is a normal float, on both sides.
+  const float extremes[] = {-1e4f, -120.0f, -89.0f, -87.5f, -86.9f, 87.5f, 89.0f, 120.0f, 1e4f};
+  for (size_t i = 0; i < std::size(extremes); ++i) gate_up[3 * 2 * inter + 5 * i] = extremes[i];
   std::vector<float> act(rows * inter), expected(rows * inter);
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t i = 0; i < inter; ++i) {

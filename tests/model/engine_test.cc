@@ -313,6 +313,46 @@ TEST_F(EngineTest, CancelledPrefillStopsAtTheNextChunk) {
   EXPECT_EQ(state.length, 0);  // the state was never completed
 }
 
+// BF16 weight matrices are the FP32 ones rounded once, with FP32 arithmetic: on a model stored
+// in BF16 (whose weights round to themselves) they give the FP32 engine's logits bit for bit,
+// prefill (sgemm over widened weights) and decode (the few-row kernel widening as it reads)
+// alike; on an FP32 model they differ from the FP32 engine, by about BF16's rounding.
+TEST_F(EngineTest, Bf16WeightsAreTheFp32WeightsRoundedOnce) {
+  std::mt19937_64 rng(41);
+  for (size_t i = 0; i < variants_->size(); ++i) {
+    auto narrow = LoadEngine(ModelDir(i), Device::kCpu, WeightType::kBf16);
+    ASSERT_TRUE(narrow.ok()) << narrow.status();
+    Engine& wide = *(*models_)[i];
+    const int64_t V = wide.config().vocab_size;
+    const auto prompt = RandomTokens(rng, 150, V);  // more than 32 rows: the sgemm path
+    const auto continuation = RandomTokens(rng, 4, V);
+    const auto expected = Run(wide, prompt, {}, continuation);
+    const auto got = Run(**narrow, prompt, {}, continuation);
+    ASSERT_EQ(got.size(), expected.size());
+    double worst = 0;
+    for (const auto& [position, logits] : expected) {
+      const std::vector<float>& row = got.at(position);
+      if ((*variants_)[i].dtype == Dtype::kBF16) {
+        EXPECT_EQ(row, logits) << (*variants_)[i].name << " position " << position;
+      }
+      worst = std::max(worst, RelativeError(row, logits));
+    }
+    if ((*variants_)[i].dtype == Dtype::kF32) {
+      EXPECT_GT(worst, 0.0) << "BF16 weights left an FP32 model's logits unchanged";
+      EXPECT_LT(worst, 2e-2) << "BF16 weights moved the logits by more than their rounding";
+    }
+  }
+}
+
+TEST_F(EngineTest, WeightTypeNamesAreParsedAndUnknownOnesRefusedByName) {
+  EXPECT_EQ(*ParseWeightType("fp32", "--weights"), WeightType::kFp32);
+  EXPECT_EQ(*ParseWeightType("bf16", "--weights"), WeightType::kBf16);
+  const auto bad = ParseWeightType("half", "--weights");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(bad.status().message(), "--weights: 'half' is unknown; allowed: fp32, bf16");
+}
+
 TEST_F(EngineTest, GreedyIsDeterministicAndBatchEqualsAlone) {
   std::mt19937_64 rng(17);
   const int64_t V = tiny().config().vocab_size;

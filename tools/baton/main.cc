@@ -165,10 +165,13 @@ int main(int argc, char** argv) {
   up->add_option("--transport", transport, "StateBlock transport: ucx or grpc")
       ->check(CLI::IsMember({"ucx", "grpc"}));
   up->add_option("--decode-pages", decode_pages, "Block-KV pages of each decode node");
-  std::string device = "cpu";
+  std::string device = "cpu", weights = "fp32";
   up->add_option("--device", device,
                  "Where prefill and decode nodes run the model: cpu, or cuda (a CUDA build on a "
                  "machine with a GPU; exits 2 naming the reason otherwise)");
+  up->add_option("--weights", weights,
+                 "How the nodes hold the model's weight matrices: fp32, or bf16 (--device cpu "
+                 "only)");
   int prefill_nodes = 1, decode_nodes = 1;
   bool no_restart = false;
   up->add_option("--prefill-nodes", prefill_nodes, "baton-prefill processes to run (1 to 16)")
@@ -214,6 +217,15 @@ int main(int argc, char** argv) {
                  baton::model::MakeBackend(*parsed);
              !backend.ok()) {
     std::cerr << "baton up: --device " << device << ": " << backend.status().message() << "\n";
+    return 2;
+  }
+  if (absl::StatusOr<baton::model::WeightType> parsed =
+          baton::model::ParseWeightType(weights, "--weights");
+      !parsed.ok()) {
+    std::cerr << "baton up: " << parsed.status().message() << "\n";
+    return 2;
+  } else if (*parsed == baton::model::WeightType::kBf16 && device != "cpu") {
+    std::cerr << "baton up: --weights bf16 is for --device cpu\n";
     return 2;
   }
   std::error_code error;
@@ -317,18 +329,20 @@ int main(int argc, char** argv) {
                    &kvstore_address);
   for (int i = 0; ok && i < decode_nodes; ++i) {
     std::string address;
-    ok = start(instance("decode", i), "baton-decode",
-               {"--model", model_dir, "--router", internal_address, "--node-id",
-                instance("decode", i), "--pages", std::to_string(decode_pages), "--device", device},
-               &address);
+    ok = start(
+        instance("decode", i), "baton-decode",
+        {"--model", model_dir, "--router", internal_address, "--node-id", instance("decode", i),
+         "--pages", std::to_string(decode_pages), "--device", device, "--weights", weights},
+        &address);
     decode_addresses.push_back(address);
   }
   for (int i = 0; ok && i < prefill_nodes; ++i) {
     std::string address;
-    ok = start(instance("prefill", i), "baton-prefill",
-               {"--model", model_dir, "--router", internal_address, "--node-id",
-                instance("prefill", i), "--kvstore", kvstore_address, "--device", device},
-               &address);
+    ok = start(
+        instance("prefill", i), "baton-prefill",
+        {"--model", model_dir, "--router", internal_address, "--node-id", instance("prefill", i),
+         "--kvstore", kvstore_address, "--device", device, "--weights", weights},
+        &address);
     prefill_addresses.push_back(address);
   }
   std::shared_ptr<grpc::ChannelCredentials> client_credentials = grpc::InsecureChannelCredentials();

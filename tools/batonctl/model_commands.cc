@@ -54,6 +54,7 @@ struct ForwardOptions {
   int64_t valid_start = 0;
   int64_t decode = 0;
   std::string device = "cpu";
+  std::string weights = "fp32";
   bool json = false;
 };
 
@@ -75,7 +76,7 @@ int RunForward(const ForwardOptions& o) {
                                       absl::StrCat("--decode is ", o.decode, "; it must be >= 0")));
   }
   absl::StatusOr<std::unique_ptr<model::Engine>> engine =
-      model::LoadEngineOnDevice(o.model_dir, o.device);
+      model::LoadEngineOnDevice(o.model_dir, o.device, o.weights);
   if (!engine.ok()) return ReportError("forward", engine.status());
   absl::StatusOr<std::unique_ptr<model::SequenceState>> state = (*engine)->NewState();
   if (!state.ok()) return ReportError("forward", state.status());
@@ -153,6 +154,8 @@ Command AddForwardCommand(CLI::App& app) {
   command->add_option("--decode", o->decode, "Greedy tokens to generate after the prompt");
   command->add_option("--device", o->device,
                       "cpu (default) or cuda (needs a CUDA build and a device)");
+  command->add_option("--weights", o->weights,
+                      "fp32 (default) or bf16 (weight matrices rounded to BF16; --device cpu)");
   command->add_flag("--json", o->json, "Print one JSON object");
   return {command, [o] { return RunForward(*o); }};
 }

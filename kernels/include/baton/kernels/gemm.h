@@ -2,12 +2,17 @@
 // inputs and FP32 accumulation and output (GemmBf16, the usual serving precision on GPUs). The
 // CPU backend runs both on OpenBLAS sgemm, which uses every core, except products of up to 32
 // rows (decode batches), which run on its own kernel that reads each row of W once and gives
-// every row of Y the value it would have alone; the CUDA backend runs on cuBLAS.
+// every row of Y the value it would have alone; the CUDA backend runs on cuBLAS. On the CPU,
+// Gemm also takes W in BF16 (X and Y stay FP32), which halves the bytes a decode step reads.
 #pragma once
 
 #include <cstdint>
 
 namespace baton::kernels {
+
+// A BF16 value as its bit pattern (the upper half of an FP32), so that this header needs no
+// CUDA type.
+using Bf16 = uint16_t;
 
 struct GemmParams {
   int64_t rows = 0;          // M: rows of X and Y
@@ -16,16 +21,15 @@ struct GemmParams {
   const float* x = nullptr;  // [rows, in], row stride x_stride
   int64_t x_stride = 0;      // 0 means `in`
   const float* w = nullptr;  // [out, in], contiguous (Linear layout)
-  float* y = nullptr;        // [rows, out], row stride y_stride
-  int64_t y_stride = 0;      // 0 means `out`
-  float beta = 0.0f;         // 1 adds into Y (residual connections)
+  // CPU only: W in BF16 instead of w, same layout. Each weight is widened exactly as it is
+  // read, so the result equals Gemm over the widened W.
+  const Bf16* w_bf16 = nullptr;
+  float* y = nullptr;    // [rows, out], row stride y_stride
+  int64_t y_stride = 0;  // 0 means `out`
+  float beta = 0.0f;     // 1 adds into Y (residual connections)
 };
 
 void Gemm(const GemmParams& p);
-
-// A BF16 value as its bit pattern (the upper half of an FP32), so that this header needs no
-// CUDA type.
-using Bf16 = uint16_t;
 
 // Same shapes as GemmParams with BF16 X and W; products are exact in FP32 and summed in FP32.
 struct GemmBf16Params {

@@ -68,12 +68,23 @@ class Engine {
   virtual absl::Status StageOut(std::span<const StageCopy> copies) = 0;
 };
 
+// How the engine holds its weight matrices (the norms and the embedding table stay FP32).
+// BF16 (CPU backend only) halves the bytes a decode step reads; each weight is rounded to
+// nearest even once at load, and activations and sums stay FP32.
+enum class WeightType { kFp32, kBf16 };
+
+absl::string_view WeightTypeName(WeightType type);
+
+// "fp32" or "bf16"; anything else is INVALID_ARGUMENT naming `flag` and the allowed names.
+absl::StatusOr<WeightType> ParseWeightType(absl::string_view name, absl::string_view flag);
+
 class CedEngine : public Engine {
  public:
   // Uploads the weights into the backend's memory (a host-memory backend uses them in place);
-  // RESOURCE_EXHAUSTED when they do not fit.
-  static absl::StatusOr<std::unique_ptr<CedEngine>> Create(CedWeights weights,
-                                                           std::unique_ptr<Backend> backend);
+  // RESOURCE_EXHAUSTED when they do not fit, INVALID_ARGUMENT for BF16 on a device backend.
+  static absl::StatusOr<std::unique_ptr<CedEngine>> Create(
+      CedWeights weights, std::unique_ptr<Backend> backend,
+      WeightType weight_type = WeightType::kFp32);
   ~CedEngine() override;
 
   const ModelConfig& config() const override { return config_; }
@@ -91,7 +102,7 @@ class CedEngine : public Engine {
   struct Weights;
   struct Workspace;
   CedEngine(CedWeights weights, std::unique_ptr<Backend> backend);
-  absl::Status Upload();
+  absl::Status Upload(WeightType weight_type);
   // Runs the layer stack over `step`; logits of its logit rows go to `logits` (host).
   absl::Status RunStep(const StepPlan& step, const ProducerRowsCallback* on_producer_rows,
                        float* logits);

@@ -17,14 +17,17 @@ namespace baton::model {
 // runtime's reason for seeing no device).
 absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(Device device, int ordinal = 0);
 
-// Loads `model_dir` onto a fresh backend for `device`.
+// Loads `model_dir` onto a fresh backend for `device`, its matrices held as `weight_type`.
 absl::StatusOr<std::unique_ptr<Engine>> LoadEngine(const std::string& model_dir,
-                                                   Device device = Device::kCpu);
+                                                   Device device = Device::kCpu,
+                                                   WeightType weight_type = WeightType::kFp32);
 
-// What a binary's `--device` flag does: parses `device` ("cpu" or "cuda") and loads the
-// model there. An unknown name, or a device this build or machine cannot provide, is
-// INVALID_ARGUMENT naming --device and the reason (the binaries exit 2 on it).
+// What a binary's `--device` and `--weights` flags do: parses `device` ("cpu" or "cuda") and
+// `weights` ("fp32" or "bf16") and loads the model there. An unknown name, a device this build
+// or machine cannot provide, or BF16 weights on CUDA is INVALID_ARGUMENT naming the flag and the
+// reason (the binaries exit 2 on it).
 absl::StatusOr<std::unique_ptr<Engine>> LoadEngineOnDevice(const std::string& model_dir,
-                                                           const std::string& device);
+                                                           const std::string& device,
+                                                           const std::string& weights = "fp32");
 
 }  // namespace baton::model
