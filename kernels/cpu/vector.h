@@ -27,7 +27,7 @@ namespace baton::kernels {
 typedef float Vec16 __attribute__((vector_size(64)));
 
 // The sum of a vector's sixteen lanes by halving (four adds, not fifteen in a chain).
-inline float SumLanes(Vec16 x) {
+inline float SumLanes(const Vec16& x) {
   typedef float Vec8 __attribute__((vector_size(32)));
   typedef float Vec4 __attribute__((vector_size(16)));
   const Vec8 h8 = __builtin_shufflevector(x, x, 0, 1, 2, 3, 4, 5, 6, 7) +
