@@ -86,6 +86,9 @@ absl::StatusOr<std::unique_ptr<Engine>> LoadEngineOnDevice(const std::string& mo
   if (!parsed.ok()) return parsed.status();
   absl::StatusOr<WeightType> weight_type = ParseWeightType(weights, "--weights");
   if (!weight_type.ok()) return weight_type.status();
+  if (*weight_type == WeightType::kBf16 && *parsed != Device::kCpu) {  // before any loading
+    return absl::InvalidArgumentError("--weights bf16 is for --device cpu");
+  }
   absl::StatusOr<std::unique_ptr<Backend>> backend = MakeBackend(*parsed);
   if (!backend.ok()) {
     return absl::InvalidArgumentError(

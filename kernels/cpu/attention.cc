@@ -197,7 +197,7 @@ BATON_VECTOR_CLONES void AttendRowGroup(const AttentionParams& p, int64_t row, i
     }
   }
   const SwaSource& swa = p.swa;
-  int64_t slot = lo < swa.tail_start ? lo % swa.ring_capacity : 0;
+  int64_t slot = num_swa > 0 && lo < swa.tail_start ? lo % swa.ring_capacity : 0;
   for (int64_t at = lo; at <= pos; ++at, ++j) {
     if (at >= swa.tail_start) {
       keys[j] = swa.tail_k + (at - swa.tail_start) * swa.tail_stride + kv_col;
@@ -270,7 +270,7 @@ BATON_VECTOR_CLONES void AttendRowGroup(const AttentionParams& p, int64_t row, i
 // gathered once into contiguous buffers, then for each (tile of query rows, head) the scores
 // are one sgemm per key source, masked to each row's visible range, softmaxed together, and
 // multiplied into the values with two more sgemms. Same arithmetic as AttendRowGroup up to
-// summation order.
+// summation order and the exponential (std::exp here, the vector Exp there).
 constexpr int64_t kTileRows = 64;
 constexpr int64_t kTiledMinRows = 64;
 

@@ -55,7 +55,7 @@ template <int kRows, bool kPrefetch, typename W>
 __attribute__((always_inline)) inline void FewRowsTile(const float* x, int64_t x_stride, const W* w,
                                                        int64_t in, float* y, int64_t y_stride,
                                                        float beta) {
-  Vec16 acc[kRows][4] = {};
+  Vec16 acc[kRows * 4] = {};  // [row][output]
   int64_t k = 0;
   for (; k + 16 <= in; k += 16) {
     if constexpr (kPrefetch) {
@@ -66,13 +66,13 @@ __attribute__((always_inline)) inline void FewRowsTile(const float* x, int64_t x
     for (int r = 0; r < kRows; ++r) {
       Vec16 xv;
       std::memcpy(&xv, x + r * x_stride + k, sizeof(Vec16));
-      for (int o = 0; o < 4; ++o) acc[r][o] += xv * wv[o];
+      for (int o = 0; o < 4; ++o) acc[r * 4 + o] += xv * wv[o];
     }
   }
   // The lane sums of all kRows x 4 accumulators, 16, 8 and 4 at a time.
   constexpr int kSums = kRows * 4;
   float sums[kSums];
-  Vec16* v = &acc[0][0];
+  Vec16* v = acc;
   int i = 0;
   for (; i + 16 <= kSums; i += 16) SumLanesOf<16>(v + i, sums + i);
   if (i + 8 <= kSums) {
@@ -167,18 +167,26 @@ void FewRowsGemm(const GemmParams& p) {
 void Gemm(const GemmParams& p) {
   if (p.rows == 0 || p.out == 0) return;
   if (p.rows <= kFewRows) return FewRowsGemm(p);
-  // Many rows: sgemm, over BF16 weights widened into a per-thread buffer (the product's
-  // arithmetic outweighs widening W once).
-  const float* w = p.w;
   if (p.w_bf16 != nullptr) {
-    thread_local std::vector<float> wide;
-    wide.resize(p.out * p.in);
-    for (int64_t i = 0; i < p.out * p.in; ++i) wide[i] = Widen(p.w_bf16[i]);
-    w = wide.data();
+    // BF16 weights, many rows: the few-row kernel over slices of kFewRows rows, which widens W
+    // as it reads it (sgemm would need all of W widened into FP32 first: three times the bytes,
+    // on one thread). Each row's result is then the one it has alone.
+    const int64_t x_stride = p.x_stride ? p.x_stride : p.in;
+    const int64_t y_stride = p.y_stride ? p.y_stride : p.out;
+    for (int64_t first = 0; first < p.rows; first += kFewRows) {
+      GemmParams slice = p;
+      slice.rows = std::min(kFewRows, p.rows - first);
+      slice.x = p.x + first * x_stride;
+      slice.x_stride = x_stride;
+      slice.y = p.y + first * y_stride;
+      slice.y_stride = y_stride;
+      FewRowsGemm(slice);
+    }
+    return;
   }
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(p.rows),
               static_cast<int>(p.out), static_cast<int>(p.in), 1.0f, p.x,
-              static_cast<int>(p.x_stride ? p.x_stride : p.in), w, static_cast<int>(p.in), p.beta,
+              static_cast<int>(p.x_stride ? p.x_stride : p.in), p.w, static_cast<int>(p.in), p.beta,
               p.y, static_cast<int>(p.y_stride ? p.y_stride : p.out));
 }
 

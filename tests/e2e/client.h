@@ -74,11 +74,12 @@ inline std::string Join(const std::vector<int32_t>& ids) {
 inline std::vector<int32_t> ForwardTokens(const std::string& model,
                                           const std::vector<int32_t>& prompt,
                                           const std::string& mode, int64_t keep, int n,
-                                          int64_t valid_start = 0) {
-  const Result r =
-      RunBatonctl("forward --model " + model + " --tokens " + Join(prompt) + " --mode " + mode +
-                  " --keep " + std::to_string(keep) + " --valid-start " +
-                  std::to_string(valid_start) + " --decode " + std::to_string(n) + " --json");
+                                          int64_t valid_start = 0,
+                                          const std::string& weights = "fp32") {
+  const Result r = RunBatonctl("forward --model " + model + " --tokens " + Join(prompt) +
+                               " --mode " + mode + " --keep " + std::to_string(keep) +
+                               " --valid-start " + std::to_string(valid_start) + " --decode " +
+                               std::to_string(n) + " --weights " + weights + " --json");
   EXPECT_EQ(r.exit_status, 0) << r.err;
   return nlohmann::json::parse(r.out)["tokens"].get<std::vector<int32_t>>();
 }

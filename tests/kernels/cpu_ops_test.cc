@@ -92,9 +92,10 @@ TEST(CpuOpsTest, ARowsProductDoesNotDependOnItsBatch) {
   }
 }
 
-// BF16 weights are widened exactly as they are read, so Gemm over them equals Gemm over the
-// widened FP32 matrix bit for bit: few rows (the decode kernel, with a tail past the last whole
-// vector and outputs past the last 4) and many rows (sgemm), with beta.
+// BF16 weights are widened exactly as they are read, so each row of Gemm over them equals the
+// FP32 product of that row alone with the widened matrix, bit for bit: few rows (the decode
+// kernel, with a tail past the last whole vector and outputs past the last 4) and more than 32
+// (taken 32 rows at a time), with beta.
 TEST(CpuOpsTest, Bf16WeightsGiveTheProductOfTheWidenedWeights) {
   const int64_t in = 203, out = 37;
   const std::vector<float> w = Uniform(out * in, 9);
@@ -106,13 +107,15 @@ TEST(CpuOpsTest, Bf16WeightsGiveTheProductOfTheWidenedWeights) {
     const std::vector<float> x = Uniform(rows * in, 10 + rows);
     for (float beta : {0.0f, 1.0f}) {
       std::vector<float> expected = Uniform(rows * out, 20 + rows), got = expected;
-      Gemm({.rows = rows,
-            .in = in,
-            .out = out,
-            .x = x.data(),
-            .w = widened.data(),
-            .y = expected.data(),
-            .beta = beta});
+      for (int64_t r = 0; r < rows; ++r) {
+        Gemm({.rows = 1,
+              .in = in,
+              .out = out,
+              .x = x.data() + r * in,
+              .w = widened.data(),
+              .y = expected.data() + r * out,
+              .beta = beta});
+      }
       Gemm({.rows = rows,
             .in = in,
             .out = out,

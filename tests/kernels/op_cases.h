@@ -171,7 +171,9 @@ inline std::vector<AttentionCase> ConsumerUnionCases() {
            .seed = 33}};
 }
 
-// A decode batch: 64 one-row entries over paged block KV, GQA 32/8, some after a prefix hit.
+// A decode batch: 64 one-row entries over paged block KV, GQA 32/8, some after a prefix hit;
+// then groups of 8, 1 and 7 query heads per kv head (the CPU row path's score blocks of 8, 4, 2
+// and 1 heads), the last two with a few rows.
 inline std::vector<AttentionCase> DecodeBatchCases() {
   std::vector<AttentionCase> cases;
   for (int i = 0; i < 64; ++i) {
@@ -187,6 +189,34 @@ inline std::vector<AttentionCase> DecodeBatchCases() {
                      .global = true,
                      .seed = static_cast<uint64_t>(100 + i)});
   }
+  cases.push_back({.heads = 8,
+                   .kv_heads = 1,
+                   .window = 128,
+                   .capacity = 134,
+                   .block_size = 64,
+                   .first_position = 520,
+                   .global = true,
+                   .seed = 200});
+  cases.push_back({.heads = 4,
+                   .kv_heads = 4,
+                   .head_dim = 128,
+                   .window = 128,
+                   .capacity = 134,
+                   .block_size = 64,
+                   .first_position = 77,
+                   .rows = 3,
+                   .global = true,
+                   .seed = 201});
+  cases.push_back({.heads = 7,
+                   .kv_heads = 1,
+                   .window = 128,
+                   .capacity = 134,
+                   .block_size = 64,
+                   .first_position = 300,
+                   .rows = 2,
+                   .swa_floor = 250,
+                   .global = true,
+                   .seed = 202});
   return cases;
 }
 

@@ -22,7 +22,8 @@ struct GemmParams {
   int64_t x_stride = 0;      // 0 means `in`
   const float* w = nullptr;  // [out, in], contiguous (Linear layout)
   // CPU only: W in BF16 instead of w, same layout. Each weight is widened exactly as it is
-  // read, so the result equals Gemm over the widened W.
+  // read by the few-row kernel, which also takes products of more rows, 32 rows at a time; a
+  // row's result equals that of Gemm over the widened W for that row alone.
   const Bf16* w_bf16 = nullptr;
   float* y = nullptr;    // [rows, out], row stride y_stride
   int64_t y_stride = 0;  // 0 means `out`

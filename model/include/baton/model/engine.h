@@ -113,7 +113,8 @@ class CedEngine : public Engine {
 
   ModelConfig config_;
   std::string fingerprint_;
-  CedWeights host_weights_;  // kept only when the backend reads host memory
+  CedWeights host_weights_;  // kept only when the backend reads host memory (less the
+                             // matrices held in BF16)
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<Weights> weights_;
   std::mutex serial_;  // held for a whole call when the backend is not concurrent
