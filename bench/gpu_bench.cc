@@ -7,7 +7,7 @@
 //
 //   baton_gpu_bench [--presets small,large] [--dtypes fp32,bf16] [--lengths 1024,4096]
 //                   [--keep 140] [--batches 1,8,64] [--decode-context 2048] [--repeats 3]
-//                   [--json]
+//                   [--prefill-attention simple,gemm] [--json]
 //
 // The pass follows model/engine.cc (CedEngine::RunStep) op for op: producers over every row (SWA
 // ring writes of the last C rows), the boundary's shared rows and every consumer layer's block KV,
@@ -452,8 +452,21 @@ int main(int argc, char** argv) {
   app.add_option("--batches", batches_text, "Decode batch sizes");
   app.add_option("--decode-context", decode_context, "Position of each decode step");
   app.add_option("--repeats", repeats, "Timed repeats per figure (median)");
+  std::string attention_text = "simple,gemm";
+  app.add_option("--prefill-attention", attention_text,
+                 "Prefill attention kernels to time: simple and/or gemm");
   app.add_flag("--json", json_output, "Print one JSON object");
   CLI11_PARSE(app, argc, argv);
+  std::vector<cuda::PrefillAttention> attention_kernels;
+  for (const std::string& name : ParseNames(attention_text)) {
+    absl::StatusOr<cuda::PrefillAttention> kernel =
+        cuda::ParsePrefillAttention(name, "--prefill-attention");
+    if (!kernel.ok()) {
+      std::cerr << "baton_gpu_bench: " << kernel.status().message() << "\n";
+      return 2;
+    }
+    attention_kernels.push_back(*kernel);
+  }
 
   if (cuda::DeviceCount() == 0) {
     std::cerr << "baton_gpu_bench: no CUDA device (" << cuda::NoDeviceReason() << ")\n";
@@ -480,6 +493,9 @@ int main(int argc, char** argv) {
                             {"head_dim", shape.head_dim},
                             {"layers", shape.layers},
                             {"producers", shape.producers},
+                            {"inter", shape.inter},
+                            {"vocab", shape.vocab},
+                            {"window", shape.window},
                             {"prefill", nlohmann::json::array()},
                             {"decode", nlohmann::json::array()}};
       {
@@ -487,14 +503,19 @@ int main(int argc, char** argv) {
         for (int64_t L : lengths) {
           for (const std::string mode : {"off", "compact"}) {
             Runner::Batch b = runner.MakeBatch(1, L, 0, mode == "off" ? -1 : keep);
-            const double ms = MedianMs(ctx, repeats, [&] { runner.Forward(b, false); });
-            run["prefill"].push_back({{"length", L},
-                                      {"mode", mode},
-                                      {"consumer_rows", b.consumer_rows},
-                                      {"ms", ms},
-                                      {"tokens_per_s", L / (ms / 1e3)}});
+            for (const cuda::PrefillAttention kernel : attention_kernels) {
+              ctx.set_prefill_attention(kernel);
+              const double ms = MedianMs(ctx, repeats, [&] { runner.Forward(b, false); });
+              run["prefill"].push_back({{"length", L},
+                                        {"mode", mode},
+                                        {"attention", cuda::PrefillAttentionName(kernel)},
+                                        {"consumer_rows", b.consumer_rows},
+                                        {"ms", ms},
+                                        {"tokens_per_s", L / (ms / 1e3)}});
+            }
           }
         }
+        ctx.set_prefill_attention(cuda::PrefillAttention::kSimple);
         for (int64_t batch : batches) {
           Runner::Batch b = runner.MakeBatch(batch, 1, decode_context, -1);
           const double ms = MedianMs(ctx, repeats, [&] { runner.Forward(b, true); });
@@ -522,8 +543,9 @@ int main(int argc, char** argv) {
                 run["head_dim"].get<long long>(), run["kv_heads"].get<long long>(),
                 run["layers"].get<long long>());
     for (const auto& p : run["prefill"]) {
-      std::printf("  prefill L %6lld %-8s %10.1f tok/s  %9.2f ms\n", p["length"].get<long long>(),
-                  p["mode"].get<std::string>().c_str(), p["tokens_per_s"].get<double>(),
+      std::printf("  prefill L %6lld %-8s %-7s %10.1f tok/s  %9.2f ms\n",
+                  p["length"].get<long long>(), p["mode"].get<std::string>().c_str(),
+                  p["attention"].get<std::string>().c_str(), p["tokens_per_s"].get<double>(),
                   p["ms"].get<double>());
     }
     for (const auto& d : run["decode"]) {

@@ -48,11 +48,13 @@ class Stack:
         self.s, self.dtype, self.device = s, dtype, device
         d, hd = s["d"], s["head_dim"]
         self.q_dim, self.kv_dim = s["heads"] * hd, s["kv_heads"] * hd
-        gen = torch.Generator(device="cpu").manual_seed(0)
+        # Made where they are used, in their own dtype: CPU torch.rand took tens of seconds per
+        # dtype for the d = 4096 stack, a good part of a GPU lease.
+        gen = torch.Generator(device=device).manual_seed(0)
 
         def linear(out, inp):
-            w = (torch.rand(out, inp, generator=gen) * 2 - 1) / inp ** 0.5
-            return w.to(device=device, dtype=dtype)
+            w = torch.rand(out, inp, generator=gen, device=device, dtype=dtype)
+            return w.mul_(2).sub_(1).div_(inp ** 0.5)
 
         self.layers = []
         for _ in range(s["layers"]):
@@ -203,7 +205,8 @@ def main():
             dtype = torch.float32 if dtype_name == "fp32" else torch.bfloat16
             run = {"preset": preset, "dtype": dtype_name, "d": s["d"], "heads": s["heads"],
                    "kv_heads": s["kv_heads"], "head_dim": s["head_dim"], "layers": s["layers"],
-                   "producers": s["producers"], "prefill": [], "decode": []}
+                   "producers": s["producers"], "inter": s["inter"], "vocab": s["vocab"],
+                   "window": s["window"], "prefill": [], "decode": []}
             stack = Stack(s, dtype, device)
             with torch.inference_mode():
                 for L in [int(x) for x in args.lengths.split(",")]:

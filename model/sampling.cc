@@ -48,10 +48,14 @@ SampledToken SampleToken(std::span<const float> logits, const SamplingParams& pa
     total += probs[i];
   }
   if (params.top_p > 0.0f && params.top_p < 1.0f) {
+    // The shortest prefix whose weight reaches top_p of the total, compared unnormalised: the
+    // CUDA sampler asks the same question of its histograms (sampling.cu), and dividing each
+    // weight by the total would round differently (20 tied logits at p 0.5 kept 11, not 10).
+    const double target = static_cast<double>(params.top_p) * total;
     double cumulative = 0;
     for (int32_t i = 0; i < keep; ++i) {
-      cumulative += probs[i] / total;
-      if (cumulative >= params.top_p) {
+      cumulative += probs[i];
+      if (cumulative >= target) {
         keep = i + 1;
         break;
       }

@@ -1,6 +1,7 @@
 #include "baton/kernels/cuda/context.h"
 
 #include <algorithm>
+#include <cstdlib>
 
 #include "absl/strings/str_cat.h"
 #include "context_impl.h"
@@ -47,26 +48,90 @@ bool Context::Impl::CheckLaunch(const char* what) {
   return Check(cudaGetLastError(), what);
 }
 
+namespace {
+
+// Device memory of at least `bytes` in (buffer, size), grown by doubling. cudaFree synchronises
+// the device, so launches that still read the old buffer have finished before it goes.
+void* Grow(Context::Impl& impl, void*& buffer, size_t& size, size_t bytes, const char* what) {
+  if (bytes <= size) return buffer;
+  const size_t grown = std::max<size_t>(bytes, 2 * size + 4096);
+  if (buffer != nullptr) cudaFree(buffer);
+  buffer = nullptr;
+  size = 0;
+  if (!impl.Check(cudaMalloc(&buffer, grown), what)) return nullptr;
+  size = grown;
+  return buffer;
+}
+
+}  // namespace
+
+absl::StatusOr<PrefillAttention> ParsePrefillAttention(const std::string& name,
+                                                       const std::string& what) {
+  if (name == "simple") return PrefillAttention::kSimple;
+  if (name == "gemm") return PrefillAttention::kGemm;
+  return absl::InvalidArgumentError(
+      absl::StrCat(what, ": '", name, "' is unknown; allowed: simple, gemm"));
+}
+
+const char* PrefillAttentionName(PrefillAttention mode) {
+  return mode == PrefillAttention::kGemm ? "gemm" : "simple";
+}
+
 void* Context::Impl::Scratch(size_t bytes) {
-  if (bytes <= scratch_bytes) return scratch;
-  const size_t grown = std::max<size_t>(bytes, 2 * scratch_bytes + 4096);
-  if (scratch != nullptr) cudaFree(scratch);
-  scratch = nullptr;
-  scratch_bytes = 0;
-  if (!Check(cudaMalloc(&scratch, grown), "cudaMalloc (scratch)")) return nullptr;
-  scratch_bytes = grown;
-  return scratch;
+  return Grow(*this, scratch, scratch_bytes, bytes, "cudaMalloc (scratch)");
+}
+
+void* Context::Impl::AttentionWorkspace(size_t bytes) {
+  return Grow(*this, attention_workspace, attention_workspace_bytes, bytes,
+              "cudaMalloc (attention workspace)");
+}
+
+Context::Impl::Staging* Context::Impl::AcquireStaging(size_t bytes) {
+  Staging* slot = &staging[next_staging];
+  next_staging = (next_staging + 1) % kStagingSlots;
+  if (slot->pending) {
+    slot->pending = false;
+    if (!Check(cudaEventSynchronize(slot->read), "cudaEventSynchronize (staging)")) return nullptr;
+  }
+  if (bytes > slot->bytes) {
+    const size_t grown = std::max<size_t>(bytes, 2 * slot->bytes + 4096);
+    if (slot->host != nullptr) cudaFreeHost(slot->host);
+    slot->host = nullptr;
+    slot->bytes = 0;
+    if (!Check(cudaHostAlloc(&slot->host, grown, cudaHostAllocDefault),
+               "cudaHostAlloc (staging)")) {
+      return nullptr;
+    }
+    slot->bytes = grown;
+  }
+  return slot;
+}
+
+void Context::Impl::Staged(Staging* slot) {
+  slot->pending = Check(cudaEventRecord(slot->read, stream), "cudaEventRecord (staging)");
 }
 
 absl::StatusOr<std::unique_ptr<Context>> Context::Create(int device) {
   auto impl = std::make_unique<Impl>();
   impl->device = device;
+  if (const char* name = std::getenv("BATON_CUDA_PREFILL_ATTENTION");
+      name != nullptr && *name != '\0') {
+    absl::StatusOr<PrefillAttention> mode =
+        ParsePrefillAttention(name, "BATON_CUDA_PREFILL_ATTENTION");
+    if (!mode.ok()) return mode.status();
+    impl->prefill_attention = *mode;
+  }
   auto fail = [&](const std::string& what) {
     return absl::FailedPreconditionError(
         absl::StrCat("CUDA context on device ", device, ": ", what));
   };
   if (cudaError_t e = cudaSetDevice(device); e != cudaSuccess) {
     return fail(absl::StrCat("cudaSetDevice: ", cudaGetErrorString(e)));
+  }
+  if (cudaError_t e =
+          cudaDeviceGetAttribute(&impl->multiprocessors, cudaDevAttrMultiProcessorCount, device);
+      e != cudaSuccess) {
+    return fail(absl::StrCat("cudaDeviceGetAttribute: ", cudaGetErrorString(e)));
   }
   if (cudaError_t e = cudaStreamCreateWithFlags(&impl->stream, cudaStreamNonBlocking);
       e != cudaSuccess) {
@@ -75,6 +140,11 @@ absl::StatusOr<std::unique_ptr<Context>> Context::Create(int device) {
   if (cudaEventCreate(&impl->timer_start) != cudaSuccess ||
       cudaEventCreate(&impl->timer_stop) != cudaSuccess) {
     return fail("cudaEventCreate failed");
+  }
+  for (Impl::Staging& slot : impl->staging) {
+    if (cudaEventCreateWithFlags(&slot.read, cudaEventDisableTiming) != cudaSuccess) {
+      return fail("cudaEventCreate (staging) failed");
+    }
   }
   if (cublasStatus_t s = cublasCreate(&impl->cublas); s != CUBLAS_STATUS_SUCCESS) {
     return fail(absl::StrCat("cublasCreate: status ", static_cast<int>(s)));
@@ -92,6 +162,11 @@ Context::~Context() {
   if (impl_->stream != nullptr) cudaStreamSynchronize(impl_->stream);
   if (impl_->cublas != nullptr) cublasDestroy(impl_->cublas);
   if (impl_->scratch != nullptr) cudaFree(impl_->scratch);
+  if (impl_->attention_workspace != nullptr) cudaFree(impl_->attention_workspace);
+  for (Impl::Staging& slot : impl_->staging) {
+    if (slot.host != nullptr) cudaFreeHost(slot.host);
+    if (slot.read != nullptr) cudaEventDestroy(slot.read);
+  }
   if (impl_->timer_start != nullptr) cudaEventDestroy(impl_->timer_start);
   if (impl_->timer_stop != nullptr) cudaEventDestroy(impl_->timer_stop);
   if (impl_->stream != nullptr) cudaStreamDestroy(impl_->stream);
@@ -99,6 +174,14 @@ Context::~Context() {
 
 int Context::device() const {
   return impl_->device;
+}
+
+PrefillAttention Context::prefill_attention() const {
+  return impl_->prefill_attention;
+}
+
+void Context::set_prefill_attention(PrefillAttention mode) {
+  impl_->prefill_attention = mode;
 }
 
 absl::Status Context::Synchronize() {
@@ -112,7 +195,20 @@ absl::Status Context::Synchronize() {
 void* Context::Malloc(size_t bytes) {
   void* ptr = nullptr;
   if (bytes == 0) return nullptr;
-  if (!impl_->Check(cudaMalloc(&ptr, bytes), "cudaMalloc")) return nullptr;
+  if (!impl_->Check(cudaMalloc(&ptr, bytes), "cudaMalloc")) {
+    (void)cudaGetLastError();  // not sticky: later launches' checks must not see it
+    return nullptr;
+  }
+  return ptr;
+}
+
+void* Context::TryMalloc(size_t bytes) {
+  void* ptr = nullptr;
+  if (bytes == 0) return nullptr;
+  if (cudaMalloc(&ptr, bytes) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return nullptr;
+  }
   return ptr;
 }
 
@@ -139,9 +235,9 @@ void Context::CopyOnDevice(void* device_dst, const void* device_src, size_t byte
       "cudaMemcpyAsync (on device)");
 }
 
-void Context::Memset(void* device_dst, int value, size_t bytes) {
-  if (bytes == 0) return;
-  impl_->Check(cudaMemsetAsync(device_dst, value, bytes, impl_->stream), "cudaMemsetAsync");
+bool Context::Memset(void* device_dst, int value, size_t bytes) {
+  if (bytes == 0) return true;
+  return impl_->Check(cudaMemsetAsync(device_dst, value, bytes, impl_->stream), "cudaMemsetAsync");
 }
 
 absl::Status Context::RegisterHost(void* host, size_t bytes) {

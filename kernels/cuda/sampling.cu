@@ -5,12 +5,18 @@
 // weight exceeds u") is a radix selection over a 64-bit order key: larger key = earlier in the
 // CPU's order (higher logit, then lower id). A selection finds, digit by digit from the top,
 // the largest key T whose prefix {key >= T} carries enough weight, in 8 passes of a 256-bin
-// histogram. Next optimisation if sampling ever shows in a profile: keep the weights of the
-// first pass in shared memory or scratch instead of recomputing exp() in every pass.
+// histogram. The candidates' total weight is summed in another order than the CPU's
+// sequential sum, so where a top-p target or a draw falls within rounding of a boundary the
+// two sides can pick neighbouring tokens; exact weights (ties of equal logits, weights that
+// underflow to 0) give the same choice. Next optimisation if sampling ever shows in a profile: keep
+// the weights of the first pass in shared memory or scratch instead of recomputing exp() in every
+// pass.
 #include <cmath>
 
 #include "baton/kernels/cuda/sampling.h"
 #include "context_impl.h"
+#include "device_util.cuh"
+#include "radix_bins.h"
 
 namespace baton::kernels::cuda {
 namespace {
@@ -37,22 +43,6 @@ __device__ int32_t IdOf(uint64_t key) {
   return static_cast<int32_t>(0xffffffffu - static_cast<uint32_t>(key));
 }
 
-// Block-wide reductions through shared memory; every thread gets the result.
-template <typename T, typename Op>
-__device__ T BlockReduce(T value, Op op) {
-  __shared__ T buffer[kThreads];
-  buffer[threadIdx.x] = value;
-  __syncthreads();
-  for (int stride = kThreads / 2; stride > 0; stride /= 2) {
-    if (threadIdx.x < stride)
-      buffer[threadIdx.x] = op(buffer[threadIdx.x], buffer[threadIdx.x + stride]);
-    __syncthreads();
-  }
-  const T result = buffer[0];
-  __syncthreads();  // buffer is reused by the next reduction
-  return result;
-}
-
 struct Selection {
   bool found = false;
   uint64_t key = 0;    // the selected key T
@@ -60,7 +50,9 @@ struct Selection {
 };
 
 // Among candidates (key >= floor), the largest key T such that the weight of
-// {candidates with key >= T} reaches `target` (>= when !strict, > when strict).
+// {candidates with key >= T} reaches `target` (>= when !strict, > when strict). Not found when
+// even all the candidates fall short; a later pass that falls short by rounding ends at its
+// prefix's last candidate (ChooseBin).
 template <typename Weight>
 __device__ Selection RadixSelect(const float* logits, int64_t vocab, uint64_t floor, Weight weight,
                                  double target, bool strict) {
@@ -85,21 +77,12 @@ __device__ Selection RadixSelect(const float* logits, int64_t vocab, uint64_t fl
     }
     __syncthreads();
     if (threadIdx.x == 0) {
-      double acc = above;
-      int chosen = -1;
-      for (int b = 255; b >= 0; --b) {
-        const double with = acc + histogram[b];
-        if (strict ? with > target : with >= target) {
-          chosen = b;
-          break;
-        }
-        acc = with;
-      }
-      if (chosen < 0) {
-        found = false;
+      const BinChoice choice = ChooseBin(histogram, above, target, strict);
+      if (choice.bin < 0 || (!choice.reached && pass == 0)) {
+        found = false;  // the target lies beyond every candidate
       } else {
-        prefix |= static_cast<uint64_t>(chosen) << shift;
-        above = acc;
+        prefix |= static_cast<uint64_t>(choice.bin) << shift;
+        above = choice.above;
       }
     }
     __syncthreads();
@@ -125,8 +108,8 @@ __global__ void SampleRowsKernel(SampleRowsParams p) {
     local_max = key > local_max ? key : local_max;
     local_min = key < local_min ? key : local_min;
   }
-  const uint64_t first_key = BlockReduce(local_max, max_op);
-  const uint64_t last_key = BlockReduce(local_min, min_op);
+  const uint64_t first_key = BlockReduce<kThreads>(local_max, max_op);
+  const uint64_t last_key = BlockReduce<kThreads>(local_min, min_op);
   const float max_logit = logits[IdOf(first_key)];
 
   int32_t chosen = IdOf(first_key);
@@ -147,7 +130,7 @@ __global__ void SampleRowsKernel(SampleRowsParams p) {
       for (int64_t i = threadIdx.x; i < vocab; i += kThreads) {
         if (OrderKey(logits[i], i) >= from) local += prob(i);
       }
-      return BlockReduce(local, sum_op);
+      return BlockReduce<kThreads>(local, sum_op);
     };
     double total = candidate_mass(floor);
     if (s.top_p > 0.0f && s.top_p < 1.0f) {
@@ -167,7 +150,7 @@ __global__ void SampleRowsKernel(SampleRowsParams p) {
   for (int64_t i = threadIdx.x; i < vocab; i += kThreads) {
     local += exp(static_cast<double>(logits[i] - max_logit));
   }
-  const double total = BlockReduce(local, sum_op);
+  const double total = BlockReduce<kThreads>(local, sum_op);
   if (threadIdx.x == 0) {
     p.tokens[r] = chosen;
     p.logprobs[r] = static_cast<float>(logits[chosen] - max_logit - log(total));

@@ -21,12 +21,16 @@ class CudaBackend : public Backend {
   bool concurrent() const override { return false; }
 
   void* Allocate(size_t bytes) override {
-    void* memory = ctx_->Malloc(bytes == 0 ? 1 : bytes);
-    if (memory == nullptr) {
-      (void)ctx_->Synchronize();  // clears the failed cudaMalloc from the context's error
+    // A full device is the caller's to handle (nullptr), not an error of the stream.
+    void* memory = ctx_->TryMalloc(bytes == 0 ? 1 : bytes);
+    if (memory == nullptr) return nullptr;
+    // Zeroed on the context's stream, before any op that the caller queues on the memory. A
+    // zeroing that cannot be queued means the context is broken: the memory goes back, and
+    // the recorded error stays for the caller's next Synchronize.
+    if (!ctx_->Memset(memory, 0, bytes)) {
+      ctx_->Free(memory);
       return nullptr;
     }
-    ctx_->Memset(memory, 0, bytes);
     return memory;
   }
   // cudaFree waits for the device, so kernels still queued never read freed memory.

@@ -402,12 +402,13 @@ std::vector<float> NaiveAttention(const AttentionData& d) {
 // All cases of a list as one batch (so the flattening of entries is exercised), each entry
 // against its naive attention.
 void ExpectAttentionMatchesTheDefinition(const std::vector<AttentionCase>& cases,
-                                         const std::string& what) {
+                                         const std::string& what, bool poison_unseen_ring = false) {
   std::vector<std::unique_ptr<AttentionData>> data;
   std::vector<AttentionParams> batch;
   for (const AttentionCase& c : cases) {
     data.push_back(std::make_unique<AttentionData>(c));
     AttentionData& d = *data.back();
+    if (poison_unseen_ring) op_cases::PoisonUnseenRing(d);
     std::fill(d.out.begin(), d.out.end(), NAN);  // every output element must be written
     batch.push_back(d.Params(d.qkv.data(), d.ring.data(), d.out.data(), d.positions.data(),
                              d.lo.data(), c.global ? &d.global_cpu : nullptr));
@@ -429,6 +430,19 @@ TEST(CpuOpsTest, ConsumerUnionAttentionWithTruncatedLowerBounds) {
 
 TEST(CpuOpsTest, PagedBlockKvDecodeBatch) {
   ExpectAttentionMatchesTheDefinition(op_cases::DecodeBatchCases(), "decode");
+}
+
+// Ring slots outside every row's window hold NaN: no output may see them.
+TEST(CpuOpsTest, AttentionNeverReadsRingSlotsOutsideEveryWindow) {
+  for (const auto& [cases, what] : {std::pair{op_cases::ConsumerUnionCases(), "consumer union"},
+                                    std::pair{op_cases::ProducerSwaCases(), "producer SWA"},
+                                    std::pair{op_cases::DecodeBatchCases(), "decode"}}) {
+    ExpectAttentionMatchesTheDefinition(cases, std::string(what) + ", poisoned ring", true);
+  }
+}
+
+TEST(CpuOpsTest, LongContextDecode) {
+  ExpectAttentionMatchesTheDefinition(op_cases::LongContextDecodeCases(), "long-context decode");
 }
 
 TEST(CpuOpsTest, AttentionEdgeShapes) {

@@ -5,10 +5,12 @@
 //
 // Without a CUDA device every test skips with the reason, so CI machines without a GPU stay
 // green while still compiling (and so type-checking) this file against the CUDA backend.
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <random>
@@ -45,10 +47,19 @@ class Mirror {
   // Uploads `bytes` at `host` (again, if already mirrored) and returns the device copy.
   void* Upload(const void* host, size_t bytes) {
     auto it = buffers_.find(host);
-    if (it != buffers_.end() && it->second.bytes != bytes) {
-      // A new host buffer at a freed one's address: mirror it afresh.
-      ctx_.Free(it->second.device);
-      buffers_.erase(it);
+    if (it == buffers_.end() || it->second.bytes != bytes) {
+      // A new host buffer, perhaps where freed ones were: every mirror it overlaps is stale
+      // (Device() would otherwise translate into a freed buffer's old copy).
+      const char* begin = static_cast<const char*>(host);
+      auto stale = buffers_.upper_bound(begin);
+      if (stale != buffers_.begin()) {
+        auto before = std::prev(stale);
+        if (static_cast<const char*>(before->first) + before->second.bytes > begin) stale = before;
+      }
+      while (stale != buffers_.end() && static_cast<const char*>(stale->first) < begin + bytes) {
+        ctx_.Free(stale->second.device);
+        stale = buffers_.erase(stale);
+      }
       it = buffers_.end();
     }
     if (it == buffers_.end()) {
@@ -114,6 +125,33 @@ class CudaConsistencyTest : public ::testing::Test {
   std::unique_ptr<cuda::Context> ctx_;
   std::unique_ptr<Mirror> mirror_;
 };
+
+// The prefill attention kernels' names, and BATON_CUDA_PREFILL_ATTENTION, which
+// Context::Create checks before it touches a device: this test runs on any machine.
+TEST(CudaPrefillAttentionTest, NamesAndTheEnvironmentVariableAreChecked) {
+  EXPECT_EQ(*cuda::ParsePrefillAttention("gemm", "x"), cuda::PrefillAttention::kGemm);
+  EXPECT_EQ(*cuda::ParsePrefillAttention("simple", "x"), cuda::PrefillAttention::kSimple);
+  EXPECT_STREQ(cuda::PrefillAttentionName(cuda::PrefillAttention::kGemm), "gemm");
+  const absl::StatusOr<cuda::PrefillAttention> bad =
+      cuda::ParsePrefillAttention("flash", "--prefill-attention");
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(
+      bad.status().message(),
+      ::testing::HasSubstr("--prefill-attention: 'flash' is unknown; allowed: simple, gemm"));
+
+  ASSERT_EQ(setenv("BATON_CUDA_PREFILL_ATTENTION", "flash", 1), 0);
+  absl::StatusOr<std::unique_ptr<cuda::Context>> refused = cuda::Context::Create(0);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_THAT(refused.status().message(),
+              ::testing::HasSubstr("BATON_CUDA_PREFILL_ATTENTION: 'flash' is unknown"));
+  if (cuda::DeviceCount() > 0) {
+    ASSERT_EQ(setenv("BATON_CUDA_PREFILL_ATTENTION", "gemm", 1), 0);
+    absl::StatusOr<std::unique_ptr<cuda::Context>> gemm = cuda::Context::Create(0);
+    ASSERT_TRUE(gemm.ok()) << gemm.status();
+    EXPECT_EQ((*gemm)->prefill_attention(), cuda::PrefillAttention::kGemm);
+  }
+  unsetenv("BATON_CUDA_PREFILL_ATTENTION");
+}
 
 TEST_F(CudaConsistencyTest, GemmFp32WithStridesAndBeta) {
   struct Shape {
@@ -383,21 +421,34 @@ TEST_F(CudaConsistencyTest, GatherScatterAndBlockKvWrite) {
   EXPECT_EQ(page_memory_cpu, mirror_->Download(page_memory)) << "WriteBlockKv";
 }
 
-// Runs all cases as ONE batch on each backend (so the CUDA launcher's flattening of entries
-// is exercised too) and compares every entry's output.
-void RunAttentionBatch(cuda::Context& ctx, Mirror& mirror, const std::vector<AttentionCase>& cases,
-                       const std::string& what) {
+// One batch of attention cases: computed on the CPU, its inputs uploaded, its device params
+// ready to launch.
+struct AttentionBatch {
   std::vector<std::unique_ptr<AttentionData>> data;
-  for (const AttentionCase& c : cases) data.push_back(std::make_unique<AttentionData>(c));
-  std::vector<AttentionParams> cpu_batch, gpu_batch;
   std::vector<std::vector<float>> cpu_out;
-  std::vector<BlockKvSource> gpu_global(data.size());
-  std::vector<std::vector<float*>> device_tables(data.size());
-  for (const auto& d : data) cpu_out.push_back(d->out);
+  std::vector<BlockKvSource> gpu_global;
+  std::vector<std::vector<float*>> device_tables;
+  std::vector<AttentionParams> gpu_batch;
+};
+
+std::unique_ptr<AttentionBatch> PrepareAttentionBatch(Mirror& mirror,
+                                                      const std::vector<AttentionCase>& cases,
+                                                      bool poison_unseen_ring = false) {
+  auto batch = std::make_unique<AttentionBatch>();
+  auto& data = batch->data;
+  for (const AttentionCase& c : cases) {
+    data.push_back(std::make_unique<AttentionData>(c));
+    if (poison_unseen_ring) op_cases::PoisonUnseenRing(*data.back());
+  }
+  std::vector<AttentionParams> cpu_batch;
+  batch->gpu_global.resize(data.size());
+  batch->device_tables.resize(data.size());
+  for (const auto& d : data) batch->cpu_out.push_back(d->out);
   for (size_t e = 0; e < data.size(); ++e) {
     const AttentionData& d = *data[e];
-    cpu_batch.push_back(d.Params(d.qkv.data(), d.ring.data(), cpu_out[e].data(), d.positions.data(),
-                                 d.lo.data(), d.c.global ? &d.global_cpu : nullptr));
+    cpu_batch.push_back(d.Params(d.qkv.data(), d.ring.data(), batch->cpu_out[e].data(),
+                                 d.positions.data(), d.lo.data(),
+                                 d.c.global ? &d.global_cpu : nullptr));
   }
   Attention(cpu_batch);
 
@@ -410,21 +461,109 @@ void RunAttentionBatch(cuda::Context& ctx, Mirror& mirror, const std::vector<Att
     mirror.Upload(d.lo);
     if (d.c.global) {
       mirror.Upload(d.pages);
-      for (float* page : d.page_table) device_tables[e].push_back(mirror.Device(page));
-      gpu_global[e] = d.global_cpu;
-      gpu_global[e].pages = mirror.Upload(device_tables[e]);
+      for (float* page : d.page_table) batch->device_tables[e].push_back(mirror.Device(page));
+      batch->gpu_global[e] = d.global_cpu;
+      batch->gpu_global[e].pages = mirror.Upload(batch->device_tables[e]);
     }
-    gpu_batch.push_back(d.Params(mirror.Device(d.qkv.data()), mirror.Device(d.ring.data()),
-                                 mirror.Device(d.out.data()), mirror.Device(d.positions.data()),
-                                 mirror.Device(d.lo.data()),
-                                 d.c.global ? &gpu_global[e] : nullptr));
+    batch->gpu_batch.push_back(
+        d.Params(mirror.Device(d.qkv.data()), mirror.Device(d.ring.data()),
+                 mirror.Device(d.out.data()), mirror.Device(d.positions.data()),
+                 mirror.Device(d.lo.data()), d.c.global ? &batch->gpu_global[e] : nullptr));
   }
-  cuda::Attention(ctx, gpu_batch);
-  ASSERT_TRUE(ctx.Synchronize().ok());
-  for (size_t e = 0; e < data.size(); ++e) {
-    ExpectClose(cpu_out[e], mirror.Download(data[e]->out), 2e-5f, 1e-4f,
+  return batch;
+}
+
+void ExpectAttentionMatches(Mirror& mirror, const AttentionBatch& batch, const std::string& what) {
+  for (size_t e = 0; e < batch.data.size(); ++e) {
+    ExpectClose(batch.cpu_out[e], mirror.Download(batch.data[e]->out), 2e-5f, 1e-4f,
                 what + " entry " + std::to_string(e));
   }
+}
+
+// Runs all cases as ONE batch on each backend (so the CUDA launcher's flattening of entries
+// is exercised too) and compares every entry's output.
+void RunAttentionBatch(cuda::Context& ctx, Mirror& mirror, const std::vector<AttentionCase>& cases,
+                       const std::string& what) {
+  std::unique_ptr<AttentionBatch> batch = PrepareAttentionBatch(mirror, cases);
+  cuda::Attention(ctx, batch->gpu_batch);
+  ASSERT_TRUE(ctx.Synchronize().ok());
+  ExpectAttentionMatches(mirror, *batch, what);
+}
+
+// Launches queued back to back, with no synchronisation between them: each launch's entries go
+// through the context's page-locked staging slots (8, used in turn), which must not be
+// rewritten before the copy that reads them has run. Twenty launches of four kinds, every one
+// with its own data (seeds differ by repetition), cycle the slots more than twice.
+TEST_F(CudaConsistencyTest, AttentionLaunchesQueuedBackToBackReadTheirOwnEntries) {
+  const std::vector<std::pair<std::vector<AttentionCase>, std::string>> kinds = {
+      {op_cases::LongContextDecodeCases(), "long-context decode"},
+      {op_cases::ConsumerUnionCases(), "consumer union"},
+      {op_cases::ProducerSwaCases(), "producer SWA"},
+      {op_cases::EdgeShapeCases(), "edge shapes"}};
+  std::vector<std::unique_ptr<AttentionBatch>> batches;
+  std::vector<std::string> names;
+  for (uint64_t rep = 0; rep < 5; ++rep) {
+    for (const auto& [cases, what] : kinds) {
+      std::vector<AttentionCase> reseeded = cases;
+      for (AttentionCase& c : reseeded) c.seed += 1000 * rep;
+      batches.push_back(PrepareAttentionBatch(*mirror_, reseeded));
+      names.push_back(what + " #" + std::to_string(rep));
+    }
+  }
+  for (const auto& batch : batches) cuda::Attention(*ctx_, batch->gpu_batch);
+  Sync();
+  for (size_t i = 0; i < batches.size(); ++i)
+    ExpectAttentionMatches(*mirror_, *batches[i], names[i]);
+}
+
+// The tensor-core prefill path (PrefillAttention::kGemm) on every attention case, ring slots
+// outside every window poisoned with NaN: within BF16 rounding of the CPU (atol = rtol = 1e-2;
+// a numpy model of BF16 Q, K, V and weights over these shapes peaks at a third of that), and
+// visibly not the FP32 kernel (some output differs from the CPU by more than FP32 rounding),
+// so the path really ran. Entries of fewer than kGemmAttentionMinRows rows take the simple
+// kernel in the same call and must stay FP32-exact.
+TEST_F(CudaConsistencyTest, GemmPrefillAttentionMatchesTheCpuToBf16Rounding) {
+  ctx_->set_prefill_attention(cuda::PrefillAttention::kGemm);
+  const std::vector<std::pair<std::vector<AttentionCase>, std::string>> sets = {
+      {op_cases::ProducerSwaCases(), "producer SWA"},
+      {op_cases::ConsumerUnionCases(), "consumer union"},
+      {op_cases::DecodeBatchCases(), "decode"},
+      {op_cases::EdgeShapeCases(), "edge shapes"}};
+  for (const auto& [cases, what] : sets) {
+    std::unique_ptr<AttentionBatch> batch = PrepareAttentionBatch(*mirror_, cases, true);
+    cuda::Attention(*ctx_, batch->gpu_batch);
+    Sync();
+    bool any_gemm = false;
+    float largest_gemm_error = 0.0f;
+    for (size_t e = 0; e < cases.size(); ++e) {
+      const std::vector<float> gpu = mirror_->Download(batch->data[e]->out);
+      const std::string entry = what + " entry " + std::to_string(e);
+      if (cases[e].rows < cuda::kGemmAttentionMinRows) {
+        ExpectClose(batch->cpu_out[e], gpu, 2e-5f, 1e-4f, entry + " (simple kernel)");
+        continue;
+      }
+      any_gemm = true;
+      ExpectClose(batch->cpu_out[e], gpu, 1e-2f, 1e-2f, entry + " (gemm)");
+      for (size_t i = 0; i < gpu.size(); ++i) {
+        largest_gemm_error = std::max(largest_gemm_error, std::abs(gpu[i] - batch->cpu_out[e][i]));
+      }
+    }
+    if (any_gemm) {
+      EXPECT_GT(largest_gemm_error, 1e-6f)
+          << what << ": no output shows BF16 rounding; did the GEMM path run?";
+    }
+  }
+  ctx_->set_prefill_attention(cuda::PrefillAttention::kSimple);
+}
+
+// The FP32 kernel with the same poisoned rings: it never reads a slot outside the window.
+TEST_F(CudaConsistencyTest, SimpleAttentionIgnoresPoisonOutsideTheWindow) {
+  ctx_->set_prefill_attention(cuda::PrefillAttention::kSimple);
+  std::unique_ptr<AttentionBatch> batch =
+      PrepareAttentionBatch(*mirror_, op_cases::ConsumerUnionCases(), true);
+  cuda::Attention(*ctx_, batch->gpu_batch);
+  Sync();
+  ExpectAttentionMatches(*mirror_, *batch, "consumer union, poisoned ring");
 }
 
 TEST_F(CudaConsistencyTest, ProducerSwaAttentionPrefillChunks) {
@@ -439,8 +578,53 @@ TEST_F(CudaConsistencyTest, PagedBlockKvDecodeBatch) {
   RunAttentionBatch(*ctx_, *mirror_, op_cases::DecodeBatchCases(), "decode");
 }
 
+// One request (32 blocks) and then two: the launcher splits each row's keys across blocks
+// (flash-decoding) and merges the splits; the result is the CPU's to FP32 rounding.
+TEST_F(CudaConsistencyTest, LongContextDecodeSplitAcrossBlocks) {
+  RunAttentionBatch(*ctx_, *mirror_, {op_cases::LongContextDecodeCases()[0]}, "one request");
+  RunAttentionBatch(*ctx_, *mirror_, op_cases::LongContextDecodeCases(), "two requests");
+}
+
 TEST_F(CudaConsistencyTest, AttentionEdgeShapes) {
   RunAttentionBatch(*ctx_, *mirror_, op_cases::EdgeShapeCases(), "edge shapes");
+}
+
+// Samples every row of `logits` ([rows, vocab]) on the device and compares each token and its
+// logprob with model::SampleToken on the CPU.
+void ExpectSamplingMatches(cuda::Context& ctx, Mirror& mirror, std::vector<float> logits,
+                           std::vector<cuda::SampleRowSettings> settings, int64_t vocab) {
+  const int64_t rows = static_cast<int64_t>(settings.size());
+  std::vector<int32_t> tokens(rows, -1);
+  std::vector<float> logprobs(rows);
+  mirror.Upload(logits);
+  mirror.Upload(settings.data(), settings.size() * sizeof(cuda::SampleRowSettings));
+  mirror.Upload(tokens);
+  mirror.Upload(logprobs);
+  cuda::SampleRows(ctx, {.rows = rows,
+                         .vocab = vocab,
+                         .logits = mirror.Device(logits.data()),
+                         .settings = mirror.Device(settings.data()),
+                         .tokens = mirror.Device(tokens.data()),
+                         .logprobs = mirror.Device(logprobs.data())});
+  ASSERT_TRUE(ctx.Synchronize().ok());
+  const std::vector<int32_t> gpu_tokens = mirror.Download(tokens);
+  const std::vector<float> gpu_logprobs = mirror.Download(logprobs);
+  int mismatches = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    const cuda::SampleRowSettings& s = settings[r];
+    const model::SampledToken expected = model::SampleToken(
+        std::span<const float>(logits.data() + r * vocab, vocab),
+        {.temperature = s.temperature, .top_k = s.top_k, .top_p = s.top_p, .seed = s.seed}, s.step);
+    if (expected.token != gpu_tokens[r]) {
+      ++mismatches;
+      ADD_FAILURE() << "vocab " << vocab << " row " << r << " (T " << s.temperature << ", k "
+                    << s.top_k << ", p " << s.top_p << ", step " << s.step << "): cpu "
+                    << expected.token << " cuda " << gpu_tokens[r];
+      continue;
+    }
+    EXPECT_NEAR(expected.logprob, gpu_logprobs[r], 1e-5f) << "row " << r;
+  }
+  EXPECT_EQ(mismatches, 0) << "vocab " << vocab;
 }
 
 TEST_F(CudaConsistencyTest, SamplingMatchesModelSampleToken) {
@@ -467,39 +651,36 @@ TEST_F(CudaConsistencyTest, SamplingMatchesModelSampleToken) {
         logits[r * vocab + i] = std::round(logits[r * vocab + i] * 2.0f) / 2.0f;
       }
     }
-    std::vector<int32_t> tokens(rows, -1);
-    std::vector<float> logprobs(rows);
-    mirror_->Upload(logits);
-    mirror_->Upload(settings.data(), settings.size() * sizeof(cuda::SampleRowSettings));
-    mirror_->Upload(tokens);
-    mirror_->Upload(logprobs);
-    cuda::SampleRows(*ctx_, {.rows = rows,
-                             .vocab = vocab,
-                             .logits = mirror_->Device(logits.data()),
-                             .settings = mirror_->Device(settings.data()),
-                             .tokens = mirror_->Device(tokens.data()),
-                             .logprobs = mirror_->Device(logprobs.data())});
-    Sync();
-    const std::vector<int32_t> gpu_tokens = mirror_->Download(tokens);
-    const std::vector<float> gpu_logprobs = mirror_->Download(logprobs);
-    int mismatches = 0;
-    for (int64_t r = 0; r < rows; ++r) {
-      const cuda::SampleRowSettings& s = settings[r];
-      const model::SampledToken expected = model::SampleToken(
-          std::span<const float>(logits.data() + r * vocab, vocab),
-          {.temperature = s.temperature, .top_k = s.top_k, .top_p = s.top_p, .seed = s.seed},
-          s.step);
-      if (expected.token != gpu_tokens[r]) {
-        ++mismatches;
-        ADD_FAILURE() << "vocab " << vocab << " row " << r << " (T " << s.temperature << ", k "
-                      << s.top_k << ", p " << s.top_p << ", step " << s.step << "): cpu "
-                      << expected.token << " cuda " << gpu_tokens[r];
-        continue;
-      }
-      EXPECT_NEAR(expected.logprob, gpu_logprobs[r], 1e-5f) << "row " << r;
-    }
-    EXPECT_EQ(mismatches, 0) << "vocab " << vocab;
+    ExpectSamplingMatches(*ctx_, *mirror_, std::move(logits), std::move(settings), vocab);
   }
+}
+
+// Exact ties at the top-p boundary: 20 tied maxima at top_k 20 hold exactly p = 0.5 of the
+// weight in their first ten (both sides keep ten), and at p = 0.35 the cut falls inside the
+// tie (seven). Many seeds per row, so that a kept set of the wrong size shows.
+TEST_F(CudaConsistencyTest, SamplingTopPOnExactTies) {
+  const int64_t vocab = 1000;
+  std::vector<cuda::SampleRowSettings> settings;
+  for (float top_p : {0.5f, 0.35f, 0.05f}) {
+    for (int32_t top_k : {20, 0}) {
+      for (uint64_t seed = 0; seed < 40; ++seed) {
+        settings.push_back({.temperature = 1.0f,
+                            .top_k = top_k,
+                            .top_p = top_p,
+                            .seed = 77 + seed,
+                            .step = seed % 5});
+      }
+    }
+  }
+  const int64_t rows = static_cast<int64_t>(settings.size());
+  // The other tokens weigh exactly 0 (exp underflows): the totals, and so the targets and
+  // the draws, are exact on both sides. (A tail of tiny positive weights would be summed in
+  // different orders on the two sides and could move a tie's cut by rounding alone.)
+  std::vector<float> logits(rows * vocab, -1e4f);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t i = 0; i < 20; ++i) logits[r * vocab + 300 + i * 7] = 4.0f;
+  }
+  ExpectSamplingMatches(*ctx_, *mirror_, std::move(logits), std::move(settings), vocab);
 }
 
 // A node's transfer staging is host memory page-locked once (RegisterHost) and copied to

@@ -129,6 +129,20 @@ struct AttentionData {
   }
 };
 
+// NaN in every ring slot whose position no row of the entry can see (below every row's lo): a
+// kernel may read such slots (the CUDA GEMM path gathers them), but none may let them reach an
+// output.
+inline void PoisonUnseenRing(AttentionData& d) {
+  const int64_t kv_dim = d.c.kv_heads * d.c.head_dim, C = d.c.capacity;
+  const int64_t min_lo = *std::min_element(d.lo.begin(), d.lo.end());
+  for (int64_t pos = std::max<int64_t>(0, d.c.first_position - C);
+       pos < std::min(min_lo, d.c.first_position); ++pos) {
+    for (const int64_t base : {int64_t{0}, C * kv_dim}) {
+      std::fill_n(d.ring.begin() + base + (pos % C) * kv_dim, kv_dim, NAN);
+    }
+  }
+}
+
 // The attention cases of the op list. Producer SWA prefill chunks: >= 64 rows take the CPU's
 // tiled path, fewer its row path.
 inline std::vector<AttentionCase> ProducerSwaCases() {
@@ -218,6 +232,29 @@ inline std::vector<AttentionCase> DecodeBatchCases() {
                    .global = true,
                    .seed = 202});
   return cases;
+}
+
+// Decode of one or two requests at long contexts: too few (row, head) blocks to fill a GPU, so
+// the CUDA launcher splits each row's keys across blocks and merges the splits.
+inline std::vector<AttentionCase> LongContextDecodeCases() {
+  return {{.heads = 32,
+           .kv_heads = 8,
+           .head_dim = 128,
+           .window = 128,
+           .capacity = 134,
+           .block_size = 64,
+           .first_position = 6001,
+           .global = true,
+           .seed = 300},
+          {.heads = 8,
+           .kv_heads = 1,
+           .window = 128,
+           .capacity = 134,
+           .block_size = 64,
+           .first_position = 4100,
+           .swa_floor = 4050,
+           .global = true,
+           .seed = 301}};
 }
 
 // No visible key at all (producer row with lo = i + 1): output zero; head dims at the CUDA

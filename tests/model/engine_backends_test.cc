@@ -262,5 +262,26 @@ TEST_F(EngineBackendsTest, ProducerRowsCallbackSeesTheCpuRows) {
   }
 }
 
+// Allocate hands out zeroed memory, also memory that a freed allocation had filled: the
+// zeroing is queued on the backend's stream, ordered before what the caller queues next.
+TEST_F(EngineBackendsTest, AllocatedDeviceMemoryStartsZeroedAfterReuse) {
+  absl::StatusOr<std::unique_ptr<Backend>> backend = MakeBackend(Device::kCuda);
+  ASSERT_TRUE(backend.ok()) << backend.status();
+  constexpr size_t kFloats = size_t{1} << 22;  // 16 MiB
+  const std::vector<float> filled(kFloats, 3.5f);
+  for (int round = 0; round < 4; ++round) {
+    void* memory = (*backend)->Allocate(kFloats * sizeof(float));
+    ASSERT_NE(memory, nullptr);
+    std::vector<float> seen(kFloats, -1.0f);
+    (*backend)->CopyOut(seen.data(), memory, kFloats * sizeof(float));
+    ASSERT_TRUE((*backend)->Synchronize().ok());
+    EXPECT_EQ(std::count(seen.begin(), seen.end(), 0.0f), static_cast<ptrdiff_t>(kFloats))
+        << "round " << round;
+    (*backend)->CopyIn(memory, filled.data(), kFloats * sizeof(float));
+    (*backend)->Free(memory);
+  }
+  EXPECT_TRUE((*backend)->Synchronize().ok());
+}
+
 }  // namespace
 }  // namespace baton::model

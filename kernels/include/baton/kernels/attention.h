@@ -6,6 +6,11 @@
 // Producer layers pass no global source; consumer layers pass both (a position inside the
 // window then contributes two keys). Which keys are visible is the plan's business: the
 // kernel reads swa_lo and never decides truncation itself.
+//
+// Every row's position is at most the tail's last (tail_start + rows - 1), and its swa_lo at
+// least tail_start - ring_capacity (earlier positions have left the ring): a chunk's rows are
+// the tail, and the ring holds the C positions before it. The CUDA tensor-core prefill path
+// sizes its key union from these two bounds alone.
 #pragma once
 
 #include <cstdint>

@@ -12,7 +12,9 @@ namespace baton::model {
 struct SamplingParams {
   float temperature = 0.0f;  // <= 0: greedy
   int32_t top_k = 0;         // <= 0: no cut
-  float top_p = 1.0f;        // >= 1 or <= 0: no cut
+  // >= 1 or <= 0: no cut. Else the shortest prefix of the top_k tokens (highest logit first,
+  // ties by lower id) whose weight w reaches top_p * (their total weight).
+  float top_p = 1.0f;
   uint64_t seed = 0;
 };
 

@@ -25,15 +25,36 @@ int DeviceCount();
 // A one-line reason why DeviceCount() is 0 (the runtime's error string), or "" when it is not.
 std::string NoDeviceReason();
 
+// How Attention runs entries of at least kGemmAttentionMinRows rows (prefill chunks).
+enum class PrefillAttention {
+  // One block per (row, head), FP32 on CUDA cores, one online softmax: the CPU's results to
+  // FP32 rounding. The default.
+  kSimple,
+  // Tiles of query rows per KV head through cuBLAS BF16 tensor-core GEMMs with a fused
+  // mask-and-softmax kernel between them (attention_gemm.cu): BF16 rounding of Q, K, V and
+  // the weights, about 1e-2 relative.
+  kGemm,
+};
+inline constexpr int64_t kGemmAttentionMinRows = 16;
+// "simple" or "gemm"; INVALID_ARGUMENT naming `what` and the allowed names otherwise.
+absl::StatusOr<PrefillAttention> ParsePrefillAttention(const std::string& name,
+                                                       const std::string& what);
+const char* PrefillAttentionName(PrefillAttention mode);
+
 class Context {
  public:
-  // Selects `device`, creates a non-blocking stream and a cuBLAS handle bound to it.
+  // Selects `device`, creates a non-blocking stream and a cuBLAS handle bound to it. The
+  // prefill attention kernel starts as BATON_CUDA_PREFILL_ATTENTION names it ("simple" when
+  // unset; another name fails Create, naming the variable), so that every program on the
+  // CUDA backend (batonctl forward, the nodes, the tests) can be switched without a flag.
   static absl::StatusOr<std::unique_ptr<Context>> Create(int device = 0);
   ~Context();
   Context(const Context&) = delete;
   Context& operator=(const Context&) = delete;
 
   int device() const;
+  PrefillAttention prefill_attention() const;
+  void set_prefill_attention(PrefillAttention mode);
   // Waits for every op queued so far; returns the first error of any of them (and clears it).
   absl::Status Synchronize();
 
@@ -41,11 +62,17 @@ class Context {
   // Allocation failures return nullptr; copies are queued on the stream (host memory must
   // stay valid until Synchronize unless it is pageable, which the runtime stages at once).
   void* Malloc(size_t bytes);
+  // Malloc for callers that handle a failure themselves (a full pool): nullptr, and nothing
+  // recorded, so that the next Synchronize reports only real faults.
+  void* TryMalloc(size_t bytes);
   void Free(void* device_ptr);
   void CopyToDevice(void* device_dst, const void* host_src, size_t bytes);
   void CopyToHost(void* host_dst, const void* device_src, size_t bytes);
   void CopyOnDevice(void* device_dst, const void* device_src, size_t bytes);
-  void Memset(void* device_dst, int value, size_t bytes);
+  // Queued on the context's stream, so that it is ordered with every op before and after it
+  // (the stream is non-blocking: legacy-stream work would not be). False when it could not be
+  // queued (the error is recorded too).
+  bool Memset(void* device_dst, int value, size_t bytes);
   // Page-locks (cudaHostRegister) or releases host memory that copies use again and again.
   absl::Status RegisterHost(void* host, size_t bytes);
   void UnregisterHost(void* host);
