@@ -2,8 +2,9 @@
 # The sanitizer and fuzzing pass (part of CI): builds baton with clang, AddressSanitizer and
 # UndefinedBehaviorSanitizer into build-sanitize/, runs every in-process test suite there
 # (any sanitizer report fails it), then runs each libFuzzer target of tests/fuzz for
-# FUZZ_SECONDS (default 20) from its seed corpus and prints its executions. Exits non-zero on
-# a failed test or a fuzzer finding (the input is kept under build-sanitize/fuzz/).
+# FUZZ_SECONDS (default 20; BATON_JOBS of them at a time) from its seed corpus and prints its
+# executions. Exits non-zero on a failed test or a fuzzer finding (the input is kept under
+# build-sanitize/fuzz/).
 #
 #   scripts/sanitize.sh            build, test, fuzz
 #   FUZZ_SECONDS=300 scripts/sanitize.sh
@@ -21,9 +22,10 @@ export ASAN_OPTIONS="detect_leaks=1:abort_on_error=0:strict_string_checks=1"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
 ctest --test-dir "$build" --output-on-failure -j "${BATON_JOBS:-2}" -L "^(unit|model|store|node)$"
 
-status=0
+# The fuzzers run BATON_JOBS at a time (each is one process on one core), then report in order.
 mkdir -p "$build/fuzz"
-for fuzzer in "$build"/tests/fuzz/fuzz_*; do
+fuzz_one() {
+  local fuzzer="$1" name corpus
   name="$(basename "$fuzzer")"
   name="${name#fuzz_}"
   corpus="$build/fuzz/$name"
@@ -31,6 +33,23 @@ for fuzzer in "$build"/tests/fuzz/fuzz_*; do
   if "$fuzzer" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=4096 -print_final_stats=1 \
     -artifact_prefix="$build/fuzz/$name-" "$corpus" "$root/tests/fuzz/corpus/$name" \
     >"$build/fuzz/$name.log" 2>&1; then
+    echo ok >"$build/fuzz/$name.status"
+  else
+    echo failed >"$build/fuzz/$name.status"
+  fi
+}
+fuzzers=("$build"/tests/fuzz/fuzz_*)
+rm -f "$build"/fuzz/*.status
+for fuzzer in "${fuzzers[@]}"; do
+  while (($(jobs -rp | wc -l) >= ${BATON_JOBS:-2})); do wait -n || true; done
+  fuzz_one "$fuzzer" &
+done
+wait
+status=0
+for fuzzer in "${fuzzers[@]}"; do
+  name="$(basename "$fuzzer")"
+  name="${name#fuzz_}"
+  if [[ "$(cat "$build/fuzz/$name.status" 2>/dev/null)" == ok ]]; then
     runs="$(sed -n 's/^stat::number_of_executed_units: *//p' "$build/fuzz/$name.log")"
     echo "fuzz $name: ${runs:-?} executions in ${seconds} s, no crash"
   else
