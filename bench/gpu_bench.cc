@@ -150,6 +150,7 @@ class Runner {
     DeviceArray<cuda::SampleRowSettings> settings;
     DeviceArray<int32_t> tokens;
     DeviceArray<float> logprobs;
+    DeviceArray<int32_t> last_rows;  // each request's last consumer row (its logits row)
   };
 
   // `keep` < 0: truncation off; else compact with that K (DESIGN section 3).
@@ -224,6 +225,11 @@ class Runner {
     b.settings = Upload(ctx_, settings);
     b.tokens = DeviceArray<int32_t>(ctx_, requests);
     b.logprobs = DeviceArray<float>(ctx_, requests);
+    std::vector<int32_t> last(requests);
+    for (int64_t r = 0; r < requests; ++r) {
+      last[r] = static_cast<int32_t>((r + 1) * b.consumer_rows - 1);
+    }
+    b.last_rows = Upload(ctx_, last);
     return b;
   }
 
@@ -358,17 +364,13 @@ class Runner {
             b.consumer_lo.data(), b.consumer_rings.data(), b.consumer_k_index.data(),
             b.consumer_v_index.data(), true);
     }
-    // Logits of each request's last row.
-    std::vector<int32_t> last(b.requests);
-    for (int64_t r = 0; r < b.requests; ++r)
-      last[r] = static_cast<int32_t>((r + 1) * b.consumer_rows - 1);
-    if (last_rows_.size() < last.size()) last_rows_ = DeviceArray<int32_t>(ctx_, last.size());
-    ctx_.CopyToDevice(last_rows_.data(), last.data(), last.size() * sizeof(int32_t));
+    // Logits of each request's last row. Forward copies nothing from the host, so that a
+    // decode step can be captured into a CUDA graph.
     cuda::GatherRows(ctx_, {.rows = b.requests,
                             .width = s.d,
                             .src = shared_.data(),
                             .src_stride = s.d,
-                            .index = last_rows_.data(),
+                            .index = b.last_rows.data(),
                             .dst = x_.data(),
                             .dst_stride = s.d});
     cuda::RmsNorm(ctx_, {.rows = b.requests,
@@ -425,7 +427,6 @@ class Runner {
   Linear global_kv_, lm_head_;
   DeviceArray<float> final_norm_, h_, x_, shared_, qkv_, attn_, gate_up_, act_, global_;
   DeviceArray<Bf16> x16_;
-  DeviceArray<int32_t> last_rows_;
 };
 
 double MedianMs(Context& ctx, int repeats, const std::function<void()>& run) {
@@ -519,10 +520,20 @@ int main(int argc, char** argv) {
         for (int64_t batch : batches) {
           Runner::Batch b = runner.MakeBatch(batch, 1, decode_context, -1);
           const double ms = MedianMs(ctx, repeats, [&] { runner.Forward(b, true); });
-          run["decode"].push_back({{"batch", batch},
+          nlohmann::json figure = {{"batch", batch},
                                    {"context", decode_context},
                                    {"step_ms", ms},
-                                   {"tokens_per_s", batch / (ms / 1e3)}});
+                                   {"tokens_per_s", batch / (ms / 1e3)}};
+          // The same step captured once into a CUDA graph and replayed: no launch per op.
+          absl::StatusOr<std::unique_ptr<Context::Graph>> graph =
+              ctx.Capture([&] { runner.Forward(b, true); });
+          if (graph.ok()) {
+            figure["graph_step_ms"] = MedianMs(ctx, repeats, [&] { (*graph)->Replay(); });
+          } else {
+            figure["graph_step_ms"] = nullptr;
+            figure["graph_error"] = std::string(graph.status().message());
+          }
+          run["decode"].push_back(figure);
         }
       }
       if (absl::Status s = ctx.Synchronize(); !s.ok()) {

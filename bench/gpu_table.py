@@ -5,7 +5,7 @@
 
 Each JSON holds {"runs": [...]} in baton_gpu_bench's format (a missing or unreadable file is
 skipped with a note). For every (preset, dtype) run: prefill tokens/s with truncation off and
-compact, decode ms/step by batch, each as model TFLOP/s, as a fraction of the GPU's dense BF16
+compact, decode ms/step by batch (also replayed as one CUDA graph), each as model TFLOP/s, as a fraction of the GPU's dense BF16
 peak (989 TFLOP/s for an H200 SXM by its datasheet; --peak-tflops for a measured ceiling), and
 as baton's speed over PyTorch's on the same shapes in the same run.
 
@@ -100,15 +100,19 @@ def main():
                 qs = f"{'-':>11}  {'-':>7}  {'-':>11}"
             print(f"          {p['length']:6d}  {p['mode']:7s}  {p.get('attention', 'simple'):9s} "
                   f"{p['tokens_per_s']:11.0f}  {tflops:7.1f}  {tflops / peak:5.3f}  {qs}")
-        print("  decode  batch  context  baton ms/step  TFLOP/s   peak  torch ms/step  baton/torch")
+        print("  decode  batch  context  baton ms/step  TFLOP/s   peak  graph ms/step  torch ms/step  baton/torch")
         td = {d["batch"]: d for d in (t["decode"] if t else [])}
         for dec in run["decode"]:
             tflops = decode_flops(run, dec) / (dec["step_ms"] / 1e3) / 1e12
             q = td.get(dec["batch"])
             qs = (f"{q['step_ms']:13.3f}  {q['step_ms'] / dec['step_ms']:11.2f}" if q
                   else f"{'-':>13}  {'-':>11}")
+            graph = dec.get("graph_step_ms")
+            gs = f"{graph:13.3f}" if graph else f"{'-':>13}"
             print(f"         {dec['batch']:5d}  {dec['context']:7d}  {dec['step_ms']:13.3f}  {tflops:7.2f}  "
-                  f"{tflops / peak:5.3f}  {qs}")
+                  f"{tflops / peak:5.3f}  {gs}  {qs}")
+            if dec.get("graph_error"):
+                print(f"           graph capture failed: {dec['graph_error']}")
     if not baton:
         print("no baton figures")
     return 0

@@ -54,6 +54,11 @@ namespace {
 // the device, so launches that still read the old buffer have finished before it goes.
 void* Grow(Context::Impl& impl, void*& buffer, size_t& size, size_t bytes, const char* what) {
   if (bytes <= size) return buffer;
+  if (impl.capturing) {  // cudaFree would wait for the device, which capture forbids
+    impl.Fail(absl::StrCat(what, ": a buffer would grow while capturing a graph; run the ",
+                           "sequence once before capturing it"));
+    return nullptr;
+  }
   const size_t grown = std::max<size_t>(bytes, 2 * size + 4096);
   if (buffer != nullptr) cudaFree(buffer);
   buffer = nullptr;
@@ -87,6 +92,16 @@ void* Context::Impl::AttentionWorkspace(size_t bytes) {
 }
 
 Context::Impl::Staging* Context::Impl::AcquireStaging(size_t bytes) {
+  if (capturing) {
+    capture_slot = {};
+    if (!Check(cudaHostAlloc(&capture_slot.host, bytes, cudaHostAllocDefault),
+               "cudaHostAlloc (captured staging)")) {
+      return nullptr;
+    }
+    capture_buffers.push_back(capture_slot.host);
+    capture_slot.bytes = bytes;
+    return &capture_slot;
+  }
   Staging* slot = &staging[next_staging];
   next_staging = (next_staging + 1) % kStagingSlots;
   if (slot->pending) {
@@ -108,7 +123,61 @@ Context::Impl::Staging* Context::Impl::AcquireStaging(size_t bytes) {
 }
 
 void Context::Impl::Staged(Staging* slot) {
+  if (slot == &capture_slot) return;  // the graph owns the buffer: nothing to wait for
   slot->pending = Check(cudaEventRecord(slot->read, stream), "cudaEventRecord (staging)");
+}
+
+struct Context::Graph::State {
+  Context::Impl* impl = nullptr;
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  std::vector<void*> host_buffers;
+};
+
+Context::Graph::Graph(std::unique_ptr<State> state) : state_(std::move(state)) {}
+
+Context::Graph::~Graph() {
+  // A replay still queued reads the buffers: wait for the stream first.
+  cudaStreamSynchronize(state_->impl->stream);
+  if (state_->exec != nullptr) cudaGraphExecDestroy(state_->exec);
+  if (state_->graph != nullptr) cudaGraphDestroy(state_->graph);
+  for (void* host : state_->host_buffers) cudaFreeHost(host);
+}
+
+void Context::Graph::Replay() {
+  state_->impl->Check(cudaGraphLaunch(state_->exec, state_->impl->stream), "cudaGraphLaunch");
+}
+
+absl::StatusOr<std::unique_ptr<Context::Graph>> Context::Capture(
+    const std::function<void()>& record) {
+  Impl& impl = *impl_;
+  if (absl::Status earlier = Synchronize(); !earlier.ok()) return earlier;
+  auto state = std::make_unique<Graph::State>();
+  state->impl = &impl;
+  // Relaxed: the launchers may page-lock a buffer for each launch's entries while capturing.
+  if (!impl.Check(cudaStreamBeginCapture(impl.stream, cudaStreamCaptureModeRelaxed),
+                  "cudaStreamBeginCapture")) {
+    return Synchronize();
+  }
+  impl.capturing = true;
+  record();
+  impl.capturing = false;
+  state->host_buffers = std::move(impl.capture_buffers);
+  impl.capture_buffers.clear();
+  const bool ended =
+      impl.Check(cudaStreamEndCapture(impl.stream, &state->graph), "cudaStreamEndCapture");
+  if (ended && impl.first_error.empty()) {
+    impl.Check(cudaGraphInstantiate(&state->exec, state->graph, 0), "cudaGraphInstantiate");
+  }
+  if (!impl.first_error.empty()) {
+    (void)cudaGetLastError();
+    std::unique_ptr<Graph> failed(new Graph(std::move(state)));  // frees what was captured
+    failed.reset();
+    std::string error = std::move(impl.first_error);
+    impl.first_error.clear();
+    return absl::FailedPreconditionError(absl::StrCat("CUDA graph capture: ", error));
+  }
+  return std::unique_ptr<Graph>(new Graph(std::move(state)));
 }
 
 absl::StatusOr<std::unique_ptr<Context>> Context::Create(int device) {

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "baton/kernels/cuda/context.h"
 
@@ -39,6 +40,11 @@ struct Context::Impl {
   };
   Staging staging[kStagingSlots];
   int next_staging = 0;
+  // While Capture records: each launch's entries get a page-locked buffer of their own (a
+  // replay copies from it again), which the graph takes over; nothing may grow or wait.
+  bool capturing = false;
+  Staging capture_slot;
+  std::vector<void*> capture_buffers;
 
   // Records `what` failing with `error` unless an earlier error is already recorded.
   void Fail(const std::string& what);

@@ -516,6 +516,54 @@ TEST_F(CudaConsistencyTest, AttentionLaunchesQueuedBackToBackReadTheirOwnEntries
     ExpectAttentionMatches(*mirror_, *batches[i], names[i]);
 }
 
+// A CUDA graph of twelve attention launches (more than the eight staging slots): each launch's
+// entries must come from a buffer the graph owns, since a replay copies them again. The
+// outputs are wiped between replays, so only the replay can have written them.
+TEST_F(CudaConsistencyTest, AGraphOfAttentionLaunchesReplaysEachLaunchsOwnEntries) {
+  // The first capture on a fresh context: scratch would have to grow, which capture refuses,
+  // naming why, and the context stays usable.
+  std::unique_ptr<AttentionBatch> first =
+      PrepareAttentionBatch(*mirror_, op_cases::EdgeShapeCases());
+  absl::StatusOr<std::unique_ptr<cuda::Context::Graph>> refused =
+      ctx_->Capture([&] { cuda::Attention(*ctx_, first->gpu_batch); });
+  ASSERT_FALSE(refused.ok());
+  EXPECT_THAT(refused.status().message(), ::testing::HasSubstr("would grow while capturing"));
+  cuda::Attention(*ctx_, first->gpu_batch);  // eager: grows the scratch
+  Sync();
+  ExpectAttentionMatches(*mirror_, *first, "eager after a refused capture");
+
+  const std::vector<std::vector<AttentionCase>> kinds = {op_cases::LongContextDecodeCases(),
+                                                         op_cases::ConsumerUnionCases(),
+                                                         op_cases::EdgeShapeCases()};
+  std::vector<std::unique_ptr<AttentionBatch>> batches;
+  for (uint64_t rep = 0; rep < 4; ++rep) {
+    for (const std::vector<AttentionCase>& cases : kinds) {
+      std::vector<AttentionCase> reseeded = cases;
+      for (AttentionCase& c : reseeded) c.seed += 2000 + 100 * rep;
+      batches.push_back(PrepareAttentionBatch(*mirror_, reseeded));
+    }
+  }
+  for (const auto& batch : batches) cuda::Attention(*ctx_, batch->gpu_batch);  // sizes scratch
+  Sync();
+  absl::StatusOr<std::unique_ptr<cuda::Context::Graph>> graph = ctx_->Capture([&] {
+    for (const auto& batch : batches) cuda::Attention(*ctx_, batch->gpu_batch);
+  });
+  ASSERT_TRUE(graph.ok()) << graph.status();
+  for (int replay = 0; replay < 2; ++replay) {
+    for (const auto& batch : batches) {
+      for (const auto& d : batch->data) {
+        ctx_->Memset(mirror_->Device(d->out.data()), 0xff, d->out.size() * sizeof(float));  // NaN
+      }
+    }
+    (*graph)->Replay();
+    Sync();
+    for (size_t i = 0; i < batches.size(); ++i) {
+      ExpectAttentionMatches(*mirror_, *batches[i],
+                             "replay " + std::to_string(replay) + " launch " + std::to_string(i));
+    }
+  }
+}
+
 // The tensor-core prefill path (PrefillAttention::kGemm) on every attention case, ring slots
 // outside every window poisoned with NaN: within BF16 rounding of the CPU (atol = rtol = 1e-2;
 // a numpy model of BF16 Q, K, V and weights over these shapes peaks at a third of that), and

@@ -11,9 +11,11 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -76,6 +78,30 @@ class Context {
   // Page-locks (cudaHostRegister) or releases host memory that copies use again and again.
   absl::Status RegisterHost(void* host, size_t bytes);
   void UnregisterHost(void* host);
+
+  // A CUDA graph of a fixed sequence of ops, such as a decode step of fixed shapes: Capture
+  // runs `record` with the stream capturing (nothing executes; every buffer the ops use must
+  // already be large enough, so run the sequence once first), and Replay queues the whole
+  // sequence at once, without a launch per op. Attention entries captured with it live in
+  // page-locked buffers that the graph owns, since a replay copies them again. A Graph must
+  // not outlive its Context.
+  class Graph {
+   public:
+    ~Graph();
+    Graph(const Graph&) = delete;
+    Graph& operator=(const Graph&) = delete;
+    // Queues one replay on the context's stream; errors surface in Synchronize.
+    void Replay();
+
+   private:
+    friend class Context;
+    struct State;
+    explicit Graph(std::unique_ptr<State> state);
+    std::unique_ptr<State> state_;
+  };
+  // The graph of what `record` queues; the capture's first error (a CUDA call that capture
+  // refuses, or a buffer that would have grown) when it failed, with the context usable.
+  absl::StatusOr<std::unique_ptr<Graph>> Capture(const std::function<void()>& record);
 
   // Elapsed milliseconds of `run` on the stream, measured with CUDA events (benchmarks).
   template <typename F>
