@@ -30,15 +30,18 @@ inline std::vector<float> Uniform(size_t n, uint64_t seed, float lo = -1.0f, flo
   return v;
 }
 
-// |expected - actual| <= atol + rtol * |expected| everywhere (NaN only where expected is NaN);
-// reports the worst element.
+// |expected - actual| <= atol + rtol * |expected| everywhere (NaN only where expected is NaN,
+// an infinity only where expected is that infinity); reports the worst element.
 inline void ExpectClose(const std::vector<float>& expected, const std::vector<float>& actual,
                         float atol, float rtol, const std::string& what) {
   ASSERT_EQ(expected.size(), actual.size()) << what;
   size_t worst = 0;
   double worst_excess = -1.0;
   for (size_t i = 0; i < expected.size(); ++i) {
-    if (std::isnan(actual[i]) != std::isnan(expected[i])) {
+    // NaN only where NaN is expected, and an infinity only where the same one is (the
+    // difference of two infinities is NaN, which no comparison below would catch).
+    if (std::isnan(actual[i]) != std::isnan(expected[i]) ||
+        ((std::isinf(actual[i]) || std::isinf(expected[i])) && actual[i] != expected[i])) {
       worst = i;
       worst_excess = INFINITY;
       break;
