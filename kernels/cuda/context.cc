@@ -50,20 +50,29 @@ bool Context::Impl::CheckLaunch(const char* what) {
 
 namespace {
 
-// Device memory of at least `bytes` in (buffer, size), grown by doubling. cudaFree synchronises
-// the device, so launches that still read the old buffer have finished before it goes.
-void* Grow(Context::Impl& impl, void*& buffer, size_t& size, size_t bytes, const char* what) {
+enum class Memory { kDevice, kPinnedHost };
+
+// Memory of at least `bytes` in (buffer, size), grown by doubling: device memory, or
+// page-locked host memory. cudaFree and cudaFreeHost synchronise the device, so launches and
+// copies that still read the old buffer have finished before it goes.
+void* Grow(Context::Impl& impl, void*& buffer, size_t& size, size_t bytes, Memory memory,
+           const char* what) {
   if (bytes <= size) return buffer;
-  if (impl.capturing) {  // cudaFree would wait for the device, which capture forbids
+  if (impl.capturing) {  // freeing would wait for the device, which capture forbids
     impl.Fail(absl::StrCat(what, ": a buffer would grow while capturing a graph; run the ",
                            "sequence once before capturing it"));
     return nullptr;
   }
   const size_t grown = std::max<size_t>(bytes, 2 * size + 4096);
-  if (buffer != nullptr) cudaFree(buffer);
+  const bool host = memory == Memory::kPinnedHost;
+  if (buffer != nullptr) host ? cudaFreeHost(buffer) : cudaFree(buffer);
   buffer = nullptr;
   size = 0;
-  if (!impl.Check(cudaMalloc(&buffer, grown), what)) return nullptr;
+  if (!impl.Check(
+          host ? cudaHostAlloc(&buffer, grown, cudaHostAllocDefault) : cudaMalloc(&buffer, grown),
+          what)) {
+    return nullptr;
+  }
   size = grown;
   return buffer;
 }
@@ -83,11 +92,11 @@ const char* PrefillAttentionName(PrefillAttention mode) {
 }
 
 void* Context::Impl::Scratch(size_t bytes) {
-  return Grow(*this, scratch, scratch_bytes, bytes, "cudaMalloc (scratch)");
+  return Grow(*this, scratch, scratch_bytes, bytes, Memory::kDevice, "cudaMalloc (scratch)");
 }
 
 void* Context::Impl::AttentionWorkspace(size_t bytes) {
-  return Grow(*this, attention_workspace, attention_workspace_bytes, bytes,
+  return Grow(*this, attention_workspace, attention_workspace_bytes, bytes, Memory::kDevice,
               "cudaMalloc (attention workspace)");
 }
 
@@ -108,16 +117,9 @@ Context::Impl::Staging* Context::Impl::AcquireStaging(size_t bytes) {
     slot->pending = false;
     if (!Check(cudaEventSynchronize(slot->read), "cudaEventSynchronize (staging)")) return nullptr;
   }
-  if (bytes > slot->bytes) {
-    const size_t grown = std::max<size_t>(bytes, 2 * slot->bytes + 4096);
-    if (slot->host != nullptr) cudaFreeHost(slot->host);
-    slot->host = nullptr;
-    slot->bytes = 0;
-    if (!Check(cudaHostAlloc(&slot->host, grown, cudaHostAllocDefault),
-               "cudaHostAlloc (staging)")) {
-      return nullptr;
-    }
-    slot->bytes = grown;
+  if (Grow(*this, slot->host, slot->bytes, bytes, Memory::kPinnedHost, "cudaHostAlloc (staging)") ==
+      nullptr) {
+    return nullptr;
   }
   return slot;
 }
@@ -171,8 +173,7 @@ absl::StatusOr<std::unique_ptr<Context::Graph>> Context::Capture(
   }
   if (!impl.first_error.empty()) {
     (void)cudaGetLastError();
-    std::unique_ptr<Graph> failed(new Graph(std::move(state)));  // frees what was captured
-    failed.reset();
+    Graph discarded(std::move(state));  // frees what was captured
     std::string error = std::move(impl.first_error);
     impl.first_error.clear();
     return absl::FailedPreconditionError(absl::StrCat("CUDA graph capture: ", error));
