@@ -24,13 +24,16 @@ RUN BATON_WITH_CUDA=OFF BATON_JOBS="${BATON_JOBS}" BATON_BUILD_DIR=/src/build \
       build/kvstore/baton-kvstore \
       build/tools/batonctl \
       build/tools/baton \
+      build/text/libbaton_sentencepiece.so \
       /out/bin/ \
  && strip --strip-debug /out/bin/*
 
 FROM debian:bookworm-slim AS runtime
 # The runtime halves of the -dev packages scripts/setup.sh installs (header-only ones, CLI11
 # and nlohmann-json, need nothing): gRPC (with reflection), protobuf, RocksDB, UCX, Abseil,
-# OpenBLAS (OpenMP), OpenSSL, spdlog, prometheus-cpp, xxHash, yaml-cpp.
+# OpenBLAS (OpenMP), OpenSSL, spdlog, prometheus-cpp, xxHash, yaml-cpp, SentencePiece and
+# cpp-httplib (the router's tokenizer, whose module libbaton_sentencepiece.so sits beside the
+# binaries, and its HTTP front).
 RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
       libgrpc++1.51 \
@@ -45,6 +48,8 @@ RUN apt-get update \
       libprometheus-cpp-pull1.0 \
       libxxhash0 \
       libyaml-cpp0.7 \
+      libsentencepiece0 \
+      libcpp-httplib0.11 \
  && rm -rf /var/lib/apt/lists/* \
  && groupadd --system --gid 10001 baton \
  && useradd --system --uid 10001 --gid 10001 --home-dir /nonexistent --no-create-home \
@@ -55,7 +60,8 @@ RUN missing="$(ldd /usr/local/bin/* | grep 'not found' || true)"; \
     if [ -n "$missing" ]; then echo "missing shared libraries:"; echo "$missing"; exit 1; fi
 USER 10001:10001
 WORKDIR /tmp
-# Client API; prefill, decode and store nodes; Prometheus metrics (every binary).
-EXPOSE 50051 50052 50053 50054 9400
+# Client API; prefill, decode and store nodes; Prometheus metrics (every binary); the
+# router's OpenAI-compatible HTTP API.
+EXPOSE 50051 50052 50053 50054 9400 8000
 # The chart names each container's command; alone, the image prints batonctl's usage.
 CMD ["/usr/local/bin/batonctl", "--help"]

@@ -1,18 +1,23 @@
 # Sourced by the bench scripts: starts `baton up` (with MODEL_DIR when given) in a temporary
-# folder and sets `addr` to its router's client address; stop_baton_up stops it (and it is
-# stopped on exit in any case).
+# folder and sets `addr` to its router's client address and `http` to its OpenAI API base URL
+# (empty when the model has no tokenizer); stop_baton_up stops it (and it is stopped on exit
+# in any case).
 #   start_baton_up BUILD_DIR [MODEL_DIR]
 #   stop_baton_up
 start_baton_up() {
   local build="$1" model="${2:-}"
   work="$(mktemp -d)"
-  local args=(up --port 0 --data-dir "$work/data")
+  local args=(up --port 0 --http-port 0 --data-dir "$work/data")
   [[ -n "$model" ]] && args+=(--model "$model")
   "$build/tools/baton" "${args[@]}" >"$work/up.log" 2>&1 &
   up=$!
   trap stop_baton_up EXIT
   for _ in $(seq 600); do grep -q "router at" "$work/up.log" && break; sleep 0.2; done
   addr="$(cat "$work/data/run/router.addr")"
+  http=""
+  if [[ -f "$work/data/run/router-http.addr" ]]; then
+    http="http://$(cat "$work/data/run/router-http.addr")/v1"
+  fi
 }
 stop_baton_up() {
   if [[ -n "${up:-}" ]]; then

@@ -3,10 +3,16 @@
 // With --rate, requests instead arrive at a fixed rate (open loop, --rate-requests of them)
 // and the bench also reports goodput: the share of requests that completed with TTFT and
 // every inter-token gap within the SLO (DistServe's measure; --slo-ttft-ms, --slo-itl-ms).
+// With --http URL (the router's OpenAI API, http://HOST:PORT/v1) each level runs twice, over
+// gRPC and then as the same requests streamed from /v1/completions (server-sent events), and
+// the rows say which ("api"); both ask for log-probabilities, which is how an SSE client
+// counts the tokens in a chunk.
 //
-//   baton_serving_bench --addr HOST:PORT [--concurrency 1,8,32] [--requests 4]
+//   baton_serving_bench --addr HOST:PORT [--http URL] [--concurrency 1,8,32] [--requests 4]
 //                       [--prompt-len 512] [--max-tokens 32] [--vocab 4096]
 //                       [--rate R --rate-requests N --slo-ttft-ms 2000 --slo-itl-ms 200]
+#include <curl/curl.h>
+
 #include <algorithm>
 #include <chrono>
 #include <iostream>
@@ -50,6 +56,7 @@ Sample RunOne(const std::shared_ptr<grpc::Channel>& channel, const Shape& shape,
   for (int i = 0; i < shape.prompt_len; ++i) request.add_prompt_token_ids(rng() % shape.vocab);
   request.mutable_sampling()->set_max_tokens(shape.max_tokens);
   request.mutable_sampling()->set_ignore_eos(true);
+  request.set_logprobs(true);
   grpc::ClientContext context;
   const auto sent = Clock::now();
   auto reader = stub->Generate(&context, request);
@@ -72,6 +79,71 @@ Sample RunOne(const std::shared_ptr<grpc::Channel>& channel, const Shape& shape,
   }
   sample.ok = reader->Finish().ok();
   return sample;
+}
+
+// A streamed /v1/completions response as it arrives: each server-sent event with tokens (its
+// logprobs list them) is a message, timed on arrival.
+struct SseState {
+  Clock::time_point sent, last;
+  Sample sample;
+  std::string pending;
+};
+
+size_t OnSseBytes(char* data, size_t size, size_t n, void* out) {
+  SseState& s = *static_cast<SseState*>(out);
+  s.pending.append(data, size * n);
+  const auto now = Clock::now();
+  size_t end;
+  while ((end = s.pending.find("\n\n")) != std::string::npos) {
+    const std::string event = s.pending.substr(0, end);
+    s.pending.erase(0, end + 2);
+    if (event.rfind("data: {", 0) != 0) continue;
+    const nlohmann::json chunk = nlohmann::json::parse(event.substr(6), nullptr, false);
+    if (!chunk.contains("choices") || chunk["choices"].empty()) continue;
+    const nlohmann::json& lp = chunk["choices"][0]["logprobs"];
+    const int tokens =
+        lp.is_object() && lp.contains("tokens") ? static_cast<int>(lp["tokens"].size()) : 0;
+    if (tokens == 0) continue;
+    const double gap = std::chrono::duration<double, std::milli>(now - s.last).count();
+    if (s.sample.ttft_ms < 0) {
+      s.sample.ttft_ms = gap;
+    } else {
+      s.sample.worst_gap_ms = std::max(s.sample.worst_gap_ms, gap);
+      for (int i = 0; i < tokens; ++i) s.sample.itl_ms.push_back(gap / tokens);
+    }
+    s.last = now;
+    s.sample.tokens += tokens;
+  }
+  return size * n;
+}
+
+// The same request through the OpenAI API: a streamed /v1/completions of the same token ids.
+Sample RunOneHttp(const std::string& url, const Shape& shape, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  nlohmann::json prompt = nlohmann::json::array();
+  for (int i = 0; i < shape.prompt_len; ++i) prompt.push_back(rng() % shape.vocab);
+  const std::string body = nlohmann::json{{"prompt", prompt}, {"max_tokens", shape.max_tokens},
+                                          {"temperature", 0}, {"ignore_eos", true},
+                                          {"logprobs", 0},    {"stream", true}}
+                               .dump();
+  SseState state;
+  CURL* curl = curl_easy_init();
+  curl_slist* headers = curl_slist_append(nullptr, "Content-Type: application/json");
+  const std::string endpoint = url + "/completions";
+  curl_easy_setopt(curl, CURLOPT_URL, endpoint.c_str());
+  curl_easy_setopt(curl, CURLOPT_POSTFIELDS, body.c_str());
+  curl_easy_setopt(curl, CURLOPT_HTTPHEADER, headers);
+  curl_easy_setopt(curl, CURLOPT_NOSIGNAL, 1L);
+  curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, &OnSseBytes);
+  curl_easy_setopt(curl, CURLOPT_WRITEDATA, &state);
+  state.sent = state.last = Clock::now();
+  long status = 0;
+  const bool sent = curl_easy_perform(curl) == CURLE_OK;
+  curl_easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &status);
+  curl_slist_free_all(headers);
+  curl_easy_cleanup(curl);
+  state.sample.ok = sent && status == 200 && state.sample.tokens == shape.max_tokens;
+  return state.sample;
 }
 
 // The samples of one level (a number of streams, or a rate), summed up.
@@ -111,7 +183,11 @@ int main(int argc, char** argv) {
   std::string addr, concurrency_text = "1,8,32";
   int requests = 4;
   Shape shape{.prompt_len = 512, .max_tokens = 32, .vocab = 4096};
+  std::string http;
   app.add_option("--addr", addr, "Router address")->required();
+  app.add_option("--http", http,
+                 "The router's OpenAI API base URL (http://HOST:PORT/v1): each level also runs "
+                 "through it");
   app.add_option("--concurrency", concurrency_text, "Concurrent streams, a list");
   app.add_option("--requests", requests, "Requests per stream");
   app.add_option("--prompt-len", shape.prompt_len, "Prompt tokens");
@@ -149,23 +225,29 @@ int main(int argc, char** argv) {
     row["goodput"] = static_cast<double>(level.good) / rate_requests;
     out.push_back(row);
   }
+  std::vector<std::string> apis = {"grpc"};
+  if (!http.empty()) apis.push_back("http");
   for (int64_t streams : rate > 0 ? std::vector<int64_t>{} : *levels) {
-    Level level;
-    const auto start = Clock::now();
-    std::vector<std::thread> threads;
-    for (int64_t s = 0; s < streams; ++s) {
-      threads.emplace_back([&, s] {
-        for (int r = 0; r < requests; ++r) {
-          level.Add(RunOne(channel, shape, 1000 * streams + s + 7919 * r), slo_ttft_ms,
-                    slo_itl_ms);
-        }
-      });
+    for (const std::string& api : apis) {
+      Level level;
+      const auto start = Clock::now();
+      std::vector<std::thread> threads;
+      for (int64_t s = 0; s < streams; ++s) {
+        threads.emplace_back([&, s] {
+          for (int r = 0; r < requests; ++r) {
+            const uint64_t seed = 1000 * streams + s + 7919 * r;
+            level.Add(api == "http" ? RunOneHttp(http, shape, seed) : RunOne(channel, shape, seed),
+                      slo_ttft_ms, slo_itl_ms);
+          }
+        });
+      }
+      for (auto& t : threads) t.join();
+      nlohmann::json row = level.Json(std::chrono::duration<double>(Clock::now() - start).count());
+      row["streams"] = streams;
+      row["requests"] = streams * requests;
+      row["api"] = api;
+      out.push_back(row);
     }
-    for (auto& t : threads) t.join();
-    nlohmann::json row = level.Json(std::chrono::duration<double>(Clock::now() - start).count());
-    row["streams"] = streams;
-    row["requests"] = streams * requests;
-    out.push_back(row);
   }
   std::cout << out.dump(2) << "\n";
   return 0;

@@ -81,11 +81,17 @@ absl::StatusOr<ApiKeys> ApiKeys::Parse(const std::string& yaml, const std::strin
 absl::StatusOr<std::string> ApiKeys::Authenticate(const grpc::ServerContext& context) const {
   const auto& metadata = context.client_metadata();
   const auto found = metadata.find("authorization");
-  if (found == metadata.end()) {
+  if (found == metadata.end()) return Authenticate(std::nullopt);
+  return Authenticate(std::string_view(found->second.data(), found->second.size()));
+}
+
+absl::StatusOr<std::string> ApiKeys::Authenticate(
+    std::optional<std::string_view> authorization) const {
+  if (!authorization.has_value()) {
     return absl::UnauthenticatedError(
         "authorization: an API key is required; send 'authorization: Bearer <key>'");
   }
-  const absl::string_view value(found->second.data(), found->second.size());
+  const absl::string_view value(authorization->data(), authorization->size());
   if (!absl::StartsWith(value, kBearer) || value.size() - kBearer.size() > kMaxKeyBytes) {
     return absl::UnauthenticatedError("authorization: expected 'Bearer <key>'");
   }

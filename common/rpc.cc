@@ -207,6 +207,12 @@ int ServeUntilShutdown(const std::string& binary, grpc::ServerBuilder& builder,
       log::Error("cannot start", {{"error", std::string(client_started.status().message())}});
       return 1;
     }
+    if (client.on_serving) {
+      if (absl::Status s = client.on_serving(*client_started->server); !s.ok()) {
+        log::Error("cannot start", {{"error", std::string(s.message())}});
+        return 1;
+      }
+    }
   }
   absl::StatusOr<StartedServer> health_started;
   if (options.health_port >= 0) {

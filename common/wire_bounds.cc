@@ -31,6 +31,17 @@ absl::Status CheckSampling(absl::string_view field, const v1::SamplingParams& s,
         absl::StrCat(field, ".stop_token_ids: ", s.stop_token_ids_size(), " ids; at most ",
                      kMaxStopTokenIds, " are allowed"));
   }
+  if (s.stop_size() > kMaxStopStrings) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ".stop: ", s.stop_size(), " strings; at most ", kMaxStopStrings, " are allowed"));
+  }
+  for (int i = 0; i < s.stop_size(); ++i) {
+    if (s.stop(i).empty() || s.stop(i).size() > kMaxStopStringBytes) {
+      return absl::InvalidArgumentError(absl::StrCat(field, ".stop[", i, "]: ", s.stop(i).size(),
+                                                     " bytes; it must be 1 to ",
+                                                     kMaxStopStringBytes, " bytes"));
+    }
+  }
   for (int32_t stop : s.stop_token_ids()) {
     if (stop < 0 || stop >= config.vocab_size) {
       return absl::InvalidArgumentError(absl::StrCat(field, ".stop_token_ids: ", stop,

@@ -113,6 +113,9 @@ PrefillService::PrefillService(model::Engine& model, const PrefillOptions& optio
         gauge("baton_prefill_exposures",
               "Computed states exposed for their decode node's read (commits in flight)",
               static_cast<double>(exposures_.size())),
+        gauge("baton_prefill_running",
+              "Prefills the model is computing now (one at a time: 0 or 1)",
+              computing_.load() ? 1.0 : 0.0),
         gauge("baton_prefill_staging_buffers",
               "Idle staging buffers kept for their reader's next request",
               static_cast<double>(staging_->held()))};

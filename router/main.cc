@@ -2,13 +2,17 @@
 // API keys when configured) and the node Registry on --internal-port (mutual TLS), each on
 // its own server so that the client port never serves Registry; both speak grpc.health.v1
 // (SERVING only while a prefill and a decode node are live).
+#include <filesystem>
+
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
 #include "baton/common/ced_rules.h"
 #include "baton/common/rpc.h"
 #include "baton/common/server_flags.h"
 #include "baton/common/stream_watch.h"
+#include "baton/router/http_front.h"
 #include "baton/router/router_service.h"
+#include "baton/text/tokenizer.h"
 
 int main(int argc, char** argv) {
   baton::BlockShutdownSignals();
@@ -59,6 +63,19 @@ int main(int argc, char** argv) {
   app.add_option("--prefill-timeout-ms", options.prefill_timeout_ms,
                  "Longest a prefill may take (the client's deadline, when shorter, wins)")
       ->check(CLI::Range(uint32_t{1}, uint32_t{86400000}));
+  baton::router::HttpOptions http;
+  http.port = -1;
+  app.add_option("--http-port", http.port,
+                 "Serve the OpenAI-compatible HTTP API here (0: any free port; -1, the default: "
+                 "off). Needs a model with a tokenizer")
+      ->check(CLI::Range(-1, 65535));
+  app.add_option("--http-ready-file", http.ready_file,
+                 "Write the HTTP host:port here once serving");
+  app.add_option("--http-threads", http.threads,
+                 "HTTP requests served at once (a stream holds one for its life; default 512)")
+      ->check(CLI::Range(4, 16384));
+  app.add_option("--served-model-name", http.model.name,
+                 "The model's name in the HTTP API (default: the model directory's name)");
   app.add_flag("--require-kvstore", options.require_kvstore,
                "Become SERVING only once a kvstore has registered too (losing it later makes "
                "requests cold, not the router unready)");
@@ -89,6 +106,25 @@ int main(int argc, char** argv) {
     return 2;
   }
   options.default_mode = *mode;
+  if (auto tokenizer = baton::text::Tokenizer::Load(model_dir, config->vocab_size);
+      tokenizer.ok()) {
+    options.tokenizer = *std::move(tokenizer);
+    if (!options.tokenizer->chat().ok()) {
+      baton::log::Warn(
+          "the model's chat template cannot be rendered; /v1/chat/completions "
+          "will refuse requests",
+          {{"error", std::string(options.tokenizer->chat().status().message())}});
+    }
+  } else if (!absl::IsNotFound(tokenizer.status())) {
+    baton::log::Error("cannot start", {{"error", std::string(tokenizer.status().message())}});
+    return 2;
+  }
+  if (http.port >= 0 && options.tokenizer == nullptr) {
+    baton::log::Error("cannot start",
+                      {{"error", "--http-port: the model directory " + model_dir +
+                                     " has no tokenizer.model; the HTTP API takes text"}});
+    return 2;
+  }
   if (!api_keys_file.empty()) {
     auto keys = baton::ApiKeys::Load(api_keys_file);
     if (!keys.ok()) {
@@ -115,8 +151,34 @@ int main(int argc, char** argv) {
   internal.port = internal_port;
   internal.ready_file = internal_ready_file;
   baton::ClientEndpoint client{&client_builder, flags.server, *client_credentials};
+  std::unique_ptr<baton::router::HttpFront> http_front;
+  if (http.port >= 0) {
+    http.host = flags.server.host.empty() ? "0.0.0.0" : flags.server.host;
+    http.tls_cert = client_cert;
+    http.tls_key = client_key;
+    http.tls_client_ca = client_ca;
+    http.model.max_tokens_limit = options.max_tokens_limit;
+    http.model.max_model_len = options.max_model_len;
+    if (http.model.name.empty()) {
+      http.model.name = std::filesystem::path(model_dir).lexically_normal().filename().string();
+      if (http.model.name.empty()) {
+        http.model.name =
+            std::filesystem::path(model_dir).lexically_normal().parent_path().filename().string();
+      }
+    }
+    client.on_serving = [&](grpc::Server& server) {
+      http_front = std::make_unique<baton::router::HttpFront>(
+          http, server.InProcessChannel(grpc::ChannelArguments()), options.tokenizer,
+          options.api_keys, [&service] { return service.Serving(); });
+      return http_front->Start();
+    };
+  }
   return baton::ServeUntilShutdown(
       "baton-router", internal_builder, internal, {},
       [&](baton::HealthSetter health) { service.WatchHealth(std::move(health)); },
-      [&] { service.StopHealth(); }, client);
+      [&] {
+        if (http_front != nullptr) http_front->Stop();
+        service.StopHealth();
+      },
+      client);
 }

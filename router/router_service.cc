@@ -12,6 +12,7 @@
 #include "baton/common/wire_bounds.h"
 #include "baton/kvstore/chain.h"
 #include "baton/router/routing.h"
+#include "baton/text/streaming_text.h"
 #include "baton/v1/kvstore.grpc.pb.h"
 #include "grpcpp/health_check_service_interface.h"
 
@@ -345,10 +346,18 @@ absl::StatusOr<RouterService::Effective> RouterService::Validate(
   if (r.prompt_token_ids().empty()) {
     if (!r.prompt_text().empty()) {
       return invalid(
-          "prompt_text: no tokenizer is configured on this router; send "
-          "prompt_token_ids");
+          "prompt_text: no tokenizer is configured on this router (the model directory has no "
+          "tokenizer.model); send prompt_token_ids");
     }
     return invalid("prompt_token_ids: the prompt is empty; send at least one token id");
+  }
+  if (!r.prompt_text().empty()) {
+    return invalid("prompt_text: send prompt_token_ids or prompt_text, not both");
+  }
+  if (r.sampling().stop_size() > 0 && options_.tokenizer == nullptr) {
+    return invalid(
+        "sampling.stop: stop strings need a tokenizer and this router's model has none; use "
+        "sampling.stop_token_ids");
   }
   if (absl::Status st = CheckRequestId("request_id", r.request_id()); !st.ok()) return st;
   if (absl::Status st = CheckBytes("cache_salt", r.cache_salt(), kMaxCacheSaltBytes); !st.ok()) {
@@ -492,7 +501,7 @@ grpc::Status RouterService::Generate(grpc::ServerContext* context,
   const double ms = std::chrono::duration<double, std::milli>(Clock::now() - trace.start).count();
   if (status.ok()) {
     log::Info("request finished", {{"request_id", trace.id},
-                                   {"prompt_tokens", request->prompt_token_ids_size()},
+                                   {"prompt_tokens", trace.prompt_tokens},
                                    {"tokens", trace.tokens},
                                    {"ms", ms}});
   } else {
@@ -515,10 +524,28 @@ bool RouterService::Send(grpc::ServerContext* context,
 grpc::Status RouterService::Serve(grpc::ServerContext* context, const v1::GenerateRequest* request,
                                   grpc::ServerWriter<v1::GenerateResponse>* writer, Trace& trace) {
   const auto start = trace.start;
+  // A text prompt becomes token ids here, so that everything past this point (validation,
+  // prefix keys, the nodes) sees ids only.
+  v1::GenerateRequest encoded;
+  if (options_.tokenizer != nullptr && request->prompt_token_ids().empty() &&
+      !request->prompt_text().empty()) {
+    const uint64_t max_bytes = uint64_t{kPromptTextBytesPerToken} * options_.max_model_len;
+    if (absl::Status s = CheckBytes("prompt_text", request->prompt_text(), max_bytes); !s.ok()) {
+      return ToGrpcStatus(s);
+    }
+    encoded = *request;
+    encoded.clear_prompt_text();
+    for (int32_t id :
+         options_.tokenizer->Encode(request->prompt_text(), options_.tokenizer->add_bos())) {
+      encoded.add_prompt_token_ids(id);
+    }
+    request = &encoded;
+  }
   absl::StatusOr<Effective> effective = Validate(*request);
   if (!effective.ok()) return ToGrpcStatus(effective.status());
   const std::string& id = trace.id;
   metrics_->prompt_tokens.Increment(request->prompt_token_ids_size());
+  trace.prompt_tokens = request->prompt_token_ids_size();
   const auto& prompt = request->prompt_token_ids();
   std::vector<int32_t> generated;
   std::vector<std::string> lost_decode, lost_prefill;
@@ -527,6 +554,39 @@ grpc::Status RouterService::Serve(grpc::ServerContext* context, const v1::Genera
   usage.set_prompt_tokens(static_cast<uint32_t>(prompt.size()));
   v1::Timings timings;
   const std::chrono::milliseconds reserve_cap(options_.reservation_timeout_ms);
+  // The text of what is streamed, where there is a tokenizer: decoded a token at a time and
+  // cut at the first stop string (its tokens end the generation there).
+  std::optional<text::IncrementalDetokenizer> detokenizer;
+  std::optional<text::StopStrings> stop_strings;
+  if (options_.tokenizer != nullptr) {
+    detokenizer.emplace(
+        *options_.tokenizer,
+        std::span<const int32_t>(prompt.data(), static_cast<size_t>(prompt.size())));
+    stop_strings.emplace(std::vector<std::string>(request->sampling().stop().begin(),
+                                                  request->sampling().stop().end()));
+  }
+  // Adds one token's text to `response`; true when it completed a stop string.
+  auto add_text = [&](int32_t token, v1::GenerateResponse& response) {
+    if (!detokenizer.has_value()) return false;
+    text::StopStrings::Step step = stop_strings->Push(detokenizer->Next(token));
+    response.mutable_text()->append(step.text);
+    return step.stopped;
+  };
+  // The text held at the end of generation; true when it held a stop string after all.
+  auto flush_text = [&](v1::GenerateResponse& response) {
+    if (!detokenizer.has_value()) return false;
+    text::StopStrings::Step step = stop_strings->Push(detokenizer->Flush());
+    response.mutable_text()->append(step.text);
+    if (!step.stopped) response.mutable_text()->append(stop_strings->Flush());
+    return step.stopped;
+  };
+  // Ends the response as a stop string does: finish STOP, with the usage so far.
+  auto finish_stopped = [&](v1::GenerateResponse& response) {
+    usage.set_completion_tokens(static_cast<uint32_t>(generated.size()));
+    response.set_finish_reason(v1::FINISH_REASON_STOP);
+    *response.mutable_usage() = usage;
+    *response.mutable_timings() = timings;
+  };
 
   int transfer_retries = 0;
   for (int attempt = 0; attempt < 6; ++attempt) {
@@ -535,6 +595,7 @@ grpc::Status RouterService::Serve(grpc::ServerContext* context, const v1::Genera
     // s_keep stays where the undisturbed prefill put it (DESIGN section 6).
     v1::PrefillRequest prefill;
     *prefill.mutable_request() = *request;
+    prefill.mutable_request()->clear_prompt_text();
     prefill.mutable_request()->set_request_id(id);  // the nodes log under the router's id
     for (int32_t t : generated) prefill.mutable_request()->add_prompt_token_ids(t);
     prefill.set_mode(effective->mode);
@@ -684,6 +745,16 @@ grpc::Status RouterService::Serve(grpc::ServerContext* context, const v1::Genera
     first.add_token_ids(prefilled.first_token());
     if (request->logprobs()) first.add_logprobs(prefilled.first_logprob());
     if (g == 0) *first.mutable_prompt_logprobs() = prefilled.prompt_logprobs();
+    if (add_text(prefilled.first_token(), first)) {
+      // The first token completed a stop string: the request ends here, and the state the
+      // decode node holds for it is freed.
+      finish_stopped(first);
+      release();
+      const bool sent = Send(context, writer, first);
+      if (sent) Delivered(trace, 1);
+      return sent ? grpc::Status::OK
+                  : grpc::Status(grpc::StatusCode::CANCELLED, "client went away");
+    }
     if (!Send(context, writer, first)) {
       release();
       return grpc::Status(grpc::StatusCode::CANCELLED, "client went away");
@@ -698,16 +769,29 @@ grpc::Status RouterService::Serve(grpc::ServerContext* context, const v1::Genera
     while (stream->Read(&output)) {
       v1::GenerateResponse response;
       response.set_request_id(id);
-      for (int i = 0; i < output.token_ids_size(); ++i) {
+      bool stopped = false;
+      for (int i = 0; i < output.token_ids_size() && !stopped; ++i) {
         generated.push_back(output.token_ids(i));
         response.add_token_ids(output.token_ids(i));
         if (request->logprobs()) response.add_logprobs(output.logprobs(i));
+        stopped = add_text(output.token_ids(i), response);
       }
-      if (output.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) {
+      if (!stopped && output.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) {
+        stopped = flush_text(response);
         usage.set_completion_tokens(static_cast<uint32_t>(generated.size()));
         response.set_finish_reason(output.finish_reason());
         *response.mutable_usage() = usage;
         *response.mutable_timings() = timings;
+      }
+      if (stopped) {
+        // A stop string ends the generation at the token that completed it; the decode node
+        // sees the cancel and frees the request's slot and pages.
+        finish_stopped(response);
+        stream_context->TryCancel();
+        const bool sent = Send(context, writer, response);
+        if (sent) Delivered(trace, response.token_ids_size());
+        return sent ? grpc::Status::OK
+                    : grpc::Status(grpc::StatusCode::CANCELLED, "client went away");
       }
       if (!Send(context, writer, response)) {
         stream_context->TryCancel();

@@ -15,7 +15,8 @@ build="${BATON_SANITIZE_DIR:-$root/build-sanitize}"
 seconds="${FUZZ_SECONDS:-20}"
 
 CC=clang-14 CXX=clang++-14 cmake -G Ninja -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-  -DBATON_WITH_CUDA=OFF -DBATON_SANITIZE=ON -DBATON_FUZZ=ON >/dev/null
+  -DBATON_WITH_CUDA=OFF -DBATON_SANITIZE=ON -DBATON_FUZZ=ON \
+  -DBATON_TOKENIZER_DIR="${BATON_BUILD_DIR:-$root/build}/tokenizer" >/dev/null
 cmake --build "$build" -j "${BATON_JOBS:-2}" --target inprocess_tests fuzzers
 
 export ASAN_OPTIONS="detect_leaks=1:abort_on_error=0:strict_string_checks=1"

@@ -17,6 +17,9 @@ packages=(
   gnuplot-nox  # batonctl report draws its PNG plots with it
   clang-14 libclang-rt-14-dev  # scripts/sanitize.sh: ASan, UBSan and libFuzzer
   openssl  # the Helm chart test makes a throwaway PKI with it
+  libsentencepiece-dev sentencepiece  # the tokenizer, and spm_train for the default model's
+  libcpp-httplib-dev  # the router's OpenAI-compatible HTTP front
+  curl  # the HTTP tests drive the API with curl, as users do
 )
 
 missing=()
@@ -35,6 +38,21 @@ if ((${#missing[@]} > 0)); then
 else
   echo "setup: all ${#packages[@]} Debian packages present"
 fi
+
+# Node.js and npm fetch the default tokenizer's corpus and the official openai client the
+# HTTP tests drive; Debian's packages unless the machine already has a Node.js of its own.
+if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+  echo "setup: installing nodejs npm"
+  sudo_cmd=()
+  if [[ $(id -u) -ne 0 ]]; then sudo_cmd=(sudo); fi
+  "${sudo_cmd[@]}" apt-get update
+  DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y --no-install-recommends \
+    nodejs npm
+fi
+# The default model's tokenizer (`baton up` serves it), trained on the Brown corpus, and the
+# tests' npm packages.
+bash "$root/scripts/build_tokenizer.sh" "$build_dir/tokenizer"
+bash "$root/scripts/install_npm_deps.sh" "$build_dir"
 
 cmake -G Ninja -S "$root" -B "$build_dir" \
   -DCMAKE_BUILD_TYPE="${CMAKE_BUILD_TYPE:-RelWithDebInfo}" \

@@ -58,6 +58,22 @@ TEST(WireBoundsTest, SamplingBoundsStopIdsAndValues) {
   v1::SamplingParams top_p;
   top_p.set_top_p(1.5f);
   EXPECT_THAT(CheckSampling("sampling", top_p, Config()).message(), HasSubstr("sampling.top_p"));
+
+  v1::SamplingParams stops;
+  for (int i = 0; i < 16; ++i) stops.add_stop(std::string(256, 'a' + i));
+  EXPECT_TRUE(CheckSampling("sampling", stops, Config()).ok());
+  stops.add_stop("x");
+  EXPECT_THAT(CheckSampling("sampling", stops, Config()).message(),
+              HasSubstr("sampling.stop: 17 strings; at most 16"));
+  v1::SamplingParams long_stop;
+  long_stop.add_stop(std::string(257, 'a'));
+  EXPECT_THAT(CheckSampling("sampling", long_stop, Config()).message(),
+              HasSubstr("sampling.stop[0]: 257 bytes; it must be 1 to 256 bytes"));
+  v1::SamplingParams empty_stop;
+  empty_stop.add_stop("ok");
+  empty_stop.add_stop("");
+  EXPECT_THAT(CheckSampling("sampling", empty_stop, Config()).message(),
+              HasSubstr("sampling.stop[1]: 0 bytes"));
 }
 
 TEST(WireBoundsTest, SequenceLengthIsBoundedByTheModelWithoutWrapping) {

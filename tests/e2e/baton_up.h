@@ -28,13 +28,15 @@ inline std::string ReadFile(const std::filesystem::path& path) {
 
 class BatonUp {
  public:
-  // Runs `baton up --model model_dir --port 0 --data-dir dir` plus `extra`.
+  // Runs `baton up --port 0 --data-dir dir --http-port 0 [--model model_dir]` plus `extra`
+  // (no --model: baton up generates its default model).
   BatonUp(const std::filesystem::path& dir, const std::string& model_dir,
           std::vector<std::string> extra = {})
       : dir_(dir) {
     std::filesystem::create_directories(dir_);
-    std::vector<std::string> args = {BATON_PATH, "up", "--model",    model_dir,
-                                     "--port",   "0",  "--data-dir", dir_.string()};
+    std::vector<std::string> args = {BATON_PATH,   "up",          "--port",      "0",
+                                     "--data-dir", dir_.string(), "--http-port", "0"};
+    if (!model_dir.empty()) args.insert(args.end(), {"--model", model_dir});
     args.insert(args.end(), extra.begin(), extra.end());
     pid_ = Spawn(std::move(args), (dir_ / "up.log").string());
   }

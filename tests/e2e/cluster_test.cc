@@ -17,6 +17,7 @@
 #include "grpcpp/generic/generic_stub.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "scrape.h"
 #include "test_dir.h"
 
 namespace baton::testing {
@@ -352,8 +353,22 @@ TEST_F(FaultTest, PrefillNodeLostBeforeCommitIsRetriedAndTheReservationFreed) {
   Cluster cluster(small_);
   ASSERT_FALSE(cluster.StartRouter().empty());
   ASSERT_FALSE(cluster.StartDecode("decode", {"--pages", "256"}).empty());
-  ASSERT_FALSE(cluster.StartPrefill("prefill-a").empty());
+  // Both prefill nodes are up before the request, so nothing races the prefill: the one the
+  // router picked says so on its metrics (baton_prefill_running) and is killed mid-compute.
+  std::map<std::string, std::string> metrics;
+  for (const std::string node : {"prefill-a", "prefill-b"}) {
+    const std::string ready = cluster.dir() + "/" + node + ".metrics";
+    ASSERT_FALSE(
+        cluster.StartPrefill(node, {"--metrics-port", "0", "--metrics-ready-file", ready}).empty());
+    std::ifstream(ready) >> metrics[node];
+  }
   ASSERT_TRUE(cluster.WaitForHealth(true));
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (cluster.Log("router").find("node prefill-b registered") == std::string::npos &&
+         std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_THAT(cluster.Log("router"), HasSubstr("node prefill-b registered"));
   std::mt19937_64 rng(53);
   const auto prompt = RandomPrompt(rng, 2500, 4096);
   v1::GenerateRequest request = Request(prompt, 4);
@@ -363,24 +378,24 @@ TEST_F(FaultTest, PrefillNodeLostBeforeCommitIsRetriedAndTheReservationFreed) {
     auto stub = cluster.Client();
     outcome = Generate(*stub, request);
   });
-  // prefill-a is computing (a 2,500-token off prefill takes seconds) once the request holds
-  // its reservation; bring up prefill-b, wait until the router has registered it, then kill
-  // prefill-a before it can commit. The router must retry on prefill-b.
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  while (Reservations(cluster, "decode") == 0 && std::chrono::steady_clock::now() < until) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  // A 2,500-token off prefill takes seconds; the node computing it is killed before it can
+  // commit, and the router must retry on the other.
+  std::string computing;
+  while (computing.empty() && std::chrono::steady_clock::now() < until) {
+    for (const auto& [node, address] : metrics) {
+      if (Sample(Scrape(address), "baton_prefill_running").value_or(0) == 1) computing = node;
+    }
+    if (computing.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  ASSERT_EQ(Reservations(cluster, "decode"), 1u) << "the request should hold a reservation";
-  ASSERT_FALSE(cluster.StartPrefill("prefill-b").empty());
-  while (cluster.Log("router").find("node prefill-b registered") == std::string::npos &&
-         std::chrono::steady_clock::now() < until) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  if (computing.empty()) {
+    client.join();
+    FAIL() << "no prefill node was seen computing the request";
   }
-  ASSERT_THAT(cluster.Log("router"), HasSubstr("node prefill-b registered"));
-  cluster.Kill("prefill-a");
+  EXPECT_EQ(Reservations(cluster, "decode"), 1u) << "the request should hold a reservation";
+  cluster.Kill(computing);
   client.join();
-  EXPECT_THAT(cluster.Log("router"), HasSubstr("prefill node prefill-a lost"));
-  // The retry is asserted: the request completes on prefill-b with the undisturbed tokens.
+  EXPECT_THAT(cluster.Log("router"), HasSubstr("prefill node " + computing + " lost"));
+  // The retry is asserted: the request completes on the other node with the undisturbed tokens.
   ASSERT_TRUE(outcome.status.ok()) << outcome.status.error_message();
   EXPECT_EQ(outcome.tokens, ForwardTokens(small_, prompt, "off", 0, 4));
   EXPECT_TRUE(DecodeDrained(cluster, "decode")) << "the reservation was not released";

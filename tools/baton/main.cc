@@ -165,6 +165,17 @@ int main(int argc, char** argv) {
   up->add_option("--transport", transport, "StateBlock transport: ucx or grpc")
       ->check(CLI::IsMember({"ucx", "grpc"}));
   up->add_option("--decode-pages", decode_pages, "Block-KV pages of each decode node");
+  int http_port = 8000;
+  up->add_option("--http-port", http_port,
+                 "The router's OpenAI-compatible HTTP API (0: any free port; -1: off); served "
+                 "when the model has a tokenizer")
+      ->check(CLI::Range(-1, 65535));
+  std::string tokenizer_dir;
+  up->add_option("--tokenizer", tokenizer_dir,
+                 "Folder whose tokenizer.model (and tokenizer_config.json, "
+                 "generation_config.json) the generated model gets (default: the one "
+                 "scripts/setup.sh builds)")
+      ->check(CLI::ExistingDirectory);
   std::string device = "cpu", weights = "fp32";
   up->add_option("--device", device,
                  "Where prefill and decode nodes run the model: cpu, or cuda (a CUDA build on a "
@@ -234,7 +245,9 @@ int main(int argc, char** argv) {
     std::cerr << "baton up: cannot create " << data_dir << ": " << error.message() << "\n";
     return 2;
   }
-  if (model_dir.empty()) {
+  const fs::path bin = fs::canonical("/proc/self/exe").parent_path();
+  const bool generated = model_dir.empty();
+  if (generated) {
     model_dir = (fs::path(data_dir) / "model").string();
     if (!fs::exists(fs::path(model_dir) / "model.safetensors")) {
       std::cout << "baton up: generating the small model into " << model_dir << std::endl;
@@ -244,6 +257,43 @@ int main(int argc, char** argv) {
         return 1;
       }
     }
+    // The generated model takes text: the tokenizer scripts/setup.sh trains (4,096 pieces,
+    // the small preset's vocabulary), found beside the binaries or in the build tree.
+    if (!fs::exists(fs::path(model_dir) / "tokenizer.model")) {
+      if (tokenizer_dir.empty()) {
+        // The build tree (build/tools/baton finds build/tokenizer), an installed layout
+        // (bin/../share/baton/tokenizer), or beside the binary.
+        for (const fs::path& p :
+             {bin.parent_path() / "tokenizer", bin.parent_path() / "share" / "baton" / "tokenizer",
+              bin / "tokenizer"}) {
+          if (fs::exists(p / "tokenizer.model")) {
+            tokenizer_dir = p.string();
+            break;
+          }
+        }
+      }
+      if (tokenizer_dir.empty()) {
+        std::cerr << "baton up: no tokenizer for the generated model (scripts/setup.sh builds "
+                     "one into <build>/tokenizer); pass --tokenizer DIR\n";
+        return 1;
+      }
+      for (const char* file :
+           {"tokenizer.model", "tokenizer_config.json", "generation_config.json"}) {
+        const fs::path from = fs::path(tokenizer_dir) / file;
+        if (!fs::exists(from)) continue;
+        fs::copy_file(from, fs::path(model_dir) / file, fs::copy_options::overwrite_existing,
+                      error);
+        if (error) {
+          std::cerr << "baton up: cannot copy " << from.string() << ": " << error.message() << "\n";
+          return 1;
+        }
+      }
+    }
+  }
+  const bool http = http_port >= 0 && fs::exists(fs::path(model_dir) / "tokenizer.model");
+  if (http_port >= 0 && !http) {
+    std::cout << "baton up: no HTTP API: " << model_dir
+              << " has no tokenizer.model (the OpenAI API takes text)" << std::endl;
   }
   const fs::path tls = fs::path(data_dir) / "tls";
   if (absl::Status s = baton::pki::EnsureLocalPki(tls.string(), baton::pki::LocalRoles());
@@ -259,7 +309,6 @@ int main(int argc, char** argv) {
                                     "--tls-cert", (tls / (role + ".crt")).string(),
                                     "--tls-key",  (tls / (role + ".key")).string()};
   };
-  const fs::path bin = fs::canonical("/proc/self/exe").parent_path();
   auto program = [&](const char* name) {
     // Installed side by side, or in the build tree's folders.
     for (const fs::path& p :
@@ -318,10 +367,22 @@ int main(int argc, char** argv) {
                                            "--client-tls-key", (tls / "router.key").string()});
   }
   if (!api_keys.empty()) router_args.insert(router_args.end(), {"--api-keys", api_keys});
+  if (http && generated) {
+    router_args.insert(router_args.end(), {"--served-model-name", "baton-small"});
+  }
+  if (http) {
+    router_args.insert(router_args.end(),
+                       {"--http-port", std::to_string(http_port), "--http-ready-file",
+                        (run / "router-http.addr").string()});
+  }
+  std::string http_address;
   bool ok = start("router", "baton-router", router_args, &router_address) &&
             WaitForReadyFile((run / "router-internal.addr").string(), children.back().pid,
-                             &internal_address);
+                             &internal_address) &&
+            (!http || WaitForReadyFile((run / "router-http.addr").string(), children.back().pid,
+                                       &http_address));
   if (ok) SetFlag(children.back().args, "--internal-port", PortOf(internal_address));
+  if (ok && http) SetFlag(children.back().args, "--http-port", PortOf(http_address));
   ok = ok && start("kvstore", "baton-kvstore",
                    {"--model", model_dir, "--router", internal_address, "--data-dir",
                     (fs::path(data_dir) / "kvstore").string(), "--budget-bytes",
@@ -365,8 +426,12 @@ int main(int argc, char** argv) {
   };
   std::cout << "baton up: router at " << router_address << (client_tls ? " (TLS)" : "")
             << " (internal " << internal_address << ", prefill " << list(prefill_addresses)
-            << ", decode " << list(decode_addresses) << ", kvstore " << kvstore_address
-            << "); certificates in " << tls.string() << "; Ctrl-C to stop" << std::endl;
+            << ", decode " << list(decode_addresses) << ", kvstore " << kvstore_address << ")";
+  if (http) {
+    std::cout << "; OpenAI API at " << (client_tls ? "https://" : "http://") << http_address
+              << "/v1";
+  }
+  std::cout << "; certificates in " << tls.string() << "; Ctrl-C to stop" << std::endl;
   std::cout << "baton up: metrics at";
   for (const Child& c : children) {
     std::string metrics;

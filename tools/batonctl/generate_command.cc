@@ -25,6 +25,8 @@ struct GenerateOptions {
   float top_p = 1;
   uint64_t seed = 0;
   std::string stop;
+  std::vector<std::string> stop_strings;
+  bool ids = false;  // print token ids, not text
   bool ignore_eos = false;
   bool logprobs = false;
   bool prompt_logprobs = false;
@@ -49,16 +51,19 @@ std::string FinishName(v1::FinishReason reason) {
   }
 }
 
-int RunGenerate(const GenerateOptions& o, const CLI::App& command) {
+int RunGenerate(const GenerateOptions& o, const CLI::App& command, bool bytes_as_ids = false) {
   v1::GenerateRequest request;
   if (!o.tokens.empty()) {
     auto ids = ParseIntList(o.tokens, "--tokens");
     if (!ids.ok()) return ReportError("generate", ids.status());
     for (int64_t id : *ids) request.add_prompt_token_ids(static_cast<int32_t>(id));
-  } else {
-    // Generated models have no tokenizer: each UTF-8 byte is one token id (0..255).
+  } else if (bytes_as_ids) {
+    // A model without a tokenizer: each UTF-8 byte is one token id (0..255).
     for (unsigned char byte : o.prompt) request.add_prompt_token_ids(byte);
+  } else {
+    request.set_prompt_text(o.prompt);  // the router's tokenizer encodes it
   }
+  for (const std::string& stop : o.stop_strings) request.mutable_sampling()->add_stop(stop);
   auto* sampling = request.mutable_sampling();
   sampling->set_max_tokens(o.max_tokens);
   sampling->set_temperature(o.temperature);
@@ -95,7 +100,10 @@ int RunGenerate(const GenerateOptions& o, const CLI::App& command) {
   auto reader = stub->Generate(&context, request);
   v1::GenerateResponse response;
   std::vector<int32_t> tokens;
+  std::string text;
   std::vector<float> logprobs, prompt_logprobs;
+  // Text where the router has a tokenizer (it sends text for a text prompt), else ids.
+  const bool print_text = !o.ids && !request.prompt_text().empty();
   double ttft_ms = -1;
   v1::GenerateResponse last;
   while (reader->Read(&response)) {
@@ -105,14 +113,22 @@ int RunGenerate(const GenerateOptions& o, const CLI::App& command) {
     }
     for (int i = 0; i < response.token_ids_size(); ++i) {
       tokens.push_back(response.token_ids(i));
-      if (!o.json) std::cout << response.token_ids(i) << " " << std::flush;
+      if (!o.json && !print_text) std::cout << response.token_ids(i) << " " << std::flush;
     }
+    text += response.text();
+    if (!o.json && print_text) std::cout << response.text() << std::flush;
     logprobs.insert(logprobs.end(), response.logprobs().begin(), response.logprobs().end());
     prompt_logprobs.insert(prompt_logprobs.end(), response.prompt_logprobs().begin(),
                            response.prompt_logprobs().end());
     if (response.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) last = response;
   }
   const grpc::Status status = reader->Finish();
+  if (status.error_code() == grpc::StatusCode::INVALID_ARGUMENT && !request.prompt_text().empty() &&
+      tokens.empty() && status.error_message().rfind("prompt_text: no tokenizer", 0) == 0) {
+    std::cerr << "batonctl generate: the router's model has no tokenizer; sending each byte of "
+                 "--prompt as a token id\n";
+    return RunGenerate(o, command, /*bytes_as_ids=*/true);
+  }
   if (!status.ok()) {
     if (!o.json) std::cout << "\n";
     std::cerr << "batonctl generate: "
@@ -123,6 +139,7 @@ int RunGenerate(const GenerateOptions& o, const CLI::App& command) {
   const v1::Usage& usage = last.usage();
   if (o.json) {
     nlohmann::json out = {{"tokens", tokens},
+                          {"text", text},
                           {"finish_reason", FinishName(last.finish_reason())},
                           {"usage",
                            {{"prompt_tokens", usage.prompt_tokens()},
@@ -132,7 +149,7 @@ int RunGenerate(const GenerateOptions& o, const CLI::App& command) {
                           {"ttft_ms", ttft_ms}};
     if (o.logprobs) out["logprobs"] = logprobs;
     if (o.prompt_logprobs) out["prompt_logprobs"] = prompt_logprobs;
-    std::cout << out.dump() << "\n";
+    std::cout << out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
   } else {
     std::cout << "\nfinish " << FinishName(last.finish_reason()) << ", " << usage.prompt_tokens()
               << " prompt tokens (" << usage.cached_tokens() << " cached), "
@@ -149,7 +166,9 @@ Command AddGenerateCommand(CLI::App& app) {
   AddClientFlags(*command, o->client);
   auto* tokens = command->add_option("--tokens", o->tokens, "Prompt token ids, comma-separated");
   auto* prompt = command->add_option(
-      "--prompt", o->prompt, "Prompt text; each UTF-8 byte is a token id (generated models)");
+      "--prompt", o->prompt,
+      "Prompt text, encoded by the router's tokenizer; the text generated is printed (for a "
+      "model without a tokenizer each UTF-8 byte is a token id, and ids are printed)");
   tokens->excludes(prompt);
   command->add_option("--max-tokens", o->max_tokens, "Completion tokens at most (default 16)");
   command->add_option("--temperature", o->temperature, "0: greedy");
@@ -157,6 +176,10 @@ Command AddGenerateCommand(CLI::App& app) {
   command->add_option("--top-p", o->top_p, "1: no nucleus cut");
   command->add_option("--seed", o->seed, "Sampling seed");
   command->add_option("--stop", o->stop, "Stop token ids, comma-separated");
+  command->add_option("--stop-string", o->stop_strings,
+                      "A stop string (repeat for more): generation ends at the first, which the "
+                      "text leaves out");
+  command->add_flag("--ids", o->ids, "Print token ids instead of text");
   command->add_flag("--ignore-eos", o->ignore_eos, "Do not stop at the eos token");
   command->add_flag("--logprobs", o->logprobs, "Report each chosen token's log-probability");
   command->add_flag("--prompt-logprobs", o->prompt_logprobs,

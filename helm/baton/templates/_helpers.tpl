@@ -319,6 +319,11 @@ ports:
   - name: internal
     containerPort: {{ index .root.Values.config.router "internal-port" | int64 }}
     protocol: TCP
+  {{- if ge (index .root.Values.config.router "http-port" | int64) 0 }}
+  - name: http
+    containerPort: {{ index .root.Values.config.router "http-port" | int64 }}
+    protocol: TCP
+  {{- end }}
   {{- end }}
   - name: metrics
     containerPort: {{ index .root.Values.config.common "metrics-port" | int64 }}

@@ -42,6 +42,10 @@ internal port). */ -}}
 {{- if or (eq $internalPort $metricsPort) (eq $internalPort $healthPort) -}}
 {{- fail (printf "config.router.internal-port: %d is also config.common.metrics-port or health-port" $internalPort) -}}
 {{- end -}}
+{{- $httpPort := index $router "http-port" | int64 -}}
+{{- if and (ge $httpPort 0) (or (eq $httpPort ($router.port | int64)) (eq $httpPort $internalPort) (eq $httpPort $metricsPort) (eq $httpPort $healthPort)) -}}
+{{- fail (printf "config.router.http-port: %d is also config.router.port, internal-port, or config.common.metrics-port or health-port; the HTTP API needs a port of its own (-1: off)" $httpPort) -}}
+{{- end -}}
 
 {{- /* Mutual TLS needs a certificate for every role that runs. */ -}}
 {{- if .Values.tls.enabled -}}

@@ -10,7 +10,9 @@
 #pragma once
 
 #include <map>
+#include <optional>
 #include <string>
+#include <string_view>
 
 #include "absl/status/statusor.h"
 #include "baton/common/hash.h"
@@ -29,6 +31,8 @@ class ApiKeys {
   // The tenant of the caller's bearer key; UNAUTHENTICATED when it sends none or an unknown
   // one.
   absl::StatusOr<std::string> Authenticate(const grpc::ServerContext& context) const;
+  // The same for an HTTP Authorization header's value (nullopt: the header is absent).
+  absl::StatusOr<std::string> Authenticate(std::optional<std::string_view> authorization) const;
 
   size_t size() const { return tenants_.size(); }
 

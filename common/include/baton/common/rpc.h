@@ -74,6 +74,9 @@ struct ClientEndpoint {
   grpc::ServerBuilder* builder = nullptr;  // null: none
   ServerOptions options;                   // host, port and ready file
   std::shared_ptr<grpc::ServerCredentials> credentials;
+  // Runs once the client server is up, before the process reports itself serving (the
+  // router's HTTP front starts here, calling the server in-process); an error stops the start.
+  std::function<absl::Status(grpc::Server&)> on_serving;
 };
 
 // The routers a node registers with: `routers` is a comma-separated list of host:port, and

@@ -23,6 +23,8 @@ inline constexpr uint64_t kMaxAddressBytes = 512;   // host:port of a node
 inline constexpr uint64_t kMaxNodeIdBytes = 256;    // a node's name at the router
 inline constexpr uint64_t kMaxFingerprintBytes = 128;  // a model fingerprint (hex digest)
 inline constexpr int kMaxStopTokenIds = 64;
+inline constexpr int kMaxStopStrings = 16;
+inline constexpr uint64_t kMaxStopStringBytes = 256;
 
 // `value` is at most `max_bytes` bytes.
 absl::Status CheckBytes(absl::string_view field, absl::string_view value, uint64_t max_bytes);
@@ -30,7 +32,8 @@ absl::Status CheckBytes(absl::string_view field, absl::string_view value, uint64
 // At most kMaxRequestIdBytes bytes (empty is the caller's rule: the router makes one).
 absl::Status CheckRequestId(absl::string_view field, absl::string_view id);
 
-// At most kMaxStopTokenIds stop ids, each in the vocabulary; temperature >= 0 and top_p in
+// At most kMaxStopTokenIds stop ids, each in the vocabulary; at most kMaxStopStrings stop
+// strings of 1 to kMaxStopStringBytes bytes; temperature >= 0 and top_p in
 // [0, 1] (NaN refused). `field` prefixes the message, e.g. "sampling".
 absl::Status CheckSampling(absl::string_view field, const v1::SamplingParams& sampling,
                            const ModelConfig& config);

@@ -26,12 +26,13 @@
 #include "baton/common/api_keys.h"
 #include "baton/common/model_config.h"
 #include "baton/common/rpc.h"
+#include "baton/common/stream_watch.h"
 #include "baton/kvstore/hit_policy.h"
+#include "baton/router/fair_queue.h"
+#include "baton/text/tokenizer.h"
 #include "baton/v1/generation.grpc.pb.h"
 #include "baton/v1/node.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
-#include "baton/common/stream_watch.h"
-#include "baton/router/fair_queue.h"
 #include "prometheus/collectable.h"
 
 namespace baton::router {
@@ -49,11 +50,16 @@ struct RouterOptions {
   uint32_t lookup_timeout_ms = 200;  // a slower prefix store means a cold request
   bool require_kvstore = false;      // first SERVING also waits for a kvstore to register
   // Admission: requests wait in one queue of at most `max_queued` (first come, first served
-  // within a tenant, fair across tenants: fair_queue.h) until a prefill node has a free slot (`prefill_slots` prefills in flight per node: one computing, the next
-  // ready); the decode reservation is taken only then, so none expires in a queue. Past the
-  // bound: RESOURCE_EXHAUSTED at once, with a retry hint (common/rpc.h kRetryAfterKey).
+  // within a tenant, fair across tenants: fair_queue.h) until a prefill node has a free slot
+  // (`prefill_slots` prefills in flight per node: one computing, the next ready); the decode
+  // reservation is taken only then, so none expires in a queue. Past the bound: RESOURCE_EXHAUSTED
+  // at once, with a retry hint (common/rpc.h kRetryAfterKey).
   int64_t max_queued = 1024;
   int64_t prefill_slots = 2;
+  // The model's tokenizer (text/tokenizer.h); null: requests and responses are token ids only.
+  // With one, prompt_text is encoded here, every response message carries its text, and
+  // sampling.stop takes stop strings.
+  std::shared_ptr<const text::Tokenizer> tokenizer;
   // Client API keys (key -> tenant); null: the client API takes no key and the tenant is empty.
   std::shared_ptr<const ApiKeys> api_keys;
   // A client that takes no message for this long has its stream cancelled, and the decode
@@ -62,6 +68,10 @@ struct RouterOptions {
   // The prefill call's deadline: the client's, and at most this.
   uint32_t prefill_timeout_ms = 600000;
 };
+
+// prompt_text may hold at most this many bytes per token of --max-model-len: room for any
+// real text, and a bound on what one request can make the tokenizer read.
+inline constexpr uint32_t kPromptTextBytesPerToken = 64;
 
 class RouterService final : public v1::Generation::Service, public v1::Registry::Service {
  public:
@@ -78,6 +88,9 @@ class RouterService final : public v1::Generation::Service, public v1::Registry:
   // destroyed).
   void WatchHealth(HealthSetter health);
   void StopHealth();
+  // A prefill and a decode node are live (and a kvstore has registered, with
+  // --require-kvstore): what grpc.health.v1 and the HTTP front's /health report.
+  bool Serving() const;
 
   // A request's effective truncation.
   struct Effective {
@@ -104,6 +117,7 @@ class RouterService final : public v1::Generation::Service, public v1::Registry:
     std::chrono::steady_clock::time_point start;
     std::optional<std::chrono::steady_clock::time_point> last_token;
     int64_t tokens = 0;
+    int64_t prompt_tokens = 0;  // once encoded (a text prompt's ids)
   };
   struct Metrics;
 
@@ -122,9 +136,9 @@ class RouterService final : public v1::Generation::Service, public v1::Registry:
   std::shared_ptr<Node> Pick(v1::NodeRole role, const std::vector<std::string>& exclude);
   // Waits in the admission queue (see RouterOptions) for a prefill node, not in `exclude`,
   // with a free slot, and takes the slot; `tenant`'s turn comes by fair_queue.h. A retry after
-  // a lost node does not queue behind new requests. UNAVAILABLE when no prefill node is live, RESOURCE_EXHAUSTED (with
-  // `retry_after_ms` set) past the queue's bound, CANCELLED or DEADLINE_EXCEEDED with the
-  // client's call.
+  // a lost node does not queue behind new requests. UNAVAILABLE when no prefill node is live,
+  // RESOURCE_EXHAUSTED (with `retry_after_ms` set) past the queue's bound, CANCELLED or
+  // DEADLINE_EXCEEDED with the client's call.
   absl::StatusOr<std::shared_ptr<Node>> AdmitPrefill(grpc::ServerContext* context,
                                                      const std::vector<std::string>& exclude,
                                                      const std::string& tenant, bool retry,
@@ -132,15 +146,14 @@ class RouterService final : public v1::Generation::Service, public v1::Registry:
   // Frees the slot AdmitPrefill took; `took` feeds the retry hint.
   void PrefillDone(Node& node, std::chrono::steady_clock::duration took);
   void MarkDown(const std::string& node_id);
-  bool Serving() const;
 
   ModelConfig config_;
   RouterOptions options_;
   mutable std::mutex mutex_;
   std::map<std::string, std::shared_ptr<Node>> nodes_;
   std::condition_variable admission_;  // a prefill slot was freed, or the queue moved
-  FairQueue queue_;  // the requests waiting for admission
-  double prefill_ms_average_ = 100;  // moving average of a prefill's time, for retry hints
+  FairQueue queue_;                    // the requests waiting for admission
+  double prefill_ms_average_ = 100;    // moving average of a prefill's time, for retry hints
   mutable bool kvstore_seen_ = false;  // a kvstore has registered since start
   bool stop_ = false;
   std::thread health_thread_;

@@ -1,0 +1,592 @@
+#include "baton/router/openai.h"
+
+#include <cmath>
+#include <limits>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "baton/common/wire_bounds.h"
+#include "baton/text/chat_template.h"
+#include "grpcpp/support/status.h"
+
+namespace baton::router::openai {
+namespace {
+
+using nlohmann::json;
+
+absl::Status Invalid(absl::string_view field, absl::string_view what) {
+  return absl::InvalidArgumentError(absl::StrCat(field, ": ", what));
+}
+
+// A field that, when present and not null, must be of the given kind.
+const json* Field(const json& body, const char* key) {
+  auto it = body.find(key);
+  return it == body.end() || it->is_null() ? nullptr : &*it;
+}
+
+absl::StatusOr<std::optional<int64_t>> Integer(const json& body, const char* key, int64_t min,
+                                               int64_t max) {
+  const json* v = Field(body, key);
+  if (v == nullptr) return std::optional<int64_t>();
+  if (!v->is_number_integer()) return Invalid(key, "must be an integer");
+  // Unsigned values past INT64_MAX are out of every range here.
+  if (v->is_number_unsigned() && v->get<uint64_t>() > static_cast<uint64_t>(max)) {
+    return Invalid(key, absl::StrCat("must lie in [", min, ", ", max, "]"));
+  }
+  const int64_t n = v->get<int64_t>();
+  if (n < min || n > max) return Invalid(key, absl::StrCat("must lie in [", min, ", ", max, "]"));
+  return std::optional<int64_t>(n);
+}
+
+absl::StatusOr<std::optional<double>> Number(const json& body, const char* key, double min,
+                                             double max) {
+  const json* v = Field(body, key);
+  if (v == nullptr) return std::optional<double>();
+  if (!v->is_number()) return Invalid(key, "must be a number");
+  const double x = v->get<double>();
+  if (!(x >= min && x <= max)) {
+    return Invalid(key, absl::StrCat("must lie in [", min, ", ", max, "]"));
+  }
+  return std::optional<double>(x);
+}
+
+absl::StatusOr<bool> Bool(const json& body, const char* key, bool fallback) {
+  const json* v = Field(body, key);
+  if (v == nullptr) return fallback;
+  if (!v->is_boolean()) return Invalid(key, "must be true or false");
+  return v->get<bool>();
+}
+
+absl::StatusOr<std::optional<std::string>> String(const json& body, const char* key) {
+  const json* v = Field(body, key);
+  if (v == nullptr) return std::optional<std::string>();
+  if (!v->is_string()) return Invalid(key, "must be a string");
+  return std::optional<std::string>(v->get<std::string>());
+}
+
+// OpenAI fields baton cannot honour: refused unless absent or at their neutral value.
+absl::Status RefuseUnsupported(const json& body, Endpoint endpoint) {
+  if (absl::StatusOr<std::optional<int64_t>> n = Integer(body, "n", 1, 1); !n.ok()) {
+    return Invalid("n", "only 1 is supported (one choice per request)");
+  }
+  if (absl::StatusOr<std::optional<int64_t>> best = Integer(body, "best_of", 1, 1); !best.ok()) {
+    return Invalid("best_of", "only 1 is supported");
+  }
+  for (const char* penalty : {"presence_penalty", "frequency_penalty"}) {
+    absl::StatusOr<std::optional<double>> p = Number(body, penalty, 0, 0);
+    if (!p.ok()) return Invalid(penalty, "only 0 is supported (no penalties)");
+  }
+  if (const json* bias = Field(body, "logit_bias"); bias != nullptr && !bias->empty()) {
+    return Invalid("logit_bias", "is not supported; send none");
+  }
+  if (absl::StatusOr<bool> echo = Bool(body, "echo", false); !echo.ok() || *echo) {
+    return Invalid("echo", "only false is supported");
+  }
+  if (const json* suffix = Field(body, "suffix");
+      suffix != nullptr && !(suffix->is_string() && suffix->get<std::string>().empty())) {
+    return Invalid("suffix", "is not supported; send none");
+  }
+  for (const char* field : {"tools", "functions", "tool_choice", "function_call"}) {
+    if (Field(body, field) != nullptr) return Invalid(field, "tool calls are not supported");
+  }
+  if (const json* format = Field(body, "response_format"); format != nullptr) {
+    if (!format->is_object() || format->value("type", "") != "text") {
+      return Invalid("response_format", "only {\"type\": \"text\"} is supported");
+    }
+  }
+  if (endpoint == Endpoint::kChatCompletions) {
+    if (absl::StatusOr<std::optional<int64_t>> top = Integer(body, "top_logprobs", 0, 0);
+        !top.ok()) {
+      return Invalid("top_logprobs",
+                     "only 0 is supported (the chosen token's log-probability; alternatives "
+                     "are not computed)");
+    }
+  }
+  return absl::OkStatus();
+}
+
+// A chat message's content: a string, or a list of text parts.
+absl::StatusOr<std::string> MessageContent(const json& message, size_t i) {
+  const std::string field = absl::StrCat("messages[", i, "].content");
+  auto it = message.find("content");
+  if (it == message.end() || it->is_null()) return std::string();
+  if (it->is_string()) return it->get<std::string>();
+  if (!it->is_array()) return Invalid(field, "must be a string or a list of text parts");
+  std::string text;
+  for (size_t k = 0; k < it->size(); ++k) {
+    const json& part = (*it)[k];
+    if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") ||
+        !part["text"].is_string()) {
+      return Invalid(absl::StrCat(field, "[", k, "]"),
+                     "only {\"type\": \"text\", \"text\": ...} parts are supported");
+    }
+    text += part["text"].get<std::string>();
+  }
+  return text;
+}
+
+// The chat prompt's ids: the messages rendered with the model's template (or ChatML).
+absl::StatusOr<std::vector<int32_t>> ChatPrompt(const json& body, const text::Tokenizer& tokenizer,
+                                                bool add_generation_prompt,
+                                                std::vector<int32_t>* stop_ids) {
+  const json* messages = Field(body, "messages");
+  if (messages == nullptr || !messages->is_array() || messages->empty()) {
+    return Invalid("messages", "must be a non-empty list of {role, content}");
+  }
+  json rendered_messages = json::array();
+  for (size_t i = 0; i < messages->size(); ++i) {
+    const json& m = (*messages)[i];
+    if (!m.is_object() || !m.contains("role") || !m["role"].is_string() ||
+        m["role"].get<std::string>().empty()) {
+      return Invalid(absl::StrCat("messages[", i, "].role"), "must be a non-empty string");
+    }
+    absl::StatusOr<std::string> content = MessageContent(m, i);
+    if (!content.ok()) return content.status();
+    rendered_messages.push_back({{"role", m["role"]}, {"content", *content}});
+  }
+  const bool fallback = tokenizer.chat_template().empty();
+  const absl::StatusOr<text::ChatTemplate>& chat_template = tokenizer.chat();
+  if (!chat_template.ok()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("messages: this model's chat template cannot be rendered (",
+                     chat_template.status().message(), "); use /v1/completions"));
+  }
+  const json variables = {{"messages", rendered_messages},
+                          {"add_generation_prompt", add_generation_prompt},
+                          {"bos_token", tokenizer.bos_token()},
+                          {"eos_token", tokenizer.eos_token()}};
+  absl::StatusOr<std::string> rendered = chat_template->Render(variables);
+  if (!rendered.ok()) return Invalid("messages", rendered.status().message());
+  std::vector<int32_t> ids;
+  // A model's own template writes its bos where it wants one; ChatML has none, so the
+  // tokenizer's add_bos_token decides.
+  if (fallback && tokenizer.add_bos() && tokenizer.bos_id() >= 0) ids.push_back(tokenizer.bos_id());
+  const std::vector<int32_t> body_ids = tokenizer.EncodeWithSpecialTokens(*rendered);
+  ids.insert(ids.end(), body_ids.begin(), body_ids.end());
+  // ChatML's turn ends with <|im_end|>: the assistant's turn too.
+  if (fallback) {
+    if (std::optional<int32_t> end = tokenizer.PieceId("<|im_end|>"); end.has_value()) {
+      stop_ids->push_back(*end);
+    }
+  }
+  return ids;
+}
+
+// A token's text as a JSON string: a byte piece alone may be part of a UTF-8 character, and
+// shows as U+FFFD (its "bytes" say what it is).
+json SafeText(const std::string& text) {
+  return json::parse(json(text).dump(-1, ' ', false, json::error_handler_t::replace));
+}
+
+std::string FinishReason(v1::FinishReason reason) {
+  switch (reason) {
+    case v1::FINISH_REASON_LENGTH:
+      return "length";
+    case v1::FINISH_REASON_STOP:
+    case v1::FINISH_REASON_EOS:
+      return "stop";
+    default:
+      return "";
+  }
+}
+
+// The OpenAI name of a router field ("sampling.max_tokens" -> "max_tokens").
+std::string OpenAiParam(std::string field) {
+  for (const auto& [from, to] : std::vector<std::pair<std::string, std::string>>{
+           {"sampling.stop_token_ids", "stop_token_ids"},
+           {"sampling.", ""},
+           {"prompt_token_ids", "prompt"},
+           {"prompt_text", "prompt"},
+           {"truncation.mode", "truncation_mode"},
+           {"truncation.keep", "truncation_keep"}}) {
+    if (field.rfind(from, 0) == 0) return to + field.substr(from.size());
+  }
+  return field;
+}
+
+}  // namespace
+
+absl::StatusOr<Request> ParseRequest(Endpoint endpoint, std::string_view body_text,
+                                     const text::Tokenizer& tokenizer, const ServedModel& model) {
+  const json body = json::parse(body_text, nullptr, /*allow_exceptions=*/false);
+  if (body.is_discarded()) return Invalid("body", "is not valid JSON");
+  if (!body.is_object()) return Invalid("body", "must be a JSON object");
+  Request request;
+  request.endpoint = endpoint;
+  v1::GenerateRequest& g = request.generate;
+  v1::SamplingParams& s = *g.mutable_sampling();
+
+  absl::StatusOr<std::optional<std::string>> name = String(body, "model");
+  if (!name.ok()) return name.status();
+  if (name->has_value() && **name != model.name) {
+    return absl::NotFoundError(absl::StrCat("model: '", **name,
+                                            "' is not served here; this server serves '",
+                                            model.name, "' (GET /v1/models)"));
+  }
+  if (absl::Status s = RefuseUnsupported(body, endpoint); !s.ok()) return s;
+
+  std::vector<int32_t> stop_ids;
+  if (endpoint == Endpoint::kCompletions) {
+    const json* prompt = Field(body, "prompt");
+    const json* p = prompt;
+    if (p != nullptr && p->is_array() && p->size() == 1 &&
+        ((*p)[0].is_string() || (*p)[0].is_array())) {
+      p = &(*p)[0];  // one prompt in a list
+    }
+    if (p == nullptr) return Invalid("prompt", "is required");
+    if (p->is_string()) {
+      if (p->get<std::string>().empty()) return Invalid("prompt", "must not be empty");
+      g.set_prompt_text(p->get<std::string>());
+    } else if (p->is_array() && !p->empty()) {
+      for (size_t i = 0; i < p->size(); ++i) {
+        const json& id = (*p)[i];
+        if (!id.is_number_integer() || id.get<int64_t>() < 0 ||
+            id.get<int64_t>() > std::numeric_limits<int32_t>::max()) {
+          return Invalid("prompt",
+                         absl::StrCat("must be a string, or a list of token ids; entry ", i,
+                                      " is not a token id (one prompt per request: n = 1)"));
+        }
+        g.add_prompt_token_ids(static_cast<int32_t>(id.get<int64_t>()));
+      }
+    } else {
+      return Invalid("prompt", "must be a non-empty string or list of token ids");
+    }
+  } else {
+    absl::StatusOr<bool> add_generation_prompt = Bool(body, "add_generation_prompt", true);
+    if (!add_generation_prompt.ok()) return add_generation_prompt.status();
+    absl::StatusOr<std::vector<int32_t>> ids =
+        ChatPrompt(body, tokenizer, *add_generation_prompt, &stop_ids);
+    if (!ids.ok()) return ids.status();
+    for (int32_t id : *ids) g.add_prompt_token_ids(id);
+  }
+
+  // max_tokens: OpenAI's default is 16 for completions; chat runs to the context limit (as
+  // vLLM does), capped by the router's max_tokens_limit.
+  const char* max_key =
+      endpoint == Endpoint::kChatCompletions && Field(body, "max_tokens") == nullptr
+          ? "max_completion_tokens"
+          : "max_tokens";
+  absl::StatusOr<std::optional<int64_t>> max_tokens =
+      Integer(body, max_key, 1, std::numeric_limits<uint32_t>::max());
+  if (!max_tokens.ok()) return max_tokens.status();
+  if (max_tokens->has_value()) {
+    s.set_max_tokens(static_cast<uint32_t>(**max_tokens));
+  } else if (endpoint == Endpoint::kCompletions) {
+    s.set_max_tokens(16);
+  } else {
+    const int64_t room = int64_t{model.max_model_len} - g.prompt_token_ids_size();
+    s.set_max_tokens(
+        static_cast<uint32_t>(std::clamp<int64_t>(room, 1, int64_t{model.max_tokens_limit})));
+  }
+
+  const text::GenerationDefaults& defaults = tokenizer.generation_defaults();
+  absl::StatusOr<std::optional<double>> temperature = Number(body, "temperature", 0, 100);
+  if (!temperature.ok()) return temperature.status();
+  s.set_temperature(static_cast<float>(temperature->value_or(defaults.temperature.value_or(1.0f))));
+  absl::StatusOr<std::optional<double>> top_p = Number(body, "top_p", 0, 1);
+  if (!top_p.ok()) return top_p.status();
+  if (top_p->has_value() && **top_p == 0) return Invalid("top_p", "must lie in (0, 1]");
+  s.set_top_p(static_cast<float>(top_p->value_or(defaults.top_p.value_or(1.0f))));
+  absl::StatusOr<std::optional<int64_t>> top_k = Integer(body, "top_k", -1, 1 << 20);
+  if (!top_k.ok()) return top_k.status();
+  s.set_top_k(
+      static_cast<uint32_t>(std::max<int64_t>(0, top_k->value_or(defaults.top_k.value_or(0)))));
+  absl::StatusOr<std::optional<int64_t>> seed = Integer(
+      body, "seed", std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max());
+  if (!seed.ok()) return seed.status();
+  if (seed->has_value()) {
+    s.set_seed(static_cast<uint64_t>(**seed));
+  } else {
+    // Without a seed each request samples differently, as OpenAI's do.
+    static thread_local std::mt19937_64 rng(std::random_device{}());
+    s.set_seed(rng());
+  }
+  if (const json* stop = Field(body, "stop"); stop != nullptr) {
+    if (stop->is_string()) {
+      s.add_stop(stop->get<std::string>());
+    } else if (stop->is_array()) {
+      for (const json& one : *stop) {
+        if (!one.is_string()) return Invalid("stop", "must be a string or a list of strings");
+        s.add_stop(one.get<std::string>());
+      }
+    } else {
+      return Invalid("stop", "must be a string or a list of strings");
+    }
+    if (s.stop_size() > kMaxStopStrings) {
+      return Invalid("stop", absl::StrCat("at most ", kMaxStopStrings, " stop strings"));
+    }
+    for (const std::string& one : s.stop()) {
+      if (one.empty() || one.size() > kMaxStopStringBytes) {
+        return Invalid(
+            "stop", absl::StrCat("each stop string must be 1 to ", kMaxStopStringBytes, " bytes"));
+      }
+    }
+  }
+  if (const json* ids = Field(body, "stop_token_ids"); ids != nullptr) {
+    if (!ids->is_array()) return Invalid("stop_token_ids", "must be a list of token ids");
+    for (const json& id : *ids) {
+      if (!id.is_number_integer() || id.get<int64_t>() < 0 ||
+          id.get<int64_t>() >= tokenizer.size()) {
+        return Invalid("stop_token_ids",
+                       absl::StrCat("each must be a token id in [0, ", tokenizer.size(), ")"));
+      }
+      stop_ids.push_back(static_cast<int32_t>(id.get<int64_t>()));
+    }
+  }
+  for (int32_t id : stop_ids) s.add_stop_token_ids(id);
+  absl::StatusOr<bool> ignore_eos = Bool(body, "ignore_eos", false);
+  if (!ignore_eos.ok()) return ignore_eos.status();
+  s.set_ignore_eos(*ignore_eos);
+
+  if (endpoint == Endpoint::kCompletions) {
+    absl::StatusOr<std::optional<int64_t>> logprobs = Integer(body, "logprobs", 0, 0);
+    if (!logprobs.ok()) {
+      return Invalid("logprobs",
+                     "only 0 is supported (the chosen token's log-probability; alternatives "
+                     "are not computed)");
+    }
+    request.logprobs = logprobs->has_value();
+  } else {
+    absl::StatusOr<bool> logprobs = Bool(body, "logprobs", false);
+    if (!logprobs.ok()) return logprobs.status();
+    request.logprobs = *logprobs;
+  }
+  g.set_logprobs(request.logprobs);
+
+  absl::StatusOr<bool> stream = Bool(body, "stream", false);
+  if (!stream.ok()) return stream.status();
+  request.stream = *stream;
+  if (const json* options = Field(body, "stream_options"); options != nullptr) {
+    if (!options->is_object()) return Invalid("stream_options", "must be an object");
+    absl::StatusOr<bool> usage = Bool(*options, "include_usage", false);
+    if (!usage.ok()) return Invalid("stream_options.include_usage", "must be true or false");
+    request.include_usage = *usage;
+  }
+
+  // baton's own options.
+  absl::StatusOr<std::optional<std::string>> mode = String(body, "truncation_mode");
+  if (!mode.ok()) return mode.status();
+  absl::StatusOr<std::optional<int64_t>> keep =
+      Integer(body, "truncation_keep", 0, std::numeric_limits<uint32_t>::max());
+  if (!keep.ok()) return keep.status();
+  if (mode->has_value()) {
+    const std::string& m = **mode;
+    v1::TruncationMode parsed = m == "off"       ? v1::TRUNCATION_MODE_OFF
+                                : m == "mask"    ? v1::TRUNCATION_MODE_MASK
+                                : m == "compact" ? v1::TRUNCATION_MODE_COMPACT
+                                                 : v1::TRUNCATION_MODE_UNSPECIFIED;
+    if (parsed == v1::TRUNCATION_MODE_UNSPECIFIED) {
+      return Invalid("truncation_mode", "must be \"off\", \"mask\" or \"compact\"");
+    }
+    g.mutable_truncation()->set_mode(parsed);
+    g.mutable_truncation()->set_keep(keep->value_or(0));
+  } else if (keep->has_value()) {
+    return Invalid("truncation_keep", "needs truncation_mode");
+  }
+  absl::StatusOr<std::optional<std::string>> salt = String(body, "cache_salt");
+  if (!salt.ok()) return salt.status();
+  if (salt->has_value()) g.set_cache_salt(**salt);
+  if (absl::StatusOr<std::optional<std::string>> user = String(body, "user"); !user.ok()) {
+    return user.status();
+  }
+  return request;
+}
+
+Error ErrorFor(int grpc_code, const std::string& router_message) {
+  Error error;
+  std::string message = router_message;
+  std::string type = "server_error", code, param;
+  switch (static_cast<grpc::StatusCode>(grpc_code)) {
+    case grpc::StatusCode::INVALID_ARGUMENT:
+    case grpc::StatusCode::OUT_OF_RANGE:
+    case grpc::StatusCode::FAILED_PRECONDITION:
+      error.http_status = 400;
+      type = "invalid_request_error";
+      if (size_t colon = message.find(':');
+          colon != std::string::npos && message.find(' ') > colon) {
+        // The field as the client wrote it, in `param` and in the message.
+        param = OpenAiParam(message.substr(0, colon));
+        message = param + message.substr(colon);
+      }
+      break;
+    case grpc::StatusCode::UNAUTHENTICATED:
+      error.http_status = 401;
+      type = "authentication_error";
+      code = "invalid_api_key";
+      break;
+    case grpc::StatusCode::PERMISSION_DENIED:
+      error.http_status = 403;
+      type = "permission_error";
+      break;
+    case grpc::StatusCode::NOT_FOUND:
+      error.http_status = 404;
+      type = "invalid_request_error";
+      param = "model";
+      code = "model_not_found";
+      break;
+    case grpc::StatusCode::RESOURCE_EXHAUSTED:
+      error.http_status = 429;
+      type = "rate_limit_error";
+      code = "rate_limit_exceeded";
+      break;
+    case grpc::StatusCode::UNAVAILABLE:
+      error.http_status = 503;
+      type = "service_unavailable_error";
+      code = "service_unavailable";
+      break;
+    case grpc::StatusCode::DEADLINE_EXCEEDED:
+      error.http_status = 504;
+      type = "timeout_error";
+      break;
+    case grpc::StatusCode::CANCELLED:
+      error.http_status = 499;
+      type = "cancelled";
+      break;
+    default:
+      error.http_status = 500;
+      break;
+  }
+  error.body = {{"error",
+                 {{"message", message},
+                  {"type", type},
+                  {"param", param.empty() ? json(nullptr) : json(param)},
+                  {"code", code.empty() ? json(nullptr) : json(code)}}}};
+  return error;
+}
+
+Error ErrorFor(const absl::Status& status) {
+  return ErrorFor(static_cast<int>(status.code()), std::string(status.message()));
+}
+
+ResponseWriter::ResponseWriter(const Request& request, const text::Tokenizer& tokenizer,
+                               std::string model, int64_t created)
+    : request_(request),
+      tokenizer_(tokenizer),
+      model_(std::move(model)),
+      created_(created),
+      chat_(request.endpoint == Endpoint::kChatCompletions) {
+  logprobs_ = chat_ ? json{{"content", json::array()}}
+                    : json{{"tokens", json::array()},
+                           {"token_logprobs", json::array()},
+                           {"top_logprobs", nullptr},
+                           {"text_offset", json::array()}};
+}
+
+json ResponseWriter::Logprobs(const v1::GenerateResponse& message) {
+  json out = chat_ ? json{{"content", json::array()}}
+                   : json{{"tokens", json::array()},
+                          {"token_logprobs", json::array()},
+                          {"top_logprobs", nullptr},
+                          {"text_offset", json::array()}};
+  for (int i = 0; i < message.token_ids_size() && i < message.logprobs_size(); ++i) {
+    const std::string token = tokenizer_.TokenText(message.token_ids(i));
+    if (chat_) {
+      json bytes = json::array();
+      for (unsigned char c : token) bytes.push_back(static_cast<int>(c));
+      out["content"].push_back({{"token", SafeText(token)},
+                                {"logprob", message.logprobs(i)},
+                                {"bytes", bytes},
+                                {"top_logprobs", json::array()}});
+    } else {
+      out["tokens"].push_back(SafeText(token));
+      out["token_logprobs"].push_back(message.logprobs(i));
+      out["text_offset"].push_back(text_offset_);
+      text_offset_ += token.size();
+    }
+  }
+  return out;
+}
+
+json ResponseWriter::Usage() const {
+  return {{"prompt_tokens", usage_.prompt_tokens()},
+          {"completion_tokens", usage_.completion_tokens()},
+          {"total_tokens", usage_.prompt_tokens() + usage_.completion_tokens()},
+          {"prompt_tokens_details", {{"cached_tokens", usage_.cached_tokens()}}}};
+}
+
+json ResponseWriter::ChunkBase() const {
+  json chunk = {{"id", id_},
+                {"object", chat_ ? "chat.completion.chunk" : "text_completion"},
+                {"created", created_},
+                {"model", model_}};
+  if (request_.include_usage) chunk["usage"] = nullptr;
+  return chunk;
+}
+
+std::string ResponseWriter::Chunks(const v1::GenerateResponse& message) {
+  if (id_.empty()) id_ = (chat_ ? "chatcmpl-" : "cmpl-") + message.request_id();
+  const std::string reason = FinishReason(message.finish_reason());
+  if (message.has_usage()) usage_ = message.usage();
+  auto event = [](const json& chunk) {
+    return "data: " + chunk.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n";
+  };
+  std::string out;
+  if (chat_ && !sent_role_) {
+    sent_role_ = true;
+    json chunk = ChunkBase();
+    chunk["choices"] = json::array({{{"index", 0},
+                                     {"delta", {{"role", "assistant"}, {"content", ""}}},
+                                     {"logprobs", nullptr},
+                                     {"finish_reason", nullptr}}});
+    out += event(chunk);
+  }
+  if (message.text().empty() && reason.empty() && !request_.logprobs) return out;
+  json choice = {{"index", 0},
+                 {"logprobs", request_.logprobs ? Logprobs(message) : json(nullptr)},
+                 {"finish_reason", reason.empty() ? json(nullptr) : json(reason)}};
+  if (chat_) {
+    choice["delta"] = message.text().empty() ? json::object() : json{{"content", message.text()}};
+  } else {
+    choice["text"] = message.text();
+  }
+  json chunk = ChunkBase();
+  chunk["choices"] = json::array({choice});
+  out += event(chunk);
+  if (!reason.empty() && request_.include_usage) {
+    json last = ChunkBase();
+    last["choices"] = json::array();
+    last["usage"] = Usage();
+    out += event(last);
+  }
+  return out;
+}
+
+std::string ResponseWriter::Done() {
+  return "data: [DONE]\n\n";
+}
+
+void ResponseWriter::Add(const v1::GenerateResponse& message) {
+  if (id_.empty()) id_ = (chat_ ? "chatcmpl-" : "cmpl-") + message.request_id();
+  text_ += message.text();
+  if (request_.logprobs) {
+    const json part = Logprobs(message);
+    for (const auto& [key, value] : part.items()) {
+      if (value.is_array()) {
+        for (const json& entry : value) logprobs_[key].push_back(entry);
+      }
+    }
+  }
+  if (message.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) {
+    finish_reason_ = FinishReason(message.finish_reason());
+  }
+  if (message.has_usage()) usage_ = message.usage();
+}
+
+json ResponseWriter::Completion() const {
+  json choice = {{"index", 0},
+                 {"logprobs", request_.logprobs ? logprobs_ : json(nullptr)},
+                 {"finish_reason", finish_reason_}};
+  if (chat_) {
+    choice["message"] = {{"role", "assistant"}, {"content", text_}};
+  } else {
+    choice["text"] = text_;
+  }
+  return {{"id", id_},
+          {"object", chat_ ? "chat.completion" : "text_completion"},
+          {"created", created_},
+          {"model", model_},
+          {"choices", json::array({choice})},
+          {"usage", Usage()}};
+}
+
+}  // namespace baton::router::openai
