@@ -26,6 +26,9 @@ RUN BATON_WITH_CUDA=OFF BATON_JOBS="${BATON_JOBS}" BATON_BUILD_DIR=/src/build \
       build/tools/baton \
       build/text/libbaton_sentencepiece.so \
       /out/bin/ \
+ && install -d /out/share/baton/tokenizer \
+ && install -m 0644 build/tokenizer/tokenizer.model build/tokenizer/tokenizer_config.json \
+      build/tokenizer/generation_config.json /out/share/baton/tokenizer/ \
  && strip --strip-debug /out/bin/*
 
 FROM debian:bookworm-slim AS runtime
@@ -55,6 +58,9 @@ RUN apt-get update \
  && useradd --system --uid 10001 --gid 10001 --home-dir /nonexistent --no-create-home \
       --shell /usr/sbin/nologin baton
 COPY --from=build /out/bin/ /usr/local/bin/
+# The default tokenizer: `baton up` and `batonctl make-model --tokenizer` give it to the small
+# generated model.
+COPY --from=build /out/share/ /usr/local/share/
 # Fail the build, not the pod, when a binary needs a library the list above lacks.
 RUN missing="$(ldd /usr/local/bin/* | grep 'not found' || true)"; \
     if [ -n "$missing" ]; then echo "missing shared libraries:"; echo "$missing"; exit 1; fi

@@ -1,6 +1,7 @@
 #include "baton/model/model_factory.h"
 
 #include <cmath>
+#include <filesystem>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -109,6 +110,24 @@ absl::Status MakeModel(const ModelConfig& config, uint64_t seed, const std::stri
   if (absl::Status s = ValidateModelConfig(config); !s.ok()) return s;
   CedWeights weights = GenerateWeights(config, seed);
   return SaveCedWeights(weights, model_dir, dtype);
+}
+
+absl::Status CopyTokenizerFiles(const std::string& from, const std::string& model_dir) {
+  namespace fs = std::filesystem;
+  if (!fs::exists(fs::path(from) / "tokenizer.model")) {
+    return absl::NotFoundError(absl::StrCat(from, "/tokenizer.model does not exist"));
+  }
+  for (const char* file : {"tokenizer.model", "tokenizer_config.json", "generation_config.json"}) {
+    const fs::path source = fs::path(from) / file;
+    if (!fs::exists(source)) continue;
+    std::error_code error;
+    fs::copy_file(source, fs::path(model_dir) / file, fs::copy_options::overwrite_existing, error);
+    if (error) {
+      return absl::InternalError(
+          absl::StrCat("cannot copy ", source.string(), ": ", error.message()));
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace baton::model

@@ -102,6 +102,11 @@ absl::Status HttpFront::Start() {
   }
   address_ = absl::StrCat(options_.host, ":", port);
   thread_ = std::thread([this] { server_->listen_after_bind(); });
+  // Serving before Start returns, so that a Stop right after it finds a server to stop.
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!server_->is_running() && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
   WriteAddressFile(options_.ready_file, address_);
   log::Info(
       "HTTP front serving",
@@ -113,9 +118,12 @@ absl::Status HttpFront::Start() {
 
 void HttpFront::Stop() {
   {
-    std::lock_guard<std::mutex> lock(calls_mutex_);
+    // Cancelled calls end their streams with an error event and [DONE]; the server stops
+    // once they have (or after two seconds).
+    std::unique_lock<std::mutex> lock(calls_mutex_);
     stopping_ = true;
     for (grpc::ClientContext* context : calls_) context->TryCancel();
+    calls_done_.wait_for(lock, std::chrono::seconds(2), [this] { return calls_.empty(); });
   }
   if (server_ != nullptr) server_->stop();
   if (thread_.joinable()) thread_.join();
@@ -131,6 +139,7 @@ bool HttpFront::Track(grpc::ClientContext* context) {
 void HttpFront::Untrack(grpc::ClientContext* context) {
   std::lock_guard<std::mutex> lock(calls_mutex_);
   calls_.erase(context);
+  if (calls_.empty()) calls_done_.notify_all();
 }
 
 void HttpFront::Route() {
@@ -269,12 +278,13 @@ void HttpFront::Route() {
     const int status = res.status;
     openai::Error error = openai::ErrorFor(
         static_cast<int>(grpc::StatusCode::NOT_FOUND),
-        status == 413 ? "body: larger than the server takes"
-                      : absl::StrCat(req.method, " ", req.path, ": no such endpoint"));
+        status == 413   ? "body: larger than the server takes"
+        : status >= 500 ? "internal error"
+                        : absl::StrCat(req.method, " ", req.path, ": no such endpoint"));
     error.http_status = status;
     error.body["error"]["param"] = nullptr;
     error.body["error"]["code"] = nullptr;
-    error.body["error"]["type"] = "invalid_request_error";
+    error.body["error"]["type"] = status >= 500 ? "server_error" : "invalid_request_error";
     SendError(res, error);
   });
 }

@@ -116,8 +116,13 @@ int main(int argc, char** argv) {
           {{"error", std::string(options.tokenizer->chat().status().message())}});
     }
   } else if (!absl::IsNotFound(tokenizer.status())) {
-    baton::log::Error("cannot start", {{"error", std::string(tokenizer.status().message())}});
-    return 2;
+    // The HTTP API needs text; the gRPC API serves token ids without it.
+    if (http.port >= 0) {
+      baton::log::Error("cannot start", {{"error", std::string(tokenizer.status().message())}});
+      return 2;
+    }
+    baton::log::Warn("the model's tokenizer cannot be loaded; serving token ids only",
+                     {{"error", std::string(tokenizer.status().message())}});
   }
   if (http.port >= 0 && options.tokenizer == nullptr) {
     baton::log::Error("cannot start",

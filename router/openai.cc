@@ -18,6 +18,12 @@ absl::Status Invalid(absl::string_view field, absl::string_view what) {
   return absl::InvalidArgumentError(absl::StrCat(field, ": ", what));
 }
 
+// `object[key]` when it is a string, else "" (nlohmann's value() throws on another type).
+std::string StringAt(const json& object, const char* key) {
+  auto it = object.find(key);
+  return it != object.end() && it->is_string() ? it->get<std::string>() : std::string();
+}
+
 // A field that, when present and not null, must be of the given kind.
 const json* Field(const json& body, const char* key) {
   auto it = body.find(key);
@@ -90,7 +96,7 @@ absl::Status RefuseUnsupported(const json& body, Endpoint endpoint) {
     if (Field(body, field) != nullptr) return Invalid(field, "tool calls are not supported");
   }
   if (const json* format = Field(body, "response_format"); format != nullptr) {
-    if (!format->is_object() || format->value("type", "") != "text") {
+    if (!format->is_object() || StringAt(*format, "type") != "text") {
       return Invalid("response_format", "only {\"type\": \"text\"} is supported");
     }
   }
@@ -115,7 +121,7 @@ absl::StatusOr<std::string> MessageContent(const json& message, size_t i) {
   std::string text;
   for (size_t k = 0; k < it->size(); ++k) {
     const json& part = (*it)[k];
-    if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") ||
+    if (!part.is_object() || StringAt(part, "type") != "text" || !part.contains("text") ||
         !part["text"].is_string()) {
       return Invalid(absl::StrCat(field, "[", k, "]"),
                      "only {\"type\": \"text\", \"text\": ...} parts are supported");

@@ -539,6 +539,9 @@ grpc::Status RouterService::Serve(grpc::ServerContext* context, const v1::Genera
          options_.tokenizer->Encode(request->prompt_text(), options_.tokenizer->add_bos())) {
       encoded.add_prompt_token_ids(id);
     }
+    if (encoded.prompt_token_ids().empty()) {
+      return Invalid("prompt_text: the text encodes to no tokens; send some text");
+    }
     request = &encoded;
   }
   absl::StatusOr<Effective> effective = Validate(*request);

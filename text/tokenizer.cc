@@ -105,7 +105,7 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::Load(const std::string& mo
         t->chat_template_ = it->get<std::string>();
       } else if (it->is_array()) {  // named templates: the one named "default"
         for (const nlohmann::json& named : *it) {
-          if (named.is_object() && named.value("name", "") == "default" &&
+          if (named.is_object() && named.contains("name") && named["name"] == "default" &&
               named.contains("template") && named["template"].is_string()) {
             t->chat_template_ = named["template"].get<std::string>();
           }
@@ -153,16 +153,22 @@ std::vector<int32_t> Tokenizer::Encode(std::string_view text, bool add_bos) cons
 
 std::vector<int32_t> Tokenizer::EncodeWithSpecialTokens(std::string_view text) const {
   std::vector<int32_t> out;
+  // Each control piece's next occurrence, searched again only once `at` has passed it, so the
+  // text is scanned about once per piece however many pieces it holds.
+  std::vector<size_t> next(specials_.size());
+  for (size_t i = 0; i < specials_.size(); ++i) next[i] = text.find(specials_[i].first);
   size_t at = 0;
   while (at < text.size()) {
     // The earliest control piece from `at` (the longest where several start there).
     size_t best = std::string_view::npos;
     const std::pair<std::string, int32_t>* found = nullptr;
-    for (const auto& special : specials_) {
-      const size_t p = text.find(special.first, at);
-      if (p < best) {
-        best = p;
-        found = &special;
+    for (size_t i = 0; i < specials_.size(); ++i) {
+      if (next[i] != std::string_view::npos && next[i] < at) {
+        next[i] = text.find(specials_[i].first, at);
+      }
+      if (next[i] < best) {
+        best = next[i];
+        found = &specials_[i];
       }
     }
     const std::string_view segment =
@@ -179,8 +185,16 @@ std::vector<int32_t> Tokenizer::EncodeWithSpecialTokens(std::string_view text) c
 }
 
 std::string Tokenizer::Decode(std::span<const int32_t> ids) const {
+  // A model's vocabulary may be larger than its tokenizer's (padded for the GEMMs): ids past
+  // the pieces have no text. The library would refuse the whole list for one of them.
+  std::vector<int> known;
+  known.reserve(ids.size());
+  const int32_t pieces = model_->PieceCount();
+  for (int32_t id : ids) {
+    if (id >= 0 && id < pieces) known.push_back(id);
+  }
   std::string text;
-  (void)model_->Decode(std::vector<int>(ids.begin(), ids.end()), &text);
+  if (!model_->Decode(known, &text).empty()) return "";
   return text;
 }
 

@@ -3,6 +3,7 @@
 // stop strings.
 #include "baton/text/tokenizer.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -84,6 +85,11 @@ TEST(TokenizerTest, SpecialTokenStringsAreTextUnlessATemplateRenderedThem) {
   EXPECT_EQ(rendered[rendered.size() - 2], t.eos_id());
   EXPECT_EQ(rendered.back(), t.bos_id());
   EXPECT_EQ(t.Decode(rendered), "hi");
+  // Many control pieces in one rendering (a chat message full of them): each becomes its id.
+  std::string many;
+  for (int i = 0; i < 20000; ++i) many += "</s>x";
+  const std::vector<int32_t> ids = t.EncodeWithSpecialTokens(many);
+  EXPECT_EQ(std::count(ids.begin(), ids.end(), t.eos_id()), 20000);
   // ChatML's markers are single user-defined pieces.
   const std::optional<int32_t> start = t.PieceId("<|im_start|>");
   ASSERT_TRUE(start.has_value());
@@ -123,13 +129,21 @@ TEST(TokenizerTest, StreamedPiecesConcatenateToTheFullDetokenization) {
     ExpectStreamsLikeTheFullDecode(t, prompt, t.Encode(" " + text, false));
     ExpectStreamsLikeTheFullDecode(t, {}, t.Encode(text, false));
   }
-  // Whatever a model samples: any id, byte pieces in any order, control ids.
+  // Whatever a model samples: any id, byte pieces in any order, control ids, and ids past
+  // the tokenizer's pieces (a model's vocabulary may be padded beyond them): those have no
+  // text and hold nothing back.
   std::mt19937 rng(7);
   for (int trial = 0; trial < 20; ++trial) {
     std::vector<int32_t> ids(40);
-    for (int32_t& id : ids) id = static_cast<int32_t>(rng() % t.size());
+    for (int32_t& id : ids) id = static_cast<int32_t>(rng() % (t.size() + 8));
     ExpectStreamsLikeTheFullDecode(t, prompt, ids);
   }
+  IncrementalDetokenizer padded(t, prompt);
+  EXPECT_EQ(padded.Next(static_cast<int32_t>(t.size()) + 3), "");
+  const std::vector<int32_t> word = t.Encode("jury", false);  // "▁jury"
+  std::string after;
+  for (int32_t id : word) after += padded.Next(id);
+  EXPECT_EQ(after, " jury") << "text after an id past the pieces was lost";
 }
 
 TEST(TokenizerTest, ACharacterSplitAcrossBytePiecesIsHeldUntilComplete) {

@@ -88,6 +88,24 @@ TEST_F(BatonctlModelTest, BadInputExitsTwoWithAClearMessage) {
   }
 }
 
+// make-model --tokenizer gives the model the tokenizer files (what `baton up` and the Helm
+// chart's init container do for the small preset); a folder without tokenizer.model is refused.
+TEST_F(BatonctlModelTest, MakeModelCopiesATokenizerIn) {
+  const std::string out = baton::testing::ProcessTempDir() + "/with_tokenizer";
+  const Result r = RunBatonctl("make-model --preset tiny --out " + out + " --tokenizer " +
+                               std::string(BATON_TOKENIZER_DIR));
+  ASSERT_EQ(r.exit_status, 0) << r.err;
+  for (const char* file : {"tokenizer.model", "tokenizer_config.json", "generation_config.json"}) {
+    EXPECT_EQ(std::filesystem::file_size(std::filesystem::path(out) / file),
+              std::filesystem::file_size(std::filesystem::path(BATON_TOKENIZER_DIR) / file))
+        << file;
+  }
+  const Result missing = RunBatonctl("make-model --preset tiny --out " + out + "2 --tokenizer " +
+                                     baton::testing::ProcessTempDir());
+  EXPECT_EQ(missing.exit_status, 2);
+  EXPECT_THAT(missing.err, HasSubstr("tokenizer.model does not exist"));
+}
+
 // Without CUDA kernels, or without a device, --device cuda is refused with exit status 2 and
 // the reason; with both, it must give the CPU's result rows and greedy tokens.
 TEST_F(BatonctlModelTest, DeviceCudaRunsOrExitsTwoWithTheReason) {

@@ -277,16 +277,9 @@ int main(int argc, char** argv) {
                      "one into <build>/tokenizer); pass --tokenizer DIR\n";
         return 1;
       }
-      for (const char* file :
-           {"tokenizer.model", "tokenizer_config.json", "generation_config.json"}) {
-        const fs::path from = fs::path(tokenizer_dir) / file;
-        if (!fs::exists(from)) continue;
-        fs::copy_file(from, fs::path(model_dir) / file, fs::copy_options::overwrite_existing,
-                      error);
-        if (error) {
-          std::cerr << "baton up: cannot copy " << from.string() << ": " << error.message() << "\n";
-          return 1;
-        }
+      if (absl::Status s = baton::model::CopyTokenizerFiles(tokenizer_dir, model_dir); !s.ok()) {
+        std::cerr << "baton up: " << s.message() << "\n";
+        return 1;
       }
     }
   }

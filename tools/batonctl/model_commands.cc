@@ -1,6 +1,7 @@
 // `batonctl make-model` (deterministic generated models) and `batonctl forward` (one prompt
 // through the engine on the CPU backend, or with --device cuda on the CUDA one: the interface
 // outside checks use, DESIGN section 3).
+#include <filesystem>
 #include <functional>
 #include <iostream>
 #include <memory>
@@ -21,6 +22,7 @@ struct MakeModelOptions {
   uint64_t seed = 0;
   std::string out;
   std::string dtype = "f32";
+  std::string tokenizer;  // a folder whose tokenizer files the model gets
 };
 
 int RunMakeModel(const MakeModelOptions& o) {
@@ -34,9 +36,20 @@ int RunMakeModel(const MakeModelOptions& o) {
         "make-model", absl::InvalidArgumentError(
                           absl::StrCat("--dtype: '", o.dtype, "' is unknown; allowed: f32, bf16")));
   }
+  if (!o.tokenizer.empty() &&
+      !std::filesystem::exists(std::filesystem::path(o.tokenizer) / "tokenizer.model")) {
+    return ReportError("make-model",
+                       absl::NotFoundError(absl::StrCat("--tokenizer: ", o.tokenizer,
+                                                        "/tokenizer.model does not exist")));
+  }
   const model::Dtype dtype = o.dtype == "f32" ? model::Dtype::kF32 : model::Dtype::kBF16;
   if (absl::Status s = model::MakeModel(*config, o.seed, o.out, dtype); !s.ok()) {
     return ReportError("make-model", s);
+  }
+  if (!o.tokenizer.empty()) {
+    if (absl::Status s = model::CopyTokenizerFiles(o.tokenizer, o.out); !s.ok()) {
+      return ReportError("make-model", s);
+    }
   }
   absl::StatusOr<model::CedWeights> loaded = model::LoadCedWeights(o.out);
   if (!loaded.ok()) return ReportError("make-model", loaded.status());
@@ -138,6 +151,11 @@ Command AddMakeModelCommand(CLI::App& app) {
   command->add_option("--seed", o->seed, "Seed of the weight stream");
   command->add_option("--out", o->out, "Model directory to write")->required();
   command->add_option("--dtype", o->dtype, "Weight dtype in the file: f32 or bf16");
+  command
+      ->add_option("--tokenizer", o->tokenizer,
+                   "Folder whose tokenizer.model (and tokenizer_config.json, "
+                   "generation_config.json) the model gets, e.g. <build>/tokenizer for small")
+      ->check(CLI::ExistingDirectory);
   return {command, [o] { return RunMakeModel(*o); }};
 }
 

@@ -180,6 +180,11 @@ initContainers:
       - make-model
       - --preset={{ .Values.model.generate }}
       - --out=/models/baton
+      {{- if eq .Values.model.generate "small" }}
+      # The image's tokenizer (scripts/build_tokenizer.sh: 4,096 pieces, small's vocabulary),
+      # for the HTTP API.
+      - --tokenizer=/usr/local/share/baton/tokenizer
+      {{- end }}
     resources:
       {{- toYaml .Values.model.generateResources | nindent 6 }}
     securityContext:

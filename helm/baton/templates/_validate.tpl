@@ -43,6 +43,9 @@ internal port). */ -}}
 {{- fail (printf "config.router.internal-port: %d is also config.common.metrics-port or health-port" $internalPort) -}}
 {{- end -}}
 {{- $httpPort := index $router "http-port" | int64 -}}
+{{- if and (ge $httpPort 0) (eq .Values.model.generate "tiny") -}}
+{{- fail "config.router.http-port: the tiny preset has no tokenizer (the HTTP API takes text); set it to -1, or generate small (which gets the image's tokenizer)" -}}
+{{- end -}}
 {{- if and (ge $httpPort 0) (or (eq $httpPort ($router.port | int64)) (eq $httpPort $internalPort) (eq $httpPort $metricsPort) (eq $httpPort $healthPort)) -}}
 {{- fail (printf "config.router.http-port: %d is also config.router.port, internal-port, or config.common.metrics-port or health-port; the HTTP API needs a port of its own (-1: off)" $httpPort) -}}
 {{- end -}}

@@ -25,4 +25,9 @@ CedWeights GenerateWeights(const ModelConfig& config, uint64_t seed);
 absl::Status MakeModel(const ModelConfig& config, uint64_t seed, const std::string& model_dir,
                        Dtype dtype = Dtype::kF32);
 
+// Copies a tokenizer into a model directory: `from`/tokenizer.model, and tokenizer_config.json
+// and generation_config.json where `from` has them (what text/tokenizer.h loads). An error
+// names the file.
+absl::Status CopyTokenizerFiles(const std::string& from, const std::string& model_dir);
+
 }  // namespace baton::model

@@ -14,6 +14,7 @@
 // Start/Stop from one thread; the handlers run concurrently on the pool.
 #pragma once
 
+#include <condition_variable>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -75,6 +76,7 @@ class HttpFront {
   std::function<bool()> ready_;
   std::unique_ptr<httplib::Server> server_;
   std::mutex calls_mutex_;
+  std::condition_variable calls_done_;    // calls_ became empty
   std::set<grpc::ClientContext*> calls_;  // Generate calls in flight, cancelled by Stop
   bool stopping_ = false;
   std::thread thread_;

@@ -44,10 +44,13 @@ class Tokenizer {
   std::vector<int32_t> Encode(std::string_view text, bool add_bos) const;
   // The ids of text a chat template rendered: bos/eos and the other control pieces written
   // out as text ("<s>", "</s>") become their ids; the segments between them are encoded as by
-  // Encode. User-defined pieces ("<|im_start|>") are single ids in both.
+  // Encode. User-defined pieces ("<|im_start|>") are single ids in both. As with Hugging
+  // Face's apply_chat_template, this holds for the messages' text too: a user who writes
+  // "</s>" in a chat message gets the eos token in their own prompt.
   std::vector<int32_t> EncodeWithSpecialTokens(std::string_view text) const;
-  // The text of `ids` (control pieces give nothing; a leading SentencePiece space is dropped,
-  // as the library does; an incomplete UTF-8 sequence gives U+FFFD).
+  // The text of `ids` (control pieces, and ids past the tokenizer's pieces, give nothing; a
+  // leading SentencePiece space is dropped, as the library does; an incomplete UTF-8 sequence
+  // gives U+FFFD).
   std::string Decode(std::span<const int32_t> ids) const;
   // One token's own text, for per-token log-probabilities: "▁" as a space, a byte piece as its
   // byte (so possibly part of a UTF-8 character), a control piece as written ("</s>").
