@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Time to first token and inter-token latency through the router's OpenAI-compatible HTTP API
 # (streamed /v1/completions) against gRPC, in one run of `baton up`'s default model (the small
-# preset with its tokenizer), at 1 and 32 concurrent streams; the same prompts (token ids) and
-# completion lengths both ways. Prints each side and HTTP / gRPC ratios.
+# preset with its tokenizer), at 1 and 32 concurrent streams; prompts of the same length (token
+# ids) and the same completion lengths both ways, each level run gRPC, HTTP, HTTP, gRPC. Prints
+# every pass and HTTP / gRPC ratios of the two passes' means.
 #
 #   bench/run_http_bench.sh
 set -euo pipefail
@@ -25,10 +26,14 @@ for r in rows:
     t, i = r["ttft_ms"], r["itl_ms"]
     print(f"{r['api']:5s} {r['streams']:7d}  {r['requests']:8d}  {r['errors']:6d}  {t['p50']:7.1f} {t['p90']:7.1f}   "
           f"{i['p50']:6.1f} {i['p90']:6.1f}   {r['output_tokens_per_s']:8.1f}")
-by = {(r["api"], r["streams"]): r for r in rows}
+# Each level ran gRPC, HTTP, HTTP, gRPC: each side's figure is the mean of its two passes.
+def mean(api, streams, key):
+    values = [key(r) for r in rows if r["api"] == api and r["streams"] == streams]
+    return sum(values) / len(values)
 for streams in sorted({r["streams"] for r in rows}):
-    g, h = by[("grpc", streams)], by[("http", streams)]
-    print(f"HTTP/gRPC at {streams} streams: TTFT p50 {h['ttft_ms']['p50'] / g['ttft_ms']['p50']:.3f}, "
-          f"ITL p50 {h['itl_ms']['p50'] / g['itl_ms']['p50']:.3f}, "
-          f"tok/s {h['output_tokens_per_s'] / g['output_tokens_per_s']:.3f}")
+    ratio = lambda key: mean("http", streams, key) / mean("grpc", streams, key)
+    print(f"HTTP/gRPC at {streams} streams (mean of two passes each): "
+          f"TTFT p50 {ratio(lambda r: r['ttft_ms']['p50']):.3f}, "
+          f"ITL p50 {ratio(lambda r: r['itl_ms']['p50']):.3f}, "
+          f"tok/s {ratio(lambda r: r['output_tokens_per_s']):.3f}")
 PY

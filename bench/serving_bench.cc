@@ -3,10 +3,11 @@
 // With --rate, requests instead arrive at a fixed rate (open loop, --rate-requests of them)
 // and the bench also reports goodput: the share of requests that completed with TTFT and
 // every inter-token gap within the SLO (DistServe's measure; --slo-ttft-ms, --slo-itl-ms).
-// With --http URL (the router's OpenAI API, http://HOST:PORT/v1) each level runs twice, over
-// gRPC and then as the same requests streamed from /v1/completions (server-sent events), and
-// the rows say which ("api"); both ask for log-probabilities, which is how an SSE client
-// counts the tokens in a chunk.
+// With --http URL (the router's OpenAI API, http://HOST:PORT/v1) each level runs four times,
+// over gRPC, then streamed from /v1/completions (server-sent events) twice, then over gRPC
+// again, with the same shape of requests (prompts of their own per pass, so none is a
+// prefix-store hit of another); the rows say which ("api"). Both ask for log-probabilities,
+// which is how an SSE client counts the tokens in a chunk.
 //
 //   baton_serving_bench --addr HOST:PORT [--http URL] [--concurrency 1,8,32] [--requests 4]
 //                       [--prompt-len 512] [--max-tokens 32] [--vocab 4096]
@@ -227,15 +228,30 @@ int main(int argc, char** argv) {
   }
   std::vector<std::string> apis = {"grpc"};
   if (!http.empty()) apis.push_back("http");
+  // One request each way first, unrecorded: connections and the nodes' first-request costs.
+  for (const std::string& api : apis) {
+    if (api == "http") {
+      (void)RunOneHttp(http, shape, 1u << 31);
+    } else {
+      (void)RunOne(channel, shape, (1u << 31) + 1);
+    }
+  }
   for (int64_t streams : rate > 0 ? std::vector<int64_t>{} : *levels) {
-    for (const std::string& api : apis) {
+    // With --http, each level runs gRPC, HTTP, HTTP, gRPC (ABBA), so that drift over the run
+    // (a warming store, a busier machine) falls on both sides alike.
+    std::vector<std::string> order = apis;
+    if (apis.size() == 2) order = {"grpc", "http", "http", "grpc"};
+    for (size_t pass = 0; pass < order.size(); ++pass) {
+      const std::string& api = order[pass];
       Level level;
       const auto start = Clock::now();
       std::vector<std::thread> threads;
       for (int64_t s = 0; s < streams; ++s) {
         threads.emplace_back([&, s] {
           for (int r = 0; r < requests; ++r) {
-            const uint64_t seed = 1000 * streams + s + 7919 * r;
+            // Prompts of their own per API: the same prompt again would be a prefix-store
+            // hit for the second.
+            const uint64_t seed = 1000 * streams + s + 7919 * r + (uint64_t{pass} << 30);
             level.Add(api == "http" ? RunOneHttp(http, shape, seed) : RunOne(channel, shape, seed),
                       slo_ttft_ms, slo_itl_ms);
           }
