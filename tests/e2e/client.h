@@ -90,10 +90,12 @@ inline std::vector<int32_t> RandomPrompt(std::mt19937_64& rng, int64_t length, i
   return prompt;
 }
 
-// Polls a decode node until it holds no request and every page is free.
-inline bool DecodeDrained(Cluster& cluster, const std::string& decode) {
+// Polls a decode node until it holds no request and every page is free (false if it has not
+// within `timeout`).
+inline bool DecodeDrained(Cluster& cluster, const std::string& decode,
+                          std::chrono::seconds timeout = std::chrono::seconds(15)) {
   auto stub = cluster.Decode(decode);
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(15);
+  const auto until = std::chrono::steady_clock::now() + timeout;
   while (std::chrono::steady_clock::now() < until) {
     grpc::ClientContext context;
     v1::StatsRequest request;
