@@ -1,20 +1,57 @@
 # baton's container image: the binaries the Helm chart (helm/baton) runs, on Debian 12.
 #
-#   docker build -t baton:0.1.0 .
+#   docker build -t baton:0.1.0 .                                   # CPU only
+#   docker build --build-arg BATON_CUDA=ON -t baton:0.1.0-cuda .    # also --device cuda
 #
 # The build stage runs the repository's own scripts/setup.sh (the Debian -dev packages and the
 # CMake + Ninja build a developer machine gets); the runtime stage holds only the binaries and
 # the shared libraries they load, and runs as the non-root user 10001 that the chart's
 # securityContext names. /usr/local/bin: baton-router, baton-prefill, baton-decode,
-# baton-kvstore, batonctl, baton.
+# baton-kvstore, batonctl, baton (and, with CUDA, libbaton_backend_cuda.so, which the nodes
+# load from beside themselves when --device cuda asks for it).
+#
+# BATON_CUDA=ON adds the CUDA toolkit (nvcc, cudart, cuBLAS) from NVIDIA's Debian 12 apt
+# repository to the build stage and the CUDA runtime and cuBLAS to the runtime stage; the
+# kernels are built for sm_90 (H100, H200) plus PTX that the driver compiles for newer GPUs.
+# The GPU driver (libcuda) comes from the node, through the NVIDIA container toolkit. Stages
+# are picked by name from the argument, so BuildKit (docker's default builder) builds only
+# the ones the image needs.
 
-FROM debian:bookworm-slim AS build
+# OFF: the CPU-only image (the default). ON: the CUDA image.
+ARG BATON_CUDA=OFF
+# The CUDA release of NVIDIA's packages (their name suffix): 12-6 is CUDA 12.6.
+ARG CUDA_VERSION=12-6
+
+FROM debian:bookworm-slim AS toolchain-OFF
+
+# NVIDIA's apt repository for Debian 12, which its keyring package signs: the base of both CUDA
+# stages.
+FROM debian:bookworm-slim AS cuda-apt
+ADD https://developer.download.nvidia.com/compute/cuda/repos/debian12/x86_64/cuda-keyring_1.1-1_all.deb /tmp/cuda-keyring.deb
+RUN apt-get update \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends ca-certificates \
+ && dpkg -i /tmp/cuda-keyring.deb && rm /tmp/cuda-keyring.deb \
+ && rm -rf /var/lib/apt/lists/*
+
+# The CUDA compiler, runtime and cuBLAS headers; /usr/local/cuda/bin/nvcc is where
+# CMakeLists.txt looks.
+FROM cuda-apt AS toolchain-ON
+ARG CUDA_VERSION
+RUN apt-get update \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
+      "cuda-nvcc-${CUDA_VERSION}" "cuda-cudart-dev-${CUDA_VERSION}" "libcublas-dev-${CUDA_VERSION}" \
+ && rm -rf /var/lib/apt/lists/* \
+ && { [ -e /usr/local/cuda ] || ln -s "$(ls -d /usr/local/cuda-*/ | head -n 1)" /usr/local/cuda; } \
+ && /usr/local/cuda/bin/nvcc --version
+
+FROM toolchain-${BATON_CUDA} AS build
+ARG BATON_CUDA
 # Parallel compile jobs (each C++ job takes about 1 GiB of memory).
 ARG BATON_JOBS=4
 WORKDIR /src
 COPY . .
-# The image is CPU-only: nvcc is absent, and OFF says so instead of probing for it.
-RUN BATON_WITH_CUDA=OFF BATON_JOBS="${BATON_JOBS}" BATON_BUILD_DIR=/src/build \
+# OFF builds no CUDA (and says so instead of probing for nvcc); ON requires nvcc.
+RUN BATON_WITH_CUDA="${BATON_CUDA}" BATON_JOBS="${BATON_JOBS}" BATON_BUILD_DIR=/src/build \
       bash scripts/setup.sh \
  && install -d /out/bin \
  && install -m 0755 \
@@ -29,14 +66,31 @@ RUN BATON_WITH_CUDA=OFF BATON_JOBS="${BATON_JOBS}" BATON_BUILD_DIR=/src/build \
  && install -d /out/share/baton/tokenizer \
  && install -m 0644 build/tokenizer/tokenizer.model build/tokenizer/tokenizer_config.json \
       build/tokenizer/generation_config.json /out/share/baton/tokenizer/ \
+ && if [ "${BATON_CUDA}" = ON ]; then \
+      install -m 0755 build/model/cuda/libbaton_backend_cuda.so /out/bin/; \
+    fi \
  && strip --strip-debug /out/bin/*
 
-FROM debian:bookworm-slim AS runtime
+FROM debian:bookworm-slim AS runtime-OFF
+
+# The CUDA runtime and cuBLAS the CUDA backend loads, from the same repository.
+FROM cuda-apt AS runtime-ON
+ARG CUDA_VERSION
+RUN apt-get update \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
+      "cuda-cudart-${CUDA_VERSION}" "libcublas-${CUDA_VERSION}" \
+ && rm -rf /var/lib/apt/lists/* \
+ && ls -d /usr/local/cuda-*/targets/x86_64-linux/lib >/etc/ld.so.conf.d/baton-cuda.conf \
+ && ldconfig
+# What the NVIDIA container toolkit mounts into a GPU container: the compute driver, no more.
+ENV NVIDIA_DRIVER_CAPABILITIES=compute,utility
+
+FROM runtime-${BATON_CUDA} AS runtime
 # The runtime halves of the -dev packages scripts/setup.sh installs (header-only ones, CLI11
 # and nlohmann-json, need nothing): gRPC (with reflection), protobuf, RocksDB, UCX, Abseil,
 # OpenBLAS (OpenMP), OpenSSL, spdlog, prometheus-cpp, xxHash, yaml-cpp, SentencePiece and
 # cpp-httplib (the router's tokenizer, whose module libbaton_sentencepiece.so sits beside the
-# binaries, and its HTTP front).
+# binaries, and its HTTP front); libcurl and the CA bundle for `batonctl fetch-model`.
 RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
       libgrpc++1.51 \
@@ -53,6 +107,8 @@ RUN apt-get update \
       libyaml-cpp0.7 \
       libsentencepiece0 \
       libcpp-httplib0.11 \
+      libcurl4 \
+      ca-certificates \
  && rm -rf /var/lib/apt/lists/* \
  && groupadd --system --gid 10001 baton \
  && useradd --system --uid 10001 --gid 10001 --home-dir /nonexistent --no-create-home \
@@ -61,8 +117,9 @@ COPY --from=build /out/bin/ /usr/local/bin/
 # The default tokenizer: `baton up` and `batonctl make-model --tokenizer` give it to the small
 # generated model.
 COPY --from=build /out/share/ /usr/local/share/
-# Fail the build, not the pod, when a binary needs a library the list above lacks.
-RUN missing="$(ldd /usr/local/bin/* | grep 'not found' || true)"; \
+# Fail the build, not the pod, when a binary needs a library the list above lacks (the GPU
+# driver's libcuda.so.1 excepted: the node provides it).
+RUN missing="$(ldd /usr/local/bin/* | grep 'not found' | grep -v 'libcuda\.so' || true)"; \
     if [ -n "$missing" ]; then echo "missing shared libraries:"; echo "$missing"; exit 1; fi
 USER 10001:10001
 WORKDIR /tmp

@@ -1,5 +1,6 @@
 #include "baton/common/model_config.h"
 
+#include <filesystem>
 #include <fstream>
 #include <initializer_list>
 #include <optional>
@@ -7,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "baton/common/checked_math.h"
+#include "baton/common/hash.h"
 #include "nlohmann/json.hpp"
 
 namespace baton {
@@ -219,6 +221,19 @@ absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& path) {
                         absl::StrCat(path, ": ", config.status().message()));
   }
   return config;
+}
+
+std::string ConfigDigest(const ModelConfig& config) {
+  Sha256 digest;
+  digest.Update(ModelConfigToJson(config));
+  return HexDigest(digest.Finish());
+}
+
+std::string DefaultServedModelName(const std::string& model_dir) {
+  const std::filesystem::path path = std::filesystem::path(model_dir).lexically_normal();
+  std::string name = path.filename().string();
+  if (name.empty()) name = path.parent_path().filename().string();
+  return name;
 }
 
 std::string ModelConfigToJson(const ModelConfig& c) {

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <set>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
@@ -122,13 +123,25 @@ Heartbeat::~Heartbeat() {
   thread_.join();
 }
 
+void Heartbeat::Drain(std::chrono::steady_clock::time_point until) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  draining_ = true;
+  drain_until_ = until;
+  wake_.notify_all();
+  // A round that resolves names or waits on a router's deadline may overrun `until` a little.
+  wake_.wait_until(lock, until + std::chrono::seconds(2), [this] { return drain_sent_ || stop_; });
+}
+
 void Heartbeat::Run() {
   std::map<std::string, std::unique_ptr<v1::Registry::Stub>> stubs;  // by resolved address
   std::chrono::milliseconds period(200);
+  std::set<std::string> refusals_logged;  // routers whose refusal was logged
   std::unique_lock<std::mutex> lock(mutex_);
-  while (!stop_) {
+  while (!stop_ && !drain_sent_) {
+    const bool draining = draining_;
     lock.unlock();
     v1::RegisterRequest request = node_;
+    request.set_draining(draining);
     *request.mutable_load() = load_();
     // Every router at once (the callback API), so that routers that do not answer delay
     // the others' heartbeats by one deadline at most, not one each.
@@ -161,29 +174,55 @@ void Heartbeat::Run() {
       std::unique_lock<std::mutex> done_lock(done_mutex);
       done.wait(done_lock, [&] { return pending == 0; });
     }
-    for (const std::unique_ptr<Call>& call : calls) {
-      if (call->status.ok() && call->response.heartbeat_ms() > 0) {
-        period = std::chrono::milliseconds(call->response.heartbeat_ms());
+    // Routers that took the registration, refused it or are gone (no connection: they route
+    // nothing) are done with; one that let the deadline pass may not have seen it yet.
+    bool all_answered = true;
+    for (size_t i = 0; i < calls.size(); ++i) {
+      const grpc::Status& status = calls[i]->status;
+      all_answered = all_answered && status.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED;
+      if (status.ok() && calls[i]->response.heartbeat_ms() > 0) {
+        period = std::chrono::milliseconds(calls[i]->response.heartbeat_ms());
+      }
+      // A router that refuses this node (a model it does not serve) says why, once.
+      if (status.error_code() == grpc::StatusCode::FAILED_PRECONDITION &&
+          refusals_logged.insert(addresses[i]).second) {
+        log::Warn("registration refused",
+                  {{"router", addresses[i]}, {"error", status.error_message()}});
       }
     }
     lock.lock();
-    wake_.wait_for(lock, period, [this] { return stop_; });
+    // The draining registration is sent again while a router let its deadline pass, until
+    // Drain's bound: a router that missed it would keep sending work until the node's TTL.
+    if (draining && (all_answered || std::chrono::steady_clock::now() >= drain_until_)) {
+      drain_sent_ = true;
+      wake_.notify_all();
+      break;
+    }
+    if (draining) {
+      wake_.wait_for(lock, std::chrono::milliseconds(100), [this] { return stop_; });
+    } else {
+      wake_.wait_for(lock, period, [this] { return stop_ || draining_; });
+    }
   }
 }
 
 Registration NodeRegistration(std::string router, const std::string& node_id, v1::NodeRole role,
-                              const std::string& fingerprint, Heartbeat::LoadFn load) {
+                              const std::string& fingerprint, Heartbeat::LoadFn load,
+                              const std::string& model_name, const std::string& config_digest) {
   Registration registration{std::move(router), {}, std::move(load)};
   registration.node.set_node_id(node_id);
   registration.node.set_role(role);
   registration.node.set_model_fingerprint(fingerprint);
+  registration.node.set_model_name(model_name);
+  registration.node.set_config_digest(config_digest);
   return registration;
 }
 
 int ServeUntilShutdown(const std::string& binary, grpc::ServerBuilder& builder,
                        const ServerOptions& options, Registration registration,
                        const std::function<void(HealthSetter)>& on_started,
-                       const std::function<void()>& on_stopping, ClientEndpoint client) {
+                       const std::function<void()>& on_stopping, ClientEndpoint client,
+                       const std::function<void(std::chrono::steady_clock::time_point)>& drain) {
   metrics::MetricsServer metrics_server;
   if (options.metrics_port >= 0) {
     absl::StatusOr<metrics::MetricsServer> metrics = metrics::StartMetricsServer(
@@ -202,7 +241,11 @@ int ServeUntilShutdown(const std::string& binary, grpc::ServerBuilder& builder,
   }
   absl::StatusOr<StartedServer> client_started;
   if (client.builder != nullptr) {
-    client_started = StartServer(*client.builder, client.options, client.credentials);
+    // The client's ready file is written once on_serving has started what rides on the
+    // client server (the router's HTTP front), so a reader of it finds every listener up.
+    ServerOptions client_options = client.options;
+    client_options.ready_file.clear();
+    client_started = StartServer(*client.builder, client_options, client.credentials);
     if (!client_started.ok()) {
       log::Error("cannot start", {{"error", std::string(client_started.status().message())}});
       return 1;
@@ -213,6 +256,7 @@ int ServeUntilShutdown(const std::string& binary, grpc::ServerBuilder& builder,
         return 1;
       }
     }
+    WriteAddressFile(client.options.ready_file, client_started->address);
   }
   absl::StatusOr<StartedServer> health_started;
   if (options.health_port >= 0) {
@@ -255,8 +299,20 @@ int ServeUntilShutdown(const std::string& binary, grpc::ServerBuilder& builder,
         std::make_unique<Heartbeat>(registration.router, registration.node, registration.load);
   }
   const int signal = WaitForShutdownSignal();
-  log::Info("stopping", {{"signal", signal}});
+  const auto deadline = std::chrono::steady_clock::now() + options.drain_timeout;
+  log::Info("draining", {{"signal", signal},
+                         {"drain_timeout_ms", static_cast<int64_t>(options.drain_timeout.count())},
+                         {"message", absl::StrCat(binary, " draining")}});
+  if (heartbeat != nullptr) {
+    heartbeat->Drain(
+        std::min(deadline, std::chrono::steady_clock::now() + std::chrono::seconds(5)));
+  }
   heartbeat.reset();
+  // Readiness off ("liveness" stays on: the process is alive until it exits).
+  for (grpc::Server* server : servers) server->GetHealthCheckService()->SetServingStatus("", false);
+  if (drain) drain(deadline);
+  log::Info("stopping",
+            {{"signal", signal}, {"drained", std::chrono::steady_clock::now() < deadline}});
   if (on_stopping) on_stopping();
   const auto grace = std::chrono::system_clock::now() + std::chrono::seconds(2);
   if (options.health_port >= 0) health_started->server->Shutdown(grace);

@@ -3,6 +3,7 @@
 #include <iostream>
 
 #include "baton/common/config_file.h"
+#include "baton/common/stream_watch.h"
 
 namespace baton {
 
@@ -32,6 +33,18 @@ void AddServerFlags(CLI::App& app, ServerFlags& flags) {
   app.add_option("--rpc-memory-bytes", server.rpc_memory_bytes,
                  "Buffer memory of a server's calls (gRPC resource quota)")
       ->check(CLI::Range(int64_t{16} << 20, int64_t{1} << 40));
+  app.add_option_function<std::string>(
+         "--drain-timeout",
+         [&server](const std::string& text) {
+           absl::StatusOr<std::chrono::milliseconds> timeout =
+               ParseDurationFlag("--drain-timeout", text);
+           if (!timeout.ok()) throw CLI::ValidationError(std::string(timeout.status().message()));
+           server.drain_timeout = *timeout;
+         },
+         "On SIGTERM: turn readiness NOT_SERVING, tell the routers, take no new work, and "
+         "finish what the process holds for at most this long before exiting (30s, 500ms, 2m; "
+         "a bare number is seconds; default 30s)")
+      ->default_str("30s");
   log::AddLogFlags(app, flags.log);
   security::AddTlsFlags(app, flags.tls);
 }

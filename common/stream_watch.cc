@@ -68,9 +68,17 @@ void StreamWatch::Run() {
 }
 
 absl::StatusOr<std::chrono::milliseconds> ParseStreamIdleTimeout(const std::string& text) {
+  return ParseDurationFlag("--stream-idle-timeout", text, "; 0 disables");
+}
+
+absl::StatusOr<std::chrono::milliseconds> ParseDurationFlag(const std::string& flag,
+                                                            const std::string& text,
+                                                            const std::string& zero) {
   const std::string allowed =
-      "--stream-idle-timeout: must be a duration such as 30s, 500ms or 2m (a bare number is "
-      "seconds; 0 disables), at most 24h";
+      absl::StrCat(flag,
+                   ": must be a duration such as 30s, 500ms or 2m (a bare number is "
+                   "seconds",
+                   zero, "), at most 24h");
   absl::Duration d;
   int64_t seconds = 0;
   if (absl::SimpleAtoi(text, &seconds)) {

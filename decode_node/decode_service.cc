@@ -250,6 +250,18 @@ std::shared_ptr<DecodeService::Request> DecodeService::Owned(const std::string& 
   return it->second;
 }
 
+void DecodeService::Drain(std::chrono::steady_clock::time_point deadline) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  draining_ = true;
+  changed_.notify_all();
+  log::Info("decode node draining", {{"requests", static_cast<int64_t>(requests_.size())}});
+  changed_.wait_until(lock, deadline, [this] { return requests_.empty(); });
+  if (!requests_.empty()) {
+    log::Warn("drain timeout: requests are cut",
+              {{"requests", static_cast<int64_t>(requests_.size())}});
+  }
+}
+
 void DecodeService::Erase(const std::string& id) {
   auto it = requests_.find(id);
   if (it == requests_.end()) return;
@@ -278,6 +290,11 @@ grpc::Status DecodeService::Reserve(grpc::ServerContext* context, const v1::Rese
                                      pool_->total_pages()));
   }
   std::unique_lock<std::mutex> lock(mutex_);
+  if (draining_) {
+    log::Warn("reserve refused: draining", {{"request_id", request->request_id()}});
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                        "the decode node is draining (shutting down): use another");
+  }
   std::optional<int64_t> slot = pool_->TryReserve(pages);
   if (!slot) {
     if (waiting_ >= options_.max_waiting) {
@@ -285,12 +302,16 @@ grpc::Status DecodeService::Reserve(grpc::ServerContext* context, const v1::Rese
                           "decode pools are full and the wait queue is at its bound");
     }
     ++waiting_;
-    while (!slot && !stop_ && !context->IsCancelled() &&
+    while (!slot && !stop_ && !draining_ && !context->IsCancelled() &&
            context->deadline() > std::chrono::system_clock::now()) {
       changed_.wait_for(lock, std::chrono::milliseconds(50));
       slot = pool_->TryReserve(pages);
     }
     --waiting_;
+    if (!slot && draining_) {
+      return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                          "the decode node began draining while the request waited for a slot");
+    }
     if (!slot) {
       return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
                           "decode pools stayed full until the request's deadline");

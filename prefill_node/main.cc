@@ -1,6 +1,7 @@
 // baton-prefill: a prefill node. Loads the model, serves PrefillNode plus grpc.health.v1,
 // and registers with the router.
 #include "CLI/CLI.hpp"
+#include "baton/common/model_config.h"
 #include "baton/common/rpc.h"
 #include "baton/common/server_flags.h"
 #include "baton/model/engine_factory.h"
@@ -15,6 +16,10 @@ int main(int argc, char** argv) {
   bool no_ucx = false;
   std::string device = "cpu", weights = "fp32";
   app.add_option("--model", model_dir, "Model directory")->required();
+  std::string served_model_name;
+  app.add_option("--served-model-name", served_model_name,
+                 "The model name registered with the router, which routes a request to nodes of "
+                 "the name it asks for (default: the model directory's name)");
   app.add_option("--device", device,
                  "Where the model runs: cpu, or cuda (a CUDA build on a machine with a GPU; the "
                  "node exits 2 naming the reason otherwise)");
@@ -61,8 +66,12 @@ int main(int argc, char** argv) {
   builder.RegisterService(&service);
   return baton::ServeUntilShutdown(
       "baton-prefill", builder, flags.server,
-      baton::NodeRegistration(router, node_id, baton::v1::NODE_ROLE_PREFILL,
-                              (*model)->fingerprint(), [&] { return service.Load(); }),
+      baton::NodeRegistration(
+          router, node_id, baton::v1::NODE_ROLE_PREFILL, (*model)->fingerprint(),
+          [&] { return service.Load(); },
+          served_model_name.empty() ? baton::DefaultServedModelName(model_dir) : served_model_name,
+          baton::ConfigDigest((*model)->config())),
       [&](baton::HealthSetter health) { service.StartWatchdog(std::move(health)); },
-      [&] { service.StopWatchdog(); });
+      [&] { service.StopWatchdog(); }, {},
+      [&](std::chrono::steady_clock::time_point deadline) { service.Drain(deadline); });
 }

@@ -83,6 +83,15 @@ struct PrefillService::Metrics {
       metrics::Counter("baton_prefix_written_blocks_total",
                        "Blocks queued for writing back to the prefix store")
           .Add({});
+  prometheus::Counter& load_failures =
+      metrics::Counter("baton_prefix_load_failures_total",
+                       "Prefix hits whose blocks could not be read from the store (an error, or "
+                       "a block evicted since the lookup); they were computed instead")
+          .Add({});
+  prometheus::Counter& write_failures =
+      metrics::Counter("baton_prefix_write_failures_total",
+                       "Write-backs of blocks to the prefix store that failed")
+          .Add({});
 };
 
 PrefillService::PrefillService(model::Engine& model, const PrefillOptions& options)
@@ -241,6 +250,7 @@ void PrefillService::WriteBackLoop() {
     writer->WritesDone();
     if (grpc::Status s = writer->Finish(); !s.ok()) {
       log::Warn("prefix-store write failed", {{"error", s.error_message()}});
+      metrics_->write_failures.Increment();
     }
     lock.lock();
     write_queue_bytes_ -= PayloadBytes(writes);  // counted until written
@@ -310,6 +320,14 @@ grpc::Status PrefillService::Prefill(grpc::ServerContext* context,
   return status;
 }
 
+void PrefillService::Drain(std::chrono::steady_clock::time_point deadline) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  draining_ = true;
+  log::Info("prefill node draining", {{"requests", active_}});
+  idle_.wait_until(lock, deadline, [this] { return active_ == 0; });
+  if (active_ > 0) log::Warn("drain timeout: prefills are cut", {{"requests", active_}});
+}
+
 grpc::Status PrefillService::Run(grpc::ServerContext* context, const v1::PrefillRequest* request,
                                  v1::PrefillResponse* reply) {
   const auto start = Clock::now();
@@ -323,13 +341,18 @@ grpc::Status PrefillService::Run(grpc::ServerContext* context, const v1::Prefill
   }
   {
     std::lock_guard<std::mutex> lock(mutex_);
+    if (draining_) {
+      log::Warn("prefill refused: draining", {{"request_id", generate.request_id()}});
+      return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                          "the prefill node is draining (shutting down): use another");
+    }
     ++active_;
   }
   struct Done {
     PrefillService* self;
     ~Done() {
       std::lock_guard<std::mutex> lock(self->mutex_);
-      --self->active_;
+      if (--self->active_ == 0) self->idle_.notify_all();
     }
   } done{this};
 
@@ -405,6 +428,7 @@ grpc::Status PrefillService::Run(grpc::ServerContext* context, const v1::Prefill
     } else if (request->s_valid() > 0) {
       log::Warn("prefix load failed; computing the hit's blocks",
                 {{"request_id", generate.request_id()}, {"s_valid", request->s_valid()}});
+      metrics_->load_failures.Increment();
     }
   }
   // Producer rows of the blocks computed here, for the store: [P][2][L][kv_dim].

@@ -65,9 +65,11 @@ HttpFront::HttpFront(HttpOptions options, std::shared_ptr<grpc::Channel> channel
                      std::shared_ptr<const ApiKeys> api_keys, std::function<bool()> ready)
     : options_(std::move(options)),
       channel_(std::move(channel)),
-      tokenizer_(std::move(tokenizer)),
       api_keys_(std::move(api_keys)),
-      ready_(std::move(ready)) {}
+      ready_(std::move(ready)) {
+  models_.push_back({options_.model, std::move(tokenizer)});
+  models_.insert(models_.end(), options_.more_models.begin(), options_.more_models.end());
+}
 
 HttpFront::~HttpFront() {
   Stop();
@@ -165,19 +167,21 @@ void HttpFront::Route() {
   };
   server.Get("/v1/models", [this, authorized](const httplib::Request& req, httplib::Response& res) {
     if (!authorized(req, res)) return;
-    const json list = {{"object", "list"},
-                       {"data", json::array({{{"id", options_.model.name},
-                                              {"object", "model"},
-                                              {"created", 0},
-                                              {"owned_by", "baton"},
-                                              {"max_model_len", options_.model.max_model_len}}})}};
+    json data = json::array();
+    for (const openai::ModelEntry& entry : models_) {
+      data.push_back({{"id", entry.model.name},
+                      {"object", "model"},
+                      {"created", 0},
+                      {"owned_by", "baton"},
+                      {"max_model_len", entry.model.max_model_len}});
+    }
+    const json list = {{"object", "list"}, {"data", std::move(data)}};
     res.set_content(list.dump(), "application/json");
   });
   auto generate = [this, authorized](openai::Endpoint endpoint, const httplib::Request& req,
                                      httplib::Response& res) {
     if (!authorized(req, res)) return;
-    absl::StatusOr<openai::Request> parsed =
-        openai::ParseRequest(endpoint, req.body, *tokenizer_, options_.model);
+    absl::StatusOr<openai::Request> parsed = openai::ParseRequest(endpoint, req.body, models_);
     if (!parsed.ok()) {
       SendError(res, openai::ErrorFor(parsed.status()));
       return;
@@ -198,8 +202,9 @@ void HttpFront::Route() {
     const int64_t created = std::chrono::duration_cast<std::chrono::seconds>(
                                 std::chrono::system_clock::now().time_since_epoch())
                                 .count();
-    call->writer = std::make_unique<openai::ResponseWriter>(call->request, *tokenizer_,
-                                                            options_.model.name, created);
+    const openai::ModelEntry& model = models_[call->request.model];
+    call->writer = std::make_unique<openai::ResponseWriter>(call->request, *model.tokenizer,
+                                                            model.model.name, created);
     call->reader =
         v1::Generation::NewStub(channel_)->Generate(&call->context, call->request.generate);
     // The first message, or the error, decides the status line: a request refused before

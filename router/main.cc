@@ -2,17 +2,71 @@
 // API keys when configured) and the node Registry on --internal-port (mutual TLS), each on
 // its own server so that the client port never serves Registry; both speak grpc.health.v1
 // (SERVING only while a prefill and a decode node are live).
-#include <filesystem>
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
 #include "baton/common/ced_rules.h"
+#include "baton/common/model_config.h"
 #include "baton/common/rpc.h"
 #include "baton/common/server_flags.h"
 #include "baton/common/stream_watch.h"
 #include "baton/router/http_front.h"
 #include "baton/router/router_service.h"
 #include "baton/text/tokenizer.h"
+
+namespace {
+
+// A model served beside --model (--extra-model NAME=DIR): its config, checked against the
+// router's defaults, and its tokenizer (required with the HTTP API, which takes text).
+absl::StatusOr<baton::router::ServedModel> LoadExtraModel(
+    const std::string& spec, const baton::router::RouterOptions& options, bool http) {
+  const size_t eq = spec.find('=');
+  if (eq == std::string::npos || eq == 0 || eq + 1 == spec.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--extra-model: '", spec, "' must be NAME=DIR (a name and a model directory)"));
+  }
+  baton::router::ServedModel model;
+  model.name = spec.substr(0, eq);
+  const std::string dir = spec.substr(eq + 1);
+  if (model.name == options.model_name) {
+    return absl::InvalidArgumentError(absl::StrCat("--extra-model: the name '", model.name,
+                                                   "' is already served (each name once)"));
+  }
+  for (const baton::router::ServedModel& other : options.more_models) {
+    if (other.name == model.name) {
+      return absl::InvalidArgumentError(absl::StrCat("--extra-model: the name '", model.name,
+                                                     "' is given twice (each name once)"));
+    }
+  }
+  absl::StatusOr<baton::ModelConfig> config = baton::LoadModelConfig(dir + "/config.json");
+  if (!config.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--extra-model ", model.name, ": ", config.status().message()));
+  }
+  model.config = *std::move(config);
+  const int64_t C = model.config.ring_capacity();
+  if (absl::Status keep =
+          baton::CheckKeep(options.default_mode != baton::v1::TRUNCATION_MODE_OFF,
+                           baton::EffectiveKeep(options.default_keep, C), C, "--default-keep");
+      !keep.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--extra-model ", model.name, ": ", keep.message()));
+  }
+  auto tokenizer = baton::text::Tokenizer::Load(dir, model.config.vocab_size);
+  if (tokenizer.ok()) {
+    model.tokenizer = *std::move(tokenizer);
+  } else if (http) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--extra-model ", model.name, ": ", tokenizer.status().message(),
+        " (with --http-port every model needs a tokenizer.model; the HTTP API takes text)"));
+  } else if (!absl::IsNotFound(tokenizer.status())) {
+    baton::log::Warn("a model's tokenizer cannot be loaded; serving token ids only",
+                     {{"model", model.name}, {"error", std::string(tokenizer.status().message())}});
+  }
+  return model;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   baton::BlockShutdownSignals();
@@ -75,7 +129,13 @@ int main(int argc, char** argv) {
                  "HTTP requests served at once (a stream holds one for its life; default 512)")
       ->check(CLI::Range(4, 16384));
   app.add_option("--served-model-name", http.model.name,
-                 "The model's name in the HTTP API (default: the model directory's name)");
+                 "The name --model is served under: what requests ask for (GenerateRequest.model, "
+                 "the OpenAI \"model\" field) and what its nodes register with (their own "
+                 "--served-model-name; default: the model directory's name)");
+  std::vector<std::string> extra_models;
+  app.add_option("--extra-model", extra_models,
+                 "NAME=DIR: serve another model beside --model, under NAME, with nodes of its own "
+                 "(repeatable)");
   app.add_flag("--require-kvstore", options.require_kvstore,
                "Become SERVING only once a kvstore has registered too (losing it later makes "
                "requests cold, not the router unready)");
@@ -147,6 +207,21 @@ int main(int argc, char** argv) {
   }
   options.hit_cap = *baton::kvstore::ParseHitCap(hit_cap, "--hit-cap");  // checked above
   options.transport = transport == "grpc" ? baton::v1::TRANSPORT_GRPC : baton::v1::TRANSPORT_UCX;
+  if (http.model.name.empty()) http.model.name = baton::DefaultServedModelName(model_dir);
+  options.model_name = http.model.name;
+  for (const std::string& spec : extra_models) {
+    absl::StatusOr<baton::router::ServedModel> extra =
+        LoadExtraModel(spec, options, http.port >= 0);
+    if (!extra.ok()) {
+      baton::log::Error("cannot start", {{"error", std::string(extra.status().message())}});
+      return 2;
+    }
+    if (http.port >= 0) {
+      http.more_models.push_back(
+          {{extra->name, options.max_tokens_limit, options.max_model_len}, extra->tokenizer});
+    }
+    options.more_models.push_back(*std::move(extra));
+  }
   baton::router::RouterService service(*config, options);
   grpc::ServerBuilder internal_builder, client_builder;
   internal_builder.RegisterService(static_cast<baton::v1::Registry::Service*>(&service));
@@ -164,13 +239,6 @@ int main(int argc, char** argv) {
     http.tls_client_ca = client_ca;
     http.model.max_tokens_limit = options.max_tokens_limit;
     http.model.max_model_len = options.max_model_len;
-    if (http.model.name.empty()) {
-      http.model.name = std::filesystem::path(model_dir).lexically_normal().filename().string();
-      if (http.model.name.empty()) {
-        http.model.name =
-            std::filesystem::path(model_dir).lexically_normal().parent_path().filename().string();
-      }
-    }
     client.on_serving = [&](grpc::Server& server) {
       http_front = std::make_unique<baton::router::HttpFront>(
           http, server.InProcessChannel(grpc::ChannelArguments()), options.tokenizer,
@@ -185,5 +253,5 @@ int main(int argc, char** argv) {
         if (http_front != nullptr) http_front->Stop();
         service.StopHealth();
       },
-      client);
+      client, [&](std::chrono::steady_clock::time_point deadline) { service.Drain(deadline); });
 }

@@ -214,6 +214,14 @@ std::string OpenAiParam(std::string field) {
 
 absl::StatusOr<Request> ParseRequest(Endpoint endpoint, std::string_view body_text,
                                      const text::Tokenizer& tokenizer, const ServedModel& model) {
+  // The caller keeps the tokenizer alive; the entry only borrows it.
+  const ModelEntry entry{model, std::shared_ptr<const text::Tokenizer>(
+                                    std::shared_ptr<const text::Tokenizer>(), &tokenizer)};
+  return ParseRequest(endpoint, body_text, std::span<const ModelEntry>(&entry, 1));
+}
+
+absl::StatusOr<Request> ParseRequest(Endpoint endpoint, std::string_view body_text,
+                                     std::span<const ModelEntry> models) {
   const json body = json::parse(body_text, nullptr, /*allow_exceptions=*/false);
   if (body.is_discarded()) return Invalid("body", "is not valid JSON");
   if (!body.is_object()) return Invalid("body", "must be a JSON object");
@@ -224,11 +232,22 @@ absl::StatusOr<Request> ParseRequest(Endpoint endpoint, std::string_view body_te
 
   absl::StatusOr<std::optional<std::string>> name = String(body, "model");
   if (!name.ok()) return name.status();
-  if (name->has_value() && **name != model.name) {
-    return absl::NotFoundError(absl::StrCat("model: '", **name,
-                                            "' is not served here; this server serves '",
-                                            model.name, "' (GET /v1/models)"));
+  if (name->has_value()) {
+    request.model = models.size();
+    std::string served;
+    for (size_t i = 0; i < models.size(); ++i) {
+      if (models[i].model.name == **name) request.model = i;
+      absl::StrAppend(&served, i == 0 ? "'" : ", '", models[i].model.name, "'");
+    }
+    if (request.model == models.size()) {
+      return absl::NotFoundError(absl::StrCat("model: '", **name,
+                                              "' is not served here; this server serves ", served,
+                                              " (GET /v1/models)"));
+    }
   }
+  const ServedModel& model = models[request.model].model;
+  const text::Tokenizer& tokenizer = *models[request.model].tokenizer;
+  g.set_model(model.name);
   if (absl::Status s = RefuseUnsupported(body, endpoint); !s.ok()) return s;
 
   std::vector<int32_t> stop_ids;

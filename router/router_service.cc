@@ -110,21 +110,32 @@ struct RouterService::Metrics {
           .Add({});
   prometheus::Family<prometheus::Counter>& retries = metrics::Counter(
       "baton_retries_total", "Attempts started again on another node, by the reason");
+  prometheus::Counter& prefix_query_failures =
+      metrics::Counter("baton_prefix_query_failures_total",
+                       "Prefix-store lookups that failed or timed out (the request ran cold)")
+          .Add({});
+  // Joins repeated within minutes are the node-flapping alert's signal.
+  prometheus::Family<prometheus::Counter>& node_registrations = metrics::Counter(
+      "baton_node_registrations_total",
+      "Nodes that joined, by role: new, back with another address or identity, or heard from "
+      "again after they expired or were marked down");
 };
 
 RouterService::RouterService(const ModelConfig& config, const RouterOptions& options)
-    : config_(config),
-      options_(options),
+    : options_(options),
       metrics_(std::make_unique<Metrics>()),
       idle_watch_(std::make_unique<StreamWatch>(options.stream_idle_timeout, "router")) {
-  options_.default_keep = EffectiveKeep(options_.default_keep, config.ring_capacity());
+  models_.push_back({options.model_name, config, options.tokenizer});
+  models_.insert(models_.end(), options.more_models.begin(), options.more_models.end());
+  for (const ServedModel& model : models_) config_digests_.push_back(ConfigDigest(model.config));
+  queues_.resize(models_.size());
   // Live nodes by role, read at scrape time from the registry.
   nodes_collector_ = metrics::AddCollector([this] {
     std::map<std::string, double> live = {{"prefill", 0}, {"decode", 0}, {"kvstore", 0}};
     double queued = 0;
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      queued = static_cast<double>(queue_.size());
+      for (const FairQueue& queue : queues_) queued += static_cast<double>(queue.size());
       const auto now = Clock::now();
       for (const auto& [id, node] : nodes_) {
         if (now - node->last_seen <= std::chrono::milliseconds(options_.node_ttl_ms)) {
@@ -170,8 +181,56 @@ grpc::Status RouterService::Register(grpc::ServerContext* context,
   for (absl::Status s :
        {CheckBytes("node_id", request->node_id(), kMaxNodeIdBytes),
         CheckBytes("address", request->address(), kMaxAddressBytes),
-        CheckBytes("model_fingerprint", request->model_fingerprint(), kMaxFingerprintBytes)}) {
+        CheckBytes("model_fingerprint", request->model_fingerprint(), kMaxFingerprintBytes),
+        CheckBytes("model_name", request->model_name(), kMaxModelNameBytes),
+        CheckBytes("config_digest", request->config_digest(), kMaxFingerprintBytes)}) {
     if (!s.ok()) return ToGrpcStatus(s);
+  }
+  // A prefill or decode node serves one of this router's models, with that model's config. A
+  // router of one model takes a node of another name (nodes name their model after their own
+  // directory by default) when the config is the same, and says so once.
+  size_t model = 0;
+  if (request->role() != v1::NODE_ROLE_KVSTORE) {
+    absl::Status refused;
+    bool renamed = false;
+    if (!request->model_name().empty() && !(models_.size() == 1 && models_[0].name.empty())) {
+      absl::StatusOr<size_t> found = ResolveModel(request->model_name());
+      if (found.ok()) {
+        model = *found;
+      } else if (models_.size() == 1) {
+        renamed = true;
+      } else {
+        refused = absl::FailedPreconditionError(absl::StrCat(
+            "model_name: node ", request->node_id(), " serves '", request->model_name(),
+            "', which this router does not; ", found.status().message()));
+      }
+    }
+    if (refused.ok() && !request->config_digest().empty() &&
+        request->config_digest() != config_digests_[model]) {
+      refused = absl::FailedPreconditionError(absl::StrCat(
+          "config_digest: node ", request->node_id(), "'s model config differs from the one ",
+          "this router serves as '", models_[model].name,
+          "' (another config needs a name of its own: --served-model-name)"));
+    }
+    if (!refused.ok() || renamed) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (refused_nodes_.size() >= kMaxNoted) refused_nodes_.clear();  // a bound, not a ledger
+      if (refused_nodes_.insert(request->node_id()).second) {
+        if (!refused.ok()) {
+          log::Warn("node refused", {{"node", request->node_id()},
+                                     {"error", std::string(refused.message())},
+                                     {"message", std::string(refused.message())}});
+        } else {
+          const std::string message =
+              absl::StrCat("node ", request->node_id(), " registers as '", request->model_name(),
+                           "'; this router serves one model, '", models_[0].name,
+                           "', of the same config, and takes it as that");
+          log::Warn("node of another model name taken",
+                    {{"node", request->node_id()}, {"message", message}});
+        }
+      }
+      if (!refused.ok()) return ToGrpcStatus(refused);
+    }
   }
   std::lock_guard<std::mutex> lock(mutex_);
   auto& node = nodes_[request->node_id()];
@@ -182,12 +241,14 @@ grpc::Status RouterService::Register(grpc::ServerContext* context,
   if (node == nullptr || node->info.address() != request->address() ||
       node->info.role() != request->role() ||
       node->info.model_fingerprint() != request->model_fingerprint() ||
-      node->identity != identity) {
+      node->info.model_name() != request->model_name() || node->identity != identity) {
     node = std::make_shared<Node>();
+    node->model = model;
     // The router sends prompts and state only to a server that proves the registered role.
     node->channel = security::InternalChannel(request->address(), *role);
     node->identity = identity;
     node->info = *request;
+    node->draining = request->draining();
     log::Info("node registered",
               {{"node", request->node_id()},
                {"role", v1::NodeRole_Name(request->role())},
@@ -195,6 +256,18 @@ grpc::Status RouterService::Register(grpc::ServerContext* context,
                {"message", absl::StrCat("node ", request->node_id(), " registered")}});
   } else {
     *node->info.mutable_load() = request->load();
+    if (request->draining() && !node->draining) {
+      log::Info("node draining",
+                {{"node", request->node_id()},
+                 {"role", v1::NodeRole_Name(request->role())},
+                 {"message", absl::StrCat("node ", request->node_id(),
+                                          " is draining: no new requests go there")}});
+    }
+    node->draining = request->draining();
+  }
+  // A new Node's last_seen is the epoch, as is a marked-down one's.
+  if (Clock::now() - node->last_seen > std::chrono::milliseconds(options_.node_ttl_ms)) {
+    metrics_->node_registrations.Add({{"role", RoleLabel(request->role())}}).Increment();
   }
   node->last_seen = Clock::now();
   reply->set_heartbeat_ms(options_.heartbeat_ms);
@@ -202,7 +275,8 @@ grpc::Status RouterService::Register(grpc::ServerContext* context,
 }
 
 std::shared_ptr<RouterService::Node> RouterService::Pick(v1::NodeRole role,
-                                                         const std::vector<std::string>& exclude) {
+                                                         const std::vector<std::string>& exclude,
+                                                         const std::string& fingerprint) {
   std::lock_guard<std::mutex> lock(mutex_);
   std::vector<std::shared_ptr<Node>> candidates;
   std::vector<NodeLoad> loads;
@@ -213,10 +287,12 @@ std::shared_ptr<RouterService::Node> RouterService::Pick(v1::NodeRole role,
                      .last_seen = node->last_seen,
                      .inflight = node->inflight,
                      .queued = node->info.load().queued_requests(),
-                     .free_pages = node->info.load().free_pages()});
+                     .free_pages = node->info.load().free_pages(),
+                     .draining = node->draining,
+                     .fingerprint = node->info.model_fingerprint()});
   }
   const int64_t chosen = SelectNode(loads, role, exclude, Clock::now(),
-                                    std::chrono::milliseconds(options_.node_ttl_ms));
+                                    std::chrono::milliseconds(options_.node_ttl_ms), fingerprint);
   if (chosen < 0) return nullptr;
   ++candidates[chosen]->inflight;
   return candidates[chosen];
@@ -224,23 +300,37 @@ std::shared_ptr<RouterService::Node> RouterService::Pick(v1::NodeRole role,
 
 absl::StatusOr<std::shared_ptr<RouterService::Node>> RouterService::AdmitPrefill(
     grpc::ServerContext* context, const std::vector<std::string>& exclude,
-    const std::string& tenant, bool retry, int64_t* retry_after_ms) {
+    const std::string& tenant, bool retry, int64_t* retry_after_ms, size_t model,
+    const std::string& fingerprint, const std::vector<std::string>& lost_decode) {
   std::unique_lock<std::mutex> lock(mutex_);
+  // Each model waits in its own queue: one without a free prefill slot holds up no other.
+  FairQueue& queue = queues_[model];
   const auto entered = Clock::now();
   std::optional<uint64_t> ticket;
   auto leave = [&] {
     if (ticket.has_value()) {
-      queue_.Remove(*ticket, /*admitted=*/false);
+      queue.Remove(*ticket, /*admitted=*/false);
       admission_.notify_all();
     }
   };
   while (true) {
     const auto now = Clock::now();
+    const auto ttl = std::chrono::milliseconds(options_.node_ttl_ms);
+    // The weights a live decode node serves: a prefill node is of use only with a partner.
+    std::set<std::string> decodable;
+    for (const auto& [id, node] : nodes_) {
+      if (node->info.role() == v1::NODE_ROLE_DECODE && !node->draining && node->model == model &&
+          now - node->last_seen <= ttl &&
+          std::find(lost_decode.begin(), lost_decode.end(), id) == lost_decode.end()) {
+        decodable.insert(node->info.model_fingerprint());
+      }
+    }
     std::shared_ptr<Node> best;
     int64_t live = 0;
     for (auto& [id, node] : nodes_) {
-      if (node->info.role() != v1::NODE_ROLE_PREFILL ||
-          now - node->last_seen > std::chrono::milliseconds(options_.node_ttl_ms) ||
+      if (node->info.role() != v1::NODE_ROLE_PREFILL || node->draining || node->model != model ||
+          (!fingerprint.empty() && node->info.model_fingerprint() != fingerprint) ||
+          !decodable.contains(node->info.model_fingerprint()) || now - node->last_seen > ttl ||
           std::find(exclude.begin(), exclude.end(), id) != exclude.end()) {
         continue;
       }
@@ -257,13 +347,17 @@ absl::StatusOr<std::shared_ptr<RouterService::Node>> RouterService::AdmitPrefill
     // before telling the queue there is none.
     if (live == 0 && now - entered > std::chrono::milliseconds(options_.node_ttl_ms)) {
       leave();
-      return absl::UnavailableError("no prefill node is available");
+      return absl::UnavailableError(
+          models_[model].name.empty()
+              ? std::string("no prefill node is available")
+              : absl::StrCat("no prefill node is available for model '", models_[model].name,
+                             "' (with a decode node of the same weights)"));
     }
     // A new request takes a slot only when it is its turn (fair_queue.h).
-    const bool turn = retry || queue_.empty() || (ticket.has_value() && queue_.Head() == ticket);
+    const bool turn = retry || queue.empty() || (ticket.has_value() && queue.Head() == ticket);
     if (best != nullptr && turn) {
       if (ticket.has_value()) {
-        queue_.Remove(*ticket, /*admitted=*/true);
+        queue.Remove(*ticket, /*admitted=*/true);
         admission_.notify_all();
       }
       ++best->prefilling;
@@ -271,16 +365,16 @@ absl::StatusOr<std::shared_ptr<RouterService::Node>> RouterService::AdmitPrefill
       return best;
     }
     if (!ticket.has_value() && !retry) {
-      if (static_cast<int64_t>(queue_.size()) >= options_.max_queued) {
+      if (static_cast<int64_t>(queue.size()) >= options_.max_queued) {
         // Roughly when the queue ahead will have drained to where this request would start.
         *retry_after_ms = static_cast<int64_t>(
-            prefill_ms_average_ * static_cast<double>(queue_.size()) /
+            prefill_ms_average_ * static_cast<double>(queue.size()) /
             static_cast<double>(std::max<int64_t>(1, live * options_.prefill_slots)));
         return absl::ResourceExhaustedError(absl::StrCat(
             "the router's admission queue is full (", options_.max_queued,
             " requests waiting for a prefill node); retry after ", *retry_after_ms, " ms"));
       }
-      ticket = queue_.Push(tenant);
+      ticket = queue.Push(tenant);
     }
     if (context->IsCancelled()) {
       leave();
@@ -303,6 +397,54 @@ void RouterService::PrefillDone(Node& node, Clock::duration took) {
   admission_.notify_all();
 }
 
+grpc::Status RouterService::ListModels(grpc::ServerContext* context,
+                                       const v1::ListModelsRequest* /*request*/,
+                                       v1::ListModelsResponse* reply) {
+  if (options_.api_keys != nullptr) {
+    if (absl::StatusOr<std::string> tenant = options_.api_keys->Authenticate(*context);
+        !tenant.ok()) {
+      return ToGrpcStatus(tenant.status());
+    }
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto now = Clock::now();
+  // Per model, the fingerprints of live prefill and decode nodes; served: in both.
+  std::vector<std::set<std::string>> prefill(models_.size()), decode(models_.size());
+  for (const auto& [id, node] : nodes_) {
+    if (node->draining || now - node->last_seen > std::chrono::milliseconds(options_.node_ttl_ms)) {
+      continue;
+    }
+    if (node->info.role() == v1::NODE_ROLE_PREFILL) {
+      prefill[node->model].insert(node->info.model_fingerprint());
+    }
+    if (node->info.role() == v1::NODE_ROLE_DECODE) {
+      decode[node->model].insert(node->info.model_fingerprint());
+    }
+  }
+  for (size_t i = 0; i < models_.size(); ++i) {
+    v1::ServedModel* model = reply->add_models();
+    model->set_name(models_[i].name);
+    model->set_max_model_len(options_.max_model_len);
+    for (const std::string& fingerprint : prefill[i]) {
+      if (decode[i].contains(fingerprint)) model->add_fingerprints(fingerprint);
+    }
+  }
+  return grpc::Status::OK;
+}
+
+bool RouterService::AnyDecode(size_t model, const std::vector<std::string>& exclude) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto now = Clock::now();
+  for (const auto& [id, node] : nodes_) {
+    if (node->info.role() == v1::NODE_ROLE_DECODE && !node->draining && node->model == model &&
+        now - node->last_seen <= std::chrono::milliseconds(options_.node_ttl_ms) &&
+        std::find(exclude.begin(), exclude.end(), id) == exclude.end()) {
+      return true;
+    }
+  }
+  return false;
+}
+
 void RouterService::MarkDown(const std::string& node_id) {
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = nodes_.find(node_id);
@@ -312,20 +454,42 @@ void RouterService::MarkDown(const std::string& node_id) {
 bool RouterService::Serving() const {
   std::lock_guard<std::mutex> lock(mutex_);
   const auto now = Clock::now();
-  bool prefill = false, decode = false, kvstore = false;
+  if (draining_) return false;
+  // Serving: a prefill and a decode node of the same weights are live.
+  std::set<std::string> prefill, decode;
+  bool kvstore = false;
   for (const auto& [id, node] : nodes_) {
-    if (now - node->last_seen > std::chrono::milliseconds(options_.node_ttl_ms)) continue;
-    prefill |= node->info.role() == v1::NODE_ROLE_PREFILL;
-    decode |= node->info.role() == v1::NODE_ROLE_DECODE;
+    if (node->draining || now - node->last_seen > std::chrono::milliseconds(options_.node_ttl_ms)) {
+      continue;
+    }
+    if (node->info.role() == v1::NODE_ROLE_PREFILL) prefill.insert(node->info.model_fingerprint());
+    if (node->info.role() == v1::NODE_ROLE_DECODE) decode.insert(node->info.model_fingerprint());
     kvstore |= node->info.role() == v1::NODE_ROLE_KVSTORE;
   }
+  bool paired = false;
+  for (const std::string& fingerprint : prefill) paired |= decode.contains(fingerprint);
   // The store is needed to become ready, not to stay ready: a store lost later makes requests
   // cold, never the router unready (DESIGN section 6).
   if (kvstore) kvstore_seen_ = true;
-  return prefill && decode && (kvstore_seen_ || !options_.require_kvstore);
+  return paired && (kvstore_seen_ || !options_.require_kvstore);
+}
+
+void RouterService::Drain(Clock::time_point deadline) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  draining_ = true;
+  if (health_) {
+    health_("", false);
+    health_("baton.v1.Generation", false);
+  }
+  log::Info("router draining", {{"open_calls", open_calls_}});
+  calls_ended_.wait_until(lock, deadline, [this] { return open_calls_ == 0; });
+  if (open_calls_ > 0) {
+    log::Warn("drain timeout: open calls are cut", {{"open_calls", open_calls_}});
+  }
 }
 
 void RouterService::WatchHealth(HealthSetter health) {
+  health_ = health;
   health_thread_ = std::thread([this, health = std::move(health)] {
     while (true) {
       {
@@ -340,9 +504,27 @@ void RouterService::WatchHealth(HealthSetter health) {
   });
 }
 
+absl::StatusOr<size_t> RouterService::ResolveModel(const std::string& name) const {
+  if (name.empty()) return 0;
+  if (absl::Status s = CheckBytes("model", name, kMaxModelNameBytes); !s.ok()) return s;
+  std::string served;
+  for (size_t i = 0; i < models_.size(); ++i) {
+    if (models_[i].name == name) return i;
+    absl::StrAppend(&served, i == 0 ? "" : ", ", "'", models_[i].name, "'");
+  }
+  // A router of one unnamed model serves it under any name.
+  if (models_.size() == 1 && models_[0].name.empty()) return 0;
+  return absl::NotFoundError(
+      absl::StrCat("model: '", name, "' is not served here; this router serves ", served));
+}
+
 absl::StatusOr<RouterService::Effective> RouterService::Validate(
     const v1::GenerateRequest& r) const {
   auto invalid = [](std::string message) { return absl::InvalidArgumentError(message); };
+  absl::StatusOr<size_t> model = ResolveModel(r.model());
+  if (!model.ok()) return model.status();
+  const ModelConfig& config = models_[*model].config;
+  const text::Tokenizer* tokenizer = models_[*model].tokenizer.get();
   if (r.prompt_token_ids().empty()) {
     if (!r.prompt_text().empty()) {
       return invalid(
@@ -354,7 +536,7 @@ absl::StatusOr<RouterService::Effective> RouterService::Validate(
   if (!r.prompt_text().empty()) {
     return invalid("prompt_text: send prompt_token_ids or prompt_text, not both");
   }
-  if (r.sampling().stop_size() > 0 && options_.tokenizer == nullptr) {
+  if (r.sampling().stop_size() > 0 && tokenizer == nullptr) {
     return invalid(
         "sampling.stop: stop strings need a tokenizer and this router's model has none; use "
         "sampling.stop_token_ids");
@@ -371,15 +553,15 @@ absl::StatusOr<RouterService::Effective> RouterService::Validate(
   // The model's own limit, whatever --max-model-len says; before the token loop, so that an
   // oversized prompt costs nothing more.
   if (absl::Status st = CheckSequenceLength("prompt_token_ids", r.prompt_token_ids_size(),
-                                            s.max_tokens(), config_);
+                                            s.max_tokens(), config);
       !st.ok()) {
     return st;
   }
   for (int i = 0; i < r.prompt_token_ids_size(); ++i) {
     const int32_t t = r.prompt_token_ids(i);
-    if (t < 0 || t >= config_.vocab_size) {
+    if (t < 0 || t >= config.vocab_size) {
       return invalid(absl::StrCat("prompt_token_ids[", i, "]: ", t,
-                                  " is outside the vocabulary [0, ", config_.vocab_size, ")"));
+                                  " is outside the vocabulary [0, ", config.vocab_size, ")"));
     }
   }
   const uint64_t total = static_cast<uint64_t>(r.prompt_token_ids_size()) + s.max_tokens();
@@ -388,13 +570,14 @@ absl::StatusOr<RouterService::Effective> RouterService::Validate(
         absl::StrCat("prompt_token_ids + sampling.max_tokens: ", r.prompt_token_ids_size(), " + ",
                      s.max_tokens(), " exceeds the context limit ", options_.max_model_len));
   }
-  if (absl::Status st = CheckSampling("sampling", s, config_); !st.ok()) return st;
-  Effective effective{options_.default_mode, static_cast<uint32_t>(options_.default_keep)};
+  if (absl::Status st = CheckSampling("sampling", s, config); !st.ok()) return st;
+  Effective effective{options_.default_mode, static_cast<uint32_t>(EffectiveKeep(
+                                                 options_.default_keep, config.ring_capacity()))};
   if (r.has_truncation()) {
     const v1::TruncationMode mode = r.truncation().mode();
     if (!IsTruncationMode(mode)) return invalid("truncation.mode: must be OFF, MASK or COMPACT");
     if (absl::Status keep = CheckKeep(mode != v1::TRUNCATION_MODE_OFF, r.truncation().keep(),
-                                      config_.ring_capacity(), "truncation.keep");
+                                      config.ring_capacity(), "truncation.keep");
         !keep.ok()) {
       return keep;
     }
@@ -413,8 +596,9 @@ absl::StatusOr<RouterService::Effective> RouterService::Validate(
   return effective;
 }
 
-uint32_t RouterService::PrefixHit(const v1::GenerateRequest& request, const Effective& effective,
-                                  const std::string& fingerprint, const std::string& tenant) {
+uint32_t RouterService::PrefixHit(const v1::GenerateRequest& request, const ModelConfig& config,
+                                  const Effective& effective, const std::string& fingerprint,
+                                  const std::string& tenant) {
   if (effective.mode == v1::TRUNCATION_MODE_OFF) return 0;  // DESIGN section 5, step 4
   std::shared_ptr<Node> store = Pick(v1::NODE_ROLE_KVSTORE, {});
   if (store == nullptr) return 0;
@@ -429,7 +613,7 @@ uint32_t RouterService::PrefixHit(const v1::GenerateRequest& request, const Effe
   const std::vector<int32_t> tokens(request.prompt_token_ids().begin(),
                                     request.prompt_token_ids().end());
   const std::vector<Sha256Digest> chain =
-      kvstore::ChainKeys(fingerprint, tenant, request.cache_salt(), tokens, config_.kv_block_size);
+      kvstore::ChainKeys(fingerprint, tenant, request.cache_salt(), tokens, config.kv_block_size);
   v1::LookupRequest lookup;
   for (const Sha256Digest& key : chain) lookup.add_keys(kvstore::KeyBytes(key));
   grpc::ClientContext context;
@@ -440,6 +624,7 @@ uint32_t RouterService::PrefixHit(const v1::GenerateRequest& request, const Effe
   metrics_->prefix_queries.Increment();
   if (grpc::Status s = stub->Lookup(&context, lookup, &found); !s.ok()) {
     log::Warn("prefix lookup failed; running cold", {{"error", s.error_message()}});
+    metrics_->prefix_query_failures.Increment();
     return 0;  // the store never fails a request
   }
   kvstore::ChainLookup chain_lookup;
@@ -448,16 +633,16 @@ uint32_t RouterService::PrefixHit(const v1::GenerateRequest& request, const Effe
   const int64_t h = kvstore::HitBlocks({.prompt_len = static_cast<int64_t>(tokens.size()),
                                         .keep = effective.keep,
                                         .truncation_on = true,
-                                        .ring_capacity = config_.ring_capacity(),
-                                        .window = config_.sliding_window,
-                                        .block_size = config_.kv_block_size,
+                                        .ring_capacity = config.ring_capacity(),
+                                        .window = config.sliding_window,
+                                        .block_size = config.kv_block_size,
                                         .cap = options_.hit_cap},
                                        chain_lookup);
   if (h > 0) {
     metrics_->prefix_hits.Increment();
-    metrics_->cached_tokens.Increment(static_cast<double>(h * config_.kv_block_size));
+    metrics_->cached_tokens.Increment(static_cast<double>(h * config.kv_block_size));
   }
-  return static_cast<uint32_t>(h * config_.kv_block_size);
+  return static_cast<uint32_t>(h * config.kv_block_size);
 }
 
 void RouterService::Delivered(Trace& trace, int n) {
@@ -493,9 +678,23 @@ grpc::Status RouterService::Generate(grpc::ServerContext* context,
     trace.tenant = *std::move(tenant);
   }
   trace.id = request->request_id().empty() ? NewRequestId() : request->request_id();
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (draining_) {
+      metrics_->requests.Add({{"outcome", metrics::OutcomeLabel(grpc::StatusCode::UNAVAILABLE)}})
+          .Increment();
+      return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                          "the router is draining (shutting down): retry on another router");
+    }
+    ++open_calls_;
+  }
   metrics_->running.Increment();
   const grpc::Status status = Serve(context, request, writer, trace);
   metrics_->running.Decrement();
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (--open_calls_ == 0) calls_ended_.notify_all();
+  }
   metrics_->requests.Add({{"outcome", metrics::OutcomeLabel(status.error_code())}}).Increment();
   metrics_->e2e.Observe(Seconds(Clock::now() - trace.start));
   const double ms = std::chrono::duration<double, std::milli>(Clock::now() - trace.start).count();
@@ -503,6 +702,8 @@ grpc::Status RouterService::Generate(grpc::ServerContext* context,
     log::Info("request finished", {{"request_id", trace.id},
                                    {"prompt_tokens", trace.prompt_tokens},
                                    {"tokens", trace.tokens},
+                                   {"prefill_node", trace.prefill_node},
+                                   {"decode_node", trace.decode_node},
                                    {"ms", ms}});
   } else {
     log::Warn("request failed", {{"request_id", trace.id},
@@ -526,8 +727,12 @@ grpc::Status RouterService::Serve(grpc::ServerContext* context, const v1::Genera
   const auto start = trace.start;
   // A text prompt becomes token ids here, so that everything past this point (validation,
   // prefix keys, the nodes) sees ids only.
+  absl::StatusOr<size_t> model = ResolveModel(request->model());
+  if (!model.ok()) return ToGrpcStatus(model.status());
+  const ServedModel& served = models_[*model];
+  const text::Tokenizer* tokenizer = served.tokenizer.get();
   v1::GenerateRequest encoded;
-  if (options_.tokenizer != nullptr && request->prompt_token_ids().empty() &&
+  if (tokenizer != nullptr && request->prompt_token_ids().empty() &&
       !request->prompt_text().empty()) {
     const uint64_t max_bytes = uint64_t{kPromptTextBytesPerToken} * options_.max_model_len;
     if (absl::Status s = CheckBytes("prompt_text", request->prompt_text(), max_bytes); !s.ok()) {
@@ -535,8 +740,7 @@ grpc::Status RouterService::Serve(grpc::ServerContext* context, const v1::Genera
     }
     encoded = *request;
     encoded.clear_prompt_text();
-    for (int32_t id :
-         options_.tokenizer->Encode(request->prompt_text(), options_.tokenizer->add_bos())) {
+    for (int32_t id : tokenizer->Encode(request->prompt_text(), tokenizer->add_bos())) {
       encoded.add_prompt_token_ids(id);
     }
     if (encoded.prompt_token_ids().empty()) {
@@ -553,6 +757,10 @@ grpc::Status RouterService::Serve(grpc::ServerContext* context, const v1::Genera
   std::vector<int32_t> generated;
   std::vector<std::string> lost_decode, lost_prefill;
   std::optional<uint32_t> s_valid;  // decided once; a re-prefill keeps it (DESIGN section 6)
+  // The weights serving the request, fixed with s_valid: a re-prefill after tokens were
+  // streamed continues on the same weights (a rollout may run two versions of one model side
+  // by side).
+  std::string fingerprint;
   v1::Usage usage;
   usage.set_prompt_tokens(static_cast<uint32_t>(prompt.size()));
   v1::Timings timings;
@@ -561,10 +769,9 @@ grpc::Status RouterService::Serve(grpc::ServerContext* context, const v1::Genera
   // cut at the first stop string (its tokens end the generation there).
   std::optional<text::IncrementalDetokenizer> detokenizer;
   std::optional<text::StopStrings> stop_strings;
-  if (options_.tokenizer != nullptr) {
+  if (tokenizer != nullptr) {
     detokenizer.emplace(
-        *options_.tokenizer,
-        std::span<const int32_t>(prompt.data(), static_cast<size_t>(prompt.size())));
+        *tokenizer, std::span<const int32_t>(prompt.data(), static_cast<size_t>(prompt.size())));
     stop_strings.emplace(std::vector<std::string>(request->sampling().stop().begin(),
                                                   request->sampling().stop().end()));
   }
@@ -594,6 +801,12 @@ grpc::Status RouterService::Serve(grpc::ServerContext* context, const v1::Genera
   int transfer_retries = 0;
   for (int attempt = 0; attempt < 6; ++attempt) {
     const uint32_t g = static_cast<uint32_t>(generated.size());
+    if (g == 0) {
+      // Nothing streamed yet: a retry starts afresh, on any weights of the model (a rollout
+      // may have drained the ones the last attempt chose).
+      s_valid.reset();
+      fingerprint.clear();
+    }
     // A re-prefill covers prompt + the g tokens streamed so far, with keep K + g so that
     // s_keep stays where the undisturbed prefill put it (DESIGN section 6).
     v1::PrefillRequest prefill;
@@ -621,7 +834,8 @@ grpc::Status RouterService::Serve(grpc::ServerContext* context, const v1::Genera
     // identity that may fill it, and is taken only now, so it never expires in a queue).
     int64_t retry_after_ms = 0;
     absl::StatusOr<std::shared_ptr<Node>> admitted =
-        AdmitPrefill(context, lost_prefill, trace.tenant, attempt > 0, &retry_after_ms);
+        AdmitPrefill(context, lost_prefill, trace.tenant, attempt > 0, &retry_after_ms, *model,
+                     fingerprint, lost_decode);
     if (!admitted.ok()) {
       if (absl::IsResourceExhausted(admitted.status())) {
         context->AddTrailingMetadata(kRetryAfterKey, std::to_string(retry_after_ms));
@@ -641,11 +855,21 @@ grpc::Status RouterService::Serve(grpc::ServerContext* context, const v1::Genera
       }
       ~PrefillSlot() { Done(); }
     } prefill_slot{this, prefill_node.get()};
-    std::shared_ptr<Node> decode = Pick(v1::NODE_ROLE_DECODE, lost_decode);
+    std::shared_ptr<Node> decode =
+        Pick(v1::NODE_ROLE_DECODE, lost_decode, prefill_node->info.model_fingerprint());
     if (decode == nullptr) {
+      // The prefill node's weights lost their last decode node after admission (a drain in a
+      // rollout): while the request is not tied to those weights, another prefill node may
+      // still have a partner.
+      if (fingerprint.empty() && AnyDecode(*model, lost_decode)) {
+        lost_prefill.push_back(prefill_node->info.node_id());
+        continue;
+      }
       return grpc::Status(grpc::StatusCode::UNAVAILABLE, "no decode node is available");
     }
     Inflight decode_inflight{this, decode};
+    trace.prefill_node = prefill_node->info.node_id();
+    trace.decode_node = decode->info.node_id();
     auto decode_stub = v1::DecodeNode::NewStub(decode->channel);
     v1::ReserveRequest reserve;
     reserve.set_request_id(absl::StrCat(id, "#", attempt));  // the decode node logs under it
@@ -671,9 +895,11 @@ grpc::Status RouterService::Serve(grpc::ServerContext* context, const v1::Genera
     prefill.set_decode_address(decode->info.address());
     prefill.set_decode_identity(decode->identity);
     if (!s_valid.has_value()) {
-      s_valid = PrefixHit(*request, *effective, decode->info.model_fingerprint(), trace.tenant);
+      s_valid = PrefixHit(*request, served.config, *effective, decode->info.model_fingerprint(),
+                          trace.tenant);
+      fingerprint = decode->info.model_fingerprint();
     }
-    prefill.set_s_valid(*s_valid);
+    prefill.set_s_valid(s_valid.value_or(0));  // set just above
     const std::string reservation_id = prefill.reservation().reservation_id();
     auto release = [&] {
       grpc::ClientContext release_context;

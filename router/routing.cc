@@ -6,12 +6,14 @@ namespace baton::router {
 
 int64_t SelectNode(std::span<const NodeLoad> nodes, v1::NodeRole role,
                    const std::vector<std::string>& exclude,
-                   std::chrono::steady_clock::time_point now, std::chrono::milliseconds ttl) {
+                   std::chrono::steady_clock::time_point now, std::chrono::milliseconds ttl,
+                   const std::string& fingerprint) {
   int64_t best = -1;
   int64_t best_load = 0;
   for (size_t i = 0; i < nodes.size(); ++i) {
     const NodeLoad& node = nodes[i];
-    if (node.role != role || now - node.last_seen > ttl) continue;
+    if (node.role != role || node.draining || now - node.last_seen > ttl) continue;
+    if (!fingerprint.empty() && node.fingerprint != fingerprint) continue;
     if (std::find(exclude.begin(), exclude.end(), node.id) != exclude.end()) continue;
     const int64_t load = node.inflight + node.queued;
     if (best < 0 || load < best_load ||

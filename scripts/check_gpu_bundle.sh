@@ -34,13 +34,15 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# The GPU machine's share: the loader and the C and C++ runtimes at the loader's default
-# paths, the CUDA runtime and cuBLAS where the toolkit keeps them.
+# The GPU machine's share: the loader and the C and C++ runtimes (glibc's libraries that
+# gpu_bundle.sh takes as provided, libresolv among them) at the loader's default paths, the
+# CUDA runtime and cuBLAS where the toolkit keeps them.
 mkdir -p "$jail/lib64" "$jail/lib/x86_64-linux-gnu" "$jail/usr/local/cuda/lib64" "$jail/tmp" \
   "$jail/proc" "$jail/dev" "$jail/opt"
 chmod 1777 "$jail/tmp"
 cp -L /lib64/ld-linux-x86-64.so.2 "$jail/lib64/"
-for lib in libc.so.6 libm.so.6 libpthread.so.0 libdl.so.2 librt.so.1 libstdc++.so.6 libgcc_s.so.1; do
+for lib in libc.so.6 libm.so.6 libpthread.so.0 libdl.so.2 librt.so.1 libutil.so.1 libresolv.so.2 \
+  libstdc++.so.6 libgcc_s.so.1; do
   cp -L "/lib/x86_64-linux-gnu/$lib" "$jail/lib/x86_64-linux-gnu/"
 done
 cuda_lib="$(dirname "$(readlink -f "$(ldconfig -p | awk '$1 == "libcudart.so.13" {print $NF; exit}')" 2>/dev/null)" 2>/dev/null)"

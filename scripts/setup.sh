@@ -20,6 +20,7 @@ packages=(
   libsentencepiece-dev sentencepiece  # the tokenizer, and spm_train for the default model's
   libcpp-httplib-dev  # the router's OpenAI-compatible HTTP front
   curl  # the HTTP tests drive the API with curl, as users do
+  prometheus  # promtool and a Prometheus for tests/observability (its service is not started)
 )
 
 missing=()
@@ -32,9 +33,26 @@ if ((${#missing[@]} > 0)); then
   echo "setup: installing ${missing[*]}"
   sudo_cmd=()
   if [[ $(id -u) -ne 0 ]]; then sudo_cmd=(sudo); fi
+  # Installing must start no service (prometheus's would serve on :9090, and its init script
+  # can fail the install where there is no systemd): a policy-rc.d that denies every start,
+  # for this install only, unless the machine has one of its own.
+  # On a systemd machine the prometheus unit is still enabled for the next boot; `systemctl
+  # disable prometheus` if that is not wanted.
+  policy=/usr/sbin/policy-rc.d
+  own_policy=false
+  if [[ ! -e "$policy" ]]; then
+    printf '#!/bin/sh\nexit 101\n' | "${sudo_cmd[@]}" tee "$policy" >/dev/null
+    "${sudo_cmd[@]}" chmod 755 "$policy"
+    own_policy=true
+    trap '"${sudo_cmd[@]}" rm -f "$policy"' EXIT
+  fi
   "${sudo_cmd[@]}" apt-get update
   DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y --no-install-recommends \
     "${missing[@]}"
+  if "$own_policy"; then
+    "${sudo_cmd[@]}" rm -f "$policy"
+    trap - EXIT
+  fi
 else
   echo "setup: all ${#packages[@]} Debian packages present"
 fi

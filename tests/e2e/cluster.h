@@ -16,6 +16,7 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -161,10 +162,13 @@ class Cluster {
                         const std::string& program, std::vector<std::string> extra) {
     const std::vector<std::string> tls = TlsFlags(role);
     extra.insert(extra.begin(), tls.begin(), tls.end());
-    extra.insert(extra.begin(),
-                 {"--model", model_dir_, "--router", router_internal_, "--node-id", name});
+    auto model = model_for_.find(name);
+    extra.insert(extra.begin(), {"--model", model == model_for_.end() ? model_dir_ : model->second,
+                                 "--router", router_internal_, "--node-id", name});
     return Start(name, program, extra);
   }
+  // The node started as `name` serves the model in `dir` instead of the cluster's.
+  void ModelFor(const std::string& name, std::string dir) { model_for_[name] = std::move(dir); }
 
   std::string StartKvstore(const std::string& name, const std::string& data_dir,
                            std::vector<std::string> extra = {}) {
@@ -199,6 +203,28 @@ class Cluster {
     int status;
     waitpid(pid, &status, 0);
     pids_[name] = -1;
+  }
+
+  // Sends `signal` to the process started as `name` without waiting for it.
+  void Signal(const std::string& name, int signal) {
+    const pid_t pid = Pid(name);
+    if (pid > 0) kill(pid, signal);
+  }
+  // Waits up to `timeout` for the process started as `name` to exit: its wait status, or
+  // nullopt when it is still running then (or was never started).
+  std::optional<int> WaitExit(const std::string& name, std::chrono::milliseconds timeout) {
+    const pid_t pid = Pid(name);
+    if (pid <= 0) return std::nullopt;
+    const auto until = std::chrono::steady_clock::now() + timeout;
+    while (true) {
+      int status;
+      if (waitpid(pid, &status, WNOHANG) == pid) {
+        pids_[name] = -1;
+        return status;
+      }
+      if (std::chrono::steady_clock::now() > until) return std::nullopt;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
   }
 
   // Waits until the router's health check reports `serving`.
@@ -236,6 +262,16 @@ class Cluster {
     std::ifstream in(dir_ / (name + ".log"));
     return std::string(std::istreambuf_iterator<char>(in), {});
   }
+  // Polls the log of `name` until it holds `text` (false at the deadline).
+  bool WaitForLog(const std::string& name, const std::string& text,
+                  std::chrono::seconds timeout = std::chrono::seconds(60)) const {
+    const auto until = std::chrono::steady_clock::now() + timeout;
+    while (std::chrono::steady_clock::now() < until) {
+      if (Log(name).find(text) != std::string::npos) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return false;
+  }
 
  private:
   static inline int counter_ = 0;
@@ -247,6 +283,7 @@ class Cluster {
   std::map<std::string, pid_t> pids_;
   std::map<std::string, std::string> addresses_;
   std::map<std::string, std::vector<std::string>> wrappers_;
+  std::map<std::string, std::string> model_for_;
 };
 
 }  // namespace baton::testing

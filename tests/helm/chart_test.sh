@@ -9,7 +9,15 @@
 #      field in its "# expect:" line (helm install renders the same way), and helm lint names
 #      it too (lint reports a template's fail() as [INFO]; schema errors fail it outright);
 #   5. when the binaries are given, each of them accepts the rendered baton.yaml
-#      (`--check-config`: the same parsing and checks as at start, then exit).
+#      (`--check-config`: the same parsing and checks as at start, then exit);
+#   6. every value values.schema.json accepts changes what the chart renders: no field is
+#      accepted and then dropped (values_coverage.mjs);
+#   7. a change to config.<role> changes the config checksum of that role's pods only (so an
+#      upgrade rolls only them), and one to config.common every role's.
+#
+# Autoscalers may scale only on metrics the binaries export: the names are collected from the
+# sources (every "baton_..." string literal under common/, router/, prefill_node/, decode_node/
+# and kvstore/) and handed to the validator.
 #
 # The cluster's API list: every values file (the default values too) renders as if cert-manager
 # were installed (`--api-versions cert-manager.io/v1`, so tls.certManager.enabled auto issues
@@ -47,7 +55,7 @@ fi
 export npm_config_cache="$cache/npm-cache" npm_config_update_notifier=false
 
 work="$(mktemp -d "$cache/run.XXXXXX")"
-trap 'rm -rf "$work"' EXIT
+trap 'if [[ -n "${coverage_pid:-}" ]]; then kill "$coverage_pid" 2>/dev/null || true; fi; rm -rf "$work"' EXIT
 
 # --- helm, once per cache ------------------------------------------------------------------
 helm="$cache/helm-v3.17.2/helm"
@@ -74,7 +82,14 @@ if ! cmp -s "$here/package-lock.json" "$validator/package-lock.json" ||
   cp "$here/package.json" "$here/package-lock.json" "$validator/"
   (cd "$validator" && npm ci --no-audit --no-fund --loglevel=error --engine-strict=false)
 fi
-validate=(node "$here/validate_manifests.mjs" --modules "$validator/node_modules")
+grep -rhoE '"baton_[a-z0-9_]+"' "$root"/{common,router,prefill_node,decode_node,kvstore} \
+  --include='*.cc' --include='*.h' | tr -d '"' | sort -u >"$work/metrics.txt"
+validate=(node "$here/validate_manifests.mjs" --modules "$validator/node_modules" --metrics "$work/metrics.txt")
+
+# 6 renders the chart a few hundred times: it runs beside steps 1 to 5 and is reported last.
+node "$here/values_coverage.mjs" --helm "$helm" --chart "$chart" --modules "$validator/node_modules" \
+  >"$work/coverage.log" 2>&1 &
+coverage_pid=$!
 
 passed=0
 failed=0
@@ -221,6 +236,36 @@ for bad in "$here"/bad/*.yaml; do
     cat "$work/bad.log"
   fi
 done
+
+# --- 7: a role's config rolls that role only -------------------------------------------------
+# Prints "component checksum" per pod template: the last component label before the annotation.
+config_checksums() {
+  "$helm" template baton "$chart" --kube-version "$kube_version" --api-versions cert-manager.io/v1 "$@" |
+    awk '/app.kubernetes.io\/component:/ {component = $2} /checksum\/config:/ {print component, $2}' |
+    sort
+}
+config_checksums >"$work/checksums-default" 2>&1
+for change in router:config.router.max-queued=7 prefill:config.prefill.token-budget=7 \
+  decode:config.decode.slots=7 kvstore:config.kvstore.sync-writes=false \
+  "router prefill decode kvstore:config.common.log-level=debug"; do
+  expected="${change%%:*}"
+  config_checksums --set "${change#*:}" >"$work/checksums-changed" 2>&1
+  rolled="$(join "$work/checksums-default" "$work/checksums-changed" | awk '$2 != $3 {print $1}' | sort | xargs)"
+  if [[ "$rolled" == "$(tr ' ' '\n' <<<"$expected" | sort | xargs)" ]]; then
+    pass "--set ${change#*:} changes the config checksum of: $rolled"
+  else
+    fail "--set ${change#*:} changes the config checksum of '$rolled', expected '$expected'"
+  fi
+done
+
+# --- 6: no value is dropped ------------------------------------------------------------------
+if wait "$coverage_pid"; then
+  pass "every schema value changes the rendered chart ($(tail -n 1 "$work/coverage.log"))"
+else
+  fail "values the chart accepts and drops (values_coverage.mjs)"
+  cat "$work/coverage.log"
+fi
+coverage_pid=
 
 echo "helm_chart: $passed passed, $failed failed"
 ((failed == 0))

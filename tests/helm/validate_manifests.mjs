@@ -1,12 +1,14 @@
 // Validates rendered Kubernetes manifests offline:
-//   node validate_manifests.mjs --modules DIR FILE...
-// DIR is a node_modules folder holding this folder's package.json dependencies.
+//   node validate_manifests.mjs --modules DIR [--metrics FILE] FILE...
+// DIR is a node_modules folder holding this folder's package.json dependencies. --metrics names
+// a file listing, one per line, the Prometheus metric names the binaries export (chart_test.sh
+// collects them from the sources); autoscalers may then scale only on those.
 //
 // Each object is checked four ways, and every failure is reported as "FILE: Kind/name: ...":
 //  1. its kind's JSON schema (kubernetes-models, generated from the Kubernetes OpenAPI spec;
 //     @kubernetes-models/prometheus-operator for ServiceMonitor, @kubernetes-models/cert-manager
-//     for Certificate and Issuer): types, required fields, enums, formats. A kind without a
-//     schema is an error.
+//     for Certificate and Issuer, @kubernetes-models/keda for ScaledObject): types, required
+//     fields, enums, formats. A kind without a schema is an error.
 //  2. unknown fields, which the OpenAPI schemas let through but the API server drops or
 //     refuses: the field names come from the same packages' type declarations (.d.ts).
 //  3. references between objects: selectors that select nothing, Service target ports and
@@ -14,7 +16,11 @@
 //     to variables the container does not define, a StatefulSet's missing governing Service,
 //     NetworkPolicies that select no pod or open ports the pods do not declare, a role's
 //     Certificate whose Secret the pods of that role do not mount, a CA Issuer whose Secret no
-//     Certificate writes.
+//     Certificate writes; autoscalers (HorizontalPodAutoscaler, KEDA ScaledObject) whose
+//     scaleTargetRef names no workload, whose workload still sets spec.replicas (helm upgrade
+//     would undo the autoscaler), that share a workload, with min above max, or on metrics the
+//     binaries do not export; PodDisruptionBudgets that protect nothing (every pod may go) or
+//     block every eviction (no pod may go); a preStop sleep the grace period does not cover.
 //  4. baton's config file (a ConfigMap key "baton.yaml"): sections and keys the binaries
 //     accept (their long flag names), so that a typo cannot reach a pod.
 import { readFileSync, existsSync } from "node:fs";
@@ -23,13 +29,24 @@ import { dirname, join, resolve } from "node:path";
 import { pathToFileURL } from "node:url";
 
 const args = process.argv.slice(2);
-const modulesAt = args.indexOf("--modules");
-if (modulesAt < 0 || args.length < modulesAt + 3) {
-  console.error("usage: node validate_manifests.mjs --modules NODE_MODULES FILE...");
+const option = (name) => {
+  const at = args.indexOf(name);
+  if (at < 0) return undefined;
+  const value = args[at + 1];
+  args.splice(at, 2);
+  return value;
+};
+const modulesOption = option("--modules");
+const metricsOption = option("--metrics");
+if (modulesOption === undefined || args.length === 0) {
+  console.error("usage: node validate_manifests.mjs --modules NODE_MODULES [--metrics FILE] FILE...");
   process.exit(2);
 }
-const modules = resolve(args[modulesAt + 1]);
-const files = args.filter((_, i) => i !== modulesAt && i !== modulesAt + 1);
+const modules = resolve(modulesOption);
+const files = args;
+// The metric names the binaries export, or null when not given.
+const exportedMetrics = metricsOption === undefined ? null
+  : new Set(readFileSync(metricsOption, "utf8").split("\n").map((l) => l.trim()).filter(Boolean));
 const YAML = createRequire(join(modules, "noop.js"))("yaml");
 
 // The keys each section of baton.yaml may hold: the binaries' long flag names.
@@ -40,11 +57,13 @@ const BATON_CONFIG_KEYS = {
            "default-mode", "default-keep", "max-tokens-limit", "max-model-len", "transport",
            "reservation-timeout-ms", "hit-cap", "lookup-timeout-ms", "require-kvstore", "max-queued",
            "prefill-slots", "stream-idle-timeout", "prefill-timeout-ms", "http-port", "http-threads",
-           "served-model-name"],
-  prefill: ["port", "node-id", "token-budget", "no-ucx", "kvstore", "commit-timeout-ms"],
+           "served-model-name", "drain-timeout"],
+  prefill: ["port", "node-id", "token-budget", "no-ucx", "kvstore", "commit-timeout-ms", "device",
+            "weights", "drain-timeout", "served-model-name"],
   decode: ["port", "node-id", "slots", "pages", "max-batch", "max-waiting", "no-ucx",
-           "ucx-peer-errors", "stream-idle-timeout"],
-  kvstore: ["port", "data-dir", "budget-bytes", "sync-writes"],
+           "ucx-peer-errors", "stream-idle-timeout", "device", "weights", "drain-timeout",
+           "served-model-name"],
+  kvstore: ["port", "data-dir", "budget-bytes", "sync-writes", "drain-timeout"],
 };
 
 // Where a kind's model lives: kubernetes-models/<group>/<version>/<Kind>.js ("v1" for the core
@@ -55,6 +74,9 @@ function modelPath(apiVersion, kind) {
   }
   if (apiVersion === "cert-manager.io/v1") {
     return join(modules, "@kubernetes-models/cert-manager", apiVersion, `${kind}.js`);
+  }
+  if (apiVersion === "keda.sh/v1alpha1") {
+    return join(modules, "@kubernetes-models/keda", apiVersion, `${kind}.js`);
   }
   return join(modules, "kubernetes-models", apiVersion, `${kind}.js`);
 }
@@ -228,8 +250,38 @@ function checkReferences(objects, report) {
     }
   }
 
+  checkAutoscalers(objects, report);
+
+  // A PodDisruptionBudget must select pods, and between none and all of them must be allowed
+  // to go: integers are checked against the workload's replicas (its autoscaler's minimum when
+  // it has none), percentages at 0% and 100%.
   for (const o of objects.filter((x) => x.kind === "PodDisruptionBudget")) {
-    if (!pods.some((p) => matches(o.spec?.selector?.matchLabels, p.labels))) report(o, "spec.selector: selects no pod template");
+    const selected = pods.filter((p) => matches(o.spec?.selector?.matchLabels, p.labels));
+    if (selected.length === 0) {
+      report(o, "spec.selector: selects no pod template");
+      continue;
+    }
+    const count = selected.reduce((n, p) => n + (p.owner.kind === "Pod" ? 1 : fewestReplicas(objects, p.owner)), 0);
+    const { minAvailable, maxUnavailable } = o.spec ?? {};
+    if (minAvailable === 0 || minAvailable === "0%" || maxUnavailable === "100%" ||
+        (Number.isInteger(maxUnavailable) && maxUnavailable >= count)) {
+      report(o, `lets all ${count} selected pods go at once: the budget protects nothing`);
+    }
+    if (minAvailable === "100%" || maxUnavailable === 0 || maxUnavailable === "0%" ||
+        (Number.isInteger(minAvailable) && minAvailable >= count)) {
+      report(o, `lets none of the ${count} selected pods go: every eviction (node drain) would hang`);
+    }
+  }
+
+  // A preStop sleep must end well inside the grace period, or SIGKILL comes before the drain.
+  for (const pod of pods) {
+    const grace = pod.spec.terminationGracePeriodSeconds ?? 30;
+    for (const c of pod.spec.containers ?? []) {
+      const command = c.lifecycle?.preStop?.exec?.command ?? [];
+      if (command[0] === "/bin/sleep" && Number(command[1]) >= grace) {
+        report(pod.owner, `container ${c.name}: preStop sleeps ${command[1]} s, not less than terminationGracePeriodSeconds ${grace}`);
+      }
+    }
   }
 
   // NetworkPolicies: spec.podSelector must select pods (matchLabels only; an empty selector
@@ -278,6 +330,80 @@ function checkReferences(objects, report) {
     for (const e of o.spec?.endpoints ?? []) {
       if (e.port && !selected.some((s) => (s.spec?.ports ?? []).some((p) => p.name === e.port))) {
         report(o, `endpoint port ${e.port}: no selected Service has a port of that name`);
+      }
+    }
+  }
+}
+
+// --- Autoscalers ----------------------------------------------------------------------------
+const WORKLOADS = new Set(["Deployment", "StatefulSet", "ReplicaSet"]);
+
+// A workload's replicas, or the minimum of the autoscaler that owns it (1 when neither says).
+function fewestReplicas(objects, workload) {
+  if (workload.spec?.replicas !== undefined) return workload.spec.replicas;
+  const scaler = objects.find((a) => scalerTarget(a) && scalerTarget(a).kind === workload.kind &&
+                                     scalerTarget(a).name === workload.metadata?.name);
+  if (scaler?.kind === "HorizontalPodAutoscaler") return scaler.spec?.minReplicas ?? 1;
+  if (scaler?.kind === "ScaledObject") return scaler.spec?.minReplicaCount ?? 0;
+  return 1;
+}
+
+function scalerTarget(o) {
+  if (o.kind === "HorizontalPodAutoscaler" || o.kind === "ScaledObject") {
+    const ref = o.spec?.scaleTargetRef ?? {};
+    return { apiVersion: ref.apiVersion ?? "apps/v1", kind: ref.kind ?? "Deployment", name: ref.name };
+  }
+  return null;
+}
+
+// HorizontalPodAutoscalers and KEDA ScaledObjects: the workload they scale exists and leaves
+// its replicas to them, one autoscaler per workload, min <= max, and (with --metrics) every
+// metric is one the binaries export: HPA metric names, and the metric names in KEDA's
+// Prometheus queries.
+function checkAutoscalers(objects, report) {
+  const owners = new Map();
+  for (const o of objects.filter((x) => scalerTarget(x))) {
+    const target = scalerTarget(o);
+    const workload = objects.find((w) => WORKLOADS.has(w.kind) && w.kind === target.kind &&
+                                         w.apiVersion === target.apiVersion && w.metadata?.name === target.name);
+    if (!workload) {
+      report(o, `spec.scaleTargetRef: no ${target.apiVersion} ${target.kind} named ${target.name}`);
+    } else if (workload.spec?.replicas !== undefined) {
+      report(o, `spec.scaleTargetRef: ${target.kind}/${target.name} sets spec.replicas, which every helm upgrade would reset under the autoscaler`);
+    }
+    const key = `${target.kind}/${target.name}`;
+    if (owners.has(key)) report(o, `spec.scaleTargetRef: ${key} is scaled by ${owners.get(key)} too`);
+    owners.set(key, `${o.kind}/${o.metadata?.name}`);
+    const [min, max] = o.kind === "ScaledObject"
+      ? [o.spec?.minReplicaCount ?? 0, o.spec?.maxReplicaCount ?? 100]
+      : [o.spec?.minReplicas ?? 1, o.spec?.maxReplicas];
+    if (max !== undefined && min > max) report(o, `min replicas ${min} above max replicas ${max}`);
+    const metrics = [];
+    if (o.kind === "HorizontalPodAutoscaler") {
+      if ((o.spec?.metrics ?? []).length === 0) report(o, "spec.metrics: empty (the HPA would fall back to CPU, which baton pods are not sized for)");
+      for (const m of o.spec?.metrics ?? []) {
+        const source = m.pods ?? m.external ?? m.object;
+        if (source?.metric?.name) metrics.push(source.metric.name);
+      }
+    } else {
+      const triggers = o.spec?.triggers ?? [];
+      if (triggers.length === 0) report(o, "spec.triggers: empty");
+      for (const [i, t] of triggers.entries()) {
+        if (t.type !== "prometheus") continue;
+        for (const field of ["serverAddress", "query", "threshold"]) {
+          if (typeof t.metadata?.[field] !== "string" || t.metadata[field] === "") {
+            report(o, `spec.triggers[${i}].metadata.${field}: a prometheus trigger needs it (a string)`);
+          }
+        }
+        if (typeof t.metadata?.threshold === "string" && !(Number(t.metadata.threshold) > 0)) {
+          report(o, `spec.triggers[${i}].metadata.threshold: ${t.metadata.threshold} is not a positive number`);
+        }
+        for (const name of String(t.metadata?.query ?? "").matchAll(/\bbaton_[a-z0-9_]+/g)) metrics.push(name[0]);
+      }
+    }
+    if (exportedMetrics) {
+      for (const name of metrics) {
+        if (!exportedMetrics.has(name)) report(o, `metric ${name}: no baton binary exports it`);
       }
     }
   }

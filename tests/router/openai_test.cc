@@ -25,6 +25,34 @@ absl::StatusOr<Request> Parse(Endpoint endpoint, const json& body) {
   return ParseRequest(endpoint, body.dump(), Tok(), kModel);
 }
 
+TEST(OpenAiTest, TheModelFieldPicksOneOfSeveralServedModels) {
+  const std::shared_ptr<const text::Tokenizer> tokenizer(std::shared_ptr<const text::Tokenizer>(),
+                                                         &Tok());
+  const std::vector<ModelEntry> models = {
+      {kModel, tokenizer},
+      {{.name = "baton-green", .max_tokens_limit = 64, .max_model_len = 2048}, tokenizer}};
+  // Absent: the first; named: that one, with its own limits, named in the GenerateRequest.
+  absl::StatusOr<Request> r =
+      ParseRequest(Endpoint::kChatCompletions,
+                   json{{"messages", {{{"role", "user"}, {"content", "Hi"}}}}}.dump(), models);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->model, 0u);
+  EXPECT_EQ(r->generate.model(), "baton-small");
+  r = ParseRequest(
+      Endpoint::kChatCompletions,
+      json{{"model", "baton-green"}, {"messages", {{{"role", "user"}, {"content", "Hi"}}}}}.dump(),
+      models);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->model, 1u);
+  EXPECT_EQ(r->generate.model(), "baton-green");
+  EXPECT_EQ(r->generate.sampling().max_tokens(), 64u);  // chat's default: green's limit
+  r = ParseRequest(Endpoint::kCompletions, json{{"model", "baton-blue"}, {"prompt", "x"}}.dump(),
+                   models);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(r.status().message(), HasSubstr("'baton-small', 'baton-green'"));
+}
+
 TEST(OpenAiTest, ACompletionBodyBecomesAGenerateRequest) {
   absl::StatusOr<Request> r =
       Parse(Endpoint::kCompletions, {{"model", "baton-small"},

@@ -143,6 +143,61 @@ TEST(SelectNodeTest, MoreFreePagesBreakATieThenTheEarlierNode) {
   EXPECT_EQ(SelectNode(nodes, v1::NODE_ROLE_DECODE, {}, now, ttl), 1);
 }
 
+TEST(SelectNodeTest, PassesOverDrainingNodesAndOtherWeights) {
+  const auto now = Clock::now();
+  const auto ttl = std::chrono::milliseconds(2000);
+  std::vector<NodeLoad> nodes = {
+      {.id = "blue", .role = v1::NODE_ROLE_DECODE, .last_seen = now, .fingerprint = "b"},
+      {.id = "green",
+       .role = v1::NODE_ROLE_DECODE,
+       .last_seen = now,
+       .inflight = 5,
+       .fingerprint = "g"},
+  };
+  EXPECT_EQ(SelectNode(nodes, v1::NODE_ROLE_DECODE, {}, now, ttl), 0);
+  EXPECT_EQ(SelectNode(nodes, v1::NODE_ROLE_DECODE, {}, now, ttl, "g"), 1);
+  EXPECT_EQ(SelectNode(nodes, v1::NODE_ROLE_DECODE, {}, now, ttl, "other"), -1);
+  // A draining node gets nothing new, however idle.
+  nodes[0].draining = true;
+  EXPECT_EQ(SelectNode(nodes, v1::NODE_ROLE_DECODE, {}, now, ttl), 1);
+  EXPECT_EQ(SelectNode(nodes, v1::NODE_ROLE_DECODE, {}, now, ttl, "b"), -1);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Served models
+
+TEST(ServedModelsTest, ARequestIsCheckedAgainstTheModelItNames) {
+  RouterOptions options;
+  options.model_name = "small-model";
+  options.more_models.push_back({"tiny-model", *model::PresetConfig("tiny"), nullptr});
+  RouterService router(*model::PresetConfig("small"), options);
+  ASSERT_EQ(router.Models().size(), 2u);
+  EXPECT_EQ(router.Models()[0].name, "small-model");
+  EXPECT_EQ(*router.ResolveModel(""), 0u);
+  EXPECT_EQ(*router.ResolveModel("tiny-model"), 1u);
+  // A model not served is NOT_FOUND, naming what is.
+  absl::StatusOr<size_t> unknown = router.ResolveModel("large");
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_EQ(unknown.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(unknown.status().message(), HasSubstr("'small-model', 'tiny-model'"));
+  EXPECT_FALSE(router.ResolveModel(std::string(300, 'x')).ok());
+  // Token 600 is in small's vocabulary and outside tiny's (512).
+  v1::GenerateRequest request;
+  request.add_prompt_token_ids(600);
+  request.mutable_sampling()->set_max_tokens(4);
+  EXPECT_TRUE(router.Validate(request).ok());
+  request.set_model("tiny-model");
+  absl::StatusOr<RouterService::Effective> refused = router.Validate(request);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_THAT(refused.status().message(), HasSubstr("prompt_token_ids[0]"));
+  // The default keep (0: C) is each model's own C.
+  request.clear_prompt_token_ids();
+  request.add_prompt_token_ids(5);
+  EXPECT_EQ(router.Validate(request)->keep, model::PresetConfig("tiny")->ring_capacity());
+  request.clear_model();
+  EXPECT_EQ(router.Validate(request)->keep, model::PresetConfig("small")->ring_capacity());
+}
+
 // ---------------------------------------------------------------------------------------------
 // Retry classification
 

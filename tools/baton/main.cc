@@ -360,9 +360,10 @@ int main(int argc, char** argv) {
                                            "--client-tls-key", (tls / "router.key").string()});
   }
   if (!api_keys.empty()) router_args.insert(router_args.end(), {"--api-keys", api_keys});
-  if (http && generated) {
-    router_args.insert(router_args.end(), {"--served-model-name", "baton-small"});
-  }
+  // The router and its nodes serve the model under one name (a node of another is refused).
+  std::vector<std::string> served_name;
+  if (generated) served_name = {"--served-model-name", "baton-small"};
+  router_args.insert(router_args.end(), served_name.begin(), served_name.end());
   if (http) {
     router_args.insert(router_args.end(),
                        {"--http-port", std::to_string(http_port), "--http-ready-file",
@@ -383,20 +384,24 @@ int main(int argc, char** argv) {
                    &kvstore_address);
   for (int i = 0; ok && i < decode_nodes; ++i) {
     std::string address;
-    ok = start(
-        instance("decode", i), "baton-decode",
-        {"--model", model_dir, "--router", internal_address, "--node-id", instance("decode", i),
-         "--pages", std::to_string(decode_pages), "--device", device, "--weights", weights},
-        &address);
+    std::vector<std::string> args = {"--model",   model_dir,
+                                     "--router",  internal_address,
+                                     "--node-id", instance("decode", i),
+                                     "--pages",   std::to_string(decode_pages),
+                                     "--device",  device,
+                                     "--weights", weights};
+    args.insert(args.end(), served_name.begin(), served_name.end());
+    ok = start(instance("decode", i), "baton-decode", args, &address);
     decode_addresses.push_back(address);
   }
   for (int i = 0; ok && i < prefill_nodes; ++i) {
     std::string address;
-    ok = start(
-        instance("prefill", i), "baton-prefill",
-        {"--model", model_dir, "--router", internal_address, "--node-id", instance("prefill", i),
-         "--kvstore", kvstore_address, "--device", device, "--weights", weights},
-        &address);
+    std::vector<std::string> args = {"--model",        model_dir,       "--router",
+                                     internal_address, "--node-id",     instance("prefill", i),
+                                     "--kvstore",      kvstore_address, "--device",
+                                     device,           "--weights",     weights};
+    args.insert(args.end(), served_name.begin(), served_name.end());
+    ok = start(instance("prefill", i), "baton-prefill", args, &address);
     prefill_addresses.push_back(address);
   }
   std::shared_ptr<grpc::ChannelCredentials> client_credentials = grpc::InsecureChannelCredentials();

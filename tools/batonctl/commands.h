@@ -25,6 +25,8 @@ Command AddApproxErrorCommand(CLI::App& app);
 Command AddReplayCommand(CLI::App& app);
 Command AddSimulateCommand(CLI::App& app);
 Command AddReportCommand(CLI::App& app);
+Command AddFetchModelCommand(CLI::App& app);
+Command AddModelsCommand(CLI::App& app);
 
 inline constexpr int kExitOk = 0;
 inline constexpr int kExitFailure = 1;

@@ -33,6 +33,7 @@ struct GenerateOptions {
   std::string mode;
   int64_t keep = 0;
   std::string cache_salt;
+  std::string model;
   std::string request_id;
   int64_t timeout_ms = 0;
   bool json = false;
@@ -85,6 +86,7 @@ int RunGenerate(const GenerateOptions& o, const CLI::App& command, bool bytes_as
   request.set_logprobs(o.logprobs);
   request.set_prompt_logprobs(o.prompt_logprobs);
   request.set_cache_salt(o.cache_salt);
+  request.set_model(o.model);
   request.set_request_id(o.request_id);
 
   absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = ClientChannel(o.client);
@@ -187,6 +189,9 @@ Command AddGenerateCommand(CLI::App& app) {
   command->add_option("--mode", o->mode, "Truncation override: off, mask or compact");
   command->add_option("--keep", o->keep, "Keep K for --mode mask/compact");
   command->add_option("--cache-salt", o->cache_salt, "Prefix-cache isolation salt");
+  command->add_option("--model", o->model,
+                      "A served model's name (the router's --served-model-name or an "
+                      "--extra-model; default: its first)");
   command->add_option("--request-id", o->request_id, "Request id (default: the router's)");
   command->add_option("--timeout-ms", o->timeout_ms, "Deadline for the whole stream");
   command->add_flag("--json", o->json, "Print one JSON object when the stream ends");

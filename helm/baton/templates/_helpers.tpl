@@ -122,19 +122,45 @@ model.ringCapacity. */}}
 {{- end -}}
 
 {{/* Scheduling fields of a pod spec; call with (dict "root" $ "role" "prefill" "values"
-.Values.prefill "antiAffinity" "soft"). */}}
+.Values.prefill "antiAffinity" "soft"). A role with gpus > 0 also gets gpu.nodeSelector (under
+its own nodeSelector, whose keys win), gpu.tolerations and, unless it names its own,
+gpu.runtimeClassName. A topology spread constraint without a labelSelector gets the role's
+selector labels. */}}
 {{- define "baton.scheduling" -}}
 {{- $values := .values -}}
+{{- $gpu := .root.Values.gpu -}}
+{{- $gpus := dig "gpus" 0 $values | int64 -}}
+{{- $nodeSelector := $values.nodeSelector -}}
+{{- $tolerations := $values.tolerations -}}
+{{- $runtimeClass := $values.runtimeClassName -}}
+{{- if gt $gpus 0 -}}
+{{- $nodeSelector = merge (deepCopy $values.nodeSelector) $gpu.nodeSelector -}}
+{{- $tolerations = concat $values.tolerations $gpu.tolerations -}}
+{{- $runtimeClass = $values.runtimeClassName | default $gpu.runtimeClassName -}}
+{{- end -}}
 {{- if $values.priorityClassName }}
 priorityClassName: {{ $values.priorityClassName | quote }}
 {{- end }}
-{{- with $values.nodeSelector }}
+{{- if $runtimeClass }}
+runtimeClassName: {{ $runtimeClass | quote }}
+{{- end }}
+{{- with $nodeSelector }}
 nodeSelector:
   {{- toYaml . | nindent 2 }}
 {{- end }}
-{{- with $values.tolerations }}
+{{- with $tolerations }}
 tolerations:
   {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $values.topologySpreadConstraints }}
+topologySpreadConstraints:
+  {{- range . }}
+  {{- $constraint := deepCopy . }}
+  {{- if not (hasKey $constraint "labelSelector") }}
+  {{- $_ := set $constraint "labelSelector" (dict "matchLabels" (fromYaml (include "baton.selectorLabels" (dict "root" $.root "role" $.role)))) }}
+  {{- end }}
+  - {{ toYaml $constraint | nindent 4 | trim }}
+  {{- end }}
 {{- end }}
 {{- if $values.affinity }}
 affinity:
@@ -160,17 +186,62 @@ securityContext:
   {{- toYaml .Values.podSecurityContext | nindent 2 }}
 {{- end -}}
 
-{{/* Annotations that roll the pods when the config file changes. */}}
+{{/* Annotations that roll a role's pods when the part of the config file it reads (common and
+its own section) changes; call with (dict "root" $ "role" "decode" "values" .Values.decode). */}}
 {{- define "baton.podAnnotations" -}}
-checksum/config: {{ include (print .root.Template.BasePath "/configmap.yaml") .root | sha256sum }}
+checksum/config: {{ include "baton.configChecksum" . }}
 {{- with .values.podAnnotations }}
 {{ toYaml . }}
 {{- end }}
 {{- end -}}
 
-{{/* The init container that writes a generated model into the "model" emptyDir. */}}
+{{/* The init container that fills the "model" volume: a generated model (model.generate) into
+an emptyDir, or the verified download of model.source into model.volume. With a source the
+volume is mounted on /models and the model is its directory "baton": batonctl fetch-model
+replaces that directory as a whole (it cannot be a mount point) and locks baton.lock beside it,
+in the volume, so pods sharing a claim download once; a directory already complete with the
+same digests is left as it is. */}}
 {{- define "baton.modelInit" -}}
-{{- if .Values.model.generate }}
+{{- $source := .Values.model.source -}}
+{{- if and (not .Values.model.generate) $source.uri }}
+initContainers:
+  - name: fetch-model
+    image: {{ include "baton.image" . }}
+    imagePullPolicy: {{ .Values.image.pullPolicy }}
+    command:
+      - /usr/local/bin/batonctl
+      - fetch-model
+      - {{ printf "--source=%s" $source.uri | quote }}
+      - --dest=/models/baton
+      {{- range $name, $sha256 := $source.files }}
+      - {{ printf "--file=%s=%s" $name $sha256 | quote }}
+      {{- end }}
+      {{- if $source.endpoint }}
+      - {{ printf "--endpoint=%s" $source.endpoint | quote }}
+      {{- end }}
+      - --retries={{ $source.retries | int64 }}
+    {{- with .Values.extraEnv }}
+    env:
+      {{- toYaml . | nindent 6 }}
+    {{- end }}
+    {{- with $source.credentialsSecret }}
+    envFrom:
+      - secretRef:
+          name: {{ . }}
+    {{- end }}
+    resources:
+      {{- toYaml $source.resources | nindent 6 }}
+    securityContext:
+      {{- toYaml .Values.securityContext | nindent 6 }}
+    volumeMounts:
+      - name: model
+        mountPath: /models
+        {{- with .Values.model.volume.subPath }}
+        subPath: {{ . }}
+        {{- end }}
+      - name: tmp
+        mountPath: /tmp
+{{- else if .Values.model.generate }}
 initContainers:
   - name: make-model
     image: {{ include "baton.image" . }}
@@ -237,10 +308,15 @@ that renewed files reach the pod. defaultMode 0440 (288): readable by the pod's 
 {{- if .Values.model.generate }}
   emptyDir:
     sizeLimit: {{ .Values.model.generateSizeLimit }}
+{{- else if eq .Values.model.volume.type "emptyDir" }}
+  emptyDir:
+    sizeLimit: {{ .Values.model.volume.sizeLimit }}
 {{- else if eq .Values.model.volume.type "pvc" }}
   persistentVolumeClaim:
     claimName: {{ .Values.model.volume.claimName }}
+    {{- if not .Values.model.source.uri }}
     readOnly: true
+    {{- end }}
 {{- else }}
   hostPath:
     path: {{ .Values.model.volume.path }}
@@ -275,8 +351,10 @@ that renewed files reach the pod. defaultMode 0440 (288): readable by the pod's 
   readOnly: true
 - name: tmp
   mountPath: /tmp
+{{- /* With model.source the volume holds the model as its directory "baton" (see
+baton.modelInit); otherwise the volume (or its subPath) is the model directory. */}}
 - name: model
-  mountPath: /models/baton
+  mountPath: {{ if and (not .Values.model.generate) .Values.model.source.uri }}/models{{ else }}/models/baton{{ end }}
   readOnly: true
   {{- if and (not .Values.model.generate) .Values.model.volume.subPath }}
   subPath: {{ .Values.model.volume.subPath }}
@@ -309,12 +387,13 @@ that renewed files reach the pod. defaultMode 0440 (288): readable by the pod's 
 {{- end }}
 {{- end -}}
 
-{{/* Container ports and gRPC health probes; call with (dict "root" $ "role" "router" "port" n).
-The router also serves the node Registry on "internal". Probes go to the plaintext health
-port (the kubelet cannot present a client certificate; gRPC probes take a port number, not a
-name); readiness asks for the overall service "", liveness and start-up for "liveness". */}}
+{{/* Container ports and gRPC health probes; call with (dict "root" $ "role" "router" "port" n
+"values" .Values.router). The router also serves the node Registry on "internal". Probes go to
+the plaintext health port (the kubelet cannot present a client certificate; gRPC probes take a
+port number, not a name); readiness asks for the overall service "", liveness and start-up for
+"liveness". Their fields are probes.* with the role's <role>.probes over them. */}}
 {{- define "baton.portsAndProbes" -}}
-{{- $probes := .root.Values.probes -}}
+{{- $probes := mergeOverwrite (deepCopy .root.Values.probes) (deepCopy (.values.probes | default dict)) -}}
 {{- $health := index .root.Values.config.common "health-port" | int64 -}}
 ports:
   - name: grpc
@@ -340,26 +419,42 @@ startupProbe:
   grpc:
     port: {{ $health }}
     service: liveness
-  periodSeconds: {{ $probes.startup.periodSeconds | int64 }}
-  failureThreshold: {{ $probes.startup.failureThreshold | int64 }}
+  {{- include "baton.probeFields" $probes.startup | nindent 2 }}
 readinessProbe:
   grpc:
     port: {{ $health }}
-  periodSeconds: {{ $probes.readiness.periodSeconds | int64 }}
-  timeoutSeconds: {{ $probes.readiness.timeoutSeconds | int64 }}
-  failureThreshold: {{ $probes.readiness.failureThreshold | int64 }}
+  {{- include "baton.probeFields" $probes.readiness | nindent 2 }}
+  successThreshold: {{ $probes.readiness.successThreshold | int64 }}
 livenessProbe:
   grpc:
     port: {{ $health }}
     service: liveness
-  periodSeconds: {{ $probes.liveness.periodSeconds | int64 }}
-  timeoutSeconds: {{ $probes.liveness.timeoutSeconds | int64 }}
-  failureThreshold: {{ $probes.liveness.failureThreshold | int64 }}
+  {{- include "baton.probeFields" $probes.liveness | nindent 2 }}
 {{- end -}}
 
-{{/* A PodDisruptionBudget; call with (dict "root" $ "role" "router" "pdb" .Values.router.pdb). */}}
+{{/* The timing fields every probe has. */}}
+{{- define "baton.probeFields" -}}
+initialDelaySeconds: {{ .initialDelaySeconds | int64 }}
+periodSeconds: {{ .periodSeconds | int64 }}
+timeoutSeconds: {{ .timeoutSeconds | int64 }}
+failureThreshold: {{ .failureThreshold | int64 }}
+{{- end -}}
+
+{{/* The fewest pods a role runs: autoscaling.minReplicas while autoscaling, else replicas. Call
+with the role's values. */}}
+{{- define "baton.minPods" -}}
+{{- if and .autoscaling .autoscaling.enabled -}}
+{{- .autoscaling.minReplicas | int64 -}}
+{{- else -}}
+{{- .replicas | int64 -}}
+{{- end -}}
+{{- end -}}
+
+{{/* A PodDisruptionBudget, only for a role that runs more than one pod (with one, a budget
+either blocks every node drain or protects nothing); call with (dict "root" $ "role" "router"
+"pdb" .Values.router.pdb "values" .Values.router). */}}
 {{- define "baton.pdb" -}}
-{{- if .pdb.enabled }}
+{{- if and .pdb.enabled (gt (include "baton.minPods" .values | int64) 1) }}
 ---
 apiVersion: policy/v1
 kind: PodDisruptionBudget
@@ -380,6 +475,12 @@ spec:
 {{- end }}
 {{- end -}}
 
+{{/* A number as a quoted Kubernetes quantity: "4", or "700m" for 0.7. */}}
+{{- define "baton.quantity" -}}
+{{- $milli := round (mulf (float64 .) 1000.0) 0 | int64 -}}
+{{- if eq (mod $milli 1000) 0 -}}{{ div $milli 1000 | toString | quote }}{{- else -}}{{ printf "%dm" $milli | quote }}{{- end -}}
+{{- end -}}
+
 {{/* An integer or a percentage string, as Kubernetes' IntOrString wants it. */}}
 {{- define "baton.intOrPercent" -}}
 {{- if kindIs "string" . -}}{{ quote . }}{{- else -}}{{ int64 . }}{{- end -}}
@@ -389,11 +490,20 @@ spec:
 The pod template of every role. Call with (dict "root" $ "role" "decode" "values"
 .Values.decode "binary" "baton-decode" "args" (list ...) "ompThreads" n "dataMount" bool);
 "args" come after --config and before the role's extraArgs, and "dataMount" mounts the
-StatefulSet's "data" claim on /var/lib/baton.
+StatefulSet's "data" claim on /var/lib/baton. The router, prefill and decode pods drain: a
+preStop sleep (<role>.preStopSleepSeconds) lets Services drop the pod before SIGTERM, then the
+binary finishes its work for config.<role>.drain-timeout, so the grace period is both plus a
+10 s margin for the shutdown itself.
 */}}
 {{- define "baton.podTemplate" -}}
 {{- $root := .root -}}
 {{- $values := .values -}}
+{{- $drains := has .role (list "router" "prefill" "decode") -}}
+{{- $resources := deepCopy $values.resources -}}
+{{- $gpus := dig "gpus" 0 $values | int64 -}}
+{{- if gt $gpus 0 -}}
+{{- $_ := set $resources "limits" (merge (dict $root.Values.gpu.resourceName $gpus) ($resources.limits | default dict)) -}}
+{{- end -}}
 metadata:
   labels:
     {{- include "baton.labels" (dict "root" $root "role" .role) | nindent 4 }}
@@ -401,13 +511,17 @@ metadata:
     {{- toYaml . | nindent 4 }}
     {{- end }}
   annotations:
-    {{- include "baton.podAnnotations" (dict "root" $root "values" $values) | nindent 4 }}
+    {{- include "baton.podAnnotations" (dict "root" $root "role" .role "values" $values) | nindent 4 }}
 spec:
   {{- include "baton.podCommon" $root | trim | nindent 2 }}
   {{- with include "baton.scheduling" (dict "root" $root "role" .role "values" $values "antiAffinity" (dig "podAntiAffinity" "none" $values)) | trim }}
   {{- . | nindent 2 }}
   {{- end }}
+  {{- if $drains }}
+  terminationGracePeriodSeconds: {{ add ($values.preStopSleepSeconds | int64) (include "baton.drainSeconds" .) 10 }}
+  {{- else }}
   terminationGracePeriodSeconds: {{ $values.terminationGracePeriodSeconds | int64 }}
+  {{- end }}
   {{- with include "baton.modelInit" $root | trim }}
   {{- . | nindent 2 }}
   {{- end }}
@@ -427,9 +541,17 @@ spec:
         {{- end }}
       env:
         {{- include "baton.env" (dict "root" $root "ompThreads" .ompThreads) | nindent 8 }}
-      {{- include "baton.portsAndProbes" (dict "root" $root "role" .role "port" (index $root.Values.config .role "port")) | nindent 6 }}
+      {{- include "baton.portsAndProbes" (dict "root" $root "role" .role "port" (index $root.Values.config .role "port") "values" $values) | nindent 6 }}
+      {{- if and $drains (gt ($values.preStopSleepSeconds | int64) 0) }}
+      lifecycle:
+        preStop:
+          exec:
+            command:
+              - /bin/sleep
+              - {{ $values.preStopSleepSeconds | int64 | quote }}
+      {{- end }}
       resources:
-        {{- toYaml $values.resources | nindent 8 }}
+        {{- toYaml $resources | nindent 8 }}
       securityContext:
         {{- toYaml $root.Values.securityContext | nindent 8 }}
       volumeMounts:

@@ -1,7 +1,11 @@
 {{/*
 A node pool: prefill and decode nodes differ only in their binary, port and values, so both
-come from this template. StatefulSet (stable pod names, which become the nodes' --node-id),
-its headless Service (DNS and metrics scraping) and a PodDisruptionBudget. Call with
+come from this template. A Deployment (nodes need no stable identity: each registers with the
+routers under its pod name, --node-id=$(POD_NAME), and its pod IP, and the routers forget a
+node that stops heartbeating), so rolling updates can surge: the new pod starts before the old
+one drains. Its headless Service (metrics scraping) and a PodDisruptionBudget. While
+<role>.autoscaling is on, the Deployment has no replicas field: the HorizontalPodAutoscaler or
+ScaledObject (autoscaling.yaml) owns it, and helm upgrade leaves it alone. Call with
 (dict "root" $ "role" "prefill" "binary" "baton-prefill").
 */}}
 {{- define "baton.nodePool" -}}
@@ -11,19 +15,21 @@ its headless Service (DNS and metrics scraping) and a PodDisruptionBudget. Call 
 {{- $port := index $root.Values.config $role "port" -}}
 {{- $fullname := include "baton.fullname" $root -}}
 apiVersion: apps/v1
-kind: StatefulSet
+kind: Deployment
 metadata:
   name: {{ $fullname }}-{{ $role }}
   namespace: {{ $root.Release.Namespace }}
   labels:
     {{- include "baton.labels" (dict "root" $root "role" $role) | nindent 4 }}
 spec:
+  {{- if not $values.autoscaling.enabled }}
   replicas: {{ $values.replicas | int64 }}
-  serviceName: {{ $fullname }}-{{ $role }}
-  # Nodes are interchangeable; none waits for another to start or stop.
-  podManagementPolicy: Parallel
-  updateStrategy:
+  {{- end }}
+  strategy:
     type: RollingUpdate
+    rollingUpdate:
+      maxSurge: {{ include "baton.intOrPercent" $values.rollingUpdate.maxSurge }}
+      maxUnavailable: {{ include "baton.intOrPercent" $values.rollingUpdate.maxUnavailable }}
   selector:
     matchLabels:
       {{- include "baton.selectorLabels" (dict "root" $root "role" $role) | nindent 6 }}
@@ -51,5 +57,5 @@ spec:
       port: {{ index $root.Values.config.common "metrics-port" | int64 }}
       targetPort: metrics
       protocol: TCP
-{{- include "baton.pdb" (dict "root" $root "role" $role "pdb" $values.pdb) }}
+{{- include "baton.pdb" (dict "root" $root "role" $role "pdb" $values.pdb "values" $values) }}
 {{- end -}}

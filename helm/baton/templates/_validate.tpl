@@ -77,4 +77,106 @@ internal port). */ -}}
 {{- fail (printf "config.kvstore.budget-bytes: %d exceeds kvstore.persistence.size %s (%d bytes); the store would fill its volume" $budget .Values.kvstore.persistence.size $size) -}}
 {{- end -}}
 {{- end -}}
+{{- include "baton.validateModelSource" . -}}
+{{- include "baton.validateRollout" . -}}
+{{- end -}}
+
+{{/* model.source: the download that fills model.volume (batonctl fetch-model). */}}
+{{- define "baton.validateModelSource" -}}
+{{- $model := .Values.model -}}
+{{- $source := $model.source -}}
+{{- if $source.uri -}}
+{{- if $model.generate -}}
+{{- fail (printf "model.source.uri: model.generate is %q, which replaces the model volume with a generated model; set model.generate to \"\" to download %s" $model.generate $source.uri) -}}
+{{- end -}}
+{{- $scheme := regexFind "^[a-z0-9]+://" $source.uri | trimSuffix "://" -}}
+{{- if not (has $scheme (list "https" "http" "s3" "hf")) -}}
+{{- fail (printf "model.source.uri: %q has an unknown scheme; use https://host/dir, http://host/dir, s3://bucket/prefix or hf://org/repo[@revision]" $source.uri) -}}
+{{- end -}}
+{{- if and (eq $scheme "s3") (not (regexMatch "^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?$" $source.uri)) -}}
+{{- fail (printf "model.source.uri: %q is not s3://bucket/prefix (a bucket name is 3 to 63 of a-z, 0-9, '.' and '-')" $source.uri) -}}
+{{- end -}}
+{{- if and (eq $scheme "hf") (not (regexMatch "^hf://[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*(@[A-Za-z0-9._/-]+)?$" $source.uri)) -}}
+{{- fail (printf "model.source.uri: %q is not hf://org/repo or hf://org/repo@revision" $source.uri) -}}
+{{- end -}}
+{{- if and (has $scheme (list "https" "http")) (not (regexMatch "^https?://[^/]+" $source.uri)) -}}
+{{- fail (printf "model.source.uri: %q names no host" $source.uri) -}}
+{{- end -}}
+{{- if and $source.endpoint (has $scheme (list "https" "http")) -}}
+{{- fail (printf "model.source.endpoint: only s3:// and hf:// sources take an endpoint; %s already names its server" $source.uri) -}}
+{{- end -}}
+{{- if not $source.files -}}
+{{- fail "model.source.files: name every file to fetch with its sha256 (at least config.json and model.safetensors), e.g. {config.json: <64 hex digits>, model.safetensors: <64 hex digits>}; every download is verified" -}}
+{{- end -}}
+{{- range $name, $sha256 := $source.files -}}
+{{- if not (regexMatch "^[0-9a-f]{64}$" (toString $sha256)) -}}
+{{- fail (printf "model.source.files.%s: %q is not a sha256 (64 lowercase hex digits, as `sha256sum %s` prints it)" $name (toString $sha256) $name) -}}
+{{- end -}}
+{{- end -}}
+{{- if not (hasKey $source.files "config.json") -}}
+{{- fail "model.source.files: config.json is missing; every role reads it from the model directory" -}}
+{{- end -}}
+{{- if not (hasKey $source.files "model.safetensors") -}}
+{{- fail "model.source.files: model.safetensors is missing; the nodes load it and the store's fingerprint hashes it" -}}
+{{- end -}}
+{{- else -}}
+{{- if eq $model.volume.type "emptyDir" -}}
+{{- if not $model.generate -}}
+{{- fail "model.volume.type: emptyDir starts empty; set model.source.uri (and model.source.files) to download the model into it, or mount weights with pvc or hostPath" -}}
+{{- end -}}
+{{- end -}}
+{{- range $field := list "endpoint" "files" "credentialsSecret" -}}
+{{- if index $source $field -}}
+{{- fail (printf "model.source.%s: set without model.source.uri, so nothing would be downloaded; set the uri or remove it" $field) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Replicas, rolling updates, disruption budgets and autoscalers of the roles that drain. */}}
+{{- define "baton.validateRollout" -}}
+{{- range $role := list "router" "prefill" "decode" -}}
+{{- $values := index $.Values $role -}}
+{{- $update := $values.rollingUpdate -}}
+{{- if and (eq (toString $update.maxSurge) "0") (eq (toString $update.maxUnavailable) "0") -}}
+{{- fail (printf "%s.rollingUpdate: maxSurge and maxUnavailable are both 0, so a rolling update could neither add nor remove a pod" $role) -}}
+{{- end -}}
+{{- $a := $values.autoscaling -}}
+{{- if $a.enabled -}}
+{{- if gt ($a.minReplicas | int64) ($a.maxReplicas | int64) -}}
+{{- fail (printf "%s.autoscaling.maxReplicas: %d is below minReplicas %d" $role ($a.maxReplicas | int64) ($a.minReplicas | int64)) -}}
+{{- end -}}
+{{- if and (eq $a.kind "keda") (not $a.keda.serverAddress) -}}
+{{- fail (printf "%s.autoscaling.keda.serverAddress: kind keda queries Prometheus; give its URL, e.g. http://prometheus-operated.monitoring.svc:9090" $role) -}}
+{{- end -}}
+{{- $targets := dict "router" (list "targetRequestsRunning") "prefill" (list "targetQueueDepth" "targetRunning") "decode" (list "targetPoolUsage" "targetQueueDepth") -}}
+{{- $any := false -}}
+{{- range $t := index $targets $role -}}
+{{- if gt (float64 (index $a $t)) 0.0 }}{{ $any = true }}{{ end -}}
+{{- end -}}
+{{- if not $any -}}
+{{- fail (printf "%s.autoscaling: every target is 0, so the autoscaler would have no metric; set %s" $role (join " or " (index $targets $role))) -}}
+{{- end -}}
+{{- end -}}
+{{- $pdb := $values.pdb -}}
+{{- if $pdb.enabled -}}
+{{- $min := toString $pdb.minAvailable -}}
+{{- $max := toString $pdb.maxUnavailable -}}
+{{- if and (eq $min "") (eq $max "") -}}
+{{- fail (printf "%s.pdb: set minAvailable or maxUnavailable (or enabled: false)" $role) -}}
+{{- end -}}
+{{- if and (ne $min "") (ne $max "") -}}
+{{- fail (printf "%s.pdb.maxUnavailable: minAvailable is set too; a PodDisruptionBudget takes one of the two (set the other to \"\")" $role) -}}
+{{- end -}}
+{{- $pods := include "baton.minPods" $values | int64 -}}
+{{- if gt $pods 1 -}}
+{{- if or (eq $min "0") (eq $min "0%") (eq $max "100%") (and (regexMatch "^[0-9]+$" $max) (ge ($max | int64) $pods)) -}}
+{{- fail (printf "%s.pdb: minAvailable %q / maxUnavailable %q lets all %d pods go at once; the budget would protect nothing" $role $min $max $pods) -}}
+{{- end -}}
+{{- if or (eq $min "100%") (and (regexMatch "^[0-9]+$" $min) (ge ($min | int64) $pods)) -}}
+{{- fail (printf "%s.pdb.minAvailable: %s of %d pods must stay up, so no pod could ever be evicted and node drains would hang; use at most %d" $role $min $pods (sub $pods 1)) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
 {{- end -}}

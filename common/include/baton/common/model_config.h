@@ -80,4 +80,12 @@ absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& path);
 // The canonical config.json text (sorted keys), used for writing models and fingerprints.
 std::string ModelConfigToJson(const ModelConfig& config);
 
+// Hex SHA-256 of ModelConfigToJson: two models of one digest have the same shapes and limits
+// (the router's checks hold for both), whatever their weights.
+std::string ConfigDigest(const ModelConfig& config);
+
+// The name a model directory is served under unless one is given: its last path component
+// ("/models/baton/" gives "baton").
+std::string DefaultServedModelName(const std::string& model_dir);
+
 }  // namespace baton

@@ -47,6 +47,8 @@ struct ServerOptions {
   // refused with RESOURCE_EXHAUSTED, never queued without bound) and buffer memory.
   int max_rpc_threads = 2048;
   int64_t rpc_memory_bytes = int64_t{1} << 30;
+  // On SIGTERM or SIGINT the process drains (see ServeUntilShutdown) for at most this long.
+  std::chrono::milliseconds drain_timeout{30000};
 };
 
 // Sets a grpc.health.v1 service's status on every server of the process.
@@ -75,7 +77,8 @@ struct ClientEndpoint {
   ServerOptions options;                   // host, port and ready file
   std::shared_ptr<grpc::ServerCredentials> credentials;
   // Runs once the client server is up, before the process reports itself serving (the
-  // router's HTTP front starts here, calling the server in-process); an error stops the start.
+  // router's HTTP front starts here, calling the server in-process) and before the ready file
+  // is written; an error stops the start.
   std::function<absl::Status(grpc::Server&)> on_serving;
 };
 
@@ -93,6 +96,10 @@ class Heartbeat {
   Heartbeat(std::string routers, v1::RegisterRequest node, LoadFn load);
   ~Heartbeat();
 
+  // Sends the routers a registration marked draining (again, until each has taken it or
+  // `until` has passed), then stops registering. Returns once that is done.
+  void Drain(std::chrono::steady_clock::time_point until);
+
  private:
   void Run();
   std::string routers_;
@@ -101,29 +108,39 @@ class Heartbeat {
   std::mutex mutex_;
   std::condition_variable wake_;
   bool stop_ = false;
+  bool draining_ = false;  // Drain was called
+  std::chrono::steady_clock::time_point drain_until_;
+  bool drain_sent_ = false;  // the draining registration went out; the loop has ended
   std::thread thread_;
 };
 
 // The common life of a baton server binary: start (see StartServer) and its metrics server,
 // print "<binary> serving on host:port", register with `router` (when set) as `node` reporting
-// `load`, serve until SIGINT or SIGTERM, then stop the heartbeat and shut down. With a
-// `client` endpoint, that server starts too and is the one printed. `on_started` runs once the
-// servers are up, with a setter of health statuses on all of them (the health port included);
-// `on_stopping` runs before they go away. Returns the process exit status.
+// `load`, and serve until SIGINT or SIGTERM. Then drain: send the routers one registration
+// marked draining and stop registering (the routers send nothing new from then on), turn
+// readiness ("" in grpc.health.v1) NOT_SERVING, and call `drain` with a deadline
+// options.drain_timeout away; it refuses new work and returns once what the process holds is
+// finished or the deadline has passed. Then `on_stopping` runs and the servers shut down
+// (cancelling whatever is left). With a `client` endpoint, that server starts too and is the
+// one printed. `on_started` runs once the servers are up, with a setter of health statuses on
+// all of them (the health port included). Returns the process exit status.
 struct Registration {
   std::string router;  // comma-separated routers (see ResolveRouters); empty: do not register
   v1::RegisterRequest node;
   Heartbeat::LoadFn load;
 };
-// The registration of a node of `role` called `node_id`, serving the model `fingerprint`.
+// The registration of a node of `role` called `node_id`, serving the model `fingerprint` under
+// `model_name` with the config of `config_digest` (ConfigDigest; both "" for a store).
 Registration NodeRegistration(std::string router, const std::string& node_id, v1::NodeRole role,
-                              const std::string& fingerprint, Heartbeat::LoadFn load);
+                              const std::string& fingerprint, Heartbeat::LoadFn load,
+                              const std::string& model_name = "",
+                              const std::string& config_digest = "");
 
-int ServeUntilShutdown(const std::string& binary, grpc::ServerBuilder& builder,
-                       const ServerOptions& options, Registration registration,
-                       const std::function<void(HealthSetter)>& on_started = nullptr,
-                       const std::function<void()>& on_stopping = nullptr,
-                       ClientEndpoint client = {});
+int ServeUntilShutdown(
+    const std::string& binary, grpc::ServerBuilder& builder, const ServerOptions& options,
+    Registration registration, const std::function<void(HealthSetter)>& on_started = nullptr,
+    const std::function<void()>& on_stopping = nullptr, ClientEndpoint client = {},
+    const std::function<void(std::chrono::steady_clock::time_point deadline)>& drain = nullptr);
 
 // Blocks SIGINT and SIGTERM in this thread (call first in main, before starting threads, so
 // they inherit the mask) ...

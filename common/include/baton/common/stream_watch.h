@@ -69,5 +69,10 @@ class StreamWatch {
 // Parses --stream-idle-timeout: an absl duration ("30s", "500ms", "2m") or a bare number of
 // seconds; "0" disables. Errors name the flag and what is allowed.
 absl::StatusOr<std::chrono::milliseconds> ParseStreamIdleTimeout(const std::string& text);
+// The same syntax for any duration flag named `flag`; `zero` is appended to the allowed forms'
+// description (what 0 means, if anything).
+absl::StatusOr<std::chrono::milliseconds> ParseDurationFlag(const std::string& flag,
+                                                            const std::string& text,
+                                                            const std::string& zero = "");
 
 }  // namespace baton

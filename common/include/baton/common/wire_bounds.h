@@ -17,11 +17,12 @@ namespace baton {
 
 inline constexpr uint64_t kMaxRequestIdBytes = 256;
 inline constexpr uint64_t kMaxCacheSaltBytes = 256;
-inline constexpr uint64_t kMaxTenantBytes = 64;     // API key tenants (common/api_keys.h)
-inline constexpr uint64_t kMaxIdentityBytes = 512;  // certificate identities (SPIFFE ids)
-inline constexpr uint64_t kMaxAddressBytes = 512;   // host:port of a node
-inline constexpr uint64_t kMaxNodeIdBytes = 256;    // a node's name at the router
+inline constexpr uint64_t kMaxTenantBytes = 64;        // API key tenants (common/api_keys.h)
+inline constexpr uint64_t kMaxIdentityBytes = 512;     // certificate identities (SPIFFE ids)
+inline constexpr uint64_t kMaxAddressBytes = 512;      // host:port of a node
+inline constexpr uint64_t kMaxNodeIdBytes = 256;       // a node's name at the router
 inline constexpr uint64_t kMaxFingerprintBytes = 128;  // a model fingerprint (hex digest)
+inline constexpr uint64_t kMaxModelNameBytes = 256;    // a served model's name
 inline constexpr int kMaxStopTokenIds = 64;
 inline constexpr int kMaxStopStrings = 16;
 inline constexpr uint64_t kMaxStopStringBytes = 256;

@@ -90,6 +90,10 @@ class DecodeService final : public v1::DecodeNode::Service {
   // Starts the liveness watchdog of the decode loop (ServeUntilShutdown's on_started).
   void StartWatchdog(HealthSetter health) { watchdog_->Start(std::move(health)); }
   void StopWatchdog() { watchdog_->Stop(); }
+  // Graceful drain (ServeUntilShutdown's `drain`): Reserve is refused with UNAVAILABLE from now
+  // on (the router, told first, sends none); the requests held (reserved, transferring or
+  // streaming) run to their end. Returns once none is left, or at `deadline`.
+  void Drain(std::chrono::steady_clock::time_point deadline);
 
  private:
   struct Request;
@@ -131,6 +135,7 @@ class DecodeService final : public v1::DecodeNode::Service {
   std::map<std::string, std::shared_ptr<Request>> requests_;
   int64_t waiting_ = 0;
   bool stop_ = false;
+  bool draining_ = false;
   std::thread decode_thread_;
   std::thread reap_thread_;
   std::unique_ptr<Metrics> metrics_;

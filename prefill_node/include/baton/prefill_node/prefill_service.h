@@ -69,6 +69,10 @@ class PrefillService final : public v1::PrefillNode::Service {
   // The liveness watchdog of the model loop (ServeUntilShutdown's on_started, on_stopping).
   void StartWatchdog(HealthSetter health) { watchdog_->Start(std::move(health)); }
   void StopWatchdog() { watchdog_->Stop(); }
+  // Graceful drain (ServeUntilShutdown's `drain`): a new Prefill is refused with UNAVAILABLE
+  // (the router, told first, sends none) and the prefills in progress, with their StateBlock
+  // reads, run to their end. Returns once none is left, or at `deadline`.
+  void Drain(std::chrono::steady_clock::time_point deadline);
 
  private:
   struct Metrics;
@@ -99,6 +103,8 @@ class PrefillService final : public v1::PrefillNode::Service {
   int64_t queued_ = 0;  // of those, waiting for the model
   int64_t staged_ = 0;  // of those, holding staging memory (at most max_staged_requests)
   std::condition_variable staging_free_;
+  bool draining_ = false;
+  std::condition_variable idle_;  // active_ fell to 0
   std::unique_ptr<transfer::UcxWorker> ucx_;
   std::thread ucx_thread_;  // progress for transports that emulate RMA (a get over TCP)
   std::atomic<bool> stop_progress_{false};

@@ -44,6 +44,7 @@ struct HttpOptions {
   int threads = 512;                        // concurrent requests (each stream holds one)
   size_t max_body_bytes = size_t{8} << 20;  // larger bodies get 413
   openai::ServedModel model;
+  std::vector<openai::ModelEntry> more_models;  // served beside `model` (router --extra-model)
 };
 
 class HttpFront {
@@ -71,7 +72,7 @@ class HttpFront {
 
   HttpOptions options_;
   std::shared_ptr<grpc::Channel> channel_;
-  std::shared_ptr<const text::Tokenizer> tokenizer_;
+  std::vector<openai::ModelEntry> models_;  // options_.model with the tokenizer, then the more
   std::shared_ptr<const ApiKeys> api_keys_;
   std::function<bool()> ready_;
   std::unique_ptr<httplib::Server> server_;

@@ -15,7 +15,9 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -36,8 +38,15 @@ struct ServedModel {
   uint32_t max_model_len = 32768;    // the router's --max-model-len
 };
 
+// A served model with its tokenizer (never null).
+struct ModelEntry {
+  ServedModel model;
+  std::shared_ptr<const text::Tokenizer> tokenizer;
+};
+
 struct Request {
   Endpoint endpoint = Endpoint::kCompletions;
+  size_t model = 0;  // the ModelEntry it asked for (its "model" field; absent: the first)
   v1::GenerateRequest generate;
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
@@ -50,6 +59,10 @@ struct Request {
 // text::kDefaultChatTemplate (ChatML) when the model has none.
 absl::StatusOr<Request> ParseRequest(Endpoint endpoint, std::string_view body,
                                      const text::Tokenizer& tokenizer, const ServedModel& model);
+// The same for a front of several models: the "model" field picks one of `models` (absent: the
+// first) and names it in the GenerateRequest; NotFound lists the names served.
+absl::StatusOr<Request> ParseRequest(Endpoint endpoint, std::string_view body,
+                                     std::span<const ModelEntry> models);
 
 // An error as OpenAI's clients read it, with its HTTP status.
 struct Error {

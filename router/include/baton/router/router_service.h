@@ -19,6 +19,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -36,6 +37,17 @@
 #include "prometheus/collectable.h"
 
 namespace baton::router {
+
+// One model the router serves: the name clients ask for (GenerateRequest.model, the OpenAI
+// "model" field), the config its requests are checked against, and its tokenizer. Nodes
+// register under the name with the config's digest (ConfigDigest); nodes of one name may carry
+// different weights (a rollout), and the router pairs prefill and decode nodes of the same
+// weights' fingerprint.
+struct ServedModel {
+  std::string name;
+  ModelConfig config;
+  std::shared_ptr<const text::Tokenizer> tokenizer;  // null: token ids only
+};
 
 struct RouterOptions {
   v1::TruncationMode default_mode = v1::TRUNCATION_MODE_COMPACT;
@@ -60,6 +72,11 @@ struct RouterOptions {
   // With one, prompt_text is encoded here, every response message carries its text, and
   // sampling.stop takes stop strings.
   std::shared_ptr<const text::Tokenizer> tokenizer;
+  // The name the constructor's model is served under; "" serves it under any name a node
+  // registers, for a router of one model. More models served beside it (router --model
+  // given more than once), each with its own nodes.
+  std::string model_name;
+  std::vector<ServedModel> more_models;
   // Client API keys (key -> tenant); null: the client API takes no key and the tenant is empty.
   std::shared_ptr<const ApiKeys> api_keys;
   // A client that takes no message for this long has its stream cancelled, and the decode
@@ -82,6 +99,9 @@ class RouterService final : public v1::Generation::Service, public v1::Registry:
                         grpc::ServerWriter<v1::GenerateResponse>* writer) override;
   grpc::Status Register(grpc::ServerContext* context, const v1::RegisterRequest* request,
                         v1::RegisterResponse* reply) override;
+  // The models served, each with the weights that can serve it now (API key as Generate).
+  grpc::Status ListModels(grpc::ServerContext* context, const v1::ListModelsRequest* request,
+                          v1::ListModelsResponse* reply) override;
 
   // Sets grpc.health.v1 for "" and "baton.v1.Generation" (through `health`, on every server of
   // the process) as nodes come and go, until StopHealth (which must come before the servers are
@@ -91,6 +111,12 @@ class RouterService final : public v1::Generation::Service, public v1::Registry:
   // A prefill and a decode node are live (and a kvstore has registered, with
   // --require-kvstore): what grpc.health.v1 and the HTTP front's /health report.
   bool Serving() const;
+  // The models served, the constructor's first (GET /v1/models).
+  const std::vector<ServedModel>& Models() const { return models_; }
+  // Graceful drain (ServeUntilShutdown's `drain`): from now on Serving() is false and a new
+  // Generate call is refused with UNAVAILABLE (a client retries on another router); returns
+  // once every open call has ended, or at `deadline`.
+  void Drain(std::chrono::steady_clock::time_point deadline);
 
   // A request's effective truncation.
   struct Effective {
@@ -98,8 +124,11 @@ class RouterService final : public v1::Generation::Service, public v1::Registry:
     uint32_t keep;
   };
   // Checks a client's request (every field bounded, each refusal INVALID_ARGUMENT naming the
-  // field) and gives its effective truncation: the request's override or the defaults.
+  // field; NOT_FOUND for a model not served) and gives its effective truncation: the request's
+  // override or the defaults.
   absl::StatusOr<Effective> Validate(const v1::GenerateRequest& request) const;
+  // The served model a request names (its index in Models()); NOT_FOUND naming what is served.
+  absl::StatusOr<size_t> ResolveModel(const std::string& name) const;
 
  private:
   struct Node {
@@ -108,7 +137,9 @@ class RouterService final : public v1::Generation::Service, public v1::Registry:
     int64_t inflight = 0;    // requests this router sent there and has not finished
     int64_t prefilling = 0;  // of those, prefills not yet answered (prefill nodes)
     std::shared_ptr<grpc::Channel> channel;
-    std::string identity;  // the certificate identity it registered with ("" without TLS)
+    std::string identity;   // the certificate identity it registered with ("" without TLS)
+    bool draining = false;  // its last registration said so: it gets no new request
+    size_t model = 0;       // its index in models_ (prefill and decode nodes)
   };
   // What one request did, for its metrics and log lines.
   struct Trace {
@@ -118,6 +149,8 @@ class RouterService final : public v1::Generation::Service, public v1::Registry:
     std::optional<std::chrono::steady_clock::time_point> last_token;
     int64_t tokens = 0;
     int64_t prompt_tokens = 0;  // once encoded (a text prompt's ids)
+    std::string prefill_node;   // the nodes of the last attempt, for the log line
+    std::string decode_node;
   };
   struct Metrics;
 
@@ -130,32 +163,49 @@ class RouterService final : public v1::Generation::Service, public v1::Registry:
   bool Send(grpc::ServerContext* context, grpc::ServerWriter<v1::GenerateResponse>* writer,
             const v1::GenerateResponse& response);
   // The prefix hit H (tokens) for a request, or 0 when the store is absent, slow or failing.
-  uint32_t PrefixHit(const v1::GenerateRequest& request, const Effective& effective,
-                     const std::string& fingerprint, const std::string& tenant);
-  // The live node of `role` with the least load, not in `exclude`; nullptr when none.
-  std::shared_ptr<Node> Pick(v1::NodeRole role, const std::vector<std::string>& exclude);
+  uint32_t PrefixHit(const v1::GenerateRequest& request, const ModelConfig& config,
+                     const Effective& effective, const std::string& fingerprint,
+                     const std::string& tenant);
+  // The live node of `role` with the least load, not in `exclude`, serving `fingerprint` (any
+  // when empty); nullptr when none.
+  std::shared_ptr<Node> Pick(v1::NodeRole role, const std::vector<std::string>& exclude,
+                             const std::string& fingerprint = "");
   // Waits in the admission queue (see RouterOptions) for a prefill node, not in `exclude`,
   // with a free slot, and takes the slot; `tenant`'s turn comes by fair_queue.h. A retry after
   // a lost node does not queue behind new requests. UNAVAILABLE when no prefill node is live,
   // RESOURCE_EXHAUSTED (with `retry_after_ms` set) past the queue's bound, CANCELLED or
   // DEADLINE_EXCEEDED with the client's call.
+  // Only prefill nodes of served model `model` are taken, of weights `fingerprint` when it is
+  // not empty, and only those whose weights a live decode node also serves.
+  // `lost_decode` are decode nodes this request gave up on.
   absl::StatusOr<std::shared_ptr<Node>> AdmitPrefill(grpc::ServerContext* context,
                                                      const std::vector<std::string>& exclude,
                                                      const std::string& tenant, bool retry,
-                                                     int64_t* retry_after_ms);
+                                                     int64_t* retry_after_ms, size_t model,
+                                                     const std::string& fingerprint,
+                                                     const std::vector<std::string>& lost_decode);
   // Frees the slot AdmitPrefill took; `took` feeds the retry hint.
   void PrefillDone(Node& node, std::chrono::steady_clock::duration took);
   void MarkDown(const std::string& node_id);
+  // A live decode node of served model `model`, not draining and not in `exclude`, exists.
+  bool AnyDecode(size_t model, const std::vector<std::string>& exclude) const;
 
-  ModelConfig config_;
+  std::vector<ServedModel> models_;          // [0]: the constructor's
+  std::vector<std::string> config_digests_;  // ConfigDigest of each
   RouterOptions options_;
   mutable std::mutex mutex_;
   std::map<std::string, std::shared_ptr<Node>> nodes_;
+  std::set<std::string> refused_nodes_;  // refused (or renamed) registrations already logged
+  static constexpr size_t kMaxNoted = 4096;
   std::condition_variable admission_;  // a prefill slot was freed, or the queue moved
-  FairQueue queue_;                    // the requests waiting for admission
+  std::vector<FairQueue> queues_;      // the requests waiting for admission, per model
   double prefill_ms_average_ = 100;    // moving average of a prefill's time, for retry hints
   mutable bool kvstore_seen_ = false;  // a kvstore has registered since start
   bool stop_ = false;
+  bool draining_ = false;   // Drain was called
+  HealthSetter health_;     // WatchHealth's (Drain turns readiness off through it)
+  int64_t open_calls_ = 0;  // Generate calls in progress
+  std::condition_variable calls_ended_;
   std::thread health_thread_;
   std::unique_ptr<Metrics> metrics_;
   std::unique_ptr<StreamWatch> idle_watch_;

@@ -22,14 +22,18 @@ struct NodeLoad {
   int64_t inflight = 0;     // requests this router sent there and has not finished
   uint32_t queued = 0;      // what the node last reported waiting
   uint64_t free_pages = 0;  // what the node last reported free
+  bool draining = false;    // the node said it is draining: it gets nothing new
+  std::string fingerprint;  // the model weights it serves
 };
 
-// The node of `role` to use: heard from within `ttl` of `now`, not in `exclude`, with the least
+// The node of `role` to use: heard from within `ttl` of `now`, not draining, not in `exclude`,
+// serving `fingerprint` (when not empty), with the least
 // load (inflight + queued), more free pages breaking ties, then the earlier in `nodes`. The
 // index in `nodes`, or -1 when none qualifies.
 int64_t SelectNode(std::span<const NodeLoad> nodes, v1::NodeRole role,
                    const std::vector<std::string>& exclude,
-                   std::chrono::steady_clock::time_point now, std::chrono::milliseconds ttl);
+                   std::chrono::steady_clock::time_point now, std::chrono::milliseconds ttl,
+                   const std::string& fingerprint = "");
 
 // A node that did not answer (UNAVAILABLE) is taken for lost; every other code is the
 // request's own outcome.

@@ -1,0 +1,124 @@
+{{/*
+The sections of baton.yaml, one template each, so that configmap.yaml writes the file and every
+role's pods carry a checksum of only the sections their binary reads (common plus its own):
+a change to config.decode rolls the decode pods and nothing else. Each renders at indentation 0.
+*/}}
+
+{{- define "baton.config.common" -}}
+{{- $c := .Values.config -}}
+common:
+  model: /models/baton
+  host: 0.0.0.0
+  metrics-host: 0.0.0.0
+  metrics-port: {{ index $c.common "metrics-port" | int64 }}
+  health-port: {{ index $c.common "health-port" | int64 }}
+  {{- if .Values.tls.enabled }}
+  tls-ca: /etc/baton-tls/ca.crt
+  tls-cert: /etc/baton-tls/tls.crt
+  tls-key: /etc/baton-tls/tls.key
+  {{- else }}
+  # tls.enabled is false: plaintext internal surfaces, for trusted test clusters only.
+  insecure-internal: true
+  {{- end }}
+  log-format: {{ index $c.common "log-format" }}
+  log-level: {{ index $c.common "log-level" }}
+  router: {{ include "baton.routerAddress" . }}
+{{- end -}}
+
+{{- define "baton.config.router" -}}
+{{- $c := .Values.config -}}
+router:
+  port: {{ $c.router.port | int64 }}
+  internal-port: {{ index $c.router "internal-port" | int64 }}
+  {{- if ge (index $c.router "http-port" | int64) 0 }}
+  http-port: {{ index $c.router "http-port" | int64 }}
+  {{- end }}
+  {{- with .Values.router.clientTls }}
+  {{- if .secretName }}
+  client-tls-cert: /etc/baton-client-tls/tls.crt
+  client-tls-key: /etc/baton-client-tls/tls.key
+  {{- if .requireClientCert }}
+  client-tls-ca: /etc/baton-client-tls/ca.crt
+  {{- end }}
+  {{- end }}
+  {{- end }}
+  {{- if .Values.router.apiKeys.secretName }}
+  api-keys: /etc/baton-api-keys/{{ .Values.router.apiKeys.key }}
+  {{- end }}
+  default-mode: {{ index $c.router "default-mode" }}
+  default-keep: {{ index $c.router "default-keep" | int64 }}
+  max-tokens-limit: {{ index $c.router "max-tokens-limit" | int64 }}
+  max-model-len: {{ index $c.router "max-model-len" | int64 }}
+  transport: {{ $c.router.transport }}
+  reservation-timeout-ms: {{ index $c.router "reservation-timeout-ms" | int64 }}
+  hit-cap: {{ index $c.router "hit-cap" }}
+  lookup-timeout-ms: {{ index $c.router "lookup-timeout-ms" | int64 }}
+  max-queued: {{ index $c.router "max-queued" | int64 }}
+  prefill-slots: {{ index $c.router "prefill-slots" | int64 }}
+  stream-idle-timeout: {{ index $c.router "stream-idle-timeout" | toString | quote }}
+  prefill-timeout-ms: {{ index $c.router "prefill-timeout-ms" | int64 }}
+  drain-timeout: {{ index $c.router "drain-timeout" | quote }}
+  require-kvstore: {{ .Values.kvstore.enabled }}
+  {{- with .Values.model.servedName }}
+  served-model-name: {{ . | quote }}
+  {{- end }}
+{{- end -}}
+
+{{- define "baton.config.prefill" -}}
+{{- $c := .Values.config -}}
+prefill:
+  port: {{ $c.prefill.port | int64 }}
+  {{- with .Values.model.servedName }}
+  served-model-name: {{ . | quote }}
+  {{- end }}
+  {{- if gt (.Values.prefill.gpus | int64) 0 }}
+  device: cuda
+  {{- end }}
+  token-budget: {{ index $c.prefill "token-budget" | int64 }}
+  no-ucx: {{ index $c.prefill "no-ucx" }}
+  commit-timeout-ms: {{ index $c.prefill "commit-timeout-ms" | int64 }}
+  drain-timeout: {{ index $c.prefill "drain-timeout" | quote }}
+  {{- if .Values.kvstore.enabled }}
+  kvstore: {{ include "baton.kvstoreAddress" . }}
+  {{- end }}
+{{- end -}}
+
+{{- define "baton.config.decode" -}}
+{{- $c := .Values.config -}}
+decode:
+  port: {{ $c.decode.port | int64 }}
+  {{- with .Values.model.servedName }}
+  served-model-name: {{ . | quote }}
+  {{- end }}
+  {{- if gt (.Values.decode.gpus | int64) 0 }}
+  device: cuda
+  {{- end }}
+  slots: {{ $c.decode.slots | int64 }}
+  pages: {{ $c.decode.pages | int64 }}
+  max-batch: {{ index $c.decode "max-batch" | int64 }}
+  max-waiting: {{ index $c.decode "max-waiting" | int64 }}
+  no-ucx: {{ index $c.decode "no-ucx" }}
+  ucx-peer-errors: {{ index $c.decode "ucx-peer-errors" }}
+  stream-idle-timeout: {{ index $c.decode "stream-idle-timeout" | toString | quote }}
+  drain-timeout: {{ index $c.decode "drain-timeout" | quote }}
+{{- end -}}
+
+{{- define "baton.config.kvstore" -}}
+{{- $c := .Values.config -}}
+kvstore:
+  port: {{ $c.kvstore.port | int64 }}
+  data-dir: /var/lib/baton/kvstore
+  budget-bytes: {{ index $c.kvstore "budget-bytes" | int64 }}
+  sync-writes: {{ index $c.kvstore "sync-writes" }}
+{{- end -}}
+
+{{/* The checksum annotation's value for one role: common plus the role's section. Call with
+(dict "root" $ "role" "decode"). */}}
+{{- define "baton.configChecksum" -}}
+{{- printf "%s\n%s" (include "baton.config.common" .root) (include (printf "baton.config.%s" .role) .root) | sha256sum -}}
+{{- end -}}
+
+{{/* The drain timeout of a role in whole seconds (config.<role>.drain-timeout is "<N>s"). */}}
+{{- define "baton.drainSeconds" -}}
+{{- index .root.Values.config .role "drain-timeout" | trimSuffix "s" | int64 -}}
+{{- end -}}
