@@ -210,6 +210,19 @@ TEST_F(SecurityTest, ACertificateCallsOnlyWhatItsRoleAllows) {
   const grpc::Status too_long = registry->Register(&long_context, reg, &registered);
   EXPECT_EQ(too_long.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_THAT(too_long.error_message(), HasSubstr("node_id: 257 bytes; it must be at most 256"));
+  // A model name or config digest past its bound.
+  reg.set_node_id("fake-prefill");
+  reg.set_model_name(std::string(257, 'm'));
+  grpc::ClientContext name_context;
+  const grpc::Status long_name = registry->Register(&name_context, reg, &registered);
+  EXPECT_EQ(long_name.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(long_name.error_message(), HasSubstr("model_name: 257 bytes"));
+  reg.clear_model_name();
+  reg.set_config_digest(std::string(129, 'd'));
+  grpc::ClientContext digest_context;
+  const grpc::Status long_digest = registry->Register(&digest_context, reg, &registered);
+  EXPECT_EQ(long_digest.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(long_digest.error_message(), HasSubstr("config_digest: 129 bytes"));
   // Calling Prefill (only a router may).
   auto prefill =
       v1::PrefillNode::NewStub(grpc::CreateChannel(cluster_->Address("prefill"), as_prefill));
