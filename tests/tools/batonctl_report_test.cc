@@ -66,7 +66,8 @@ const char kReplay[] = R"({"kind": "replay", "requests": 4, "errors": 1,
 // Values span decades and include zeros: a log axis with zeros drawn below the smallest.
 const char kApproxError[] = R"({"kind": "approx_error", "results": [
   {"mode": "compact", "keep": 134, "prefix_hit_tokens": 0, "kl_mean": 0.01, "kl_max": 0.05,
-   "top1_agreement": 0.98, "max_abs_logit_diff": 0.5, "steps": [],
+   "top1_agreement": 0.98, "max_abs_logit_diff": 0.5,
+   "steps": [{"step": 0, "kl_mean": 0.02}, {"step": 1, "kl_mean": 0.0}],
    "ring_distance": [{"edge_distance": 1, "max_abs": 0.5}]},
   {"mode": "compact", "keep": 512, "prefix_hit_tokens": 0, "kl_mean": 0.0001, "kl_max": 0.001,
    "top1_agreement": 1.0, "max_abs_logit_diff": 0.02, "steps": [], "ring_distance": []},
@@ -84,11 +85,13 @@ TEST(BatonctlReportTest, WritesEverySectionAndItsPlots) {
        {"## Simulate: ", "Hit ratio against store budget", "](1-simulate-hit-ratio.png)",
         "unlimited", "## Replay: ", "TTFT against cached fraction", "](2-replay-ttft.png)",
         "| ttft_ms p90 | 40 |", "| [0.9, 1.0] | 1 |", "## Approximation error: ", "Error against K",
-        "](3-approx-error-error-vs-keep.png)", "log y axis", "zeros are drawn at"}) {
+        "](3-approx-error-error-vs-keep.png)", "log y axis", "zeros are drawn at",
+        "](3-approx-error-kl-vs-edge-distance.png)", "retained region's edge"}) {
     EXPECT_THAT(md, HasSubstr(text));
   }
   for (const char* png :
-       {"1-simulate-hit-ratio.png", "2-replay-ttft.png", "3-approx-error-error-vs-keep.png"}) {
+       {"1-simulate-hit-ratio.png", "2-replay-ttft.png", "3-approx-error-error-vs-keep.png",
+        "3-approx-error-kl-vs-edge-distance.png"}) {
     EXPECT_TRUE(IsPng(out + "/" + png)) << png;
     EXPECT_TRUE(std::filesystem::exists(out + "/" + std::string(png, strlen(png) - 4) + ".gp"))
         << png;
@@ -111,6 +114,13 @@ TEST(BatonctlReportTest, UnknownShapeNamesTheFile) {
   r = RunBatonctl("report --out " + Dir() + "/odd " + no_ratio);
   EXPECT_EQ(r.exit_status, 2);
   EXPECT_THAT(r.err, HasSubstr(no_ratio + ": results[0].token_hit_ratio: missing"));
+
+  const std::string bad_step = WriteFile(
+      "bad_step.json", R"({"kind": "approx_error", "results": [{"mode": "mask", "keep": 70,
+      "kl_mean": 0.1, "max_abs_logit_diff": 1.0, "steps": [{"step": "first"}]}]})");
+  r = RunBatonctl("report --out " + Dir() + "/odd " + bad_step);
+  EXPECT_EQ(r.exit_status, 2);
+  EXPECT_THAT(r.err, HasSubstr(bad_step + ": results[0].steps"));
 
   r = RunBatonctl("report --out " + Dir() + "/odd /nonexistent/x.json");
   EXPECT_EQ(r.exit_status, 2);

@@ -1,7 +1,8 @@
 // `baton up`: the embedded default (DESIGN section 7). Starts baton-router, baton-kvstore
 // (RocksDB under <data-dir>/kvstore), --prefill-nodes baton-prefill and --decode-nodes
-// baton-decode on loopback (generating the small preset into the data dir when no model is
-// given) and prints the router address once it reports SERVING.
+// baton-decode on loopback (serving the trained replay-aware model models/ced-brown-replay when
+// no model is given, or generating --preset into the data dir) and prints the router address
+// once it reports SERVING.
 //
 // Secure by default: a throwaway CA and one certificate per role (router, prefill, decode,
 // kvstore, client) under <data-dir>/tls/, every internal surface on mutual TLS, the client
@@ -159,7 +160,13 @@ int main(int argc, char** argv) {
   std::string model_dir, data_dir = "baton-data", transport = "ucx";
   int port = 50051;
   int64_t decode_pages = 2048;
-  up->add_option("--model", model_dir, "Model directory (default: a small generated model)");
+  up->add_option("--model", model_dir,
+                 "Model directory (default: the trained model ced-brown-replay that ships with "
+                 "baton)");
+  std::string preset;
+  up->add_option("--preset", preset,
+                 "Generate this preset (tiny, small, ...) into the data dir and serve it, instead "
+                 "of the trained default");
   up->add_option("--port", port, "Router port (0: any free port)");
   up->add_option("--data-dir", data_dir, "Where the generated model and run files go");
   up->add_option("--transport", transport, "StateBlock transport: ucx or grpc")
@@ -246,20 +253,54 @@ int main(int argc, char** argv) {
     return 2;
   }
   const fs::path bin = fs::canonical("/proc/self/exe").parent_path();
-  const bool generated = model_dir.empty();
+  if (!model_dir.empty() && !preset.empty()) {
+    std::cerr << "baton up: --model and --preset: give one of them\n";
+    return 2;
+  }
+  const bool is_default = model_dir.empty() && preset.empty();  // neither --model nor --preset
+  if (model_dir.empty() && preset.empty()) {
+    // The trained default: the build tree (build/models links to the source's models/), an
+    // installed layout (bin/../share/baton/models), or beside the binary.
+    for (const fs::path& p : {bin.parent_path() / "models",
+                              bin.parent_path() / "share" / "baton" / "models", bin / "models"}) {
+      if (fs::exists(p / "ced-brown-replay" / "model.safetensors")) {
+        model_dir = (p / "ced-brown-replay").string();
+        std::cout << "baton up: serving the trained model " << model_dir << std::endl;
+        break;
+      }
+    }
+    if (model_dir.empty()) {
+      std::cout << "baton up: the trained model ced-brown-replay is not installed beside "
+                << bin.string() << "; generating the small preset" << std::endl;
+      preset = "small";
+    }
+  }
+  const bool generated = !preset.empty();
   if (generated) {
-    model_dir = (fs::path(data_dir) / "model").string();
+    auto config = baton::model::PresetConfig(preset);
+    if (!config.ok()) {
+      std::cerr << "baton up: --preset: " << config.status().message() << "\n";
+      return 2;
+    }
+    // <data-dir>/model holds the small preset, as before --preset existed.
+    model_dir = (fs::path(data_dir) / (preset == "small" ? "model" : "model-" + preset)).string();
     if (!fs::exists(fs::path(model_dir) / "model.safetensors")) {
-      std::cout << "baton up: generating the small model into " << model_dir << std::endl;
-      auto config = baton::model::PresetConfig("small");
+      std::cout << "baton up: generating the " << preset << " model into " << model_dir
+                << std::endl;
       if (absl::Status s = baton::model::MakeModel(*config, 0, model_dir); !s.ok()) {
         std::cerr << "baton up: " << s.message() << "\n";
         return 1;
       }
     }
     // The generated model takes text: the tokenizer scripts/setup.sh trains (4,096 pieces,
-    // the small preset's vocabulary), found beside the binaries or in the build tree.
-    if (!fs::exists(fs::path(model_dir) / "tokenizer.model")) {
+    // the small preset's vocabulary), found beside the binaries or in the build tree. A
+    // preset of a smaller vocabulary (tiny) cannot take it and is served by token ids only.
+    constexpr int64_t kDefaultTokenizerPieces = 4096;
+    if (config->vocab_size < kDefaultTokenizerPieces) {
+      std::cout << "baton up: the " << preset << " preset's vocabulary (" << config->vocab_size
+                << ") is smaller than the default tokenizer's " << kDefaultTokenizerPieces
+                << " pieces; it is served by token ids only" << std::endl;
+    } else if (!fs::exists(fs::path(model_dir) / "tokenizer.model")) {
       if (tokenizer_dir.empty()) {
         // The build tree (build/tools/baton finds build/tokenizer), an installed layout
         // (bin/../share/baton/tokenizer), or beside the binary.
@@ -362,7 +403,14 @@ int main(int argc, char** argv) {
   if (!api_keys.empty()) router_args.insert(router_args.end(), {"--api-keys", api_keys});
   // The router and its nodes serve the model under one name (a node of another is refused).
   std::vector<std::string> served_name;
-  if (generated) served_name = {"--served-model-name", "baton-small"};
+  // The default model keeps the name baton up has always served it under, whichever weights
+  // it is (the name is the API; a rollout changes weights behind it); a generated preset is
+  // baton-<preset> (the small preset is the default's old self, baton-small).
+  if (is_default) {
+    served_name = {"--served-model-name", "baton-small"};
+  } else if (generated) {
+    served_name = {"--served-model-name", "baton-" + preset};
+  }
   router_args.insert(router_args.end(), served_name.begin(), served_name.end());
   if (http) {
     router_args.insert(router_args.end(),

@@ -1,6 +1,7 @@
 // batonctl approx-error: how far truncated consumer replay moves the model's outputs.
 //
-// For each prompt, the untruncated model (mode off) fixes a greedy continuation; every
+// For each prompt, the untruncated model (mode off) fixes a greedy continuation (or, with
+// --text, the text's own next tokens are the continuation); every
 // variant then runs the same prompt and is fed the same continuation (teacher forcing), so
 // that step i of every variant predicts the same position from the same input. A variant is
 // a truncation mode (mask, compact) at a keep K, cold (s_valid = 0) or after a prefix hit of
@@ -26,7 +27,9 @@
 #include "baton/common/ced_rules.h"
 #include "baton/common/parse.h"
 #include "baton/model/engine_factory.h"
+#include "baton/text/tokenizer.h"
 #include "commands.h"
+#include "document_tokens.h"
 #include "nlohmann/json.hpp"
 
 namespace baton::tools {
@@ -35,6 +38,7 @@ namespace {
 struct ApproxErrorOptions {
   std::string model_dir;
   std::string prompts_file;  // JSON lines, each a list of token ids
+  std::string text_file;     // one document a line, tokenized with the model's tokenizer
   int64_t num_prompts = 4;
   int64_t prompt_len = 512;
   uint64_t seed = 1;
@@ -105,6 +109,40 @@ double MaxAbs(const std::vector<float>& a, const std::vector<float>& b) {
   double m = 0;
   for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::abs(double{a[i]} - b[i]));
   return m;
+}
+
+// Prompts from --text: the documents' ids (bos first, concatenated as `batonctl eval` does)
+// cut into windows of --prompt-len + --steps tokens, at most --num-prompts of them; each
+// window's first --prompt-len tokens are the prompt and the rest its continuation (teacher
+// forced: step i predicts the continuation's token i).
+absl::Status LoadTextPrompts(const ApproxErrorOptions& o, const std::string& model_dir,
+                             int64_t vocab, std::vector<std::vector<int32_t>>& prompts,
+                             std::vector<std::vector<int32_t>>& continuations) {
+  if (!o.prompts_file.empty()) {
+    return absl::InvalidArgumentError("--text and --prompts: give one of them");
+  }
+  if (o.num_prompts < 1 || o.prompt_len < 1) {
+    return absl::InvalidArgumentError("--num-prompts and --prompt-len: both must be >= 1");
+  }
+  absl::StatusOr<std::unique_ptr<text::Tokenizer>> tokenizer =
+      text::Tokenizer::Load(model_dir, vocab);
+  if (!tokenizer.ok()) return tokenizer.status();
+  absl::StatusOr<std::vector<int32_t>> read = ReadDocumentTokens(o.text_file, **tokenizer);
+  if (!read.ok()) return read.status();
+  const std::vector<int32_t>& stream = *read;
+  const int64_t window = o.prompt_len + o.steps;
+  for (int64_t at = 0; at + window <= static_cast<int64_t>(stream.size()) &&
+                       static_cast<int64_t>(prompts.size()) < o.num_prompts;
+       at += window) {
+    prompts.emplace_back(stream.begin() + at, stream.begin() + at + o.prompt_len);
+    continuations.emplace_back(stream.begin() + at + o.prompt_len, stream.begin() + at + window);
+  }
+  if (prompts.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--text: ", o.text_file, " gives ", stream.size(),
+                     " tokens, fewer than one window of ", window, " (--prompt-len + --steps)"));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<std::vector<int32_t>>> LoadPrompts(const ApproxErrorOptions& o,
@@ -182,7 +220,18 @@ int RunApproxError(const ApproxErrorOptions& o) {
     }
     modes.push_back({std::string(name), *mode});
   }
-  absl::StatusOr<std::vector<std::vector<int32_t>>> prompts = LoadPrompts(o, config.vocab_size);
+  absl::StatusOr<std::vector<std::vector<int32_t>>> prompts;
+  std::vector<std::vector<int32_t>> text_continuations;  // with --text: each prompt's own
+  if (!o.text_file.empty()) {
+    prompts.emplace();
+    if (absl::Status s =
+            LoadTextPrompts(o, o.model_dir, config.vocab_size, *prompts, text_continuations);
+        !s.ok()) {
+      return ReportError("approx-error", s);
+    }
+  } else {
+    prompts = LoadPrompts(o, config.vocab_size);
+  }
   if (!prompts.ok()) return ReportError("approx-error", prompts.status());
 
   // Accumulated over prompts, per variant (mode, keep, H): per step and per edge distance.
@@ -211,11 +260,14 @@ int RunApproxError(const ApproxErrorOptions& o) {
     return t;
   };
   const model::StateLayout layout = ced.state_layout();
-  for (const std::vector<int32_t>& prompt : *prompts) {
+  for (size_t index = 0; index < prompts->size(); ++index) {
+    const std::vector<int32_t>& prompt = (*prompts)[index];
     const int64_t L = static_cast<int64_t>(prompt.size());
-    // The continuation: off's greedy tokens, fed to every variant.
+    // The continuation, fed to every variant: the text's next tokens, or off's greedy ones.
     std::vector<int32_t> continuation;
-    {
+    if (!text_continuations.empty()) {
+      continuation = text_continuations[index];
+    } else {
       model::SequenceState state(layout);
       absl::StatusOr<model::PrefillResult> result = ced.Prefill(prompt, {}, state);
       if (!result.ok()) return ReportError("approx-error", result.status());
@@ -322,6 +374,7 @@ int RunApproxError(const ApproxErrorOptions& o) {
   if (o.json) {
     std::cout << nlohmann::json{{"kind", "approx_error"},
                                 {"model", o.model_dir},
+                                {"text", o.text_file},
                                 {"prompts", prompts->size()},
                                 {"steps", o.steps},
                                 {"ring_capacity", C},
@@ -363,7 +416,11 @@ Command AddApproxErrorCommand(CLI::App& app) {
   command->add_option("--model", o->model_dir, "Model directory")->required();
   command->add_option("--prompts", o->prompts_file,
                       "JSON lines, each a list of token ids (default: generated prompts)");
-  command->add_option("--num-prompts", o->num_prompts, "Generated prompts (without --prompts)");
+  command->add_option("--text", o->text_file,
+                      "Text file, one document a line: prompts and their continuations are "
+                      "windows of its tokens (the model's tokenizer)");
+  command->add_option("--num-prompts", o->num_prompts,
+                      "Generated prompts (without --prompts), or most windows of --text");
   command->add_option("--prompt-len", o->prompt_len, "Tokens per generated prompt");
   command->add_option("--seed", o->seed, "Seed of the generated prompts");
   command->add_option("--steps", o->steps,

