@@ -2,12 +2,12 @@
 // memory per StateBlock as the prefill node does (transfer::Exposure in a StagingPool, UCX
 // allocated and registered, served to ReadRegions), the other reads it into UCX-allocated
 // memory as the decode node reads into its pool, through the same Transports (UCX get, and the
-// gRPC transport). It also times what exposing costs the prefill node, per request and with a
-// reused staging buffer. Pair it with
-// `ucx_perftest -t ucp_get` (bench/run_transfer_bench.sh).
+// gRPC transport, under mutual TLS with --tls). It also times what exposing costs the prefill
+// node, per request and with a reused staging buffer. Pair it with `ucx_perftest -t ucp_get`
+// (bench/run_transfer_bench.sh runs it on shared memory and on TCP).
 //
-//   baton_transfer_bench --expose FILE [--sizes 1,16,256]          (stays up until killed)
-//   baton_transfer_bench --read FILE [--sizes 1,16,256] [--iterations 10]
+//   baton_transfer_bench --expose FILE [--sizes 1,16,256] [--tls DIR]   (stays up until killed)
+//   baton_transfer_bench --read FILE [--sizes 1,16,256] [--iterations 10] [--tls DIR]
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -18,6 +18,8 @@
 #include "CLI/CLI.hpp"
 #include "absl/strings/escaping.h"
 #include "baton/common/parse.h"
+#include "baton/common/pki.h"
+#include "baton/common/security.h"
 #include "baton/transfer/exposure.h"
 #include "baton/transfer/transport.h"
 #include "grpcpp/grpcpp.h"
@@ -40,20 +42,39 @@ baton::transfer::RegionSizes SizesOf(int64_t mib) {
   return sizes;
 }
 
-class ReadRegionsServer final : public baton::v1::PrefillNode::Service {
+class ReadRegionsServer final
+    : public baton::v1::PrefillNode::WithRawCallbackMethod_ReadRegions<
+          baton::v1::PrefillNode::Service> {
  public:
   explicit ReadRegionsServer(const baton::transfer::ExposureTable& table) : table_(table) {}
-  grpc::Status ReadRegions(grpc::ServerContext*, const baton::v1::ReadRegionsRequest* request,
-                           grpc::ServerWriter<baton::v1::RegionChunk>* writer) override {
-    return table_.Serve("", *request, *writer);
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* ReadRegions(grpc::CallbackServerContext*,
+                                                         const grpc::ByteBuffer* request) override {
+    return table_.Stream("", *request);
   }
 
  private:
   const baton::transfer::ExposureTable& table_;
 };
 
-int Expose(const std::string& file, const std::vector<int64_t>& sizes, int iterations) {
-  auto worker = baton::transfer::UcxWorker::Create();
+// Mutual TLS as between the nodes: a throwaway PKI in `dir` (made by whichever process comes
+// first), this process presenting `role`'s certificate.
+bool ConfigureTls(const std::string& dir, const std::string& role) {
+  if (dir.empty()) return true;
+  if (absl::Status s = baton::pki::EnsureLocalPki(dir, {"prefill", "decode"}); !s.ok()) {
+    std::cerr << s.message() << "\n";
+    return false;
+  }
+  const absl::Status s = baton::security::Configure(
+      {.ca_file = dir + "/ca.crt", .cert_file = dir + "/" + role + ".crt",
+       .key_file = dir + "/" + role + ".key"});
+  if (!s.ok()) std::cerr << s.message() << "\n";
+  return s.ok();
+}
+
+int Expose(const std::string& file, const std::vector<int64_t>& sizes, int iterations,
+           const baton::transfer::UcxOptions& ucx, const std::string& tls) {
+  if (!ConfigureTls(tls, "prefill")) return 1;
+  auto worker = baton::transfer::UcxWorker::Create(ucx);
   if (!worker.ok()) {
     std::cerr << worker.status().message() << "\n";
     return 1;
@@ -90,7 +111,7 @@ int Expose(const std::string& file, const std::vector<int64_t>& sizes, int itera
   ReadRegionsServer service(table);
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort("127.0.0.1:0", baton::security::InternalServerCredentials(), &port);
   builder.SetMaxSendMessageSize(64 << 20);
   builder.RegisterService(&service);
   auto server = builder.BuildAndStart();
@@ -104,7 +125,7 @@ int Expose(const std::string& file, const std::vector<int64_t>& sizes, int itera
 }
 
 int Read(const std::string& file, const std::vector<int64_t>& sizes, int iterations,
-         bool with_grpc) {
+         bool with_grpc, const baton::transfer::UcxOptions& ucx_options, const std::string& tls) {
   nlohmann::json in;
   for (int i = 0; i < 600 && in.is_null(); ++i) {
     std::ifstream f(file);
@@ -118,7 +139,8 @@ int Read(const std::string& file, const std::vector<int64_t>& sizes, int iterati
     std::cerr << "no exposures in " << file << "\n";
     return 1;
   }
-  auto worker = baton::transfer::UcxWorker::Create();
+  if (!ConfigureTls(tls, "decode")) return 1;
+  auto worker = baton::transfer::UcxWorker::Create(ucx_options);
   if (!worker.ok()) {
     std::cerr << worker.status().message() << "\n";
     return 1;
@@ -161,9 +183,8 @@ int Read(const std::string& file, const std::vector<int64_t>& sizes, int iterati
       return static_cast<double>(region_sizes.block_kv) * iterations / Seconds(start) / (1 << 20);
     };
     const double ucx_rate = measure(*ucx, baton::v1::TRANSPORT_UCX, iterations);
-    // gRPC moves a few hundred MiB/s: ten reads are enough to time it.
     const double grpc_rate =
-        with_grpc ? measure(*grpc, baton::v1::TRANSPORT_GRPC, std::min(iterations, 10)) : 0;
+        with_grpc ? measure(*grpc, baton::v1::TRANSPORT_GRPC, iterations) : 0;
     if (!ok || static_cast<unsigned char>(into.pages[0][0]) != 7) return 1;
     out.push_back({{"size_mib", mib},
                    {"ucx_mib_per_s", ucx_rate},
@@ -189,14 +210,20 @@ int main(int argc, char** argv) {
   app.add_option("--iterations", iterations, "Timed transfers per size")->check(CLI::Range(1, 1000));
   bool no_grpc = false;
   app.add_flag("--no-grpc", no_grpc, "Time the UCX transport only");
+  baton::transfer::UcxOptions ucx;
+  app.add_flag("--ucx-allow-unprotected-tcp", ucx.allow_unprotected_tcp,
+               baton::transfer::kUcxAllowUnprotectedTcpHelp);
+  std::string tls;
+  app.add_option("--tls", tls,
+                 "gRPC under mutual TLS with a throwaway PKI in this folder (made when missing)");
   CLI11_PARSE(app, argc, argv);
   auto sizes = baton::ParseIntList(sizes_text, "--sizes");
   if (!sizes.ok()) {
     std::cerr << sizes.status().message() << "\n";
     return 2;
   }
-  if (!expose_file.empty()) return Expose(expose_file, *sizes, iterations);
-  if (!read_file.empty()) return Read(read_file, *sizes, iterations, !no_grpc);
+  if (!expose_file.empty()) return Expose(expose_file, *sizes, iterations, ucx, tls);
+  if (!read_file.empty()) return Read(read_file, *sizes, iterations, !no_grpc, ucx, tls);
   std::cerr << "one of --expose FILE or --read FILE is required\n";
   return 2;
 }

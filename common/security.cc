@@ -210,11 +210,12 @@ grpc::ChannelArguments ChannelArguments() {
   return args;
 }
 
-std::shared_ptr<grpc::Channel> InternalChannel(const std::string& address, Role server_role) {
+std::shared_ptr<grpc::Channel> InternalChannel(const std::string& address, Role server_role,
+                                               const grpc::ChannelArguments& args) {
   const std::shared_ptr<const State> state = Snapshot();
   if (!state->enabled) {
     return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(),
-                                     ChannelArguments());
+                                     args);
   }
   tls::TlsChannelCredentialsOptions options;
   options.set_certificate_provider(state->provider);
@@ -226,10 +227,10 @@ std::shared_ptr<grpc::Channel> InternalChannel(const std::string& address, Role 
   options.set_check_call_host(false);
   options.set_certificate_verifier(state->verifiers[static_cast<size_t>(server_role)]);
   return grpc::CreateCustomChannel(address, grpc::experimental::TlsCredentials(options),
-                                   ChannelArguments());
+                                   args);
 }
 
-std::string PeerIdentity(const grpc::ServerContext& context) {
+std::string PeerIdentity(const grpc::ServerContextBase& context) {
   const std::shared_ptr<const grpc::AuthContext> auth = context.auth_context();
   if (auth == nullptr) return "";
   for (const char* property : {GRPC_PEER_SPIFFE_ID_PROPERTY_NAME, GRPC_PEER_URI_PROPERTY_NAME}) {
@@ -241,11 +242,11 @@ std::string PeerIdentity(const grpc::ServerContext& context) {
   return "";
 }
 
-std::optional<Role> PeerRole(const grpc::ServerContext& context) {
+std::optional<Role> PeerRole(const grpc::ServerContextBase& context) {
   return RoleOf(PeerIdentity(context));
 }
 
-absl::Status Authorize(const grpc::ServerContext& context, std::initializer_list<Role> allowed,
+absl::Status Authorize(const grpc::ServerContextBase& context, std::initializer_list<Role> allowed,
                        absl::string_view method) {
   if (!Enabled()) return absl::OkStatus();
   const std::optional<Role> role = PeerRole(context);

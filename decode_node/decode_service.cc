@@ -30,7 +30,9 @@ absl::Status ValidateReserve(const v1::ReserveRequest& request, const std::strin
   if (absl::Status s = CheckRequestId("request_id", request.request_id()); !s.ok()) return s;
   for (absl::Status s :
        {CheckBytes("prefill_identity", request.prefill_identity(), kMaxIdentityBytes),
-        CheckBytes("prefill_address", request.prefill_address(), kMaxAddressBytes)}) {
+        CheckBytes("prefill_address", request.prefill_address(), kMaxAddressBytes),
+        CheckBytes("prefill_ucx_worker_address", request.prefill_ucx_worker_address(),
+                   kMaxUcxAddressBytes)}) {
     if (!s.ok()) return s;
   }
   // Only "does not match": the node's own fingerprint is not the caller's to learn.
@@ -122,6 +124,7 @@ struct DecodeService::Request {
   std::string router_identity;
   std::string prefill_identity;
   std::string prefill_address;  // where the gRPC transport reads from
+  std::string prefill_ucx_address;  // the UCX worker the prefill node registered (may be empty)
   Phase phase = Phase::kReserved;
   int64_t slot = -1;
   int64_t reserved_pages = 0;
@@ -152,7 +155,9 @@ DecodeService::DecodeService(model::Engine& model, const DecodeOptions& options)
   const model::StateLayout layout = model.state_layout();
   const uint64_t bytes = StatePool::BytesFor(layout, options.slots, options.pages);
   if (options.use_ucx) {
-    auto worker = transfer::UcxWorker::Create(options.ucx_peer_errors);
+    auto worker = transfer::UcxWorker::Create(
+        {.peer_error_handling = options.ucx_peer_errors,
+         .allow_unprotected_tcp = options.ucx_allow_unprotected_tcp});
     auto memory = worker.ok()
                       ? (*worker)->Allocate(bytes)
                       : absl::StatusOr<std::unique_ptr<transfer::UcxMemory>>(worker.status());
@@ -323,6 +328,7 @@ grpc::Status DecodeService::Reserve(grpc::ServerContext* context, const v1::Rese
   r->router_identity = security::PeerIdentity(*context);
   r->prefill_identity = request->prefill_identity();
   r->prefill_address = request->prefill_address();
+  r->prefill_ucx_address = request->prefill_ucx_worker_address();
   r->slot = *slot;
   r->reserved_pages = pages;
   r->state = std::make_unique<model::SequenceState>(
@@ -371,7 +377,8 @@ grpc::Status DecodeService::Commit(grpc::ServerContext* context, const v1::Commi
     return ToGrpcStatus(s);
   }
   const v1::StateHeader& h = request->header();
-  const v1::RegionSource& source = request->source();
+  // Read from the worker the reservation names, never from one the Commit supplies.
+  v1::RegionSource source = request->source();
   std::unique_lock<std::mutex> lock(mutex_);
   std::shared_ptr<Request> r =
       Owned(security::PeerIdentity(*context), h.reservation_id(), Role::kPrefill);
@@ -386,6 +393,19 @@ grpc::Status DecodeService::Commit(grpc::ServerContext* context, const v1::Commi
     verified = source.transport() == v1::TRANSPORT_UCX
                    ? absl::FailedPreconditionError("source.transport: this decode node has no UCX")
                    : absl::InvalidArgumentError("source.transport: must be UCX or GRPC");
+  }
+  if (verified.ok() && source.transport() == v1::TRANSPORT_UCX) {
+    if (r->prefill_ucx_address.empty()) {
+      verified = absl::FailedPreconditionError(
+          "source.transport: UCX, but the prefill node registered no UCX worker address with "
+          "the router");
+    } else if (!source.ucx_worker_address().empty() &&
+               source.ucx_worker_address() != r->prefill_ucx_address) {
+      verified = absl::PermissionDeniedError(
+          "source.ucx_worker_address: differs from the worker the prefill node registered; the "
+          "decode node reads only from that one");
+    }
+    source.set_ucx_worker_address(r->prefill_ucx_address);
   }
   if (!verified.ok()) {
     Erase(r->id);

@@ -1,5 +1,6 @@
 // baton-decode: a decode node. Loads the model, maps its state pools (allocated through UCX),
 // serves DecodeNode plus grpc.health.v1, and registers with the router.
+#include <cstdlib>
 #include <iostream>
 
 #include "CLI/CLI.hpp"
@@ -9,6 +10,7 @@
 #include "baton/common/stream_watch.h"
 #include "baton/decode_node/decode_service.h"
 #include "baton/model/engine_factory.h"
+#include "baton/transfer/ucx.h"
 
 int main(int argc, char** argv) {
   baton::BlockShutdownSignals();
@@ -42,6 +44,8 @@ int main(int argc, char** argv) {
   app.add_option("--max-waiting", options.max_waiting,
                  "Reservations that may wait for memory before RESOURCE_EXHAUSTED")
       ->check(CLI::Range(0, 1 << 20));
+  app.add_flag("--ucx-allow-unprotected-tcp", options.ucx_allow_unprotected_tcp,
+               baton::transfer::kUcxAllowUnprotectedTcpHelp);
   app.add_flag("--no-ucx", no_ucx, "Serve only the gRPC transport");
   app.add_flag("--ucx-peer-errors", options.ucx_peer_errors,
                "UCX endpoints with peer error handling: a dead prefill node fails its transfer "
@@ -76,6 +80,15 @@ int main(int argc, char** argv) {
     return 2;
   }
   options.use_ucx = !no_ucx;
+  if (options.use_ucx) {
+    // Refused before anything starts: a worker on these transports could not be made safe.
+    if (auto transports = baton::transfer::UcxTransports(std::getenv("UCX_TLS"),
+                                                         options.ucx_allow_unprotected_tcp);
+        !transports.ok()) {
+      std::cerr << "baton-decode: error: " << transports.status().message() << "\n";
+      return 2;
+    }
+  }
   if (!transfer_faults.empty()) {
     auto spec = baton::transfer::ParseFaultSpec(transfer_faults);
     if (!spec.ok()) {

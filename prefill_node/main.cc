@@ -1,10 +1,14 @@
 // baton-prefill: a prefill node. Loads the model, serves PrefillNode plus grpc.health.v1,
 // and registers with the router.
+#include <cstdlib>
+#include <iostream>
+
 #include "CLI/CLI.hpp"
 #include "baton/common/model_config.h"
 #include "baton/common/rpc.h"
 #include "baton/common/server_flags.h"
 #include "baton/model/engine_factory.h"
+#include "baton/transfer/ucx.h"
 #include "baton/prefill_node/prefill_service.h"
 
 int main(int argc, char** argv) {
@@ -31,6 +35,8 @@ int main(int argc, char** argv) {
   app.add_option("--node-id", node_id, "Name reported to the router");
   app.add_option("--token-budget", options.token_budget, "Rows per prefill chunk")
       ->check(CLI::Range(1, 1 << 24));
+  app.add_flag("--ucx-allow-unprotected-tcp", options.ucx_allow_unprotected_tcp,
+               baton::transfer::kUcxAllowUnprotectedTcpHelp);
   app.add_flag("--no-ucx", no_ucx, "Use only the gRPC transport");
   app.add_option("--kvstore", options.kvstore_address, "Prefix store (baton-kvstore) address");
   app.add_option("--write-back-bytes", options.write_back_bytes,
@@ -56,6 +62,15 @@ int main(int argc, char** argv) {
     return *exit;
   }
   options.use_ucx = !no_ucx;
+  if (options.use_ucx) {
+    // Refused before anything starts: a worker on these transports could not be made safe.
+    if (auto transports = baton::transfer::UcxTransports(std::getenv("UCX_TLS"),
+                                                         options.ucx_allow_unprotected_tcp);
+        !transports.ok()) {
+      std::cerr << "baton-prefill: error: " << transports.status().message() << "\n";
+      return 2;
+    }
+  }
   auto model = baton::model::LoadEngineOnDevice(model_dir, device, weights);
   if (!model.ok()) {
     baton::log::Error("cannot start", {{"error", std::string(model.status().message())}});
@@ -64,13 +79,15 @@ int main(int argc, char** argv) {
   baton::prefill_node::PrefillService service(**model, options);
   grpc::ServerBuilder builder;
   builder.RegisterService(&service);
+  baton::Registration registration = baton::NodeRegistration(
+      router, node_id, baton::v1::NODE_ROLE_PREFILL, (*model)->fingerprint(),
+      [&] { return service.Load(); },
+      served_model_name.empty() ? baton::DefaultServedModelName(model_dir) : served_model_name,
+      baton::ConfigDigest((*model)->config()));
+  // Decode nodes read this node's staging memory by UCX from this worker only.
+  registration.node.set_ucx_worker_address(service.ucx_worker_address());
   return baton::ServeUntilShutdown(
-      "baton-prefill", builder, flags.server,
-      baton::NodeRegistration(
-          router, node_id, baton::v1::NODE_ROLE_PREFILL, (*model)->fingerprint(),
-          [&] { return service.Load(); },
-          served_model_name.empty() ? baton::DefaultServedModelName(model_dir) : served_model_name,
-          baton::ConfigDigest((*model)->config())),
+      "baton-prefill", builder, flags.server, std::move(registration),
       [&](baton::HealthSetter health) { service.StartWatchdog(std::move(health)); },
       [&] { service.StopWatchdog(); }, {},
       [&](std::chrono::steady_clock::time_point deadline) { service.Drain(deadline); });

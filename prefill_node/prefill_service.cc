@@ -104,7 +104,8 @@ PrefillService::PrefillService(model::Engine& model, const PrefillOptions& optio
     writer_ = std::thread([this] { WriteBackLoop(); });
   }
   if (options.use_ucx) {
-    auto worker = transfer::UcxWorker::Create();
+    auto worker =
+        transfer::UcxWorker::Create({.allow_unprotected_tcp = options.ucx_allow_unprotected_tcp});
     if (worker.ok()) {
       ucx_ = *std::move(worker);
       ucx_thread_ = std::thread([this] { UcxProgressLoop(); });
@@ -280,15 +281,11 @@ v1::DecodeNode::Stub& PrefillService::DecodeStub(const std::string& address) {
   return *stub;
 }
 
-grpc::Status PrefillService::ReadRegions(grpc::ServerContext* context,
-                                         const v1::ReadRegionsRequest* request,
-                                         grpc::ServerWriter<v1::RegionChunk>* writer) {
-  if (absl::Status s =
-          security::Authorize(*context, {security::Role::kDecode}, "PrefillNode/ReadRegions");
-      !s.ok()) {
-    return ToGrpcStatus(s);
-  }
-  return exposures_.Serve(security::PeerIdentity(*context), *request, *writer);
+grpc::ServerWriteReactor<grpc::ByteBuffer>* PrefillService::ReadRegions(
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) {
+  const absl::Status allowed =
+      security::Authorize(*context, {security::Role::kDecode}, "PrefillNode/ReadRegions");
+  return exposures_.Stream(security::PeerIdentity(*context), *request, ToGrpcStatus(allowed));
 }
 
 grpc::Status PrefillService::Prefill(grpc::ServerContext* context,

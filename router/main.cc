@@ -126,8 +126,42 @@ int main(int argc, char** argv) {
   app.add_option("--http-ready-file", http.ready_file,
                  "Write the HTTP host:port here once serving");
   app.add_option("--http-threads", http.threads,
-                 "HTTP requests served at once (a stream holds one for its life; default 512)")
+                 "HTTP requests served at once (a stream holds one for its life; default 512); "
+                 "one that finds them all busy gets 503 with Retry-After")
       ->check(CLI::Range(4, 16384));
+  // Every resource of the HTTP front is bounded before an API key is checked (http_server.h).
+  baton::router::HttpLimits& limits = http.limits;
+  app.add_option("--http-max-connections", limits.max_connections,
+                 "HTTP connections open at once; more are closed as they arrive (default 4096)")
+      ->check(CLI::Range(1, 1 << 20));
+  app.add_option("--http-max-connections-per-client", limits.max_connections_per_client,
+                 "HTTP connections open at once from one client address (default 256)")
+      ->check(CLI::Range(1, 1 << 20));
+  app.add_option("--http-max-body-bytes", http.max_body_bytes,
+                 "Largest request body, whatever its transfer encoding (default 8 MiB); bodies "
+                 "with a Content-Encoding are refused")
+      ->check(CLI::Range(size_t{1} << 10, size_t{1} << 30));
+  app.add_option("--http-max-header-bytes", limits.max_header_bytes,
+                 "Largest request line and headers together (default 16 KiB; larger: 431)")
+      ->check(CLI::Range(size_t{1} << 10, size_t{1} << 20));
+  app.add_option("--http-body-memory-bytes", limits.body_memory_bytes,
+                 "Request bodies held at once across all connections (default 256 MiB); past it "
+                 "a request gets 503 with Retry-After before its body is read")
+      ->check(CLI::Range(uint64_t{1} << 20, uint64_t{1} << 40));
+  int64_t request_timeout_ms = limits.request_timeout.count(),
+          idle_timeout_ms = limits.idle_timeout.count(),
+          write_timeout_ms = limits.write_timeout.count();
+  app.add_option("--http-request-timeout-ms", request_timeout_ms,
+                 "A request's head and body must arrive within this long (default 10000)")
+      ->check(CLI::Range(int64_t{100}, int64_t{3600000}));
+  app.add_option("--http-idle-timeout-ms", idle_timeout_ms,
+                 "A kept-alive connection idle this long between requests is closed (default "
+                 "5000)")
+      ->check(CLI::Range(int64_t{100}, int64_t{3600000}));
+  app.add_option("--http-write-timeout-ms", write_timeout_ms,
+                 "A client that takes no part of a response for this long is disconnected "
+                 "(default 60000)")
+      ->check(CLI::Range(int64_t{100}, int64_t{3600000}));
   app.add_option("--served-model-name", http.model.name,
                  "The name --model is served under: what requests ask for (GenerateRequest.model, "
                  "the OpenAI \"model\" field) and what its nodes register with (their own "
@@ -231,6 +265,9 @@ int main(int argc, char** argv) {
   internal.port = internal_port;
   internal.ready_file = internal_ready_file;
   baton::ClientEndpoint client{&client_builder, flags.server, *client_credentials};
+  limits.request_timeout = std::chrono::milliseconds(request_timeout_ms);
+  limits.idle_timeout = std::chrono::milliseconds(idle_timeout_ms);
+  limits.write_timeout = std::chrono::milliseconds(write_timeout_ms);
   std::unique_ptr<baton::router::HttpFront> http_front;
   if (http.port >= 0) {
     http.host = flags.server.host.empty() ? "0.0.0.0" : flags.server.host;

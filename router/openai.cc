@@ -210,6 +210,93 @@ std::string OpenAiParam(std::string field) {
   return field;
 }
 
+// A first pass over a body, before anything is built from it: every array (a prompt of token
+// ids, messages, stop lists) holds at most `max_elements`, the body at most `max_values`
+// values in all and nests at most kMaxJsonDepth deep, so that the tree json::parse then builds,
+// and the request made from it, cost a small multiple of the body's bytes. The SAX parser keeps
+// only the path to the current value.
+class BoundedJson final : public nlohmann::json_sax<json> {
+ public:
+  static constexpr size_t kMaxJsonDepth = 32;
+  BoundedJson(size_t max_elements, size_t max_values)
+      : max_elements_(max_elements), max_values_(max_values) {}
+  const absl::Status& status() const { return status_; }
+
+  bool null() override { return Value(); }
+  bool boolean(bool) override { return Value(); }
+  bool number_integer(number_integer_t) override { return Value(); }
+  bool number_unsigned(number_unsigned_t) override { return Value(); }
+  bool number_float(number_float_t, const string_t&) override { return Value(); }
+  bool string(string_t&) override { return Value(); }
+  bool binary(binary_t&) override { return Value(); }
+  bool start_object(std::size_t) override { return Open(false); }
+  bool key(string_t& name) override {
+    frames_.back().key = name.substr(0, 64);
+    return true;
+  }
+  bool end_object() override { return Close(); }
+  bool start_array(std::size_t) override { return Open(true); }
+  bool end_array() override { return Close(); }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) override {
+    status_ = Invalid("body", "is not valid JSON");
+    return false;
+  }
+
+ private:
+  struct Frame {
+    bool array = false;
+    size_t elements = 0;
+    std::string key;
+  };
+  // Where the value being read sits, as the errors name fields: prompt, messages[3].content.
+  std::string Path() const {
+    std::string path;
+    for (size_t i = 0; i < frames_.size(); ++i) {
+      const Frame& f = frames_[i];
+      if (f.array) {
+        absl::StrAppend(&path, "[", f.elements == 0 ? 0 : f.elements - 1, "]");
+      } else if (!f.key.empty()) {
+        absl::StrAppend(&path, path.empty() ? "" : ".", f.key);
+      }
+    }
+    return path.empty() ? "body" : path;
+  }
+  bool Value() {
+    if (++values_ > max_values_) {
+      status_ = Invalid("body", absl::StrCat("holds more than ", max_values_, " JSON values"));
+      return false;
+    }
+    if (!frames_.empty() && frames_.back().array &&
+        ++frames_.back().elements > max_elements_) {
+      frames_.back().elements = 1;  // name the array, not its element
+      std::string array = Path();
+      array.resize(array.size() - 3);
+      if (array.empty()) array = "body";
+      status_ = Invalid(array, absl::StrCat("more than ", max_elements_, " elements"));
+      return false;
+    }
+    return true;
+  }
+  bool Open(bool array) {
+    if (!Value()) return false;
+    if (frames_.size() >= kMaxJsonDepth) {
+      status_ = Invalid(Path(), absl::StrCat("nests deeper than ", kMaxJsonDepth, " levels"));
+      return false;
+    }
+    frames_.push_back({.array = array});
+    return true;
+  }
+  bool Close() {
+    frames_.pop_back();
+    return true;
+  }
+
+  const size_t max_elements_, max_values_;
+  size_t values_ = 0;
+  std::vector<Frame> frames_;
+  absl::Status status_;
+};
+
 }  // namespace
 
 absl::StatusOr<Request> ParseRequest(Endpoint endpoint, std::string_view body_text,
@@ -222,6 +309,15 @@ absl::StatusOr<Request> ParseRequest(Endpoint endpoint, std::string_view body_te
 
 absl::StatusOr<Request> ParseRequest(Endpoint endpoint, std::string_view body_text,
                                      std::span<const ModelEntry> models) {
+  // Bounded before any tree is built: a prompt holds at most max_model_len token ids.
+  size_t max_elements = 1024;
+  for (const ModelEntry& entry : models) {
+    max_elements = std::max<size_t>(max_elements, entry.model.max_model_len);
+  }
+  BoundedJson bounds(max_elements, 2 * max_elements + 4096);
+  if (!json::sax_parse(body_text, &bounds)) {
+    return bounds.status().ok() ? Invalid("body", "is not valid JSON") : bounds.status();
+  }
   const json body = json::parse(body_text, nullptr, /*allow_exceptions=*/false);
   if (body.is_discarded()) return Invalid("body", "is not valid JSON");
   if (!body.is_object()) return Invalid("body", "must be a JSON object");

@@ -183,8 +183,12 @@ grpc::Status RouterService::Register(grpc::ServerContext* context,
         CheckBytes("address", request->address(), kMaxAddressBytes),
         CheckBytes("model_fingerprint", request->model_fingerprint(), kMaxFingerprintBytes),
         CheckBytes("model_name", request->model_name(), kMaxModelNameBytes),
-        CheckBytes("config_digest", request->config_digest(), kMaxFingerprintBytes)}) {
+        CheckBytes("config_digest", request->config_digest(), kMaxFingerprintBytes),
+        CheckBytes("ucx_worker_address", request->ucx_worker_address(), kMaxUcxAddressBytes)}) {
     if (!s.ok()) return ToGrpcStatus(s);
+  }
+  if (!request->ucx_worker_address().empty() && request->role() != v1::NODE_ROLE_PREFILL) {
+    return Invalid("ucx_worker_address: only a prefill node registers one");
   }
   // A prefill or decode node serves one of this router's models, with that model's config. A
   // router of one model takes a node of another name (nodes name their model after their own
@@ -233,15 +237,27 @@ grpc::Status RouterService::Register(grpc::ServerContext* context,
     }
   }
   std::lock_guard<std::mutex> lock(mutex_);
-  auto& node = nodes_[request->node_id()];
   const std::string identity = security::PeerIdentity(*context);
+  // A node_id belongs to the identity that first registered it: another certificate (another
+  // pod's, or another role's) cannot take it over and draw its requests.
+  if (auto bound = nodes_.find(request->node_id());
+      bound != nodes_.end() && bound->second->identity != identity) {
+    log::Warn("node_id takeover refused", {{"node", request->node_id()},
+                                           {"identity", identity.empty() ? "none" : identity}});
+    return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
+                        absl::StrCat("node_id: '", request->node_id(),
+                                     "' is registered to another identity"));
+  }
+  auto& node = nodes_[request->node_id()];
   // Requests in flight read a node's address, id, fingerprint and identity without the lock, so
   // those never change in place: a node that comes back different is a new Node. A heartbeat
   // of the same node only refreshes its load (read under the lock).
   if (node == nullptr || node->info.address() != request->address() ||
       node->info.role() != request->role() ||
       node->info.model_fingerprint() != request->model_fingerprint() ||
-      node->info.model_name() != request->model_name() || node->identity != identity) {
+      node->info.model_name() != request->model_name() ||
+      node->info.ucx_worker_address() != request->ucx_worker_address() ||
+      node->identity != identity) {
     node = std::make_shared<Node>();
     node->model = model;
     // The router sends prompts and state only to a server that proves the registered role.
@@ -875,6 +891,7 @@ grpc::Status RouterService::Serve(grpc::ServerContext* context, const v1::Genera
     reserve.set_request_id(absl::StrCat(id, "#", attempt));  // the decode node logs under it
     reserve.set_prefill_identity(prefill_node->identity);
     reserve.set_prefill_address(prefill_node->info.address());
+    reserve.set_prefill_ucx_worker_address(prefill_node->info.ucx_worker_address());
     reserve.set_prompt_tokens(prompt_len);
     reserve.set_model_fingerprint(decode->info.model_fingerprint());
     *reserve.mutable_sampling() = request->sampling();

@@ -8,6 +8,7 @@ build_dir="${BATON_BUILD_DIR:-$root/build}"
 
 packages=(
   build-essential cmake ninja-build pkg-config git
+  ccache  # compiler output reused between builds and clones on one machine (CMakeLists.txt)
   libgrpc++-dev protobuf-compiler-grpc protobuf-compiler libprotobuf-dev
   librocksdb-dev libucx-dev ucx-utils libabsl-dev
   libgtest-dev libgmock-dev libbenchmark-dev
@@ -18,8 +19,10 @@ packages=(
   clang-14 libclang-rt-14-dev  # scripts/sanitize.sh: ASan, UBSan and libFuzzer
   openssl  # the Helm chart test makes a throwaway PKI with it
   libsentencepiece-dev sentencepiece  # the tokenizer, and spm_train for the default model's
-  libcpp-httplib-dev  # the router's OpenAI-compatible HTTP front
+  libboost1.81-dev  # Boost.Beast: the router's OpenAI-compatible HTTP front
+  libcpp-httplib-dev  # the loopback server of batonctl fetch-model's test
   curl  # the HTTP tests drive the API with curl, as users do
+  python3-jinja2  # the chat template test renders every template through Jinja2 beside baton
   prometheus  # promtool and a Prometheus for tests/observability (its service is not started)
 )
 

@@ -956,9 +956,12 @@ std::string Strip(const std::string& s, const Value& chars, bool left, bool righ
     }
   }
   const std::vector<size_t> cps = CodePoints(s);
+  // A sorted set: each code point of `s` is looked up in log time, so the work is linear in the
+  // two strings (a linear search made strip(chars) quadratic).
+  std::sort(set.begin(), set.end());
   auto drop = [&](size_t i) {
     const uint32_t cp = Decode(std::string_view(s).substr(cps[i], cps[i + 1] - cps[i]));
-    return custom ? std::find(set.begin(), set.end(), cp) != set.end() : IsPythonSpace(cp);
+    return custom ? std::binary_search(set.begin(), set.end(), cp) : IsPythonSpace(cp);
   };
   size_t begin = 0, end = cps.size() - 1;
   while (left && begin < end && drop(begin)) ++begin;
@@ -1161,9 +1164,33 @@ class Renderer {
     Exec(body);
     return std::move(out_);
   }
+  uint64_t steps() const { return steps_; }
 
  private:
   enum class Flow { kNext, kBreak, kContinue };
+
+  // s.find(needle, from), charging the bytes it compares: a search of a long needle that
+  // almost matches everywhere costs its real (quadratic) work, so the step bound cuts it off.
+  size_t Find(const std::string& s, const std::string& needle, size_t from) {
+    if (needle.empty()) return from <= s.size() ? from : std::string::npos;
+    uint64_t compared = 0;
+    size_t found = std::string::npos;
+    for (size_t i = from; i < s.size() && s.size() - i >= needle.size(); ++i) {
+      size_t k = 0;
+      while (k < needle.size() && s[i + k] == needle[k]) ++k;
+      compared += k + 1;
+      if (k == needle.size()) {
+        found = i;
+        break;
+      }
+      if (compared >= (uint64_t{1} << 20)) {
+        Step(compared / kBytesPerStep);
+        compared %= kBytesPerStep;
+      }
+    }
+    Step(compared / kBytesPerStep);
+    return found;
+  }
 
   void Step(uint64_t n = 1) {
     if (n > kMaxSteps - steps_) {
@@ -1615,7 +1642,7 @@ class Renderer {
   bool Contains(const Value& container, const Value& item, size_t offset) {
     if (container.undefined()) return false;
     if (container.json && container.json->is_string()) {
-      return Str(*container.json).find(StrOf(item, offset)) != std::string::npos;
+      return Find(Str(*container.json), StrOf(item, offset), 0) != std::string::npos;
     }
     if (container.json && container.json->is_array()) {
       return item.json && std::find(container.json->begin(), container.json->end(), *item.json) !=
@@ -1745,7 +1772,10 @@ class Renderer {
     const std::string& s = Str(*v.json);
     if (name == "strip" || name == "lstrip" || name == "rstrip") {
       CheckArgs(e, args, {"chars"});
-      return String(Strip(s, args.Get(0, "chars"), name != "rstrip", name != "lstrip"));
+      const Value chars = args.Get(0, "chars");
+      StepOver(v);  // it decodes every code point of both strings
+      StepOver(chars);
+      return String(Strip(s, chars, name != "rstrip", name != "lstrip"));
     }
     if (OneOf(name, {"upper", "lower", "title", "capitalize"})) {
       CheckArgs(e, args, {});
@@ -1789,7 +1819,7 @@ class Renderer {
     if (sep != nullptr) {
       if (sep->empty()) Fail(offset, "empty separator");
       size_t start = 0, found;
-      while (!done() && (found = s.find(*sep, start)) != std::string::npos) {
+      while (!done() && (found = Find(s, *sep, start)) != std::string::npos) {
         add(s.substr(start, found - start));
         start = found + sep->size();
       }
@@ -1823,7 +1853,7 @@ class Renderer {
     std::string out;
     size_t start = 0;
     for (int64_t done = 0; count < 0 || done < count; ++done) {
-      size_t found = s.find(from, start);
+      size_t found = from.empty() ? start : Find(s, from, start);
       if (from.empty()) {
         found = start;
         if (done > 0 && start < s.size()) {  // step over one whole code point
@@ -1895,13 +1925,17 @@ absl::StatusOr<ChatTemplate> ChatTemplate::Parse(std::string_view source) {
 }
 
 absl::StatusOr<std::string> ChatTemplate::Render(const nlohmann::json& variables,
-                                                 size_t max_output) const {
+                                                 size_t max_output, uint64_t* steps) const {
   if (!variables.is_object()) {
     return absl::InvalidArgumentError("chat_template: variables must be a JSON object");
   }
+  Renderer renderer(variables, max_output);
   try {
-    return Renderer(variables, max_output).Run(program_->body);
+    std::string out = renderer.Run(program_->body);
+    if (steps != nullptr) *steps = renderer.steps();
+    return out;
   } catch (const Failure& failure) {
+    if (steps != nullptr) *steps = renderer.steps();
     return failure.status;
   }
 }

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "google/protobuf/io/coded_stream.h"
 #include "baton/common/rpc.h"
 #include "baton/common/security.h"
 
@@ -165,8 +166,8 @@ size_t ExposureTable::size() const {
   return exposures_.size();
 }
 
-grpc::Status ExposureTable::Serve(const std::string& caller, const v1::ReadRegionsRequest& request,
-                                  grpc::ServerWriterInterface<v1::RegionChunk>& writer) const {
+grpc::Status ExposureTable::Open(const std::string& caller, const v1::ReadRegionsRequest& request,
+                                 RegionRead* read) const {
   std::shared_ptr<Exposure> exposure;
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -188,23 +189,102 @@ grpc::Status ExposureTable::Serve(const std::string& caller, const v1::ReadRegio
                                      " lies outside region ", v1::Region_Name(request.region()),
                                      " of ", size, " bytes"));
   }
-  const char* base = reinterpret_cast<const char*>(
-      request.region() == v1::REGION_PRODUCER_SWA   ? exposure->producer_swa()
-      : request.region() == v1::REGION_CONSUMER_SWA ? exposure->consumer_swa()
-                                                    : exposure->block_kv());
-  for (uint64_t done = 0; done < length; done += kGrpcRegionChunkBytes) {
-    if (exposure->closed()) {
-      return grpc::Status(grpc::StatusCode::NOT_FOUND, "exposure_id: closed during the read");
-    }
-    v1::RegionChunk chunk;
-    chunk.set_region(request.region());
-    chunk.set_offset(offset + done);
-    chunk.set_data(base + offset + done, std::min(kGrpcRegionChunkBytes, length - done));
-    if (!writer.Write(chunk)) {
-      return grpc::Status(grpc::StatusCode::CANCELLED, "the reader went away");
-    }
-  }
+  *read = {.exposure = std::move(exposure),
+           .region = request.region(),
+           .offset = offset,
+           .length = length};
   return grpc::Status::OK;
+}
+
+uint64_t RegionRead::chunks() const {
+  return length / kGrpcRegionChunkBytes + (length % kGrpcRegionChunkBytes != 0 ? 1 : 0);
+}
+
+grpc::ByteBuffer RegionRead::Chunk(uint64_t index) const {
+  const uint64_t done = index * kGrpcRegionChunkBytes;
+  const uint64_t bytes = std::min(kGrpcRegionChunkBytes, length - done);
+  const char* data = reinterpret_cast<const char*>(
+      region == v1::REGION_PRODUCER_SWA   ? exposure->producer_swa()
+      : region == v1::REGION_CONSUMER_SWA ? exposure->consumer_swa()
+                                          : exposure->block_kv()) +
+                     offset + done;
+  // RegionChunk's wire form: region (field 2, varint), offset (3, varint), data (4, bytes).
+  uint8_t header[3 + 3 * 10];  // three tags and three varints of at most 10 bytes
+  uint8_t* at = header;
+  using Coded = google::protobuf::io::CodedOutputStream;
+  *at++ = (2 << 3) | 0;
+  at = Coded::WriteVarint64ToArray(static_cast<uint64_t>(region), at);
+  *at++ = (3 << 3) | 0;
+  at = Coded::WriteVarint64ToArray(offset + done, at);
+  *at++ = (4 << 3) | 2;
+  at = Coded::WriteVarint64ToArray(bytes, at);
+  // The payload slice holds a reference to the exposure until gRPC lets go of it.
+  auto* keep = new std::shared_ptr<Exposure>(exposure);
+  grpc::Slice slices[2] = {
+      grpc::Slice(header, static_cast<size_t>(at - header)),
+      grpc::Slice(const_cast<char*>(data), bytes,
+                  [](void* held) { delete static_cast<std::shared_ptr<Exposure>*>(held); }, keep)};
+  return grpc::ByteBuffer(slices, 2);
+}
+
+namespace {
+
+// Streams one RegionRead, a chunk at a time.
+class RegionStreamer final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
+ public:
+  RegionStreamer(RegionRead read, grpc::Status status) : read_(std::move(read)) {
+    if (!status.ok() || read_.length == 0) {
+      Finish(status);
+      return;
+    }
+    Next();
+  }
+  void OnWriteDone(bool ok) override {
+    if (!ok) {
+      Finish(grpc::Status(grpc::StatusCode::CANCELLED, "the reader went away"));
+      return;
+    }
+    Next();
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  void Next() {
+    if (next_ == read_.chunks()) {
+      Finish(grpc::Status::OK);
+      return;
+    }
+    if (read_.exposure->closed()) {
+      Finish(grpc::Status(grpc::StatusCode::NOT_FOUND, "exposure_id: closed during the read"));
+      return;
+    }
+    chunk_ = read_.Chunk(next_++);
+    StartWrite(&chunk_);
+  }
+
+  RegionRead read_;
+  uint64_t next_ = 0;
+  grpc::ByteBuffer chunk_;  // the write in flight
+};
+
+}  // namespace
+
+grpc::ServerWriteReactor<grpc::ByteBuffer>* ExposureTable::Stream(const std::string& caller,
+                                                                  const grpc::ByteBuffer& request,
+                                                                  grpc::Status refused) const {
+  RegionRead read;
+  if (!refused.ok()) return new RegionStreamer(std::move(read), std::move(refused));
+  v1::ReadRegionsRequest parsed;
+  // A request is four small fields: anything larger is not one.
+  grpc::ByteBuffer copy(request);  // shares the slices; deserializing consumes the copy
+  if (request.Length() > 1024 ||
+      !grpc::SerializationTraits<v1::ReadRegionsRequest>::Deserialize(&copy, &parsed).ok()) {
+    return new RegionStreamer(
+        std::move(read), grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                      "ReadRegionsRequest: not a message of at most 1024 bytes"));
+  }
+  grpc::Status status = Open(caller, parsed, &read);
+  return new RegionStreamer(std::move(read), std::move(status));
 }
 
 }  // namespace baton::transfer

@@ -14,6 +14,8 @@
 #include "baton/common/rpc.h"
 #include "baton/common/security.h"
 #include "baton/v1/node.grpc.pb.h"
+#include "google/protobuf/io/coded_stream.h"
+#include "grpcpp/generic/generic_stub.h"
 
 namespace baton::transfer {
 
@@ -214,6 +216,56 @@ class UcxTransport final : public Transport {
   std::map<std::string, std::shared_ptr<PeerState>> peers_;
 };
 
+// Where a RegionChunk's payload starts in its wire bytes, with the fields before it; false for
+// bytes that are not a RegionChunk whose data comes last (what every writer of one produces).
+struct ChunkHeader {
+  uint64_t region = 0, offset = 0, data_bytes = 0;
+  size_t header_bytes = 0;
+};
+bool ParseChunkHeader(const grpc::ByteBuffer& buffer, std::vector<grpc::Slice>& slices,
+                      ChunkHeader* header) {
+  if (!buffer.Dump(&slices).ok()) return false;
+  // The fields before the payload fit in 33 bytes: copy at most that much to parse them.
+  uint8_t head[3 * 11];
+  size_t have = 0;
+  for (const grpc::Slice& slice : slices) {
+    const size_t n = std::min(slice.size(), sizeof(head) - have);
+    std::memcpy(head + have, slice.begin(), n);
+    have += n;
+    if (have == sizeof(head)) break;
+  }
+  const size_t total = buffer.Length();
+  google::protobuf::io::CodedInputStream in(head, static_cast<int>(have));
+  while (true) {
+    const uint32_t tag = in.ReadTag();
+    if (tag == 0) {  // the end of a chunk without data (or of the bytes we copied)
+      if (static_cast<size_t>(in.CurrentPosition()) != total) return false;
+      header->header_bytes = total;
+      header->data_bytes = 0;
+      return true;
+    }
+    uint64_t value = 0;
+    if (!in.ReadVarint64(&value)) return false;
+    switch (tag) {
+      case (2 << 3) | 0:
+        header->region = value;
+        break;
+      case (3 << 3) | 0:
+        header->offset = value;
+        break;
+      case (4 << 3) | 2:
+        header->header_bytes = static_cast<size_t>(in.CurrentPosition());
+        header->data_bytes = value;
+        return value == total - header->header_bytes;
+      default:
+        return false;
+    }
+  }
+}
+
+// PrefillNode.ReadRegions over mutual TLS, read raw: each chunk's payload is copied from the
+// received slices straight into the reservation (no protobuf copy), and up to kGrpcReadsInFlight
+// streams, each of at most kGrpcReadBytes of one region, run at once on one connection.
 class GrpcTransport final : public Transport {
  public:
   absl::Status Read(const v1::RegionSource& source, const std::string& prefill_address,
@@ -222,69 +274,177 @@ class GrpcTransport final : public Transport {
     if (prefill_address.empty()) {
       return absl::FailedPreconditionError("prefill_address: the reservation names none");
     }
-    v1::PrefillNode::Stub& stub = Stub(prefill_address);
+    grpc::GenericStub stub(Channel(prefill_address));
+    std::vector<std::unique_ptr<Stream>> pending;
     for (v1::Region region : kRegions) {
       const uint64_t size = into.sizes.bytes(region);
-      if (size == 0) continue;
-      grpc::ClientContext context;
-      context.set_deadline(std::chrono::system_clock::now() +
-                           std::min<Clock::duration>(deadline - Clock::now(), std::chrono::hours(1)));
-      v1::ReadRegionsRequest request;
-      request.set_exposure_id(source.exposure_id());
-      request.set_region(region);
-      request.set_offset(0);
-      request.set_length(size);
-      auto reader = stub.ReadRegions(&context, request);
-      v1::RegionChunk chunk;
-      uint64_t next = 0;
-      absl::Status bad;
-      while (bad.ok() && reader->Read(&chunk)) {
-        if (stop && stop()) {
-          bad = absl::CancelledError("gRPC read: the transfer was abandoned");
-          break;
-        }
-        const uint64_t bytes = chunk.data().size();
-        // Chunks come in order and inside the region; offset + bytes may wrap 64 bits, so the
-        // check never forms that sum.
-        if (chunk.region() != region || chunk.offset() != next || bytes > size - next) {
-          bad = absl::InvalidArgumentError(absl::StrCat(
-              "region chunk of ", bytes, " bytes at offset ", chunk.offset(),
-              " lies outside region ", v1::Region_Name(region), " of ", size,
-              " bytes (or out of order; expected offset ", next, ")"));
-          break;
-        }
-        const char* data = chunk.data().data();
-        ForEachPiece(into, region, next, bytes, [&](char* local, uint64_t n, uint64_t offset) {
-          std::memcpy(local, data + (offset - next), n);
-        });
-        next += bytes;
-      }
-      if (!bad.ok()) {
-        context.TryCancel();
-        (void)reader->Finish();
-        return bad;
-      }
-      if (absl::Status s = FromGrpcStatus(reader->Finish()); !s.ok()) return s;
-      if (next != size) {
-        return absl::DataLossError(absl::StrCat("region ", v1::Region_Name(region), ": got ", next,
-                                                " of ", size, " bytes"));
+      for (uint64_t begin = 0; begin < size; begin += kGrpcReadBytes) {
+        auto stream = std::make_unique<Stream>();
+        stream->region = region;
+        stream->begin = stream->next = begin;
+        stream->end = begin + std::min(kGrpcReadBytes, size - begin);
+        pending.push_back(std::move(stream));
       }
     }
-    return absl::OkStatus();
+    std::reverse(pending.begin(), pending.end());  // taken from the back, in order
+    const auto system_deadline =
+        std::chrono::system_clock::now() +
+        std::min<Clock::duration>(deadline - Clock::now(), std::chrono::hours(1));
+    grpc::CompletionQueue queue;
+    std::vector<std::unique_ptr<Stream>> running;
+    absl::Status failed;
+    auto start = [&] {
+      std::unique_ptr<Stream> stream = std::move(pending.back());
+      pending.pop_back();
+      stream->context.set_deadline(system_deadline);
+      v1::ReadRegionsRequest request;
+      request.set_exposure_id(source.exposure_id());
+      request.set_region(stream->region);
+      request.set_offset(stream->begin);
+      request.set_length(stream->end - stream->begin);
+      bool own = false;
+      (void)grpc::SerializationTraits<v1::ReadRegionsRequest>::Serialize(request, &stream->request,
+                                                                         &own);
+      stream->call = stub.PrepareCall(&stream->context, "/baton.v1.PrefillNode/ReadRegions", &queue);
+      stream->step = Step::kStarting;
+      stream->call->StartCall(stream.get());
+      running.push_back(std::move(stream));
+    };
+    auto fail = [&](absl::Status status) {
+      if (failed.ok()) failed = std::move(status);
+      for (auto& stream : running) stream->context.TryCancel();
+      pending.clear();
+    };
+    while (!pending.empty() && running.size() < kGrpcReadsInFlight) start();
+    while (!running.empty()) {
+      void* tag = nullptr;
+      bool ok = false;
+      const auto wake = std::chrono::system_clock::now() + std::chrono::milliseconds(10);
+      const grpc::CompletionQueue::NextStatus next = queue.AsyncNext(&tag, &ok, wake);
+      if (next == grpc::CompletionQueue::SHUTDOWN) break;
+      if (next == grpc::CompletionQueue::TIMEOUT) {
+        if (failed.ok() && stop && stop()) {
+          fail(absl::CancelledError("gRPC read: the transfer was abandoned"));
+        } else if (failed.ok() && Clock::now() >= deadline) {
+          fail(absl::DeadlineExceededError("gRPC read: not complete by the transfer deadline"));
+        }
+        continue;
+      }
+      auto* stream = static_cast<Stream*>(tag);
+      switch (stream->step) {
+        case Step::kStarting:
+          if (!ok) {
+            stream->step = Step::kFinishing;
+            stream->call->Finish(&stream->status, stream);
+            break;
+          }
+          stream->step = Step::kWriting;
+          stream->call->WriteLast(stream->request, grpc::WriteOptions(), stream);
+          break;
+        case Step::kWriting:
+        case Step::kReading:
+          if (stream->step == Step::kReading && ok && failed.ok()) {
+            if (absl::Status s = Accept(*stream, into); !s.ok()) fail(std::move(s));
+          }
+          if (!ok || !failed.ok()) {
+            stream->step = Step::kFinishing;
+            stream->call->Finish(&stream->status, stream);
+            break;
+          }
+          stream->step = Step::kReading;
+          stream->chunk.Clear();
+          stream->call->Read(&stream->chunk, stream);
+          break;
+        case Step::kFinishing: {
+          absl::Status status = FromGrpcStatus(stream->status);
+          if (status.ok() && stream->next != stream->end) {
+            status = absl::DataLossError(absl::StrCat("region ", v1::Region_Name(stream->region),
+                                                      ": got ", stream->next - stream->begin,
+                                                      " of ", stream->end - stream->begin,
+                                                      " bytes at offset ", stream->begin));
+          }
+          if (!status.ok()) fail(std::move(status));
+          auto it = std::find_if(running.begin(), running.end(),
+                                 [&](const auto& s) { return s.get() == stream; });
+          running.erase(it);
+          if (failed.ok() && !pending.empty()) start();
+          break;
+        }
+      }
+    }
+    queue.Shutdown();
+    void* tag = nullptr;
+    bool ok = false;
+    while (queue.Next(&tag, &ok)) {
+    }
+    return failed;
   }
 
  private:
-  v1::PrefillNode::Stub& Stub(const std::string& address) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    auto& stub = stubs_[address];
-    if (stub == nullptr) {
-      stub = v1::PrefillNode::NewStub(security::InternalChannel(address, security::Role::kPrefill));
+  enum class Step { kStarting, kWriting, kReading, kFinishing };
+  struct Stream {
+    grpc::ClientContext context;
+    std::unique_ptr<grpc::GenericClientAsyncReaderWriter> call;
+    grpc::ByteBuffer request, chunk;
+    grpc::Status status;
+    Step step = Step::kStarting;
+    v1::Region region = v1::REGION_UNSPECIFIED;
+    uint64_t begin = 0, end = 0, next = 0;  // bytes of the region this stream reads
+  };
+
+  // Copies one received chunk into place after checking that it is the next piece of its
+  // stream's range.
+  static absl::Status Accept(Stream& stream, const RegionSpans& into) {
+    std::vector<grpc::Slice> slices;
+    ChunkHeader header;
+    if (!ParseChunkHeader(stream.chunk, slices, &header)) {
+      return absl::InvalidArgumentError("region chunk: not a RegionChunk message");
     }
-    return *stub;
+    const uint64_t bytes = header.data_bytes;
+    // In order and inside the range; offset + bytes may wrap 64 bits, so the check never forms
+    // that sum.
+    if (header.region != static_cast<uint64_t>(stream.region) || header.offset != stream.next ||
+        bytes > stream.end - stream.next) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "region chunk of ", bytes, " bytes at offset ", header.offset, " lies outside region ",
+          v1::Region_Name(stream.region), " bytes [", stream.begin, ", ", stream.end,
+          ") (or out of order; expected offset ", stream.next, ")"));
+    }
+    size_t slice = 0, at = header.header_bytes;
+    while (slice < slices.size() && at >= slices[slice].size()) at -= slices[slice++].size();
+    ForEachPiece(into, stream.region, stream.next, bytes, [&](char* local, uint64_t n, uint64_t) {
+      while (n > 0) {
+        const size_t take = std::min<uint64_t>(n, slices[slice].size() - at);
+        std::memcpy(local, slices[slice].begin() + at, take);
+        local += take;
+        n -= take;
+        at += take;
+        if (at == slices[slice].size()) {
+          ++slice;
+          at = 0;
+        }
+      }
+    });
+    stream.next += bytes;
+    return absl::OkStatus();
+  }
+
+  std::shared_ptr<grpc::Channel> Channel(const std::string& address) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto& channel = channels_[address];
+    if (channel == nullptr) {
+      // A receive window that holds several chunks of every stream in flight, so that the
+      // prefill node never waits for a window update between chunks.
+      grpc::ChannelArguments args = security::ChannelArguments();
+      args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES,
+                  static_cast<int>(4 * kGrpcRegionChunkBytes));
+      channel = security::InternalChannel(address, security::Role::kPrefill, args);
+    }
+    return channel;
   }
 
   std::mutex mutex_;
-  std::map<std::string, std::unique_ptr<v1::PrefillNode::Stub>> stubs_;
+  std::map<std::string, std::shared_ptr<grpc::Channel>> channels_;
 };
 
 class FaultInjectingTransport final : public Transport {

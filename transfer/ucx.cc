@@ -2,9 +2,15 @@
 
 #include <ucp/api/ucp.h>
 
+#include <cstdlib>
 #include <thread>
 
+#include "absl/algorithm/container.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 
 namespace baton::transfer {
 namespace {
@@ -13,14 +19,60 @@ absl::Status UcxError(const char* what, ucs_status_t status) {
   return absl::UnavailableError(absl::StrCat("UCX ", what, ": ", ucs_status_string(status)));
 }
 
+// UCX_TLS names whose memory keys are enforced (see UcxTransports), UCX 1.13's aliases among
+// them: sm, shm and mm are the shared-memory transports, ib the verbs ones.
+constexpr absl::string_view kKeyedTransports[] = {
+    "sm",       "shm",     "mm",        "posix",     "sysv",     "xpmem",   "cma",
+    "knem",     "self",    "ib",        "rc",        "rc_v",     "rc_x",    "rc_verbs",
+    "rc_mlx5",  "dc",      "dc_x",      "dc_mlx5",   "ud",       "ud_v",    "ud_x",
+    "ud_verbs", "ud_mlx5", "cuda_copy", "cuda_ipc",  "gdr_copy", "cuda",
+};
+
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<UcxWorker>> UcxWorker::Create(bool peer_error_handling) {
+absl::StatusOr<std::string> UcxTransports(const char* env, bool allow_unprotected_tcp) {
+  const std::string value = env == nullptr ? "" : env;
+  if (allow_unprotected_tcp) return value.empty() ? std::string("all") : value;
+  if (value.empty()) return std::string(kDefaultUcxTransports);
+  const std::string allowed = absl::StrJoin(kKeyedTransports, ", ");
+  if (value[0] == '^') {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "UCX_TLS=", value, ": an exclusion list lets UCX pick transports that serve RMA over TCP "
+        "in software, where any peer that reaches the port reads and writes this process's "
+        "memory; list the transports to use (", allowed,
+        "), or pass --ucx-allow-unprotected-tcp for a network you trust"));
+  }
+  for (absl::string_view name : absl::StrSplit(value, ',', absl::SkipEmpty())) {
+    const std::string lower = absl::AsciiStrToLower(absl::StripAsciiWhitespace(name));
+    if (absl::c_linear_search(kKeyedTransports, lower)) continue;
+    const bool tcp = lower == "tcp" || lower == "all";
+    return absl::InvalidArgumentError(absl::StrCat(
+        "UCX_TLS=", value, ": '", name, "' ",
+        tcp ? "serves RMA over TCP in software, checking neither the registered region nor the "
+              "key, so any peer that reaches the port reads and writes this process's memory"
+            : "is not a transport whose memory keys baton knows to be enforced",
+        "; allowed: ", allowed,
+        " (across hosts without RDMA, use the gRPC transport: --transport grpc on the router), "
+        "or pass --ucx-allow-unprotected-tcp for a network you trust"));
+  }
+  return value;
+}
+
+absl::StatusOr<std::unique_ptr<UcxWorker>> UcxWorker::Create(const UcxOptions& options) {
+  absl::StatusOr<std::string> transports =
+      UcxTransports(std::getenv("UCX_TLS"), options.allow_unprotected_tcp);
+  if (!transports.ok()) return transports.status();
   std::unique_ptr<UcxWorker> w(new UcxWorker());
-  w->peer_error_handling_ = peer_error_handling;
+  w->peer_error_handling_ = options.peer_error_handling;
+  w->transports_ = *transports;
   ucp_config_t* config = nullptr;
   if (ucs_status_t s = ucp_config_read(nullptr, nullptr, &config); s != UCS_OK) {
     return UcxError("config", s);
+  }
+  // The list checked above replaces whatever a UCX config file says.
+  if (ucs_status_t s = ucp_config_modify(config, "TLS", w->transports_.c_str()); s != UCS_OK) {
+    ucp_config_release(config);
+    return UcxError("config TLS", s);
   }
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;

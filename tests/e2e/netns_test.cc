@@ -37,7 +37,8 @@ class NetnsTest : public ::testing::Test {
       ASSERT_TRUE(net_->Add(m)) << "cannot make network namespace member " << m;
     }
     ASSERT_TRUE(net_->Join("client"));
-    // StateBlocks cross the veth links: UCX over TCP on each member's eth0.
+    // StateBlocks cross the veth links: UCX over TCP on each member's eth0, which the nodes
+    // accept only with --ucx-allow-unprotected-tcp (see Start).
     setenv("UCX_TLS", "tcp", 1);
     setenv("UCX_NET_DEVICES", "eth0", 1);
     model_ = ProcessTempDir() + "/netns_small";
@@ -63,6 +64,10 @@ class NetnsTest : public ::testing::Test {
                            std::vector<std::string> extra = {}) {
     cluster.WrapIn(name, net_->Exec(name));
     extra.insert(extra.begin(), {"--host", net_->Address(name)});
+    // The test's own veth network is the trusted one UCX over TCP needs (transfer/ucx.h).
+    if (role == "prefill" || role == "decode") {
+      extra.insert(extra.begin(), "--ucx-allow-unprotected-tcp");
+    }
     if (role == "router") return cluster.StartRouter(extra, name);
     if (role == "prefill") return cluster.StartPrefill(name, extra);
     if (role == "decode") return cluster.StartDecode(name, extra);

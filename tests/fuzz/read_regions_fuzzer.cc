@@ -1,7 +1,8 @@
 // The prefill node's side of the gRPC transport: PrefillNode.ReadRegions with any request,
 // against a table holding one open exposure (aimed at it when the first byte is odd). Whatever
-// the bytes, the answer is a status, and every chunk it streams lies inside the asked region,
-// in order, and inside the range asked for.
+// the bytes, the answer is a status, and every chunk it would stream is a RegionChunk message
+// (its payload a slice of the staging memory) lying inside the asked region, in order, and
+// inside the range asked for.
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -13,28 +14,6 @@ namespace {
 baton::transfer::StagingPool* pool = nullptr;
 baton::transfer::ExposureTable* table = nullptr;
 std::string live_id;
-
-// Checks each chunk as baton's gRPC transport would before writing it anywhere.
-class CheckingWriter final : public grpc::ServerWriterInterface<baton::v1::RegionChunk> {
- public:
-  CheckingWriter(const baton::v1::ReadRegionsRequest& request, uint64_t region_bytes)
-      : request_(request), region_bytes_(region_bytes), next_(request.offset()) {}
-  bool Write(const baton::v1::RegionChunk& chunk, grpc::WriteOptions) override {
-    const uint64_t n = chunk.data().size();
-    if (chunk.region() != request_.region() || chunk.offset() != next_ || n > region_bytes_ ||
-        chunk.offset() > region_bytes_ - n || next_ + n > request_.offset() + request_.length()) {
-      std::abort();
-    }
-    next_ += n;
-    return true;
-  }
-  void SendInitialMetadata() override {}
-
- private:
-  const baton::v1::ReadRegionsRequest& request_;
-  uint64_t region_bytes_;
-  uint64_t next_;
-};
 
 }  // namespace
 
@@ -58,7 +37,25 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // Bound what one input may ask to stream (the real region is at most 12 KiB).
   const baton::transfer::RegionSizes sizes{.producer_swa = 3000, .consumer_swa = 5000,
                                            .page = 4096, .pages = 3, .block_kv = 3 * 4096};
-  CheckingWriter writer(request, sizes.bytes(request.region()));
-  (void)table->Serve("", request, writer);
+  baton::transfer::RegionRead read;
+  if (!table->Open("", request, &read).ok()) return 0;
+  // Every chunk, parsed back as the RegionChunk message it claims to be, lies inside the asked
+  // region, in order, and inside the range asked for, and carries the exposed bytes.
+  const uint64_t region_bytes = sizes.bytes(request.region());
+  uint64_t next = request.offset();
+  for (uint64_t i = 0; i < read.chunks(); ++i) {
+    grpc::ByteBuffer wire = read.Chunk(i);
+    baton::v1::RegionChunk chunk;
+    if (!grpc::SerializationTraits<baton::v1::RegionChunk>::Deserialize(&wire, &chunk).ok()) {
+      std::abort();
+    }
+    const uint64_t n = chunk.data().size();
+    if (chunk.region() != request.region() || chunk.offset() != next || n > region_bytes ||
+        chunk.offset() > region_bytes - n || next + n > request.offset() + request.length()) {
+      std::abort();
+    }
+    next += n;
+  }
+  if (next != request.offset() + request.length()) std::abort();
   return 0;
 }

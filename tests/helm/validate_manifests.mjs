@@ -58,10 +58,10 @@ const BATON_CONFIG_KEYS = {
            "reservation-timeout-ms", "hit-cap", "lookup-timeout-ms", "require-kvstore", "max-queued",
            "prefill-slots", "stream-idle-timeout", "prefill-timeout-ms", "http-port", "http-threads",
            "served-model-name", "drain-timeout"],
-  prefill: ["port", "node-id", "token-budget", "no-ucx", "kvstore", "commit-timeout-ms", "device",
+  prefill: ["port", "node-id", "token-budget", "no-ucx", "ucx-allow-unprotected-tcp", "kvstore", "commit-timeout-ms", "device",
             "weights", "drain-timeout", "served-model-name"],
   decode: ["port", "node-id", "slots", "pages", "max-batch", "max-waiting", "no-ucx",
-           "ucx-peer-errors", "stream-idle-timeout", "device", "weights", "drain-timeout",
+           "ucx-peer-errors", "ucx-allow-unprotected-tcp", "stream-idle-timeout", "device", "weights", "drain-timeout",
            "served-model-name"],
   kvstore: ["port", "data-dir", "budget-bytes", "sync-writes", "drain-timeout"],
 };

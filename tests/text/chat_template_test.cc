@@ -3,6 +3,11 @@
 // expression subset, refusals at parse time and the bounds on rendering.
 #include "baton/text/chat_template.h"
 
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -379,6 +384,159 @@ TEST(ChatTemplateTest, CopiesShareTheProgram) {
   const ChatTemplate copy = *parsed;
   const Json vars = {{"messages", Messages({{"user", "Hi"}})}};
   EXPECT_EQ(*copy.Render(vars), *parsed->Render(vars));
+}
+
+
+// String operations are charged the bytes they compare, so the step bound (1,000,000) bounds
+// their time: each of these either renders, charged at least the linear cost of reading its
+// strings, or stops when the steps run out, having been charged every step of the work it did
+// (in, split and replace with a needle that nearly matches at every position: about 600,000
+// positions of 400,000 bytes each, which the engine once charged as one step).
+TEST(ChatTemplateTest, QuadraticStringOperationsAreChargedTheWorkTheyDo) {
+  constexpr uint64_t kBudget = 1'000'000;
+  struct Case {
+    std::string source;
+    bool exhausts;
+  };
+  const std::vector<Case> cases = {
+      {"{{ ('a' * 100000).strip('b' * 100000 + 'a') | length }}", false},
+      {"{{ ('a' * 100000).lstrip('b' * 100000 + 'a') | length }}", false},
+      {"{{ ('a' * 399999 + 'b') in ('a' * 1000000) }}", true},
+      {"{{ ('a' * 1000000).split('a' * 399999 + 'b') | length }}", true},
+      {"{{ ('a' * 1000000).replace('a' * 399999 + 'b', 'x') | length }}", true},
+  };
+  for (const Case& c : cases) {
+    absl::StatusOr<ChatTemplate> parsed = ChatTemplate::Parse(c.source);
+    ASSERT_TRUE(parsed.ok()) << c.source << ": " << parsed.status();
+    uint64_t steps = 0;
+    const absl::StatusOr<std::string> out = parsed->Render(Json::object(), 1 << 21, &steps);
+    if (c.exhausts) {
+      EXPECT_EQ(out.status().code(), absl::StatusCode::kResourceExhausted) << c.source;
+      EXPECT_THAT(out.status().message(), HasSubstr("evaluation steps")) << c.source;
+      EXPECT_GT(steps, kBudget / 2) << c.source;
+    } else {
+      ASSERT_TRUE(out.ok()) << c.source << ": " << out.status();
+      EXPECT_EQ(*out, "0");
+      // Reading both strings once: 200,000 bytes at 64 a step.
+      EXPECT_GE(steps, 200000 / 64) << c.source;
+      EXPECT_LT(steps, kBudget / 10) << c.source;
+    }
+  }
+  // The same operations on ordinary sizes stay cheap.
+  absl::StatusOr<ChatTemplate> small =
+      ChatTemplate::Parse("{{ ('<|im_end|>' in 'a message<|im_end|>') }} "
+                          "{{ 'a b c'.split(' ') | length }} {{ 'x-y'.replace('-', '+') }}");
+  ASSERT_TRUE(small.ok());
+  uint64_t steps = 0;
+  EXPECT_EQ(*small->Render(Json::object(), 1 << 20, &steps), "True 3 x+y");
+  EXPECT_LT(steps, 100u);
+}
+
+// Every template baton ships (ChatML, used by the shipped models, which carry none of their
+// own), the published templates above and a set of Jinja constructs, rendered by baton and by
+// Python's Jinja2 in the environment transformers' apply_chat_template builds (trim_blocks,
+// lstrip_blocks, loopcontrols, raise_exception, a json.dumps tojson): the texts are the same.
+TEST(ChatTemplateTest, RendersWhatJinja2Renders) {
+  const std::vector<Json> conversations = {
+      Messages({{"user", "Hi"}}),
+      Messages({{"system", "Be brief."}, {"user", "  What is 2+2?  "},
+                {"assistant", "4"}, {"user", "And 3+3?\n"}}),
+      Messages({{"user", "Ünïcödé ✓ and <|im_end|> \"quotes\""}, {"assistant", "ok"}}),
+  };
+  const std::vector<std::string> templates = {
+      std::string(kDefaultChatTemplate), std::string(kLlama2), std::string(kZephyr),
+      std::string(kLlama3), std::string(kMistral),
+      // Constructs: loops and their variables, set and namespace, break and continue,
+      // whitespace control, filters, string methods, slices, arithmetic, tests, tojson.
+      "{% for m in messages %}{{ loop.index }}/{{ loop.length }}{% if loop.first %}F{% endif %}"
+      "{% if loop.last %}L{% endif %}:{{ m.role | upper }}={{ m.content | trim | length }} "
+      "{% endfor %}",
+      "{% set ns = namespace(n=0, seen='') %}{% for m in messages %}{% if m.role == 'assistant' "
+      "%}{% continue %}{% endif %}{% set ns.n = ns.n + 1 %}{% set ns.seen = ns.seen ~ m.role[:1] "
+      "%}{% if ns.n > 2 %}{% break %}{% endif %}{% endfor %}{{ ns.n }} {{ ns.seen }}",
+      "{%- for m in messages -%}\n  {{- m['content'].strip().split(' ') | join('_') -}}\n"
+      "{%- endfor %}|{{ messages | length }}|{{ (messages | first).role }}|"
+      "{{ (messages | last)['content'] | lower }}",
+      "{{ 'a-b-c'.replace('-', '+', 1) }} {{ 'Hello'[1:4] }} {{ 'Hello'[::-1] }} "
+      "{{ [1, 2, 3][-1] }} {{ 7 // 2 }} {{ 7 % 3 }} {{ 2 * 3 + 1 }} {{ 'x' * 3 }} "
+      "{{ 10 / 4 }} {{ 'ab' ~ 1 }} {{ 1 < 2 < 3 }} {{ 'b' in 'abc' }} {{ 'z' not in ['a'] }}",
+      "{{ undefined_thing | default('dflt') }} {{ '' | default('empty', true) }} "
+      "{{ none is none }} {{ messages is sequence }} {{ 'x' is string }} {{ 3 is integer }} "
+      "{{ 'title case words' | title }} {{ 'capital' | capitalize }} "
+      "{{ '  pad  '.lstrip() }}|{{ '  pad  '.rstrip() }}|{{ 'xxyxx'.strip('x') }}",
+      "{{ messages[0] | tojson }} {{ ['a', 1, none, true] | tojson }} "
+      "{{ {'k': [1, 2]} | tojson(indent=2) }}",
+      "{% for m in messages if m.role != 'system' %}{{ m.role }}{% else %}none{% endfor %} "
+      "{{ 'yes' if messages | length > 1 else 'no' }} "
+      "{% if messages[0].role == 'system' %}S{% elif messages[0].role == 'user' %}U{% else %}?"
+      "{% endif %} {{ range(3) | list }} {{ range(1, 7, 2) | list }}",
+      "{{ bos_token }}{% for message in messages %}\n    {% if message['role'] == 'user' %}\n"
+      "        {{ '[U] ' + message['content'] }}\n    {% else %}\n        {{ '[A] ' + "
+      "message['content'] + eos_token }}\n    {% endif %}\n{% endfor %}\n"
+      "{%+ if add_generation_prompt %}  [A]{% endif %}",
+  };
+  Json cases = Json::array();
+  std::vector<std::string> ours;
+  for (const std::string& source : templates) {
+    absl::StatusOr<ChatTemplate> parsed = ChatTemplate::Parse(source);
+    ASSERT_TRUE(parsed.ok()) << source << ": " << parsed.status();
+    for (const Json& messages : conversations) {
+      for (const bool generation : {false, true}) {
+        const Json vars = {{"messages", messages},
+                           {"add_generation_prompt", generation},
+                           {"bos_token", "<s>"},
+                           {"eos_token", "</s>"}};
+        absl::StatusOr<std::string> text = parsed->Render(vars);
+        // A template that refuses a conversation (raise_exception) must refuse it in both.
+        ours.push_back(text.ok() ? *text : "ERROR: " + std::string(text.status().message()));
+        cases.push_back({{"template", source}, {"vars", vars}});
+      }
+    }
+  }
+  const std::string dir = ::testing::TempDir() + "/jinja2_" + std::to_string(getpid());
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/cases.json") << cases.dump();
+  std::ofstream(dir + "/render.py") << R"py(
+import json, sys
+import jinja2, jinja2.ext
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+def raise_exception(message):
+    raise jinja2.exceptions.TemplateError(message)
+def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                      sort_keys=sort_keys)
+env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                    extensions=[jinja2.ext.loopcontrols])
+env.filters["tojson"] = tojson
+env.globals["raise_exception"] = raise_exception
+out = []
+for case in json.load(open(sys.argv[1])):
+    try:
+        out.append(env.from_string(case["template"]).render(**case["vars"]))
+    except jinja2.exceptions.TemplateError as e:
+        out.append("ERROR: chat template: " + str(e))
+json.dump(out, open(sys.argv[2], "w"))
+)py";
+  const std::string command = "/usr/bin/python3 " + dir + "/render.py " + dir + "/cases.json " +
+                              dir + "/out.json 2>&1";
+  FILE* pipe = popen(command.c_str(), "r");
+  ASSERT_NE(pipe, nullptr);
+  std::string python_output;
+  char buffer[4096];
+  size_t n;
+  while ((n = fread(buffer, 1, sizeof(buffer), pipe)) > 0) python_output.append(buffer, n);
+  ASSERT_EQ(pclose(pipe), 0) << "Jinja2 (Debian's python3-jinja2, which scripts/setup.sh "
+                                "installs) failed:\n"
+                             << python_output;
+  std::ifstream in(dir + "/out.json");
+  const Json theirs = Json::parse(in);
+  ASSERT_EQ(theirs.size(), ours.size());
+  for (size_t i = 0; i < ours.size(); ++i) {
+    EXPECT_EQ(ours[i], theirs[i].get<std::string>())
+        << "template:\n"
+        << cases[i]["template"].get<std::string>() << "\nvariables: " << cases[i]["vars"].dump();
+  }
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

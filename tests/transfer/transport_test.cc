@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <cstring>
+#include <optional>
 #include <thread>
 
 #include "baton/transfer/exposure.h"
@@ -20,17 +21,35 @@ using ::testing::HasSubstr;
 
 constexpr char kPoison = static_cast<char>(0xA5);
 
+// Writes one chunk, then finishes OK: a peer that lies about where its bytes go.
+class OneChunk final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
+ public:
+  explicit OneChunk(const v1::RegionChunk& chunk) {
+    bool own = false;
+    (void)grpc::SerializationTraits<v1::RegionChunk>::Serialize(chunk, &buffer_, &own);
+    StartWrite(&buffer_);
+  }
+  void OnWriteDone(bool) override { Finish(grpc::Status::OK); }
+  void OnDone() override { delete this; }
+
+ private:
+  grpc::ByteBuffer buffer_;
+};
+
 // A PrefillNode that only serves reads of its exposures (what baton-prefill does in
-// ReadRegions), optionally holding each read back first.
-class ReadRegionsServer final : public v1::PrefillNode::Service {
+// ReadRegions), optionally holding each read back first, or answering with `lie` instead.
+class ReadRegionsServer final
+    : public v1::PrefillNode::WithRawCallbackMethod_ReadRegions<v1::PrefillNode::Service> {
  public:
   explicit ReadRegionsServer(const ExposureTable& table) : table_(table) {}
-  grpc::Status ReadRegions(grpc::ServerContext* context, const v1::ReadRegionsRequest* request,
-                           grpc::ServerWriter<v1::RegionChunk>* writer) override {
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* ReadRegions(grpc::CallbackServerContext* context,
+                                                         const grpc::ByteBuffer* request) override {
     if (hold_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(hold_ms.load()));
-    return table_.Serve("", *request, *writer);
+    if (lie.has_value()) return new OneChunk(*lie);
+    return table_.Stream("", *request);
   }
   std::atomic<int> hold_ms{0};
+  std::optional<v1::RegionChunk> lie;
 
  private:
   const ExposureTable& table_;
@@ -236,8 +255,9 @@ TEST_F(TransportTest, UcxSourceFieldsOutsideTheirBoundsAreRefused) {
 TEST(UcxStallTest, StalledGetPastItsDeadlineOrAbandonedWritesNothingAfterwards) {
   setenv("UCX_TLS", "tcp,self", 1);
   setenv("UCX_NET_DEVICES", "lo", 1);
-  auto exposer = UcxWorker::Create();
-  auto reader = UcxWorker::Create(/*peer_error_handling=*/true);
+  // TCP only where the operator says the network is trusted (UcxTransports).
+  auto exposer = UcxWorker::Create({.allow_unprotected_tcp = true});
+  auto reader = UcxWorker::Create({.peer_error_handling = true, .allow_unprotected_tcp = true});
   unsetenv("UCX_TLS");
   unsetenv("UCX_NET_DEVICES");
   ASSERT_TRUE(exposer.ok() && reader.ok());
@@ -273,6 +293,63 @@ TEST_F(TransportTest, GrpcReadRegionsReadsEveryRegionInChunks) {
       grpc->Read(exposure_->Source(v1::TRANSPORT_GRPC), address_, into.spans, In(10000))
           .ok());
   ExpectSame(into);
+}
+
+// Regions larger than one stream (kGrpcReadBytes) are read by several streams at once, each in
+// chunks, into pages scattered over the destination.
+TEST(GrpcTransportTest, LargeRegionsArriveWholeOverSeveralStreams) {
+  RegionSizes sizes{.producer_swa = 3 * kGrpcRegionChunkBytes + 17, .consumer_swa = 12345,
+                    .page = 1 << 20, .pages = 2 * kGrpcReadBytes / (1 << 20) + 3};
+  sizes.block_kv = sizes.pages * sizes.page - 999;
+  StagingPool pool(nullptr, 0);
+  auto exposure = Exposure::Create(pool, sizes, "", "reader");
+  ASSERT_TRUE(exposure.ok());
+  char* staged = reinterpret_cast<char*>((*exposure)->producer_swa());
+  for (uint64_t i = 0; i < StagingBytes(sizes); ++i) staged[i] = static_cast<char>((i * 131) >> 7);
+  ExposureTable table;
+  table.Add(*exposure);
+  ReadRegionsServer service(table);
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  ASSERT_NE(server, nullptr);
+  Destination into(sizes);
+  const absl::Status status = MakeGrpcTransport()->Read(
+      (*exposure)->Source(v1::TRANSPORT_GRPC), "127.0.0.1:" + std::to_string(port), into.spans,
+      Clock::now() + std::chrono::seconds(60));
+  ASSERT_TRUE(status.ok()) << status;
+  for (v1::Region region : {v1::REGION_PRODUCER_SWA, v1::REGION_CONSUMER_SWA, v1::REGION_BLOCK_KV}) {
+    const std::string got = into.Bytes(region);
+    ASSERT_EQ(got.size(), sizes.bytes(region));
+    EXPECT_EQ(0, std::memcmp(got.data(), staged + StagingOffset(sizes, region), got.size()))
+        << v1::Region_Name(region);
+  }
+  server->Shutdown();
+}
+
+// The reader checks every chunk before it writes: one that names another place is refused and
+// nothing of it lands.
+TEST_F(TransportTest, AChunkOutsideWhatWasAskedIsRefusedAndWritesNothing) {
+  std::unique_ptr<Transport> grpc = MakeGrpcTransport();
+  for (const auto& [region, offset] :
+       std::vector<std::pair<v1::Region, uint64_t>>{{v1::REGION_PRODUCER_SWA, 1},
+                                                    {v1::REGION_CONSUMER_SWA, 0},
+                                                    {v1::REGION_PRODUCER_SWA, ~uint64_t{0} - 2}}) {
+    v1::RegionChunk lie;
+    lie.set_region(region);
+    lie.set_offset(offset);
+    lie.set_data(std::string(64, 'L'));
+    server_impl_->lie = lie;
+    Destination into(sizes_);
+    const absl::Status status =
+        grpc->Read(exposure_->Source(v1::TRANSPORT_GRPC), address_, into.spans, In(5000));
+    EXPECT_TRUE(absl::IsInvalidArgument(status)) << status;
+    EXPECT_THAT(status.message(), HasSubstr("lies outside region"));
+    EXPECT_TRUE(into.Untouched());
+  }
+  server_impl_->lie.reset();
 }
 
 TEST_F(TransportTest, ReadsOfAClosedOrUnknownExposureAreNotFoundAndWriteNothing) {

@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -35,6 +36,7 @@
 #include "baton/common/rpc.h"
 #include "baton/model/engine_factory.h"
 #include "baton/model/model_factory.h"
+#include "baton/transfer/ucx.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
@@ -245,6 +247,14 @@ int main(int argc, char** argv) {
   } else if (*parsed == baton::model::WeightType::kBf16 && device != "cpu") {
     std::cerr << "baton up: --weights bf16 is for --device cpu\n";
     return 2;
+  }
+  // The nodes would refuse a UCX_TLS that serves RMA over TCP (transfer/ucx.h); say so once.
+  if (transport == "ucx") {
+    if (auto transports = baton::transfer::UcxTransports(std::getenv("UCX_TLS"), false);
+        !transports.ok()) {
+      std::cerr << "baton up: " << transports.status().message() << "\n";
+      return 2;
+    }
   }
   std::error_code error;
   fs::create_directories(fs::path(data_dir) / "run", error);

@@ -76,6 +76,7 @@ prefill:
   {{- end }}
   token-budget: {{ index $c.prefill "token-budget" | int64 }}
   no-ucx: {{ index $c.prefill "no-ucx" }}
+  ucx-allow-unprotected-tcp: {{ .Values.ucx.allowUnprotectedTcp }}
   commit-timeout-ms: {{ index $c.prefill "commit-timeout-ms" | int64 }}
   drain-timeout: {{ index $c.prefill "drain-timeout" | quote }}
   {{- if .Values.kvstore.enabled }}
@@ -99,6 +100,7 @@ decode:
   max-waiting: {{ index $c.decode "max-waiting" | int64 }}
   no-ucx: {{ index $c.decode "no-ucx" }}
   ucx-peer-errors: {{ index $c.decode "ucx-peer-errors" }}
+  ucx-allow-unprotected-tcp: {{ .Values.ucx.allowUnprotectedTcp }}
   stream-idle-timeout: {{ index $c.decode "stream-idle-timeout" | toString | quote }}
   drain-timeout: {{ index $c.decode "drain-timeout" | quote }}
 {{- end -}}

@@ -19,6 +19,17 @@ that `helm lint`, `helm template` and `helm install` all stop on them.
 {{- fail "config.router.transport: ucx needs UCX on both pools, but config.prefill.no-ucx or config.decode.no-ucx is true; set transport: grpc or enable UCX" -}}
 {{- end -}}
 
+{{- /* The nodes refuse a UCX_TLS that can serve RMA over TCP (transfer/ucx.h) unless told
+the network is trusted; say so before a pod crash-loops. */ -}}
+{{- $usesUcx := not (and (index .Values.config.prefill "no-ucx") (index .Values.config.decode "no-ucx")) -}}
+{{- if and $usesUcx (not .Values.ucx.allowUnprotectedTcp) -}}
+{{- range $name := splitList "," (lower .Values.ucx.tls) -}}
+{{- if or (eq $name "tcp") (eq $name "all") (hasPrefix "^" $name) -}}
+{{- fail (printf "ucx.tls: %q lets UCX serve RMA over TCP in software, where any peer that reaches a node's port reads and writes its memory; list transports whose keys are enforced (sm, posix, sysv, cma, self, rc, dc, ud, ib), use config.router.transport grpc with config.prefill.no-ucx and config.decode.no-ucx, or set ucx.allowUnprotectedTcp for a trusted network" $.Values.ucx.tls) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
 {{- /* Each pod serves gRPC, metrics and health on different ports (the router also its
 internal port). */ -}}
 {{- $metricsPort := index .Values.config.common "metrics-port" | int64 -}}

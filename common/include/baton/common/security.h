@@ -70,7 +70,10 @@ std::shared_ptr<grpc::ServerCredentials> InternalServerCredentials();
 
 // A channel to an internal server that must present `server_role`'s certificate, carrying
 // this process's certificate; plaintext when insecure.
-std::shared_ptr<grpc::Channel> InternalChannel(const std::string& address, Role server_role);
+std::shared_ptr<grpc::Channel> InternalChannel(const std::string& address, Role server_role,
+                                               const grpc::ChannelArguments& args);
+inline std::shared_ptr<grpc::Channel> InternalChannel(const std::string& address,
+                                                      Role server_role);
 
 // Credentials of the router's client API: TLS with `cert_file`/`key_file` (re-read when they
 // change), requiring client certificates from `client_ca_file` when that is given; plaintext
@@ -80,16 +83,20 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ClientApiCredentials(
 
 // Channel arguments every baton channel uses (message bounds).
 grpc::ChannelArguments ChannelArguments();
+inline std::shared_ptr<grpc::Channel> InternalChannel(const std::string& address,
+                                                      Role server_role) {
+  return InternalChannel(address, server_role, ChannelArguments());
+}
 
 // The caller's role from its certificate; nullopt when it has none that baton knows.
-std::optional<Role> PeerRole(const grpc::ServerContext& context);
+std::optional<Role> PeerRole(const grpc::ServerContextBase& context);
 // The caller's SPIFFE id ("" without TLS or without one), and its address, for logs.
-std::string PeerIdentity(const grpc::ServerContext& context);
+std::string PeerIdentity(const grpc::ServerContextBase& context);
 
 // OK when the caller's role is in `allowed` (always, when insecure); otherwise
 // PERMISSION_DENIED, and a log line naming `method`, the peer's address and its identity.
 // The message names only the method, nothing the caller did not send.
-absl::Status Authorize(const grpc::ServerContext& context, std::initializer_list<Role> allowed,
+absl::Status Authorize(const grpc::ServerContextBase& context, std::initializer_list<Role> allowed,
                        absl::string_view method);
 
 // 128 random bits from OpenSSL's generator, as 32 hex digits: an identifier nobody can guess

@@ -23,6 +23,7 @@ inline constexpr uint64_t kMaxAddressBytes = 512;      // host:port of a node
 inline constexpr uint64_t kMaxNodeIdBytes = 256;       // a node's name at the router
 inline constexpr uint64_t kMaxFingerprintBytes = 128;  // a model fingerprint (hex digest)
 inline constexpr uint64_t kMaxModelNameBytes = 256;    // a served model's name
+inline constexpr uint64_t kMaxUcxAddressBytes = 64 << 10;  // a UCX worker address
 inline constexpr int kMaxStopTokenIds = 64;
 inline constexpr int kMaxStopStrings = 16;
 inline constexpr uint64_t kMaxStopStringBytes = 256;

@@ -52,6 +52,9 @@ struct DecodeOptions {
   bool use_ucx = true;
   // UCX endpoints with peer error handling (network transports only; transfer/ucx.h).
   bool ucx_peer_errors = false;
+  // Accept a UCX_TLS with TCP, which lets any peer reaching the port read and write this
+  // process's memory (transfer::UcxTransports; --ucx-allow-unprotected-tcp).
+  bool ucx_allow_unprotected_tcp = false;
   // Fill freed pool memory with a poison pattern and count writes into it (StatePool).
   bool poison_freed_memory = false;
   // Faults injected into every transfer (tests; see transfer::FaultSpec).

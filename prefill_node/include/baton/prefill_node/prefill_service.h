@@ -32,6 +32,9 @@ namespace baton::prefill_node {
 struct PrefillOptions {
   int64_t token_budget = 512;  // rows per prefill chunk
   bool use_ucx = true;
+  // Accept a UCX_TLS with TCP, which lets any peer reaching the port read and write this
+  // process's memory (transfer::UcxTransports; --ucx-allow-unprotected-tcp).
+  bool ucx_allow_unprotected_tcp = false;
   std::string kvstore_address;  // empty: no prefix store
   // Payload bytes waiting for the store at most; a prompt whose blocks do not fit is not
   // written back (the store is behind, and memory stays bounded).
@@ -54,17 +57,22 @@ struct PrefillOptions {
 // truncation spec are the model's to check.
 absl::Status ValidatePrefillRequest(const v1::PrefillRequest& request, const ModelConfig& config);
 
-class PrefillService final : public v1::PrefillNode::Service {
+// ReadRegions is a raw callback method: its chunks go out as slices of the staging memory,
+// with no protobuf copy of the payload (ExposureTable::Stream).
+class PrefillService final
+    : public v1::PrefillNode::WithRawCallbackMethod_ReadRegions<v1::PrefillNode::Service> {
  public:
   PrefillService(model::Engine& model, const PrefillOptions& options);
   ~PrefillService() override;
 
   grpc::Status Prefill(grpc::ServerContext* context, const v1::PrefillRequest* request,
                        v1::PrefillResponse* reply) override;
-  grpc::Status ReadRegions(grpc::ServerContext* context, const v1::ReadRegionsRequest* request,
-                           grpc::ServerWriter<v1::RegionChunk>* writer) override;
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* ReadRegions(grpc::CallbackServerContext* context,
+                                                         const grpc::ByteBuffer* request) override;
 
   v1::LoadReport Load() const;
+  // The UCX worker's address, which the node registers with the router (empty without UCX).
+  std::string ucx_worker_address() const { return ucx_ != nullptr ? ucx_->address() : ""; }
   size_t open_exposures() const { return exposures_.size(); }
   // The liveness watchdog of the model loop (ServeUntilShutdown's on_started, on_stopping).
   void StartWatchdog(HealthSetter health) { watchdog_->Start(std::move(health)); }

@@ -4,14 +4,13 @@
 // on the router's own gRPC server through an in-process channel, so HTTP requests get exactly
 // the gRPC path's validation, admission, fault handling, API keys and metrics.
 //
-// HTTP comes from cpp-httplib (Debian's libcpp-httplib): a maintained server whose handlers
-// run on a thread pool. Its blocking model fits here: a stream's thread waits on the gRPC
-// stream's next message and writes it, so a stream costs one pool thread for its life, and
-// --http-threads bounds the concurrent streams (more connections wait in the pool's queue).
-// Boost.Beast would save the threads at the price of an asynchronous gRPC bridge; at the
-// concurrency one router serves (hundreds of streams) the threads cost little.
+// HTTP is served by HttpServer (http_server.h: Boost.Beast, event-driven), which bounds every
+// resource before a request reaches a handler here: connections overall and per client, head
+// and body sizes whatever the encoding, request bodies in memory, whole-request, idle and
+// write deadlines. Health and model lists are answered on the I/O threads; a Generate call and
+// its stream hold one of at most --http-threads handler threads for their life.
 //
-// Start/Stop from one thread; the handlers run concurrently on the pool.
+// Start/Stop from one thread; the handlers run concurrently.
 #pragma once
 
 #include <condition_variable>
@@ -24,13 +23,11 @@
 
 #include "absl/status/status.h"
 #include "baton/common/api_keys.h"
+#include "baton/router/http_server.h"
 #include "baton/router/openai.h"
 #include "baton/text/tokenizer.h"
 #include "grpcpp/grpcpp.h"
 
-namespace httplib {
-class Server;
-}
 
 namespace baton::router {
 
@@ -43,6 +40,9 @@ struct HttpOptions {
   std::string tls_cert, tls_key, tls_client_ca;
   int threads = 512;                        // concurrent requests (each stream holds one)
   size_t max_body_bytes = size_t{8} << 20;  // larger bodies get 413
+  // Connection, head, memory and time bounds (HttpLimits; threads and max_body_bytes above
+  // override its handler_threads and max_body_bytes).
+  HttpLimits limits;
   openai::ServedModel model;
   std::vector<openai::ModelEntry> more_models;  // served beside `model` (router --extra-model)
 };
@@ -65,7 +65,10 @@ class HttpFront {
 
  private:
   struct Call;
-  void Route();
+  std::vector<HttpRoute> Routes();
+  // The API key check of /v1/* (when keys are set); false after answering 401.
+  bool Authorized(const HttpRequest& request, HttpResponder& responder) const;
+  void Generate(openai::Endpoint endpoint, const HttpRequest& request, HttpResponder& responder);
   // Tracks a call for Stop; false once stopping (the caller refuses the request).
   bool Track(grpc::ClientContext* context);
   void Untrack(grpc::ClientContext* context);
@@ -75,12 +78,11 @@ class HttpFront {
   std::vector<openai::ModelEntry> models_;  // options_.model with the tokenizer, then the more
   std::shared_ptr<const ApiKeys> api_keys_;
   std::function<bool()> ready_;
-  std::unique_ptr<httplib::Server> server_;
+  std::unique_ptr<HttpServer> server_;
   std::mutex calls_mutex_;
   std::condition_variable calls_done_;    // calls_ became empty
   std::set<grpc::ClientContext*> calls_;  // Generate calls in flight, cancelled by Stop
   bool stopping_ = false;
-  std::thread thread_;
   std::string address_;
 };
 

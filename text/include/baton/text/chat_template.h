@@ -44,6 +44,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -75,8 +76,11 @@ class ChatTemplate {
   // larger than max_output bytes (or a string built on the way that is), or more than
   // 1,000,000 evaluation steps, is ResourceExhausted. Copying big strings and lists costs steps
   // in proportion to their size, so the bound caps time and memory, not just node visits.
+  // String operations (in, split, replace, strip) are charged the bytes they compare, so the
+  // step bound is a bound on time too. `steps` (when given) receives the steps the render took.
   absl::StatusOr<std::string> Render(const nlohmann::json& variables,
-                                     size_t max_output = 1 << 20) const;
+                                     size_t max_output = 1 << 20,
+                                     uint64_t* steps = nullptr) const;
 
  private:
   struct Program;  // the parsed statements; defined in chat_template.cc

@@ -116,6 +116,20 @@ class Exposure {
   bool hold_back_ = false;
 };
 
+// One checked read of an exposed region: what a ReadRegions call streams.
+struct RegionRead {
+  std::shared_ptr<Exposure> exposure;
+  v1::Region region = v1::REGION_UNSPECIFIED;
+  uint64_t offset = 0;  // into the region
+  uint64_t length = 0;
+  // Chunks of the read: ceil(length / kGrpcRegionChunkBytes).
+  uint64_t chunks() const;
+  // Chunk `index` as the wire bytes of a RegionChunk message: a few bytes of header, then a
+  // slice over the staging memory itself (no copy of the payload; the slice keeps the exposure,
+  // and so its memory, alive until gRPC has sent it).
+  grpc::ByteBuffer Chunk(uint64_t index) const;
+};
+
 // The open exposures of a prefill node, and the server side of the gRPC transport.
 class ExposureTable {
  public:
@@ -124,11 +138,18 @@ class ExposureTable {
   void Remove(const std::string& id);
   size_t size() const;
 
-  // PrefillNode.ReadRegions for the peer `caller`: the chunks of the asked range, in order.
-  // NOT_FOUND for an unknown, closed or another reader's exposure; INVALID_ARGUMENT for a
-  // range outside its region.
-  grpc::Status Serve(const std::string& caller, const v1::ReadRegionsRequest& request,
-                     grpc::ServerWriterInterface<v1::RegionChunk>& writer) const;
+  // Checks a ReadRegions request from the peer `caller` into `read`: NOT_FOUND for an unknown,
+  // closed or another reader's exposure (alike, so that ids cannot be probed); INVALID_ARGUMENT
+  // for a range outside its region.
+  grpc::Status Open(const std::string& caller, const v1::ReadRegionsRequest& request,
+                    RegionRead* read) const;
+  // PrefillNode.ReadRegions (a raw callback method): parses `request`, checks it with Open and
+  // streams the chunks in order, each written once the previous one is handed to the
+  // transport; ends NOT_FOUND when the exposure closes meanwhile, CANCELLED when the reader
+  // goes away. `refused` (when not OK) is the caller's authorization result, sent as it is.
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* Stream(const std::string& caller,
+                                                     const grpc::ByteBuffer& request,
+                                                     grpc::Status refused = grpc::Status::OK) const;
 
  private:
   mutable std::mutex mutex_;

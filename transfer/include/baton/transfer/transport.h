@@ -28,8 +28,11 @@ using Clock = std::chrono::steady_clock;
 // hundred bytes in practice).
 inline constexpr uint64_t kMaxUcxWorkerAddressBytes = 64 << 10;
 inline constexpr uint64_t kMaxRkeyBytes = 64 << 10;
-// The gRPC transport moves regions in chunks of at most this many bytes.
+// The gRPC transport moves regions in chunks (messages) of at most kGrpcRegionChunkBytes, over
+// streams (ReadRegions calls) of at most kGrpcReadBytes each, kGrpcReadsInFlight at once.
 inline constexpr uint64_t kGrpcRegionChunkBytes = uint64_t{1} << 20;
+inline constexpr uint64_t kGrpcReadBytes = uint64_t{4} << 20;
+inline constexpr size_t kGrpcReadsInFlight = 4;
 
 // One request's regions in local memory: the producer and consumer rings, and the block-KV
 // pages (each `sizes.page` bytes; block KV counts them back to back, the last one partial).

@@ -25,6 +25,39 @@ inline constexpr size_t kWirePadBytes = 256;
 
 class UcxWorker;
 
+// Which UCX transports a node may use (docs/deploy.md, "Which UCX transports are safe where").
+// UCX 1.13 serves RMA over TCP in software: a get or put names a remote address and the target
+// copies from or to it without checking it against the registered region or the key, so a
+// worker with a TCP transport lets any peer that reaches its port read and write the whole
+// process. Keys are enforced by shared memory and CMA (reachable only by processes that may
+// already read the node's memory: its own user's), `self`, and RDMA verbs (rc, dc, ud and
+// their variants), where the NIC checks the key; those, and their aliases sm, shm, mm and ib,
+// are what a node accepts, with GPU copies (cuda_copy, cuda_ipc, gdr_copy) beside them.
+//
+// UcxTransports returns the UCX_TLS list a worker is created with, given the environment's
+// UCX_TLS (`env`, null when unset): unset or empty gives kDefaultUcxTransports; a list of
+// accepted transports is taken as it is; anything that may include TCP ("tcp", "all", an
+// exclusion list "^...", a name UCX may add later) is INVALID_ARGUMENT naming UCX_TLS and why,
+// unless `allow_unprotected_tcp` (--ucx-allow-unprotected-tcp, for a network the operator
+// trusts), which takes `env` as it is ("all" when unset).
+inline constexpr const char* kDefaultUcxTransports = "sm,self";
+inline constexpr const char* kUcxAllowUnprotectedTcpHelp =
+    "Accept a UCX_TLS that includes TCP (or leaves the choice to UCX). UCX 1.13 serves RMA over "
+    "TCP in software without checking keys or regions: any peer that reaches this node's UCX "
+    "port can read and write all of its memory. Only for a network where every host is trusted "
+    "(docs/deploy.md); otherwise use shared memory, RDMA or the gRPC transport";
+absl::StatusOr<std::string> UcxTransports(const char* env, bool allow_unprotected_tcp);
+
+struct UcxOptions {
+  // Endpoints with UCP_ERR_HANDLING_MODE_PEER: a dead peer fails their requests instead of the
+  // process, and a forced close (a read past its deadline) is within UCX's contract. UCX 1.13's
+  // shared-memory transports do not support it (with it, peers on one host talk TCP at a tenth
+  // of the bandwidth), so it is for network transports (RDMA, or TCP where allowed).
+  bool peer_error_handling = false;
+  // Accept a UCX_TLS that can serve RMA over TCP (UcxTransports).
+  bool allow_unprotected_tcp = false;
+};
+
 // A registered memory range and its packed remote key; unregistered (and, when UCX allocated
 // it, freed) on destruction, after which the key reads nothing.
 class UcxMemory {
@@ -86,16 +119,16 @@ class UcxWorker {
  public:
   using Clock = std::chrono::steady_clock;
 
-  // Initialises a ucp context with RMA and one worker. With `peer_error_handling` its
-  // endpoints use UCP_ERR_HANDLING_MODE_PEER: a dead peer fails their requests instead of the
-  // process, and a forced close (a read past its deadline) is within UCX's contract. UCX 1.13's
-  // shared-memory transports do not support it (with it, peers on one host talk TCP at a tenth
-  // of the bandwidth), so it is for network transports (UCX_TLS=tcp and the like).
-  static absl::StatusOr<std::unique_ptr<UcxWorker>> Create(bool peer_error_handling = false);
+  // Initialises a ucp context with RMA and one worker, on exactly the transports
+  // UcxTransports accepts from UCX_TLS (set in the context's config, so that no UCX config file
+  // can add others); INVALID_ARGUMENT when it refuses them.
+  static absl::StatusOr<std::unique_ptr<UcxWorker>> Create(const UcxOptions& options = {});
   ~UcxWorker();
 
   // This worker's address, for a peer's endpoint.
   const std::string& address() const { return address_; }
+  // The UCX_TLS list it was created with.
+  const std::string& transports() const { return transports_; }
   // Lets UCX allocate and register `length` bytes, so that shared-memory transports can reach
   // them from another process (private heap memory would need CMA or TCP).
   absl::StatusOr<std::unique_ptr<UcxMemory>> Allocate(uint64_t length);
@@ -117,6 +150,7 @@ class UcxWorker {
   void* worker_ = nullptr;
   std::string address_;
   bool peer_error_handling_ = false;
+  std::string transports_;
 };
 
 }  // namespace baton::transfer

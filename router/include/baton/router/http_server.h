@@ -1,0 +1,124 @@
+// The HTTP/1.1 server under the router's OpenAI-compatible front: Boost.Beast on Boost.Asio,
+// event-driven (a few I/O threads serve every connection), with every resource bounded before
+// a request reaches a handler, and so before any API key is checked:
+//
+// - connections: at most `max_connections` in all and `max_connections_per_client` from one
+//   client address; more are closed as they are accepted;
+// - a request's head (request line and headers together) at most `max_header_bytes` (431);
+// - its body at most `max_body_bytes` whatever its transfer encoding, counted as it arrives
+//   (413 as soon as the length says so, or the chunks pass it); request bodies with a
+//   Content-Encoding are refused (415), so nothing is ever decompressed;
+// - all the request bodies being read or handled at once at most `body_memory_bytes` (503 with
+//   Retry-After beyond: a request reserves its Content-Length, or `max_body_bytes` when chunked,
+//   before its body is read);
+// - the whole request (head and body) must arrive within `request_timeout` of its first byte
+//   being awaited, a kept-alive connection may sit idle `idle_timeout` between requests, and a
+//   client must take each piece of a response within `write_timeout`; past any of them the
+//   connection is closed;
+// - handlers that block (a Generate call and its stream) run on at most `handler_threads`
+//   threads; a request that finds them all busy gets 503 with Retry-After.
+//
+// Slow clients therefore hold a socket and a few KiB each, never a thread.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+
+namespace baton::router {
+
+struct HttpLimits {
+  size_t max_body_bytes = size_t{8} << 20;
+  size_t max_header_bytes = size_t{16} << 10;
+  std::chrono::milliseconds request_timeout{10000};
+  std::chrono::milliseconds idle_timeout{5000};
+  std::chrono::milliseconds write_timeout{60000};
+  int max_connections = 4096;
+  int max_connections_per_client = 256;
+  uint64_t body_memory_bytes = uint64_t{256} << 20;
+  int handler_threads = 512;
+  int io_threads = 2;
+};
+
+struct HttpRequest {
+  std::string method;
+  std::string path;  // the target without its query
+  std::map<std::string, std::string> headers;  // lower-case names
+  std::string body;
+  std::string client;  // the peer's address
+  const std::string* Header(const std::string& lower_case_name) const {
+    auto it = headers.find(lower_case_name);
+    return it == headers.end() ? nullptr : &it->second;
+  }
+};
+
+using HttpHeaders = std::vector<std::pair<std::string, std::string>>;
+
+// How a handler answers: one whole response (Send), or a chunked one (Start, Write..., End).
+// From a blocking handler each call waits until the client has taken the bytes (or the
+// connection failed); from an inline one Send only queues them.
+class HttpResponder {
+ public:
+  virtual ~HttpResponder() = default;
+  virtual void Send(int status, std::string_view content_type, std::string body,
+                    const HttpHeaders& headers = {}) = 0;
+  // False when the client is gone: stop producing.
+  virtual bool Start(int status, std::string_view content_type, const HttpHeaders& headers) = 0;
+  virtual bool Write(std::string_view data) = 0;
+  virtual void End() = 0;
+};
+
+using HttpHandler = std::function<void(const HttpRequest&, HttpResponder&)>;
+
+struct HttpRoute {
+  std::string method, path;
+  // Runs on the handler threads (it may block); otherwise on the connection's I/O thread, for
+  // answers that cost nothing (health, model lists, refusals).
+  bool blocking = false;
+  HttpHandler handler;
+};
+
+struct HttpServerOptions {
+  std::string host = "127.0.0.1";
+  int port = 0;  // 0: any free port
+  // HTTPS with these PEM files; plaintext when empty. With `tls_client_ca`, clients must
+  // present a certificate it signed.
+  std::string tls_cert, tls_key, tls_client_ca;
+  HttpLimits limits;
+  std::vector<HttpRoute> routes;
+  // The body of an error the server answers itself (404, 405, 413, 415, 431, 503), in the
+  // front's format, from the status and a message naming what was wrong.
+  std::function<std::string(int status, const std::string& message)> error_body;
+};
+
+class HttpServer {
+ public:
+  explicit HttpServer(HttpServerOptions options);
+  ~HttpServer();
+  // Binds and starts the I/O threads; an error names the address or the TLS files.
+  absl::Status Start();
+  // Stops accepting and closes every connection; waits up to `grace` for blocking handlers to
+  // return first (they should be told to finish before: their writes then fail fast).
+  void Stop(std::chrono::milliseconds grace = std::chrono::milliseconds(2000));
+  int port() const { return port_; }
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+  int port_ = 0;
+};
+
+}  // namespace baton::router
