@@ -40,6 +40,8 @@ class SentencePieceModel {
   virtual const std::string& Piece(int id) const = 0;
   virtual int PieceId(std::string_view piece) const = 0;  // the unknown id when absent
   virtual bool IsControl(int id) const = 0;
+  // A USER_DEFINED piece ("<|im_start|>"): Encode matches its text wherever it occurs.
+  virtual bool IsUserDefined(int id) const = 0;
   virtual bool IsUnknown(int id) const = 0;
   virtual bool IsByte(int id) const = 0;
   virtual int BosId() const = 0;  // -1 when the model has none

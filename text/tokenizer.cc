@@ -1,5 +1,7 @@
 #include "baton/text/tokenizer.h"
 
+#include <cstdio>
+
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
@@ -137,7 +139,54 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::Load(const std::string& mo
   }
   std::sort(t->specials_.begin(), t->specials_.end(),
             [](const auto& a, const auto& b) { return a.first.size() > b.first.size(); });
+  for (const auto& [piece, id] : t->specials_) t->special_texts_.push_back(piece);
+  for (int id = 0; id < t->model_->PieceCount(); ++id) {
+    if (t->model_->IsUserDefined(id) && t->model_->Piece(id).size() > 1) {
+      t->special_texts_.push_back(t->model_->Piece(id));
+    }
+  }
+  std::stable_sort(t->special_texts_.begin(), t->special_texts_.end(),
+                   [](const std::string& a, const std::string& b) { return a.size() > b.size(); });
   return t;
+}
+
+std::vector<int32_t> Tokenizer::Spell(std::string_view text) const {
+  std::vector<int32_t> out;
+  for (size_t i = 0; i < text.size();) {
+    char name[8];
+    std::snprintf(name, sizeof(name), "<0x%02X>", static_cast<unsigned char>(text[i]));
+    const int byte = model_->PieceId(name);
+    if (model_->IsByte(byte)) {
+      out.push_back(byte);
+      ++i;
+      continue;
+    }
+    size_t n = 1;
+    while (i + n < text.size() && (text[i + n] & 0xC0) == 0x80) ++n;
+    for (const int32_t id : Encode(text.substr(i, n), false)) out.push_back(id);
+    i += n;
+  }
+  return out;
+}
+
+std::optional<std::string_view> Tokenizer::SpecialText(int32_t id) const {
+  if (id < 0 || id >= model_->PieceCount()) return std::nullopt;
+  if (!model_->IsControl(id) && !model_->IsUserDefined(id)) return std::nullopt;
+  return std::string_view(model_->Piece(id));
+}
+
+std::vector<int32_t> Tokenizer::EncodeAsText(std::string_view text) const {
+  // Encode never makes a control id from text; a user-defined piece it does match anywhere,
+  // so each one is spelled out again.
+  std::vector<int32_t> out;
+  for (const int32_t id : Encode(text, /*add_bos=*/false)) {
+    if (!model_->IsUserDefined(id)) {
+      out.push_back(id);
+      continue;
+    }
+    for (const int32_t spelled : Spell(model_->Piece(id))) out.push_back(spelled);
+  }
+  return out;
 }
 
 std::vector<int32_t> Tokenizer::Encode(std::string_view text, bool add_bos) const {
@@ -152,6 +201,15 @@ std::vector<int32_t> Tokenizer::Encode(std::string_view text, bool add_bos) cons
 }
 
 std::vector<int32_t> Tokenizer::EncodeWithSpecialTokens(std::string_view text) const {
+  return EncodeWithSpecialTokens(text, {});
+}
+
+bool Tokenizer::IsControl(int32_t id) const {
+  return id >= 0 && id < model_->PieceCount() && model_->IsControl(id);
+}
+
+std::vector<int32_t> Tokenizer::EncodeWithSpecialTokens(std::string_view text,
+                                                        const std::set<size_t>& as_text) const {
   std::vector<int32_t> out;
   // Each control piece's next occurrence, searched again only once `at` has passed it, so the
   // text is scanned about once per piece however many pieces it holds.
@@ -165,6 +223,9 @@ std::vector<int32_t> Tokenizer::EncodeWithSpecialTokens(std::string_view text) c
     for (size_t i = 0; i < specials_.size(); ++i) {
       if (next[i] != std::string_view::npos && next[i] < at) {
         next[i] = text.find(specials_[i].first, at);
+      }
+      while (next[i] != std::string_view::npos && as_text.contains(next[i])) {
+        next[i] = text.find(specials_[i].first, next[i] + 1);
       }
       if (next[i] < best) {
         best = next[i];

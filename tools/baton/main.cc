@@ -215,6 +215,10 @@ int main(int argc, char** argv) {
                "Run the internal surfaces in plaintext (a baseline for benchmarks; trusted hosts "
                "only)");
   std::string api_keys;
+  std::string host = "127.0.0.1";
+  up->add_option("--host", host,
+                 "Address the router's client API and HTTP API listen on (default 127.0.0.1; "
+                 "the nodes stay on loopback)");
   up->add_flag("--client-tls", client_tls,
                "Serve the client API over TLS with <data-dir>/tls/router.crt (clients trust "
                "<data-dir>/tls/ca.crt)");
@@ -411,6 +415,15 @@ int main(int argc, char** argv) {
                                            "--client-tls-key", (tls / "router.key").string()});
   }
   if (!api_keys.empty()) router_args.insert(router_args.end(), {"--api-keys", api_keys});
+  if (host != "127.0.0.1") router_args.insert(router_args.end(), {"--host", host});
+  // Without keys every caller is one tenant: usage.cached_tokens tells anyone who can reach the
+  // API whether a prefix was sent recently (docs/deploy.md, "Prefix cache and tenants").
+  const bool loopback = host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
+  if (!loopback && api_keys.empty()) {
+    std::cerr << "baton up: warning: serving " << host
+              << " without --api-keys: every client shares one prefix cache, and "
+                 "usage.cached_tokens tells any of them whether a prompt was sent recently\n";
+  }
   // The router and its nodes serve the model under one name (a node of another is refused).
   std::vector<std::string> served_name;
   // The default model keeps the name baton up has always served it under, whichever weights

@@ -8,6 +8,7 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -44,10 +45,26 @@ class Tokenizer {
   std::vector<int32_t> Encode(std::string_view text, bool add_bos) const;
   // The ids of text a chat template rendered: bos/eos and the other control pieces written
   // out as text ("<s>", "</s>") become their ids; the segments between them are encoded as by
-  // Encode. User-defined pieces ("<|im_start|>") are single ids in both. As with Hugging
-  // Face's apply_chat_template, this holds for the messages' text too: a user who writes
-  // "</s>" in a chat message gets the eos token in their own prompt.
+  // Encode. User-defined pieces ("<|im_start|>") are single ids in both. Only for text the
+  // template itself wrote: the router encodes a message's content with EncodeAsText
+  // (router/openai.cc), so a client cannot write control tokens into a prompt.
   std::vector<int32_t> EncodeWithSpecialTokens(std::string_view text) const;
+  // The same, except that control texts starting at an offset in `as_text` stay plain text.
+  std::vector<int32_t> EncodeWithSpecialTokens(std::string_view text,
+                                               const std::set<size_t>& as_text) const;
+  bool IsControl(int32_t id) const;
+  // The ids of text that must stay text (a chat message's content; Hugging Face's
+  // split_special_tokens): the text of a control or user-defined piece in it ("<|im_start|>",
+  // "</s>") is encoded character by character, so it never becomes that piece's id.
+  std::vector<int32_t> EncodeAsText(std::string_view text) const;
+  // `text` spelled out as byte-fallback pieces (character by character where the tokenizer
+  // has none): ids that decode to exactly `text` and hold no special id.
+  std::vector<int32_t> Spell(std::string_view text) const;
+  // The text of a control or user-defined piece; nullopt for any other id.
+  std::optional<std::string_view> SpecialText(int32_t id) const;
+  // The texts that Encode or EncodeWithSpecialTokens turn into a special id: control pieces
+  // and user-defined pieces, longest first.
+  const std::vector<std::string>& special_texts() const { return special_texts_; }
   // The text of `ids` (control pieces, and ids past the tokenizer's pieces, give nothing; a
   // leading SentencePiece space is dropped, as the library does; an incomplete UTF-8 sequence
   // gives U+FFFD).
@@ -84,6 +101,7 @@ class Tokenizer {
   GenerationDefaults defaults_;
   // Control pieces as text, and their ids, longest first (EncodeWithSpecialTokens).
   std::vector<std::pair<std::string, int32_t>> specials_;
+  std::vector<std::string> special_texts_;
 };
 
 }  // namespace baton::text
