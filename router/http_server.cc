@@ -110,7 +110,126 @@ struct Completion {
 
 constexpr std::string_view kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
 
+using Parser = http::request_parser<http::string_body>;
+
+// The server's bounds on one request's parser.
+void Bound(Parser& parser, const HttpLimits& limits) {
+  parser.header_limit(static_cast<std::uint32_t>(limits.max_header_bytes));
+  parser.body_limit(limits.max_body_bytes);
+}
+
+// A refusal: the status the server answers with, and why (0: none).
+struct Refusal {
+  int status = 0;
+  std::string message;
+};
+
+// What a parse error of a request's head or body is answered with (status 0: the connection
+// just ends: the client went away or ran out of time).
+Refusal RefusalFor(beast::error_code ec, const Parser& parser, const HttpLimits& limits) {
+  if (!ec) return {};
+  if (ec == http::error::end_of_stream || ec == beast::error::timeout ||
+      ec == net::error::operation_aborted || ec == net::error::eof ||
+      ec == http::error::partial_message || ec == http::error::need_more) {
+    return {};
+  }
+  if (ec == http::error::body_limit) {
+    const auto length = parser.content_length();
+    return {413, length.has_value() && *length > limits.max_body_bytes
+                     ? absl::StrCat("body: ", *length, " bytes; at most ", limits.max_body_bytes,
+                                    " are taken")
+                     : absl::StrCat("body: more than ", limits.max_body_bytes,
+                                    " bytes; at most that many are taken")};
+  }
+  if (ec == http::error::header_limit || ec == http::error::buffer_overflow) {
+    return {431, absl::StrCat("request head: larger than ", limits.max_header_bytes,
+                              " bytes (request line and headers together)")};
+  }
+  return {400, absl::StrCat("request: not HTTP/1.1 (", ec.message(), ")")};
+}
+
+// The checks of a parsed head, before its body is read: a route for it, no Content-Encoding, a
+// Content-Length within the limit. `route` is set when one matches.
+Refusal CheckHead(const Parser& parser, const HttpServerOptions& options, std::string* method,
+                  std::string* path, const HttpRoute** route) {
+  const auto& req = parser.get();
+  *method = std::string(req.method_string());
+  const std::string_view target = req.target();
+  *path = std::string(target.substr(0, target.find('?')));
+  *route = nullptr;
+  for (const HttpRoute& r : options.routes) {
+    if (r.path == *path && r.method == *method) *route = &r;
+  }
+  if (*route == nullptr) return {404, absl::StrCat(*method, " ", *path, ": no such endpoint")};
+  if (auto encoding = req.find(http::field::content_encoding);
+      encoding != req.end() && !beast::iequals(encoding->value(), "identity")) {
+    return {415, absl::StrCat("Content-Encoding: ", std::string(encoding->value()),
+                              ": request bodies are taken unencoded (identity) only")};
+  }
+  if (const auto length = parser.content_length();
+      length.has_value() && *length > options.limits.max_body_bytes) {
+    return {413, absl::StrCat("body: ", *length, " bytes; at most ", options.limits.max_body_bytes,
+                              " are taken")};
+  }
+  return {};
+}
+
+// The request a handler sees, from a parser that read it whole.
+void TakeRequest(Parser& parser, HttpRequest* request) {
+  auto& req = parser.get();
+  for (const auto& field : req) {
+    request->headers[absl::AsciiStrToLower(std::string(field.name_string()))] =
+        std::string(field.value());
+  }
+  request->body = std::move(req.body());
+}
+
 }  // namespace
+
+ParsedHttpRequest ParseHttpRequest(std::string_view bytes, const HttpServerOptions& options) {
+  ParsedHttpRequest out;
+  Parser parser;
+  Bound(parser, options.limits);
+  beast::error_code ec;
+  size_t used = 0;
+  auto put = [&] {
+    const size_t n = parser.put(net::buffer(bytes.data() + used, bytes.size() - used), ec);
+    used += n;
+    if (ec == http::error::need_more) ec = {};
+    return n;
+  };
+
+  // The head, then (as a connection does) the checks of it, then the body.
+  while (!ec && !parser.is_header_done() && used < bytes.size()) {
+    if (put() == 0) break;
+  }
+  if (ec || !parser.is_header_done()) {
+    const Refusal refusal = RefusalFor(ec, parser, options.limits);
+    out.status = refusal.status;
+    out.message = refusal.message;
+    return out;
+  }
+  const HttpRoute* route = nullptr;
+  if (Refusal r = CheckHead(parser, options, &out.request.method, &out.request.path, &route);
+      r.status != 0) {
+    out.status = r.status;
+    out.message = r.message;
+    return out;
+  }
+  while (!ec && !parser.is_done() && used < bytes.size()) {
+    if (put() == 0) break;
+  }
+  if (!ec && !parser.is_done() && parser.need_eof()) parser.put_eof(ec);
+  if (ec || !parser.is_done()) {
+    const Refusal refusal = RefusalFor(ec, parser, options.limits);
+    out.status = refusal.status;
+    out.message = refusal.message;
+    return out;
+  }
+  TakeRequest(parser, &out.request);
+  out.complete = true;
+  return out;
+}
 
 struct HttpServer::Impl {
   explicit Impl(HttpServerOptions o)
@@ -155,15 +274,6 @@ struct HttpServer::Impl {
       completion.done_cv.wait_for(lock, std::chrono::milliseconds(50));
     }
     return completion.ok;
-  }
-  const HttpRoute* Find(const std::string& method, const std::string& path, bool* path_known) {
-    *path_known = false;
-    for (const HttpRoute& route : options.routes) {
-      if (route.path != path) continue;
-      *path_known = true;
-      if (route.method == method) return &route;
-    }
-    return nullptr;
   }
   void Accept();
 
@@ -331,8 +441,7 @@ class Session final : public SessionBase, public std::enable_shared_from_this<Se
   void ReadHeader() {
     const HttpLimits& limits = server_.options.limits;
     parser_.emplace();
-    parser_->header_limit(static_cast<std::uint32_t>(limits.max_header_bytes));
-    parser_->body_limit(limits.max_body_bytes);
+    Bound(*parser_, limits);
     // The whole request must arrive by the deadline; between requests a connection may idle
     // only idle_timeout.
     const auto wait = first_ ? limits.request_timeout : limits.idle_timeout;
@@ -346,44 +455,18 @@ class Session final : public SessionBase, public std::enable_shared_from_this<Se
 
   void OnHeader(beast::error_code ec) {
     const HttpLimits& limits = server_.options.limits;
-    if (ec == http::error::end_of_stream || ec == beast::error::timeout ||
-        ec == net::error::operation_aborted || ec == net::error::eof) {
-      return Drop();
+    if (ec) {
+      const Refusal refusal = RefusalFor(ec, *parser_, limits);
+      return refusal.status == 0 ? Drop() : Refuse(refusal.status, refusal.message);
     }
-    if (ec == http::error::body_limit) {  // a Content-Length past the limit, seen in the head
-      const auto length = parser_->content_length();
-      return Refuse(413, length.has_value()
-                             ? absl::StrCat("body: ", *length, " bytes; at most ",
-                                            limits.max_body_bytes, " are taken")
-                             : absl::StrCat("body: more than ", limits.max_body_bytes,
-                                            " bytes; at most that many are taken"));
-    }
-    if (ec == http::error::header_limit || ec == http::error::buffer_overflow) {
-      return Refuse(431, absl::StrCat("request head: larger than ", limits.max_header_bytes,
-                                      " bytes (request line and headers together)"));
-    }
-    if (ec) return Refuse(400, absl::StrCat("request: not HTTP/1.1 (", ec.message(), ")"));
     if (!first_) deadline_ = Clock::now() + limits.request_timeout;
+    if (Refusal r = CheckHead(*parser_, server_.options, &method_, &path_, &route_);
+        r.status != 0) {
+      return Refuse(r.status, r.message);
+    }
     const auto& req = parser_->get();
-    method_ = std::string(req.method_string());
-    const std::string_view target = req.target();
-    path_ = std::string(target.substr(0, target.find('?')));
-    bool path_known = false;
-    route_ = server_.Find(method_, path_, &path_known);
-    if (route_ == nullptr) {
-      return Refuse(404, absl::StrCat(method_, " ", path_, ": no such endpoint"));
-    }
-    if (auto encoding = req.find(http::field::content_encoding);
-        encoding != req.end() && !beast::iequals(encoding->value(), "identity")) {
-      return Refuse(415, absl::StrCat("Content-Encoding: ", std::string(encoding->value()),
-                                      ": request bodies are taken unencoded (identity) only"));
-    }
     uint64_t need = 0;
     if (const auto length = parser_->content_length(); length.has_value()) {
-      if (*length > limits.max_body_bytes) {
-        return Refuse(413, absl::StrCat("body: ", *length, " bytes; at most ",
-                                        limits.max_body_bytes, " are taken"));
-      }
       need = *length;
     } else if (parser_->chunked()) {
       need = limits.max_body_bytes;
@@ -416,24 +499,17 @@ class Session final : public SessionBase, public std::enable_shared_from_this<Se
   }
 
   void OnBody(beast::error_code ec) {
-    const HttpLimits& limits = server_.options.limits;
-    if (ec == http::error::body_limit) {
-      return Refuse(413, absl::StrCat("body: more than ", limits.max_body_bytes,
-                                      " bytes; at most that many are taken"));
+    if (ec) {
+      const Refusal refusal = RefusalFor(ec, *parser_, server_.options.limits);
+      return refusal.status == 0 ? Drop() : Refuse(refusal.status, refusal.message);
     }
-    if (ec) return Drop();
     Socket().expires_never();  // the handler's writes set their own deadlines
     auto request = std::make_shared<HttpRequest>();
-    auto& req = parser_->get();
     request->method = method_;
     request->path = path_;
-    for (const auto& field : req) {
-      request->headers[absl::AsciiStrToLower(std::string(field.name_string()))] =
-          std::string(field.value());
-    }
-    request->body = std::move(req.body());
     request->client = client_;
-    const bool keep_alive = req.keep_alive() && !server_.stopping;
+    const bool keep_alive = parser_->get().keep_alive() && !server_.stopping;
+    TakeRequest(*parser_, request.get());
     auto self = this->shared_from_this();
     const HttpRoute* route = route_;
     if (!route->blocking) {
@@ -496,7 +572,7 @@ class Session final : public SessionBase, public std::enable_shared_from_this<Se
   Stream stream_;
   std::string client_;
   beast::flat_buffer buffer_;
-  std::optional<http::request_parser<http::string_body>> parser_;
+  std::optional<Parser> parser_;
   const HttpRoute* route_ = nullptr;
   std::string method_, path_;
   uint64_t reserved_ = 0;

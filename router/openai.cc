@@ -376,7 +376,7 @@ std::string OpenAiParam(std::string field) {
 // only the path to the current value.
 class BoundedJson final : public nlohmann::json_sax<json> {
  public:
-  static constexpr size_t kMaxJsonDepth = 32;
+  static constexpr size_t kMaxJsonDepth = kMaxJsonNesting;
   BoundedJson(size_t max_elements, size_t max_values)
       : max_elements_(max_elements), max_values_(max_values) {}
   const absl::Status& status() const { return status_; }
@@ -458,6 +458,14 @@ class BoundedJson final : public nlohmann::json_sax<json> {
 
 }  // namespace
 
+absl::Status CheckJsonBounds(std::string_view body, size_t max_elements) {
+  BoundedJson bounds(max_elements, JsonValueBound(max_elements));
+  if (!json::sax_parse(body, &bounds)) {
+    return bounds.status().ok() ? Invalid("body", "is not valid JSON") : bounds.status();
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<Request> ParseRequest(Endpoint endpoint, std::string_view body_text,
                                      const text::Tokenizer& tokenizer, const ServedModel& model) {
   // The caller keeps the tokenizer alive; the entry only borrows it.
@@ -473,10 +481,7 @@ absl::StatusOr<Request> ParseRequest(Endpoint endpoint, std::string_view body_te
   for (const ModelEntry& entry : models) {
     max_elements = std::max<size_t>(max_elements, entry.model.max_model_len);
   }
-  BoundedJson bounds(max_elements, 2 * max_elements + 4096);
-  if (!json::sax_parse(body_text, &bounds)) {
-    return bounds.status().ok() ? Invalid("body", "is not valid JSON") : bounds.status();
-  }
+  if (absl::Status s = CheckJsonBounds(body_text, max_elements); !s.ok()) return s;
   const json body = json::parse(body_text, nullptr, /*allow_exceptions=*/false);
   if (body.is_discarded()) return Invalid("body", "is not valid JSON");
   if (!body.is_object()) return Invalid("body", "must be a JSON object");

@@ -103,6 +103,18 @@ struct HttpServerOptions {
   std::function<std::string(int status, const std::string& message)> error_body;
 };
 
+// What a connection makes of the bytes of one request before any handler runs, without a
+// socket: parsed under the same bounds and checked the same way (route, Content-Encoding,
+// lengths). `status` is the refusal the server would answer with (0: none; with `complete`
+// false and no status, the bytes end before the request does). For the fuzzer and tests.
+struct ParsedHttpRequest {
+  int status = 0;
+  std::string message;
+  bool complete = false;
+  HttpRequest request;
+};
+ParsedHttpRequest ParseHttpRequest(std::string_view bytes, const HttpServerOptions& options);
+
 class HttpServer {
  public:
   explicit HttpServer(HttpServerOptions options);

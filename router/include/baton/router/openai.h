@@ -71,6 +71,15 @@ struct Error {
 };
 // The error for a parse failure or a router status: 400 naming the field (param) for
 // INVALID_ARGUMENT, 401, 404 (model), 429 (the router's queue is full), 503 (no node), 504.
+// The bounds a body meets before any tree is built from it (checked while parsing it, SAX):
+// every array at most `max_elements` long, at most JsonValueBound(max_elements) values in all,
+// nested at most kMaxJsonNesting deep. INVALID_ARGUMENT names the field past a bound, or the
+// body when it is not JSON. ParseRequest applies it with max_elements the largest
+// max_model_len served (a prompt's token ids), and at least 1024.
+inline constexpr size_t kMaxJsonNesting = 32;
+inline constexpr size_t JsonValueBound(size_t max_elements) { return 2 * max_elements + 4096; }
+absl::Status CheckJsonBounds(std::string_view body, size_t max_elements);
+
 Error ErrorFor(const absl::Status& status);
 Error ErrorFor(int grpc_code, const std::string& message);
 
