@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "CLI/CLI.hpp"
+#include "baton/common/security.h"
 #include "baton/v1/generation.grpc.pb.h"
 #include "baton/v1/kvstore.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
@@ -90,8 +91,17 @@ int main(int argc, char** argv) {
     std::ifstream in(tls_dir + "/" + name);
     return std::string(std::istreambuf_iterator<char>(in), {});
   };
-  grpc::SslCredentialsOptions ssl{read("ca.crt"), read("router.key"), read("router.crt")};
-  auto store = baton::v1::KvStore::NewStub(grpc::CreateChannel(kvstore, grpc::SslCredentials(ssl)));
+  // As the router reaches the store: mutual TLS, the store known by its SPIFFE id.
+  if (absl::Status s = baton::security::Configure({.ca_file = tls_dir + "/ca.crt",
+                                                   .cert_file = tls_dir + "/router.crt",
+                                                   .key_file = tls_dir + "/router.key"});
+      !s.ok()) {
+    std::cerr << s.message() << "\n";
+    return 2;
+  }
+  (void)read;
+  auto store = baton::v1::KvStore::NewStub(
+      baton::security::InternalChannel(kvstore, baton::security::Role::kKvstore));
   std::mt19937_64 rng(2026);
   nlohmann::json out = nlohmann::json::array();
   for (double share : shares) {

@@ -5,11 +5,16 @@
 #include <openssl/pem.h>
 #include <openssl/x509.h>
 #include <openssl/x509v3.h>
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <memory>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "baton/common/security.h"
@@ -32,24 +37,44 @@ absl::Status OpenSslError(const std::string& what) {
   return absl::InternalError(absl::StrCat("OpenSSL: cannot ", what));
 }
 
-// Writes through a file created with `mode`, so a key is never readable by others.
+// Writes `path` through a new file created with `mode` from the start (O_CREAT | O_EXCL: never
+// another file's, never readable by others for a moment), then renamed over `path`; every step's
+// failure is returned.
 template <typename WriteFn>
 absl::Status WritePem(const fs::path& path, mode_t mode, WriteFn write) {
-  const fs::path partial = path.string() + ".partial";
-  std::unique_ptr<FILE, Free> file(std::fopen(partial.c_str(), "w"));
-  if (file == nullptr) return absl::UnavailableError(absl::StrCat("cannot write ", path.string()));
-  chmod(partial.c_str(), mode);
-  if (write(file.get()) != 1) return OpenSslError(absl::StrCat("write ", path.string()));
-  file.reset();
+  const fs::path partial = absl::StrCat(path.string(), ".partial.", security::RandomId());
+  const int fd = ::open(partial.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, mode);
+  if (fd < 0) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot create ", partial.string(), ": ", std::strerror(errno)));
+  }
+  std::unique_ptr<FILE, Free> file(::fdopen(fd, "w"));
+  if (file == nullptr) {
+    ::close(fd);
+    ::unlink(partial.c_str());
+    return absl::UnavailableError(absl::StrCat("cannot write ", partial.string()));
+  }
+  const bool written = write(file.get()) == 1 && std::fflush(file.get()) == 0 &&
+                       ::fsync(::fileno(file.get())) == 0;
+  const bool closed = std::fclose(file.release()) == 0;
+  if (!written || !closed) {
+    ::unlink(partial.c_str());
+    return written ? absl::UnavailableError(absl::StrCat("cannot write ", path.string()))
+                   : OpenSslError(absl::StrCat("write ", path.string()));
+  }
   std::error_code error;
   fs::rename(partial, path, error);
-  if (error) return absl::UnavailableError(absl::StrCat("cannot write ", path.string()));
+  if (error) {
+    ::unlink(partial.c_str());
+    return absl::UnavailableError(
+        absl::StrCat("cannot write ", path.string(), ": ", error.message()));
+  }
   return absl::OkStatus();
 }
 
-absl::Status WriteKeyAndCert(const fs::path& dir, const std::string& name, EVP_PKEY* key,
-                             X509* cert) {
-  if (absl::Status s = WritePem(dir / (name + ".key"), 0600,
+absl::Status WriteKeyAndCert(const fs::path& key_dir, const fs::path& cert_dir,
+                             const std::string& name, EVP_PKEY* key, X509* cert) {
+  if (absl::Status s = WritePem(key_dir / (name + ".key"), 0600,
                                 [&](FILE* f) {
                                   return PEM_write_PrivateKey(f, key, nullptr, nullptr, 0, nullptr,
                                                               nullptr);
@@ -57,7 +82,8 @@ absl::Status WriteKeyAndCert(const fs::path& dir, const std::string& name, EVP_P
       !s.ok()) {
     return s;
   }
-  return WritePem(dir / (name + ".crt"), 0644, [&](FILE* f) { return PEM_write_X509(f, cert); });
+  return WritePem(cert_dir / (name + ".crt"), 0644,
+                  [&](FILE* f) { return PEM_write_X509(f, cert); });
 }
 
 absl::Status AddExtension(X509* cert, X509* issuer, int nid, const std::string& value) {
@@ -95,11 +121,31 @@ absl::StatusOr<Cert> NewCertificate(EVP_PKEY* key, const std::string& common_nam
   return cert;
 }
 
+// The CA's key lives apart from the role keys, in <dir>/ca/ (mode 0700); its certificate, which
+// every peer and client trusts, in <dir>/ca.crt.
+fs::path CaKeyDir(const fs::path& dir) { return dir / "ca"; }
+
+// What a role's certificate may be used for: the roles that serve TLS (router, prefill, decode,
+// kvstore) are servers and clients of each other; the client role only calls. Only the router
+// serves clients that check host names (its client API), so only its certificate names
+// localhost and 127.0.0.1; the internal peers check each other's SPIFFE ids instead.
+struct Profile {
+  const char* extended_key_usage;
+  bool host_names;
+};
+Profile ProfileOf(const std::string& uri) {
+  const std::optional<security::Role> role = security::RoleOfUri(uri);
+  if (role == security::Role::kClient) return {"clientAuth", false};
+  if (role == security::Role::kRouter) return {"serverAuth,clientAuth", true};
+  return {"serverAuth,clientAuth", false};
+}
+
 absl::StatusOr<std::pair<Key, Cert>> ReadCa(const fs::path& dir) {
-  std::unique_ptr<FILE, Free> key_file(std::fopen((dir / "ca.key").c_str(), "r"));
+  std::unique_ptr<FILE, Free> key_file(std::fopen((CaKeyDir(dir) / "ca.key").c_str(), "r"));
   std::unique_ptr<FILE, Free> cert_file(std::fopen((dir / "ca.crt").c_str(), "r"));
   if (key_file == nullptr || cert_file == nullptr) {
-    return absl::NotFoundError(absl::StrCat("no CA (ca.key, ca.crt) in ", dir.string()));
+    return absl::NotFoundError(
+        absl::StrCat("no CA (ca/ca.key, ca.crt) in ", dir.string()));
   }
   Key key(PEM_read_PrivateKey(key_file.get(), nullptr, nullptr, nullptr));
   Cert cert(PEM_read_X509(cert_file.get(), nullptr, nullptr, nullptr));
@@ -113,8 +159,12 @@ absl::StatusOr<std::pair<Key, Cert>> ReadCa(const fs::path& dir) {
 
 absl::Status MakeCertificateAuthority(const std::string& dir) {
   std::error_code error;
-  fs::create_directories(dir, error);
+  fs::create_directories(CaKeyDir(dir), error);
   if (error) return absl::UnavailableError(absl::StrCat("cannot create ", dir));
+  if (::chmod(CaKeyDir(dir).c_str(), 0700) != 0) {
+    return absl::UnavailableError(absl::StrCat("cannot make ", CaKeyDir(dir).string(),
+                                               " private: ", std::strerror(errno)));
+  }
   Key key(EVP_EC_gen("P-256"));
   if (key == nullptr) return OpenSslError("make a key");
   absl::StatusOr<Cert> cert = NewCertificate(key.get(), "baton CA", 3650);
@@ -126,7 +176,7 @@ absl::Status MakeCertificateAuthority(const std::string& dir) {
     if (absl::Status s = AddExtension(cert->get(), cert->get(), nid, value); !s.ok()) return s;
   }
   if (X509_sign(cert->get(), key.get(), EVP_sha256()) == 0) return OpenSslError("sign the CA");
-  return WriteKeyAndCert(dir, "ca", key.get(), cert->get());
+  return WriteKeyAndCert(CaKeyDir(dir), dir, "ca", key.get(), cert->get());
 }
 
 absl::Status IssueCertificate(const std::string& dir, const std::string& role,
@@ -138,12 +188,14 @@ absl::Status IssueCertificate(const std::string& dir, const std::string& role,
   absl::StatusOr<Cert> cert = NewCertificate(key.get(), absl::StrCat("baton ", role), days);
   if (!cert.ok()) return cert.status();
   X509_set_issuer_name(cert->get(), X509_get_subject_name(ca->second.get()));
-  const std::string san = absl::StrCat("URI:", uri.empty() ? security::RoleUri(role) : uri,
-                                       ",DNS:localhost,IP:127.0.0.1");
+  const std::string id = uri.empty() ? security::RoleUri(role) : uri;
+  const Profile profile = ProfileOf(id);
+  const std::string san =
+      absl::StrCat("URI:", id, profile.host_names ? ",DNS:localhost,IP:127.0.0.1" : "");
   for (const auto& [nid, value] :
        {std::pair<int, std::string>{NID_basic_constraints, "critical,CA:FALSE"},
         {NID_key_usage, "critical,digitalSignature,keyAgreement"},
-        {NID_ext_key_usage, "serverAuth,clientAuth"},
+        {NID_ext_key_usage, profile.extended_key_usage},
         {NID_subject_alt_name, san},
         {NID_authority_key_identifier, "keyid"}}) {
     if (absl::Status s = AddExtension(cert->get(), ca->second.get(), nid, value); !s.ok()) {
@@ -153,11 +205,25 @@ absl::Status IssueCertificate(const std::string& dir, const std::string& role,
   if (X509_sign(cert->get(), ca->first.get(), EVP_sha256()) == 0) {
     return OpenSslError(absl::StrCat("sign the ", role, " certificate"));
   }
-  return WriteKeyAndCert(dir, role, key.get(), cert->get());
+  return WriteKeyAndCert(dir, dir, role, key.get(), cert->get());
 }
 
 absl::Status EnsureLocalPki(const std::string& dir, const std::vector<std::string>& roles) {
-  bool complete = fs::exists(fs::path(dir) / "ca.crt") && fs::exists(fs::path(dir) / "ca.key");
+  // A CA key left beside the role keys by an earlier baton moves to its own folder.
+  if (fs::exists(fs::path(dir) / "ca.key") && !fs::exists(CaKeyDir(dir) / "ca.key")) {
+    std::error_code error;
+    fs::create_directories(CaKeyDir(dir), error);
+    if (error || ::chmod(CaKeyDir(dir).c_str(), 0700) != 0) {
+      return absl::UnavailableError(absl::StrCat("cannot create ", CaKeyDir(dir).string()));
+    }
+    fs::rename(fs::path(dir) / "ca.key", CaKeyDir(dir) / "ca.key", error);
+    if (error) {
+      return absl::UnavailableError(absl::StrCat("cannot move the CA key into ",
+                                                 CaKeyDir(dir).string(), ": ", error.message()));
+    }
+  }
+  bool complete =
+      fs::exists(fs::path(dir) / "ca.crt") && fs::exists(CaKeyDir(dir) / "ca.key");
   for (const std::string& role : roles) {
     complete = complete && fs::exists(fs::path(dir) / (role + ".crt")) &&
                fs::exists(fs::path(dir) / (role + ".key"));

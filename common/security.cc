@@ -230,6 +230,8 @@ std::shared_ptr<grpc::Channel> InternalChannel(const std::string& address, Role 
                                    args);
 }
 
+std::optional<Role> RoleOfUri(absl::string_view uri) { return RoleOf(uri); }
+
 std::string PeerIdentity(const grpc::ServerContextBase& context) {
   const std::shared_ptr<const grpc::AuthContext> auth = context.auth_context();
   if (auth == nullptr) return "";

@@ -27,6 +27,9 @@
 #include "baton/v1/node.grpc.pb.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
+#include "grpcpp/security/tls_certificate_provider.h"
+#include "grpcpp/security/tls_certificate_verifier.h"
+#include "grpcpp/security/tls_credentials_options.h"
 #include "gtest/gtest.h"
 #include "spawn.h"
 #include "test_dir.h"
@@ -51,16 +54,29 @@ inline std::string ReadFile(const std::string& path) {
 }
 
 // TLS credentials that trust the CA in `pki_dir` and present its `role` certificate (none
-// when `role` is empty). Server certificates name IP:127.0.0.1, so host names verify.
+// when `role` is empty). The server's chain is verified; its host name is not: only the router's
+// certificate names one (common/pki.h), the nodes are known by their SPIFFE ids.
 inline std::shared_ptr<grpc::ChannelCredentials> TlsAs(const std::string& role,
                                                        const std::string& pki_dir = TestPki()) {
-  grpc::SslCredentialsOptions ssl;
-  ssl.pem_root_certs = ReadFile(pki_dir + "/ca.crt");
+  namespace tls = grpc::experimental;
+  std::vector<tls::IdentityKeyCertPair> identity;
   if (!role.empty()) {
-    ssl.pem_private_key = ReadFile(pki_dir + "/" + role + ".key");
-    ssl.pem_cert_chain = ReadFile(pki_dir + "/" + role + ".crt");
+    identity.push_back({ReadFile(pki_dir + "/" + role + ".key"),
+                        ReadFile(pki_dir + "/" + role + ".crt")});
   }
-  return grpc::SslCredentials(ssl);
+  auto provider = identity.empty()
+                      ? std::make_shared<tls::StaticDataCertificateProvider>(
+                            ReadFile(pki_dir + "/ca.crt"))
+                      : std::make_shared<tls::StaticDataCertificateProvider>(
+                            ReadFile(pki_dir + "/ca.crt"), identity);
+  tls::TlsChannelCredentialsOptions options;
+  options.set_certificate_provider(provider);
+  options.watch_root_certs();
+  if (!identity.empty()) options.watch_identity_key_cert_pairs();
+  options.set_verify_server_certs(true);
+  options.set_check_call_host(false);
+  options.set_certificate_verifier(std::make_shared<tls::NoOpCertificateVerifier>());
+  return tls::TlsCredentials(options);
 }
 
 // The flags that give a binary `role`'s identity.

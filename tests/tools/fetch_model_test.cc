@@ -18,12 +18,14 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "baton/common/pki.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "httplib.h"
@@ -86,19 +88,25 @@ class ModelServer {
     bool hold = false;     // wait for Release() before answering
   };
 
-  ModelServer() {
-    server_.Get(".*",
-                [this](const httplib::Request& req, httplib::Response& res) { Handle(req, res); });
-    port_ = server_.bind_to_any_port("127.0.0.1");  // listening from here on
-    thread_ = std::thread([this] { server_.listen_after_bind(); });
+  // Plain http, or https with `tls_dir`'s router certificate (it names 127.0.0.1).
+  explicit ModelServer(const std::string& tls_dir = "")
+      : server_(tls_dir.empty() ? std::make_unique<httplib::Server>()
+                                : std::make_unique<httplib::SSLServer>(
+                                      (tls_dir + "/router.crt").c_str(),
+                                      (tls_dir + "/router.key").c_str())),
+        scheme_(tls_dir.empty() ? "http" : "https") {
+    server_->Get(".*",
+                 [this](const httplib::Request& req, httplib::Response& res) { Handle(req, res); });
+    port_ = server_->bind_to_any_port("127.0.0.1");  // listening from here on
+    thread_ = std::thread([this] { server_->listen_after_bind(); });
   }
   ~ModelServer() {
     Release();
-    server_.stop();
+    server_->stop();
     thread_.join();
   }
 
-  std::string Url() const { return "http://127.0.0.1:" + std::to_string(port_); }
+  std::string Url() const { return scheme_ + "://127.0.0.1:" + std::to_string(port_); }
 
   void Add(const std::string& path, Route route) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -186,7 +194,8 @@ class ModelServer {
     }
   }
 
-  httplib::Server server_;
+  std::unique_ptr<httplib::Server> server_;
+  std::string scheme_;
   int port_ = 0;
   std::thread thread_;
   mutable std::mutex mu_;
@@ -361,7 +370,8 @@ TEST_F(FetchModelTest, SecondRunIsAlreadyCompleteWithoutRequests) {
 TEST_F(FetchModelTest, HfSourceUsesResolvePathAndBearerToken) {
   server_.AddModel("/acme/tiny-model/resolve/v1.0", model_);
   server_.AddModel("/acme/tiny-model/resolve/main", model_);
-  const std::vector<std::string> endpoint = {"--endpoint", server_.Url()};
+  const std::vector<std::string> endpoint = {"--endpoint", server_.Url(),
+                                             "--insecure-loopback-http"};
   ProcessResult run = Fetch(Args("hf://acme/tiny-model@v1.0"), endpoint, {"HF_TOKEN=hf_secret"});
   ASSERT_EQ(run.exit_status, 0) << run.err;
   ExpectModelAt(Dest());
@@ -381,7 +391,8 @@ TEST_F(FetchModelTest, HfSourceUsesResolvePathAndBearerToken) {
 
 TEST_F(FetchModelTest, S3SourceIsSignedWithSigV4WhenCredentialsAreSet) {
   server_.AddModel("/weights/models/small", model_);
-  const std::vector<std::string> endpoint = {"--endpoint", server_.Url() + "/"};
+  const std::vector<std::string> endpoint = {"--endpoint", server_.Url() + "/",
+                                             "--insecure-loopback-http"};
   ProcessResult run = Fetch(Args("s3://weights/models/small"), endpoint,
                             {"AWS_ACCESS_KEY_ID=AKIDEXAMPLE", "AWS_SECRET_ACCESS_KEY=not-a-secret",
                              "AWS_SESSION_TOKEN=session-token", "AWS_REGION=eu-west-1"});
@@ -481,6 +492,69 @@ TEST_F(FetchModelTest, FollowsRedirectsToHttpOnly) {
   EXPECT_THAT(run.err, HasSubstr("error: config.json: "));
   EXPECT_EQ(server_.Requests("/models/small/config.json"), 2);
   EXPECT_THAT(VolumeEntries(), ElementsAre("other.lock", "small", "small.lock"));
+}
+
+// Credentials go over https only: to a plain-http endpoint only with the loopback test flag,
+// and never to another host's.
+TEST_F(FetchModelTest, CredentialsAreRefusedOverPlainHttpWithoutTheLoopbackFlag) {
+  server_.AddModel("/acme/tiny-model/resolve/main", model_);
+  const ProcessResult run = Fetch(Args("hf://acme/tiny-model"), {"--endpoint", server_.Url()},
+                                  {"HF_TOKEN=hf_secret"});
+  EXPECT_EQ(run.exit_status, 2) << run.err;
+  EXPECT_THAT(run.err, HasSubstr("--insecure-loopback-http"));
+  EXPECT_EQ(server_.TotalRequests(), 0);
+  const ProcessResult s3 = Fetch(Args("s3://weights/models/small"), {"--endpoint", server_.Url()},
+                                 {"AWS_ACCESS_KEY_ID=AKIDEXAMPLE",
+                                  "AWS_SECRET_ACCESS_KEY=not-a-secret"});
+  EXPECT_EQ(s3.exit_status, 2) << s3.err;
+  EXPECT_EQ(server_.TotalRequests(), 0);
+}
+
+TEST_F(FetchModelTest, ARedirectToAnotherOriginGetsNoCredentials) {
+  ModelServer other;  // another port: another origin
+  other.AddModel("/cdn", model_);
+  for (const auto& [name, body] : model_) {
+    server_.Add("/acme/tiny-model/resolve/main/" + name, {.redirect = other.Url() + "/cdn/" + name});
+    server_.Add("/weights/small/" + name, {.redirect = other.Url() + "/cdn/" + name});
+  }
+  const std::vector<std::string> endpoint = {"--endpoint", server_.Url(),
+                                             "--insecure-loopback-http"};
+  ProcessResult run = Fetch(Args("hf://acme/tiny-model"), endpoint, {"HF_TOKEN=hf_secret"});
+  ASSERT_EQ(run.exit_status, 0) << run.err;
+  ExpectModelAt(Dest());
+  const std::string origin_path = "/acme/tiny-model/resolve/main/config.json";
+  EXPECT_EQ(server_.LastHeader(origin_path, "Authorization"), "Bearer hf_secret");
+  EXPECT_EQ(other.Requests("/cdn/config.json"), 1);
+  EXPECT_EQ(other.LastHeader("/cdn/config.json", "Authorization"), "");
+  // SigV4: neither the signature nor the session token follows the redirect.
+  run = Fetch(Args("s3://weights/small", model_, dir_ / "volume" / "s3"), endpoint,
+              {"AWS_ACCESS_KEY_ID=AKIDEXAMPLE", "AWS_SECRET_ACCESS_KEY=not-a-secret",
+               "AWS_SESSION_TOKEN=session-token"});
+  ASSERT_EQ(run.exit_status, 0) << run.err;
+  EXPECT_THAT(server_.LastHeader("/weights/small/config.json", "Authorization"),
+              StartsWith("AWS4-HMAC-SHA256"));
+  EXPECT_EQ(other.Requests("/cdn/config.json"), 2);
+  EXPECT_EQ(other.LastHeader("/cdn/config.json", "Authorization"), "");
+  EXPECT_EQ(other.LastHeader("/cdn/config.json", "x-amz-security-token"), "");
+}
+
+TEST_F(FetchModelTest, ARedirectFromHttpsDownToHttpIsRefused) {
+  const std::string tls = (dir_ / "pki").string();
+  ASSERT_TRUE(baton::pki::EnsureLocalPki(tls, {"router"}).ok());
+  ModelServer secure(tls);
+  secure.AddModel("/models/small", model_);
+  const std::vector<std::string> ca = {"--ca-file", tls + "/ca.crt"};
+  // Served over https as it is.
+  ProcessResult run = Fetch(Args(secure.Url() + "/models/small"), ca, {"HF_TOKEN=unused"});
+  ASSERT_EQ(run.exit_status, 0) << run.err;
+  ExpectModelAt(Dest());
+  // A hop down to http is refused, credentials or not, and is not retried.
+  secure.Add("/models/small/config.json", {.redirect = server_.Url() + "/models/small/config.json"});
+  run = Fetch(Args(secure.Url() + "/models/small", model_, dir_ / "volume" / "down"), ca);
+  EXPECT_EQ(run.exit_status, 1);
+  EXPECT_THAT(run.err, HasSubstr("a redirect from https down to http is refused"));
+  EXPECT_EQ(server_.Requests("/models/small/config.json"), 0);
+  EXPECT_EQ(secure.Requests("/models/small/config.json"), 2);
 }
 
 TEST_F(FetchModelTest, RemovesTempDirsOfAnInterruptedRun) {

@@ -12,7 +12,8 @@
 //    size, means "already complete": nothing is downloaded. Temporary directories left by a run
 //    that was killed are removed under the lock too.
 //  - A server can make it write at most --max-bytes per file, and every attempt is bounded by
-//    --timeout and a low-speed limit; redirects are followed to http and https only.
+//    --timeout and a low-speed limit; redirects are followed to http and https only, never
+//    from https to http, and credentials go only to the source's origin.
 // Exit status: 0 done, 1 a download or file-system failure (the message names the file and the
 // cause), 2 a bad flag (the message names it).
 #include <curl/curl.h>
@@ -81,6 +82,8 @@ struct FetchModelOptions {
   std::string timeout = "6h";
   std::string backoff = "500ms";
   int64_t max_bytes = kDefaultMaxBytes;
+  bool insecure_loopback_http = false;
+  std::string ca_file;
 };
 
 // Credentials read from the environment, once, at start-up.
@@ -119,6 +122,11 @@ struct FetchRequest {
   fs::path dest;       // absolute, normalized, without a trailing '/'
   std::vector<WantedFile> files;
   std::vector<std::string> headers;  // sent with every attempt
+  // Sent only to `origin`: credentials (HF token, SigV4's headers and session token), and the
+  // signature itself.
+  std::vector<std::string> credential_headers;
+  std::string origin;                // scheme://host:port of the source
+  std::string ca_file;               // CURLOPT_CAINFO when set
   std::string aws_sigv4;             // CURLOPT_AWS_SIGV4; empty: requests are not signed
   std::string aws_access_key_id;
   std::string aws_secret_access_key;
@@ -280,6 +288,39 @@ absl::StatusOr<absl::Duration> ParseDurationFlag(const std::string& text, absl::
   return d;
 }
 
+// The origin of an http(s) URL (scheme://host:port, what credentials are bound to), parsed by
+// libcurl's URL parser.
+struct Origin {
+  std::string text, scheme, host;
+  bool loopback = false;
+};
+absl::StatusOr<Origin> OriginOf(const std::string& url) {
+  std::unique_ptr<CURLU, decltype(&curl_url_cleanup)> parsed(curl_url(), &curl_url_cleanup);
+  if (parsed == nullptr || curl_url_set(parsed.get(), CURLUPART_URL, url.c_str(), 0) != CURLUE_OK) {
+    return absl::InvalidArgumentError(absl::StrCat("not a URL: '", url, "'"));
+  }
+  auto part = [&](CURLUPart which, unsigned flags) {
+    char* value = nullptr;
+    if (curl_url_get(parsed.get(), which, &value, flags) != CURLUE_OK || value == nullptr) {
+      return std::string();
+    }
+    std::string out(value);
+    curl_free(value);
+    return out;
+  };
+  Origin origin;
+  origin.scheme = absl::AsciiStrToLower(part(CURLUPART_SCHEME, 0));
+  origin.host = absl::AsciiStrToLower(part(CURLUPART_HOST, 0));
+  const std::string port = part(CURLUPART_PORT, CURLU_DEFAULT_PORT);
+  if (origin.scheme.empty() || origin.host.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("no scheme or host in '", url, "'"));
+  }
+  origin.text = absl::StrCat(origin.scheme, "://", origin.host, ":", port);
+  origin.loopback = origin.host == "localhost" || origin.host == "[::1]" ||
+                    absl::StartsWith(origin.host, "127.");
+  return origin;
+}
+
 absl::StatusOr<FetchRequest> MakeRequest(const FetchModelOptions& o, const Environment& env) {
   FetchRequest r;
   absl::StatusOr<Location> location = FindLocation(o.source, o.endpoint);
@@ -322,7 +363,7 @@ absl::StatusOr<FetchRequest> MakeRequest(const FetchModelOptions& o, const Envir
   r.backoff = *backoff;
 
   if (absl::StartsWith(o.source, "hf://") && !env.hf_token.empty()) {
-    r.headers.push_back(absl::StrCat("Authorization: Bearer ", env.hf_token));
+    r.credential_headers.push_back(absl::StrCat("Authorization: Bearer ", env.hf_token));
   }
   if (absl::StartsWith(o.source, "s3://")) {
     if (env.aws_access_key_id.empty() != env.aws_secret_access_key.empty()) {
@@ -335,12 +376,27 @@ absl::StatusOr<FetchRequest> MakeRequest(const FetchModelOptions& o, const Envir
       r.aws_access_key_id = env.aws_access_key_id;
       r.aws_secret_access_key = env.aws_secret_access_key;
       // S3 wants the payload hash as a (signed) header; libcurl signs every header given.
-      r.headers.push_back(absl::StrCat("x-amz-content-sha256: ", kEmptyPayloadSha256));
+      r.credential_headers.push_back(
+          absl::StrCat("x-amz-content-sha256: ", kEmptyPayloadSha256));
       if (!env.aws_session_token.empty()) {
-        r.headers.push_back(absl::StrCat("x-amz-security-token: ", env.aws_session_token));
+        r.credential_headers.push_back(
+            absl::StrCat("x-amz-security-token: ", env.aws_session_token));
       }
     }
   }
+  absl::StatusOr<Origin> origin = OriginOf(location->folder);
+  if (!origin.ok()) return BadFlag("--source", origin.status().message());
+  r.origin = origin->text;
+  // Credentials travel only over https: plain http only to a loopback test endpoint, and only
+  // when asked for.
+  if ((!r.credential_headers.empty() || !r.aws_sigv4.empty()) && origin->scheme != "https" &&
+      !(o.insecure_loopback_http && origin->loopback)) {
+    return BadFlag(
+        "--source", absl::StrCat("credentials (HF_TOKEN, AWS_*) are sent only over https; ",
+                                 r.origin, " is plain http (--insecure-loopback-http allows it for "
+                                 "a test endpoint on 127.0.0.1, ::1 or localhost only)"));
+  }
+  r.ca_file = o.ca_file;
   return r;
 }
 
@@ -548,38 +604,84 @@ AttemptResult FetchOnce(const FetchRequest& r, const WantedFile& file, const fs:
   }
   std::unique_ptr<curl_slist, decltype(&curl_slist_free_all)> headers(nullptr,
                                                                       &curl_slist_free_all);
-  for (const std::string& header : r.headers) {
-    headers.reset(curl_slist_append(headers.release(), header.c_str()));
-  }
-  Sink sink{.fd = fd.get(), .sha256 = sha256.get(), .max_bytes = r.max_bytes};
+  Sink sink;
   char error[CURL_ERROR_SIZE] = "";
   CURL* c = curl.get();
-  curl_easy_setopt(c, CURLOPT_URL, file.url.c_str());
-  curl_easy_setopt(c, CURLOPT_PROTOCOLS_STR, "http,https");
-  curl_easy_setopt(c, CURLOPT_FOLLOWLOCATION, 1L);
-  curl_easy_setopt(c, CURLOPT_REDIR_PROTOCOLS_STR, "http,https");
-  curl_easy_setopt(c, CURLOPT_MAXREDIRS, static_cast<long>(kMaxRedirects));
-  curl_easy_setopt(c, CURLOPT_FAILONERROR, 1L);  // an error body never reaches the file
-  curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
-  curl_easy_setopt(c, CURLOPT_USERAGENT, "batonctl-fetch-model");
-  curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, static_cast<long>(absl::ToInt64Milliseconds(r.timeout)));
-  curl_easy_setopt(c, CURLOPT_LOW_SPEED_LIMIT, kLowSpeedBytesPerSecond);
-  curl_easy_setopt(c, CURLOPT_LOW_SPEED_TIME, kLowSpeedSeconds);
-  curl_easy_setopt(c, CURLOPT_MAXFILESIZE_LARGE, static_cast<curl_off_t>(r.max_bytes));
-  curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, &WriteToSink);
-  curl_easy_setopt(c, CURLOPT_WRITEDATA, &sink);
-  curl_easy_setopt(c, CURLOPT_ERRORBUFFER, error);
-  curl_easy_setopt(c, CURLOPT_HTTPHEADER, headers.get());
-  if (!r.aws_sigv4.empty()) {
-    curl_easy_setopt(c, CURLOPT_AWS_SIGV4, r.aws_sigv4.c_str());
-    curl_easy_setopt(c, CURLOPT_USERNAME, r.aws_access_key_id.c_str());
-    curl_easy_setopt(c, CURLOPT_PASSWORD, r.aws_secret_access_key.c_str());
-  }
-  const CURLcode code = curl_easy_perform(c);
-  long http_status = 0;
-  curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &http_status);
-
   const std::string from = absl::StrCat(" from ", file.shown_url);
+  // Redirects are followed here rather than by libcurl, so that each hop is checked: http or
+  // https only, never from https down to http, and credentials (headers and signature) go to
+  // the source's origin only, never to a host it redirects to.
+  std::string url = file.url;
+  std::string scheme = absl::StartsWith(url, "https://") ? "https" : "http";
+  bool at_origin = true;
+  CURLcode code = CURLE_OK;
+  long http_status = 0;
+  for (int hop = 0;; ++hop) {
+    curl_easy_reset(c);
+    headers.reset();
+    for (const std::string& header : r.headers) {
+      headers.reset(curl_slist_append(headers.release(), header.c_str()));
+    }
+    if (at_origin) {
+      for (const std::string& header : r.credential_headers) {
+        headers.reset(curl_slist_append(headers.release(), header.c_str()));
+      }
+    }
+    // Each hop starts the file afresh (a redirect's own body is not the file).
+    if (ftruncate(fd.get(), 0) != 0 || lseek(fd.get(), 0, SEEK_SET) != 0 ||
+        EVP_DigestInit_ex(sha256.get(), EVP_sha256(), nullptr) != 1) {
+      result.status = ErrnoError("cannot truncate", path);
+      return result;
+    }
+    sink = Sink{.fd = fd.get(), .sha256 = sha256.get(), .max_bytes = r.max_bytes};
+    error[0] = '\0';
+    curl_easy_setopt(c, CURLOPT_URL, url.c_str());
+    curl_easy_setopt(c, CURLOPT_PROTOCOLS_STR, "http,https");
+    curl_easy_setopt(c, CURLOPT_FOLLOWLOCATION, 0L);
+    curl_easy_setopt(c, CURLOPT_FAILONERROR, 1L);  // an error body never reaches the file
+    curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(c, CURLOPT_USERAGENT, "batonctl-fetch-model");
+    curl_easy_setopt(c, CURLOPT_TIMEOUT_MS,
+                     static_cast<long>(absl::ToInt64Milliseconds(r.timeout)));
+    curl_easy_setopt(c, CURLOPT_LOW_SPEED_LIMIT, kLowSpeedBytesPerSecond);
+    curl_easy_setopt(c, CURLOPT_LOW_SPEED_TIME, kLowSpeedSeconds);
+    curl_easy_setopt(c, CURLOPT_MAXFILESIZE_LARGE, static_cast<curl_off_t>(r.max_bytes));
+    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, &WriteToSink);
+    curl_easy_setopt(c, CURLOPT_WRITEDATA, &sink);
+    curl_easy_setopt(c, CURLOPT_ERRORBUFFER, error);
+    curl_easy_setopt(c, CURLOPT_HTTPHEADER, headers.get());
+    if (!r.ca_file.empty()) curl_easy_setopt(c, CURLOPT_CAINFO, r.ca_file.c_str());
+    if (at_origin && !r.aws_sigv4.empty()) {
+      curl_easy_setopt(c, CURLOPT_AWS_SIGV4, r.aws_sigv4.c_str());
+      curl_easy_setopt(c, CURLOPT_USERNAME, r.aws_access_key_id.c_str());
+      curl_easy_setopt(c, CURLOPT_PASSWORD, r.aws_secret_access_key.c_str());
+    }
+    code = curl_easy_perform(c);
+    http_status = 0;
+    curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &http_status);
+    char* location = nullptr;
+    if (code != CURLE_OK || http_status / 100 != 3 ||
+        curl_easy_getinfo(c, CURLINFO_REDIRECT_URL, &location) != CURLE_OK ||
+        location == nullptr) {
+      break;
+    }
+    absl::StatusOr<Origin> next = OriginOf(location);
+    if (hop >= kMaxRedirects || !next.ok() ||
+        (next->scheme != "http" && next->scheme != "https") ||
+        (scheme == "https" && next->scheme != "https")) {
+      result.status = absl::UnavailableError(absl::StrCat(
+          hop >= kMaxRedirects ? absl::StrCat("more than ", kMaxRedirects, " redirects")
+          : next.ok() && scheme == "https" && next->scheme == "http"
+              ? "a redirect from https down to http is refused"
+              : "a redirect to anything but an http or https URL is refused",
+          from));
+      return result;
+    }
+    if (next->text != r.origin) at_origin = false;
+    scheme = next->scheme;
+    url = location;
+  }
+
   if (sink.too_large || code == CURLE_FILESIZE_EXCEEDED) {
     result.status = absl::ResourceExhaustedError(
         absl::StrCat("larger than --max-bytes (", r.max_bytes, " bytes)", from));
@@ -810,10 +912,18 @@ Command AddFetchModelCommand(CLI::App& app) {
                       "Wait before the first retry, doubling up to 30s (default 500ms)");
   command->add_option("--max-bytes", options->max_bytes,
                       "Largest accepted file in bytes (default 1 TiB)");
+  command->add_flag("--insecure-loopback-http", options->insecure_loopback_http,
+                    "Send credentials over plain http to a loopback endpoint (127.0.0.1, ::1, "
+                    "localhost): for a test server only; otherwise they go over https only");
+  command->add_option("--ca-file", options->ca_file,
+                      "PEM bundle of the CAs that sign the endpoint's certificate (a private S3 "
+                      "endpoint; default: the system's)");
   command->footer(
       "Environment: HF_TOKEN is sent to hf:// sources as a bearer token. With AWS_ACCESS_KEY_ID "
       "and AWS_SECRET_ACCESS_KEY set, s3:// requests are signed (AWS SigV4; region AWS_REGION, "
-      "default us-east-1; AWS_SESSION_TOKEN sent as x-amz-security-token).\n"
+      "default us-east-1; AWS_SESSION_TOKEN sent as x-amz-security-token). Credentials go "
+      "over https only, and only to the source's own origin: a redirect to another host gets "
+      "no credentials, and one from https down to http is refused.\n"
       "A DEST whose marker (DEST/.baton-source) matches the source and digests is left as it "
       "is. Prints one line per file on stderr and {\"dest\", \"files\", \"bytes\", "
       "\"downloaded\"} on stdout. Exit status: 0 done or already complete; 1 a download "

@@ -1,10 +1,16 @@
 // A throwaway certificate authority for one machine (`baton up`, tests): a CA and one
 // certificate per role, made with OpenSSL. Each role certificate names its role in a URI SAN,
-// spiffe://baton/<role> (security.h reads it back from the peer), and also carries
-// DNS:localhost and IP:127.0.0.1 so that ordinary TLS clients verify a loopback server.
+// spiffe://baton/<role> (security.h reads it back from the peer), and carries only the uses
+// its role needs: the client role's is for TLS clients only (clientAuth); the servers' (router,
+// prefill, decode, kvstore) for both ends; and only the router's, whose client API ordinary TLS
+// clients reach by host name, also names DNS:localhost and IP:127.0.0.1 (the internal peers
+// check each other's SPIFFE ids, not host names). So no node's key can pose as the router's
+// client endpoint.
 //
-// Files in `dir`: ca.crt, ca.key and <role>.crt + <role>.key; keys are written 0600. In
-// Kubernetes the same layout comes from cert-manager instead (docs/deploy.md).
+// Files in `dir`: ca.crt and <role>.crt + <role>.key; the CA's key in `dir`/ca/ca.key (the
+// folder 0700), apart from the role keys. Keys are created 0600 (O_CREAT | O_EXCL with the
+// mode, then renamed into place). In Kubernetes the same layout comes from cert-manager instead
+// (docs/deploy.md).
 #pragma once
 
 #include <string>

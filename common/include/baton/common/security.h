@@ -38,6 +38,8 @@ std::string RoleUri(absl::string_view role);
 inline std::string RoleUri(Role role) {
   return RoleUri(RoleName(role));
 }
+// The role a SPIFFE id names (spiffe://baton/<role>[/<instance>]); nullopt for any other.
+std::optional<Role> RoleOfUri(absl::string_view uri);
 
 // gRPC message bounds, set explicitly on every server and channel. The largest message is a
 // gRPC-transport region chunk or a store block (a few MiB); a prompt of max_model_len token
