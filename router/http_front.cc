@@ -131,14 +131,46 @@ void HttpFront::Untrack(grpc::ClientContext* context) {
   if (calls_.empty()) calls_done_.notify_all();
 }
 
-bool HttpFront::Authorized(const HttpRequest& request, HttpResponder& responder) const {
+bool HttpFront::Authorized(const HttpRequest& request, HttpResponder& responder,
+                           std::string* tenant_out) const {
   if (api_keys_ == nullptr) return true;
   const std::string* header = request.Header("authorization");
   absl::StatusOr<std::string> tenant = api_keys_->Authenticate(
       header != nullptr ? std::optional<std::string_view>(*header) : std::nullopt);
-  if (tenant.ok()) return true;
+  if (tenant.ok()) {
+    if (tenant_out != nullptr) *tenant_out = *tenant;
+    return true;
+  }
   SendError(responder, openai::ErrorFor(tenant.status()));
   return false;
+}
+
+bool HttpFront::TakeTenantShare(const std::string& tenant, HttpResponder& responder) {
+  const int share = options_.max_requests_per_tenant > 0 ? options_.max_requests_per_tenant
+                    : api_keys_ != nullptr               ? std::max(1, options_.threads / 2)
+                                                         : options_.threads;
+  {
+    std::lock_guard<std::mutex> lock(calls_mutex_);
+    int& held = tenant_requests_[tenant];
+    if (held < share) {
+      ++held;
+      return true;
+    }
+  }
+  SendError(responder,
+            openai::ErrorFor(static_cast<int>(grpc::StatusCode::RESOURCE_EXHAUSTED),
+                             absl::StrCat("this tenant holds its share of the HTTP front's "
+                                          "request threads (",
+                                          share, " of ", options_.threads, "); retry")),
+            {{"Retry-After", "1"}});
+  return false;
+}
+
+void HttpFront::ReturnTenantShare(const std::string& tenant) {
+  std::lock_guard<std::mutex> lock(calls_mutex_);
+  if (auto it = tenant_requests_.find(tenant); it != tenant_requests_.end() && --it->second <= 0) {
+    tenant_requests_.erase(it);
+  }
 }
 
 std::vector<HttpRoute> HttpFront::Routes() {
@@ -180,7 +212,14 @@ std::vector<HttpRoute> HttpFront::Routes() {
 
 void HttpFront::Generate(openai::Endpoint endpoint, const HttpRequest& http,
                          HttpResponder& responder) {
-  if (!Authorized(http, responder)) return;
+  std::string tenant;
+  if (!Authorized(http, responder, &tenant)) return;
+  if (!TakeTenantShare(tenant, responder)) return;
+  struct Share {
+    HttpFront& front;
+    const std::string& tenant;
+    ~Share() { front.ReturnTenantShare(tenant); }
+  } share{*this, tenant};
   absl::StatusOr<openai::Request> parsed = openai::ParseRequest(endpoint, http.body, models_);
   if (!parsed.ok()) {
     SendError(responder, openai::ErrorFor(parsed.status()));

@@ -107,6 +107,11 @@ int main(int argc, char** argv) {
                  "Requests that may wait for a prefill slot; beyond, RESOURCE_EXHAUSTED at once "
                  "(default 1024)")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
+  app.add_option("--max-queued-per-tenant", options.max_queued_per_tenant,
+                 "Requests of one tenant (API key) that may wait; beyond, that tenant gets "
+                 "RESOURCE_EXHAUSTED while others are still queued (default: half of "
+                 "--max-queued with API keys)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
   app.add_option("--prefill-slots", options.prefill_slots,
                  "Prefills in flight per prefill node (default 2: one computing, one ready)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 10));
@@ -129,6 +134,10 @@ int main(int argc, char** argv) {
                  "HTTP requests served at once (a stream holds one for its life; default 512); "
                  "one that finds them all busy gets 503 with Retry-After")
       ->check(CLI::Range(4, 16384));
+  app.add_option("--http-max-requests-per-tenant", http.max_requests_per_tenant,
+                 "HTTP requests of one tenant (API key) served at once; beyond, 429 for that "
+                 "tenant while others are served (default: half of --http-threads with API keys)")
+      ->check(CLI::Range(0, 16384));
   // Every resource of the HTTP front is bounded before an API key is checked (http_server.h).
   baton::router::HttpLimits& limits = http.limits;
   app.add_option("--http-max-connections", limits.max_connections,

@@ -390,6 +390,19 @@ absl::StatusOr<std::shared_ptr<RouterService::Node>> RouterService::AdmitPrefill
             "the router's admission queue is full (", options_.max_queued,
             " requests waiting for a prefill node); retry after ", *retry_after_ms, " ms"));
       }
+      // A tenant's share: a flood from one tenant is refused while the others' requests wait.
+      const int64_t share =
+          options_.max_queued_per_tenant > 0 ? options_.max_queued_per_tenant
+          : options_.api_keys != nullptr     ? std::max<int64_t>(1, options_.max_queued / 2)
+                                             : options_.max_queued;
+      if (queue.waiting(tenant) >= share) {
+        *retry_after_ms = static_cast<int64_t>(
+            prefill_ms_average_ * static_cast<double>(queue.waiting(tenant)) /
+            static_cast<double>(std::max<int64_t>(1, live * options_.prefill_slots)));
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "this tenant holds its share of the router's admission queue (", share, " of ",
+            options_.max_queued, " requests waiting); retry after ", *retry_after_ms, " ms"));
+      }
       ticket = queue.Push(tenant);
     }
     if (context->IsCancelled()) {

@@ -424,5 +424,62 @@ TEST_F(LoadTest, ATenantFloodingTheQueueDoesNotHoldBackAnother) {
   EXPECT_LT(last_small, 18) << "small's last request finished " << last_small + 1 << " of 27";
 }
 
+// A tenant's share of the admission queue is bounded (half of --max-queued with API keys): a
+// flood from one tenant gets that tenant RESOURCE_EXHAUSTED, while another tenant's requests,
+// sent into the full queue, are all queued and served.
+TEST_F(LoadTest, AFloodingTenantIsRefusedItsShareWhileAnotherIsServed) {
+  const std::string keys = ProcessTempDir() + "/share_keys.yaml";
+  std::ofstream(keys) << "\"flood-key-0123456789\": flood\n\"small-key-0123456789\": small\n";
+  Cluster cluster(model_);
+  const std::string metrics = cluster.dir() + "/router.metrics";
+  ASSERT_FALSE(cluster
+                   .StartRouter({"--api-keys", keys, "--prefill-slots", "1", "--max-queued", "8",
+                                 "--metrics-port", "0", "--metrics-ready-file", metrics})
+                   .empty());
+  ASSERT_FALSE(cluster.StartDecode("decode").empty());
+  ASSERT_FALSE(cluster.StartPrefill("prefill").empty());
+  ASSERT_TRUE(cluster.WaitForHealth(true));
+  auto stub = cluster.Client();
+  std::mutex mutex;
+  int flood_ok = 0, flood_refused = 0, small_ok = 0;
+  std::vector<std::string> errors;
+  std::vector<std::thread> threads;
+  auto send = [&](const std::string& tenant, int i) {
+    threads.emplace_back([&, tenant, i] {
+      const Outcome o = Generate(*stub, Request(prompts_[i % prompts_.size()], 2),
+                                 std::chrono::seconds(300), nullptr, tenant + "-key-0123456789");
+      std::lock_guard<std::mutex> lock(mutex);
+      if (tenant == "small") {
+        small_ok += o.status.ok();
+        if (!o.status.ok()) errors.push_back(o.status.error_message());
+      } else if (o.status.ok()) {
+        ++flood_ok;
+      } else if (o.status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED &&
+                 o.status.error_message().find("this tenant holds its share") !=
+                     std::string::npos) {
+        ++flood_refused;
+      } else {
+        errors.push_back(o.status.error_message());
+      }
+    });
+  };
+  for (int i = 0; i < 16; ++i) send("flood", i);
+  // The flood holds its share of the queue (4 of 8) before the other tenant comes.
+  std::string address;
+  std::ifstream(metrics) >> address;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (std::chrono::steady_clock::now() < until &&
+         Sample(Scrape(address), "baton_router_queue_depth").value_or(0) < 4) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  for (int i = 0; i < 3; ++i) send("small", i);
+  for (auto& t : threads) t.join();
+  EXPECT_TRUE(errors.empty()) << errors.front();
+  EXPECT_EQ(small_ok, 3);
+  EXPECT_GE(flood_refused, 1);
+  EXPECT_GE(flood_ok, 1);
+  EXPECT_EQ(flood_ok + flood_refused, 16);
+}
+
 }  // namespace
 }  // namespace baton::testing

@@ -24,6 +24,11 @@ class FairQueue {
   // cancelled, expired, refused).
   void Remove(uint64_t ticket, bool admitted);
   size_t size() const { return waiting_.size(); }
+  // Requests of `tenant` waiting.
+  int64_t waiting(const std::string& tenant) const {
+    auto it = queued_.find(tenant);
+    return it == queued_.end() ? 0 : it->second;
+  }
   bool empty() const { return waiting_.empty(); }
 
  private:

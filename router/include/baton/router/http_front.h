@@ -15,6 +15,7 @@
 
 #include <condition_variable>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -40,6 +41,9 @@ struct HttpOptions {
   std::string tls_cert, tls_key, tls_client_ca;
   int threads = 512;                        // concurrent requests (each stream holds one)
   size_t max_body_bytes = size_t{8} << 20;  // larger bodies get 413
+  // A tenant's share of `threads`: one tenant (API key) with this many requests in flight gets
+  // 429 while others are served (0: half of `threads` with API keys, all without).
+  int max_requests_per_tenant = 0;
   // Connection, head, memory and time bounds (HttpLimits; threads and max_body_bytes above
   // override its handler_threads and max_body_bytes).
   HttpLimits limits;
@@ -67,7 +71,11 @@ class HttpFront {
   struct Call;
   std::vector<HttpRoute> Routes();
   // The API key check of /v1/* (when keys are set); false after answering 401.
-  bool Authorized(const HttpRequest& request, HttpResponder& responder) const;
+  bool Authorized(const HttpRequest& request, HttpResponder& responder,
+                  std::string* tenant = nullptr) const;
+  // Takes one of `tenant`'s request threads; false (after answering 429) past its share.
+  bool TakeTenantShare(const std::string& tenant, HttpResponder& responder);
+  void ReturnTenantShare(const std::string& tenant);
   void Generate(openai::Endpoint endpoint, const HttpRequest& request, HttpResponder& responder);
   // Tracks a call for Stop; false once stopping (the caller refuses the request).
   bool Track(grpc::ClientContext* context);
@@ -82,6 +90,7 @@ class HttpFront {
   std::mutex calls_mutex_;
   std::condition_variable calls_done_;    // calls_ became empty
   std::set<grpc::ClientContext*> calls_;  // Generate calls in flight, cancelled by Stop
+  std::map<std::string, int> tenant_requests_;  // requests in flight per tenant (no zeros)
   bool stopping_ = false;
   std::string address_;
 };

@@ -67,6 +67,10 @@ struct RouterOptions {
   // reservation is taken only then, so none expires in a queue. Past the bound: RESOURCE_EXHAUSTED
   // at once, with a retry hint (common/rpc.h kRetryAfterKey).
   int64_t max_queued = 1024;
+  // A tenant's share of that queue: a tenant with this many waiting gets RESOURCE_EXHAUSTED
+  // while others are still queued (0: half of max_queued with API keys, all of it without,
+  // where every request is the one tenant "").
+  int64_t max_queued_per_tenant = 0;
   int64_t prefill_slots = 2;
   // The model's tokenizer (text/tokenizer.h); null: requests and responses are token ids only.
   // With one, prompt_text is encoded here, every response message carries its text, and
