@@ -14,6 +14,7 @@
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <iostream>
 #include <fstream>
 #include <string>
 #include <thread>
@@ -174,6 +175,10 @@ class HttpAbuseTest : public ::testing::Test {
     abuse.response = attack(c);
     abuse.status = StatusOf(abuse.response);
     abuse.peak_mib = static_cast<double>(PeakKib() - before) / 1024;
+    // The figure the closing note quotes (the bound is what the case asserts).
+    std::cout << ::testing::UnitTest::GetInstance()->current_test_info()->name()
+              << ": status " << abuse.status << ", router peak RSS +" << abuse.peak_mib
+              << " MiB over " << before / 1024 << " MiB" << std::endl;
     return abuse;
   }
 
