@@ -80,14 +80,11 @@ int main(int argc, char** argv) {
     return 2;
   }
   options.use_ucx = !no_ucx;
-  if (options.use_ucx) {
-    // Refused before anything starts: a worker on these transports could not be made safe.
-    if (auto transports = baton::transfer::UcxTransports(std::getenv("UCX_TLS"),
-                                                         options.ucx_allow_unprotected_tcp);
-        !transports.ok()) {
-      std::cerr << "baton-decode: error: " << transports.status().message() << "\n";
-      return 2;
-    }
+  // Refused before anything starts: a worker on these transports could not be made safe.
+  if (auto exit = options.use_ucx ? baton::transfer::RefuseUnsafeUcx(
+                                        "baton-decode", options.ucx_allow_unprotected_tcp)
+                                  : std::nullopt) {
+    return *exit;
   }
   if (!transfer_faults.empty()) {
     auto spec = baton::transfer::ParseFaultSpec(transfer_faults);

@@ -62,14 +62,11 @@ int main(int argc, char** argv) {
     return *exit;
   }
   options.use_ucx = !no_ucx;
-  if (options.use_ucx) {
-    // Refused before anything starts: a worker on these transports could not be made safe.
-    if (auto transports = baton::transfer::UcxTransports(std::getenv("UCX_TLS"),
-                                                         options.ucx_allow_unprotected_tcp);
-        !transports.ok()) {
-      std::cerr << "baton-prefill: error: " << transports.status().message() << "\n";
-      return 2;
-    }
+  // Refused before anything starts: a worker on these transports could not be made safe.
+  if (auto exit = options.use_ucx ? baton::transfer::RefuseUnsafeUcx(
+                                        "baton-prefill", options.ucx_allow_unprotected_tcp)
+                                  : std::nullopt) {
+    return *exit;
   }
   auto model = baton::model::LoadEngineOnDevice(model_dir, device, weights);
   if (!model.ok()) {

@@ -2,6 +2,7 @@
 
 #include <ucp/api/ucp.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <thread>
 
@@ -56,6 +57,14 @@ absl::StatusOr<std::string> UcxTransports(const char* env, bool allow_unprotecte
         "or pass --ucx-allow-unprotected-tcp for a network you trust"));
   }
   return value;
+}
+
+std::optional<int> RefuseUnsafeUcx(const char* binary, bool allow_unprotected_tcp) {
+  absl::StatusOr<std::string> transports =
+      UcxTransports(std::getenv("UCX_TLS"), allow_unprotected_tcp);
+  if (transports.ok()) return std::nullopt;
+  std::fprintf(stderr, "%s: error: %s\n", binary, std::string(transports.status().message()).c_str());
+  return 2;
 }
 
 absl::StatusOr<std::unique_ptr<UcxWorker>> UcxWorker::Create(const UcxOptions& options) {

@@ -22,6 +22,7 @@
 
 #include "baton/model/model_factory.h"
 #include "cluster.h"
+#include "text_model.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "test_dir.h"
@@ -31,24 +32,10 @@ namespace {
 
 namespace fs = std::filesystem;
 using testing::Cluster;
+using testing::TextModel;
 using ::testing::HasSubstr;
 using Clock = std::chrono::steady_clock;
 
-// A tiny model with the default tokenizer, as the HTTP front needs one.
-const std::string& TextModel() {
-  static const std::string dir = [] {
-    const std::string d = testing::ProcessTempDir() + "/tiny-text";
-    absl::StatusOr<ModelConfig> config = model::PresetConfig("tiny");
-    config->vocab_size = 4096;
-    EXPECT_TRUE(model::MakeModel(*config, 3, d).ok());
-    for (const char* file :
-         {"tokenizer.model", "tokenizer_config.json", "generation_config.json"}) {
-      fs::copy_file(fs::path(BATON_TOKENIZER_DIR) / file, fs::path(d) / file);
-    }
-    return d;
-  }();
-  return dir;
-}
 
 // A TCP connection from `source` (a loopback address) to the router's HTTP port.
 class Connection {

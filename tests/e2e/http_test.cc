@@ -20,6 +20,7 @@
 #include "baton/text/tokenizer.h"
 #include "baton_up.h"
 #include "cluster.h"
+#include "text_model.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -32,6 +33,7 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 using testing::BatonUp;
 using testing::Cluster;
+using testing::TextModel;
 using ::testing::HasSubstr;
 
 struct HttpResult {
@@ -153,22 +155,6 @@ HttpResult Curl(const std::string& url, const json& body, bool stream = false) {
   return result;
 }
 
-// A tiny model with the default tokenizer's vocabulary (4,096 pieces) and its tokenizer
-// files, made once per test process.
-const std::string& TextModel() {
-  static const std::string dir = [] {
-    const std::string d = testing::ProcessTempDir() + "/tiny-text";
-    absl::StatusOr<ModelConfig> config = model::PresetConfig("tiny");
-    config->vocab_size = 4096;
-    EXPECT_TRUE(model::MakeModel(*config, 3, d).ok());
-    for (const char* file :
-         {"tokenizer.model", "tokenizer_config.json", "generation_config.json"}) {
-      fs::copy_file(fs::path(BATON_TOKENIZER_DIR) / file, fs::path(d) / file);
-    }
-    return d;
-  }();
-  return dir;
-}
 
 // The OpenAI base URL `baton up` printed on its ready line.
 std::string BaseUrl(const BatonUp& up) {

@@ -379,18 +379,36 @@ TEST_F(LoadTest, AClientThatStopsReadingIsCancelledAndItsSlotFreed) {
 // "small" sends 3. Each of small's requests is admitted within a turn or two of arriving, so
 // it finishes among the first completions; first come, first served would finish all three
 // after all 24 of flood's.
-TEST_F(LoadTest, ATenantFloodingTheQueueDoesNotHoldBackAnother) {
-  const std::string keys = ProcessTempDir() + "/fair_keys.yaml";
+// A cluster of one prefill slot whose router takes two API keys (tenants "flood" and "small",
+// keys "<tenant>-key-0123456789") and `router_flags`; the address of the router's metrics.
+std::string StartTwoTenantCluster(Cluster& cluster, std::vector<std::string> router_flags) {
+  const std::string keys = cluster.dir() + "/tenant_keys.yaml";
   std::ofstream(keys) << "\"flood-key-0123456789\": flood\n\"small-key-0123456789\": small\n";
-  Cluster cluster(model_);
   const std::string metrics = cluster.dir() + "/router.metrics";
-  ASSERT_FALSE(cluster
-                   .StartRouter({"--api-keys", keys, "--prefill-slots", "1", "--metrics-port",
-                                 "0", "--metrics-ready-file", metrics})
-                   .empty());
-  ASSERT_FALSE(cluster.StartDecode("decode").empty());
-  ASSERT_FALSE(cluster.StartPrefill("prefill").empty());
-  ASSERT_TRUE(cluster.WaitForHealth(true));
+  router_flags.insert(router_flags.end(), {"--api-keys", keys, "--prefill-slots", "1",
+                                           "--metrics-port", "0", "--metrics-ready-file", metrics});
+  EXPECT_FALSE(cluster.StartRouter(router_flags).empty());
+  EXPECT_FALSE(cluster.StartDecode("decode").empty());
+  EXPECT_FALSE(cluster.StartPrefill("prefill").empty());
+  EXPECT_TRUE(cluster.WaitForHealth(true));
+  std::string address;
+  std::ifstream(metrics) >> address;
+  return address;
+}
+
+// Polls the router's queue depth until it reaches `depth` (or a minute passes).
+void WaitForQueueDepth(const std::string& metrics, double depth) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (std::chrono::steady_clock::now() < until &&
+         Sample(Scrape(metrics), "baton_router_queue_depth").value_or(0) < depth) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
+TEST_F(LoadTest, ATenantFloodingTheQueueDoesNotHoldBackAnother) {
+  Cluster cluster(model_);
+  const std::string metrics = StartTwoTenantCluster(cluster, {});
+  ASSERT_FALSE(metrics.empty());
   auto stub = cluster.Client();
   std::mutex mutex;
   std::vector<std::string> finished;  // tenants in completion order
@@ -405,13 +423,7 @@ TEST_F(LoadTest, ATenantFloodingTheQueueDoesNotHoldBackAnother) {
     });
   };
   for (int i = 0; i < 24; ++i) send("flood", i);
-  std::string address;
-  std::ifstream(metrics) >> address;
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  while (std::chrono::steady_clock::now() < until &&
-         Sample(Scrape(address), "baton_router_queue_depth").value_or(0) < 16) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
+  WaitForQueueDepth(metrics, 16);
   for (int i = 0; i < 3; ++i) send("small", i);
   for (auto& t : threads) t.join();
   ASSERT_EQ(finished.size(), 27u);
@@ -428,17 +440,9 @@ TEST_F(LoadTest, ATenantFloodingTheQueueDoesNotHoldBackAnother) {
 // flood from one tenant gets that tenant RESOURCE_EXHAUSTED, while another tenant's requests,
 // sent into the full queue, are all queued and served.
 TEST_F(LoadTest, AFloodingTenantIsRefusedItsShareWhileAnotherIsServed) {
-  const std::string keys = ProcessTempDir() + "/share_keys.yaml";
-  std::ofstream(keys) << "\"flood-key-0123456789\": flood\n\"small-key-0123456789\": small\n";
   Cluster cluster(model_);
-  const std::string metrics = cluster.dir() + "/router.metrics";
-  ASSERT_FALSE(cluster
-                   .StartRouter({"--api-keys", keys, "--prefill-slots", "1", "--max-queued", "8",
-                                 "--metrics-port", "0", "--metrics-ready-file", metrics})
-                   .empty());
-  ASSERT_FALSE(cluster.StartDecode("decode").empty());
-  ASSERT_FALSE(cluster.StartPrefill("prefill").empty());
-  ASSERT_TRUE(cluster.WaitForHealth(true));
+  const std::string metrics = StartTwoTenantCluster(cluster, {"--max-queued", "8"});
+  ASSERT_FALSE(metrics.empty());
   auto stub = cluster.Client();
   std::mutex mutex;
   int flood_ok = 0, flood_refused = 0, small_ok = 0;
@@ -465,13 +469,7 @@ TEST_F(LoadTest, AFloodingTenantIsRefusedItsShareWhileAnotherIsServed) {
   };
   for (int i = 0; i < 16; ++i) send("flood", i);
   // The flood holds its share of the queue (4 of 8) before the other tenant comes.
-  std::string address;
-  std::ifstream(metrics) >> address;
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  while (std::chrono::steady_clock::now() < until &&
-         Sample(Scrape(address), "baton_router_queue_depth").value_or(0) < 4) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
+  WaitForQueueDepth(metrics, 4);
   for (int i = 0; i < 3; ++i) send("small", i);
   for (auto& t : threads) t.join();
   EXPECT_TRUE(errors.empty()) << errors.front();

@@ -13,6 +13,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -47,6 +48,9 @@ inline constexpr const char* kUcxAllowUnprotectedTcpHelp =
     "port can read and write all of its memory. Only for a network where every host is trusted "
     "(docs/deploy.md); otherwise use shared memory, RDMA or the gRPC transport";
 absl::StatusOr<std::string> UcxTransports(const char* env, bool allow_unprotected_tcp);
+// A node binary's start-up check of the environment's UCX_TLS: nullopt to go on, or exit status
+// 2 after printing "<binary>: error: <why>" (nothing has started yet).
+std::optional<int> RefuseUnsafeUcx(const char* binary, bool allow_unprotected_tcp);
 
 struct UcxOptions {
   // Endpoints with UCP_ERR_HANDLING_MODE_PEER: a dead peer fails their requests instead of the
