@@ -49,7 +49,7 @@ class Processor final : public SentencePieceModel {
       value = 0;
       for (int shift = 0; i < bytes.size() && shift < 64; shift += 7) {
         const uint8_t b = static_cast<uint8_t>(bytes[i++]);
-        value |= uint64_t{b & 0x7F} << shift;
+        value |= static_cast<uint64_t>(b & 0x7F) << shift;
         if ((b & 0x80) == 0) return true;
       }
       return false;
