@@ -37,6 +37,18 @@ std::optional<uint64_t> FairQueue::Head() const {
   return head_;
 }
 
+std::optional<uint64_t> FairQueue::Head(const std::set<std::string>& skip) const {
+  if (skip.empty()) return Head();
+  uint64_t least = std::numeric_limits<uint64_t>::max();
+  for (const auto& [t, n] : queued_) {
+    if (!skip.contains(t)) least = std::min(least, admitted_.at(t));
+  }
+  for (const Waiting& w : waiting_) {
+    if (!skip.contains(w.tenant) && admitted_.at(w.tenant) == least) return w.ticket;
+  }
+  return std::nullopt;
+}
+
 void FairQueue::Remove(uint64_t ticket, bool admitted) {
   auto it = std::find_if(waiting_.begin(), waiting_.end(),
                          [&](const Waiting& w) { return w.ticket == ticket; });

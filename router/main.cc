@@ -112,6 +112,11 @@ int main(int argc, char** argv) {
                  "RESOURCE_EXHAUSTED while others are still queued (default: half of "
                  "--max-queued with API keys)")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
+  app.add_option("--max-streams-per-tenant", options.max_streams_per_tenant,
+                 "Requests of one tenant (API key) admitted at once, each holding a decode slot; "
+                 "more wait while other tenants' requests go first (default: half of the decode "
+                 "slots the model's live decode nodes report, with API keys)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
   app.add_option("--prefill-slots", options.prefill_slots,
                  "Prefills in flight per prefill node (default 2: one computing, one ready)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 10));

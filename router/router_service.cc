@@ -1,5 +1,6 @@
 #include "baton/router/router_service.h"
 
+#include <limits>
 #include <random>
 
 #include "absl/strings/str_cat.h"
@@ -129,13 +130,18 @@ RouterService::RouterService(const ModelConfig& config, const RouterOptions& opt
   models_.insert(models_.end(), options.more_models.begin(), options.more_models.end());
   for (const ServedModel& model : models_) config_digests_.push_back(ConfigDigest(model.config));
   queues_.resize(models_.size());
+  streams_.resize(models_.size());
   // Live nodes by role, read at scrape time from the registry.
   nodes_collector_ = metrics::AddCollector([this] {
     std::map<std::string, double> live = {{"prefill", 0}, {"decode", 0}, {"kvstore", 0}};
     double queued = 0;
+    std::map<std::string, double> streams;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       for (const FairQueue& queue : queues_) queued += static_cast<double>(queue.size());
+      for (const auto& model : streams_) {
+        for (const auto& [tenant, n] : model) streams[tenant] += static_cast<double>(n);
+      }
       const auto now = Clock::now();
       for (const auto& [id, node] : nodes_) {
         if (now - node->last_seen <= std::chrono::milliseconds(options_.node_ttl_ms)) {
@@ -145,7 +151,14 @@ RouterService::RouterService(const ModelConfig& config, const RouterOptions& opt
     }
     std::vector<std::pair<std::map<std::string, std::string>, double>> samples;
     for (const auto& [role, n] : live) samples.push_back({{{"role", role}}, n});
+    // One series per tenant of the API keys file (its names are the bound on the labels).
+    std::vector<std::pair<std::map<std::string, std::string>, double>> tenant_streams;
+    for (const auto& [tenant, n] : streams) tenant_streams.push_back({{{"tenant", tenant}}, n});
     return std::vector<prometheus::MetricFamily>{
+        metrics::GaugeFamily("baton_router_tenant_streams",
+                             "Admitted requests not yet finished (prefilling or streaming), by "
+                             "tenant",
+                             tenant_streams),
         metrics::GaugeFamily("baton_nodes", "Registered nodes heard from recently, by role",
                              samples),
         metrics::GaugeFamily("baton_router_queue_depth",
@@ -315,10 +328,12 @@ std::shared_ptr<RouterService::Node> RouterService::Pick(v1::NodeRole role,
 }
 
 absl::StatusOr<std::shared_ptr<RouterService::Node>> RouterService::AdmitPrefill(
-    grpc::ServerContext* context, const std::vector<std::string>& exclude,
-    const std::string& tenant, bool retry, int64_t* retry_after_ms, size_t model,
-    const std::string& fingerprint, const std::vector<std::string>& lost_decode) {
+    grpc::ServerContext* context, const std::vector<std::string>& exclude, Trace& trace,
+    bool retry, int64_t* retry_after_ms, size_t model, const std::string& fingerprint,
+    const std::vector<std::string>& lost_decode) {
+  const std::string& tenant = trace.tenant;
   std::unique_lock<std::mutex> lock(mutex_);
+  std::map<std::string, int64_t>& streams = streams_[model];
   // Each model waits in its own queue: one without a free prefill slot holds up no other.
   FairQueue& queue = queues_[model];
   const auto entered = Clock::now();
@@ -369,12 +384,26 @@ absl::StatusOr<std::shared_ptr<RouterService::Node>> RouterService::AdmitPrefill
               : absl::StrCat("no prefill node is available for model '", models_[model].name,
                              "' (with a decode node of the same weights)"));
     }
-    // A new request takes a slot only when it is its turn (fair_queue.h).
-    const bool turn = retry || queue.empty() || (ticket.has_value() && queue.Head() == ticket);
+    // A new request takes a slot only when it is its turn (fair_queue.h), and while its tenant
+    // holds less than its share of the decode slots; the turn of a tenant at its share passes
+    // to the next.
+    const int64_t share = StreamShare(model);
+    std::set<std::string> full;
+    for (const auto& [t, n] : streams) {
+      if (n >= share) full.insert(t);
+    }
+    const bool at_share = !trace.holds_stream && full.contains(tenant);
+    const std::optional<uint64_t> head = queue.Head(full);
+    const bool turn = !at_share && (retry || !head.has_value() || head == ticket);
     if (best != nullptr && turn) {
       if (ticket.has_value()) {
         queue.Remove(*ticket, /*admitted=*/true);
         admission_.notify_all();
+      }
+      if (!trace.holds_stream) {
+        ++streams[tenant];
+        trace.holds_stream = true;
+        trace.model = model;
       }
       ++best->prefilling;
       ++best->inflight;
@@ -416,6 +445,29 @@ absl::StatusOr<std::shared_ptr<RouterService::Node>> RouterService::AdmitPrefill
     }
     admission_.wait_for(lock, std::chrono::milliseconds(20));
   }
+}
+
+int64_t RouterService::StreamShare(size_t model) const {
+  if (options_.max_streams_per_tenant > 0) return options_.max_streams_per_tenant;
+  if (options_.api_keys == nullptr) return std::numeric_limits<int64_t>::max();
+  int64_t slots = 0;
+  const auto now = Clock::now();
+  for (const auto& [id, node] : nodes_) {
+    if (node->info.role() == v1::NODE_ROLE_DECODE && !node->draining && node->model == model &&
+        now - node->last_seen <= std::chrono::milliseconds(options_.node_ttl_ms)) {
+      slots += node->info.load().total_slots();
+    }
+  }
+  // No decode node has said how many slots it has: the share is unknown, so unbounded.
+  return slots == 0 ? std::numeric_limits<int64_t>::max() : std::max<int64_t>(1, slots / 2);
+}
+
+void RouterService::ReleaseStream(const Trace& trace) {
+  if (!trace.holds_stream) return;
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::map<std::string, int64_t>& streams = streams_[trace.model];
+  if (--streams[trace.tenant] <= 0) streams.erase(trace.tenant);
+  admission_.notify_all();
 }
 
 void RouterService::PrefillDone(Node& node, Clock::duration took) {
@@ -719,6 +771,7 @@ grpc::Status RouterService::Generate(grpc::ServerContext* context,
   }
   metrics_->running.Increment();
   const grpc::Status status = Serve(context, request, writer, trace);
+  ReleaseStream(trace);
   metrics_->running.Decrement();
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -863,7 +916,7 @@ grpc::Status RouterService::Serve(grpc::ServerContext* context, const v1::Genera
     // identity that may fill it, and is taken only now, so it never expires in a queue).
     int64_t retry_after_ms = 0;
     absl::StatusOr<std::shared_ptr<Node>> admitted =
-        AdmitPrefill(context, lost_prefill, trace.tenant, attempt > 0, &retry_after_ms, *model,
+        AdmitPrefill(context, lost_prefill, trace, attempt > 0, &retry_after_ms, *model,
                      fingerprint, lost_decode);
     if (!admitted.ok()) {
       if (absl::IsResourceExhausted(admitted.status())) {

@@ -6,8 +6,10 @@
 // decode node is retried on another decode node instead of taking the prefill node down.
 #include <signal.h>
 
+#include <algorithm>
 #include <atomic>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <mutex>
 #include <random>
@@ -381,14 +383,15 @@ TEST_F(LoadTest, AClientThatStopsReadingIsCancelledAndItsSlotFreed) {
 // after all 24 of flood's.
 // A cluster of one prefill slot whose router takes two API keys (tenants "flood" and "small",
 // keys "<tenant>-key-0123456789") and `router_flags`; the address of the router's metrics.
-std::string StartTwoTenantCluster(Cluster& cluster, std::vector<std::string> router_flags) {
+std::string StartTwoTenantCluster(Cluster& cluster, std::vector<std::string> router_flags,
+                                  std::vector<std::string> decode_flags = {}) {
   const std::string keys = cluster.dir() + "/tenant_keys.yaml";
   std::ofstream(keys) << "\"flood-key-0123456789\": flood\n\"small-key-0123456789\": small\n";
   const std::string metrics = cluster.dir() + "/router.metrics";
   router_flags.insert(router_flags.end(), {"--api-keys", keys, "--prefill-slots", "1",
                                            "--metrics-port", "0", "--metrics-ready-file", metrics});
   EXPECT_FALSE(cluster.StartRouter(router_flags).empty());
-  EXPECT_FALSE(cluster.StartDecode("decode").empty());
+  EXPECT_FALSE(cluster.StartDecode("decode", std::move(decode_flags)).empty());
   EXPECT_FALSE(cluster.StartPrefill("prefill").empty());
   EXPECT_TRUE(cluster.WaitForHealth(true));
   std::string address;
@@ -477,6 +480,61 @@ TEST_F(LoadTest, AFloodingTenantIsRefusedItsShareWhileAnotherIsServed) {
   EXPECT_GE(flood_refused, 1);
   EXPECT_GE(flood_ok, 1);
   EXPECT_EQ(flood_ok + flood_refused, 16);
+}
+
+// A tenant holds at most half of the decode slots (the default share, from the slots the decode
+// node reports): a flood of long requests never has more than 2 of the node's 4 in flight, and
+// the other tenant's requests are admitted past the flood's queued ones and finish while the
+// flood still streams.
+TEST_F(LoadTest, AFloodingTenantHoldsAtMostItsShareOfTheDecodeSlots) {
+  Cluster cluster(model_);
+  const std::string metrics = StartTwoTenantCluster(cluster, {}, {"--slots", "4"});
+  ASSERT_FALSE(metrics.empty());
+  auto stub = cluster.Client();
+  auto flood_streams = [&] {
+    return Sample(Scrape(metrics), "baton_router_tenant_streams", {{"tenant", "flood"}})
+        .value_or(0);
+  };
+  std::atomic<bool> sampling{true};
+  std::atomic<double> most{0};
+  std::thread sampler([&] {
+    while (sampling) {
+      const double n = flood_streams();
+      if (n > most) most = n;
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+  });
+  std::mutex mutex;
+  std::vector<std::string> finished, errors;  // tenants in completion order
+  std::vector<std::thread> threads;
+  auto send = [&](const std::string& tenant, int i, uint32_t max_tokens) {
+    threads.emplace_back([&, tenant, i, max_tokens] {
+      const Outcome o = Generate(*stub, Request(prompts_[i % prompts_.size()], max_tokens),
+                                 std::chrono::seconds(300), nullptr, tenant + "-key-0123456789");
+      std::lock_guard<std::mutex> lock(mutex);
+      if (!o.status.ok()) errors.push_back(tenant + ": " + o.status.error_message());
+      finished.push_back(tenant);
+    });
+  };
+  for (int i = 0; i < 6; ++i) send("flood", i, 160);
+  // The flood holds its share and queues the rest before the other tenant comes.
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (std::chrono::steady_clock::now() < until && flood_streams() < 2) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  WaitForQueueDepth(metrics, 4);
+  for (int i = 0; i < 2; ++i) send("small", i, 2);
+  for (auto& t : threads) t.join();
+  sampling = false;
+  sampler.join();
+  EXPECT_TRUE(errors.empty()) << errors.front();
+  ASSERT_EQ(finished.size(), 8u);
+  EXPECT_EQ(most.load(), 2);
+  // Both small requests finished before the flood's last (4 of its 6 were still waiting or
+  // streaming when they came).
+  EXPECT_NE(finished.back(), "small");
+  const auto small_last = std::find(finished.rbegin(), finished.rend(), "small");
+  EXPECT_GE(std::distance(finished.rbegin(), small_last), 2) << "small finished among the last";
 }
 
 }  // namespace

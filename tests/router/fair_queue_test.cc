@@ -63,5 +63,26 @@ TEST(FairQueueTest, RequestsThatLeaveWithoutAdmissionDoNotCountAndOrderIsKept) {
   EXPECT_EQ(queue.size(), 0u);
 }
 
+// A tenant at its share of the decode slots is skipped: the turn goes to the next tenant, in
+// the same fair order, and comes back to it once it may be admitted again.
+TEST(FairQueueTest, SkippedTenantsLoseTheirTurnToTheOthersUntilTheyMayGoAgain) {
+  FairQueue queue;
+  const uint64_t a1 = queue.Push("a");
+  const uint64_t a2 = queue.Push("a");
+  const uint64_t b1 = queue.Push("b");
+  const uint64_t c1 = queue.Push("c");
+  EXPECT_EQ(queue.Head({"a"}), b1);
+  EXPECT_EQ(queue.Head({"a", "b"}), c1);
+  EXPECT_EQ(queue.Head({"a", "b", "c"}), std::nullopt);
+  EXPECT_EQ(queue.Head(), a1);  // skipping is per call: nothing was reordered
+  queue.Remove(b1, true);
+  EXPECT_EQ(queue.Head({"a"}), c1);
+  queue.Remove(c1, true);
+  EXPECT_EQ(queue.Head({"a"}), std::nullopt);
+  EXPECT_EQ(queue.Head({}), a1);
+  queue.Remove(a1, true);
+  EXPECT_EQ(queue.Head({"b"}), a2);
+}
+
 }  // namespace
 }  // namespace baton::router

@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <cstring>
+#include <functional>
 #include <optional>
 #include <thread>
 
@@ -37,7 +38,8 @@ class OneChunk final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
 };
 
 // A PrefillNode that only serves reads of its exposures (what baton-prefill does in
-// ReadRegions), optionally holding each read back first, or answering with `lie` instead.
+// ReadRegions), optionally holding each read back first, or answering each read with the one
+// chunk `lie` makes of its request instead.
 class ReadRegionsServer final
     : public v1::PrefillNode::WithRawCallbackMethod_ReadRegions<v1::PrefillNode::Service> {
  public:
@@ -45,11 +47,16 @@ class ReadRegionsServer final
   grpc::ServerWriteReactor<grpc::ByteBuffer>* ReadRegions(grpc::CallbackServerContext* context,
                                                          const grpc::ByteBuffer* request) override {
     if (hold_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(hold_ms.load()));
-    if (lie.has_value()) return new OneChunk(*lie);
+    if (lie) {
+      v1::ReadRegionsRequest read;
+      grpc::ByteBuffer copy(*request);
+      (void)grpc::SerializationTraits<v1::ReadRegionsRequest>::Deserialize(&copy, &read);
+      return new OneChunk(lie(read));
+    }
     return table_.Stream("", *request);
   }
   std::atomic<int> hold_ms{0};
-  std::optional<v1::RegionChunk> lie;
+  std::function<v1::RegionChunk(const v1::ReadRegionsRequest&)> lie;
 
  private:
   const ExposureTable& table_;
@@ -330,26 +337,42 @@ TEST(GrpcTransportTest, LargeRegionsArriveWholeOverSeveralStreams) {
 }
 
 // The reader checks every chunk before it writes: one that names another place is refused and
-// nothing of it lands.
+// nothing of it lands. Every stream of the read is lied to (the reader runs several at once, in
+// no fixed order), each lie wrong for the stream that receives it: one byte past where the
+// stream is, another region at the same place, or an offset whose end wraps 64 bits.
 TEST_F(TransportTest, AChunkOutsideWhatWasAskedIsRefusedAndWritesNothing) {
   std::unique_ptr<Transport> grpc = MakeGrpcTransport();
-  for (const auto& [region, offset] :
-       std::vector<std::pair<v1::Region, uint64_t>>{{v1::REGION_PRODUCER_SWA, 1},
-                                                    {v1::REGION_CONSUMER_SWA, 0},
-                                                    {v1::REGION_PRODUCER_SWA, ~uint64_t{0} - 2}}) {
-    v1::RegionChunk lie;
-    lie.set_region(region);
-    lie.set_offset(offset);
-    lie.set_data(std::string(64, 'L'));
-    server_impl_->lie = lie;
+  using Lie = std::function<void(const v1::ReadRegionsRequest&, v1::RegionChunk&)>;
+  const std::vector<std::pair<std::string, Lie>> lies = {
+      {"past", [](const v1::ReadRegionsRequest& read, v1::RegionChunk& chunk) {
+         chunk.set_region(read.region());
+         chunk.set_offset(read.offset() + 1);
+       }},
+      {"other region", [](const v1::ReadRegionsRequest& read, v1::RegionChunk& chunk) {
+         chunk.set_region(read.region() == v1::REGION_CONSUMER_SWA ? v1::REGION_PRODUCER_SWA
+                                                                   : v1::REGION_CONSUMER_SWA);
+         chunk.set_offset(read.offset());
+       }},
+      {"wrapping", [](const v1::ReadRegionsRequest& read, v1::RegionChunk& chunk) {
+         chunk.set_region(read.region());
+         chunk.set_offset(~uint64_t{0} - 2);
+       }},
+  };
+  for (const auto& [name, lie] : lies) {
+    server_impl_->lie = [&lie = lie](const v1::ReadRegionsRequest& read) {
+      v1::RegionChunk chunk;
+      lie(read, chunk);
+      chunk.set_data(std::string(64, 'L'));
+      return chunk;
+    };
     Destination into(sizes_);
     const absl::Status status =
         grpc->Read(exposure_->Source(v1::TRANSPORT_GRPC), address_, into.spans, In(5000));
-    EXPECT_TRUE(absl::IsInvalidArgument(status)) << status;
-    EXPECT_THAT(status.message(), HasSubstr("lies outside region"));
-    EXPECT_TRUE(into.Untouched());
+    EXPECT_TRUE(absl::IsInvalidArgument(status)) << name << ": " << status;
+    EXPECT_THAT(status.message(), HasSubstr("lies outside region")) << name;
+    EXPECT_TRUE(into.Untouched()) << name;
   }
-  server_impl_->lie.reset();
+  server_impl_->lie = nullptr;
 }
 
 TEST_F(TransportTest, ReadsOfAClosedOrUnknownExposureAreNotFoundAndWriteNothing) {

@@ -10,6 +10,7 @@
 #include <deque>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 
 namespace baton::router {
@@ -20,6 +21,9 @@ class FairQueue {
   uint64_t Push(const std::string& tenant);
   // Whose turn it is (nullopt when empty).
   std::optional<uint64_t> Head() const;
+  // Whose turn it is among the tenants not in `skip` (those that may not be admitted now: they
+  // hold their share of the decode slots); nullopt when none of them waits.
+  std::optional<uint64_t> Head(const std::set<std::string>& skip) const;
   // Takes `ticket` out: admitted (counted for its tenant's share) or not (it left the queue:
   // cancelled, expired, refused).
   void Remove(uint64_t ticket, bool admitted);

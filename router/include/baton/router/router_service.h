@@ -71,6 +71,11 @@ struct RouterOptions {
   // while others are still queued (0: half of max_queued with API keys, all of it without,
   // where every request is the one tenant "").
   int64_t max_queued_per_tenant = 0;
+  // A tenant's share of the decode slots: at most this many of its requests are past the queue
+  // (prefilling or streaming) at once; more wait their turn, which passes to other tenants
+  // (0: half of the slots the model's live decode nodes report with API keys, no bound
+  // without).
+  int64_t max_streams_per_tenant = 0;
   int64_t prefill_slots = 2;
   // The model's tokenizer (text/tokenizer.h); null: requests and responses are token ids only.
   // With one, prompt_text is encoded here, every response message carries its text, and
@@ -155,6 +160,8 @@ class RouterService final : public v1::Generation::Service, public v1::Registry:
     int64_t prompt_tokens = 0;  // once encoded (a text prompt's ids)
     std::string prefill_node;   // the nodes of the last attempt, for the log line
     std::string decode_node;
+    size_t model = 0;            // the served model's index
+    bool holds_stream = false;   // admitted: counted in its tenant's share of decode slots
   };
   struct Metrics;
 
@@ -181,13 +188,20 @@ class RouterService final : public v1::Generation::Service, public v1::Registry:
   // DEADLINE_EXCEEDED with the client's call.
   // Only prefill nodes of served model `model` are taken, of weights `fingerprint` when it is
   // not empty, and only those whose weights a live decode node also serves.
-  // `lost_decode` are decode nodes this request gave up on.
+  // `lost_decode` are decode nodes this request gave up on. A request first admitted counts
+  // in its tenant's share of the decode slots (StreamShare) until ReleaseStream; a tenant
+  // holding its share waits, and its turn passes to the others.
   absl::StatusOr<std::shared_ptr<Node>> AdmitPrefill(grpc::ServerContext* context,
                                                      const std::vector<std::string>& exclude,
-                                                     const std::string& tenant, bool retry,
+                                                     Trace& trace, bool retry,
                                                      int64_t* retry_after_ms, size_t model,
                                                      const std::string& fingerprint,
                                                      const std::vector<std::string>& lost_decode);
+  // How many requests of one tenant may be admitted at once for served model `model`
+  // (RouterOptions::max_streams_per_tenant). mutex_ held.
+  int64_t StreamShare(size_t model) const;
+  // The request's place in its tenant's share is free again.
+  void ReleaseStream(const Trace& trace);
   // Frees the slot AdmitPrefill took; `took` feeds the retry hint.
   void PrefillDone(Node& node, std::chrono::steady_clock::duration took);
   void MarkDown(const std::string& node_id);
@@ -203,6 +217,8 @@ class RouterService final : public v1::Generation::Service, public v1::Registry:
   static constexpr size_t kMaxNoted = 4096;
   std::condition_variable admission_;  // a prefill slot was freed, or the queue moved
   std::vector<FairQueue> queues_;      // the requests waiting for admission, per model
+  // Per model, admitted requests not yet finished, by tenant (no zeros).
+  std::vector<std::map<std::string, int64_t>> streams_;
   double prefill_ms_average_ = 100;    // moving average of a prefill's time, for retry hints
   mutable bool kvstore_seen_ = false;  // a kvstore has registered since start
   bool stop_ = false;
