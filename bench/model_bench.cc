@@ -1,12 +1,16 @@
 // Prefill and decode figures of the CPU forward pass on one model, beside this machine's own
-// limits measured in the same run: OpenBLAS sgemm GFLOP/s and memcpy bandwidth. Prints a
-// table, or one JSON object with --json. Decode runs with FP32 weights ("decode") and with BF16
-// weight matrices ("decode_bf16", with each step over the FP32 one). Not a test: nothing here
-// asserts a time.
+// limits measured in the same run: OpenBLAS sgemm GFLOP/s, memcpy bandwidth and read bandwidth
+// (a vectorised streaming read over a buffer far larger than the last-level cache, on every
+// OpenMP thread). A decode step's bound is max(bytes it must read / read bandwidth, FLOPs it
+// must do / sgemm rate). Prints a table, or one JSON object with --json. Decode runs with FP32
+// weights ("decode") and with BF16 weight matrices ("decode_bf16", with each step over the
+// FP32 one), at each instruction-set level --isas names (kernels/cpu_isa.h; machine.isa is the
+// level prefill ran at). Not a test: nothing here asserts a time.
 //
 //   baton_model_bench --model DIR [--lengths 1024,4096] [--keep 140] [--batches 1,8,32]
-//                     [--decode-context 512] [--repeats 3] [--json]
+//                     [--decode-context 512] [--isas avx2,avx512] [--repeats 3] [--json]
 #include <cblas.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <chrono>
@@ -16,7 +20,9 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "baton/common/parse.h"
+#include "baton/kernels/cpu_isa.h"
 #include "baton/model/engine_factory.h"
 #include "baton/model/work_estimator.h"
 #include "nlohmann/json.hpp"
@@ -58,6 +64,35 @@ double MemcpyGBps(int repeats) {
   return static_cast<double>(bytes) / seconds / 1e9;
 }
 
+// Bytes per second a streaming read of 1 GiB reaches on all OpenMP threads: each thread sums its
+// slice into four independent vectors of 16 floats (loads with no dependency between them); the
+// sum is kept so that the loads are not optimised away.
+double ReadGBps(int repeats) {
+  typedef float Lanes __attribute__((vector_size(64)));
+  const size_t vectors = size_t{1} << 24;  // 1 GiB
+  std::vector<Lanes> data(vectors, Lanes{} + 1.0f);
+  volatile float keep = 0;
+  const double seconds = MedianSeconds(repeats, [&] {
+    float total = 0;
+#pragma omp parallel reduction(+ : total)
+    {
+      const size_t team = omp_get_num_threads(), t = omp_get_thread_num();
+      const size_t begin = vectors / 4 * t / team * 4, end = vectors / 4 * (t + 1) / team * 4;
+      Lanes a = {}, b = {}, c = {}, d = {};
+      for (size_t i = begin; i < end; i += 4) {
+        a += data[i];
+        b += data[i + 1];
+        c += data[i + 2];
+        d += data[i + 3];
+      }
+      const Lanes sum = (a + b) + (c + d);
+      for (int l = 0; l < 16; ++l) total += sum[l];
+    }
+    keep = keep + total;
+  });
+  return static_cast<double>(vectors * sizeof(Lanes)) / seconds / 1e9;
+}
+
 // FLOPs of one decode row at position t (untruncated): the estimator's work for a prompt of
 // t + 1 tokens computed as chunks [0, t) and [t, t + 1), less its work for the first t tokens
 // alone. Each estimate counts the LM head of its last row once, so they cancel and one is
@@ -90,12 +125,16 @@ int main(int argc, char** argv) {
   int64_t keep = 140, decode_context = 512;
   int repeats = 3;
   bool json_output = false;
+  std::string isas_text;
   app.add_option("--model", model_dir, "Model directory")->required();
   app.add_option("--lengths", lengths_text, "Prefill lengths");
   app.add_option("--keep", keep, "Compact keep K");
   app.add_option("--batches", batches_text, "Decode batch sizes");
   app.add_option("--decode-context", decode_context, "Prompt length before decode steps");
   app.add_option("--repeats", repeats, "Repeats per figure (median)");
+  app.add_option("--isas", isas_text,
+                 "Instruction-set levels to run decode at, e.g. baseline,avx2,avx512 (default: "
+                 "the active level, BATON_CPU_ISA or the best this CPU has)");
   app.add_flag("--json", json_output, "Print one JSON object");
   CLI11_PARSE(app, argc, argv);
   auto lengths = baton::ParseIntList(lengths_text, "--lengths");
@@ -109,10 +148,27 @@ int main(int argc, char** argv) {
     std::cerr << loaded.status().message() << "\n";
     return 2;
   }
+  std::vector<baton::kernels::CpuIsa> isas;
+  for (absl::string_view name : absl::StrSplit(isas_text, ',', absl::SkipEmpty())) {
+    const std::optional<baton::kernels::CpuIsa> isa =
+        baton::kernels::ParseCpuIsa(std::string_view(name.data(), name.size()));
+    if (!isa.has_value() || !baton::kernels::SetCpuIsa(*isa)) {
+      std::cerr << "--isas: '" << name
+                << "' is not a level this CPU runs (baseline, avx2, avx512)\n";
+      return 2;
+    }
+    isas.push_back(*isa);
+  }
+  if (isas.empty()) isas.push_back(baton::kernels::ActiveCpuIsa());
+  baton::kernels::SetCpuIsa(isas.back());
   Engine& model = **loaded;
   const baton::ModelConfig& config = model.config();
   nlohmann::json out;
-  out["machine"] = {{"sgemm_gflops", SgemmGflops(repeats)}, {"memcpy_gbps", MemcpyGBps(repeats)}};
+  out["machine"] = {{"sgemm_gflops", SgemmGflops(repeats)},
+                    {"memcpy_gbps", MemcpyGBps(repeats)},
+                    {"read_gbps", ReadGBps(repeats)},
+                    {"threads", omp_get_max_threads()},
+                    {"isa", baton::kernels::CpuIsaName(baton::kernels::ActiveCpuIsa())}};
 
   for (int64_t L : *lengths) {
     const auto prompt = Prompt(L, config.vocab_size, 1);
@@ -160,49 +216,54 @@ int main(int argc, char** argv) {
       const bool matrix = slot.shape.size() == 2 && slot.name.find("embed") == std::string::npos;
       weight_bytes += n * (matrix && weight_type == WeightType::kBf16 ? 2 : 4);
     }
-    for (int64_t batch : *batches) {
-      std::vector<std::unique_ptr<baton::model::SequenceState>> states;
-      for (int64_t i = 0; i < batch; ++i) {
-        states.push_back(std::make_unique<baton::model::SequenceState>(layout));
-        auto result =
-            engine.Prefill(Prompt(decode_context, config.vocab_size, 100 + i),
-                           {.mode = TruncationMode::kCompact, .keep = keep}, *states.back());
-        if (!result.ok()) std::abort();
+    for (baton::kernels::CpuIsa isa : isas)
+      for (int64_t batch : *batches) {
+        baton::kernels::SetCpuIsa(isa);
+        std::vector<std::unique_ptr<baton::model::SequenceState>> states;
+        for (int64_t i = 0; i < batch; ++i) {
+          states.push_back(std::make_unique<baton::model::SequenceState>(layout));
+          auto result =
+              engine.Prefill(Prompt(decode_context, config.vocab_size, 100 + i),
+                             {.mode = TruncationMode::kCompact, .keep = keep}, *states.back());
+          if (!result.ok()) std::abort();
+        }
+        std::vector<std::vector<float>> logits(batch, std::vector<float>(config.vocab_size));
+        const int steps = 8;
+        const double seconds =
+            MedianSeconds(repeats,
+                          [&] {
+                            for (int s = 0; s < steps; ++s) {
+                              std::vector<baton::model::DecodeItem> items;
+                              for (int64_t i = 0; i < batch; ++i)
+                                items.push_back({states[i].get(), 7, logits[i].data()});
+                              if (!engine.Decode(items).ok()) std::abort();
+                            }
+                          }) /
+            steps;
+        // Bytes one step must read: every weight once, plus each request's block KV and rings.
+        const int64_t context = decode_context + steps * repeats;
+        const int64_t state_bytes =
+            4 * (context * layout.consumer_layers * 2 * layout.kv_dim +
+                 layout.producer_swa_floats() + layout.consumer_swa_floats());
+        const double bytes = static_cast<double>(weight_bytes + batch * state_bytes);
+        const double bandwidth_bound = bytes / (out["machine"]["read_gbps"].get<double>() * 1e9);
+        // FLOPs one step must do: each request's row at a position in the middle of the timed
+        // steps, at the sgemm rate.
+        const double flops = static_cast<double>(batch) * DecodeRowFlops(config, context - steps);
+        const double compute_bound = flops / (out["machine"]["sgemm_gflops"].get<double>() * 1e9);
+        const double bound = std::max(bandwidth_bound, compute_bound);
+        out[key].push_back({{"batch", batch},
+                            {"isa", baton::kernels::CpuIsaName(isa)},
+                            {"context", decode_context},
+                            {"weights", std::string(baton::model::WeightTypeName(weight_type))},
+                            {"step_ms", seconds * 1e3},
+                            {"bytes_read", bytes},
+                            {"bandwidth_bound_ms", bandwidth_bound * 1e3},
+                            {"flops", flops},
+                            {"compute_bound_ms", compute_bound * 1e3},
+                            {"bound_ms", bound * 1e3},
+                            {"step_over_bound", seconds / bound}});
       }
-      std::vector<std::vector<float>> logits(batch, std::vector<float>(config.vocab_size));
-      const int steps = 8;
-      const double seconds =
-          MedianSeconds(repeats,
-                        [&] {
-                          for (int s = 0; s < steps; ++s) {
-                            std::vector<baton::model::DecodeItem> items;
-                            for (int64_t i = 0; i < batch; ++i)
-                              items.push_back({states[i].get(), 7, logits[i].data()});
-                            if (!engine.Decode(items).ok()) std::abort();
-                          }
-                        }) /
-          steps;
-      // Bytes one step must read: every weight once, plus each request's block KV and rings.
-      const int64_t context = decode_context + steps * repeats;
-      const int64_t state_bytes = 4 * (context * layout.consumer_layers * 2 * layout.kv_dim +
-                                       layout.producer_swa_floats() + layout.consumer_swa_floats());
-      const double bytes = static_cast<double>(weight_bytes + batch * state_bytes);
-      const double bandwidth_bound = bytes / (out["machine"]["memcpy_gbps"].get<double>() * 1e9);
-      // FLOPs one step must do: each request's row at a position in the middle of the timed
-      // steps, at the sgemm rate.
-      const double flops = static_cast<double>(batch) * DecodeRowFlops(config, context - steps);
-      const double compute_bound = flops / (out["machine"]["sgemm_gflops"].get<double>() * 1e9);
-      const double bound = std::max(bandwidth_bound, compute_bound);
-      out[key].push_back({{"batch", batch},
-                          {"weights", std::string(baton::model::WeightTypeName(weight_type))},
-                          {"step_ms", seconds * 1e3},
-                          {"bytes_read", bytes},
-                          {"bandwidth_bound_ms", bandwidth_bound * 1e3},
-                          {"flops", flops},
-                          {"compute_bound_ms", compute_bound * 1e3},
-                          {"bound_ms", bound * 1e3},
-                          {"step_over_bound", seconds / bound}});
-    }
   };
   measure_decode(model, WeightType::kFp32, "decode");
   measure_decode(**loaded_bf16, WeightType::kBf16, "decode_bf16");
@@ -215,9 +276,11 @@ int main(int argc, char** argv) {
     std::cout << out.dump(2) << "\n";
     return 0;
   }
-  std::cout << absl::StrFormat("machine: sgemm %.1f GFLOP/s (2 cores), memcpy %.2f GB/s\n",
-                               out["machine"]["sgemm_gflops"].get<double>(),
-                               out["machine"]["memcpy_gbps"].get<double>());
+  std::cout << absl::StrFormat(
+      "machine: sgemm %.1f GFLOP/s (%d threads), memcpy %.2f GB/s, read %.2f GB/s, isa %s\n",
+      out["machine"]["sgemm_gflops"].get<double>(), out["machine"]["threads"].get<int>(),
+      out["machine"]["memcpy_gbps"].get<double>(), out["machine"]["read_gbps"].get<double>(),
+      out["machine"]["isa"].get<std::string>());
   for (const auto& p : out["prefill"]) {
     std::cout << absl::StrFormat("prefill L=%-5d %-7s %8.1f tok/s %7.1f model GFLOP/s\n",
                                  p["length"].get<int64_t>(), p["mode"].get<std::string>(),
@@ -226,16 +289,16 @@ int main(int argc, char** argv) {
   }
   for (const auto& d : out["decode"]) {
     std::cout << absl::StrFormat(
-        "decode batch=%-3d step %7.2f ms (bandwidth bound %.2f ms, compute bound %.2f ms)\n",
-        d["batch"].get<int64_t>(), d["step_ms"].get<double>(),
+        "decode %-8s batch=%-3d step %7.2f ms (bandwidth bound %.2f ms, compute bound %.2f ms)\n",
+        d["isa"].get<std::string>(), d["batch"].get<int64_t>(), d["step_ms"].get<double>(),
         d["bandwidth_bound_ms"].get<double>(), d["compute_bound_ms"].get<double>());
   }
   for (const auto& d : out["decode_bf16"]) {
     std::cout << absl::StrFormat(
-        "decode batch=%-3d bf16 weights: step %7.2f ms (%.2fx the fp32 step; bandwidth bound %.2f "
-        "ms)\n",
-        d["batch"].get<int64_t>(), d["step_ms"].get<double>(), d["step_over_fp32"].get<double>(),
-        d["bandwidth_bound_ms"].get<double>());
+        "decode %-8s batch=%-3d bf16 weights: step %7.2f ms (%.2fx the fp32 step; bandwidth "
+        "bound %.2f ms)\n",
+        d["isa"].get<std::string>(), d["batch"].get<int64_t>(), d["step_ms"].get<double>(),
+        d["step_over_fp32"].get<double>(), d["bandwidth_bound_ms"].get<double>());
   }
   return 0;
 }

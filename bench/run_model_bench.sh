@@ -5,6 +5,8 @@
 #
 #   bench/run_model_bench.sh [MODEL_DIR]     (default: a small preset model in a temp dir)
 #
+# ISAS=baseline,avx2,avx512 runs baton's decode steps at each of those instruction-set levels
+# (default: the best this CPU has, or BATON_CPU_ISA).
 # BEFORE_BUILD_DIR=<another build> also runs that build's baton_model_bench on the same model,
 # alternating with this one (REPEATS times each, the machine's noise shared), and prints the
 # after/before ratios of every figure: the before/after comparison in one run.
@@ -19,9 +21,11 @@ if [[ ! -f "$model/config.json" ]]; then
   "$build/tools/batonctl" make-model --preset small --seed 0 --out "$model" >/dev/null
 fi
 repeats="${REPEATS:-3}"
+isas=(${ISAS:+--isas "$ISAS"})
 check_tokens="$(seq -s, 11 37 4000 | cut -d, -f1-60)"
 "$build/tools/batonctl" forward --model "$model" --tokens "$check_tokens" --json >"$work/check.json"
-"$build/bench/baton_model_bench" --model "$model" --repeats "$repeats" --json >"$work/baton.json"
+"$build/bench/baton_model_bench" --model "$model" --repeats "$repeats" "${isas[@]}" --json \
+  >"$work/baton.json"
 if [[ -n "${BEFORE_BUILD_DIR:-}" ]]; then
   for round in 1 2; do
     "$BEFORE_BUILD_DIR/bench/baton_model_bench" --model "$model" --repeats "$repeats" --json \
@@ -39,7 +43,8 @@ LD_LIBRARY_PATH="/usr/lib/$(gcc -print-multiarch)/openblas-openmp${LD_LIBRARY_PA
 import json, sys
 baton, torch = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
 m = baton["machine"]
-print(f"machine: OpenBLAS sgemm {m['sgemm_gflops']:.1f} GFLOP/s on 2 cores, memcpy {m['memcpy_gbps']:.2f} GB/s")
+print(f"machine: OpenBLAS sgemm {m['sgemm_gflops']:.1f} GFLOP/s on {m['threads']} threads, memcpy "
+      f"{m['memcpy_gbps']:.2f} GB/s, read {m['read_gbps']:.2f} GB/s, prefill at {m['isa']}")
 print(f"torch {torch['torch']} ({torch['threads']} threads) vs baton, last-row logits max |diff| "
       f"{torch['check_max_abs_diff_last_row']:.2e} (max |logit| {torch['check_max_abs_logit']:.2f})")
 print("prefill   L   mode     baton tok/s  model GFLOP/s  /sgemm  torch tok/s  baton/torch")
@@ -53,16 +58,16 @@ for length in sorted({p["length"] for p in baton["prefill"]}):
     off, compact = b[(length, "off")], b[(length, "compact")]
     print(f"L={length}: compact/off time {compact['seconds'] / off['seconds']:.3f}, "
           f"estimator FLOP ratio {compact['model_flops'] / off['model_flops']:.3f}")
-print("decode: bound = max(bytes read / memcpy rate, FLOPs / sgemm rate)")
-print("decode batch  baton ms/step  bound ms  step/bound  torch ms/step  torch/baton")
+print("decode: bound = max(bytes read / read rate, FLOPs / sgemm rate)")
+print("decode isa       batch  baton ms/step  bound ms  step/bound  torch ms/step  torch/baton")
 td = {d["batch"]: d for d in torch["decode"]}
 for d in baton["decode"]:
     q = td[d["batch"]]
-    print(f"       {d['batch']:5d}  {d['step_ms']:13.2f}  {d['bound_ms']:8.2f}  {d['step_over_bound']:10.2f}  "
+    print(f"       {d['isa']:8s}  {d['batch']:5d}  {d['step_ms']:13.2f}  {d['bound_ms']:8.2f}  {d['step_over_bound']:10.2f}  "
           f"{q['step_ms']:13.2f}  {q['step_ms'] / d['step_ms']:11.2f}")
-print("decode, BF16 weight matrices (same run): batch  ms/step  bf16/fp32 step  step/bound")
+print("decode, BF16 weight matrices (same run): isa  batch  ms/step  bf16/fp32 step  step/bound")
 for d in baton["decode_bf16"]:
-    print(f"       {d['batch']:5d}  {d['step_ms']:7.2f}  {d['step_over_fp32']:14.2f}  {d['step_over_bound']:10.2f}")
+    print(f"       {d['isa']:8s}  {d['batch']:5d}  {d['step_ms']:7.2f}  {d['step_over_fp32']:14.2f}  {d['step_over_bound']:10.2f}")
 PY
 if [[ -n "${BEFORE_BUILD_DIR:-}" ]]; then
   /usr/bin/python3 - "$work" <<'PY'

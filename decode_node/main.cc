@@ -9,6 +9,7 @@
 #include "baton/common/server_flags.h"
 #include "baton/common/stream_watch.h"
 #include "baton/decode_node/decode_service.h"
+#include "baton/kernels/cpu_isa.h"
 #include "baton/model/engine_factory.h"
 #include "baton/transfer/ucx.h"
 
@@ -86,6 +87,14 @@ int main(int argc, char** argv) {
                                   : std::nullopt) {
     return *exit;
   }
+  // The CPU kernels' instruction-set level (BATON_CPU_ISA overrides it) is settled before the
+  // model loads; a level that is unknown or that this CPU lacks is refused here.
+  if (std::string error = baton::kernels::CheckCpuIsaEnvironment(); !error.empty()) {
+    baton::log::Error("cannot start", {{"error", error}});
+    return 2;
+  }
+  baton::log::Info("cpu kernels",
+                   {{"isa", baton::kernels::CpuIsaName(baton::kernels::ActiveCpuIsa())}});
   if (!transfer_faults.empty()) {
     auto spec = baton::transfer::ParseFaultSpec(transfer_faults);
     if (!spec.ok()) {

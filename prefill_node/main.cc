@@ -7,6 +7,7 @@
 #include "baton/common/model_config.h"
 #include "baton/common/rpc.h"
 #include "baton/common/server_flags.h"
+#include "baton/kernels/cpu_isa.h"
 #include "baton/model/engine_factory.h"
 #include "baton/transfer/ucx.h"
 #include "baton/prefill_node/prefill_service.h"
@@ -68,6 +69,14 @@ int main(int argc, char** argv) {
                                   : std::nullopt) {
     return *exit;
   }
+  // The CPU kernels' instruction-set level (BATON_CPU_ISA overrides it) is settled before the
+  // model loads; a level that is unknown or that this CPU lacks is refused here.
+  if (std::string error = baton::kernels::CheckCpuIsaEnvironment(); !error.empty()) {
+    baton::log::Error("cannot start", {{"error", error}});
+    return 2;
+  }
+  baton::log::Info("cpu kernels",
+                   {{"isa", baton::kernels::CpuIsaName(baton::kernels::ActiveCpuIsa())}});
   auto model = baton::model::LoadEngineOnDevice(model_dir, device, weights);
   if (!model.ok()) {
     baton::log::Error("cannot start", {{"error", std::string(model.status().message())}});

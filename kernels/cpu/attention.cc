@@ -15,7 +15,7 @@ namespace {
 
 // Sixteen independent partial sums: the compiler turns the inner loop into vector FMAs, where
 // one running sum would make every product wait for the one before it.
-inline float Dot(const float* a, const float* b, int64_t n) {
+__attribute__((always_inline)) inline float Dot(const float* a, const float* b, int64_t n) {
   constexpr int64_t kLanes = 16;
   float lanes[kLanes] = {};
   int64_t i = 0;
@@ -33,9 +33,13 @@ constexpr int64_t kValueBlock = 64;
 
 // o += sum_{j in [j0, j1)} s[j] * values[j], for a head_dim known at compile time: the row is
 // accumulated in registers across the keys and stored once.
+// `column` is where in each value row the kHd columns start: a wide row is accumulated in parts
+// where the level's registers cannot hold it whole.
 template <int64_t kHd>
-inline void AccumulateValues(const float* s, const float* const* values, int64_t j0, int64_t j1,
-                             float* o) {
+__attribute__((always_inline)) inline void AccumulateValues(const float* s,
+                                                            const float* const* values, int64_t j0,
+                                                            int64_t j1, float* o,
+                                                            int64_t column = 0) {
   static_assert(kHd % 16 == 0);
   constexpr int64_t kVecs = kHd / 16;
   Vec16 acc[kVecs];
@@ -45,7 +49,7 @@ inline void AccumulateValues(const float* s, const float* const* values, int64_t
 #pragma GCC unroll 8
     for (int64_t v = 0; v < kVecs; ++v) {
       Vec16 x;
-      std::memcpy(&x, values[j] + 16 * v, sizeof x);
+      std::memcpy(&x, values[j] + column + 16 * v, sizeof x);
       acc[v] += w * x;
     }
   }
@@ -164,107 +168,131 @@ struct RowScratch {
 // [0, pos] then SWA keys [lo, pos], one softmax per head. Each key and value row is read once
 // for all G heads (grouped-query attention), so a decode step reads a request's KV once per
 // layer instead of once per query head.
-BATON_VECTOR_CLONES void AttendRowGroup(const AttentionParams& p, int64_t row, int64_t kv_head,
-                                        RowScratch& scratch) {
-  const int64_t hd = p.head_dim;
-  const int64_t kv_dim = p.num_kv_heads * hd;
-  const int64_t group = p.num_heads / p.num_kv_heads;
-  const int64_t kv_col = kv_head * hd;
-  const int64_t pos = p.positions[row];
-  const int64_t lo = p.swa_lo[row];
-  const int64_t num_global = p.global != nullptr ? pos + 1 : 0;
-  const int64_t num_swa = std::max<int64_t>(0, pos + 1 - lo);
-  const int64_t n = num_global + num_swa;
-  std::vector<float>& score = scratch.score;
-  score.resize(group * n);  // [group, n]
+// Heads of a group scored at once, and whether a head_dim of 128 accumulates its values whole,
+// by level: AVX-512 holds 8 heads' (or 128 columns') accumulators in 8 of its 32 registers;
+// AVX2 needs two registers for each, and has 16.
+template <CpuIsa kIsa>
+struct AttendShape {
+  static constexpr bool kEightHeads = false, kWhole128 = false;
+};
+template <>
+struct AttendShape<CpuIsa::kAvx512> {
+  static constexpr bool kEightHeads = true, kWhole128 = true;
+};
 
-  // The n visible key and value rows in visiting order: global positions [0, pos] page by page,
-  // then SWA positions [lo, pos] from the ring (slot = position % C) and then the tail.
-  std::vector<const float*>& keys = scratch.keys;
-  std::vector<const float*>& values = scratch.values;
-  keys.resize(n);
-  values.resize(n);
-  int64_t j = 0;
-  if (num_global > 0) {
-    const BlockKvSource& g = *p.global;
-    for (int64_t page = 0; j < num_global; ++page) {
-      const float* rows = g.pages[page] + kv_col;
-      const int64_t count = std::min(g.block_size, num_global - j);
-      for (int64_t i = 0; i < count; ++i, ++j) {
-        keys[j] = rows + g.k_offset + i * kv_dim;
-        values[j] = rows + g.v_offset + i * kv_dim;
+struct AttendRowGroup {
+  template <CpuIsa kIsa>
+  __attribute__((always_inline)) static void Run(const AttentionParams& p, int64_t row,
+                                                 int64_t kv_head, RowScratch& scratch) {
+    using Shape = AttendShape<kIsa>;
+    const int64_t hd = p.head_dim;
+    const int64_t kv_dim = p.num_kv_heads * hd;
+    const int64_t group = p.num_heads / p.num_kv_heads;
+    const int64_t kv_col = kv_head * hd;
+    const int64_t pos = p.positions[row];
+    const int64_t lo = p.swa_lo[row];
+    const int64_t num_global = p.global != nullptr ? pos + 1 : 0;
+    const int64_t num_swa = std::max<int64_t>(0, pos + 1 - lo);
+    const int64_t n = num_global + num_swa;
+    std::vector<float>& score = scratch.score;
+    score.resize(group * n);  // [group, n]
+
+    // The n visible key and value rows in visiting order: global positions [0, pos] page by page,
+    // then SWA positions [lo, pos] from the ring (slot = position % C) and then the tail.
+    std::vector<const float*>& keys = scratch.keys;
+    std::vector<const float*>& values = scratch.values;
+    keys.resize(n);
+    values.resize(n);
+    int64_t j = 0;
+    if (num_global > 0) {
+      const BlockKvSource& g = *p.global;
+      for (int64_t page = 0; j < num_global; ++page) {
+        const float* rows = g.pages[page] + kv_col;
+        const int64_t count = std::min(g.block_size, num_global - j);
+        for (int64_t i = 0; i < count; ++i, ++j) {
+          keys[j] = rows + g.k_offset + i * kv_dim;
+          values[j] = rows + g.v_offset + i * kv_dim;
+        }
       }
     }
-  }
-  const SwaSource& swa = p.swa;
-  int64_t slot = num_swa > 0 && lo < swa.tail_start ? lo % swa.ring_capacity : 0;
-  for (int64_t at = lo; at <= pos; ++at, ++j) {
-    if (at >= swa.tail_start) {
-      keys[j] = swa.tail_k + (at - swa.tail_start) * swa.tail_stride + kv_col;
-      values[j] = swa.tail_v + (at - swa.tail_start) * swa.tail_stride + kv_col;
+    const SwaSource& swa = p.swa;
+    int64_t slot = num_swa > 0 && lo < swa.tail_start ? lo % swa.ring_capacity : 0;
+    for (int64_t at = lo; at <= pos; ++at, ++j) {
+      if (at >= swa.tail_start) {
+        keys[j] = swa.tail_k + (at - swa.tail_start) * swa.tail_stride + kv_col;
+        values[j] = swa.tail_v + (at - swa.tail_start) * swa.tail_stride + kv_col;
+      } else {
+        keys[j] = swa.ring_k + slot * kv_dim + kv_col;
+        values[j] = swa.ring_v + slot * kv_dim + kv_col;
+        if (++slot == swa.ring_capacity) slot = 0;
+      }
+    }
+
+    const float* q = p.q + row * p.q_stride + kv_head * group * hd;  // the group's heads, in a row
+    float* out = p.out + row * p.num_heads * hd + kv_head * group * hd;
+    std::fill(out, out + group * hd, 0.0f);
+    if (n == 0) return;  // no visible key: the output rows are zero
+    if (hd % 16 == 0) {
+      // Blocks of 16 keys, transposed once for every head of the group.
+      scratch.keys_t.resize(hd * kKeyBlock);
+      for (int64_t j0 = 0; j0 < n; j0 += kKeyBlock) {
+        const int64_t count = std::min(kKeyBlock, n - j0);
+        const float* block[kKeyBlock];
+        for (int64_t i = 0; i < kKeyBlock; ++i) block[i] = keys[j0 + std::min(i, count - 1)];
+        // The next block's key rows, asked for while this block computes (about 0.9x the
+        // attention's time in a decode batch of 32).
+        for (int64_t i = j0 + kKeyBlock; i < std::min(n, j0 + 2 * kKeyBlock); ++i) {
+          for (int64_t c = 0; c < hd; c += 16) __builtin_prefetch(keys[i] + c, 0, 3);
+        }
+        TransposeKeys(block, hd, scratch.keys_t.data());
+        const float* kt = scratch.keys_t.data();
+        float* s = score.data() + j0;
+        int64_t g = 0;
+        if constexpr (Shape::kEightHeads) {
+          for (; g + 8 <= group; g += 8)
+            ScoreBlock<8>(q + g * hd, hd, kt, p.scale, s + g * n, n, count);
+        }
+        for (; g + 4 <= group; g += 4)
+          ScoreBlock<4>(q + g * hd, hd, kt, p.scale, s + g * n, n, count);
+        for (; g + 2 <= group; g += 2)
+          ScoreBlock<2>(q + g * hd, hd, kt, p.scale, s + g * n, n, count);
+        for (; g < group; ++g) ScoreBlock<1>(q + g * hd, hd, kt, p.scale, s + g * n, n, count);
+      }
     } else {
-      keys[j] = swa.ring_k + slot * kv_dim + kv_col;
-      values[j] = swa.ring_v + slot * kv_dim + kv_col;
-      if (++slot == swa.ring_capacity) slot = 0;
-    }
-  }
-
-  const float* q = p.q + row * p.q_stride + kv_head * group * hd;  // the group's heads, in a row
-  float* out = p.out + row * p.num_heads * hd + kv_head * group * hd;
-  std::fill(out, out + group * hd, 0.0f);
-  if (n == 0) return;  // no visible key: the output rows are zero
-  if (hd % 16 == 0) {
-    // Blocks of 16 keys, transposed once for every head of the group.
-    scratch.keys_t.resize(hd * kKeyBlock);
-    for (int64_t j0 = 0; j0 < n; j0 += kKeyBlock) {
-      const int64_t count = std::min(kKeyBlock, n - j0);
-      const float* block[kKeyBlock];
-      for (int64_t i = 0; i < kKeyBlock; ++i) block[i] = keys[j0 + std::min(i, count - 1)];
-      // The next block's key rows, asked for while this block computes (about 0.9x the
-      // attention's time in a decode batch of 32).
-      for (int64_t i = j0 + kKeyBlock; i < std::min(n, j0 + 2 * kKeyBlock); ++i) {
-        for (int64_t c = 0; c < hd; c += 16) __builtin_prefetch(keys[i] + c, 0, 3);
+      for (int64_t j = 0; j < n; ++j) {
+        for (int64_t g = 0; g < group; ++g)
+          score[g * n + j] = Dot(q + g * hd, keys[j], hd) * p.scale;
       }
-      TransposeKeys(block, hd, scratch.keys_t.data());
-      const float* kt = scratch.keys_t.data();
-      float* s = score.data() + j0;
-      int64_t g = 0;
-      for (; g + 8 <= group; g += 8)
-        ScoreBlock<8>(q + g * hd, hd, kt, p.scale, s + g * n, n, count);
-      for (; g + 4 <= group; g += 4)
-        ScoreBlock<4>(q + g * hd, hd, kt, p.scale, s + g * n, n, count);
-      for (; g + 2 <= group; g += 2)
-        ScoreBlock<2>(q + g * hd, hd, kt, p.scale, s + g * n, n, count);
-      for (; g < group; ++g) ScoreBlock<1>(q + g * hd, hd, kt, p.scale, s + g * n, n, count);
     }
-  } else {
-    for (int64_t j = 0; j < n; ++j) {
-      for (int64_t g = 0; g < group; ++g) score[g * n + j] = Dot(q + g * hd, keys[j], hd) * p.scale;
-    }
-  }
-  for (int64_t g = 0; g < group; ++g) Softmax(score.data() + g * n, n);
-  // out[g] = sum_j s[g][j] v_j over blocks of keys whose values stay in L1 while every head of
-  // the group reads them; keys are summed in order, as the definition reads.
-  for (int64_t j0 = 0; j0 < n; j0 += kValueBlock) {
-    const int64_t j1 = std::min(n, j0 + kValueBlock);
-    for (int64_t g = 0; g < group; ++g) {
-      const float* s = score.data() + g * n;
-      float* o = out + g * hd;
-      switch (hd) {
-        case 64:
-          AccumulateValues<64>(s, values.data(), j0, j1, o);
-          break;
-        case 128:
-          AccumulateValues<128>(s, values.data(), j0, j1, o);
-          break;
-        default:
-          for (int64_t j = j0; j < j1; ++j) {
-            for (int64_t i = 0; i < hd; ++i) o[i] += s[j] * values[j][i];
-          }
+    for (int64_t g = 0; g < group; ++g) Softmax(score.data() + g * n, n);
+    // out[g] = sum_j s[g][j] v_j over blocks of keys whose values stay in L1 while every head of
+    // the group reads them; keys are summed in order, as the definition reads.
+    for (int64_t j0 = 0; j0 < n; j0 += kValueBlock) {
+      const int64_t j1 = std::min(n, j0 + kValueBlock);
+      for (int64_t g = 0; g < group; ++g) {
+        const float* s = score.data() + g * n;
+        float* o = out + g * hd;
+        switch (hd) {
+          case 64:
+            AccumulateValues<64>(s, values.data(), j0, j1, o);
+            break;
+          case 128:
+            if constexpr (Shape::kWhole128) {
+              AccumulateValues<128>(s, values.data(), j0, j1, o);
+            } else {
+              AccumulateValues<64>(s, values.data(), j0, j1, o);
+              AccumulateValues<64>(s, values.data(), j0, j1, o + 64, 64);
+            }
+            break;
+          default:
+            for (int64_t j = j0; j < j1; ++j) {
+              for (int64_t i = 0; i < hd; ++i) o[i] += s[j] * values[j][i];
+            }
+        }
       }
     }
   }
-}
+};
 
 // Many-row entries (prefill chunks) run tile by tile on GEMMs: the keys an entry can see are
 // gathered once into contiguous buffers, then for each (tile of query rows, head) the scores
@@ -406,7 +434,7 @@ void Attention(std::span<const AttentionParams> batch) {
           std::upper_bound(first_task.begin(), first_task.end(), t) - first_task.begin() - 1);
       const AttentionParams& p = batch[e];
       const int64_t local = t - first_task[e];
-      AttendRowGroup(p, local / p.num_kv_heads, local % p.num_kv_heads, scratch);
+      RunAtActiveIsa<AttendRowGroup>(p, local / p.num_kv_heads, local % p.num_kv_heads, scratch);
     }
   }
 }

@@ -50,18 +50,22 @@ void Rope(const RopeParams& p) {
 namespace {
 
 // out[i] = silu(gate[i]) * up[i] = gate[i] / (1 + e^-gate[i]) * up[i], sixteen at a time.
-BATON_VECTOR_CLONES void SwiGluRow(const float* gate, const float* up, int64_t inter, float* out) {
-  for (int64_t i = 0; i < inter; i += 16) {
-    const int64_t count = std::min<int64_t>(16, inter - i);
-    Vec16 g = {}, u = {};
-    LoadLanes(g, gate + i, count);
-    LoadLanes(u, up + i, count);
-    Vec16 e = -g;
-    Exp(e);
-    const Vec16 y = g / (1.0f + e) * u;
-    StoreLanes(out + i, y, count);
+struct SwiGluRow {
+  template <CpuIsa kIsa>
+  __attribute__((always_inline)) static void Run(const float* gate, const float* up, int64_t inter,
+                                                 float* out) {
+    for (int64_t i = 0; i < inter; i += 16) {
+      const int64_t count = std::min<int64_t>(16, inter - i);
+      Vec16 g = {}, u = {};
+      LoadLanes(g, gate + i, count);
+      LoadLanes(u, up + i, count);
+      Vec16 e = -g;
+      Exp(e);
+      const Vec16 y = g / (1.0f + e) * u;
+      StoreLanes(out + i, y, count);
+    }
   }
-}
+};
 
 }  // namespace
 
@@ -69,7 +73,7 @@ void SwiGlu(const SwiGluParams& p) {
 #pragma omp parallel for schedule(static) if (p.rows > 8)
   for (int64_t r = 0; r < p.rows; ++r) {
     const float* gate = p.gate_up + r * 2 * p.inter;
-    SwiGluRow(gate, gate + p.inter, p.inter, p.out + r * p.inter);
+    RunAtActiveIsa<SwiGluRow>(gate, gate + p.inter, p.inter, p.out + r * p.inter);
   }
 }
 

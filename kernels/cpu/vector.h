@@ -1,30 +1,88 @@
 // Vector helpers of the CPU kernels' hot loops (private to kernels/cpu).
 //
-// The build targets baseline x86-64 (SSE2), which keeps the binaries portable; the hot loops
-// are also compiled for AVX2 + FMA and AVX-512 and picked at load time by the CPU (GCC
-// function multiversioning: BATON_VECTOR_CLONES on the function that holds the loop, never on
-// one that opens an OpenMP region, whose outlined body would not be cloned). Loops over
-// arrays of accumulators carry `#pragma GCC unroll`, so that the arrays live in registers
-// whatever the optimisation level: built at -O2 without them, an attention microbenchmark ran
-// at half the speed, its accumulators on the stack.
+// The build targets baseline x86-64 (SSE2), which keeps the binaries portable; each hot loop
+// is also compiled for AVX2 + FMA (x86-64-v3) and AVX-512 (x86-64-v4), and the level
+// ActiveCpuIsa names (cpu_isa.h) runs: a loop is an Op, a struct whose always-inlined
+// `template <CpuIsa kIsa> static void Run(...)` holds it, called through RunAtActiveIsa<Op>,
+// which calls the variant compiled for that level. kIsa lets an Op pick tile shapes for the
+// level's register file: 16 floats (Vec16) are one AVX-512 register, two AVX2 ones, and AVX2
+// has 16 registers where AVX-512 has 32, so a tile of accumulators that fits one spills on the
+// other. Never put an OpenMP region inside an Op: its outlined body would be compiled once,
+// at the baseline. Loops over arrays of accumulators carry `#pragma GCC unroll`, so that the
+// arrays live in registers whatever the optimisation level: built at -O2 without them, an
+// attention microbenchmark ran at half the speed, its accumulators on the stack.
 #pragma once
 
 #include <cstdint>
 #include <cstring>
 #include <utility>
 
+#include "baton/kernels/cpu_isa.h"
+
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define BATON_VECTOR_CLONES \
-  __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#define BATON_ISA_VARIANTS 1
+#define BATON_TARGET_AVX2 __attribute__((target("arch=x86-64-v3")))
+#define BATON_TARGET_AVX512 __attribute__((target("arch=x86-64-v4")))
 #else
-#define BATON_VECTOR_CLONES
+// Other compilers and CPUs build the baseline only (SupportedCpuIsas then lists it alone).
+#define BATON_ISA_VARIANTS 0
+#define BATON_TARGET_AVX2
+#define BATON_TARGET_AVX512
 #endif
 
 namespace baton::kernels {
 
+template <typename Op, typename... A>
+BATON_TARGET_AVX512 void RunAvx512(A&&... a) {
+  Op::template Run<CpuIsa::kAvx512>(std::forward<A>(a)...);
+}
+template <typename Op, typename... A>
+BATON_TARGET_AVX2 void RunAvx2(A&&... a) {
+  Op::template Run<CpuIsa::kAvx2>(std::forward<A>(a)...);
+}
+template <typename Op, typename... A>
+void RunBaseline(A&&... a) {
+  Op::template Run<CpuIsa::kBaseline>(std::forward<A>(a)...);
+}
+
+// Op::Run<level>(a...), compiled for and run at the active level.
+template <typename Op, typename... A>
+void RunAtActiveIsa(A&&... a) {
+  switch (ActiveCpuIsa()) {
+    case CpuIsa::kAvx512:
+      return RunAvx512<Op>(std::forward<A>(a)...);
+    case CpuIsa::kAvx2:
+      return RunAvx2<Op>(std::forward<A>(a)...);
+    case CpuIsa::kBaseline:
+      break;
+  }
+  RunBaseline<Op>(std::forward<A>(a)...);
+}
+
 // Sixteen floats as one value (GCC vector extension): one AVX-512 register, two AVX2 or four
-// SSE registers, whichever the clone was compiled for.
+// SSE registers. Loops whose arrays of accumulators must stay in registers use NativeVec.
 typedef float Vec16 __attribute__((vector_size(64)));
+
+// kWidth floats as one value, for a loop that keeps its vectors the width of the level's
+// registers (16 floats on AVX-512, 8 on AVX2, 4 on SSE2): GCC keeps arrays of vectors wider
+// than the registers in memory, so a Vec16 accumulator array built for AVX2 runs from the
+// stack.
+template <int kWidth>
+struct NativeVecOf;
+template <>
+struct NativeVecOf<16> {
+  typedef float type __attribute__((vector_size(64)));
+};
+template <>
+struct NativeVecOf<8> {
+  typedef float type __attribute__((vector_size(32)));
+};
+template <>
+struct NativeVecOf<4> {
+  typedef float type __attribute__((vector_size(16)));
+};
+template <int kWidth>
+using NativeVec = typename NativeVecOf<kWidth>::type;
 
 // The sum of a vector's sixteen lanes by halving (four adds, not fifteen in a chain).
 inline float SumLanes(const Vec16& x) {

@@ -1,16 +1,21 @@
-// Every op of the CPU backend against a naive reference computed here in double precision, over
+// Every op of the CPU backend, at every instruction-set level this CPU runs (cpu_isa.h: each
+// test is instantiated per level, e.g. Levels/CpuOpsTest.PagedBlockKvDecodeBatch/avx2),
+// against a naive reference computed here in double precision, over
 // the same op list (and, for attention, the same cases: op_cases.h) that the CPU/CUDA
 // consistency harness uses. Tolerances: exact for data movement and BF16 rounding; FP32
 // rounding for row-wise ops; summation-order bounds for GEMM and attention. Sampling runs on
 // model/sampling.cc, which the model tests cover and the CUDA harness compares against.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "baton/kernels/attention.h"
+#include "baton/kernels/cpu_isa.h"
 #include "baton/kernels/elementwise.h"
 #include "baton/kernels/gemm.h"
 #include "baton/kernels/rows.h"
@@ -29,6 +34,16 @@ float FromBits(uint32_t bits) {
   std::memcpy(&f, &bits, sizeof f);
   return f;
 }
+class CpuOpsTest : public ::testing::TestWithParam<CpuIsa> {
+ protected:
+  void SetUp() override { ASSERT_TRUE(SetCpuIsa(GetParam())) << CpuIsaName(GetParam()); }
+};
+
+INSTANTIATE_TEST_SUITE_P(Levels, CpuOpsTest, ::testing::ValuesIn(SupportedCpuIsas()),
+                         [](const ::testing::TestParamInfo<CpuIsa>& info) {
+                           return std::string(CpuIsaName(info.param));
+                         });
+
 uint32_t Bits(float f) {
   uint32_t bits;
   std::memcpy(&bits, &f, sizeof bits);
@@ -38,7 +53,7 @@ float Bf16ToFloat(Bf16 v) {
   return FromBits(static_cast<uint32_t>(v) << 16);
 }
 
-TEST(CpuOpsTest, GemmFp32WithStridesAndBeta) {
+TEST_P(CpuOpsTest, GemmFp32WithStridesAndBeta) {
   struct Shape {
     int64_t rows, in, out, x_stride, y_stride;
     float beta;
@@ -74,7 +89,7 @@ TEST(CpuOpsTest, GemmFp32WithStridesAndBeta) {
 
 // A decode step's rows go through one GEMM: each row's product must be the one it would get
 // alone, to the bit, so that a request's tokens do not depend on which others share its batch.
-TEST(CpuOpsTest, ARowsProductDoesNotDependOnItsBatch) {
+TEST_P(CpuOpsTest, ARowsProductDoesNotDependOnItsBatch) {
   const int64_t rows = 13, in = 200, out = 37;
   const std::vector<float> x = Uniform(rows * in, 7), w = Uniform(out * in, 8);
   std::vector<float> batch(rows * out);
@@ -96,7 +111,7 @@ TEST(CpuOpsTest, ARowsProductDoesNotDependOnItsBatch) {
 // FP32 product of that row alone with the widened matrix, bit for bit: few rows (the decode
 // kernel, with a tail past the last whole vector and outputs past the last 4) and more than 32
 // (taken 32 rows at a time), with beta.
-TEST(CpuOpsTest, Bf16WeightsGiveTheProductOfTheWidenedWeights) {
+TEST_P(CpuOpsTest, Bf16WeightsGiveTheProductOfTheWidenedWeights) {
   const int64_t in = 203, out = 37;
   const std::vector<float> w = Uniform(out * in, 9);
   std::vector<Bf16> narrow(w.size());
@@ -128,7 +143,7 @@ TEST(CpuOpsTest, Bf16WeightsGiveTheProductOfTheWidenedWeights) {
   }
 }
 
-TEST(CpuOpsTest, ToBf16RoundsToNearestEvenAndKeepsNaN) {
+TEST_P(CpuOpsTest, ToBf16RoundsToNearestEvenAndKeepsNaN) {
   std::vector<float> in = Uniform(10000, 4, -1e4f, 1e4f);
   // Ties: exactly half an ulp of BF16 above an even and an odd mantissa; infinities; NaNs.
   in.push_back(FromBits(0x3f808000u));  // tie, even below: rounds down to 0x3f80
@@ -159,7 +174,7 @@ TEST(CpuOpsTest, ToBf16RoundsToNearestEvenAndKeepsNaN) {
   EXPECT_EQ(out[10002], 0x3f81u);
 }
 
-TEST(CpuOpsTest, GemmBf16AccumulatesInFp32) {
+TEST_P(CpuOpsTest, GemmBf16AccumulatesInFp32) {
   const int64_t rows = 33, in = 1024, out = 768, x_stride = 1030;
   const std::vector<float> xf = Uniform(rows * x_stride, 5), wf = Uniform(out * in, 6);
   std::vector<Bf16> x(xf.size()), w(wf.size());
@@ -186,7 +201,7 @@ TEST(CpuOpsTest, GemmBf16AccumulatesInFp32) {
   ExpectClose(expected, y, 1e-4f, 1e-4f, "gemm bf16");
 }
 
-TEST(CpuOpsTest, RmsNormOutOfPlaceAndInPlace) {
+TEST_P(CpuOpsTest, RmsNormOutOfPlaceAndInPlace) {
   const int64_t rows = 19, dim = 4096 + 7;
   std::vector<float> x = Uniform(rows * dim, 8, -3.0f, 3.0f);
   const std::vector<float> weight = Uniform(dim, 9);
@@ -217,7 +232,7 @@ TEST(CpuOpsTest, RmsNormOutOfPlaceAndInPlace) {
   ExpectClose(expected, x, 1e-6f, 1e-5f, "rmsnorm in place");
 }
 
-TEST(CpuOpsTest, RopeOnStridedHeadsAtLargePositions) {
+TEST_P(CpuOpsTest, RopeOnStridedHeadsAtLargePositions) {
   for (int64_t head_dim : {2, 64, 128}) {
     const int64_t rows = 21, heads = 5, stride = heads * head_dim + 16, half = head_dim / 2;
     std::vector<float> x = Uniform(rows * stride, 10);
@@ -250,7 +265,7 @@ TEST(CpuOpsTest, RopeOnStridedHeadsAtLargePositions) {
   }
 }
 
-TEST(CpuOpsTest, SwiGluAndEmbedding) {
+TEST_P(CpuOpsTest, SwiGluAndEmbedding) {
   const int64_t rows = 17, inter = 1536 + 3, vocab = 300, dim = 200;
   std::vector<float> gate_up = Uniform(rows * 2 * inter, 11, -8.0f, 8.0f);
   // Gates past the range where e^-g is a normal float, on both sides.
@@ -280,7 +295,7 @@ TEST(CpuOpsTest, SwiGluAndEmbedding) {
   }
 }
 
-TEST(CpuOpsTest, GatherScatterAndBlockKvWrite) {
+TEST_P(CpuOpsTest, GatherScatterAndBlockKvWrite) {
   const int64_t rows = 40, width = 96, src_stride = 130, capacity = 50, B = 16, pages = 8;
   const std::vector<float> src = Uniform(rows * src_stride, 13);
   std::vector<int32_t> index;
@@ -420,20 +435,20 @@ void ExpectAttentionMatchesTheDefinition(const std::vector<AttentionCase>& cases
   }
 }
 
-TEST(CpuOpsTest, ProducerSwaAttentionPrefillChunks) {
+TEST_P(CpuOpsTest, ProducerSwaAttentionPrefillChunks) {
   ExpectAttentionMatchesTheDefinition(op_cases::ProducerSwaCases(), "producer SWA");
 }
 
-TEST(CpuOpsTest, ConsumerUnionAttentionWithTruncatedLowerBounds) {
+TEST_P(CpuOpsTest, ConsumerUnionAttentionWithTruncatedLowerBounds) {
   ExpectAttentionMatchesTheDefinition(op_cases::ConsumerUnionCases(), "consumer union");
 }
 
-TEST(CpuOpsTest, PagedBlockKvDecodeBatch) {
+TEST_P(CpuOpsTest, PagedBlockKvDecodeBatch) {
   ExpectAttentionMatchesTheDefinition(op_cases::DecodeBatchCases(), "decode");
 }
 
 // Ring slots outside every row's window hold NaN: no output may see them.
-TEST(CpuOpsTest, AttentionNeverReadsRingSlotsOutsideEveryWindow) {
+TEST_P(CpuOpsTest, AttentionNeverReadsRingSlotsOutsideEveryWindow) {
   for (const auto& [cases, what] : {std::pair{op_cases::ConsumerUnionCases(), "consumer union"},
                                     std::pair{op_cases::ProducerSwaCases(), "producer SWA"},
                                     std::pair{op_cases::DecodeBatchCases(), "decode"}}) {
@@ -441,12 +456,77 @@ TEST(CpuOpsTest, AttentionNeverReadsRingSlotsOutsideEveryWindow) {
   }
 }
 
-TEST(CpuOpsTest, LongContextDecode) {
+TEST_P(CpuOpsTest, LongContextDecode) {
   ExpectAttentionMatchesTheDefinition(op_cases::LongContextDecodeCases(), "long-context decode");
 }
 
-TEST(CpuOpsTest, AttentionEdgeShapes) {
+TEST_P(CpuOpsTest, AttentionEdgeShapes) {
   ExpectAttentionMatchesTheDefinition(op_cases::EdgeShapeCases(), "edge shapes");
+}
+
+// The levels with fused multiply-adds (AVX2 and AVX-512) sum every output in one order, whatever
+// their tile shapes: their products agree bit for bit, FP32 and BF16 weights, at every batch a
+// decode step takes (rows past each level's tiles, outputs past the last whole tile).
+TEST(CpuIsaTest, FusedLevelsGiveTheSameProductsBitForBit) {
+  std::vector<CpuIsa> fused;
+  for (CpuIsa isa : SupportedCpuIsas()) {
+    if (isa != CpuIsa::kBaseline) fused.push_back(isa);
+  }
+  if (fused.size() < 2) GTEST_SKIP() << "this CPU runs fewer than two levels with FMA";
+  const int64_t in = 211, out = 23;
+  const std::vector<float> w = Uniform(out * in, 31);
+  std::vector<Bf16> narrow(w.size());
+  ToBf16({.count = static_cast<int64_t>(w.size()), .in = w.data(), .out = narrow.data()});
+  for (int64_t rows : {1, 2, 3, 5, 7, 13, 32}) {
+    const std::vector<float> x = Uniform(rows * in, 40 + rows);
+    for (bool bf16 : {false, true}) {
+      std::vector<std::vector<float>> y;
+      for (CpuIsa isa : fused) {
+        ASSERT_TRUE(SetCpuIsa(isa));
+        y.emplace_back(rows * out);
+        Gemm({.rows = rows,
+              .in = in,
+              .out = out,
+              .x = x.data(),
+              .w = bf16 ? nullptr : w.data(),
+              .w_bf16 = bf16 ? narrow.data() : nullptr,
+              .y = y.back().data()});
+      }
+      for (size_t i = 1; i < y.size(); ++i) {
+        EXPECT_EQ(y[i], y[0]) << CpuIsaName(fused[i]) << " against " << CpuIsaName(fused[0])
+                              << ", " << rows << " rows" << (bf16 ? ", bf16" : "");
+      }
+    }
+  }
+}
+
+TEST(CpuIsaTest, TheOverrideNamesTheVariableAndWhatIsAllowed) {
+  EXPECT_EQ(CpuIsaEnvironmentError(nullptr), "");
+  EXPECT_EQ(CpuIsaEnvironmentError(""), "");
+  EXPECT_EQ(CpuIsaEnvironmentError("baseline"), "");
+  EXPECT_EQ(CpuIsaEnvironmentError("avx9"),
+            "BATON_CPU_ISA: 'avx9' is not a level; use baseline, avx2 or avx512");
+  for (CpuIsa isa : {CpuIsa::kAvx2, CpuIsa::kAvx512}) {
+    const std::vector<CpuIsa> levels = SupportedCpuIsas();
+    const bool supported = std::find(levels.begin(), levels.end(), isa) != levels.end();
+    const std::string error = CpuIsaEnvironmentError(CpuIsaName(isa));
+    EXPECT_EQ(error.empty(), supported) << error;
+    if (!supported) {
+      EXPECT_NE(error.find("it runs baseline"), std::string::npos) << error;
+    }
+    EXPECT_EQ(SetCpuIsa(isa), supported);
+  }
+  for (CpuIsa isa : SupportedCpuIsas()) EXPECT_EQ(ParseCpuIsa(CpuIsaName(isa)), isa);
+}
+
+// A process whose BATON_CPU_ISA names no level stops at the first kernel, exit code 2, rather
+// than run at a level nobody asked for.
+TEST(CpuIsaDeathTest, AnUnknownLevelEndsTheProcessNamingTheVariable) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");  // a fresh process: the level is not settled
+  setenv("BATON_CPU_ISA", "avx9", 1);
+  EXPECT_EXIT(ActiveCpuIsa(), ::testing::ExitedWithCode(2),
+              "BATON_CPU_ISA: 'avx9' is not a level; use baseline, avx2 or avx512");
+  unsetenv("BATON_CPU_ISA");
 }
 
 }  // namespace
