@@ -28,8 +28,9 @@ std::string ServerErrorBody(int status, const std::string& message) {
     return Dump(openai::ErrorFor(static_cast<int>(grpc::StatusCode::UNAVAILABLE), message).body);
   }
   openai::Error error = openai::ErrorFor(static_cast<int>(grpc::StatusCode::NOT_FOUND), message);
-  error.body["error"]["param"] =
-      status == 413 || status == 415 ? json("body") : status == 431 ? json("headers") : json();
+  error.body["error"]["param"] = status == 413 || status == 415 ? json("body")
+                                 : status == 431                ? json("headers")
+                                                                : json();
   error.body["error"]["code"] = nullptr;
   error.body["error"]["type"] = status >= 500 ? "server_error" : "invalid_request_error";
   return Dump(error.body);
@@ -202,10 +203,12 @@ std::vector<HttpRoute> HttpFront::Routes() {
   for (const auto& [path, endpoint] :
        {std::pair{"/v1/completions", openai::Endpoint::kCompletions},
         std::pair{"/v1/chat/completions", openai::Endpoint::kChatCompletions}}) {
-    routes.push_back({"POST", path, true,
-                      [this, endpoint](const HttpRequest& request, HttpResponder& responder) {
-                        Generate(endpoint, request, responder);
-                      }});
+    // A copy: clang 14 cannot capture a structured binding.
+    const openai::Endpoint kind = endpoint;
+    routes.push_back(
+        {"POST", path, true, [this, kind](const HttpRequest& request, HttpResponder& responder) {
+           Generate(kind, request, responder);
+         }});
   }
   return routes;
 }
