@@ -1,9 +1,10 @@
 // GEMM against PyTorch Linear weights: Y = X W^T + beta * Y, in FP32 (Gemm) or with BF16
 // inputs and FP32 accumulation and output (GemmBf16, the usual serving precision on GPUs). The
 // CPU backend runs both on OpenBLAS sgemm, which uses every core, except products of up to 32
-// rows (decode batches), which run on its own kernel that reads each row of W once and gives
-// every row of Y the value it would have alone; the CUDA backend runs on cuBLAS. On the CPU,
-// Gemm also takes W in BF16 (X and Y stay FP32), which halves the bytes a decode step reads.
+// rows (64 where the kernels run at AVX-512: decode batches), which run on its own kernel that
+// reads each row of W once and gives every row of Y the value it would have alone; the CUDA backend
+// runs on cuBLAS. On the CPU, Gemm also takes W in BF16 (X and Y stay FP32), which halves the bytes
+// a decode step reads.
 #pragma once
 
 #include <cstdint>
@@ -22,8 +23,8 @@ struct GemmParams {
   int64_t x_stride = 0;      // 0 means `in`
   const float* w = nullptr;  // [out, in], contiguous (Linear layout)
   // CPU only: W in BF16 instead of w, same layout. Each weight is widened exactly as it is
-  // read by the few-row kernel, which also takes products of more rows, 32 rows at a time; a
-  // row's result equals that of Gemm over the widened W for that row alone.
+  // read by the few-row kernel, which also takes products of more rows, 32 (AVX-512: 64) rows at a
+  // time; a row's result equals that of Gemm over the widened W for that row alone.
   const Bf16* w_bf16 = nullptr;
   float* y = nullptr;    // [rows, out], row stride y_stride
   int64_t y_stride = 0;  // 0 means `out`
