@@ -234,15 +234,19 @@ int ServeUntilShutdown(const std::string& binary, grpc::ServerBuilder& builder,
     }
     metrics_server = std::move(*metrics);
   }
-  absl::StatusOr<StartedServer> started = StartServer(builder, options);
+  // The ready files are written last, once every listener of this process is up (the metrics,
+  // the client and the health server), so that whoever waits for one finds them all.
+  ServerOptions internal_options = options;
+  internal_options.ready_file.clear();
+  absl::StatusOr<StartedServer> started = StartServer(builder, internal_options);
   if (!started.ok()) {
     log::Error("cannot start", {{"error", std::string(started.status().message())}});
     return 1;
   }
   absl::StatusOr<StartedServer> client_started;
   if (client.builder != nullptr) {
-    // The client's ready file is written once on_serving has started what rides on the
-    // client server (the router's HTTP front), so a reader of it finds every listener up.
+    // The client's ready file is written at the end with the others, after on_serving has
+    // started what rides on the client server (the router's HTTP front).
     ServerOptions client_options = client.options;
     client_options.ready_file.clear();
     client_started = StartServer(*client.builder, client_options, client.credentials);
@@ -256,7 +260,6 @@ int ServeUntilShutdown(const std::string& binary, grpc::ServerBuilder& builder,
         return 1;
       }
     }
-    WriteAddressFile(client.options.ready_file, client_started->address);
   }
   absl::StatusOr<StartedServer> health_started;
   if (options.health_port >= 0) {
@@ -283,7 +286,12 @@ int ServeUntilShutdown(const std::string& binary, grpc::ServerBuilder& builder,
       }
     });
   }
+  // Every listener is up: the metrics file, then the internal server's, then the client
+  // server's (the router's clients and `baton up` wait for that one and read the others).
   WriteAddressFile(options.metrics_ready_file, metrics_server.address);
+  WriteAddressFile(options.ready_file, started->address);
+  if (client.builder != nullptr)
+    WriteAddressFile(client.options.ready_file, client_started->address);
   std::cout << binary << " serving on " << primary.address << std::endl;
   log::Info("serving", {{"address", primary.address},
                         {"internal_address", started->address},

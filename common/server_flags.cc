@@ -13,7 +13,9 @@ void AddServerFlags(CLI::App& app, ServerFlags& flags) {
   app.add_option("--port", server.port, "Port (0: any free port)")->check(CLI::Range(0, 65535));
   app.add_option("--advertise-host", server.advertise_host,
                  "Host other nodes reach this one at (default: --host)");
-  app.add_option("--ready-file", server.ready_file, "Write host:port here once serving");
+  app.add_option("--ready-file", server.ready_file,
+                 "Write host:port here once serving (after the metrics and health ready files, so "
+                 "that a reader of this one finds them)");
   app.add_option("--metrics-host", server.metrics_host,
                  "Address of the Prometheus endpoint (default: --host)");
   app.add_option("--metrics-port", server.metrics_port,

@@ -2,10 +2,38 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <new>
 
 #include "absl/strings/str_cat.h"
 
 namespace baton::model {
+namespace {
+
+// Host memory for packed weight matrices: aligned to the cache line, so that no vector load of
+// a panel splits one (malloc's large blocks start 16 bytes into a page).
+template <typename T>
+struct PanelAllocator {
+  using value_type = T;
+  static constexpr size_t kAlign = 64;
+  PanelAllocator() = default;
+  template <typename U>
+  PanelAllocator(const PanelAllocator<U>&) {}
+  T* allocate(size_t n) {
+    void* memory = std::aligned_alloc(kAlign, (n * sizeof(T) + kAlign - 1) / kAlign * kAlign);
+    if (memory == nullptr) throw std::bad_alloc();
+    return static_cast<T*>(memory);
+  }
+  void deallocate(T* memory, size_t) { std::free(memory); }
+  template <typename U>
+  bool operator==(const PanelAllocator<U>&) const {
+    return true;
+  }
+};
+template <typename T>
+using Panels = std::vector<T, PanelAllocator<T>>;
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<SequenceState>> Engine::NewState() {
   auto state = std::make_unique<SequenceState>(state_layout(), backend());
@@ -28,20 +56,21 @@ absl::StatusOr<WeightType> ParseWeightType(absl::string_view name, absl::string_
       absl::StrCat(flag, ": '", name, "' is unknown; allowed: fp32, bf16"));
 }
 
-// The weights as the layer stack reads them: backend memory, laid out as CedWeights'.
+// The weights as the layer stack reads them: backend memory, laid out as CedWeights', except
+// that the CPU backend holds every matrix as the panels its GEMM streams (kernels/gemm.h).
 struct CedEngine::Weights {
-  // A weight matrix [out, in]: FP32, or BF16 on the CPU backend.
+  // A weight matrix [out, in]: FP32 or BF16 (BF16 on the CPU backend only), as Linear lays it
+  // out or packed in panels (the CPU backend).
   struct Matrix {
     const float* f32 = nullptr;
     const kernels::Bf16* bf16 = nullptr;
-    // Its rows from `first` on.
-    Matrix From(int64_t first, int64_t in) const {
-      return {f32 ? f32 + first * in : nullptr, bf16 ? bf16 + first * in : nullptr};
-    }
+    bool packed = false;
+    bool swiglu = false;  // a gate_up packed for the product's SwiGLU (kernels/gemm.h)
   };
   struct Layer {
     const float* attn_norm;
-    Matrix qkv;  // q_swa_kv in consumers
+    Matrix qkv;  // q_swa_kv in consumers; its q rows alone when swa_kv is set
+    Matrix swa_kv;  // consumers of yoco_swa_share_hidden models: the SWA K/V rows of q_swa_kv
     Matrix o;
     const float* mlp_norm;
     Matrix gate_up;
@@ -53,7 +82,8 @@ struct CedEngine::Weights {
   Matrix lm_head;
   std::vector<Layer> producers, consumers;
   std::vector<BackendArray<float>> uploaded;       // owned copies on a device backend
-  std::vector<std::vector<kernels::Bf16>> narrow;  // BF16 matrices (host memory)
+  std::vector<Panels<float>> panels;          // packed FP32 matrices (host memory)
+  std::vector<Panels<kernels::Bf16>> narrow;  // packed BF16 matrices (host memory)
 };
 
 // One step's activations, grown to the largest step seen and reused.
@@ -118,29 +148,84 @@ absl::Status CedEngine::Upload(WeightType weight_type) {
     weights_->uploaded.push_back(std::move(copy));
     return weights_->uploaded.back().data();
   };
-  // A matrix as the step reads it. In BF16 (host memory only), the FP32 copy is released.
-  auto matrix = [&](std::vector<float>& host) -> Weights::Matrix {
-    if (weight_type == WeightType::kFp32) return {.f32 = place(host)};
-    std::vector<kernels::Bf16>& narrow = weights_->narrow.emplace_back(host.size());
-    kernels::ToBf16(
-        {.count = static_cast<int64_t>(host.size()), .in = host.data(), .out = narrow.data()});
-    std::vector<float>().swap(host);
-    return {.bf16 = narrow.data()};
+  // A matrix as the step reads it: rows [first, first + rows) of `host` ([.., in]; rows -1: all).
+  // The CPU backend packs it into panels, in FP32 or BF16; a device backend gets it as it is.
+  const bool pack = backend.device() == Device::kCpu;
+  auto matrix = [&](const std::vector<float>& host, int64_t in, int64_t first = 0,
+                    int64_t rows = -1, WeightType type = WeightType::kFp32,
+                    bool swiglu = false) -> Weights::Matrix {
+    if (rows < 0) rows = static_cast<int64_t>(host.size()) / in - first;
+    const kernels::PackWeightsParams rows_of{.out = rows, .in = in, .w = host.data() + first * in};
+    if (!pack) {
+      const float* whole = place(host);
+      return {.f32 = whole != nullptr ? whole + first * in : nullptr};
+    }
+    const int64_t count = kernels::PackedWeightCount(rows, in);
+    auto pack_into = [&](auto* panels) {
+      if (swiglu) {
+        kernels::PackSwiGluWeights(rows_of, panels);
+      } else {
+        kernels::PackWeights(rows_of, panels);
+      }
+    };
+    if (type == WeightType::kBf16) {
+      Panels<kernels::Bf16>& narrow = weights_->narrow.emplace_back(count);
+      pack_into(narrow.data());
+      return {.bf16 = narrow.data(), .packed = true, .swiglu = swiglu};
+    }
+    Panels<float>& panels = weights_->panels.emplace_back(count);
+    pack_into(panels.data());
+    return {.f32 = panels.data(), .packed = true, .swiglu = swiglu};
+  };
+  auto weight = [&](const std::vector<float>& host, int64_t in, int64_t first = 0,
+                    int64_t rows = -1) { return matrix(host, in, first, rows, weight_type); };
+  // gate_up with its SwiGLU fused into the product where the CPU backend packs it and whole
+  // panels of 16 split the gate rows from the up rows.
+  auto gate_up = [&](const std::vector<float>& host) {
+    const bool fused = pack && config_.intermediate_size % kernels::kPanelOutputs == 0;
+    return matrix(host, config_.hidden_size, 0, -1, weight_type, fused);
+  };
+  // A matrix's host copy once its packed one exists: only the packed one is read.
+  auto release = [&](std::vector<float>& host) {
+    if (pack) std::vector<float>().swap(host);
   };
   CedWeights& w = host_weights_;
   Weights& d = *weights_;
+  const int64_t hidden = config_.hidden_size, inter = config_.intermediate_size;
+  const int64_t q_dim = config_.num_attention_heads * config_.head_dim;
   d.embed = place(w.embed);
-  d.global_kv = matrix(w.global_kv);
+  d.global_kv = weight(w.global_kv, hidden);
+  release(w.global_kv);
   d.final_norm = place(w.final_norm);
-  // A tied LM head is the embedding table, which the embedding lookup reads in FP32.
-  d.lm_head = config_.tie_word_embeddings ? Weights::Matrix{.f32 = d.embed} : matrix(w.lm_head);
+  // A tied LM head is the embedding table, which is read in FP32 (the lookup keeps it as it is).
+  d.lm_head = config_.tie_word_embeddings ? matrix(w.embed, hidden) : weight(w.lm_head, hidden);
+  release(w.lm_head);
   for (ProducerLayerWeights& l : w.producers) {
-    d.producers.push_back({place(l.attn_norm), matrix(l.qkv), matrix(l.o), place(l.mlp_norm),
-                           matrix(l.gate_up), matrix(l.down)});
+    d.producers.push_back({.attn_norm = place(l.attn_norm),
+                           .qkv = weight(l.qkv, hidden),
+                           .o = weight(l.o, q_dim),
+                           .mlp_norm = place(l.mlp_norm),
+                           .gate_up = gate_up(l.gate_up),
+                           .down = weight(l.down, inter)});
+    for (std::vector<float>* m : {&l.qkv, &l.o, &l.gate_up, &l.down}) release(*m);
   }
   for (ConsumerLayerWeights& l : w.consumers) {
-    d.consumers.push_back({place(l.attn_norm), matrix(l.q_swa_kv), matrix(l.o), place(l.mlp_norm),
-                           matrix(l.gate_up), matrix(l.down)});
+    Weights::Layer layer{.attn_norm = place(l.attn_norm),
+                         .o = weight(l.o, q_dim),
+                         .mlp_norm = place(l.mlp_norm),
+                         .gate_up = gate_up(l.gate_up),
+                         .down = weight(l.down, inter)};
+    if (config_.yoco_swa_share_hidden && pack) {
+      // Q from this layer's input, SWA K/V from the shared boundary rows: two products.
+      layer.qkv = weight(l.q_swa_kv, hidden, 0, q_dim);
+      layer.swa_kv = weight(l.q_swa_kv, hidden, q_dim);
+    } else {
+      layer.qkv = weight(l.q_swa_kv, hidden);
+      // The K/V rows of the same upload (only yoco_swa_share_hidden models read them apart).
+      layer.swa_kv = {.f32 = layer.qkv.f32 != nullptr ? layer.qkv.f32 + q_dim * hidden : nullptr};
+    }
+    d.consumers.push_back(layer);
+    for (std::vector<float>* m : {&l.q_swa_kv, &l.o, &l.gate_up, &l.down}) release(*m);
   }
   const absl::Status synced = backend.Synchronize();
   if (!ok) {
@@ -240,14 +325,19 @@ absl::Status CedEngine::RunStep(const StepPlan& step, const ProducerRowsCallback
   auto gemm = [&](kernels::GemmParams p, const Weights::Matrix& w) {
     p.w = w.f32;
     p.w_bf16 = w.bf16;
+    p.w_packed = w.packed;
     be.Gemm(p);
   };
   // o_proj into the residual, then the SwiGLU MLP; shared by both layer groups.
   auto output_and_mlp = [&](float* hidden, int64_t n, const Weights::Layer& w) {
     gemm({.rows = n, .in = q_dim, .out = d, .x = attn, .y = hidden, .beta = 1.0f}, w.o);
     be.RmsNorm({.rows = n, .dim = d, .x = hidden, .weight = w.mlp_norm, .out = x, .eps = eps});
-    gemm({.rows = n, .in = d, .out = 2 * inter, .x = x, .y = gate_up}, w.gate_up);
-    be.SwiGlu({.rows = n, .inter = inter, .gate_up = gate_up, .out = act});
+    if (w.gate_up.swiglu) {
+      gemm({.rows = n, .in = d, .out = 2 * inter, .x = x, .y = gate_up, .swiglu = act}, w.gate_up);
+    } else {
+      gemm({.rows = n, .in = d, .out = 2 * inter, .x = x, .y = gate_up}, w.gate_up);
+      be.SwiGlu({.rows = n, .inter = inter, .gate_up = gate_up, .out = act});
+    }
     gemm({.rows = n, .in = inter, .out = d, .x = act, .y = hidden, .beta = 1.0f}, w.down);
   };
   // K and V of `n` qkv rows from `first` into one layer's rings at the plan's slots (-1: none).
@@ -396,7 +486,7 @@ absl::Status CedEngine::RunStep(const StepPlan& step, const ProducerRowsCallback
             .x = sc,
             .y = qkv + q_dim,
             .y_stride = qkv_dim},
-           w.qkv.From(q_dim, d));
+           w.swa_kv);
     }
     be.Rope({.rows = consumer_rows,
              .heads = H + Hkv,

@@ -1,6 +1,7 @@
 #include "baton/kernels/attention.h"
 
 #include <cblas.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
@@ -31,125 +32,146 @@ __attribute__((always_inline)) inline float Dot(const float* a, const float* b, 
 // Keys whose value rows one pass keeps in L1 (64 rows of head_dim 128 are 32 KiB).
 constexpr int64_t kValueBlock = 64;
 
-// o += sum_{j in [j0, j1)} s[j] * values[j], for a head_dim known at compile time: the row is
-// accumulated in registers across the keys and stored once.
+// o += sum_{j in [j0, j1)} s[j] * values[j], for a head_dim known at compile time, in native
+// vectors of kW floats: the row is accumulated in registers across the keys and stored once.
 // `column` is where in each value row the kHd columns start: a wide row is accumulated in parts
 // where the level's registers cannot hold it whole.
-template <int64_t kHd>
+template <int64_t kHd, int kW>
 __attribute__((always_inline)) inline void AccumulateValues(const float* s,
                                                             const float* const* values, int64_t j0,
                                                             int64_t j1, float* o,
                                                             int64_t column = 0) {
-  static_assert(kHd % 16 == 0);
-  constexpr int64_t kVecs = kHd / 16;
-  Vec16 acc[kVecs];
+  using V = NativeVec<kW>;
+  static_assert(kHd % kW == 0);
+  constexpr int64_t kVecs = kHd / kW;
+  V acc[kVecs];
   std::memcpy(acc, o, sizeof acc);
   for (int64_t j = j0; j < j1; ++j) {
-    const Vec16 w = Vec16{} + s[j];
-#pragma GCC unroll 8
+    const float w = s[j];
+#pragma GCC unroll 16
     for (int64_t v = 0; v < kVecs; ++v) {
-      Vec16 x;
-      std::memcpy(&x, values[j] + column + 16 * v, sizeof x);
+      V x;
+      std::memcpy(&x, values[j] + column + kW * v, sizeof x);
       acc[v] += w * x;
     }
   }
   std::memcpy(o, acc, sizeof acc);
 }
 
-// Keys whose scores one block computes: one vector lane each.
-constexpr int64_t kKeyBlock = 16;
+// AccumulateValues over a head of kHd columns, in parts of at most kPart columns (what the
+// level's registers hold): kPart columns at a time, then the rest.
+template <int64_t kHd, int kW, int64_t kPart>
+__attribute__((always_inline)) inline void AccumulateHead(const float* s,
+                                                          const float* const* values, int64_t j0,
+                                                          int64_t j1, float* o,
+                                                          int64_t column = 0) {
+  constexpr int64_t kFirst = kHd < kPart ? kHd : kPart;
+  AccumulateValues<kFirst, kW>(s, values, j0, j1, o, column);
+  if constexpr (kHd > kFirst) {
+    AccumulateHead<kHd - kFirst, kW, kPart>(s, values, j0, j1, o + kFirst, column + kFirst);
+  }
+}
 
 // Swaps bit kBit of the row index with bit kBit of the lane index between rows a and c (row a
-// has the bit clear, row c = a + kBit): one of the four levels of a 16 x 16 transpose.
-template <int kBit, size_t... L>
-__attribute__((always_inline)) inline void SwapIndexBit(Vec16& a, Vec16& c,
+// has the bit clear, row c = a + kBit): one level of a kW x kW transpose.
+template <int kBit, int kW, size_t... L>
+__attribute__((always_inline)) inline void SwapIndexBit(NativeVec<kW>& a, NativeVec<kW>& c,
                                                         std::index_sequence<L...>) {
-  const Vec16 lo = __builtin_shufflevector(a, c, ((L & kBit) ? 16 + L - kBit : L)...);
-  const Vec16 hi = __builtin_shufflevector(a, c, ((L & kBit) ? 16 + L : L + kBit)...);
+  const NativeVec<kW> lo = __builtin_shufflevector(a, c, ((L & kBit) ? kW + L - kBit : L)...);
+  const NativeVec<kW> hi = __builtin_shufflevector(a, c, ((L & kBit) ? kW + L : L + kBit)...);
   a = lo;
   c = hi;
 }
 
-template <int kBit>
-__attribute__((always_inline)) inline void TransposeLevel(Vec16 (&r)[16]) {
+template <int kBit, int kW>
+__attribute__((always_inline)) inline void TransposeLevel(NativeVec<kW> (&r)[kW]) {
+  if constexpr (kBit >= 1) {
 #pragma GCC unroll 16
-  for (int i = 0; i < 16; ++i) {
-    if ((i & kBit) == 0) SwapIndexBit<kBit>(r[i], r[i + kBit], std::make_index_sequence<16>{});
+    for (int i = 0; i < kW; ++i) {
+      if ((i & kBit) == 0) {
+        SwapIndexBit<kBit, kW>(r[i], r[i + kBit], std::make_index_sequence<kW>{});
+      }
+    }
+    TransposeLevel<kBit / 2, kW>(r);
   }
 }
 
-// keys_t[d * 16 + i] = keys[i][d] for d < hd (a multiple of 16): a block of key rows turned
-// into one vector per dimension, 16 x 16 at a time in registers.
+// keys_t[d * kW + i] = keys[i][d] for d < hd (a multiple of kW): a block of kW key rows turned
+// into one vector per dimension, kW x kW at a time in the level's registers.
+template <int kW>
 __attribute__((always_inline)) inline void TransposeKeys(const float* const* keys, int64_t hd,
                                                          float* keys_t) {
-  for (int64_t c = 0; c < hd; c += 16) {
-    Vec16 r[16];
+  for (int64_t c = 0; c < hd; c += kW) {
+    NativeVec<kW> r[kW];
 #pragma GCC unroll 16
-    for (int i = 0; i < 16; ++i) std::memcpy(&r[i], keys[i] + c, sizeof(Vec16));
-    TransposeLevel<8>(r);
-    TransposeLevel<4>(r);
-    TransposeLevel<2>(r);
-    TransposeLevel<1>(r);
-    std::memcpy(keys_t + c * 16, r, sizeof r);
+    for (int i = 0; i < kW; ++i) std::memcpy(&r[i], keys[i] + c, sizeof r[i]);
+    TransposeLevel<kW / 2, kW>(r);
+    std::memcpy(keys_t + c * kW, r, sizeof r);
   }
 }
 
-// Scores of one block of keys for kHeads query heads (q: their rows, hd apart): each head's 16
-// dots advance one dimension per vector FMA, so no dot ends in a horizontal sum. Each dot sums
+// Scores of one block of kW keys for kHeads query heads (q: their rows, hd apart): each head's
+// kW dots advance one dimension per vector FMA, so no dot ends in a horizontal sum. Each dot sums
 // its dimensions in the same order whatever the batch; with fewer than 4 heads, kSplit partial
 // sums per head keep enough FMAs in flight. Writes `count` scores per head to s (rows n apart).
-template <int kHeads>
+template <int kHeads, int kW>
 __attribute__((always_inline)) inline void ScoreBlock(const float* q, int64_t hd,
                                                       const float* keys_t, float scale, float* s,
                                                       int64_t n, int64_t count) {
+  using V = NativeVec<kW>;
   constexpr int kSplit = kHeads >= 4 ? 1 : 4 / kHeads;
-  Vec16 acc[kHeads][kSplit] = {};
+  V acc[kHeads][kSplit] = {};
   for (int64_t d = 0; d < hd; d += kSplit) {
 #pragma GCC unroll 4
     for (int sp = 0; sp < kSplit; ++sp) {
-      Vec16 k;
-      std::memcpy(&k, keys_t + (d + sp) * 16, sizeof k);
+      V k;
+      std::memcpy(&k, keys_t + (d + sp) * kW, sizeof k);
 #pragma GCC unroll 8
       for (int h = 0; h < kHeads; ++h) acc[h][sp] += q[h * hd + d + sp] * k;
     }
   }
 #pragma GCC unroll 8
   for (int h = 0; h < kHeads; ++h) {
-    Vec16 total = acc[h][0];
+    V total = acc[h][0];
     for (int sp = 1; sp < kSplit; ++sp) total += acc[h][sp];
     total *= scale;
-    StoreLanes(s + h * n, total, count);
+    StoreFirst<kW>(s + h * n, total, count);
   }
 }
 
-// s[j] = e^(s[j] - max) / sum over the n scores, with max the largest of them.
+// s[j] = e^(s[j] - max) / sum over the n scores, with max the largest of them, kW lanes at a
+// time.
+template <int kW>
 __attribute__((always_inline)) inline void Softmax(float* s, int64_t n) {
-  const int64_t whole = n / 16 * 16;
-  Vec16 max_lanes = Vec16{} - INFINITY;
-  for (int64_t j = 0; j < whole; j += 16) {
-    Vec16 x;
+  using V = NativeVec<kW>;
+  const int64_t whole = n / kW * kW;
+  V max_lanes = V{} - INFINITY;
+  for (int64_t j = 0; j < whole; j += kW) {
+    V x;
     std::memcpy(&x, s + j, sizeof x);
     max_lanes = x > max_lanes ? x : max_lanes;
   }
   float max_score = -INFINITY;
-  for (int l = 0; l < 16; ++l) max_score = std::max(max_score, max_lanes[l]);
+  for (int l = 0; l < kW; ++l) max_score = std::max(max_score, max_lanes[l]);
   for (int64_t j = whole; j < n; ++j) max_score = std::max(max_score, s[j]);
-  Vec16 sum = {};
-  for (int64_t j = 0; j < n; j += 16) {
-    const int64_t count = std::min<int64_t>(16, n - j);
-    Vec16 x = Vec16{} + max_score;  // lanes past the last score are e^0, kept out of the sum
-    LoadLanes(x, s + j, count);
+  V sum = {};
+  for (int64_t j = 0; j < n; j += kW) {
+    const int64_t count = std::min<int64_t>(kW, n - j);
+    V x = V{} + max_score;  // lanes past the last score are e^0, kept out of the sum
+    LoadFirst<kW>(x, s + j, count);
     x -= max_score;
-    Exp(x);
+    ExpOf<kW>(x);
     if (j == whole) {
-      for (int64_t l = count; l < 16; ++l) x[l] = 0.0f;
+      for (int64_t l = count; l < kW; ++l) x[l] = 0.0f;
     }
     sum += x;
-    StoreLanes(s + j, x, count);
+    StoreFirst<kW>(s + j, x, count);
   }
-  const float inv_total = 1.0f / SumLanes(sum);
-  for (int64_t j = 0; j < whole; j += 16) {
-    Vec16 x;
+  float total = 0.0f;
+  for (int l = 0; l < kW; ++l) total += sum[l];
+  const float inv_total = 1.0f / total;
+  for (int64_t j = 0; j < whole; j += kW) {
+    V x;
     std::memcpy(&x, s + j, sizeof x);
     x *= inv_total;
     std::memcpy(s + j, &x, sizeof x);
@@ -161,33 +183,42 @@ __attribute__((always_inline)) inline void Softmax(float* s, int64_t n) {
 struct RowScratch {
   std::vector<float> score;                // [group, n]
   std::vector<const float*> keys, values;  // the n visible rows, in visiting order
-  std::vector<float> keys_t;               // [head_dim, 16]: one block of keys, transposed
+  std::vector<float> keys_t;               // [head_dim, kW]: one block of keys, transposed
 };
 
 // One (row, kv head): the G = H / Hkv query heads that share the kv head, over global keys
 // [0, pos] then SWA keys [lo, pos], one softmax per head. Each key and value row is read once
 // for all G heads (grouped-query attention), so a decode step reads a request's KV once per
 // layer instead of once per query head.
-// Heads of a group scored at once, and whether a head_dim of 128 accumulates its values whole,
-// by level: AVX-512 holds 8 heads' (or 128 columns') accumulators in 8 of its 32 registers;
-// AVX2 needs two registers for each, and has 16.
+// The level's shape: kW lanes per vector (its register width: a block of kW keys is transposed
+// in kW registers, and its scores are one vector per head), kMaxHeads heads of a group scored at
+// once and kWholeHd the widest head_dim whose values accumulate whole, within the registers:
+// AVX-512 holds 8 heads' scores or 128 columns in 8 of its 32 registers of 16; AVX2 holds 4
+// heads (with a split of their sums) or 64 columns in 8 of its 16 registers of 8.
 template <CpuIsa kIsa>
-struct AttendShape {
-  static constexpr bool kEightHeads = false, kWhole128 = false;
-};
+struct AttendShape;
 template <>
 struct AttendShape<CpuIsa::kAvx512> {
-  static constexpr bool kEightHeads = true, kWhole128 = true;
+  static constexpr int kW = 16, kMaxHeads = 8, kWholeHd = 128;
+};
+template <>
+struct AttendShape<CpuIsa::kAvx2> {
+  static constexpr int kW = 8, kMaxHeads = 4, kWholeHd = 64;
+};
+template <>
+struct AttendShape<CpuIsa::kBaseline> {
+  static constexpr int kW = 4, kMaxHeads = 4, kWholeHd = 32;
 };
 
 struct AttendRowGroup {
   template <CpuIsa kIsa>
   __attribute__((always_inline)) static void Run(const AttentionParams& p, int64_t row,
-                                                 int64_t kv_head, RowScratch& scratch) {
+                                                 int64_t kv_head, int64_t first_head,
+                                                 int64_t group, RowScratch& scratch) {
     using Shape = AttendShape<kIsa>;
     const int64_t hd = p.head_dim;
     const int64_t kv_dim = p.num_kv_heads * hd;
-    const int64_t group = p.num_heads / p.num_kv_heads;
+    const int64_t group_size = p.num_heads / p.num_kv_heads;
     const int64_t kv_col = kv_head * hd;
     const int64_t pos = p.positions[row];
     const int64_t lo = p.swa_lo[row];
@@ -228,35 +259,38 @@ struct AttendRowGroup {
       }
     }
 
-    const float* q = p.q + row * p.q_stride + kv_head * group * hd;  // the group's heads, in a row
-    float* out = p.out + row * p.num_heads * hd + kv_head * group * hd;
+    // Heads [first_head, first_head + group) of the kv head's group, in a row.
+    const int64_t head0 = kv_head * group_size + first_head;
+    const float* q = p.q + row * p.q_stride + head0 * hd;
+    float* out = p.out + row * p.num_heads * hd + head0 * hd;
     std::fill(out, out + group * hd, 0.0f);
     if (n == 0) return;  // no visible key: the output rows are zero
-    if (hd % 16 == 0) {
-      // Blocks of 16 keys, transposed once for every head of the group.
-      scratch.keys_t.resize(hd * kKeyBlock);
-      for (int64_t j0 = 0; j0 < n; j0 += kKeyBlock) {
-        const int64_t count = std::min(kKeyBlock, n - j0);
-        const float* block[kKeyBlock];
-        for (int64_t i = 0; i < kKeyBlock; ++i) block[i] = keys[j0 + std::min(i, count - 1)];
+    constexpr int kW = Shape::kW;
+    if (hd % kW == 0) {
+      // Blocks of kW keys, transposed once for every head of the group.
+      scratch.keys_t.resize(hd * kW);
+      for (int64_t j0 = 0; j0 < n; j0 += kW) {
+        const int64_t count = std::min<int64_t>(kW, n - j0);
+        const float* block[kW];
+        for (int64_t i = 0; i < kW; ++i) block[i] = keys[j0 + std::min(i, count - 1)];
         // The next block's key rows, asked for while this block computes (about 0.9x the
         // attention's time in a decode batch of 32).
-        for (int64_t i = j0 + kKeyBlock; i < std::min(n, j0 + 2 * kKeyBlock); ++i) {
+        for (int64_t i = j0 + kW; i < std::min<int64_t>(n, j0 + 2 * kW); ++i) {
           for (int64_t c = 0; c < hd; c += 16) __builtin_prefetch(keys[i] + c, 0, 3);
         }
-        TransposeKeys(block, hd, scratch.keys_t.data());
+        TransposeKeys<kW>(block, hd, scratch.keys_t.data());
         const float* kt = scratch.keys_t.data();
         float* s = score.data() + j0;
         int64_t g = 0;
-        if constexpr (Shape::kEightHeads) {
+        if constexpr (Shape::kMaxHeads >= 8) {
           for (; g + 8 <= group; g += 8)
-            ScoreBlock<8>(q + g * hd, hd, kt, p.scale, s + g * n, n, count);
+            ScoreBlock<8, kW>(q + g * hd, hd, kt, p.scale, s + g * n, n, count);
         }
         for (; g + 4 <= group; g += 4)
-          ScoreBlock<4>(q + g * hd, hd, kt, p.scale, s + g * n, n, count);
+          ScoreBlock<4, kW>(q + g * hd, hd, kt, p.scale, s + g * n, n, count);
         for (; g + 2 <= group; g += 2)
-          ScoreBlock<2>(q + g * hd, hd, kt, p.scale, s + g * n, n, count);
-        for (; g < group; ++g) ScoreBlock<1>(q + g * hd, hd, kt, p.scale, s + g * n, n, count);
+          ScoreBlock<2, kW>(q + g * hd, hd, kt, p.scale, s + g * n, n, count);
+        for (; g < group; ++g) ScoreBlock<1, kW>(q + g * hd, hd, kt, p.scale, s + g * n, n, count);
       }
     } else {
       for (int64_t j = 0; j < n; ++j) {
@@ -264,25 +298,31 @@ struct AttendRowGroup {
           score[g * n + j] = Dot(q + g * hd, keys[j], hd) * p.scale;
       }
     }
-    for (int64_t g = 0; g < group; ++g) Softmax(score.data() + g * n, n);
+    for (int64_t g = 0; g < group; ++g) Softmax<kW>(score.data() + g * n, n);
     // out[g] = sum_j s[g][j] v_j over blocks of keys whose values stay in L1 while every head of
-    // the group reads them; keys are summed in order, as the definition reads.
+    // the group reads them; keys are summed in order, as the definition reads. A head_dim wider
+    // than the level's registers hold accumulates in parts of kWholeHd columns.
+    constexpr int64_t kPart = Shape::kWholeHd;
     for (int64_t j0 = 0; j0 < n; j0 += kValueBlock) {
       const int64_t j1 = std::min(n, j0 + kValueBlock);
       for (int64_t g = 0; g < group; ++g) {
         const float* s = score.data() + g * n;
         float* o = out + g * hd;
         switch (hd) {
+          case 32:
+            AccumulateHead<32, kW, kPart>(s, values.data(), j0, j1, o);
+            break;
           case 64:
-            AccumulateValues<64>(s, values.data(), j0, j1, o);
+            AccumulateHead<64, kW, kPart>(s, values.data(), j0, j1, o);
+            break;
+          case 96:
+            AccumulateHead<96, kW, kPart>(s, values.data(), j0, j1, o);
             break;
           case 128:
-            if constexpr (Shape::kWhole128) {
-              AccumulateValues<128>(s, values.data(), j0, j1, o);
-            } else {
-              AccumulateValues<64>(s, values.data(), j0, j1, o);
-              AccumulateValues<64>(s, values.data(), j0, j1, o + 64, 64);
-            }
+            AccumulateHead<128, kW, kPart>(s, values.data(), j0, j1, o);
+            break;
+          case 256:
+            AccumulateHead<256, kW, kPart>(s, values.data(), j0, j1, o);
             break;
           default:
             for (int64_t j = j0; j < j1; ++j) {
@@ -423,18 +463,40 @@ void Attention(std::span<const AttentionParams> batch) {
     const int64_t rows = batch[e].rows < kTiledMinRows ? batch[e].rows : 0;
     first_task[e + 1] = first_task[e] + rows * batch[e].num_kv_heads;
   }
-  const int64_t tasks = first_task.back();
-  if (tasks == 0) return;
+  const int64_t pairs = first_task.back();
+  if (pairs == 0) return;
+  // Fewer (row, kv head) pairs than would keep every thread busy (a decode step of one or a few
+  // requests of few kv heads): each pair's query heads are split into `slices` tasks, which
+  // read the same keys and values (a request's KV is small next to the weights the step reads).
+  const int64_t threads = omp_get_max_threads();
+  int64_t slices = 1;
+  if (pairs < threads) {
+    slices = (threads + pairs - 1) / pairs;
+  } else if (pairs < 2 * threads && pairs % threads != 0) {
+    slices = 2;
+  }
+  const int64_t tasks = pairs * slices;
 #pragma omp parallel
   {
     RowScratch scratch;
 #pragma omp for schedule(dynamic, 1)
     for (int64_t t = 0; t < tasks; ++t) {
+      const int64_t pair = t / slices, slice = t % slices;
       const size_t e = static_cast<size_t>(
-          std::upper_bound(first_task.begin(), first_task.end(), t) - first_task.begin() - 1);
+          std::upper_bound(first_task.begin(), first_task.end(), pair) - first_task.begin() - 1);
       const AttentionParams& p = batch[e];
-      const int64_t local = t - first_task[e];
-      RunAtActiveIsa<AttendRowGroup>(p, local / p.num_kv_heads, local % p.num_kv_heads, scratch);
+      const int64_t local = pair - first_task[e];
+      // The slice's heads of the group: whole blocks of 4 where the group allows.
+      const int64_t group = p.num_heads / p.num_kv_heads;
+      const int64_t parts = std::min(slices, group);
+      int64_t per = (group + parts - 1) / parts;
+      if (group % 4 == 0 && per % 4 != 0 && group >= 4 * parts) per = (per + 3) / 4 * 4;
+      const int64_t first = std::min(group, slice * per);
+      const int64_t count = std::min(group, first + per) - first;
+      if (count > 0) {
+        RunAtActiveIsa<AttendRowGroup>(p, local / p.num_kv_heads, local % p.num_kv_heads, first,
+                                       count, scratch);
+      }
     }
   }
 }

@@ -49,20 +49,22 @@ void Rope(const RopeParams& p) {
 
 namespace {
 
-// out[i] = silu(gate[i]) * up[i] = gate[i] / (1 + e^-gate[i]) * up[i], sixteen at a time.
+// out[i] = silu(gate[i]) * up[i] = gate[i] / (1 + e^-gate[i]) * up[i], a register at a time.
 struct SwiGluRow {
   template <CpuIsa kIsa>
   __attribute__((always_inline)) static void Run(const float* gate, const float* up, int64_t inter,
                                                  float* out) {
-    for (int64_t i = 0; i < inter; i += 16) {
-      const int64_t count = std::min<int64_t>(16, inter - i);
-      Vec16 g = {}, u = {};
-      LoadLanes(g, gate + i, count);
-      LoadLanes(u, up + i, count);
-      Vec16 e = -g;
-      Exp(e);
-      const Vec16 y = g / (1.0f + e) * u;
-      StoreLanes(out + i, y, count);
+    constexpr int kW = kNativeWidth<kIsa>;
+    using V = NativeVec<kW>;
+    for (int64_t i = 0; i < inter; i += kW) {
+      const int64_t count = std::min<int64_t>(kW, inter - i);
+      V g = {}, u = {};
+      LoadFirst<kW>(g, gate + i, count);
+      LoadFirst<kW>(u, up + i, count);
+      V e = -g;
+      ExpOf<kW>(e);
+      const V y = g / (1.0f + e) * u;
+      StoreFirst<kW>(out + i, y, count);
     }
   }
 };

@@ -1,37 +1,68 @@
 #include "baton/kernels/gemm.h"
 
-#include <cblas.h>
 #include <omp.h>
 
 #include <algorithm>
-#include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
 #include "vector.h"
 
+// Vectors pass between always-inlined functions only, never across a call, so the ABI note GCC
+// gives for vector values of a level the file is not compiled for does not apply.
+#pragma GCC diagnostic ignored "-Wpsabi"
+
 namespace baton::kernels {
 namespace {
 
-// Up to FewRows() rows (a decode batch), Gemm runs FewRowsGemm instead of sgemm. sgemm packs
-// W into panels on every call, which for few rows costs as much memory traffic as the product
-// itself; FewRowsGemm reads each row of W once from memory and uses it for every row of X
-// (held in cache), so a decode step reads its weights once. The limit is the level's: on
-// 64 rows x 512 x 1536 with W in cache, the AVX-512 kernel did 267 GFLOP/s against sgemm's 187,
-// so it takes batches up to 64; the AVX2 one did 149, below sgemm, so it stops at 32.
-int64_t FewRows() {
-  return ActiveCpuIsa() == CpuIsa::kAvx512 ? 64 : 32;
-}
-
-inline float Widen(float w) {
-  return w;
-}
+constexpr int64_t kPanel = kPanelOutputs;
 
 inline float Widen(Bf16 b) {
   const uint32_t bits = static_cast<uint32_t>(b) << 16;
   float f;
   std::memcpy(&f, &bits, sizeof f);
   return f;
+}
+
+Bf16 RoundToBf16(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, sizeof bits);
+  if ((bits & 0x7fffffffu) > 0x7f800000u) {
+    return static_cast<Bf16>((bits >> 16) | 0x0040u);  // quiet NaN, sign kept
+  }
+  return static_cast<Bf16>((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+}
+
+// Panel `panel` of the packed matrix holds W's rows from source_row(panel) on (16 of them, zero
+// past `out`).
+template <typename T, typename Convert, typename SourceRow>
+void Pack(const PackWeightsParams& p, T* panels, Convert convert, SourceRow source_row) {
+  const int64_t count = (p.out + kPanel - 1) / kPanel;
+#pragma omp parallel for schedule(static)
+  for (int64_t panel = 0; panel < count; ++panel) {
+    T* to = panels + panel * kPanel * p.in;
+    const int64_t first = source_row(panel);
+    for (int64_t lane = 0; lane < kPanel; ++lane) {
+      const int64_t o = first + lane;
+      for (int64_t k = 0; k < p.in; ++k) {
+        to[k * kPanel + lane] = o < p.out ? convert(p.w[o * p.in + k]) : convert(0.0f);
+      }
+    }
+  }
+}
+
+int64_t InOrder(int64_t panel) {
+  return panel * kPanel;
+}
+
+// PackSwiGluWeights's order: gate panel i, then up panel i (up rows start at out / 2).
+template <typename T, typename Convert>
+void PackSwiGlu(const PackWeightsParams& p, T* panels, Convert convert) {
+  const int64_t inter = p.out / 2;
+  Pack(p, panels, convert,
+       [inter](int64_t panel) { return (panel % 2) * inter + (panel / 2) * kPanel; });
 }
 
 // kWidth weights from memory into FP32 lanes (BF16 widened exactly: its bits become the upper
@@ -64,253 +95,247 @@ template <int kWidth>
 __attribute__((always_inline)) inline void LoadWeights(NativeVec<kWidth>& v, const Bf16* w) {
   typename Bf16Lanes<kWidth>::Halves h;
   std::memcpy(&h, w, sizeof h);
-  const typename Bf16Lanes<kWidth>::Words bits =
-      __builtin_convertvector(h, typename Bf16Lanes<kWidth>::Words) << 16;
+  typename Bf16Lanes<kWidth>::Words bits;
+#if BATON_ISA_VARIANTS
+  // One zero-extending load (vpmovzxwd) where the level has it: GCC 12 splits the generic
+  // conversion below into halves and reassembles them, three more instructions per vector.
+  typedef short Shorts8 __attribute__((vector_size(16)));
+  typedef short Shorts16 __attribute__((vector_size(32)));
+  typedef int Ints16 __attribute__((vector_size(64)));
+  if constexpr (kWidth == 16) {
+    bits = reinterpret_cast<typename Bf16Lanes<16>::Words>(__builtin_ia32_pmovzxwd512_mask(
+        reinterpret_cast<Shorts16>(h), Ints16{}, static_cast<uint16_t>(0xffff)));
+  } else if constexpr (kWidth == 8) {
+    bits = reinterpret_cast<typename Bf16Lanes<8>::Words>(
+        __builtin_ia32_pmovzxwd256(reinterpret_cast<Shorts8>(h)));
+  } else {
+    bits = __builtin_convertvector(h, typename Bf16Lanes<kWidth>::Words);
+  }
+#else
+  bits = __builtin_convertvector(h, typename Bf16Lanes<kWidth>::Words);
+#endif
+  bits <<= 16;
   std::memcpy(&v, &bits, sizeof v);
 }
 
-// acc[(r * kOuts + o) * stride] += x[r][at, at + kWidth) * w[o][at, at + kWidth), lane by lane.
-template <int kRows, int kOuts, int kWidth, typename W>
-__attribute__((always_inline)) inline void MultiplyAdd(NativeVec<kWidth>* acc, int stride,
-                                                       const float* x, int64_t x_stride, const W* w,
-                                                       int64_t in, int64_t at) {
+// Y tile of kRows rows x kPanels panels: acc[r][lane] += x[r][k] * w[k][lane] for k in order, one
+// vector of kWidth lanes (the level's register) at a time. No sum across lanes is ever taken, so
+// each output is one chain of multiply-adds in k order whatever the tile's shape or width: a
+// row's result depends neither on the rows beside it nor, between levels with FMA, on the level.
+// `outs` is how many of the tile's outputs exist (the last panel of W may be partial). Always
+// inlined, so that each level's variant compiles it for its own instruction set.
+template <int kRows, int kPanels, int kWidth, typename W>
+__attribute__((always_inline)) inline void PanelTile(const float* x, int64_t x_stride, const W* w,
+                                                     int64_t in, float* y, int64_t y_stride,
+                                                     int64_t outs, float beta) {
   using V = NativeVec<kWidth>;
-  V wv[kOuts];
-#pragma GCC unroll 4
-  for (int o = 0; o < kOuts; ++o) LoadWeights<kWidth>(wv[o], w + o * in + at);
+  constexpr int kParts = kPanel / kWidth;
+  constexpr int kVecs = kPanels * kParts;
+  const int64_t panel_size = kPanel * in;
+  V acc[kRows][kVecs] = {};
+  for (int64_t k = 0; k < in; ++k) {
+    V wv[kVecs];
+#pragma GCC unroll 16
+    for (int i = 0; i < kVecs; ++i) {
+      LoadWeights<kWidth>(wv[i], w + (i / kParts) * panel_size + k * kPanel + (i % kParts) * kWidth);
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < kRows; ++r) {
+      // A scalar times a vector: x broadcast (never V{} + x, which would add 0 first).
+      const float xr = x[r * x_stride + k];
+#pragma GCC unroll 16
+      for (int i = 0; i < kVecs; ++i) acc[r][i] += xr * wv[i];
+    }
+  }
 #pragma GCC unroll 8
   for (int r = 0; r < kRows; ++r) {
-    V xv;
-    std::memcpy(&xv, x + r * x_stride + at, sizeof xv);
-#pragma GCC unroll 4
-    for (int o = 0; o < kOuts; ++o) acc[(r * kOuts + o) * stride] += xv * wv[o];
+#pragma GCC unroll 16
+    for (int i = 0; i < kVecs; ++i) {
+      const int64_t o = (i / kParts) * kPanel + (i % kParts) * kWidth;
+      float* out = y + r * y_stride + o;
+      const int64_t count = std::min<int64_t>(kWidth, outs - o);
+      if (count == kWidth) {
+        V sum = acc[r][i];
+        if (beta != 0.0f) {  // beta 0 never reads Y (BLAS semantics)
+          V old;
+          std::memcpy(&old, out, sizeof old);
+          sum = sum + beta * old;
+        }
+        std::memcpy(out, &sum, sizeof sum);
+      } else {
+        for (int64_t l = 0; l < count; ++l) {
+          out[l] = beta == 0.0f ? acc[r][i][l] : acc[r][i][l] + beta * out[l];
+        }
+      }
+    }
   }
 }
 
-// Y tile of kRows x kOuts outputs at x, w (kOuts rows of W), y: dots over `in` in sixteen lane
-// sums, the tail past the last whole sixteen in scalar. The sixteen lanes are held as 16 / kWidth
-// native vectors of the level (kWidth floats each: 16 on AVX-512, 8 on AVX2, 4 on SSE2), since
-// GCC keeps a 16-float vector that is wider than the registers in memory. Each output's sum runs
-// in the same order whatever the tile's shape and width and whatever the other rows are (each
-// lane in k order, then SumLanes's order, then the tail), so a row's result depends neither on
-// the batch it is in nor, between levels with FMA, on the level. Always inlined, so that each
-// level's variant of FewRowsBlock compiles it for its own instruction set. With kPrefetch, the
-// tile also asks for the next kOuts rows of W (the next tile's, right after these in memory), so
-// that their read from memory overlaps this tile's arithmetic.
-template <int kRows, int kOuts, int kWidth, bool kPrefetch, typename W>
-__attribute__((always_inline)) inline void FewRowsTile(const float* x, int64_t x_stride, const W* w,
-                                                       int64_t in, float* y, int64_t y_stride,
-                                                       float beta) {
+// The tile shapes of each level: kRows rows by kPanels panels of 16 outputs, in native vectors of
+// kWidth floats, the accumulators, the weight vectors of one input and a broadcast of X within
+// the level's registers. AVX-512 (32 registers of 16 floats): 6 x 4 accumulators, 4 weight
+// vectors and X (29). AVX2 (16 registers of 8 floats): a panel is two registers, so 6 rows x 1
+// panel (12), 2 weight vectors and X (15); a block of at most kFewRows rows (decode at small
+// batches) takes kFewRowPanels panels at a time instead, so that more multiply-add chains run at
+// once. SSE2 (16 registers of 4 floats): 2 rows x 1 panel (8), 4 weight vectors and X (13).
+template <CpuIsa kIsa>
+struct PanelShape;
+template <>
+struct PanelShape<CpuIsa::kAvx512> {
+  static constexpr int kWidth = 16, kRows = 6, kPanels = 4, kFewRows = 6, kFewRowPanels = 4;
+};
+template <>
+struct PanelShape<CpuIsa::kAvx2> {
+  static constexpr int kWidth = 8, kRows = 6, kPanels = 1, kFewRows = 2, kFewRowPanels = 2;
+};
+template <>
+struct PanelShape<CpuIsa::kBaseline> {
+  static constexpr int kWidth = 4, kRows = 2, kPanels = 1, kFewRows = 1, kFewRowPanels = 1;
+};
+
+// Rows of X whose tiles pass over the same panels before the next panels are read: the block's
+// X (96 rows of up to 1536 inputs, 576 KiB) stays in L2 while the panels stream past it.
+constexpr int64_t kRowBlock = 96;
+
+// kPanels panels for `rows` rows (at most kRows), compiled with that row count.
+template <int kPanels, int kWidth, int kMaxRows, typename W>
+__attribute__((always_inline)) inline void TileOfRows(int64_t rows, const float* x,
+                                                      int64_t x_stride, const W* w, int64_t in,
+                                                      float* y, int64_t y_stride, int64_t outs,
+                                                      float beta) {
+  if constexpr (kMaxRows >= 1) {
+    if (rows == kMaxRows) {
+      return PanelTile<kMaxRows, kPanels, kWidth>(x, x_stride, w, in, y, y_stride, outs, beta);
+    }
+    TileOfRows<kPanels, kWidth, kMaxRows - 1>(rows, x, x_stride, w, in, y, y_stride, outs, beta);
+  }
+}
+
+// act[r, 16j + l] = silu(g) * up for rows [r0, r1) of the panel pair j (gate panel 2j and up
+// panel 2j + 1 of Y), as SwiGlu computes it, a register at a time.
+template <int kWidth>
+__attribute__((always_inline)) inline void SwiGluOfPair(const GemmParams& p, int64_t y_stride,
+                                                        int64_t r0, int64_t r1, int64_t pair) {
   using V = NativeVec<kWidth>;
-  constexpr int kParts = 16 / kWidth;
-  V acc[kRows * kOuts * kParts] = {};  // [row][output][part]
-  const int64_t whole = in / 16 * 16;
-  if constexpr (kParts > 1 && kRows > 1) {
-    // A part at a time over all of `in`: only kRows x kOuts accumulators live at once, so the
-    // tile can be as wide as the registers allow. The W rows (kOuts x in) stay in L1 for the
-    // second part; each lane still sums in k order.
-#pragma GCC unroll 1
-    for (int part = 0; part < kParts; ++part) {
-      V live[kRows * kOuts] = {};
-      for (int64_t k = 0; k < whole; k += 16) {
-        if constexpr (kPrefetch) {
-          if (part == 0) {
+  const int64_t inter = p.out / 2;
+  for (int64_t r = r0; r < r1; ++r) {
+    const float* gate = p.y + r * y_stride + 2 * pair * kPanel;
+    float* act = p.swiglu + r * inter + pair * kPanel;
 #pragma GCC unroll 4
-            for (int o = 0; o < kOuts; ++o) __builtin_prefetch(w + (kOuts + o) * in + k);
+    for (int64_t l = 0; l < kPanel; l += kWidth) {
+      V g, u;
+      std::memcpy(&g, gate + l, sizeof g);
+      std::memcpy(&u, gate + kPanel + l, sizeof u);
+      V e = -g;
+      ExpOf<kWidth>(e);
+      const V y = g / (1.0f + e) * u;
+      std::memcpy(act + l, &y, sizeof y);
+    }
+  }
+}
+
+// Panels [p_begin, p_end) of every row, in the level's tiles (with swiglu, p_begin is even and
+// each pair of panels is turned into its SwiGLU outputs as soon as both are computed).
+struct PanelBlock {
+  template <CpuIsa kIsa, typename W>
+  __attribute__((always_inline)) static void Run(const GemmParams& p, const W* panels,
+                                                 int64_t x_stride, int64_t y_stride,
+                                                 int64_t p_begin, int64_t p_end) {
+    using Shape = PanelShape<kIsa>;
+    constexpr int kWidth = Shape::kWidth, kRows = Shape::kRows;
+    for (int64_t r0 = 0; r0 < p.rows; r0 += kRowBlock) {
+      const int64_t r1 = std::min(p.rows, r0 + kRowBlock);
+      const bool few = r1 - r0 <= Shape::kFewRows;
+      const int64_t step = few ? Shape::kFewRowPanels : Shape::kPanels;
+      int64_t swiglu_done = p_begin;  // panels below this have their SwiGLU outputs
+      for (int64_t q = p_begin; q < p_end;) {
+        const bool whole = q + step <= p_end;
+        const W* w = panels + q * kPanel * p.in;
+        const int64_t outs = std::min(p.out - q * kPanel, (whole ? step : 1) * kPanel);
+        for (int64_t r = r0; r < r1; r += kRows) {
+          const int64_t n = std::min<int64_t>(kRows, r1 - r);
+          const float* x = p.x + r * x_stride;
+          float* y = p.y + r * y_stride + q * kPanel;
+          if (!whole) {
+            TileOfRows<1, kWidth, kRows>(n, x, x_stride, w, p.in, y, y_stride, outs, p.beta);
+          } else if (few) {
+            TileOfRows<Shape::kFewRowPanels, kWidth, Shape::kFewRows>(n, x, x_stride, w, p.in, y,
+                                                                      y_stride, outs, p.beta);
+          } else {
+            TileOfRows<Shape::kPanels, kWidth, kRows>(n, x, x_stride, w, p.in, y, y_stride, outs,
+                                                      p.beta);
           }
         }
-        MultiplyAdd<kRows, kOuts, kWidth>(live, 1, x, x_stride, w, in, k + part * kWidth);
-      }
-#pragma GCC unroll 16
-      for (int i = 0; i < kRows * kOuts; ++i) acc[i * kParts + part] = live[i];
-    }
-  } else {
-    for (int64_t k = 0; k < whole; k += 16) {
-      if constexpr (kPrefetch) {
-#pragma GCC unroll 4
-        for (int o = 0; o < kOuts; ++o) __builtin_prefetch(w + (kOuts + o) * in + k);
-      }
-#pragma GCC unroll 4
-      for (int part = 0; part < kParts; ++part) {
-        MultiplyAdd<kRows, kOuts, kWidth>(acc + part, kParts, x, x_stride, w, in,
-                                          k + part * kWidth);
-      }
-    }
-  }
-  const int64_t k = whole;
-  // The lane sums of all kRows x kOuts accumulators in SumLanes's order. Sixteen-float vectors
-  // are summed 16, 8 and 4 at a time, the rest one by one (each bit-equal to SumLanes); narrower
-  // ones add their parts into SumLanes's halves in registers, never through a sixteen-float
-  // value.
-  constexpr int kSums = kRows * kOuts;
-  float sums[kSums];
-  if constexpr (kWidth == 16) {
-    Vec16* v = acc;
-    int i = 0;
-    for (; i + 16 <= kSums; i += 16) SumLanesOf<16>(v + i, sums + i);
-    if (i + 8 <= kSums) {
-      SumLanesOf<8>(v + i, sums + i);
-      i += 8;
-    }
-    if (i + 4 <= kSums) {
-      SumLanesOf<4>(v + i, sums + i);
-      i += 4;
-    }
-    for (; i < kSums; ++i) sums[i] = SumLanes(v[i]);
-  } else {
-    typedef float Vec4 __attribute__((vector_size(16)));
-#pragma GCC unroll 16
-    for (int i = 0; i < kSums; ++i) {
-      const V* parts = acc + i * kParts;
-      Vec4 h4;
-      if constexpr (kWidth == 8) {
-        const V h8 = parts[0] + parts[1];  // lanes 0-7 plus lanes 8-15
-        h4 = __builtin_shufflevector(h8, h8, 0, 1, 2, 3) +
-             __builtin_shufflevector(h8, h8, 4, 5, 6, 7);
-      } else {
-        // h8 is (lanes 0-3 + lanes 8-11, lanes 4-7 + lanes 12-15).
-        h4 = (parts[0] + parts[2]) + (parts[1] + parts[3]);
-      }
-      sums[i] = (h4[0] + h4[2]) + (h4[1] + h4[3]);
-    }
-  }
-  for (int r = 0; r < kRows; ++r) {
-    for (int o = 0; o < kOuts; ++o) {
-      float sum = sums[r * kOuts + o];
-      // Explicit fused multiply-adds: whether the compiler would fuse `sum += x * w` differs
-      // between the FP32 and BF16 instantiations, and the two must agree bit for bit.
-      for (int64_t t = k; t < in; ++t)
-        sum = std::fma(x[r * x_stride + t], Widen(w[o * in + t]), sum);
-      float& out = y[r * y_stride + o];
-      out = beta == 0.0f ? sum : sum + beta * out;  // beta 0 never reads Y (BLAS semantics)
-    }
-  }
-}
-
-// The tile shapes of each level: kOuts outputs at a time (their W rows stay in L1 while every
-// row of X passes them), rows kBig, then kMid, then 1 at a time, in native vectors of kWidth
-// floats. AVX-512 (32 registers of 16 floats) holds 6 x 4 accumulators, the 4 weight vectors and
-// a row of X (29 registers). AVX2 (16 registers of 8 floats) runs its tiles of several rows one
-// half of the sixteen lanes at a time: 3 x 4 accumulators and the 4 weight vectors (16, X read
-// as memory operands); of the shapes that fit, this one did the most GFLOP/s on 32 rows x 1024
-// x 4096 on an AMD EPYC (Zen 4): 172 against 152 for 3 x 3 and 100 for 4 x 2. SSE2 (16
-// registers of 4 floats) holds 1 x 2 x 4 accumulators, 2 weight vectors and one of X (11).
-template <CpuIsa kIsa>
-struct FewRowsShape;
-template <>
-struct FewRowsShape<CpuIsa::kAvx512> {
-  static constexpr int kOuts = 4, kBig = 6, kMid = 3, kWidth = 16;
-};
-template <>
-struct FewRowsShape<CpuIsa::kAvx2> {
-  static constexpr int kOuts = 4, kBig = 3, kMid = 2, kWidth = 8;
-};
-template <>
-struct FewRowsShape<CpuIsa::kBaseline> {
-  static constexpr int kOuts = 2, kBig = 1, kMid = 1, kWidth = 4;
-};
-
-// Outputs [o_begin, o_end) of every row, in the level's tiles; the last outputs one at a time.
-struct FewRowsBlock {
-  template <CpuIsa kIsa, typename W>
-  __attribute__((always_inline)) static void Run(const GemmParams& p, const W* weights,
-                                                 int64_t x_stride, int64_t y_stride,
-                                                 int64_t o_begin, int64_t o_end) {
-    using Shape = FewRowsShape<kIsa>;
-    constexpr int kOuts = Shape::kOuts, kBig = Shape::kBig, kMid = Shape::kMid;
-    constexpr int kWidth = Shape::kWidth;
-    int64_t o = o_begin;
-    for (; o + kOuts <= o_end; o += kOuts) {
-      const W* w = weights + o * p.in;
-      // The first tile of rows prefetches the next outputs' W rows (none past the block).
-      int64_t r = 0;
-      if (o + 2 * kOuts <= o_end) {
-        if (p.rows >= kBig) {
-          FewRowsTile<kBig, kOuts, kWidth, true>(p.x, x_stride, w, p.in, p.y + o, y_stride, p.beta);
-          r = kBig;
-        } else if (p.rows >= kMid) {
-          FewRowsTile<kMid, kOuts, kWidth, true>(p.x, x_stride, w, p.in, p.y + o, y_stride, p.beta);
-          r = kMid;
-        } else {
-          FewRowsTile<1, kOuts, kWidth, true>(p.x, x_stride, w, p.in, p.y + o, y_stride, p.beta);
-          r = 1;
+        q += whole ? step : 1;
+        if (p.swiglu != nullptr) {
+          for (; swiglu_done + 2 <= q; swiglu_done += 2) {
+            SwiGluOfPair<kWidth>(p, y_stride, r0, r1, swiglu_done / 2);
+          }
         }
       }
-      for (; r + kBig <= p.rows; r += kBig) {
-        FewRowsTile<kBig, kOuts, kWidth, false>(p.x + r * x_stride, x_stride, w, p.in,
-                                                p.y + r * y_stride + o, y_stride, p.beta);
-      }
-      for (; r + kMid <= p.rows; r += kMid) {
-        FewRowsTile<kMid, kOuts, kWidth, false>(p.x + r * x_stride, x_stride, w, p.in,
-                                                p.y + r * y_stride + o, y_stride, p.beta);
-      }
-      for (; r < p.rows; ++r) {
-        FewRowsTile<1, kOuts, kWidth, false>(p.x + r * x_stride, x_stride, w, p.in,
-                                             p.y + r * y_stride + o, y_stride, p.beta);
-      }
-    }
-    // One output at a time, in the tiles' order of summation.
-    for (; o < o_end; ++o) {
-      const W* w = weights + o * p.in;
-      for (int64_t r = 0; r < p.rows; ++r) {
-        FewRowsTile<1, 1, kWidth, false>(p.x + r * x_stride, x_stride, w, p.in,
-                                         p.y + r * y_stride + o, y_stride, p.beta);
-      }
     }
   }
 };
 
-// The outputs split evenly (in blocks of 4) over the OpenMP team. (Pieces taken dynamically
-// measured slower: each piece loses its last tile's prefetch and pays the scheduling.)
-void FewRowsGemm(const GemmParams& p) {
+// The panels split evenly over the OpenMP team; each thread runs every row over its panels.
+template <typename W>
+void PackedGemm(const GemmParams& p, const W* panels) {
   const int64_t x_stride = p.x_stride ? p.x_stride : p.in;
   const int64_t y_stride = p.y_stride ? p.y_stride : p.out;
-  const int64_t blocks = (p.out + 3) / 4;
+  // With swiglu, in pairs of panels (a gate panel and its up panel).
+  const int64_t unit = p.swiglu != nullptr ? 2 : 1;
+  const int64_t count = (p.out + kPanel * unit - 1) / (kPanel * unit);
 #pragma omp parallel
   {
     const int64_t team = omp_get_num_threads(), t = omp_get_thread_num();
-    const int64_t begin = std::min(p.out, 4 * (blocks * t / team));
-    const int64_t end = std::min(p.out, 4 * (blocks * (t + 1) / team));
-    if (begin < end) {
-      if (p.w_bf16 != nullptr) {
-        RunAtActiveIsa<FewRowsBlock>(p, p.w_bf16, x_stride, y_stride, begin, end);
-      } else {
-        RunAtActiveIsa<FewRowsBlock>(p, p.w, x_stride, y_stride, begin, end);
-      }
-    }
+    const int64_t begin = unit * (count * t / team), end = unit * (count * (t + 1) / team);
+    if (begin < end) RunAtActiveIsa<PanelBlock>(p, panels, x_stride, y_stride, begin, end);
   }
 }
 
 }  // namespace
 
-void Gemm(const GemmParams& p) {
-  if (p.rows == 0 || p.out == 0) return;
-  const int64_t few_rows = FewRows();
-  if (p.rows <= few_rows) return FewRowsGemm(p);
-  if (p.w_bf16 != nullptr) {
-    // BF16 weights, many rows: the few-row kernel over slices of FewRows() rows, which widens W
-    // as it reads it (sgemm would need all of W widened into FP32 first: three times the bytes,
-    // on one thread). Each row's result is then the one it has alone.
-    const int64_t x_stride = p.x_stride ? p.x_stride : p.in;
-    const int64_t y_stride = p.y_stride ? p.y_stride : p.out;
-    for (int64_t first = 0; first < p.rows; first += few_rows) {
-      GemmParams slice = p;
-      slice.rows = std::min(few_rows, p.rows - first);
-      slice.x = p.x + first * x_stride;
-      slice.x_stride = x_stride;
-      slice.y = p.y + first * y_stride;
-      slice.y_stride = y_stride;
-      FewRowsGemm(slice);
-    }
-    return;
-  }
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(p.rows),
-              static_cast<int>(p.out), static_cast<int>(p.in), 1.0f, p.x,
-              static_cast<int>(p.x_stride ? p.x_stride : p.in), p.w, static_cast<int>(p.in), p.beta,
-              p.y, static_cast<int>(p.y_stride ? p.y_stride : p.out));
+void PackWeights(const PackWeightsParams& p, float* panels) {
+  Pack(p, panels, [](float w) { return w; }, InOrder);
 }
 
-// Widens both operands to FP32 (exact) and runs sgemm: the reference for the CUDA backend's
+void PackWeights(const PackWeightsParams& p, Bf16* panels) {
+  Pack(p, panels, RoundToBf16, InOrder);
+}
+
+void PackSwiGluWeights(const PackWeightsParams& p, float* panels) {
+  PackSwiGlu(p, panels, [](float w) { return w; });
+}
+
+void PackSwiGluWeights(const PackWeightsParams& p, Bf16* panels) {
+  PackSwiGlu(p, panels, RoundToBf16);
+}
+
+void Gemm(const GemmParams& p) {
+  if (p.rows == 0 || p.out == 0) return;
+  if (p.swiglu != nullptr && (!p.w_packed || p.out % (2 * kPanel) != 0 || p.beta != 0.0f)) {
+    std::fprintf(stderr, "Gemm: swiglu needs W packed by PackSwiGluWeights and beta 0\n");
+    std::abort();
+  }
+  if (p.w_packed) {
+    if (p.w_bf16 != nullptr) return PackedGemm(p, p.w_bf16);
+    return PackedGemm(p, p.w);
+  }
+  // W as Linear lays it out (tests, references): packed for this call.
+  const int64_t count = PackedWeightCount(p.out, p.in);
+  if (p.w_bf16 != nullptr) {
+    std::vector<float> widened(p.out * p.in);
+    for (size_t i = 0; i < widened.size(); ++i) widened[i] = Widen(p.w_bf16[i]);
+    std::vector<Bf16> panels(count);
+    PackWeights({.out = p.out, .in = p.in, .w = widened.data()}, panels.data());
+    return PackedGemm(p, panels.data());
+  }
+  std::vector<float> panels(count);
+  PackWeights({.out = p.out, .in = p.in, .w = p.w}, panels.data());
+  PackedGemm(p, panels.data());
+}
+
+// Widens both operands to FP32 (exact) and runs Gemm: the reference for the CUDA backend's
 // BF16 tensor-core GEMM, which differs from it only in summation order.
 void GemmBf16(const GemmBf16Params& p) {
   if (p.rows == 0 || p.out == 0) return;
@@ -331,15 +356,7 @@ void GemmBf16(const GemmBf16Params& p) {
 }
 
 void ToBf16(const ToBf16Params& p) {
-  for (int64_t i = 0; i < p.count; ++i) {
-    uint32_t bits;
-    std::memcpy(&bits, &p.in[i], sizeof bits);
-    if ((bits & 0x7fffffffu) > 0x7f800000u) {
-      p.out[i] = static_cast<Bf16>((bits >> 16) | 0x0040u);  // quiet NaN, sign kept
-    } else {
-      p.out[i] = static_cast<Bf16>((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
-    }
-  }
+  for (int64_t i = 0; i < p.count; ++i) p.out[i] = RoundToBf16(p.in[i]);
 }
 
 }  // namespace baton::kernels

@@ -361,6 +361,8 @@ TEST_F(FaultTest, PrefillNodeLostBeforeCommitIsRetriedAndTheReservationFreed) {
     ASSERT_FALSE(
         cluster.StartPrefill(node, {"--metrics-port", "0", "--metrics-ready-file", ready}).empty());
     std::ifstream(ready) >> metrics[node];
+    ASSERT_FALSE(metrics[node].empty())
+        << node << " wrote no metrics address before its ready file";
   }
   ASSERT_TRUE(cluster.WaitForHealth(true));
   const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
@@ -370,7 +372,7 @@ TEST_F(FaultTest, PrefillNodeLostBeforeCommitIsRetriedAndTheReservationFreed) {
   }
   ASSERT_THAT(cluster.Log("router"), HasSubstr("node prefill-b registered"));
   std::mt19937_64 rng(53);
-  const auto prompt = RandomPrompt(rng, 5000, 4096);
+  const auto prompt = RandomPrompt(rng, 2500, 4096);
   v1::GenerateRequest request = Request(prompt, 4);
   request.mutable_truncation()->set_mode(v1::TRUNCATION_MODE_OFF);  // a long prefill to cut
   Outcome outcome;
@@ -378,9 +380,9 @@ TEST_F(FaultTest, PrefillNodeLostBeforeCommitIsRetriedAndTheReservationFreed) {
     auto stub = cluster.Client();
     outcome = Generate(*stub, request);
   });
-  // A 5,000-token off prefill takes seconds even on a fast CPU, long enough to be seen under
-  // the load of a parallel test run; the node computing it is killed before it can
-  // commit, and the router must retry on the other.
+  // A 2,500-token off prefill takes seconds, long enough to be seen between scrapes; the node
+  // computing it is killed before it can commit, and the router must retry on the other. (Each
+  // node's metrics file is there once StartPrefill returns: a node writes its ready file last.)
   std::string computing;
   while (computing.empty() && std::chrono::steady_clock::now() < until) {
     for (const auto& [node, address] : metrics) {

@@ -58,11 +58,13 @@ TEST_P(CpuOpsTest, GemmFp32WithStridesAndBeta) {
     int64_t rows, in, out, x_stride, y_stride;
     float beta;
   };
-  // Decode batches (up to 32 rows) take the few-rows kernel, longer ones sgemm; shapes cover
-  // whole and partial 4 x 4 tiles and vectors of 16.
+  // Shapes cover whole and partial tiles of every level (rows past 6 and 2, panels past 4 and
+  // outputs past the last whole panel of 16), blocks of 96 rows, and W as Linear lays it out
+  // and packed.
   for (const Shape& s : {Shape{7, 33, 17, 40, 20, 0.0f}, Shape{1, 512, 96, 0, 0, 1.0f},
                          Shape{32, 1536, 130, 0, 0, 1.0f}, Shape{5, 16, 4, 16, 4, 0.0f},
-                         Shape{33, 64, 9, 0, 0, 0.0f}, Shape{65, 70, 3, 71, 5, 1.0f}}) {
+                         Shape{33, 64, 9, 0, 0, 0.0f}, Shape{65, 70, 3, 71, 5, 1.0f},
+                         Shape{2, 100, 80, 0, 0, 0.0f}, Shape{200, 48, 70, 0, 0, 1.0f}}) {
     const int64_t xs = s.x_stride ? s.x_stride : s.in, ys = s.y_stride ? s.y_stride : s.out;
     const std::vector<float> x = Uniform(s.rows * xs, 1), w = Uniform(s.out * s.in, 2);
     std::vector<float> y = Uniform(s.rows * ys, 3), expected = y;
@@ -73,6 +75,8 @@ TEST_P(CpuOpsTest, GemmFp32WithStridesAndBeta) {
         expected[r * ys + o] = static_cast<float>(sum + s.beta * y[r * ys + o]);
       }
     }
+    std::vector<float> panels(PackedWeightCount(s.out, s.in)), packed_y = y;
+    PackWeights({.out = s.out, .in = s.in, .w = w.data()}, panels.data());
     Gemm({.rows = s.rows,
           .in = s.in,
           .out = s.out,
@@ -82,15 +86,46 @@ TEST_P(CpuOpsTest, GemmFp32WithStridesAndBeta) {
           .y = y.data(),
           .y_stride = s.y_stride,
           .beta = s.beta});
+    Gemm({.rows = s.rows,
+          .in = s.in,
+          .out = s.out,
+          .x = x.data(),
+          .x_stride = s.x_stride,
+          .w = panels.data(),
+          .w_packed = true,
+          .y = packed_y.data(),
+          .y_stride = s.y_stride,
+          .beta = s.beta});
     // Columns of Y beyond `out` (the stride's padding) stay as they were.
     ExpectClose(expected, y, 1e-5f, 1e-4f, "gemm " + std::to_string(s.rows));
+    EXPECT_EQ(packed_y, y) << "packed W, " << s.rows << " rows";
+  }
+}
+
+// PackWeights lays W out in panels of 16 outputs, input by input, zero past the last output;
+// its BF16 form holds each weight rounded as ToBf16 rounds it.
+TEST_P(CpuOpsTest, PackedWeightsAreThePanelsOfW) {
+  const int64_t out = 37, in = 5;
+  const std::vector<float> w = Uniform(out * in, 4);
+  ASSERT_EQ(PackedWeightCount(out, in), 48 * in);
+  std::vector<float> panels(PackedWeightCount(out, in), NAN);
+  std::vector<Bf16> narrow_panels(panels.size(), 0xffff), narrow(w.size());
+  PackWeights({.out = out, .in = in, .w = w.data()}, panels.data());
+  PackWeights({.out = out, .in = in, .w = w.data()}, narrow_panels.data());
+  ToBf16({.count = out * in, .in = w.data(), .out = narrow.data()});
+  for (int64_t o = 0; o < 48; ++o) {
+    for (int64_t k = 0; k < in; ++k) {
+      const int64_t at = (o / 16) * 16 * in + k * 16 + o % 16;
+      EXPECT_EQ(panels[at], o < out ? w[o * in + k] : 0.0f) << "output " << o << ", input " << k;
+      EXPECT_EQ(narrow_panels[at], o < out ? narrow[o * in + k] : Bf16{0}) << o << ", " << k;
+    }
   }
 }
 
 // A decode step's rows go through one GEMM: each row's product must be the one it would get
 // alone, to the bit, so that a request's tokens do not depend on which others share its batch.
 TEST_P(CpuOpsTest, ARowsProductDoesNotDependOnItsBatch) {
-  const int64_t rows = 13, in = 200, out = 37;
+  const int64_t rows = 101, in = 200, out = 37;  // tiles of every height, two blocks of rows
   const std::vector<float> x = Uniform(rows * in, 7), w = Uniform(out * in, 8);
   std::vector<float> batch(rows * out);
   Gemm({.rows = rows, .in = in, .out = out, .x = x.data(), .w = w.data(), .y = batch.data()});
@@ -108,9 +143,8 @@ TEST_P(CpuOpsTest, ARowsProductDoesNotDependOnItsBatch) {
 }
 
 // BF16 weights are widened exactly as they are read, so each row of Gemm over them equals the
-// FP32 product of that row alone with the widened matrix, bit for bit: few rows (the decode
-// kernel, with a tail past the last whole vector and outputs past the last 4) and more than 32
-// (taken 32 rows at a time), with beta.
+// FP32 product of that row alone with the widened matrix, bit for bit, at every number of rows
+// (outputs past the last whole panel), with beta, packed or not.
 TEST_P(CpuOpsTest, Bf16WeightsGiveTheProductOfTheWidenedWeights) {
   const int64_t in = 203, out = 37;
   const std::vector<float> w = Uniform(out * in, 9);
@@ -118,7 +152,7 @@ TEST_P(CpuOpsTest, Bf16WeightsGiveTheProductOfTheWidenedWeights) {
   ToBf16({.count = static_cast<int64_t>(w.size()), .in = w.data(), .out = narrow.data()});
   std::vector<float> widened(w.size());
   for (size_t i = 0; i < w.size(); ++i) widened[i] = Bf16ToFloat(narrow[i]);
-  for (int64_t rows : {1, 7, 32, 70}) {
+  for (int64_t rows : {1, 7, 32, 70, 130}) {
     const std::vector<float> x = Uniform(rows * in, 10 + rows);
     for (float beta : {0.0f, 1.0f}) {
       std::vector<float> expected = Uniform(rows * out, 20 + rows), got = expected;
@@ -131,6 +165,7 @@ TEST_P(CpuOpsTest, Bf16WeightsGiveTheProductOfTheWidenedWeights) {
               .y = expected.data() + r * out,
               .beta = beta});
       }
+      std::vector<float> packed_got = got;
       Gemm({.rows = rows,
             .in = in,
             .out = out,
@@ -139,6 +174,56 @@ TEST_P(CpuOpsTest, Bf16WeightsGiveTheProductOfTheWidenedWeights) {
             .y = got.data(),
             .beta = beta});
       EXPECT_EQ(got, expected) << rows << " rows, beta " << beta;
+      std::vector<Bf16> panels(PackedWeightCount(out, in));
+      PackWeights({.out = out, .in = in, .w = widened.data()}, panels.data());
+      Gemm({.rows = rows,
+            .in = in,
+            .out = out,
+            .x = x.data(),
+            .w_bf16 = panels.data(),
+            .w_packed = true,
+            .y = packed_got.data(),
+            .beta = beta});
+      EXPECT_EQ(packed_got, expected) << rows << " rows, beta " << beta << ", packed";
+    }
+  }
+}
+
+// A gate_up packed by PackSwiGluWeights, multiplied with swiglu: its SwiGLU outputs are those of
+// the product followed by SwiGlu, bit for bit, FP32 and BF16, at every number of rows (pairs of
+// panels split unevenly over the threads, blocks of 96 rows).
+TEST_P(CpuOpsTest, SwiGluFusedIntoTheProductEqualsTheProductThenSwiGlu) {
+  const int64_t inter = 48, in = 70;
+  const std::vector<float> w = Uniform(2 * inter * in, 50);
+  std::vector<Bf16> narrow(w.size());
+  ToBf16({.count = static_cast<int64_t>(w.size()), .in = w.data(), .out = narrow.data()});
+  std::vector<float> panels(PackedWeightCount(2 * inter, in));
+  std::vector<Bf16> narrow_panels(panels.size());
+  PackSwiGluWeights({.out = 2 * inter, .in = in, .w = w.data()}, panels.data());
+  PackSwiGluWeights({.out = 2 * inter, .in = in, .w = w.data()}, narrow_panels.data());
+  for (int64_t rows : {1, 2, 5, 7, 64, 130}) {
+    const std::vector<float> x = Uniform(rows * in, 60 + rows, -3.0f, 3.0f);
+    for (bool bf16 : {false, true}) {
+      std::vector<float> gate_up(rows * 2 * inter), expected(rows * inter);
+      Gemm({.rows = rows,
+            .in = in,
+            .out = 2 * inter,
+            .x = x.data(),
+            .w = bf16 ? nullptr : w.data(),
+            .w_bf16 = bf16 ? narrow.data() : nullptr,
+            .y = gate_up.data()});
+      SwiGlu({.rows = rows, .inter = inter, .gate_up = gate_up.data(), .out = expected.data()});
+      std::vector<float> scratch(rows * 2 * inter), act(rows * inter, NAN);
+      Gemm({.rows = rows,
+            .in = in,
+            .out = 2 * inter,
+            .x = x.data(),
+            .w = bf16 ? nullptr : panels.data(),
+            .w_bf16 = bf16 ? narrow_panels.data() : nullptr,
+            .w_packed = true,
+            .y = scratch.data(),
+            .swiglu = act.data()});
+      EXPECT_EQ(act, expected) << rows << " rows" << (bf16 ? ", bf16" : "");
     }
   }
 }
@@ -456,6 +541,25 @@ TEST_P(CpuOpsTest, AttentionNeverReadsRingSlotsOutsideEveryWindow) {
   }
 }
 
+// One or a few one-row entries (a decode step at batch 1 to 3) have fewer (row, kv head) pairs
+// than threads: their query heads are split into several tasks, each over the same keys.
+TEST_P(CpuOpsTest, FewRowDecodeSplitsItsHeadsAcrossTasks) {
+  for (int64_t heads : {8, 7, 1, 12}) {
+    AttentionCase c{.heads = heads,
+                    .kv_heads = 1,
+                    .window = 128,
+                    .capacity = 134,
+                    .block_size = 64,
+                    .first_position = 700,
+                    .global = true,
+                    .seed = static_cast<uint64_t>(400 + heads)};
+    ExpectAttentionMatchesTheDefinition({c}, "one row, " + std::to_string(heads) + " heads");
+    std::vector<AttentionCase> three(3, c);
+    for (int i = 0; i < 3; ++i) three[i].seed += 10 * i + 1;
+    ExpectAttentionMatchesTheDefinition(three, "three rows, " + std::to_string(heads) + " heads");
+  }
+}
+
 TEST_P(CpuOpsTest, LongContextDecode) {
   ExpectAttentionMatchesTheDefinition(op_cases::LongContextDecodeCases(), "long-context decode");
 }
@@ -477,7 +581,7 @@ TEST(CpuIsaTest, FusedLevelsGiveTheSameProductsBitForBit) {
   const std::vector<float> w = Uniform(out * in, 31);
   std::vector<Bf16> narrow(w.size());
   ToBf16({.count = static_cast<int64_t>(w.size()), .in = w.data(), .out = narrow.data()});
-  for (int64_t rows : {1, 2, 3, 5, 7, 13, 32}) {
+  for (int64_t rows : {1, 2, 3, 5, 7, 13, 32, 64, 100}) {
     const std::vector<float> x = Uniform(rows * in, 40 + rows);
     for (bool bf16 : {false, true}) {
       std::vector<std::vector<float>> y;

@@ -34,7 +34,8 @@ inline constexpr char kRetryAfterKey[] = "retry-after-ms";
 struct ServerOptions {
   std::string host = "127.0.0.1";
   int port = 0;                    // 0: any free port
-  std::string ready_file;          // when set, "host:port" is written there once serving
+  std::string ready_file;          // when set, "host:port" is written there once serving,
+                                   // after the process's other ready files
   std::string advertise_host;      // host registered with the router; empty: `host`
   std::string metrics_host;        // empty: `host`
   int metrics_port = 0;            // Prometheus /metrics; 0: any free port, -1: none

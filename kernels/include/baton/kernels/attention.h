@@ -53,7 +53,8 @@ struct AttentionParams {
 // Entries with many rows (prefill chunks) run as GEMM tiles of query rows per head; the
 // others (decode steps) run every (row, kv head) of every entry in one parallel region, so that
 // a decode batch of many one-row requests still uses every core, and each task reads its keys
-// and values once for all the query heads that share them.
+// and values once for all the query heads that share them. Where there are fewer such pairs
+// than threads (a step of one request), each pair's query heads are split over several tasks.
 void Attention(std::span<const AttentionParams> batch);
 
 }  // namespace baton::kernels

@@ -1,10 +1,16 @@
 // GEMM against PyTorch Linear weights: Y = X W^T + beta * Y, in FP32 (Gemm) or with BF16
 // inputs and FP32 accumulation and output (GemmBf16, the usual serving precision on GPUs). The
-// CPU backend runs both on OpenBLAS sgemm, which uses every core, except products of up to 32
-// rows (64 where the kernels run at AVX-512: decode batches), which run on its own kernel that
-// reads each row of W once and gives every row of Y the value it would have alone; the CUDA backend
-// runs on cuBLAS. On the CPU, Gemm also takes W in BF16 (X and Y stay FP32), which halves the bytes
-// a decode step reads.
+// CUDA backend runs both on cuBLAS. On the CPU, Gemm runs its own kernel for every number of
+// rows: W is read as panels of kPanelOutputs outputs (PackWeights lays a matrix out that way
+// once, when a model loads; an unpacked W is packed for the call), each panel streamed from
+// memory once per block of rows and multiplied into every row of the block, so that a decode
+// step reads each weight once. W may also be BF16 on the CPU (X and Y stay FP32), which halves
+// the bytes a decode step reads.
+//
+// Every output is one chain of fused multiply-adds over the inputs in order, whatever the
+// number of rows and the instruction-set level's tile shapes, so a row's result is the one it
+// has alone (a request's tokens do not depend on the others in its batch) and the levels with
+// FMA (AVX2, AVX-512) agree bit for bit.
 #pragma once
 
 #include <cstdint>
@@ -15,6 +21,32 @@ namespace baton::kernels {
 // CUDA type.
 using Bf16 = uint16_t;
 
+// Outputs per panel of a packed W: panel p holds, for each input k in order, the weights of
+// outputs [16p, 16p + 16) (zero past `out`).
+inline constexpr int64_t kPanelOutputs = 16;
+
+// Elements of W [out, in] packed: out rounded up to whole panels, times in.
+inline int64_t PackedWeightCount(int64_t out, int64_t in) {
+  return (out + kPanelOutputs - 1) / kPanelOutputs * kPanelOutputs * in;
+}
+
+// panels[PackedWeightCount(out, in)] = W [out, in] in panels; the BF16 form rounds each weight to
+// nearest even (as ToBf16).
+struct PackWeightsParams {
+  int64_t out = 0;
+  int64_t in = 0;
+  const float* w = nullptr;  // [out, in], contiguous (Linear layout)
+};
+void PackWeights(const PackWeightsParams& p, float* panels);
+void PackWeights(const PackWeightsParams& p, Bf16* panels);
+
+// A SwiGLU MLP's gate_up [2 * inter, in] (gate rows, then up rows; inter a multiple of 16) packed
+// for a product with GemmParams::swiglu: the panels of gate and up alternate (gate outputs
+// [16i, 16i + 16), then the same outputs of up), so that each thread finds both halves of its
+// outputs in its own panels. PackedWeightCount(2 * inter, in) elements.
+void PackSwiGluWeights(const PackWeightsParams& p, float* panels);
+void PackSwiGluWeights(const PackWeightsParams& p, Bf16* panels);
+
 struct GemmParams {
   int64_t rows = 0;          // M: rows of X and Y
   int64_t in = 0;            // K: columns of X, of W
@@ -23,12 +55,17 @@ struct GemmParams {
   int64_t x_stride = 0;      // 0 means `in`
   const float* w = nullptr;  // [out, in], contiguous (Linear layout)
   // CPU only: W in BF16 instead of w, same layout. Each weight is widened exactly as it is
-  // read by the few-row kernel, which also takes products of more rows, 32 (AVX-512: 64) rows at a
-  // time; a row's result equals that of Gemm over the widened W for that row alone.
+  // read, so a row's result equals that of Gemm over the widened W.
   const Bf16* w_bf16 = nullptr;
+  // CPU only: w or w_bf16 holds PackWeights's panels rather than [out, in].
+  bool w_packed = false;
   float* y = nullptr;    // [rows, out], row stride y_stride
   int64_t y_stride = 0;  // 0 means `out`
   float beta = 0.0f;     // 1 adds into Y (residual connections)
+  // CPU only, W packed by PackSwiGluWeights, beta 0: swiglu[r, i] = silu(gate) * up of output i
+  // ([rows, out / 2], contiguous), as SwiGlu computes it, by the thread that computed it while it
+  // is in cache; Y then holds the product in PackSwiGluWeights's order of outputs.
+  float* swiglu = nullptr;
 };
 
 void Gemm(const GemmParams& p);
