@@ -139,10 +139,11 @@ __attribute__((always_inline)) inline void ScoreBlock(const float* q, int64_t hd
   }
 }
 
-// s[j] = e^(s[j] - max) / sum over the n scores, with max the largest of them, kW lanes at a
-// time.
+// s[j] = e^(s[j] - max) over the n scores, with max the largest of them, kW lanes at a time, then
+// divided by their sum when `normalize`; sets max and the sum.
 template <int kW>
-__attribute__((always_inline)) inline void Softmax(float* s, int64_t n) {
+__attribute__((always_inline)) inline void Softmax(float* s, int64_t n, bool normalize,
+                                                   float& max_score, float& total) {
   using V = NativeVec<kW>;
   const int64_t whole = n / kW * kW;
   V max_lanes = V{} - INFINITY;
@@ -151,7 +152,7 @@ __attribute__((always_inline)) inline void Softmax(float* s, int64_t n) {
     std::memcpy(&x, s + j, sizeof x);
     max_lanes = x > max_lanes ? x : max_lanes;
   }
-  float max_score = -INFINITY;
+  max_score = -INFINITY;
   for (int l = 0; l < kW; ++l) max_score = std::max(max_score, max_lanes[l]);
   for (int64_t j = whole; j < n; ++j) max_score = std::max(max_score, s[j]);
   V sum = {};
@@ -167,8 +168,9 @@ __attribute__((always_inline)) inline void Softmax(float* s, int64_t n) {
     sum += x;
     StoreFirst<kW>(s + j, x, count);
   }
-  float total = 0.0f;
+  total = 0.0f;
   for (int l = 0; l < kW; ++l) total += sum[l];
+  if (!normalize) return;
   const float inv_total = 1.0f / total;
   for (int64_t j = 0; j < whole; j += kW) {
     V x;
@@ -178,6 +180,15 @@ __attribute__((always_inline)) inline void Softmax(float* s, int64_t n) {
   }
   for (int64_t j = whole; j < n; ++j) s[j] *= inv_total;
 }
+
+// One split of a (row, kv head)'s keys, for a merge after every split is done: each head's
+// output over the split's keys weighted by e^(score - max) (not yet divided by their sum), the
+// max and the sum.
+struct SplitResult {
+  float* out = nullptr;    // [group, head_dim]
+  float* max = nullptr;    // [group]
+  float* total = nullptr;  // [group]
+};
 
 // What one task reuses across its (row, kv head) pairs.
 struct RowScratch {
@@ -213,27 +224,27 @@ struct AttendShape<CpuIsa::kBaseline> {
 struct AttendRowGroup {
   template <CpuIsa kIsa>
   __attribute__((always_inline)) static void Run(const AttentionParams& p, int64_t row,
-                                                 int64_t kv_head, int64_t first_head,
-                                                 int64_t group, RowScratch& scratch) {
+                                                 int64_t kv_head, int64_t split, int64_t splits,
+                                                 const SplitResult* result, RowScratch& scratch) {
     using Shape = AttendShape<kIsa>;
     const int64_t hd = p.head_dim;
     const int64_t kv_dim = p.num_kv_heads * hd;
-    const int64_t group_size = p.num_heads / p.num_kv_heads;
+    const int64_t group = p.num_heads / p.num_kv_heads;
     const int64_t kv_col = kv_head * hd;
     const int64_t pos = p.positions[row];
     const int64_t lo = p.swa_lo[row];
     const int64_t num_global = p.global != nullptr ? pos + 1 : 0;
     const int64_t num_swa = std::max<int64_t>(0, pos + 1 - lo);
-    const int64_t n = num_global + num_swa;
-    std::vector<float>& score = scratch.score;
-    score.resize(group * n);  // [group, n]
+    const int64_t visible = num_global + num_swa;
 
     // The n visible key and value rows in visiting order: global positions [0, pos] page by page,
     // then SWA positions [lo, pos] from the ring (slot = position % C) and then the tail.
-    std::vector<const float*>& keys = scratch.keys;
-    std::vector<const float*>& values = scratch.values;
-    keys.resize(n);
-    values.resize(n);
+    std::vector<const float*>& key_rows = scratch.keys;
+    std::vector<const float*>& value_rows = scratch.values;
+    key_rows.resize(visible);
+    value_rows.resize(visible);
+    const float** keys = key_rows.data();
+    const float** values = value_rows.data();
     int64_t j = 0;
     if (num_global > 0) {
       const BlockKvSource& g = *p.global;
@@ -259,12 +270,23 @@ struct AttendRowGroup {
       }
     }
 
-    // Heads [first_head, first_head + group) of the kv head's group, in a row.
-    const int64_t head0 = kv_head * group_size + first_head;
-    const float* q = p.q + row * p.q_stride + head0 * hd;
-    float* out = p.out + row * p.num_heads * hd + head0 * hd;
+    // This split's keys [k0, k1) of the visible ones (all of them unless the keys are split).
+    const int64_t k0 = visible * split / splits, k1 = visible * (split + 1) / splits;
+    keys += k0;
+    values += k0;
+    const int64_t n = k1 - k0;
+    const float* q = p.q + row * p.q_stride + kv_head * group * hd;  // the group's heads, in a row
+    float* out = result != nullptr ? result->out : p.out + row * p.num_heads * hd + kv_head * group * hd;
     std::fill(out, out + group * hd, 0.0f);
-    if (n == 0) return;  // no visible key: the output rows are zero
+    if (n == 0) {  // no visible key: the output rows are zero
+      if (result != nullptr) {
+        std::fill(result->max, result->max + group, -INFINITY);
+        std::fill(result->total, result->total + group, 0.0f);
+      }
+      return;
+    }
+    std::vector<float>& score = scratch.score;
+    score.resize(group * n);  // [group, n]
     constexpr int kW = Shape::kW;
     if (hd % kW == 0) {
       // Blocks of kW keys, transposed once for every head of the group.
@@ -298,7 +320,14 @@ struct AttendRowGroup {
           score[g * n + j] = Dot(q + g * hd, keys[j], hd) * p.scale;
       }
     }
-    for (int64_t g = 0; g < group; ++g) Softmax<kW>(score.data() + g * n, n);
+    for (int64_t g = 0; g < group; ++g) {
+      float max_score, total;
+      Softmax<kW>(score.data() + g * n, n, result == nullptr, max_score, total);
+      if (result != nullptr) {
+        result->max[g] = max_score;
+        result->total[g] = total;
+      }
+    }
     // out[g] = sum_j s[g][j] v_j over blocks of keys whose values stay in L1 while every head of
     // the group reads them; keys are summed in order, as the definition reads. A head_dim wider
     // than the level's registers hold accumulates in parts of kWholeHd columns.
@@ -310,19 +339,19 @@ struct AttendRowGroup {
         float* o = out + g * hd;
         switch (hd) {
           case 32:
-            AccumulateHead<32, kW, kPart>(s, values.data(), j0, j1, o);
+            AccumulateHead<32, kW, kPart>(s, values, j0, j1, o);
             break;
           case 64:
-            AccumulateHead<64, kW, kPart>(s, values.data(), j0, j1, o);
+            AccumulateHead<64, kW, kPart>(s, values, j0, j1, o);
             break;
           case 96:
-            AccumulateHead<96, kW, kPart>(s, values.data(), j0, j1, o);
+            AccumulateHead<96, kW, kPart>(s, values, j0, j1, o);
             break;
           case 128:
-            AccumulateHead<128, kW, kPart>(s, values.data(), j0, j1, o);
+            AccumulateHead<128, kW, kPart>(s, values, j0, j1, o);
             break;
           case 256:
-            AccumulateHead<256, kW, kPart>(s, values.data(), j0, j1, o);
+            AccumulateHead<256, kW, kPart>(s, values, j0, j1, o);
             break;
           default:
             for (int64_t j = j0; j < j1; ++j) {
@@ -466,36 +495,82 @@ void Attention(std::span<const AttentionParams> batch) {
   const int64_t pairs = first_task.back();
   if (pairs == 0) return;
   // Fewer (row, kv head) pairs than would keep every thread busy (a decode step of one or a few
-  // requests of few kv heads): each pair's query heads are split into `slices` tasks, which
-  // read the same keys and values (a request's KV is small next to the weights the step reads).
+  // requests of few kv heads): each pair's keys are split into `splits` tasks, whose weighted
+  // outputs are merged once every split is done (flash-decoding's split of the keys).
   const int64_t threads = omp_get_max_threads();
-  int64_t slices = 1;
+  int64_t splits = 1;
   if (pairs < threads) {
-    slices = (threads + pairs - 1) / pairs;
+    splits = (threads + pairs - 1) / pairs;
   } else if (pairs < 2 * threads && pairs % threads != 0) {
-    slices = 2;
+    splits = 2;
   }
-  const int64_t tasks = pairs * slices;
+  const int64_t tasks = pairs * splits;
+  // Each split's results: [pair][split] x (group outputs of head_dim, group maxima, group sums).
+  std::vector<int64_t> first_float(batch.size() + 1, 0);
+  if (splits > 1) {
+    for (size_t e = 0; e < batch.size(); ++e) {
+      const AttentionParams& p = batch[e];
+      const int64_t pairs_of_e = first_task[e + 1] - first_task[e];
+      const int64_t group = p.num_heads / p.num_kv_heads;
+      first_float[e + 1] = first_float[e] + pairs_of_e * splits * group * (p.head_dim + 2);
+    }
+  }
+  std::vector<float> split_results(first_float.back());
+  auto entry_of = [&](int64_t pair) {
+    return static_cast<size_t>(
+        std::upper_bound(first_task.begin(), first_task.end(), pair) - first_task.begin() - 1);
+  };
+  // Split `split` of pair `local` of entry e.
+  auto result_of = [&](size_t e, int64_t local, int64_t split) {
+    const AttentionParams& p = batch[e];
+    const int64_t group = p.num_heads / p.num_kv_heads;
+    float* base = split_results.data() + first_float[e] +
+                  (local * splits + split) * group * (p.head_dim + 2);
+    return SplitResult{.out = base,
+                       .max = base + group * p.head_dim,
+                       .total = base + group * (p.head_dim + 1)};
+  };
 #pragma omp parallel
   {
-    RowScratch scratch;
+    // Kept by each thread between calls: a decode step calls Attention once per layer.
+    thread_local RowScratch scratch;
 #pragma omp for schedule(dynamic, 1)
     for (int64_t t = 0; t < tasks; ++t) {
-      const int64_t pair = t / slices, slice = t % slices;
-      const size_t e = static_cast<size_t>(
-          std::upper_bound(first_task.begin(), first_task.end(), pair) - first_task.begin() - 1);
+      const int64_t pair = t / splits, split = t % splits;
+      const size_t e = entry_of(pair);
       const AttentionParams& p = batch[e];
       const int64_t local = pair - first_task[e];
-      // The slice's heads of the group: whole blocks of 4 where the group allows.
-      const int64_t group = p.num_heads / p.num_kv_heads;
-      const int64_t parts = std::min(slices, group);
-      int64_t per = (group + parts - 1) / parts;
-      if (group % 4 == 0 && per % 4 != 0 && group >= 4 * parts) per = (per + 3) / 4 * 4;
-      const int64_t first = std::min(group, slice * per);
-      const int64_t count = std::min(group, first + per) - first;
-      if (count > 0) {
-        RunAtActiveIsa<AttendRowGroup>(p, local / p.num_kv_heads, local % p.num_kv_heads, first,
-                                       count, scratch);
+      const SplitResult result = splits > 1 ? result_of(e, local, split) : SplitResult{};
+      RunAtActiveIsa<AttendRowGroup>(p, local / p.num_kv_heads, local % p.num_kv_heads, split,
+                                     splits, splits > 1 ? &result : nullptr, scratch);
+    }
+    if (splits > 1) {
+      // out = sum_s e^(max_s - M) out_s / sum_s e^(max_s - M) total_s, M the largest max_s.
+#pragma omp for schedule(static)
+      for (int64_t pair = 0; pair < pairs; ++pair) {
+        const size_t e = entry_of(pair);
+        const AttentionParams& p = batch[e];
+        const int64_t local = pair - first_task[e];
+        const int64_t row = local / p.num_kv_heads, kv_head = local % p.num_kv_heads;
+        const int64_t group = p.num_heads / p.num_kv_heads, hd = p.head_dim;
+        float* out = p.out + row * p.num_heads * hd + kv_head * group * hd;
+        for (int64_t g = 0; g < group; ++g) {
+          float top = -INFINITY;
+          for (int64_t split = 0; split < splits; ++split) {
+            top = std::max(top, result_of(e, local, split).max[g]);
+          }
+          float* o = out + g * hd;
+          std::fill(o, o + hd, 0.0f);
+          if (top == -INFINITY) continue;  // no visible key in any split: zero
+          float total = 0.0f;
+          for (int64_t split = 0; split < splits; ++split) {
+            const SplitResult r = result_of(e, local, split);
+            const float weight = std::exp(r.max[g] - top);
+            total += weight * r.total[g];
+            for (int64_t i = 0; i < hd; ++i) o[i] += weight * r.out[g * hd + i];
+          }
+          for (int64_t i = 0; i < hd; ++i) o[i] /= total;
+        }
       }
     }
   }

@@ -317,36 +317,61 @@ TEST_P(CpuOpsTest, RmsNormOutOfPlaceAndInPlace) {
   ExpectClose(expected, x, 1e-6f, 1e-5f, "rmsnorm in place");
 }
 
-TEST_P(CpuOpsTest, RopeOnStridedHeadsAtLargePositions) {
-  for (int64_t head_dim : {2, 64, 128}) {
-    const int64_t rows = 21, heads = 5, stride = heads * head_dim + 16, half = head_dim / 2;
-    std::vector<float> x = Uniform(rows * stride, 10);
-    std::vector<int32_t> positions;
-    for (int64_t r = 0; r < rows; ++r) positions.push_back(static_cast<int32_t>(r * 9973 % 200000));
-    const double theta = 500000.0;
-    std::vector<float> expected = x;  // padding columns stay as they are
-    for (int64_t r = 0; r < rows; ++r) {
-      for (int64_t h = 0; h < heads; ++h) {
-        const float* in = x.data() + r * stride + h * head_dim;
-        float* e = expected.data() + r * stride + h * head_dim;
-        for (int64_t k = 0; k < half; ++k) {
-          const double angle = positions[r] * std::pow(theta, -2.0 * k / head_dim);
-          // The op rounds cos and sin to FP32, as Hugging Face's cached tables do.
-          const double c = static_cast<float>(std::cos(angle));
-          const double s = static_cast<float>(std::sin(angle));
-          e[k] = static_cast<float>(in[k] * c - in[k + half] * s);
-          e[k + half] = static_cast<float>(in[k + half] * c + in[k] * s);
-        }
+// Rows of `stride` floats, `heads` heads each, rotated by the definition (in double, cos and sin
+// rounded to FP32 as the op does).
+std::vector<float> NaiveRope(const std::vector<float>& x, const std::vector<int32_t>& positions,
+                             int64_t heads, int64_t head_dim, int64_t stride, double theta) {
+  const int64_t half = head_dim / 2;
+  std::vector<float> expected = x;  // padding columns stay as they are
+  for (size_t r = 0; r < positions.size(); ++r) {
+    for (int64_t h = 0; h < heads; ++h) {
+      const float* in = x.data() + r * stride + h * head_dim;
+      float* e = expected.data() + r * stride + h * head_dim;
+      for (int64_t k = 0; k < half; ++k) {
+        const double angle = positions[r] * std::pow(theta, -2.0 * k / head_dim);
+        // The op rounds cos and sin to FP32, as Hugging Face's cached tables do.
+        const double c = static_cast<float>(std::cos(angle));
+        const double s = static_cast<float>(std::sin(angle));
+        e[k] = static_cast<float>(in[k] * c - in[k + half] * s);
+        e[k + half] = static_cast<float>(in[k + half] * c + in[k] * s);
       }
     }
-    Rope({.rows = rows,
-          .heads = heads,
-          .head_dim = head_dim,
-          .x = x.data(),
-          .stride = stride,
-          .positions = positions.data(),
-          .theta = theta});
-    ExpectClose(expected, x, 1e-6f, 1e-5f, "rope head_dim " + std::to_string(head_dim));
+  }
+  return expected;
+}
+
+// Decode-sized (one row, a few) and prefill-sized row counts; the CPU op keeps the cos and sin
+// of the last position lists it saw, so the same array rewritten in place, and two lists in
+// turn, must each give their own rotation.
+TEST_P(CpuOpsTest, RopeOnStridedHeadsAtLargePositions) {
+  const double theta = 500000.0;
+  for (int64_t head_dim : {2, 64, 128}) {
+    for (int64_t rows : {1, 3, 21}) {
+      const int64_t heads = 5, stride = heads * head_dim + 16;
+      std::vector<int32_t> positions, others;
+      for (int64_t r = 0; r < rows; ++r) {
+        positions.push_back(static_cast<int32_t>(r * 9973 % 200000));
+        others.push_back(static_cast<int32_t>(r * 7919 % 100000 + 3));
+      }
+      const std::string what =
+          "rope head_dim " + std::to_string(head_dim) + ", " + std::to_string(rows) + " rows";
+      for (int round = 0; round < 3; ++round) {
+        for (std::vector<int32_t>* list : {&positions, &others}) {
+          std::vector<float> x = Uniform(rows * stride, 10 + round);
+          const std::vector<float> expected =
+              NaiveRope(x, *list, heads, head_dim, stride, theta);
+          Rope({.rows = rows,
+                .heads = heads,
+                .head_dim = head_dim,
+                .x = x.data(),
+                .stride = stride,
+                .positions = list->data(),
+                .theta = theta});
+          ExpectClose(expected, x, 1e-6f, 1e-5f, what + ", round " + std::to_string(round));
+        }
+        for (int32_t& p : positions) p += 1;  // the same array, rewritten: a decode step later
+      }
+    }
   }
 }
 
@@ -542,8 +567,14 @@ TEST_P(CpuOpsTest, AttentionNeverReadsRingSlotsOutsideEveryWindow) {
 }
 
 // One or a few one-row entries (a decode step at batch 1 to 3) have fewer (row, kv head) pairs
-// than threads: their query heads are split into several tasks, each over the same keys.
-TEST_P(CpuOpsTest, FewRowDecodeSplitsItsHeadsAcrossTasks) {
+// than threads: their keys are split into several tasks whose softmaxes are merged; positions
+// where a split sees no key at all (a row at position 0 without block KV), too.
+TEST_P(CpuOpsTest, FewRowDecodeSplitsItsKeysAcrossTasks) {
+  ExpectAttentionMatchesTheDefinition({{.heads = 8, .kv_heads = 1, .first_position = 0, .seed = 7}},
+                                      "one row at position 0");
+  ExpectAttentionMatchesTheDefinition(
+      {{.heads = 4, .kv_heads = 1, .first_position = 5, .no_swa = true, .seed = 8}},
+      "one row with no visible key");
   for (int64_t heads : {8, 7, 1, 12}) {
     AttentionCase c{.heads = heads,
                     .kv_heads = 1,

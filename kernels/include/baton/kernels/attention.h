@@ -54,7 +54,8 @@ struct AttentionParams {
 // others (decode steps) run every (row, kv head) of every entry in one parallel region, so that
 // a decode batch of many one-row requests still uses every core, and each task reads its keys
 // and values once for all the query heads that share them. Where there are fewer such pairs
-// than threads (a step of one request), each pair's query heads are split over several tasks.
+// than threads (a step of one request), each pair's keys are split over several tasks and their
+// softmaxes merged.
 void Attention(std::span<const AttentionParams> batch);
 
 }  // namespace baton::kernels
