@@ -2,18 +2,20 @@
 // limits measured in the same run: OpenBLAS sgemm GFLOP/s, memcpy bandwidth and read bandwidth
 // (a vectorised streaming read over a buffer far larger than the last-level cache, on every
 // OpenMP thread). A decode step's bound is max(bytes it must read / read bandwidth, FLOPs it
-// must do / sgemm rate). Prints a table, or one JSON object with --json. Decode runs with FP32
-// weights ("decode") and with BF16 weight matrices ("decode_bf16", with each step over the
-// FP32 one), at each instruction-set level --isas names (kernels/cpu_isa.h; machine.isa is the
-// level prefill ran at). Not a test: nothing here asserts a time.
+// must do / sgemm rate). Prints a table, or one JSON object with --json. Prefill and decode run at
+// each instruction-set level --isas names (kernels/cpu_isa.h; each entry says its "isa";
+// machine.isa is the level the process started at), decode at each --decode-context, with FP32
+// weights ("decode") and with BF16 weight matrices ("decode_bf16", with each step over the FP32
+// one). Not a test: nothing here asserts a time.
 //
 //   baton_model_bench --model DIR [--lengths 1024,4096] [--keep 140] [--batches 1,8,32]
-//                     [--decode-context 512] [--isas avx2,avx512] [--repeats 3] [--json]
+//                     [--decode-context 16,512] [--isas avx2,avx512] [--repeats 3] [--json]
 #include <cblas.h>
 #include <omp.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <iostream>
 #include <random>
@@ -46,6 +48,17 @@ double MedianSeconds(int repeats, F&& run) {
   return times[times.size() / 2];
 }
 
+template <typename F>
+double BestSeconds(int repeats, F&& run) {
+  double best = INFINITY;
+  for (int i = 0; i < repeats; ++i) {
+    const auto start = Clock::now();
+    run();
+    best = std::min(best, std::chrono::duration<double>(Clock::now() - start).count());
+  }
+  return best;
+}
+
 double SgemmGflops(int repeats) {
   const int n = 2048;
   std::vector<float> a(n * n, 0.5f), b(n * n, 0.25f), c(n * n);
@@ -64,28 +77,30 @@ double MemcpyGBps(int repeats) {
   return static_cast<double>(bytes) / seconds / 1e9;
 }
 
-// Bytes per second a streaming read of 1 GiB reaches on all OpenMP threads: each thread sums its
-// slice into four independent vectors of 16 floats (loads with no dependency between them); the
-// sum is kept so that the loads are not optimised away.
+// Bytes per second a streaming read of 1 GiB reaches on all OpenMP threads: each thread reads
+// its slice as four streams at once (four quarters advanced together, each summed into its own
+// vector of 16 floats, so that no load waits on another), as the GEMM streams four panels of
+// weights; the sum is kept so that the loads are not optimised away. The best of at least five
+// reads: a floor for the steps measured beside it, on machines whose memory other tenants share.
 double ReadGBps(int repeats) {
   typedef float Lanes __attribute__((vector_size(64)));
+  constexpr size_t kStreams = 4;
   const size_t vectors = size_t{1} << 24;  // 1 GiB
   std::vector<Lanes> data(vectors, Lanes{} + 1.0f);
   volatile float keep = 0;
-  const double seconds = MedianSeconds(repeats, [&] {
+  const double seconds = BestSeconds(std::max(repeats, 5), [&] {
     float total = 0;
 #pragma omp parallel reduction(+ : total)
     {
       const size_t team = omp_get_num_threads(), t = omp_get_thread_num();
-      const size_t begin = vectors / 4 * t / team * 4, end = vectors / 4 * (t + 1) / team * 4;
-      Lanes a = {}, b = {}, c = {}, d = {};
-      for (size_t i = begin; i < end; i += 4) {
-        a += data[i];
-        b += data[i + 1];
-        c += data[i + 2];
-        d += data[i + 3];
+      const size_t begin = vectors * t / team, end = vectors * (t + 1) / team;
+      const size_t quarter = (end - begin) / kStreams;
+      Lanes sums[kStreams] = {};
+      for (size_t i = 0; i < quarter; ++i) {
+#pragma GCC unroll 4
+        for (size_t s = 0; s < kStreams; ++s) sums[s] += data[begin + s * quarter + i];
       }
-      const Lanes sum = (a + b) + (c + d);
+      const Lanes sum = (sums[0] + sums[1]) + (sums[2] + sums[3]);
       for (int l = 0; l < 16; ++l) total += sum[l];
     }
     keep = keep + total;
@@ -122,7 +137,8 @@ std::vector<int32_t> Prompt(int64_t length, int64_t vocab, uint64_t seed) {
 int main(int argc, char** argv) {
   CLI::App app{"baton CPU model benchmark"};
   std::string model_dir, lengths_text = "1024,4096", batches_text = "1,8,32";
-  int64_t keep = 140, decode_context = 512;
+  std::string contexts_text = "512";
+  int64_t keep = 140;
   int repeats = 3;
   bool json_output = false;
   std::string isas_text;
@@ -130,7 +146,8 @@ int main(int argc, char** argv) {
   app.add_option("--lengths", lengths_text, "Prefill lengths");
   app.add_option("--keep", keep, "Compact keep K");
   app.add_option("--batches", batches_text, "Decode batch sizes");
-  app.add_option("--decode-context", decode_context, "Prompt length before decode steps");
+  app.add_option("--decode-context", contexts_text,
+                 "Prompt lengths before decode steps, a list (each batch is measured at each)");
   app.add_option("--repeats", repeats, "Repeats per figure (median)");
   app.add_option("--isas", isas_text,
                  "Instruction-set levels to run decode at, e.g. baseline,avx2,avx512 (default: "
@@ -139,15 +156,19 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   auto lengths = baton::ParseIntList(lengths_text, "--lengths");
   auto batches = baton::ParseIntList(batches_text, "--batches");
-  if (!lengths.ok() || !batches.ok()) {
-    std::cerr << (lengths.ok() ? batches.status() : lengths.status()).message() << "\n";
-    return 2;
+  auto contexts = baton::ParseIntList(contexts_text, "--decode-context");
+  for (const auto* list : {&lengths, &batches, &contexts}) {
+    if (!list->ok()) {
+      std::cerr << list->status().message() << "\n";
+      return 2;
+    }
   }
   auto loaded = baton::model::LoadEngine(model_dir);
   if (!loaded.ok()) {
     std::cerr << loaded.status().message() << "\n";
     return 2;
   }
+  const baton::kernels::CpuIsa started_at = baton::kernels::ActiveCpuIsa();
   std::vector<baton::kernels::CpuIsa> isas;
   for (absl::string_view name : absl::StrSplit(isas_text, ',', absl::SkipEmpty())) {
     const std::optional<baton::kernels::CpuIsa> isa =
@@ -159,8 +180,7 @@ int main(int argc, char** argv) {
     }
     isas.push_back(*isa);
   }
-  if (isas.empty()) isas.push_back(baton::kernels::ActiveCpuIsa());
-  baton::kernels::SetCpuIsa(isas.back());
+  if (isas.empty()) isas.push_back(started_at);
   Engine& model = **loaded;
   const baton::ModelConfig& config = model.config();
   nlohmann::json out;
@@ -168,36 +188,40 @@ int main(int argc, char** argv) {
                     {"memcpy_gbps", MemcpyGBps(repeats)},
                     {"read_gbps", ReadGBps(repeats)},
                     {"threads", omp_get_max_threads()},
-                    {"isa", baton::kernels::CpuIsaName(baton::kernels::ActiveCpuIsa())}};
+                    {"isa", baton::kernels::CpuIsaName(started_at)}};
 
-  for (int64_t L : *lengths) {
-    const auto prompt = Prompt(L, config.vocab_size, 1);
-    for (TruncationMode mode : {TruncationMode::kOff, TruncationMode::kCompact}) {
-      const int64_t k = mode == TruncationMode::kOff ? 0 : keep;
-      const double seconds = MedianSeconds(repeats, [&] {
-        baton::model::SequenceState state(model.state_layout());
-        auto result = model.Prefill(prompt, {.mode = mode, .keep = k}, state);
-        if (!result.ok()) std::abort();
-      });
-      const int64_t lens[] = {L};
-      const auto estimate = baton::model::EstimateWork({.prompt_len = L,
-                                                        .keep = k,
-                                                        .mode = mode,
-                                                        .window = config.sliding_window,
-                                                        .max_backtrack = config.max_backtrack},
-                                                       lens, &config);
-      out["prefill"].push_back({{"length", L},
-                                {"mode", std::string(baton::model::TruncationModeName(mode))},
-                                {"keep", k},
-                                {"seconds", seconds},
-                                {"tokens_per_s", L / seconds},
-                                {"model_flops", estimate.flops->total()},
-                                {"model_gflops_per_s", estimate.flops->total() / seconds / 1e9}});
+  for (baton::kernels::CpuIsa isa : isas)
+    for (int64_t L : *lengths) {
+      baton::kernels::SetCpuIsa(isa);
+      const auto prompt = Prompt(L, config.vocab_size, 1);
+      for (TruncationMode mode : {TruncationMode::kOff, TruncationMode::kCompact}) {
+        const int64_t k = mode == TruncationMode::kOff ? 0 : keep;
+        const double seconds = MedianSeconds(repeats, [&] {
+          baton::model::SequenceState state(model.state_layout());
+          auto result = model.Prefill(prompt, {.mode = mode, .keep = k}, state);
+          if (!result.ok()) std::abort();
+        });
+        const int64_t lens[] = {L};
+        const auto estimate = baton::model::EstimateWork({.prompt_len = L,
+                                                          .keep = k,
+                                                          .mode = mode,
+                                                          .window = config.sliding_window,
+                                                          .max_backtrack = config.max_backtrack},
+                                                         lens, &config);
+        out["prefill"].push_back({{"length", L},
+                                  {"isa", baton::kernels::CpuIsaName(isa)},
+                                  {"mode", std::string(baton::model::TruncationModeName(mode))},
+                                  {"keep", k},
+                                  {"seconds", seconds},
+                                  {"tokens_per_s", L / seconds},
+                                  {"model_flops", estimate.flops->total()},
+                                  {"model_gflops_per_s", estimate.flops->total() / seconds / 1e9}});
+      }
     }
-  }
 
-  // Decode: every request holds a decode_context-token prompt; one step for the whole batch.
-  // Measured with FP32 weights ("decode") and again with BF16 weight matrices ("decode_bf16").
+  // Decode: every request holds a prompt of each --decode-context length; one step for the whole
+  // batch. Measured with FP32 weights ("decode") and again with BF16 weight matrices
+  // ("decode_bf16").
   auto loaded_bf16 =
       baton::model::LoadEngine(model_dir, baton::model::Device::kCpu, WeightType::kBf16);
   if (!loaded_bf16.ok()) {
@@ -206,64 +230,72 @@ int main(int argc, char** argv) {
   }
   const auto layout = model.state_layout();
   auto measure_decode = [&](Engine& engine, WeightType weight_type, const std::string& key) {
-    // Bytes of weights one step reads: the matrices in the engine's type, the embedding table
-    // and the norms in FP32.
-    int64_t weight_bytes = 0;
+    // Bytes of weights one step reads: every matrix in the engine's type (a tied LM head reads
+    // the embedding table in FP32), the norms in FP32, and one embedding row per request.
+    int64_t matrix_bytes = 0;
     auto weights = baton::model::LoadCedWeights(model_dir);
     for (const auto& slot : baton::model::WeightTensorSlots(*weights)) {
       int64_t n = 1;
       for (int64_t dim : slot.shape) n *= dim;
-      const bool matrix = slot.shape.size() == 2 && slot.name.find("embed") == std::string::npos;
-      weight_bytes += n * (matrix && weight_type == WeightType::kBf16 ? 2 : 4);
+      if (slot.name.find("embed") != std::string::npos) {
+        if (config.tie_word_embeddings) matrix_bytes += n * 4;
+        continue;
+      }
+      const bool matrix = slot.shape.size() == 2;
+      matrix_bytes += n * (matrix && weight_type == WeightType::kBf16 ? 2 : 4);
     }
     for (baton::kernels::CpuIsa isa : isas)
-      for (int64_t batch : *batches) {
-        baton::kernels::SetCpuIsa(isa);
-        std::vector<std::unique_ptr<baton::model::SequenceState>> states;
-        for (int64_t i = 0; i < batch; ++i) {
-          states.push_back(std::make_unique<baton::model::SequenceState>(layout));
-          auto result =
-              engine.Prefill(Prompt(decode_context, config.vocab_size, 100 + i),
-                             {.mode = TruncationMode::kCompact, .keep = keep}, *states.back());
-          if (!result.ok()) std::abort();
+      for (int64_t decode_context : *contexts)
+        for (int64_t batch : *batches) {
+          baton::kernels::SetCpuIsa(isa);
+          std::vector<std::unique_ptr<baton::model::SequenceState>> states;
+          for (int64_t i = 0; i < batch; ++i) {
+            states.push_back(std::make_unique<baton::model::SequenceState>(layout));
+            auto result =
+                engine.Prefill(Prompt(decode_context, config.vocab_size, 100 + i),
+                               {.mode = TruncationMode::kCompact, .keep = keep}, *states.back());
+            if (!result.ok()) std::abort();
+          }
+          std::vector<std::vector<float>> logits(batch, std::vector<float>(config.vocab_size));
+          // `repeats` rounds of `steps` steps after one untimed step; the median step.
+          const int steps = 8;
+          std::vector<double> step_seconds;
+          for (int s = 0; s <= steps * repeats; ++s) {
+            std::vector<baton::model::DecodeItem> items;
+            for (int64_t i = 0; i < batch; ++i)
+              items.push_back({states[i].get(), 7, logits[i].data()});
+            const auto start = Clock::now();
+            if (!engine.Decode(items).ok()) std::abort();
+            if (s > 0) {
+              step_seconds.push_back(std::chrono::duration<double>(Clock::now() - start).count());
+            }
+          }
+          std::sort(step_seconds.begin(), step_seconds.end());
+          const double seconds = step_seconds[step_seconds.size() / 2];
+          // Bytes one step must read: every weight once, plus each request's embedding row, block
+          // KV and rings, at the timed steps' middle context.
+          const int64_t context = decode_context + 1 + steps * repeats / 2;
+          const int64_t state_bytes = 4 * (context * layout.consumer_layers * 2 * layout.kv_dim +
+                                           layout.producer_swa_floats() +
+                                           layout.consumer_swa_floats() + config.hidden_size);
+          const double bytes = static_cast<double>(matrix_bytes + batch * state_bytes);
+          const double bandwidth_bound = bytes / (out["machine"]["read_gbps"].get<double>() * 1e9);
+          // FLOPs one step must do: each request's row at that context, at the sgemm rate.
+          const double flops = static_cast<double>(batch) * DecodeRowFlops(config, context);
+          const double compute_bound = flops / (out["machine"]["sgemm_gflops"].get<double>() * 1e9);
+          const double bound = std::max(bandwidth_bound, compute_bound);
+          out[key].push_back({{"batch", batch},
+                              {"isa", baton::kernels::CpuIsaName(isa)},
+                              {"context", decode_context},
+                              {"weights", std::string(baton::model::WeightTypeName(weight_type))},
+                              {"step_ms", seconds * 1e3},
+                              {"bytes_read", bytes},
+                              {"bandwidth_bound_ms", bandwidth_bound * 1e3},
+                              {"flops", flops},
+                              {"compute_bound_ms", compute_bound * 1e3},
+                              {"bound_ms", bound * 1e3},
+                              {"step_over_bound", seconds / bound}});
         }
-        std::vector<std::vector<float>> logits(batch, std::vector<float>(config.vocab_size));
-        const int steps = 8;
-        const double seconds =
-            MedianSeconds(repeats,
-                          [&] {
-                            for (int s = 0; s < steps; ++s) {
-                              std::vector<baton::model::DecodeItem> items;
-                              for (int64_t i = 0; i < batch; ++i)
-                                items.push_back({states[i].get(), 7, logits[i].data()});
-                              if (!engine.Decode(items).ok()) std::abort();
-                            }
-                          }) /
-            steps;
-        // Bytes one step must read: every weight once, plus each request's block KV and rings.
-        const int64_t context = decode_context + steps * repeats;
-        const int64_t state_bytes =
-            4 * (context * layout.consumer_layers * 2 * layout.kv_dim +
-                 layout.producer_swa_floats() + layout.consumer_swa_floats());
-        const double bytes = static_cast<double>(weight_bytes + batch * state_bytes);
-        const double bandwidth_bound = bytes / (out["machine"]["read_gbps"].get<double>() * 1e9);
-        // FLOPs one step must do: each request's row at a position in the middle of the timed
-        // steps, at the sgemm rate.
-        const double flops = static_cast<double>(batch) * DecodeRowFlops(config, context - steps);
-        const double compute_bound = flops / (out["machine"]["sgemm_gflops"].get<double>() * 1e9);
-        const double bound = std::max(bandwidth_bound, compute_bound);
-        out[key].push_back({{"batch", batch},
-                            {"isa", baton::kernels::CpuIsaName(isa)},
-                            {"context", decode_context},
-                            {"weights", std::string(baton::model::WeightTypeName(weight_type))},
-                            {"step_ms", seconds * 1e3},
-                            {"bytes_read", bytes},
-                            {"bandwidth_bound_ms", bandwidth_bound * 1e3},
-                            {"flops", flops},
-                            {"compute_bound_ms", compute_bound * 1e3},
-                            {"bound_ms", bound * 1e3},
-                            {"step_over_bound", seconds / bound}});
-      }
   };
   measure_decode(model, WeightType::kFp32, "decode");
   measure_decode(**loaded_bf16, WeightType::kBf16, "decode_bf16");
@@ -282,23 +314,26 @@ int main(int argc, char** argv) {
       out["machine"]["memcpy_gbps"].get<double>(), out["machine"]["read_gbps"].get<double>(),
       out["machine"]["isa"].get<std::string>());
   for (const auto& p : out["prefill"]) {
-    std::cout << absl::StrFormat("prefill L=%-5d %-7s %8.1f tok/s %7.1f model GFLOP/s\n",
-                                 p["length"].get<int64_t>(), p["mode"].get<std::string>(),
-                                 p["tokens_per_s"].get<double>(),
+    std::cout << absl::StrFormat("prefill %-8s L=%-5d %-7s %8.1f tok/s %7.1f model GFLOP/s\n",
+                                 p["isa"].get<std::string>(), p["length"].get<int64_t>(),
+                                 p["mode"].get<std::string>(), p["tokens_per_s"].get<double>(),
                                  p["model_gflops_per_s"].get<double>());
   }
   for (const auto& d : out["decode"]) {
     std::cout << absl::StrFormat(
-        "decode %-8s batch=%-3d step %7.2f ms (bandwidth bound %.2f ms, compute bound %.2f ms)\n",
-        d["isa"].get<std::string>(), d["batch"].get<int64_t>(), d["step_ms"].get<double>(),
-        d["bandwidth_bound_ms"].get<double>(), d["compute_bound_ms"].get<double>());
+        "decode %-8s context=%-5d batch=%-3d step %7.2f ms (bandwidth bound %.2f ms, compute "
+        "bound %.2f ms)\n",
+        d["isa"].get<std::string>(), d["context"].get<int64_t>(), d["batch"].get<int64_t>(),
+        d["step_ms"].get<double>(), d["bandwidth_bound_ms"].get<double>(),
+        d["compute_bound_ms"].get<double>());
   }
   for (const auto& d : out["decode_bf16"]) {
     std::cout << absl::StrFormat(
-        "decode %-8s batch=%-3d bf16 weights: step %7.2f ms (%.2fx the fp32 step; bandwidth "
-        "bound %.2f ms)\n",
-        d["isa"].get<std::string>(), d["batch"].get<int64_t>(), d["step_ms"].get<double>(),
-        d["step_over_fp32"].get<double>(), d["bandwidth_bound_ms"].get<double>());
+        "decode %-8s context=%-5d batch=%-3d bf16 weights: step %7.2f ms (%.2fx the fp32 step; "
+        "bandwidth bound %.2f ms)\n",
+        d["isa"].get<std::string>(), d["context"].get<int64_t>(), d["batch"].get<int64_t>(),
+        d["step_ms"].get<double>(), d["step_over_fp32"].get<double>(),
+        d["bandwidth_bound_ms"].get<double>());
   }
   return 0;
 }
