@@ -36,11 +36,13 @@ Bf16 RoundToBf16(float f) {
 }
 
 // Panel `panel` of the packed matrix holds W's rows from source_row(panel) on (16 of them, zero
-// past `out`).
+// past `out`). On the calling thread: a node loads its model on its main thread and computes on
+// another, and an OpenMP team made for the load would stay beside the one that computes, which
+// doubles the threads libgomp manages and makes every wait of the computing team sleep in the
+// kernel instead of spinning (a decode step twice as slow on 2 cores).
 template <typename T, typename Convert, typename SourceRow>
 void Pack(const PackWeightsParams& p, T* panels, Convert convert, SourceRow source_row) {
   const int64_t count = (p.out + kPanel - 1) / kPanel;
-#pragma omp parallel for schedule(static)
   for (int64_t panel = 0; panel < count; ++panel) {
     T* to = panels + panel * kPanel * p.in;
     const int64_t first = source_row(panel);
