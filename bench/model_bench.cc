@@ -1,19 +1,19 @@
 // Prefill and decode figures of the CPU forward pass on one model, beside this machine's own
 // limits measured in the same run: OpenBLAS sgemm GFLOP/s, memcpy bandwidth and read bandwidth
 // (a vectorised streaming read over a buffer far larger than the last-level cache, on every
-// OpenMP thread). A decode step's bound is max(bytes it must read / read bandwidth, FLOPs it
-// must do / sgemm rate). Prints a table, or one JSON object with --json. Prefill and decode run at
-// each instruction-set level --isas names (kernels/cpu_isa.h; each entry says its "isa";
-// machine.isa is the level the process started at), decode at each --decode-context, with FP32
-// weights ("decode") and with BF16 weight matrices ("decode_bf16", with each step over the FP32
-// one). Not a test: nothing here asserts a time.
+// thread of the kernels' team). A decode step's bound is max(bytes it must read / read bandwidth,
+// FLOPs it must do / sgemm rate). Prints a table, or one JSON object with --json. Prefill and
+// decode run at each instruction-set level --isas names (kernels/cpu_isa.h; each entry says its
+// "isa"; machine.isa is the level the process started at), decode at each --decode-context, with
+// FP32 weights ("decode") and with BF16 weight matrices ("decode_bf16", with each step over the
+// FP32 one). Not a test: nothing here asserts a time.
 //
 //   baton_model_bench --model DIR [--lengths 1024,4096] [--keep 140] [--batches 1,8,32]
 //                     [--decode-context 16,512] [--isas avx2,avx512] [--repeats 3] [--json]
 #include <cblas.h>
-#include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -25,6 +25,7 @@
 #include "absl/strings/str_split.h"
 #include "baton/common/parse.h"
 #include "baton/kernels/cpu_isa.h"
+#include "baton/kernels/cpu_team.h"
 #include "baton/model/engine_factory.h"
 #include "baton/model/work_estimator.h"
 #include "nlohmann/json.hpp"
@@ -77,7 +78,7 @@ double MemcpyGBps(int repeats) {
   return static_cast<double>(bytes) / seconds / 1e9;
 }
 
-// Bytes per second a streaming read of 1 GiB reaches on all OpenMP threads: each thread reads
+// Bytes per second a streaming read of 1 GiB reaches on the kernels' thread team: each thread reads
 // its slice as four streams at once (four quarters advanced together, each summed into its own
 // vector of 16 floats, so that no load waits on another), as the GEMM streams four panels of
 // weights; the sum is kept so that the loads are not optimised away. The best of at least five
@@ -89,10 +90,8 @@ double ReadGBps(int repeats) {
   std::vector<Lanes> data(vectors, Lanes{} + 1.0f);
   volatile float keep = 0;
   const double seconds = BestSeconds(std::max(repeats, 5), [&] {
-    float total = 0;
-#pragma omp parallel reduction(+ : total)
-    {
-      const size_t team = omp_get_num_threads(), t = omp_get_thread_num();
+    std::atomic<float> total = 0;
+    baton::kernels::RunOnCpuTeam([&](int64_t t, int64_t team) {
       const size_t begin = vectors * t / team, end = vectors * (t + 1) / team;
       const size_t quarter = (end - begin) / kStreams;
       Lanes sums[kStreams] = {};
@@ -101,9 +100,11 @@ double ReadGBps(int repeats) {
         for (size_t s = 0; s < kStreams; ++s) sums[s] += data[begin + s * quarter + i];
       }
       const Lanes sum = (sums[0] + sums[1]) + (sums[2] + sums[3]);
-      for (int l = 0; l < 16; ++l) total += sum[l];
-    }
-    keep = keep + total;
+      float part = 0;
+      for (int l = 0; l < 16; ++l) part += sum[l];
+      total += part;
+    });
+    keep = keep + total.load();
   });
   return static_cast<double>(vectors * sizeof(Lanes)) / seconds / 1e9;
 }
@@ -187,7 +188,7 @@ int main(int argc, char** argv) {
   out["machine"] = {{"sgemm_gflops", SgemmGflops(repeats)},
                     {"memcpy_gbps", MemcpyGBps(repeats)},
                     {"read_gbps", ReadGBps(repeats)},
-                    {"threads", omp_get_max_threads()},
+                    {"threads", baton::kernels::CpuTeamSize()},
                     {"isa", baton::kernels::CpuIsaName(started_at)}};
 
   for (baton::kernels::CpuIsa isa : isas)

@@ -1,7 +1,6 @@
 #include "baton/kernels/attention.h"
 
 #include <cblas.h>
-#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
@@ -9,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "baton/kernels/cpu_team.h"
 #include "vector.h"
 
 namespace baton::kernels {
@@ -477,14 +477,11 @@ void Attention(std::span<const AttentionParams> batch) {
     if (p.rows < kTiledMinRows) continue;
     const GatheredKeys keys = Gather(p);
     const int64_t tiles = (p.rows + kTileRows - 1) / kTileRows;
-#pragma omp parallel
-    {
-      std::vector<float> scores;
-#pragma omp for schedule(dynamic, 1) collapse(2)
-      for (int64_t t = 0; t < tiles; ++t) {
-        for (int64_t h = 0; h < p.num_heads; ++h) AttendTile(p, keys, t * kTileRows, h, scores);
-      }
-    }
+    // The team's threads run OpenBLAS single-threaded (cpu_team.h), so each tile is one thread's.
+    ParallelForEachTask(tiles * p.num_heads, [&](int64_t task) {
+      thread_local std::vector<float> scores;
+      AttendTile(p, keys, task / p.num_heads * kTileRows, task % p.num_heads, scores);
+    });
   }
   // Flatten (entry, row, kv head) of the row-by-row entries so that the loop balances them.
   std::vector<int64_t> first_task(batch.size() + 1, 0);
@@ -497,7 +494,7 @@ void Attention(std::span<const AttentionParams> batch) {
   // Fewer (row, kv head) pairs than would keep every thread busy (a decode step of one or a few
   // requests of few kv heads): each pair's keys are split into `splits` tasks, whose weighted
   // outputs are merged once every split is done (flash-decoding's split of the keys).
-  const int64_t threads = omp_get_max_threads();
+  const int64_t threads = CpuTeamSize();
   int64_t splits = 1;
   if (pairs < threads) {
     splits = (threads + pairs - 1) / pairs;
@@ -530,48 +527,43 @@ void Attention(std::span<const AttentionParams> batch) {
                        .max = base + group * p.head_dim,
                        .total = base + group * (p.head_dim + 1)};
   };
-#pragma omp parallel
-  {
+  ParallelForEachTask(tasks, [&](int64_t t) {
     // Kept by each thread between calls: a decode step calls Attention once per layer.
     thread_local RowScratch scratch;
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t t = 0; t < tasks; ++t) {
-      const int64_t pair = t / splits, split = t % splits;
-      const size_t e = entry_of(pair);
-      const AttentionParams& p = batch[e];
-      const int64_t local = pair - first_task[e];
-      const SplitResult result = splits > 1 ? result_of(e, local, split) : SplitResult{};
-      RunAtActiveIsa<AttendRowGroup>(p, local / p.num_kv_heads, local % p.num_kv_heads, split,
-                                     splits, splits > 1 ? &result : nullptr, scratch);
-    }
-    if (splits > 1) {
-      // out = sum_s e^(max_s - M) out_s / sum_s e^(max_s - M) total_s, M the largest max_s.
-#pragma omp for schedule(static)
-      for (int64_t pair = 0; pair < pairs; ++pair) {
-        const size_t e = entry_of(pair);
-        const AttentionParams& p = batch[e];
-        const int64_t local = pair - first_task[e];
-        const int64_t row = local / p.num_kv_heads, kv_head = local % p.num_kv_heads;
-        const int64_t group = p.num_heads / p.num_kv_heads, hd = p.head_dim;
-        float* out = p.out + row * p.num_heads * hd + kv_head * group * hd;
-        for (int64_t g = 0; g < group; ++g) {
-          float top = -INFINITY;
-          for (int64_t split = 0; split < splits; ++split) {
-            top = std::max(top, result_of(e, local, split).max[g]);
-          }
-          float* o = out + g * hd;
-          std::fill(o, o + hd, 0.0f);
-          if (top == -INFINITY) continue;  // no visible key in any split: zero
-          float total = 0.0f;
-          for (int64_t split = 0; split < splits; ++split) {
-            const SplitResult r = result_of(e, local, split);
-            const float weight = std::exp(r.max[g] - top);
-            total += weight * r.total[g];
-            for (int64_t i = 0; i < hd; ++i) o[i] += weight * r.out[g * hd + i];
-          }
-          for (int64_t i = 0; i < hd; ++i) o[i] /= total;
-        }
+    const int64_t pair = t / splits, split = t % splits;
+    const size_t e = entry_of(pair);
+    const AttentionParams& p = batch[e];
+    const int64_t local = pair - first_task[e];
+    const SplitResult result = splits > 1 ? result_of(e, local, split) : SplitResult{};
+    RunAtActiveIsa<AttendRowGroup>(p, local / p.num_kv_heads, local % p.num_kv_heads, split, splits,
+                                   splits > 1 ? &result : nullptr, scratch);
+  });
+  if (splits == 1) return;
+  // Fewer than two pairs per thread: merged on this thread.
+  // out = sum_s e^(max_s - M) out_s / sum_s e^(max_s - M) total_s, M the largest max_s.
+  for (int64_t pair = 0; pair < pairs; ++pair) {
+    const size_t e = entry_of(pair);
+    const AttentionParams& p = batch[e];
+    const int64_t local = pair - first_task[e];
+    const int64_t row = local / p.num_kv_heads, kv_head = local % p.num_kv_heads;
+    const int64_t group = p.num_heads / p.num_kv_heads, hd = p.head_dim;
+    float* out = p.out + row * p.num_heads * hd + kv_head * group * hd;
+    for (int64_t g = 0; g < group; ++g) {
+      float top = -INFINITY;
+      for (int64_t split = 0; split < splits; ++split) {
+        top = std::max(top, result_of(e, local, split).max[g]);
       }
+      float* o = out + g * hd;
+      std::fill(o, o + hd, 0.0f);
+      if (top == -INFINITY) continue;  // no visible key in any split: zero
+      float total = 0.0f;
+      for (int64_t split = 0; split < splits; ++split) {
+        const SplitResult r = result_of(e, local, split);
+        const float weight = std::exp(r.max[g] - top);
+        total += weight * r.total[g];
+        for (int64_t i = 0; i < hd; ++i) o[i] += weight * r.out[g * hd + i];
+      }
+      for (int64_t i = 0; i < hd; ++i) o[i] /= total;
     }
   }
 }

@@ -5,11 +5,25 @@
 #include <cstring>
 #include <vector>
 
+#include "baton/kernels/cpu_team.h"
 #include "vector.h"
 
 namespace baton::kernels {
 
 namespace {
+
+// fn(r) for every row: a decode step's few rows on the calling thread (handing them to the team
+// costs more than they do), more rows over the team.
+template <typename Fn>
+void ForRows(int64_t rows, Fn&& fn) {
+  if (rows <= 8) {
+    for (int64_t r = 0; r < rows; ++r) fn(r);
+    return;
+  }
+  ParallelForRanges(rows, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) fn(r);
+  });
+}
 
 // One row of RMSNorm, a register at a time: the squares summed in the level's lanes (then the
 // lanes in order), out = x * inv * weight.
@@ -67,14 +81,13 @@ struct RopeTable {
     for (int64_t k = 0; k < half; ++k) {
       inv_freq[k] = std::pow(p.theta, -2.0 * static_cast<double>(k) / p.head_dim);
     }
-#pragma omp parallel for schedule(static) if (p.rows > 8)
-    for (int64_t r = 0; r < p.rows; ++r) {
+    ForRows(p.rows, [&](int64_t r) {
       for (int64_t k = 0; k < half; ++k) {
         const double angle = static_cast<double>(p.positions[r]) * inv_freq[k];
         cos[r * half + k] = static_cast<float>(std::cos(angle));
         sin[r * half + k] = static_cast<float>(std::sin(angle));
       }
-    }
+    });
   }
 };
 
@@ -110,28 +123,15 @@ void RotateRow(const RopeParams& p, const RopeTable& table, int64_t r) {
 }  // namespace
 
 void RmsNorm(const RmsNormParams& p) {
-  // A decode step's few rows run on the calling thread: a parallel region costs more.
-  if (p.rows <= 8) {
-    for (int64_t r = 0; r < p.rows; ++r) {
-      RunAtActiveIsa<RmsNormRow>(p.x + r * p.dim, p.weight, p.dim, p.eps, p.out + r * p.dim);
-    }
-    return;
-  }
-#pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < p.rows; ++r) {
+  ForRows(p.rows, [&](int64_t r) {
     RunAtActiveIsa<RmsNormRow>(p.x + r * p.dim, p.weight, p.dim, p.eps, p.out + r * p.dim);
-  }
+  });
 }
 
 void Rope(const RopeParams& p) {
   if (p.rows == 0) return;
   const RopeTable& table = TableFor(p);
-  if (p.rows <= 8) {
-    for (int64_t r = 0; r < p.rows; ++r) RotateRow(p, table, r);
-    return;
-  }
-#pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < p.rows; ++r) RotateRow(p, table, r);
+  ForRows(p.rows, [&](int64_t r) { RotateRow(p, table, r); });
 }
 
 
@@ -160,11 +160,10 @@ struct SwiGluRow {
 }  // namespace
 
 void SwiGlu(const SwiGluParams& p) {
-#pragma omp parallel for schedule(static) if (p.rows > 8)
-  for (int64_t r = 0; r < p.rows; ++r) {
+  ForRows(p.rows, [&](int64_t r) {
     const float* gate = p.gate_up + r * 2 * p.inter;
     RunAtActiveIsa<SwiGluRow>(gate, gate + p.inter, p.inter, p.out + r * p.inter);
-  }
+  });
 }
 
 void Embedding(const EmbeddingParams& p) {

@@ -1,13 +1,12 @@
 #include "baton/kernels/gemm.h"
 
-#include <omp.h>
-
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
 
+#include "baton/kernels/cpu_team.h"
 #include "vector.h"
 
 // Vectors pass between always-inlined functions only, never across a call, so the ABI note GCC
@@ -36,23 +35,23 @@ Bf16 RoundToBf16(float f) {
 }
 
 // Panel `panel` of the packed matrix holds W's rows from source_row(panel) on (16 of them, zero
-// past `out`). On the calling thread: a node loads its model on its main thread and computes on
-// another, and an OpenMP team made for the load would stay beside the one that computes, which
-// doubles the threads libgomp manages and makes every wait of the computing team sleep in the
-// kernel instead of spinning (a decode step twice as slow on 2 cores).
+// past `out`). Panels over the thread team, which is the one that computes later (one team
+// per process, whatever thread loads the model).
 template <typename T, typename Convert, typename SourceRow>
 void Pack(const PackWeightsParams& p, T* panels, Convert convert, SourceRow source_row) {
   const int64_t count = (p.out + kPanel - 1) / kPanel;
-  for (int64_t panel = 0; panel < count; ++panel) {
-    T* to = panels + panel * kPanel * p.in;
-    const int64_t first = source_row(panel);
-    for (int64_t lane = 0; lane < kPanel; ++lane) {
-      const int64_t o = first + lane;
-      for (int64_t k = 0; k < p.in; ++k) {
-        to[k * kPanel + lane] = o < p.out ? convert(p.w[o * p.in + k]) : convert(0.0f);
+  ParallelForRanges(count, [&](int64_t begin, int64_t end) {
+    for (int64_t panel = begin; panel < end; ++panel) {
+      T* to = panels + panel * kPanel * p.in;
+      const int64_t first = source_row(panel);
+      for (int64_t lane = 0; lane < kPanel; ++lane) {
+        const int64_t o = first + lane;
+        for (int64_t k = 0; k < p.in; ++k) {
+          to[k * kPanel + lane] = o < p.out ? convert(p.w[o * p.in + k]) : convert(0.0f);
+        }
       }
     }
-  }
+  });
 }
 
 int64_t InOrder(int64_t panel) {
@@ -329,7 +328,7 @@ struct PanelBlock {
   }
 };
 
-// The panels split evenly over the OpenMP team; each thread runs every row over its panels.
+// The panels split evenly over the thread team; each thread runs every row over its panels.
 template <typename W>
 void PackedGemm(const GemmParams& p, const W* panels) {
   const int64_t x_stride = p.x_stride ? p.x_stride : p.in;
@@ -337,12 +336,9 @@ void PackedGemm(const GemmParams& p, const W* panels) {
   // With swiglu, in pairs of panels (a gate panel and its up panel).
   const int64_t unit = p.swiglu != nullptr ? 2 : 1;
   const int64_t count = (p.out + kPanel * unit - 1) / (kPanel * unit);
-#pragma omp parallel
-  {
-    const int64_t team = omp_get_num_threads(), t = omp_get_thread_num();
-    const int64_t begin = unit * (count * t / team), end = unit * (count * (t + 1) / team);
-    if (begin < end) RunAtActiveIsa<PanelBlock>(p, panels, x_stride, y_stride, begin, end);
-  }
+  ParallelForRanges(count, [&](int64_t begin, int64_t end) {
+    RunAtActiveIsa<PanelBlock>(p, panels, x_stride, y_stride, unit * begin, unit * end);
+  });
 }
 
 }  // namespace

@@ -1,0 +1,66 @@
+// The CPU kernels' thread team: one set of worker threads per process, kept for its life, that
+// every parallel CPU kernel runs on. A decode step runs about 80 parallel operations of tens of
+// microseconds each, so the cost of starting one matters: an OpenMP parallel region costs about
+// 3 us on 2 cores, a hand-off to workers that are still spinning about 0.5 us. Workers spin for
+// a while after each job (so the next operation of a step finds them awake), then sleep on a
+// futex (so an idle node costs nothing).
+//
+// Size: OMP_NUM_THREADS's rules (the variable, else the CPUs this process may run on), so the
+// deployments' settings keep their meaning. Spinning: OMP_WAIT_POLICY=passive makes workers
+// sleep as soon as they are idle (tests that share the cores between processes), active makes
+// them spin for 10 ms, and unset gives 300 us.
+//
+// One job at a time: a call while another thread's job runs (two prefills on one node) runs its
+// whole job on the calling thread instead of waiting, and so does a call from inside a job. A
+// job's result must therefore not depend on how many threads ran it: split work by CpuTeamSize
+// (a constant), never by the `team` a job is given.
+//
+// OpenBLAS (the OpenMP build) is run single-threaded by the workers: a BLAS call inside a job
+// computes on the thread that makes it, and starts no OpenMP team beside this one.
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+#include <utility>
+
+namespace baton::kernels {
+
+// The number of threads a job runs on when the team is free (>= 1), fixed for the process.
+int64_t CpuTeamSize();
+
+// Runs job(ctx, t, team) once for each t in [0, team) at the same time, the calling thread
+// taking t = 0, and returns when every call has returned. team is CpuTeamSize(), or 1 when the
+// job runs on the calling thread alone (see above).
+void RunOnCpuTeam(void (*job)(void* ctx, int64_t t, int64_t team), void* ctx);
+
+// RunOnCpuTeam for any callable fn(t, team).
+template <typename Fn>
+void RunOnCpuTeam(Fn&& fn) {
+  using F = std::remove_reference_t<Fn>;
+  RunOnCpuTeam([](void* ctx, int64_t t, int64_t team) { (*static_cast<F*>(ctx))(t, team); },
+               const_cast<void*>(static_cast<const void*>(&fn)));
+}
+
+// fn(begin, end) over [0, count) cut into one contiguous range per thread.
+template <typename Fn>
+void ParallelForRanges(int64_t count, Fn&& fn) {
+  if (count <= 0) return;
+  RunOnCpuTeam([&](int64_t t, int64_t team) {
+    const int64_t begin = count * t / team, end = count * (t + 1) / team;
+    if (begin < end) fn(begin, end);
+  });
+}
+
+// fn(i) for each i in [0, count), handed out one at a time to whichever thread is free (tasks of
+// uneven cost).
+void ParallelForEachTask(int64_t count, void (*task)(void* ctx, int64_t i), void* ctx);
+
+template <typename Fn>
+void ParallelForEachTask(int64_t count, Fn&& fn) {
+  using F = std::remove_reference_t<Fn>;
+  ParallelForEachTask(
+      count, [](void* ctx, int64_t i) { (*static_cast<F*>(ctx))(i); },
+      const_cast<void*>(static_cast<const void*>(&fn)));
+}
+
+}  // namespace baton::kernels

@@ -1,0 +1,139 @@
+// The CPU kernels' thread team (kernels/cpu_team.h): every job runs once on every thread of the
+// team, nested and concurrent calls run on their own thread instead of waiting, and a BLAS call
+// inside a job starts no threads. CMake runs this suite twice, with 3 threads on the machine's
+// cores: once with workers that sleep as soon as they are idle (every job wakes them through
+// the futex) and once with workers that spin between jobs.
+#include "baton/kernels/cpu_team.h"
+
+#include <cblas.h>
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <set>
+#include <thread>
+#include <vector>
+
+namespace baton::kernels {
+namespace {
+
+constexpr int64_t kTeam = 3;  // OMP_NUM_THREADS of both runs (tests/kernels/CMakeLists.txt)
+
+int64_t ThreadsOfThisProcess() {
+  int64_t count = 0;
+  for ([[maybe_unused]] const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
+    ++count;
+  }
+  return count;
+}
+
+TEST(CpuTeamTest, EveryJobRunsOnceOnEachThreadOfTheTeam) {
+  ASSERT_EQ(CpuTeamSize(), kTeam);
+  constexpr int kJobs = 3000;
+  std::vector<std::atomic<int64_t>> calls(kTeam);
+  std::vector<std::thread::id> threads(kTeam);
+  std::atomic<int64_t> wrong_team{0};
+  for (int job = 0; job < kJobs; ++job) {
+    RunOnCpuTeam([&](int64_t t, int64_t team) {
+      if (team != kTeam || t < 0 || t >= kTeam) {
+        wrong_team.fetch_add(1);
+        return;
+      }
+      calls[t].fetch_add(1);
+      threads[t] = std::this_thread::get_id();
+    });
+    // Every call of this job has returned: its counts are all here before the next job.
+    for (int64_t t = 0; t < kTeam; ++t) ASSERT_EQ(calls[t].load(), job + 1) << "thread " << t;
+  }
+  EXPECT_EQ(wrong_team.load(), 0);
+  EXPECT_EQ(threads[0], std::this_thread::get_id());  // the caller is thread 0
+  EXPECT_EQ(std::set<std::thread::id>(threads.begin(), threads.end()).size(), kTeam);
+}
+
+TEST(CpuTeamTest, AJobWithinAJobRunsOnTheThreadThatCallsIt) {
+  std::vector<std::thread::id> outer(kTeam), inner(kTeam);
+  std::vector<int64_t> inner_team(kTeam, 0);
+  RunOnCpuTeam([&](int64_t t, int64_t) {
+    outer[t] = std::this_thread::get_id();
+    RunOnCpuTeam([&](int64_t, int64_t team) {
+      inner_team[t] = team;
+      inner[t] = std::this_thread::get_id();
+    });
+  });
+  for (int64_t t = 0; t < kTeam; ++t) {
+    EXPECT_EQ(inner_team[t], 1) << "thread " << t;
+    EXPECT_EQ(inner[t], outer[t]) << "thread " << t;
+  }
+}
+
+TEST(CpuTeamTest, ACallWhileAnotherThreadsJobRunsRunsAloneInsteadOfWaiting) {
+  // The first job holds the team until the second call has finished; were the second to wait
+  // for the team, the first would give up after its deadline and the test would fail.
+  std::atomic<bool> second_done{false}, first_running{false};
+  std::atomic<int64_t> second_team{0};
+  std::thread::id second_thread;
+  std::thread other;
+  bool waited_out = false;
+  RunOnCpuTeam([&](int64_t t, int64_t) {
+    if (t != 0) return;
+    first_running = true;
+    other = std::thread([&] {
+      RunOnCpuTeam([&](int64_t, int64_t team) {
+        second_team = team;
+        second_thread = std::this_thread::get_id();
+      });
+      second_done = true;
+    });
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (!second_done && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    waited_out = !second_done;
+  });
+  const std::thread::id other_id = other.get_id();
+  other.join();
+  EXPECT_TRUE(first_running);
+  EXPECT_FALSE(waited_out) << "the second call waited for the team";
+  EXPECT_EQ(second_team.load(), 1);
+  EXPECT_EQ(second_thread, other_id);
+}
+
+TEST(CpuTeamTest, EachTaskRunsExactlyOnce) {
+  for (int64_t count : {0, 1, 2, 5, 10007}) {
+    std::vector<std::atomic<int>> runs(count);
+    ParallelForEachTask(count, [&](int64_t i) { runs[i].fetch_add(1); });
+    for (int64_t i = 0; i < count; ++i) ASSERT_EQ(runs[i].load(), 1) << "task " << i;
+  }
+}
+
+TEST(CpuTeamTest, RangesCoverTheCountOnceInOrder) {
+  for (int64_t count : {1, 2, 3, 4, 1000}) {
+    std::vector<std::atomic<int>> runs(count);
+    ParallelForRanges(count, [&](int64_t begin, int64_t end) {
+      ASSERT_LT(begin, end);
+      for (int64_t i = begin; i < end; ++i) runs[i].fetch_add(1);
+    });
+    for (int64_t i = 0; i < count; ++i) ASSERT_EQ(runs[i].load(), 1) << "of " << count;
+  }
+}
+
+TEST(CpuTeamTest, BlasInsideAJobStartsNoThreadsAndTheCallersSettingIsKept) {
+  RunOnCpuTeam([](int64_t, int64_t) {});  // the team's workers exist from here on
+  const int64_t before = ThreadsOfThisProcess();
+  ASSERT_EQ(omp_get_max_threads(), kTeam);
+  // Large enough that OpenBLAS would split it over an OpenMP team of its own.
+  constexpr int n = 512;
+  std::vector<float> a(n * n, 1.0f), b(n * n, 2.0f), c(kTeam * n * n, 0.0f);
+  RunOnCpuTeam([&](int64_t t, int64_t) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n, b.data(), n,
+                0.0f, c.data() + t * n * n, n);
+  });
+  for (int64_t t = 0; t < kTeam; ++t) EXPECT_EQ(c[t * n * n + 7], 2.0f * n) << "thread " << t;
+  EXPECT_EQ(ThreadsOfThisProcess(), before);
+  EXPECT_EQ(omp_get_max_threads(), kTeam);
+}
+
+}  // namespace
+}  // namespace baton::kernels
