@@ -7,6 +7,7 @@
 
 #include <linux/futex.h>
 #include <omp.h>
+#include <pthread.h>
 #include <strings.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -70,7 +71,7 @@ class OneBlasThread {
 
 class Team {
  public:
-  Team() : size_(std::max(1, omp_get_max_threads())), spin_(SpinTime()) {}
+  explicit Team(int64_t size) : size_(size), spin_(SpinTime()) {}
 
   int64_t size() const { return size_; }
 
@@ -165,9 +166,25 @@ class Team {
   std::atomic<uint32_t> caller_sleeping_{0};       // the caller asleep on running_
 };
 
-// Made on first use and never destroyed: its workers may still be asleep at exit.
+// Made on first use and never destroyed: its workers may still be asleep at exit. A child of
+// fork() has none of the parent's workers (and maybe a held lock), so the handler, registered
+// when the library loads, leaves it to make a team of its own, of the same size.
+std::atomic<Team*> the_team{nullptr};
+std::atomic<int64_t> team_size{0};  // settled by the first team, kept across fork()
+
+[[maybe_unused]] const bool fork_handler = [] {
+  pthread_atfork(nullptr, nullptr, [] { the_team.store(nullptr, std::memory_order_relaxed); });
+  return true;
+}();
+
 Team& TheTeam() {
-  static Team* team = new Team();
+  Team* team = the_team.load(std::memory_order_acquire);
+  if (team != nullptr) return *team;
+  int64_t size = 0;
+  team_size.compare_exchange_strong(size, std::max(1, omp_get_max_threads()));
+  Team* made = new Team(team_size.load());
+  if (the_team.compare_exchange_strong(team, made, std::memory_order_acq_rel)) return *made;
+  delete made;  // another thread's came first (neither has started a thread yet)
   return *team;
 }
 

@@ -1,6 +1,6 @@
 // The CPU kernels' thread team (kernels/cpu_team.h): every job runs once on every thread of the
-// team, nested and concurrent calls run on their own thread instead of waiting, and a BLAS call
-// inside a job starts no threads. CMake runs this suite twice, with 3 threads on the machine's
+// team, nested and concurrent calls run on their own thread instead of waiting, a forked child
+// runs jobs on a team of its own, and a BLAS call inside a job starts no threads. CMake runs this suite twice, with 3 threads on the machine's
 // cores: once with workers that sleep as soon as they are idle (every job wakes them through
 // the futex) and once with workers that spin between jobs.
 #include "baton/kernels/cpu_team.h"
@@ -8,6 +8,9 @@
 #include <cblas.h>
 #include <gtest/gtest.h>
 #include <omp.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -117,6 +120,35 @@ TEST(CpuTeamTest, RangesCoverTheCountOnceInOrder) {
     });
     for (int64_t i = 0; i < count; ++i) ASSERT_EQ(runs[i].load(), 1) << "of " << count;
   }
+}
+
+TEST(CpuTeamTest, AForkedChildRunsJobsOnATeamOfItsOwn) {
+  RunOnCpuTeam([](int64_t, int64_t) {});  // the parent's workers exist
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    // The parent's workers are not in this process: a job waiting for them would never end.
+    std::atomic<int64_t> calls{0}, team{0};
+    RunOnCpuTeam([&](int64_t, int64_t size) {
+      calls.fetch_add(1);
+      team = size;
+    });
+    _exit(calls.load() == kTeam && team == kTeam ? 0 : 3);
+  }
+  int status = 0;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  pid_t done = 0;
+  while ((done = waitpid(child, &status, WNOHANG)) == 0 &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  if (done == 0) {
+    kill(child, SIGKILL);
+    waitpid(child, &status, 0);
+    FAIL() << "the child's job did not end within 30 s";
+  }
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0);
 }
 
 TEST(CpuTeamTest, BlasInsideAJobStartsNoThreadsAndTheCallersSettingIsKept) {

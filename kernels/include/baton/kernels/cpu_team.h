@@ -12,8 +12,10 @@
 //
 // One job at a time: a call while another thread's job runs (two prefills on one node) runs its
 // whole job on the calling thread instead of waiting, and so does a call from inside a job. A
-// job's result must therefore not depend on how many threads ran it: split work by CpuTeamSize
-// (a constant), never by the `team` a job is given.
+// job's result must therefore not depend on how many threads ran it: what is computed may be
+// cut by CpuTeamSize (a constant), and only who computes which part by the `team` a job is given
+// (ParallelForRanges, ParallelForEachTask). Jobs must not throw (the process ends if one does:
+// the other threads may still be running on the caller's stack).
 //
 // OpenBLAS (the OpenMP build) is run single-threaded by the workers: a BLAS call inside a job
 // computes on the thread that makes it, and starts no OpenMP team beside this one.
