@@ -1,8 +1,8 @@
 // The CPU kernels' thread team (kernels/cpu_team.h): every job runs once on every thread of the
 // team, nested and concurrent calls run on their own thread instead of waiting, a forked child
-// runs jobs on a team of its own, and a BLAS call inside a job starts no threads. CMake runs this suite twice, with 3 threads on the machine's
-// cores: once with workers that sleep as soon as they are idle (every job wakes them through
-// the futex) and once with workers that spin between jobs.
+// runs jobs on a team of its own, and a BLAS call inside a job starts no threads. CMake runs this
+// suite twice, with 3 threads on the machine's cores: once with workers that sleep as soon as they
+// are idle (every job wakes them through the futex) and once with workers that spin between jobs.
 #include "baton/kernels/cpu_team.h"
 
 #include <cblas.h>
