@@ -31,8 +31,12 @@ absl::StatusOr<v1::TruncationMode> ParseTruncationModeName(absl::string_view tex
        {v1::TRUNCATION_MODE_OFF, v1::TRUNCATION_MODE_MASK, v1::TRUNCATION_MODE_COMPACT}) {
     if (text == TruncationModeName(mode)) return mode;
   }
-  return absl::InvalidArgumentError(
-      absl::StrCat(field, ": '", text, "' is not a truncation mode; allowed: off, mask, compact"));
+  // The caller's text comes back in the message, cut to a bound (it may be a whole request).
+  constexpr size_t kEcho = 32;
+  return absl::InvalidArgumentError(absl::StrCat(field, ": '", text.substr(0, kEcho),
+                                                 text.size() > kEcho ? "...'" : "'",
+                                                 " is not a truncation mode; allowed: off, mask, "
+                                                 "compact"));
 }
 
 bool IsTruncationMode(v1::TruncationMode mode) {

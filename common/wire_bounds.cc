@@ -36,7 +36,7 @@ absl::Status CheckSampling(absl::string_view field, const v1::SamplingParams& s,
         field, ".stop: ", s.stop_size(), " strings; at most ", kMaxStopStrings, " are allowed"));
   }
   for (int i = 0; i < s.stop_size(); ++i) {
-    if (s.stop(i).empty() || s.stop(i).size() > kMaxStopStringBytes) {
+    if (!StopStringLengthFits(s.stop(i).size())) {
       return absl::InvalidArgumentError(absl::StrCat(field, ".stop[", i, "]: ", s.stop(i).size(),
                                                      " bytes; it must be 1 to ",
                                                      kMaxStopStringBytes, " bytes"));

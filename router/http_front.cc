@@ -176,29 +176,11 @@ void HttpFront::ReturnTenantShare(const std::string& tenant) {
 
 std::vector<HttpRoute> HttpFront::Routes() {
   std::vector<HttpRoute> routes;
-  routes.push_back({"GET", "/health", false, [this](const HttpRequest&, HttpResponder& responder) {
-                      if (ready_()) {
-                        responder.Send(200, "application/json", "{\"status\":\"serving\"}");
-                      } else {
-                        SendError(responder,
-                                  openai::ErrorFor(static_cast<int>(grpc::StatusCode::UNAVAILABLE),
-                                                   "the router has no live prefill and decode "
-                                                   "node yet"));
-                      }
-                    }});
+  routes.push_back({"GET", "/health", false,
+                    [this](const HttpRequest&, HttpResponder& responder) { Health(responder); }});
   routes.push_back(
       {"GET", "/v1/models", false, [this](const HttpRequest& request, HttpResponder& responder) {
-         if (!Authorized(request, responder)) return;
-         json data = json::array();
-         for (const openai::ModelEntry& entry : models_) {
-           data.push_back({{"id", entry.model.name},
-                           {"object", "model"},
-                           {"created", 0},
-                           {"owned_by", "baton"},
-                           {"max_model_len", entry.model.max_model_len}});
-         }
-         responder.Send(200, "application/json",
-                        json{{"object", "list"}, {"data", std::move(data)}}.dump());
+         ListModels(request, responder);
        }});
   for (const auto& [path, endpoint] :
        {std::pair{"/v1/completions", openai::Endpoint::kCompletions},
@@ -211,6 +193,29 @@ std::vector<HttpRoute> HttpFront::Routes() {
          }});
   }
   return routes;
+}
+
+void HttpFront::Health(HttpResponder& responder) const {
+  if (ready_()) {
+    responder.Send(200, "application/json", "{\"status\":\"serving\"}");
+    return;
+  }
+  SendError(responder, openai::ErrorFor(static_cast<int>(grpc::StatusCode::UNAVAILABLE),
+                                        "the router has no live prefill and decode node yet"));
+}
+
+void HttpFront::ListModels(const HttpRequest& request, HttpResponder& responder) const {
+  if (!Authorized(request, responder)) return;
+  json data = json::array();
+  for (const openai::ModelEntry& entry : models_) {
+    data.push_back({{"id", entry.model.name},
+                    {"object", "model"},
+                    {"created", 0},
+                    {"owned_by", "baton"},
+                    {"max_model_len", entry.model.max_model_len}});
+  }
+  responder.Send(200, "application/json",
+                 json{{"object", "list"}, {"data", std::move(data)}}.dump());
 }
 
 void HttpFront::Generate(openai::Endpoint endpoint, const HttpRequest& http,
@@ -228,13 +233,30 @@ void HttpFront::Generate(openai::Endpoint endpoint, const HttpRequest& http,
     SendError(responder, openai::ErrorFor(parsed.status()));
     return;
   }
+  std::unique_ptr<Call> call = StartCall(*std::move(parsed), http, responder);
+  if (call == nullptr) return;
+  // The first message, or the error, decides the status line: a request refused before
+  // its first token (bad field, queue full, no node) gets its HTTP error, streamed or not.
+  v1::GenerateResponse message;
+  if (!call->reader->Read(&message)) {
+    SendCallError(*call, call->reader->Finish(), responder);
+  } else if (call->request.stream) {
+    Stream(*call, message, responder);
+  } else {
+    Complete(*call, message, responder);
+  }
+}
+
+std::unique_ptr<HttpFront::Call> HttpFront::StartCall(openai::Request request,
+                                                      const HttpRequest& http,
+                                                      HttpResponder& responder) {
   auto call = std::make_unique<Call>(*this);
   if (!Track(&call->context)) {
     SendError(responder, openai::ErrorFor(static_cast<int>(grpc::StatusCode::UNAVAILABLE),
                                           "the router is shutting down"));
-    return;
+    return nullptr;
   }
-  call->request = *std::move(parsed);
+  call->request = std::move(request);
   // The router maps the key to its tenant (prefix-cache isolation). Only a header that
   // matched a key goes on: keys are printable ASCII, as gRPC metadata must be.
   if (const std::string* header = http.Header("authorization");
@@ -249,46 +271,44 @@ void HttpFront::Generate(openai::Endpoint endpoint, const HttpRequest& http,
                                                           model.model.name, created);
   call->reader =
       v1::Generation::NewStub(channel_)->Generate(&call->context, call->request.generate);
-  // The first message, or the error, decides the status line: a request refused before
-  // its first token (bad field, queue full, no node) gets its HTTP error, streamed or not.
-  v1::GenerateResponse message;
-  if (!call->reader->Read(&message)) {
-    const grpc::Status status = call->reader->Finish();
-    HttpHeaders headers;
-    const openai::Error error = CallError(*call, status, headers);
-    SendError(responder, error, headers);
+  return call;
+}
+
+void HttpFront::SendCallError(Call& call, const grpc::Status& status, HttpResponder& responder) {
+  HttpHeaders headers;
+  const openai::Error error = CallError(call, status, headers);
+  SendError(responder, error, headers);
+}
+
+void HttpFront::Complete(Call& call, v1::GenerateResponse& message, HttpResponder& responder) {
+  do {
+    call.writer->Add(message);
+  } while (call.reader->Read(&message));
+  const grpc::Status status = call.reader->Finish();
+  if (!status.ok()) {
+    SendCallError(call, status, responder);
     return;
   }
-  if (!call->request.stream) {
-    do {
-      call->writer->Add(message);
-    } while (call->reader->Read(&message));
-    const grpc::Status status = call->reader->Finish();
-    if (!status.ok()) {
-      HttpHeaders headers;
-      const openai::Error error = CallError(*call, status, headers);
-      SendError(responder, error, headers);
-      return;
-    }
-    responder.Send(200, "application/json", Dump(call->writer->Completion()));
-    return;
-  }
+  responder.Send(200, "application/json", Dump(call.writer->Completion()));
+}
+
+void HttpFront::Stream(Call& call, v1::GenerateResponse& message, HttpResponder& responder) {
   if (!responder.Start(200, "text/event-stream", {{"Cache-Control", "no-cache"}})) {
-    call->context.TryCancel();  // the client went away: free its decode slot
-    (void)call->reader->Finish();
+    call.context.TryCancel();  // the client went away: free its decode slot
+    (void)call.reader->Finish();
     return;
   }
   // Each message's chunks as they come, then [DONE] (after an error event when the stream
   // failed after its first token, as vLLM reports one).
   do {
-    if (!responder.Write(call->writer->Chunks(message))) {
-      call->context.TryCancel();
-      (void)call->reader->Finish();
+    if (!responder.Write(call.writer->Chunks(message))) {
+      call.context.TryCancel();
+      (void)call.reader->Finish();
       responder.End();
       return;
     }
-  } while (call->reader->Read(&message));
-  const grpc::Status status = call->reader->Finish();
+  } while (call.reader->Read(&message));
+  const grpc::Status status = call.reader->Finish();
   std::string tail;
   if (!status.ok()) {
     tail = "data: " + Dump(openai::ErrorFor(status.error_code(), status.error_message()).body) +

@@ -1,12 +1,14 @@
 #include "baton/router/openai.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <map>
-#include <set>
 #include <random>
+#include <set>
 
 #include "absl/strings/str_cat.h"
+#include "baton/common/ced_rules.h"
 #include "baton/common/wire_bounds.h"
 #include "baton/text/chat_template.h"
 #include "grpcpp/support/status.h"
@@ -466,87 +468,88 @@ absl::Status CheckJsonBounds(std::string_view body, size_t max_elements) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<Request> ParseRequest(Endpoint endpoint, std::string_view body_text,
-                                     const text::Tokenizer& tokenizer, const ServedModel& model) {
-  // The caller keeps the tokenizer alive; the entry only borrows it.
-  const ModelEntry entry{model, std::shared_ptr<const text::Tokenizer>(
-                                    std::shared_ptr<const text::Tokenizer>(), &tokenizer)};
-  return ParseRequest(endpoint, body_text, std::span<const ModelEntry>(&entry, 1));
-}
+namespace {
 
-absl::StatusOr<Request> ParseRequest(Endpoint endpoint, std::string_view body_text,
-                                     std::span<const ModelEntry> models) {
-  // Bounded before any tree is built: a prompt holds at most max_model_len token ids.
+// The body as a JSON object, bounded before any tree is built: a prompt holds at most
+// max_model_len token ids.
+absl::StatusOr<json> ParseBody(std::string_view body_text, std::span<const ModelEntry> models) {
   size_t max_elements = 1024;
   for (const ModelEntry& entry : models) {
     max_elements = std::max<size_t>(max_elements, entry.model.max_model_len);
   }
   if (absl::Status s = CheckJsonBounds(body_text, max_elements); !s.ok()) return s;
-  const json body = json::parse(body_text, nullptr, /*allow_exceptions=*/false);
+  json body = json::parse(body_text, nullptr, /*allow_exceptions=*/false);
   if (body.is_discarded()) return Invalid("body", "is not valid JSON");
   if (!body.is_object()) return Invalid("body", "must be a JSON object");
-  Request request;
-  request.endpoint = endpoint;
-  v1::GenerateRequest& g = request.generate;
-  v1::SamplingParams& s = *g.mutable_sampling();
+  return body;
+}
 
+// The entry of `models` that "model" names (absent: the first); NotFound lists those served.
+absl::StatusOr<size_t> RequestedModel(const json& body, std::span<const ModelEntry> models) {
   absl::StatusOr<std::optional<std::string>> name = String(body, "model");
   if (!name.ok()) return name.status();
-  if (name->has_value()) {
-    request.model = models.size();
-    std::string served;
-    for (size_t i = 0; i < models.size(); ++i) {
-      if (models[i].model.name == **name) request.model = i;
-      absl::StrAppend(&served, i == 0 ? "'" : ", '", models[i].model.name, "'");
-    }
-    if (request.model == models.size()) {
-      return absl::NotFoundError(absl::StrCat("model: '", **name,
-                                              "' is not served here; this server serves ", served,
-                                              " (GET /v1/models)"));
-    }
+  if (!name->has_value()) return 0;
+  size_t found = models.size();
+  std::string served;
+  for (size_t i = 0; i < models.size(); ++i) {
+    if (models[i].model.name == **name) found = i;
+    absl::StrAppend(&served, i == 0 ? "'" : ", '", models[i].model.name, "'");
   }
-  const ServedModel& model = models[request.model].model;
-  const text::Tokenizer& tokenizer = *models[request.model].tokenizer;
-  g.set_model(model.name);
-  if (absl::Status s = RefuseUnsupported(body, endpoint); !s.ok()) return s;
-
-  std::vector<int32_t> stop_ids;
-  if (endpoint == Endpoint::kCompletions) {
-    const json* prompt = Field(body, "prompt");
-    const json* p = prompt;
-    if (p != nullptr && p->is_array() && p->size() == 1 &&
-        ((*p)[0].is_string() || (*p)[0].is_array())) {
-      p = &(*p)[0];  // one prompt in a list
-    }
-    if (p == nullptr) return Invalid("prompt", "is required");
-    if (p->is_string()) {
-      if (p->get<std::string>().empty()) return Invalid("prompt", "must not be empty");
-      g.set_prompt_text(p->get<std::string>());
-    } else if (p->is_array() && !p->empty()) {
-      for (size_t i = 0; i < p->size(); ++i) {
-        const json& id = (*p)[i];
-        if (!id.is_number_integer() || id.get<int64_t>() < 0 ||
-            id.get<int64_t>() > std::numeric_limits<int32_t>::max()) {
-          return Invalid("prompt",
-                         absl::StrCat("must be a string, or a list of token ids; entry ", i,
-                                      " is not a token id (one prompt per request: n = 1)"));
-        }
-        g.add_prompt_token_ids(static_cast<int32_t>(id.get<int64_t>()));
-      }
-    } else {
-      return Invalid("prompt", "must be a non-empty string or list of token ids");
-    }
-  } else {
-    absl::StatusOr<bool> add_generation_prompt = Bool(body, "add_generation_prompt", true);
-    if (!add_generation_prompt.ok()) return add_generation_prompt.status();
-    absl::StatusOr<std::vector<int32_t>> ids =
-        ChatPrompt(body, tokenizer, *add_generation_prompt, &stop_ids);
-    if (!ids.ok()) return ids.status();
-    for (int32_t id : *ids) g.add_prompt_token_ids(id);
+  if (found == models.size()) {
+    return absl::NotFoundError(absl::StrCat("model: '", **name,
+                                            "' is not served here; this server serves ", served,
+                                            " (GET /v1/models)"));
   }
+  return found;
+}
 
-  // max_tokens: OpenAI's default is 16 for completions; chat runs to the context limit (as
-  // vLLM does), capped by the router's max_tokens_limit.
+// A completion's prompt: a string, or token ids, either alone or as the one entry of a list.
+absl::Status CompletionPrompt(const json& body, v1::GenerateRequest& g) {
+  const json* p = Field(body, "prompt");
+  if (p != nullptr && p->is_array() && p->size() == 1 &&
+      ((*p)[0].is_string() || (*p)[0].is_array())) {
+    p = &(*p)[0];  // one prompt in a list
+  }
+  if (p == nullptr) return Invalid("prompt", "is required");
+  if (p->is_string()) {
+    if (p->get<std::string>().empty()) return Invalid("prompt", "must not be empty");
+    g.set_prompt_text(p->get<std::string>());
+    return absl::OkStatus();
+  }
+  if (!p->is_array() || p->empty()) {
+    return Invalid("prompt", "must be a non-empty string or list of token ids");
+  }
+  for (size_t i = 0; i < p->size(); ++i) {
+    const json& id = (*p)[i];
+    if (!id.is_number_integer() || id.get<int64_t>() < 0 ||
+        id.get<int64_t>() > std::numeric_limits<int32_t>::max()) {
+      return Invalid("prompt", absl::StrCat("must be a string, or a list of token ids; entry ", i,
+                                            " is not a token id (one prompt per request: n = 1)"));
+    }
+    g.add_prompt_token_ids(static_cast<int32_t>(id.get<int64_t>()));
+  }
+  return absl::OkStatus();
+}
+
+// The prompt: a completion's "prompt", or the chat "messages" rendered to token ids (whose
+// template may end each turn with a stop id, added to `stop_ids`).
+absl::Status Prompt(const json& body, Endpoint endpoint, const text::Tokenizer& tokenizer,
+                    v1::GenerateRequest& g, std::vector<int32_t>& stop_ids) {
+  if (endpoint == Endpoint::kCompletions) return CompletionPrompt(body, g);
+  absl::StatusOr<bool> add_generation_prompt = Bool(body, "add_generation_prompt", true);
+  if (!add_generation_prompt.ok()) return add_generation_prompt.status();
+  absl::StatusOr<std::vector<int32_t>> ids =
+      ChatPrompt(body, tokenizer, *add_generation_prompt, &stop_ids);
+  if (!ids.ok()) return ids.status();
+  for (int32_t id : *ids) g.add_prompt_token_ids(id);
+  return absl::OkStatus();
+}
+
+// max_tokens (max_completion_tokens for chat, when max_tokens is absent). OpenAI's default is
+// 16 for completions; chat runs to the context limit (as vLLM does), capped by the router's
+// max_tokens_limit.
+absl::Status MaxTokens(const json& body, Endpoint endpoint, const ServedModel& model,
+                       int prompt_tokens, v1::SamplingParams& s) {
   const char* max_key =
       endpoint == Endpoint::kChatCompletions && Field(body, "max_tokens") == nullptr
           ? "max_completion_tokens"
@@ -559,12 +562,17 @@ absl::StatusOr<Request> ParseRequest(Endpoint endpoint, std::string_view body_te
   } else if (endpoint == Endpoint::kCompletions) {
     s.set_max_tokens(16);
   } else {
-    const int64_t room = int64_t{model.max_model_len} - g.prompt_token_ids_size();
+    const int64_t room = int64_t{model.max_model_len} - prompt_tokens;
     s.set_max_tokens(
         static_cast<uint32_t>(std::clamp<int64_t>(room, 1, int64_t{model.max_tokens_limit})));
   }
+  return absl::OkStatus();
+}
 
-  const text::GenerationDefaults& defaults = tokenizer.generation_defaults();
+// temperature, top_p and top_k; each absent one is the model's generation_config.json value,
+// else neutral.
+absl::Status Sampling(const json& body, const text::GenerationDefaults& defaults,
+                      v1::SamplingParams& s) {
   absl::StatusOr<std::optional<double>> temperature = Number(body, "temperature", 0, 100);
   if (!temperature.ok()) return temperature.status();
   s.set_temperature(static_cast<float>(temperature->value_or(defaults.temperature.value_or(1.0f))));
@@ -576,37 +584,54 @@ absl::StatusOr<Request> ParseRequest(Endpoint endpoint, std::string_view body_te
   if (!top_k.ok()) return top_k.status();
   s.set_top_k(
       static_cast<uint32_t>(std::max<int64_t>(0, top_k->value_or(defaults.top_k.value_or(0)))));
+  return absl::OkStatus();
+}
+
+// "seed"; without one each request samples differently, as OpenAI's do.
+absl::Status Seed(const json& body, v1::SamplingParams& s) {
   absl::StatusOr<std::optional<int64_t>> seed = Integer(
       body, "seed", std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max());
   if (!seed.ok()) return seed.status();
   if (seed->has_value()) {
     s.set_seed(static_cast<uint64_t>(**seed));
   } else {
-    // Without a seed each request samples differently, as OpenAI's do.
     static thread_local std::mt19937_64 rng(std::random_device{}());
     s.set_seed(rng());
   }
-  if (const json* stop = Field(body, "stop"); stop != nullptr) {
-    if (stop->is_string()) {
-      s.add_stop(stop->get<std::string>());
-    } else if (stop->is_array()) {
-      for (const json& one : *stop) {
-        if (!one.is_string()) return Invalid("stop", "must be a string or a list of strings");
-        s.add_stop(one.get<std::string>());
-      }
-    } else {
-      return Invalid("stop", "must be a string or a list of strings");
+  return absl::OkStatus();
+}
+
+// "stop": a string or a list of strings, within the wire's bounds (common/wire_bounds.h), which
+// the router would check again naming sampling.stop[i]; here the error names "stop" alone, the
+// field as the client wrote it.
+absl::Status StopStrings(const json& body, v1::SamplingParams& s) {
+  const json* stop = Field(body, "stop");
+  if (stop == nullptr) return absl::OkStatus();
+  if (stop->is_string()) {
+    s.add_stop(stop->get<std::string>());
+  } else if (stop->is_array()) {
+    for (const json& one : *stop) {
+      if (!one.is_string()) return Invalid("stop", "must be a string or a list of strings");
+      s.add_stop(one.get<std::string>());
     }
-    if (s.stop_size() > kMaxStopStrings) {
-      return Invalid("stop", absl::StrCat("at most ", kMaxStopStrings, " stop strings"));
-    }
-    for (const std::string& one : s.stop()) {
-      if (one.empty() || one.size() > kMaxStopStringBytes) {
-        return Invalid(
-            "stop", absl::StrCat("each stop string must be 1 to ", kMaxStopStringBytes, " bytes"));
-      }
+  } else {
+    return Invalid("stop", "must be a string or a list of strings");
+  }
+  if (s.stop_size() > kMaxStopStrings) {
+    return Invalid("stop", absl::StrCat("at most ", kMaxStopStrings, " stop strings"));
+  }
+  for (const std::string& one : s.stop()) {
+    if (!StopStringLengthFits(one.size())) {
+      return Invalid("stop",
+                     absl::StrCat("each stop string must be 1 to ", kMaxStopStringBytes, " bytes"));
     }
   }
+  return absl::OkStatus();
+}
+
+// The stop ids: the template's (`stop_ids`), then "stop_token_ids"; and "ignore_eos".
+absl::Status StopTokens(const json& body, const text::Tokenizer& tokenizer,
+                        std::vector<int32_t> stop_ids, v1::SamplingParams& s) {
   if (const json* ids = Field(body, "stop_token_ids"); ids != nullptr) {
     if (!ids->is_array()) return Invalid("stop_token_ids", "must be a list of token ids");
     for (const json& id : *ids) {
@@ -622,58 +647,113 @@ absl::StatusOr<Request> ParseRequest(Endpoint endpoint, std::string_view body_te
   absl::StatusOr<bool> ignore_eos = Bool(body, "ignore_eos", false);
   if (!ignore_eos.ok()) return ignore_eos.status();
   s.set_ignore_eos(*ignore_eos);
+  return absl::OkStatus();
+}
 
-  if (endpoint == Endpoint::kCompletions) {
-    absl::StatusOr<std::optional<int64_t>> logprobs = Integer(body, "logprobs", 0, 0);
-    if (!logprobs.ok()) {
-      return Invalid("logprobs",
-                     "only 0 is supported (the chosen token's log-probability; alternatives "
-                     "are not computed)");
-    }
-    request.logprobs = logprobs->has_value();
-  } else {
-    absl::StatusOr<bool> logprobs = Bool(body, "logprobs", false);
-    if (!logprobs.ok()) return logprobs.status();
-    request.logprobs = *logprobs;
+// Whether the response carries the chosen tokens' log-probabilities: completions take
+// logprobs 0 (a count of alternatives), chat takes logprobs true.
+absl::StatusOr<bool> WantsLogprobs(const json& body, Endpoint endpoint) {
+  if (endpoint == Endpoint::kChatCompletions) return Bool(body, "logprobs", false);
+  absl::StatusOr<std::optional<int64_t>> logprobs = Integer(body, "logprobs", 0, 0);
+  if (!logprobs.ok()) {
+    return Invalid("logprobs",
+                   "only 0 is supported (the chosen token's log-probability; alternatives "
+                   "are not computed)");
   }
-  g.set_logprobs(request.logprobs);
+  return logprobs->has_value();
+}
 
+// "stream" and "stream_options".
+absl::Status Streaming(const json& body, Request& request) {
   absl::StatusOr<bool> stream = Bool(body, "stream", false);
   if (!stream.ok()) return stream.status();
   request.stream = *stream;
-  if (const json* options = Field(body, "stream_options"); options != nullptr) {
-    if (!options->is_object()) return Invalid("stream_options", "must be an object");
-    absl::StatusOr<bool> usage = Bool(*options, "include_usage", false);
-    if (!usage.ok()) return Invalid("stream_options.include_usage", "must be true or false");
-    request.include_usage = *usage;
-  }
+  const json* options = Field(body, "stream_options");
+  if (options == nullptr) return absl::OkStatus();
+  if (!options->is_object()) return Invalid("stream_options", "must be an object");
+  absl::StatusOr<bool> usage = Bool(*options, "include_usage", false);
+  if (!usage.ok()) return Invalid("stream_options.include_usage", "must be true or false");
+  request.include_usage = *usage;
+  return absl::OkStatus();
+}
 
-  // baton's own options.
+// baton's truncation options: "truncation_mode" by its name (common/ced_rules.h), and
+// "truncation_keep", which needs a mode.
+absl::Status Truncation(const json& body, v1::GenerateRequest& g) {
   absl::StatusOr<std::optional<std::string>> mode = String(body, "truncation_mode");
   if (!mode.ok()) return mode.status();
   absl::StatusOr<std::optional<int64_t>> keep =
       Integer(body, "truncation_keep", 0, std::numeric_limits<uint32_t>::max());
   if (!keep.ok()) return keep.status();
-  if (mode->has_value()) {
-    const std::string& m = **mode;
-    v1::TruncationMode parsed = m == "off"       ? v1::TRUNCATION_MODE_OFF
-                                : m == "mask"    ? v1::TRUNCATION_MODE_MASK
-                                : m == "compact" ? v1::TRUNCATION_MODE_COMPACT
-                                                 : v1::TRUNCATION_MODE_UNSPECIFIED;
-    if (parsed == v1::TRUNCATION_MODE_UNSPECIFIED) {
-      return Invalid("truncation_mode", "must be \"off\", \"mask\" or \"compact\"");
-    }
-    g.mutable_truncation()->set_mode(parsed);
-    g.mutable_truncation()->set_keep(keep->value_or(0));
-  } else if (keep->has_value()) {
-    return Invalid("truncation_keep", "needs truncation_mode");
+  if (!mode->has_value()) {
+    return keep->has_value() ? Invalid("truncation_keep", "needs truncation_mode")
+                             : absl::OkStatus();
   }
+  absl::StatusOr<v1::TruncationMode> parsed = ParseTruncationModeName(**mode, "truncation_mode");
+  if (!parsed.ok()) return parsed.status();
+  g.mutable_truncation()->set_mode(*parsed);
+  g.mutable_truncation()->set_keep(keep->value_or(0));
+  return absl::OkStatus();
+}
+
+// "cache_salt" (baton's: prefix-cache isolation) and "user" (OpenAI's, checked and unused).
+absl::Status CacheSaltAndUser(const json& body, v1::GenerateRequest& g) {
   absl::StatusOr<std::optional<std::string>> salt = String(body, "cache_salt");
   if (!salt.ok()) return salt.status();
   if (salt->has_value()) g.set_cache_salt(**salt);
-  if (absl::StatusOr<std::optional<std::string>> user = String(body, "user"); !user.ok()) {
-    return user.status();
+  absl::StatusOr<std::optional<std::string>> user = String(body, "user");
+  return user.ok() ? absl::OkStatus() : user.status();
+}
+
+}  // namespace
+
+absl::StatusOr<Request> ParseRequest(Endpoint endpoint, std::string_view body_text,
+                                     const text::Tokenizer& tokenizer, const ServedModel& model) {
+  // The caller keeps the tokenizer alive; the entry only borrows it.
+  const ModelEntry entry{model, std::shared_ptr<const text::Tokenizer>(
+                                    std::shared_ptr<const text::Tokenizer>(), &tokenizer)};
+  return ParseRequest(endpoint, body_text, std::span<const ModelEntry>(&entry, 1));
+}
+
+// The fields are read in this order, so that of several bad fields the first is named.
+absl::StatusOr<Request> ParseRequest(Endpoint endpoint, std::string_view body_text,
+                                     std::span<const ModelEntry> models) {
+  absl::StatusOr<json> body = ParseBody(body_text, models);
+  if (!body.ok()) return body.status();
+  Request request;
+  request.endpoint = endpoint;
+  absl::StatusOr<size_t> index = RequestedModel(*body, models);
+  if (!index.ok()) return index.status();
+  request.model = *index;
+  const ServedModel& model = models[request.model].model;
+  const text::Tokenizer& tokenizer = *models[request.model].tokenizer;
+  v1::GenerateRequest& g = request.generate;
+  v1::SamplingParams& s = *g.mutable_sampling();
+  g.set_model(model.name);
+  if (absl::Status status = RefuseUnsupported(*body, endpoint); !status.ok()) return status;
+  std::vector<int32_t> stop_ids;  // the chat template's
+  if (absl::Status status = Prompt(*body, endpoint, tokenizer, g, stop_ids); !status.ok()) {
+    return status;
   }
+  if (absl::Status status = MaxTokens(*body, endpoint, model, g.prompt_token_ids_size(), s);
+      !status.ok()) {
+    return status;
+  }
+  if (absl::Status status = Sampling(*body, tokenizer.generation_defaults(), s); !status.ok()) {
+    return status;
+  }
+  if (absl::Status status = Seed(*body, s); !status.ok()) return status;
+  if (absl::Status status = StopStrings(*body, s); !status.ok()) return status;
+  if (absl::Status status = StopTokens(*body, tokenizer, std::move(stop_ids), s); !status.ok()) {
+    return status;
+  }
+  absl::StatusOr<bool> logprobs = WantsLogprobs(*body, endpoint);
+  if (!logprobs.ok()) return logprobs.status();
+  request.logprobs = *logprobs;
+  g.set_logprobs(request.logprobs);
+  if (absl::Status status = Streaming(*body, request); !status.ok()) return status;
+  if (absl::Status status = Truncation(*body, g); !status.ok()) return status;
+  if (absl::Status status = CacheSaltAndUser(*body, g); !status.ok()) return status;
   return request;
 }
 

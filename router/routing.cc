@@ -1,6 +1,7 @@
 #include "baton/router/routing.h"
 
 #include <algorithm>
+#include <cstdlib>
 
 namespace baton::router {
 
@@ -29,15 +30,22 @@ bool NodeLost(const grpc::Status& status) {
   return status.error_code() == grpc::StatusCode::UNAVAILABLE;
 }
 
-PrefillFailure ClassifyPrefillFailure(const grpc::Status& status, const std::string& failed_node,
-                                      int transfer_retries) {
-  const bool decode_failed = failed_node == "decode";
-  if (decode_failed && status.error_code() == grpc::StatusCode::ABORTED && transfer_retries < 2) {
-    return PrefillFailure::kRetryTransfer;
+const RetryRule& RetryRuleFor(AttemptFailure failure) {
+  for (const RetryRule& rule : kRetryPolicy) {
+    if (rule.failure == failure) return rule;
   }
-  if (decode_failed && NodeLost(status)) return PrefillFailure::kDecodeLost;
-  if (NodeLost(status)) return PrefillFailure::kPrefillLost;
-  return PrefillFailure::kFinal;
+  std::abort();  // kRetryPolicy has a rule for every AttemptFailure (routing_test checks)
+}
+
+std::optional<AttemptFailure> ClassifyPrefillFailure(const grpc::Status& status,
+                                                     const std::string& failed_node) {
+  const bool decode_failed = failed_node == "decode";
+  if (decode_failed && status.error_code() == grpc::StatusCode::ABORTED) {
+    return AttemptFailure::kTransferFailed;
+  }
+  if (decode_failed && NodeLost(status)) return AttemptFailure::kDecodeLostBeforeCommit;
+  if (NodeLost(status)) return AttemptFailure::kPrefillLost;
+  return std::nullopt;
 }
 
 }  // namespace baton::router

@@ -56,6 +56,12 @@ TEST(CedRulesTest, ModeNamesRoundTripAndUnknownNamesAreRefusedByField) {
   ASSERT_FALSE(upper.ok());
   EXPECT_THAT(std::string(upper.status().message()),
               HasSubstr("--mode: 'Mask' is not a truncation mode; allowed: off, mask, compact"));
+  // A client's value (the HTTP front's truncation_mode) comes back cut to a bound.
+  const absl::StatusOr<v1::TruncationMode> long_name =
+      ParseTruncationModeName(std::string(100000, 'x'), "truncation_mode");
+  ASSERT_FALSE(long_name.ok());
+  EXPECT_LT(long_name.status().message().size(), 200u);
+  EXPECT_THAT(std::string(long_name.status().message()), HasSubstr("xxx...' is not a truncation"));
 }
 
 }  // namespace

@@ -207,17 +207,33 @@ TEST(ClassifyPrefillFailureTest, EachFailureGoesToItsRetry) {
   const grpc::Status invalid(grpc::StatusCode::INVALID_ARGUMENT, "s_valid");
   const grpc::Status deadline(grpc::StatusCode::DEADLINE_EXCEEDED, "late");
   // The decode node's read failed: the transfer again, twice at most.
-  EXPECT_EQ(ClassifyPrefillFailure(aborted, "decode", 0), PrefillFailure::kRetryTransfer);
-  EXPECT_EQ(ClassifyPrefillFailure(aborted, "decode", 1), PrefillFailure::kRetryTransfer);
-  EXPECT_EQ(ClassifyPrefillFailure(aborted, "decode", 2), PrefillFailure::kFinal);
+  EXPECT_EQ(ClassifyPrefillFailure(aborted, "decode"), AttemptFailure::kTransferFailed);
+  EXPECT_EQ(RetryRuleFor(AttemptFailure::kTransferFailed).budget, 2);
+  EXPECT_EQ(RetryRuleFor(AttemptFailure::kTransferFailed).avoid, Avoid::kNone);
   // The prefill node could not reach the decode node: that decode node is lost.
-  EXPECT_EQ(ClassifyPrefillFailure(unavailable, "decode", 0), PrefillFailure::kDecodeLost);
+  EXPECT_EQ(ClassifyPrefillFailure(unavailable, "decode"), AttemptFailure::kDecodeLostBeforeCommit);
+  EXPECT_EQ(RetryRuleFor(AttemptFailure::kDecodeLostBeforeCommit).avoid, Avoid::kDecodeNode);
   // No attribution: the prefill node itself did not answer.
-  EXPECT_EQ(ClassifyPrefillFailure(unavailable, "", 0), PrefillFailure::kPrefillLost);
+  EXPECT_EQ(ClassifyPrefillFailure(unavailable, ""), AttemptFailure::kPrefillLost);
+  EXPECT_EQ(RetryRuleFor(AttemptFailure::kPrefillLost).avoid, Avoid::kPrefillNode);
   // The request's own errors are not retried, attributed or not.
-  EXPECT_EQ(ClassifyPrefillFailure(invalid, "", 0), PrefillFailure::kFinal);
-  EXPECT_EQ(ClassifyPrefillFailure(deadline, "decode", 0), PrefillFailure::kFinal);
-  EXPECT_EQ(ClassifyPrefillFailure(aborted, "", 0), PrefillFailure::kFinal);
+  EXPECT_EQ(ClassifyPrefillFailure(invalid, ""), std::nullopt);
+  EXPECT_EQ(ClassifyPrefillFailure(deadline, "decode"), std::nullopt);
+  EXPECT_EQ(ClassifyPrefillFailure(aborted, ""), std::nullopt);
+}
+
+// The policy is a table with one rule per failure, each within the request's attempts.
+TEST(RetryPolicyTest, OneRuleForEveryFailure) {
+  for (AttemptFailure failure :
+       {AttemptFailure::kDecodeUnreachable, AttemptFailure::kNoDecodeForWeights,
+        AttemptFailure::kTransferFailed, AttemptFailure::kDecodeLostBeforeCommit,
+        AttemptFailure::kPrefillLost, AttemptFailure::kDecodeLostMidStream}) {
+    int rules = 0;
+    for (const RetryRule& rule : kRetryPolicy) rules += rule.failure == failure ? 1 : 0;
+    EXPECT_EQ(rules, 1) << static_cast<int>(failure);
+    EXPECT_GE(RetryRuleFor(failure).budget, 1);
+    EXPECT_LE(RetryRuleFor(failure).budget, kMaxAttempts);
+  }
 }
 
 }  // namespace

@@ -28,6 +28,12 @@ inline constexpr int kMaxStopTokenIds = 64;
 inline constexpr int kMaxStopStrings = 16;
 inline constexpr uint64_t kMaxStopStringBytes = 256;
 
+// A stop string holds 1 to kMaxStopStringBytes bytes: CheckSampling's rule, which the router's
+// OpenAI front applies first with the client's field name in its error.
+constexpr bool StopStringLengthFits(uint64_t bytes) {
+  return bytes >= 1 && bytes <= kMaxStopStringBytes;
+}
+
 // `value` is at most `max_bytes` bytes.
 absl::Status CheckBytes(absl::string_view field, absl::string_view value, uint64_t max_bytes);
 

@@ -76,7 +76,25 @@ class HttpFront {
   // Takes one of `tenant`'s request threads; false (after answering 429) past its share.
   bool TakeTenantShare(const std::string& tenant, HttpResponder& responder);
   void ReturnTenantShare(const std::string& tenant);
+  // GET /health: 200 while the router is SERVING, else 503.
+  void Health(HttpResponder& responder) const;
+  // GET /v1/models: every model served (API key as /v1/*).
+  void ListModels(const HttpRequest& request, HttpResponder& responder) const;
+  // POST /v1/completions and /v1/chat/completions, in stages: the API key, the tenant's share
+  // of the threads, the body (openai.h), the Generate call, then the response (whole or
+  // streamed). Each stage that refuses answers the client itself.
   void Generate(openai::Endpoint endpoint, const HttpRequest& request, HttpResponder& responder);
+  // Opens the Generate call for a parsed request; null (after answering 503) once stopping.
+  std::unique_ptr<Call> StartCall(openai::Request request, const HttpRequest& http,
+                                  HttpResponder& responder);
+  // Answers a call that failed with `status` (429 with Retry-After: the router's hint).
+  void SendCallError(Call& call, const grpc::Status& status, HttpResponder& responder);
+  // The non-streamed response: `message` (the call's first) and those after it, as one
+  // completion object. Reads the rest into `message`.
+  void Complete(Call& call, v1::GenerateResponse& message, HttpResponder& responder);
+  // The streamed response: the server-sent events of `message` (the call's first) and of those
+  // after it, then [DONE].
+  void Stream(Call& call, v1::GenerateResponse& message, HttpResponder& responder);
   // Tracks a call for Stop; false once stopping (the caller refuses the request).
   bool Track(grpc::ClientContext* context);
   void Untrack(grpc::ClientContext* context);

@@ -10,6 +10,11 @@
 // prompt plus the tokens streamed so far on another decode node, with the original s_keep
 // (keep K + g) and the sampling step continued, so the client sees every token once.
 // Deadlines and client cancellation reach the nodes through propagated client contexts.
+//
+// The parts, each in its own file: the node registry (node_registry.h), admission
+// (admission.h), the stubs to the nodes (node_stubs.h), the routing rules and the retry policy
+// (routing.h), and one request's pipeline of stages (generate_call.h). This class is the gRPC
+// boundary: the one place where a request's absl::Status becomes its grpc::Status.
 #pragma once
 
 #include <chrono>
@@ -29,7 +34,9 @@
 #include "baton/common/rpc.h"
 #include "baton/common/stream_watch.h"
 #include "baton/kvstore/hit_policy.h"
-#include "baton/router/fair_queue.h"
+#include "baton/router/admission.h"
+#include "baton/router/node_registry.h"
+#include "baton/router/node_stubs.h"
 #include "baton/text/tokenizer.h"
 #include "baton/v1/generation.grpc.pb.h"
 #include "baton/v1/node.grpc.pb.h"
@@ -37,17 +44,6 @@
 #include "prometheus/collectable.h"
 
 namespace baton::router {
-
-// One model the router serves: the name clients ask for (GenerateRequest.model, the OpenAI
-// "model" field), the config its requests are checked against, and its tokenizer. Nodes
-// register under the name with the config's digest (ConfigDigest); nodes of one name may carry
-// different weights (a rollout), and the router pairs prefill and decode nodes of the same
-// weights' fingerprint.
-struct ServedModel {
-  std::string name;
-  ModelConfig config;
-  std::shared_ptr<const text::Tokenizer> tokenizer;  // null: token ids only
-};
 
 struct RouterOptions {
   v1::TruncationMode default_mode = v1::TRUNCATION_MODE_COMPACT;
@@ -93,7 +89,15 @@ struct RouterOptions {
   std::chrono::milliseconds stream_idle_timeout{60000};
   // The prefill call's deadline: the client's, and at most this.
   uint32_t prefill_timeout_ms = 600000;
+  // The stubs the router calls its nodes through; null: gRPC stubs over each node's channel.
+  // Tests put fakes here.
+  std::shared_ptr<NodeStubs> stubs;
 };
+
+// Where a Generate call's messages go (a gRPC ServerWriter, or a test's fake).
+using ResponseWriter = grpc::ServerWriterInterface<v1::GenerateResponse>;
+
+struct RouterMetrics;
 
 // prompt_text may hold at most this many bytes per token of --max-model-len: room for any
 // real text, and a bound on what one request can make the tokenizer read.
@@ -106,6 +110,9 @@ class RouterService final : public v1::Generation::Service, public v1::Registry:
 
   grpc::Status Generate(grpc::ServerContext* context, const v1::GenerateRequest* request,
                         grpc::ServerWriter<v1::GenerateResponse>* writer) override;
+  // Generate with any writer: what Generate runs, and what in-process tests call.
+  grpc::Status Serve(grpc::ServerContext* context, const v1::GenerateRequest& request,
+                     ResponseWriter* writer);
   grpc::Status Register(grpc::ServerContext* context, const v1::RegisterRequest* request,
                         v1::RegisterResponse* reply) override;
   // The models served, each with the weights that can serve it now (API key as Generate).
@@ -140,96 +147,27 @@ class RouterService final : public v1::Generation::Service, public v1::Registry:
   absl::StatusOr<size_t> ResolveModel(const std::string& name) const;
 
  private:
-  struct Node {
-    v1::RegisterRequest info;
-    std::chrono::steady_clock::time_point last_seen;
-    int64_t inflight = 0;    // requests this router sent there and has not finished
-    int64_t prefilling = 0;  // of those, prefills not yet answered (prefill nodes)
-    std::shared_ptr<grpc::Channel> channel;
-    std::string identity;   // the certificate identity it registered with ("" without TLS)
-    bool draining = false;  // its last registration said so: it gets no new request
-    size_t model = 0;       // its index in models_ (prefill and decode nodes)
-  };
-  // What one request did, for its metrics and log lines.
-  struct Trace {
-    std::string id;
-    std::string tenant;  // from the client's API key; "" without keys
-    std::chrono::steady_clock::time_point start;
-    std::optional<std::chrono::steady_clock::time_point> last_token;
-    int64_t tokens = 0;
-    int64_t prompt_tokens = 0;  // once encoded (a text prompt's ids)
-    std::string prefill_node;   // the nodes of the last attempt, for the log line
-    std::string decode_node;
-    size_t model = 0;            // the served model's index
-    bool holds_stream = false;   // admitted: counted in its tenant's share of decode slots
-  };
-  struct Metrics;
-
-  grpc::Status Serve(grpc::ServerContext* context, const v1::GenerateRequest* request,
-                     grpc::ServerWriter<v1::GenerateResponse>* writer, Trace& trace);
-  // Records `n` tokens handed to the client now: time to first token, then inter-token times.
-  void Delivered(Trace& trace, int n);
-  // Writes one message to the client, cancelling the call if it stays blocked past
-  // --stream-idle-timeout; false when the client is gone.
-  bool Send(grpc::ServerContext* context, grpc::ServerWriter<v1::GenerateResponse>* writer,
-            const v1::GenerateResponse& response);
-  // The prefix hit H (tokens) for a request, or 0 when the store is absent, slow or failing.
-  uint32_t PrefixHit(const v1::GenerateRequest& request, const ModelConfig& config,
-                     const Effective& effective, const std::string& fingerprint,
-                     const std::string& tenant);
-  // The live node of `role` with the least load, not in `exclude`, serving `fingerprint` (any
-  // when empty); nullptr when none.
-  std::shared_ptr<Node> Pick(v1::NodeRole role, const std::vector<std::string>& exclude,
-                             const std::string& fingerprint = "");
-  // Waits in the admission queue (see RouterOptions) for a prefill node, not in `exclude`,
-  // with a free slot, and takes the slot; `tenant`'s turn comes by fair_queue.h. A retry after
-  // a lost node does not queue behind new requests. UNAVAILABLE when no prefill node is live,
-  // RESOURCE_EXHAUSTED (with `retry_after_ms` set) past the queue's bound, CANCELLED or
-  // DEADLINE_EXCEEDED with the client's call.
-  // Only prefill nodes of served model `model` are taken, of weights `fingerprint` when it is
-  // not empty, and only those whose weights a live decode node also serves.
-  // `lost_decode` are decode nodes this request gave up on. A request first admitted counts
-  // in its tenant's share of the decode slots (StreamShare) until ReleaseStream; a tenant
-  // holding its share waits, and its turn passes to the others.
-  absl::StatusOr<std::shared_ptr<Node>> AdmitPrefill(grpc::ServerContext* context,
-                                                     const std::vector<std::string>& exclude,
-                                                     Trace& trace, bool retry,
-                                                     int64_t* retry_after_ms, size_t model,
-                                                     const std::string& fingerprint,
-                                                     const std::vector<std::string>& lost_decode);
-  // How many requests of one tenant may be admitted at once for served model `model`
-  // (RouterOptions::max_streams_per_tenant). mutex_ held.
-  int64_t StreamShare(size_t model) const;
-  // The request's place in its tenant's share is free again.
-  void ReleaseStream(const Trace& trace);
-  // Frees the slot AdmitPrefill took; `took` feeds the retry hint.
-  void PrefillDone(Node& node, std::chrono::steady_clock::duration took);
-  void MarkDown(const std::string& node_id);
-  // A live decode node of served model `model`, not draining and not in `exclude`, exists.
-  bool AnyDecode(size_t model, const std::vector<std::string>& exclude) const;
-
-  std::vector<ServedModel> models_;          // [0]: the constructor's
-  std::vector<std::string> config_digests_;  // ConfigDigest of each
+  std::vector<ServedModel> models_;  // [0]: the constructor's
   RouterOptions options_;
-  mutable std::mutex mutex_;
-  std::map<std::string, std::shared_ptr<Node>> nodes_;
-  std::set<std::string> refused_nodes_;  // refused (or renamed) registrations already logged
-  static constexpr size_t kMaxNoted = 4096;
-  std::condition_variable admission_;  // a prefill slot was freed, or the queue moved
-  std::vector<FairQueue> queues_;      // the requests waiting for admission, per model
-  // Per model, admitted requests not yet finished, by tenant (no zeros).
-  std::vector<std::map<std::string, int64_t>> streams_;
-  double prefill_ms_average_ = 100;    // moving average of a prefill's time, for retry hints
-  mutable bool kvstore_seen_ = false;  // a kvstore has registered since start
+  std::unique_ptr<RouterMetrics> metrics_;
+  std::unique_ptr<StreamWatch> idle_watch_;
+  NodeRegistry registry_;
+  Admission admission_;
+  std::shared_ptr<NodeStubs> stubs_;
+  mutable std::mutex mutex_;  // what follows
   bool stop_ = false;
   bool draining_ = false;   // Drain was called
   HealthSetter health_;     // WatchHealth's (Drain turns readiness off through it)
   int64_t open_calls_ = 0;  // Generate calls in progress
   std::condition_variable calls_ended_;
+  std::condition_variable stopping_;
   std::thread health_thread_;
-  std::unique_ptr<Metrics> metrics_;
-  std::unique_ptr<StreamWatch> idle_watch_;
-  std::shared_ptr<prometheus::Collectable> nodes_collector_;  // baton_nodes{role}
+  std::shared_ptr<prometheus::Collectable> nodes_collector_;  // baton_nodes{role} and more
 };
+
+// RouterService::Validate for the models `models` under `options`.
+absl::StatusOr<RouterService::Effective> ValidateRequest(const v1::GenerateRequest& request,
+                                                         const std::vector<ServedModel>& models,
+                                                         const RouterOptions& options);
 
 }  // namespace baton::router

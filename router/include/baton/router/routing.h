@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -39,17 +40,59 @@ int64_t SelectNode(std::span<const NodeLoad> nodes, v1::NodeRole role,
 // request's own outcome.
 bool NodeLost(const grpc::Status& status);
 
-// What the router does after a failed PrefillNode.Prefill call.
-enum class PrefillFailure {
-  kRetryTransfer,  // the decode node's read of the StateBlock failed: the same nodes again
-  kDecodeLost,     // the prefill node could not reach the decode node: another decode node
-  kPrefillLost,    // the prefill node itself is gone: another prefill node
-  kFinal,          // the request's own error: returned to the client
+// Why an attempt failed in a way that another attempt may cure (DESIGN section 6). Every
+// other failure is the request's own outcome, returned to the client.
+enum class AttemptFailure {
+  kDecodeUnreachable,       // Reserve: the decode node did not answer
+  kNoDecodeForWeights,      // the admitted prefill node's weights lost their last decode node
+  kTransferFailed,          // the decode node's read of the StateBlock failed
+  kDecodeLostBeforeCommit,  // the prefill node could not reach the decode node
+  kPrefillLost,             // the prefill node did not answer
+  kDecodeLostMidStream,     // the decode node's stream broke: prompt + streamed tokens again
 };
 
-// `failed_node` is the call's baton-failed-node trailer ("" when absent); `transfer_retries`
-// how many transfer retries the request has had (at most 2 are made).
-PrefillFailure ClassifyPrefillFailure(const grpc::Status& status, const std::string& failed_node,
-                                      int transfer_retries);
+// The node the next attempt does without.
+enum class Avoid { kNone, kDecodeNode, kPrefillNode };
+
+// What the router does after one kind of failure.
+struct RetryRule {
+  AttemptFailure failure;
+  Avoid avoid;
+  bool mark_down;      // the avoided node is taken for down until it registers again
+  int budget;          // retries of this kind per request; past it the error is the client's
+  const char* reason;  // baton_retries_total{reason}; nullptr: not counted
+  const char* log;     // the router's log line; nullptr: none
+};
+
+// A request makes at most this many attempts in all, whatever the budgets.
+inline constexpr int kMaxAttempts = 6;
+
+// The retry policy: one rule per AttemptFailure, consumed by the request's one retry loop
+// (GenerateCall::Run).
+inline constexpr RetryRule kRetryPolicy[] = {
+    {AttemptFailure::kDecodeUnreachable, Avoid::kDecodeNode, true, kMaxAttempts, nullptr, nullptr},
+    // A rollout drained the weights the admitted prefill node serves: another prefill node may
+    // still have a partner (it is not down).
+    {AttemptFailure::kNoDecodeForWeights, Avoid::kPrefillNode, false, kMaxAttempts, nullptr,
+     nullptr},
+    // The peer or the transport failed, not a node: the transfer again, twice at most.
+    {AttemptFailure::kTransferFailed, Avoid::kNone, false, 2, "transfer_failed",
+     "StateBlock transfer failed; retrying"},
+    {AttemptFailure::kDecodeLostBeforeCommit, Avoid::kDecodeNode, true, kMaxAttempts, "decode_lost",
+     "decode node lost before its commit; retrying on another"},
+    {AttemptFailure::kPrefillLost, Avoid::kPrefillNode, true, kMaxAttempts, "prefill_lost",
+     "prefill node lost; retrying on another"},
+    // Re-prefill prompt + the tokens streamed so far on another decode node, keeping s_keep
+    // and the sampling step, so the client sees every token once.
+    {AttemptFailure::kDecodeLostMidStream, Avoid::kDecodeNode, true, kMaxAttempts, "decode_lost",
+     "decode node lost; re-prefilling prompt + tokens so far on another"},
+};
+
+const RetryRule& RetryRuleFor(AttemptFailure failure);
+
+// What a failed PrefillNode.Prefill call means: `failed_node` is the call's baton-failed-node
+// trailer ("" when absent). nullopt: the request's own error.
+std::optional<AttemptFailure> ClassifyPrefillFailure(const grpc::Status& status,
+                                                     const std::string& failed_node);
 
 }  // namespace baton::router

@@ -1,0 +1,419 @@
+#include "generate_call.h"
+
+#include "absl/strings/str_cat.h"
+#include "baton/common/log.h"
+#include "baton/common/rpc.h"
+#include "baton/common/wire_bounds.h"
+#include "baton/kvstore/chain.h"
+#include "baton/kvstore/hit_policy.h"
+
+namespace baton::router {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// A client context that carries the caller's cancellation and deadline, capped at `cap`.
+std::unique_ptr<grpc::ClientContext> Propagated(grpc::ServerContext* server,
+                                                std::chrono::milliseconds cap) {
+  auto client = grpc::ClientContext::FromServerContext(*server);
+  const auto capped = std::chrono::system_clock::now() + cap;
+  if (server->deadline() > capped) client->set_deadline(capped);
+  return client;
+}
+
+double Seconds(Clock::duration d) {
+  return std::chrono::duration<double>(d).count();
+}
+
+absl::Status ClientGone() {
+  return absl::CancelledError("client went away");
+}
+
+}  // namespace
+
+GenerateCall::GenerateCall(const RouterParts& router, grpc::ServerContext* context,
+                           const v1::GenerateRequest& request, ResponseWriter* writer,
+                           RequestTrace& trace)
+    : router_(router), context_(context), request_(&request), writer_(writer), trace_(trace) {}
+
+absl::Status GenerateCall::Run() {
+  if (absl::Status s = Resolve(); !s.ok()) return s;
+  if (absl::Status s = Validate(); !s.ok()) return s;
+  for (int attempt = 0; attempt < kMaxAttempts; ++attempt) {
+    failure_.reset();
+    absl::Status status = RunAttempt(attempt);
+    if (finished_ || !failure_.has_value()) return status;
+    const RetryRule& rule = RetryRuleFor(*failure_);
+    if (++retries_[*failure_] > rule.budget) return status;
+    Retry(rule, status);
+  }
+  return absl::UnavailableError("nodes kept failing; gave up");
+}
+
+absl::Status GenerateCall::RunAttempt(int index) {
+  Attempt attempt;
+  attempt.index = index;
+  attempt.g = static_cast<uint32_t>(generated_.size());
+  for (Stage stage :
+       {&GenerateCall::Admit, &GenerateCall::Reserve, &GenerateCall::LookUpPrefix,
+        &GenerateCall::Prefill, &GenerateCall::RelayFirst, &GenerateCall::RelayStream}) {
+    if (absl::Status s = (this->*stage)(attempt); !s.ok() || finished_) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GenerateCall::Fail(AttemptFailure failure, const RegisteredNode& node,
+                                absl::Status status) {
+  failure_ = failure;
+  failed_node_ = node.id();
+  return status;
+}
+
+void GenerateCall::Retry(const RetryRule& rule, const absl::Status& status) {
+  if (rule.avoid != Avoid::kNone) {
+    if (rule.mark_down) router_.registry.MarkDown(failed_node_);
+    (rule.avoid == Avoid::kDecodeNode ? lost_decode_ : lost_prefill_).push_back(failed_node_);
+  }
+  if (rule.reason != nullptr) router_.metrics.retries.Add({{"reason", rule.reason}}).Increment();
+  if (rule.log == nullptr) return;
+  const char* role = rule.avoid == Avoid::kPrefillNode ? "prefill" : "decode";
+  std::string message = absl::StrCat(role, " node ", failed_node_, " lost");
+  if (*failure_ == AttemptFailure::kTransferFailed) {
+    message = absl::StrCat("StateBlock transfer to decode node ", failed_node_, " failed");
+  } else if (*failure_ == AttemptFailure::kDecodeLostMidStream) {
+    absl::StrAppend(&message, " after ", generated_.size(), " tokens");
+  }
+  log::Warn(rule.log, {{"request_id", trace_.id},
+                       {"node", failed_node_},
+                       {"error", std::string(status.message())},
+                       {"tokens", generated_.size()},
+                       {"message", message}});
+}
+
+// A text prompt becomes token ids here, so that everything past this point (validation,
+// prefix keys, the nodes) sees ids only.
+absl::Status GenerateCall::Resolve() {
+  absl::StatusOr<size_t> model = ResolveServedModel(router_.models, request_->model());
+  if (!model.ok()) return model.status();
+  model_ = &router_.models[*model];
+  trace_.hold.model = *model;
+  const text::Tokenizer* tokenizer = model_->tokenizer.get();
+  if (tokenizer == nullptr) return absl::OkStatus();
+  if (request_->prompt_token_ids().empty() && !request_->prompt_text().empty()) {
+    const uint64_t max_bytes = uint64_t{kPromptTextBytesPerToken} * router_.options.max_model_len;
+    if (absl::Status s = CheckBytes("prompt_text", request_->prompt_text(), max_bytes); !s.ok()) {
+      return s;
+    }
+    encoded_ = *request_;
+    encoded_.clear_prompt_text();
+    for (int32_t id : tokenizer->Encode(request_->prompt_text(), tokenizer->add_bos())) {
+      encoded_.add_prompt_token_ids(id);
+    }
+    if (encoded_.prompt_token_ids().empty()) {
+      return absl::InvalidArgumentError(
+          "prompt_text: the text encodes to no tokens; send some text");
+    }
+    request_ = &encoded_;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GenerateCall::Validate() {
+  absl::StatusOr<RouterService::Effective> effective =
+      ValidateRequest(*request_, router_.models, router_.options);
+  if (!effective.ok()) return effective.status();
+  effective_ = *effective;
+  const auto& prompt = request_->prompt_token_ids();
+  router_.metrics.prompt_tokens.Increment(prompt.size());
+  trace_.prompt_tokens = prompt.size();
+  usage_.set_prompt_tokens(static_cast<uint32_t>(prompt.size()));
+  // The text of what is streamed, where there is a tokenizer: decoded a token at a time and
+  // cut at the first stop string (its tokens end the generation there).
+  if (const text::Tokenizer* tokenizer = model_->tokenizer.get(); tokenizer != nullptr) {
+    detokenizer_.emplace(*tokenizer, std::span<const int32_t>(prompt.data(), prompt.size()));
+    stop_strings_.emplace(std::vector<std::string>(request_->sampling().stop().begin(),
+                                                   request_->sampling().stop().end()));
+  }
+  return absl::OkStatus();
+}
+
+// The prefill node first, once one has a free slot: the reservation names the identity that
+// may fill it, and is taken only now, so it never expires in a queue.
+absl::Status GenerateCall::Admit(Attempt& attempt) {
+  if (attempt.g == 0) {
+    // Nothing streamed yet: an attempt starts afresh, on any weights of the model (a rollout
+    // may have drained the ones the last attempt chose).
+    s_valid_.reset();
+    fingerprint_.clear();
+  }
+  int64_t retry_after_ms = 0;
+  absl::StatusOr<Admission::Admitted> admitted =
+      router_.admission.Admit(*context_,
+                              {.retry = attempt.index > 0,
+                               .fingerprint = fingerprint_,
+                               .exclude = lost_prefill_,
+                               .lost_decode = lost_decode_},
+                              trace_.hold, &retry_after_ms);
+  if (!admitted.ok()) {
+    if (absl::IsResourceExhausted(admitted.status())) {
+      context_->AddTrailingMetadata(kRetryAfterKey, std::to_string(retry_after_ms));
+    }
+    return admitted.status();
+  }
+  attempt.prefill = *std::move(admitted);
+  return absl::OkStatus();
+}
+
+absl::Status GenerateCall::Reserve(Attempt& attempt) {
+  const RegisteredNode& prefill = *attempt.prefill.node;
+  attempt.decode =
+      router_.registry.Pick(v1::NODE_ROLE_DECODE, lost_decode_, prefill.info.model_fingerprint());
+  if (!attempt.decode) {
+    // While the request is not tied to the prefill node's weights, another prefill node may
+    // still have a partner.
+    if (fingerprint_.empty() && router_.registry.AnyDecode(trace_.hold.model, lost_decode_)) {
+      return Fail(AttemptFailure::kNoDecodeForWeights, prefill,
+                  absl::UnavailableError("no decode node serves the prefill node's weights"));
+    }
+    return absl::UnavailableError("no decode node is available");
+  }
+  const RegisteredNode& decode = *attempt.decode;
+  trace_.prefill_node = prefill.id();
+  trace_.decode_node = decode.id();
+  attempt.decode_stub = router_.stubs.Decode(decode);
+  v1::ReserveRequest reserve;
+  reserve.set_request_id(absl::StrCat(trace_.id, "#", attempt.index));  // the node logs it
+  reserve.set_prefill_identity(prefill.identity);
+  reserve.set_prefill_address(prefill.info.address());
+  reserve.set_prefill_ucx_worker_address(prefill.info.ucx_worker_address());
+  reserve.set_prompt_tokens(static_cast<uint32_t>(request_->prompt_token_ids_size()) + attempt.g);
+  reserve.set_model_fingerprint(decode.info.model_fingerprint());
+  *reserve.mutable_sampling() = request_->sampling();
+  reserve.set_logprobs(request_->logprobs());
+  reserve.set_timeout_ms(router_.options.reservation_timeout_ms);
+  reserve.set_completed_tokens(attempt.g);
+  auto context =
+      Propagated(context_, std::chrono::milliseconds(router_.options.reservation_timeout_ms));
+  const grpc::Status status =
+      attempt.decode_stub->Reserve(context.get(), reserve, &attempt.reservation);
+  if (status.ok()) return absl::OkStatus();
+  if (NodeLost(status)) {
+    return Fail(AttemptFailure::kDecodeUnreachable, decode, FromGrpcStatus(status));
+  }
+  return FromGrpcStatus(status);
+}
+
+absl::Status GenerateCall::LookUpPrefix(Attempt& attempt) {
+  if (!s_valid_.has_value()) {
+    fingerprint_ = attempt.decode->info.model_fingerprint();
+    s_valid_ = PrefixHit(fingerprint_);
+  }
+  return absl::OkStatus();
+}
+
+uint32_t GenerateCall::PrefixHit(const std::string& fingerprint) {
+  if (effective_.mode == v1::TRUNCATION_MODE_OFF) return 0;  // DESIGN section 5, step 4
+  NodeLease store = router_.registry.Pick(v1::NODE_ROLE_KVSTORE, {});
+  if (!store) return 0;
+  const ModelConfig& config = model_->config;
+  const std::vector<int32_t> tokens(request_->prompt_token_ids().begin(),
+                                    request_->prompt_token_ids().end());
+  v1::LookupRequest lookup;
+  for (const Sha256Digest& key : kvstore::ChainKeys(
+           fingerprint, trace_.hold.tenant, request_->cache_salt(), tokens, config.kv_block_size)) {
+    lookup.add_keys(kvstore::KeyBytes(key));
+  }
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() +
+                       std::chrono::milliseconds(router_.options.lookup_timeout_ms));
+  v1::LookupResponse found;
+  router_.metrics.prefix_queries.Increment();
+  if (grpc::Status s = router_.stubs.KvStore(*store)->Lookup(&context, lookup, &found); !s.ok()) {
+    log::Warn("prefix lookup failed; running cold", {{"error", s.error_message()}});
+    router_.metrics.prefix_query_failures.Increment();
+    return 0;  // the store never fails a request
+  }
+  kvstore::ChainLookup chain;
+  chain.block_kv_blocks = found.block_kv_blocks();
+  chain.swa_present.assign(found.swa_present().begin(), found.swa_present().end());
+  const int64_t h = kvstore::HitBlocks({.prompt_len = static_cast<int64_t>(tokens.size()),
+                                        .keep = effective_.keep,
+                                        .truncation_on = true,
+                                        .ring_capacity = config.ring_capacity(),
+                                        .window = config.sliding_window,
+                                        .block_size = config.kv_block_size,
+                                        .cap = router_.options.hit_cap},
+                                       chain);
+  if (h > 0) {
+    router_.metrics.prefix_hits.Increment();
+    router_.metrics.cached_tokens.Increment(static_cast<double>(h * config.kv_block_size));
+  }
+  return static_cast<uint32_t>(h * config.kv_block_size);
+}
+
+// A re-prefill covers prompt + the g tokens streamed so far, with keep K + g so that s_keep
+// stays where the undisturbed prefill put it (DESIGN section 6).
+absl::Status GenerateCall::Prefill(Attempt& attempt) {
+  v1::PrefillRequest prefill;
+  *prefill.mutable_request() = *request_;
+  prefill.mutable_request()->clear_prompt_text();
+  prefill.mutable_request()->set_request_id(trace_.id);  // the nodes log under the router's id
+  for (int32_t t : generated_) prefill.mutable_request()->add_prompt_token_ids(t);
+  prefill.set_mode(effective_.mode);
+  prefill.set_keep(effective_.mode == v1::TRUNCATION_MODE_OFF ? 0 : effective_.keep + attempt.g);
+  prefill.set_transport(router_.options.transport);
+  prefill.set_completed_tokens(attempt.g);
+  prefill.set_tenant(trace_.hold.tenant);
+  *prefill.mutable_reservation() = attempt.reservation;
+  prefill.set_decode_address(attempt.decode->info.address());
+  prefill.set_decode_identity(attempt.decode->identity);
+  prefill.set_s_valid(s_valid_.value_or(0));
+
+  const RegisteredNode& node = *attempt.prefill.node;
+  auto context =
+      Propagated(context_, std::chrono::milliseconds(router_.options.prefill_timeout_ms));
+  const grpc::Status status =
+      router_.stubs.Prefill(node)->Prefill(context.get(), prefill, &attempt.prefilled);
+  attempt.prefill.slot.Done();
+  if (status.ok()) return absl::OkStatus();
+  ReleaseReservation(attempt);
+  // A failure the prefill node attributes to the decode node (its commit could not reach it)
+  // is the decode node's.
+  const std::optional<AttemptFailure> failure =
+      ClassifyPrefillFailure(status, router_.stubs.FailedNode(*context));
+  if (!failure.has_value()) return FromGrpcStatus(status);
+  return Fail(*failure, *failure == AttemptFailure::kPrefillLost ? node : *attempt.decode,
+              FromGrpcStatus(status));
+}
+
+void GenerateCall::ReleaseReservation(Attempt& attempt) {
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  v1::ReleaseRequest release;
+  release.set_reservation_id(attempt.reservation.reservation_id());
+  v1::ReleaseResponse ignored;
+  (void)attempt.decode_stub->Release(&context, release, &ignored);
+}
+
+absl::Status GenerateCall::RelayFirst(Attempt& attempt) {
+  const v1::PrefillResponse& prefilled = attempt.prefilled;
+  generated_.push_back(prefilled.first_token());
+  if (attempt.g == 0) {
+    router_.metrics.replayed_rows.Increment(prefilled.usage().replayed_rows());
+    usage_.set_replayed_rows(prefilled.usage().replayed_rows());
+    usage_.set_cached_tokens(prefilled.usage().cached_tokens());
+    timings_.set_ttft_ms(
+        std::chrono::duration<double, std::milli>(Clock::now() - trace_.start).count());
+    timings_.set_prefill_ms(prefilled.prefill_ms());
+    timings_.set_transfer_ms(prefilled.transfer_ms());
+  }
+  v1::GenerateResponse first;
+  first.set_request_id(trace_.id);
+  first.add_token_ids(prefilled.first_token());
+  if (request_->logprobs()) first.add_logprobs(prefilled.first_logprob());
+  if (attempt.g == 0) *first.mutable_prompt_logprobs() = prefilled.prompt_logprobs();
+  if (AddText(prefilled.first_token(), first)) {
+    // The first token completed a stop string: the request ends here, and the state the
+    // decode node holds for it is freed.
+    Finish(v1::FINISH_REASON_STOP, first);
+    ReleaseReservation(attempt);
+    finished_ = true;
+    return Send(first) ? absl::OkStatus() : ClientGone();
+  }
+  if (!Send(first)) {
+    ReleaseReservation(attempt);
+    finished_ = true;
+    return ClientGone();
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GenerateCall::RelayStream(Attempt& attempt) {
+  auto context = grpc::ClientContext::FromServerContext(*context_);
+  v1::StreamRequest open;
+  open.set_reservation_id(attempt.reservation.reservation_id());
+  auto stream = attempt.decode_stub->Stream(context.get(), open);
+  v1::DecodeOutput output;
+  while (stream->Read(&output)) {
+    v1::GenerateResponse response;
+    response.set_request_id(trace_.id);
+    bool stopped = false;
+    for (int i = 0; i < output.token_ids_size() && !stopped; ++i) {
+      generated_.push_back(output.token_ids(i));
+      response.add_token_ids(output.token_ids(i));
+      if (request_->logprobs()) response.add_logprobs(output.logprobs(i));
+      stopped = AddText(output.token_ids(i), response);
+    }
+    if (!stopped && output.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) {
+      stopped = FlushText(response);
+      Finish(output.finish_reason(), response);
+    }
+    if (stopped) {
+      // A stop string ends the generation at the token that completed it; the decode node
+      // sees the cancel and frees the request's slot and pages.
+      Finish(v1::FINISH_REASON_STOP, response);
+      context->TryCancel();
+      finished_ = true;
+      return Send(response) ? absl::OkStatus() : ClientGone();
+    }
+    if (!Send(response)) {
+      context->TryCancel();
+      finished_ = true;
+      return ClientGone();
+    }
+  }
+  const grpc::Status status = stream->Finish();
+  finished_ = status.ok();
+  if (status.ok()) return absl::OkStatus();
+  if (context_->IsCancelled()) return absl::CancelledError("cancelled");
+  if (NodeLost(status)) {
+    return Fail(AttemptFailure::kDecodeLostMidStream, *attempt.decode, FromGrpcStatus(status));
+  }
+  return FromGrpcStatus(status);
+}
+
+bool GenerateCall::AddText(int32_t token, v1::GenerateResponse& response) {
+  if (!detokenizer_.has_value()) return false;
+  text::StopStrings::Step step = stop_strings_->Push(detokenizer_->Next(token));
+  response.mutable_text()->append(step.text);
+  return step.stopped;
+}
+
+bool GenerateCall::FlushText(v1::GenerateResponse& response) {
+  if (!detokenizer_.has_value()) return false;
+  text::StopStrings::Step step = stop_strings_->Push(detokenizer_->Flush());
+  response.mutable_text()->append(step.text);
+  if (!step.stopped) response.mutable_text()->append(stop_strings_->Flush());
+  return step.stopped;
+}
+
+void GenerateCall::Finish(v1::FinishReason reason, v1::GenerateResponse& response) {
+  usage_.set_completion_tokens(static_cast<uint32_t>(generated_.size()));
+  response.set_finish_reason(reason);
+  *response.mutable_usage() = usage_;
+  *response.mutable_timings() = timings_;
+}
+
+bool GenerateCall::Send(const v1::GenerateResponse& response) {
+  {
+    StreamWatch::Writing writing(router_.idle_watch, context_);
+    if (!writer_->Write(response)) return false;
+  }
+  // Time to first token, then inter-token times, as the client sees them.
+  const int n = response.token_ids_size();
+  if (n <= 0) return true;
+  const auto now = Clock::now();
+  if (!trace_.last_token.has_value()) {
+    router_.metrics.ttft.Observe(Seconds(now - trace_.start));
+    for (int i = 1; i < n; ++i) router_.metrics.itl.Observe(0);
+  } else {
+    const double each = Seconds(now - *trace_.last_token) / n;
+    for (int i = 0; i < n; ++i) router_.metrics.itl.Observe(each);
+  }
+  trace_.last_token = now;
+  trace_.tokens += n;
+  router_.metrics.generation_tokens.Increment(n);
+  return true;
+}
+
+}  // namespace baton::router

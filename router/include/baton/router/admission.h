@@ -1,0 +1,122 @@
+// The router's admission (DESIGN section 6): requests wait in one queue per served model, of at
+// most `max_queued` (first come, first served within a tenant, fair across tenants:
+// fair_queue.h) until a prefill node has a free slot (`prefill_slots` prefills in flight per
+// node: one computing, the next ready). The decode reservation is taken only after admission,
+// so none expires in a queue.
+//
+// Promises:
+// - Past the queue's bound, or past a tenant's share of it, a request is refused at once with
+//   RESOURCE_EXHAUSTED and a retry hint; it never waits unbounded.
+// - A tenant holds at most its share of the decode slots (StreamHold) from its first admission
+//   until ReleaseStream; a tenant at its share waits, and its turn passes to the others.
+// - A retry after a lost node does not queue behind new requests.
+// - A prefill slot taken is given back exactly once (PrefillSlot).
+//
+// Threading: every method is safe from any thread. Admission's mutex is taken before the
+// registry's (never the other way), and the registry's changes reach waiting requests through
+// Notify().
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "baton/router/fair_queue.h"
+#include "baton/router/node_registry.h"
+#include "grpcpp/grpcpp.h"
+
+namespace baton::router {
+
+// A request's place in its tenant's share of the decode slots, from its first admission.
+struct StreamHold {
+  std::string tenant;  // from the client's API key; "" without keys
+  size_t model = 0;    // the served model's index
+  bool held = false;   // admitted: counted in its tenant's share
+};
+
+class Admission;
+
+// A prefill slot taken by Admit, given back when the prefill node answers (Done) or when the
+// attempt ends first.
+class PrefillSlot {
+ public:
+  PrefillSlot() = default;
+  PrefillSlot(Admission* admission, std::shared_ptr<RegisteredNode> node)
+      : admission_(admission), node_(std::move(node)) {}
+  PrefillSlot(PrefillSlot&& other) noexcept { *this = std::move(other); }
+  PrefillSlot& operator=(PrefillSlot&& other) noexcept;
+  PrefillSlot(const PrefillSlot&) = delete;
+  PrefillSlot& operator=(const PrefillSlot&) = delete;
+  ~PrefillSlot() { Done(); }
+  void Done();
+
+ private:
+  Admission* admission_ = nullptr;
+  std::shared_ptr<RegisteredNode> node_;
+  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
+};
+
+class Admission {
+ public:
+  struct Options {
+    int64_t max_queued = 1024;
+    int64_t max_queued_per_tenant = 0;   // 0: half of max_queued with API keys, all without
+    int64_t max_streams_per_tenant = 0;  // 0: half the live decode slots with keys, no bound
+    int64_t prefill_slots = 2;
+    uint32_t node_ttl_ms = 2000;
+    bool api_keys = false;  // requests carry tenants (the shares' defaults depend on it)
+  };
+  // `registry` and `models` outlive the admission.
+  Admission(NodeRegistry& registry, const std::vector<ServedModel>& models, const Options& options);
+
+  // What one admission asks for.
+  struct Ask {
+    bool retry = false;                    // a retry after a lost node: no queueing
+    std::string fingerprint;               // weights the request is tied to; "" any
+    std::vector<std::string> exclude;      // prefill nodes this request gave up on
+    std::vector<std::string> lost_decode;  // decode nodes this request gave up on
+  };
+  struct Admitted {
+    NodeLease node;
+    PrefillSlot slot;
+  };
+  // Waits for a prefill node of `hold.model` with a free slot and takes the slot; `hold`
+  // enters its tenant's share on first admission. UNAVAILABLE when no prefill node has been
+  // live for a node TTL, RESOURCE_EXHAUSTED (with `*retry_after_ms` set) past the queue's
+  // bounds, CANCELLED or DEADLINE_EXCEEDED with the client's call.
+  absl::StatusOr<Admitted> Admit(const grpc::ServerContextBase& context, const Ask& ask,
+                                 StreamHold& hold, int64_t* retry_after_ms);
+  // The request's place in its tenant's share is free again.
+  void ReleaseStream(StreamHold& hold);
+  // Something a waiting request depends on changed (a node registered, a slot was freed).
+  void Notify();
+
+  // For the metrics: requests queued, and admitted requests by tenant.
+  double Queued() const;
+  std::map<std::string, double> StreamsByTenant() const;
+
+ private:
+  friend class PrefillSlot;
+  void SlotDone(RegisteredNode& node, std::chrono::steady_clock::duration took);
+  // How many requests of one tenant may be admitted at once for `model`. mutex_ held.
+  int64_t StreamShare(size_t model) const;
+  // The refusal of a request that cannot queue, or OK when it may. mutex_ held.
+  absl::Status CheckQueueRoom(const FairQueue& queue, const std::string& tenant, int64_t live,
+                              int64_t* retry_after_ms) const;
+
+  NodeRegistry& registry_;
+  const std::vector<ServedModel>& models_;
+  Options options_;
+  mutable std::mutex mutex_;
+  std::condition_variable changed_;  // a slot was freed, the queue moved, a node registered
+  std::vector<FairQueue> queues_;    // the requests waiting for admission, per model
+  // Per model, admitted requests not yet finished, by tenant (no zeros).
+  std::vector<std::map<std::string, int64_t>> streams_;
+  double prefill_ms_average_ = 100;  // moving average of a prefill's time, for retry hints
+};
+
+}  // namespace baton::router

@@ -1,0 +1,171 @@
+// The router's registry of nodes (DESIGN section 6): which prefill, decode and kvstore nodes
+// have registered, under which certificate identity, for which served model and weights, how
+// loaded each is, and which of them are live (heard from within --node-ttl-ms, not draining).
+//
+// Promises:
+// - A node registers only as the role its certificate names, and a node_id stays bound to the
+//   identity that first registered it: another certificate cannot take it over.
+// - A node's address, identity, fingerprint and channel never change in place: a node that
+//   comes back different is a new RegisteredNode, so a request holding the old one keeps a
+//   consistent view without the lock.
+// - Every node handed out by Pick or TakePrefillSlot is counted in flight until its NodeLease
+//   is dropped.
+//
+// Threading: every method is safe to call from any thread; one mutex guards the registry, and
+// no method calls out (no RPC, no callback) while holding it. `on_change` runs after the lock
+// is released.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "baton/common/model_config.h"
+#include "baton/text/tokenizer.h"
+#include "baton/v1/node.grpc.pb.h"
+#include "grpcpp/grpcpp.h"
+#include "prometheus/counter.h"
+#include "prometheus/family.h"
+
+namespace baton::router {
+
+// One model the router serves: the name clients ask for (GenerateRequest.model, the OpenAI
+// "model" field), the config its requests are checked against, and its tokenizer. Nodes
+// register under the name with the config's digest (ConfigDigest); nodes of one name may carry
+// different weights (a rollout), and the router pairs prefill and decode nodes of the same
+// weights' fingerprint.
+struct ServedModel {
+  std::string name;
+  ModelConfig config;
+  std::shared_ptr<const text::Tokenizer> tokenizer;  // null: token ids only
+};
+
+// The served model `name` names (its index in `models`); "" and any name for a router of one
+// unnamed model are the first. NOT_FOUND naming what is served.
+absl::StatusOr<size_t> ResolveServedModel(const std::vector<ServedModel>& models,
+                                          const std::string& name);
+
+// A node as the registry knows it. The counters are changed only by the registry, under its
+// lock; every other field is fixed once the node is registered.
+struct RegisteredNode {
+  v1::RegisterRequest info;
+  std::chrono::steady_clock::time_point last_seen;
+  int64_t inflight = 0;    // requests this router sent there and has not finished
+  int64_t prefilling = 0;  // of those, prefills not yet answered (prefill nodes)
+  std::shared_ptr<grpc::Channel> channel;
+  std::string identity;   // the certificate identity it registered with ("" without TLS)
+  bool draining = false;  // its last registration said so: it gets no new request
+  size_t model = 0;       // its index in the served models (prefill and decode nodes)
+
+  const std::string& id() const { return info.node_id(); }
+};
+
+class NodeRegistry;
+
+// A node in use by one request: counted in the node's `inflight` until dropped.
+class NodeLease {
+ public:
+  NodeLease() = default;
+  NodeLease(NodeRegistry* registry, std::shared_ptr<RegisteredNode> node)
+      : registry_(registry), node_(std::move(node)) {}
+  NodeLease(NodeLease&& other) noexcept { *this = std::move(other); }
+  NodeLease& operator=(NodeLease&& other) noexcept;
+  NodeLease(const NodeLease&) = delete;
+  NodeLease& operator=(const NodeLease&) = delete;
+  ~NodeLease() { Reset(); }
+
+  void Reset();
+  explicit operator bool() const { return node_ != nullptr; }
+  const RegisteredNode* operator->() const { return node_.get(); }
+  const RegisteredNode& operator*() const { return *node_; }
+  const std::shared_ptr<RegisteredNode>& node() const { return node_; }
+
+ private:
+  NodeRegistry* registry_ = nullptr;
+  std::shared_ptr<RegisteredNode> node_;
+};
+
+class NodeRegistry {
+ public:
+  struct Options {
+    uint32_t heartbeat_ms = 500;   // what registering nodes are told
+    uint32_t node_ttl_ms = 2000;   // a node not heard from for this long is not used
+    bool require_kvstore = false;  // Serving() waits for a kvstore to have registered once
+  };
+  // `models` outlives the registry.
+  NodeRegistry(const std::vector<ServedModel>& models, const Options& options);
+
+  // Registers or refreshes the caller's node (Registry/Register; `context` gives the
+  // certificate). INVALID_ARGUMENT naming the field, PERMISSION_DENIED for the wrong role or
+  // another identity's node_id, FAILED_PRECONDITION for a model this router does not serve.
+  absl::Status Register(const grpc::ServerContextBase& context, const v1::RegisterRequest& request);
+  // Called, without the registry's lock, after a registration or a freed prefill slot: what
+  // waits for a node (admission) looks again.
+  void OnChange(std::function<void()> on_change) { on_change_ = std::move(on_change); }
+
+  // The live node of `role` with the least load (routing.h SelectNode), not in `exclude`,
+  // serving `fingerprint` (any when empty); empty when none.
+  NodeLease Pick(v1::NodeRole role, const std::vector<std::string>& exclude,
+                 const std::string& fingerprint = "");
+
+  // What admission asks: the live prefill nodes of served model `model` (of `fingerprint`
+  // when not empty, not in `exclude`) whose weights a live decode node not in `lost_decode`
+  // also serves, how many there are, and of those with fewer than `slots` prefills in flight
+  // the one with the fewest (then the least reported queue).
+  struct PrefillChoice {
+    std::shared_ptr<RegisteredNode> best;  // null: every live one is full
+    int64_t live = 0;
+  };
+  PrefillChoice ChoosePrefill(size_t model, const std::string& fingerprint,
+                              const std::vector<std::string>& exclude,
+                              const std::vector<std::string>& lost_decode, int64_t slots) const;
+  // Takes a prefill slot on `node` (from ChoosePrefill) for one request.
+  NodeLease TakePrefillSlot(const std::shared_ptr<RegisteredNode>& node);
+  // The slot TakePrefillSlot took is free again.
+  void PrefillDone(RegisteredNode& node);
+  // The decode slots the live decode nodes of `model` report in all.
+  int64_t DecodeSlots(size_t model) const;
+
+  // Takes `node_id` for down until it registers again.
+  void MarkDown(const std::string& node_id);
+  // A live decode node of served model `model`, not draining and not in `exclude`, exists.
+  bool AnyDecode(size_t model, const std::vector<std::string>& exclude) const;
+  // A prefill and a decode node of the same weights are live (and a kvstore has registered,
+  // with require_kvstore).
+  bool Serving() const;
+  // Per served model, the fingerprints that a live prefill and a live decode node both serve.
+  std::vector<std::set<std::string>> ServedFingerprints() const;
+  // Live nodes by role label ("prefill", "decode", "kvstore"), for baton_nodes.
+  std::map<std::string, double> LiveByRole() const;
+
+  static const char* RoleLabel(v1::NodeRole role);
+
+ private:
+  friend class NodeLease;
+  void Finished(RegisteredNode& node);
+  bool Live(const RegisteredNode& node, std::chrono::steady_clock::time_point now) const;
+  // The served model a registering prefill or decode node serves, or why it is refused;
+  // `renamed` when a router of one model takes a node of another name.
+  absl::StatusOr<size_t> ModelOf(const v1::RegisterRequest& request, bool* renamed) const;
+  void NoteRefused(const v1::RegisterRequest& request, const absl::Status& refused);
+
+  const std::vector<ServedModel>& models_;
+  std::vector<std::string> config_digests_;  // ConfigDigest of each served model
+  Options options_;
+  std::function<void()> on_change_;
+  prometheus::Family<prometheus::Counter>& registrations_;
+  mutable std::mutex mutex_;
+  std::map<std::string, std::shared_ptr<RegisteredNode>> nodes_;
+  std::set<std::string> refused_nodes_;  // refused (or renamed) registrations already logged
+  mutable bool kvstore_seen_ = false;    // a kvstore has registered since start
+};
+
+}  // namespace baton::router

@@ -1,0 +1,396 @@
+#include "baton/router/node_registry.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "baton/common/log.h"
+#include "baton/common/metrics.h"
+#include "baton/common/security.h"
+#include "baton/common/wire_bounds.h"
+#include "baton/router/routing.h"
+
+namespace baton::router {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Refused or renamed registrations are logged once per node_id; past this many the memory is
+// cleared (a bound, not a ledger).
+constexpr size_t kMaxNoted = 4096;
+
+// The certificate role a node of `role` must present.
+std::optional<security::Role> CertificateRole(v1::NodeRole role) {
+  switch (role) {
+    case v1::NODE_ROLE_PREFILL:
+      return security::Role::kPrefill;
+    case v1::NODE_ROLE_DECODE:
+      return security::Role::kDecode;
+    case v1::NODE_ROLE_KVSTORE:
+      return security::Role::kKvstore;
+    default:
+      return std::nullopt;
+  }
+}
+
+bool Contains(const std::vector<std::string>& ids, const std::string& id) {
+  return std::find(ids.begin(), ids.end(), id) != ids.end();
+}
+
+// The request's fields within their bounds, and a UCX address only from a prefill node.
+absl::Status CheckRegistration(const v1::RegisterRequest& request) {
+  if (request.node_id().empty() || request.address().empty()) {
+    return absl::InvalidArgumentError("node_id and address: both are required");
+  }
+  for (absl::Status s :
+       {CheckBytes("node_id", request.node_id(), kMaxNodeIdBytes),
+        CheckBytes("address", request.address(), kMaxAddressBytes),
+        CheckBytes("model_fingerprint", request.model_fingerprint(), kMaxFingerprintBytes),
+        CheckBytes("model_name", request.model_name(), kMaxModelNameBytes),
+        CheckBytes("config_digest", request.config_digest(), kMaxFingerprintBytes),
+        CheckBytes("ucx_worker_address", request.ucx_worker_address(), kMaxUcxAddressBytes)}) {
+    if (!s.ok()) return s;
+  }
+  if (!request.ucx_worker_address().empty() && request.role() != v1::NODE_ROLE_PREFILL) {
+    return absl::InvalidArgumentError("ucx_worker_address: only a prefill node registers one");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<size_t> ResolveServedModel(const std::vector<ServedModel>& models,
+                                          const std::string& name) {
+  if (name.empty()) return 0;
+  if (absl::Status s = CheckBytes("model", name, kMaxModelNameBytes); !s.ok()) return s;
+  std::string served;
+  for (size_t i = 0; i < models.size(); ++i) {
+    if (models[i].name == name) return i;
+    absl::StrAppend(&served, i == 0 ? "" : ", ", "'", models[i].name, "'");
+  }
+  // A router of one unnamed model serves it under any name.
+  if (models.size() == 1 && models[0].name.empty()) return 0;
+  return absl::NotFoundError(
+      absl::StrCat("model: '", name, "' is not served here; this router serves ", served));
+}
+
+NodeLease& NodeLease::operator=(NodeLease&& other) noexcept {
+  if (this != &other) {
+    Reset();
+    registry_ = other.registry_;
+    node_ = std::move(other.node_);
+    other.node_ = nullptr;
+  }
+  return *this;
+}
+
+void NodeLease::Reset() {
+  if (node_ != nullptr && registry_ != nullptr) registry_->Finished(*node_);
+  node_ = nullptr;
+}
+
+NodeRegistry::NodeRegistry(const std::vector<ServedModel>& models, const Options& options)
+    : models_(models),
+      options_(options),
+      registrations_(metrics::Counter(
+          "baton_node_registrations_total",
+          "Nodes that joined, by role: new, back with another address or identity, or heard "
+          "from again after they expired or were marked down")) {
+  for (const ServedModel& model : models_) config_digests_.push_back(ConfigDigest(model.config));
+}
+
+const char* NodeRegistry::RoleLabel(v1::NodeRole role) {
+  switch (role) {
+    case v1::NODE_ROLE_PREFILL:
+      return "prefill";
+    case v1::NODE_ROLE_DECODE:
+      return "decode";
+    case v1::NODE_ROLE_KVSTORE:
+      return "kvstore";
+    default:
+      return "unknown";
+  }
+}
+
+bool NodeRegistry::Live(const RegisteredNode& node, Clock::time_point now) const {
+  return now - node.last_seen <= std::chrono::milliseconds(options_.node_ttl_ms);
+}
+
+absl::StatusOr<size_t> NodeRegistry::ModelOf(const v1::RegisterRequest& request,
+                                             bool* renamed) const {
+  // A prefill or decode node serves one of this router's models, with that model's config. A
+  // router of one model takes a node of another name (nodes name their model after their own
+  // directory by default) when the config is the same.
+  size_t model = 0;
+  if (!request.model_name().empty() && !(models_.size() == 1 && models_[0].name.empty())) {
+    absl::StatusOr<size_t> found = ResolveServedModel(models_, request.model_name());
+    if (found.ok()) {
+      model = *found;
+    } else if (models_.size() == 1) {
+      *renamed = true;
+    } else {
+      return absl::FailedPreconditionError(
+          absl::StrCat("model_name: node ", request.node_id(), " serves '", request.model_name(),
+                       "', which this router does not; ", found.status().message()));
+    }
+  }
+  if (!request.config_digest().empty() && request.config_digest() != config_digests_[model]) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "config_digest: node ", request.node_id(), "'s model config differs from the one ",
+        "this router serves as '", models_[model].name,
+        "' (another config needs a name of its own: --served-model-name)"));
+  }
+  return model;
+}
+
+void NodeRegistry::NoteRefused(const v1::RegisterRequest& request, const absl::Status& refused) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (refused_nodes_.size() >= kMaxNoted) refused_nodes_.clear();
+  if (!refused_nodes_.insert(request.node_id()).second) return;
+  if (!refused.ok()) {
+    log::Warn("node refused", {{"node", request.node_id()},
+                               {"error", std::string(refused.message())},
+                               {"message", std::string(refused.message())}});
+    return;
+  }
+  const std::string message =
+      absl::StrCat("node ", request.node_id(), " registers as '", request.model_name(),
+                   "'; this router serves one model, '", models_[0].name,
+                   "', of the same config, and takes it as that");
+  log::Warn("node of another model name taken",
+            {{"node", request.node_id()}, {"message", message}});
+}
+
+absl::Status NodeRegistry::Register(const grpc::ServerContextBase& context,
+                                    const v1::RegisterRequest& request) {
+  const std::optional<security::Role> role = CertificateRole(request.role());
+  if (!role) return absl::InvalidArgumentError("role: must be PREFILL, DECODE or KVSTORE");
+  // A node registers only as the role its certificate names.
+  if (absl::Status s = security::Authorize(context, {*role}, "Registry/Register"); !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = CheckRegistration(request); !s.ok()) return s;
+  size_t model = 0;
+  if (request.role() != v1::NODE_ROLE_KVSTORE) {
+    bool renamed = false;
+    absl::StatusOr<size_t> served = ModelOf(request, &renamed);
+    if (!served.ok() || renamed) NoteRefused(request, served.status());
+    if (!served.ok()) return served.status();
+    model = *served;
+  }
+  const std::string identity = security::PeerIdentity(context);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    // A node_id belongs to the identity that first registered it: another certificate
+    // (another pod's, or another role's) cannot take it over and draw its requests.
+    if (auto bound = nodes_.find(request.node_id());
+        bound != nodes_.end() && bound->second->identity != identity) {
+      log::Warn("node_id takeover refused",
+                {{"node", request.node_id()}, {"identity", identity.empty() ? "none" : identity}});
+      return absl::PermissionDeniedError(
+          absl::StrCat("node_id: '", request.node_id(), "' is registered to another identity"));
+    }
+    std::shared_ptr<RegisteredNode>& node = nodes_[request.node_id()];
+    // Requests in flight read a node's fixed fields without the lock, so a node that comes
+    // back different is a new RegisteredNode; a heartbeat of the same node only refreshes its
+    // load and drain flag.
+    if (node == nullptr || node->info.address() != request.address() ||
+        node->info.role() != request.role() ||
+        node->info.model_fingerprint() != request.model_fingerprint() ||
+        node->info.model_name() != request.model_name() ||
+        node->info.ucx_worker_address() != request.ucx_worker_address() ||
+        node->identity != identity) {
+      node = std::make_shared<RegisteredNode>();
+      node->model = model;
+      // The router sends prompts and state only to a server that proves the registered role.
+      node->channel = security::InternalChannel(request.address(), *role);
+      node->identity = identity;
+      node->info = request;
+      node->draining = request.draining();
+      log::Info("node registered",
+                {{"node", request.node_id()},
+                 {"role", v1::NodeRole_Name(request.role())},
+                 {"address", request.address()},
+                 {"message", absl::StrCat("node ", request.node_id(), " registered")}});
+    } else {
+      *node->info.mutable_load() = request.load();
+      if (request.draining() && !node->draining) {
+        log::Info("node draining",
+                  {{"node", request.node_id()},
+                   {"role", v1::NodeRole_Name(request.role())},
+                   {"message", absl::StrCat("node ", request.node_id(),
+                                            " is draining: no new requests go there")}});
+      }
+      node->draining = request.draining();
+    }
+    // A new node's last_seen is the epoch, as is a marked-down one's.
+    if (!Live(*node, Clock::now())) {
+      registrations_.Add({{"role", RoleLabel(request.role())}}).Increment();
+    }
+    node->last_seen = Clock::now();
+  }
+  if (on_change_) on_change_();
+  return absl::OkStatus();
+}
+
+NodeLease NodeRegistry::Pick(v1::NodeRole role, const std::vector<std::string>& exclude,
+                             const std::string& fingerprint) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<std::shared_ptr<RegisteredNode>> candidates;
+  std::vector<NodeLoad> loads;
+  for (auto& [id, node] : nodes_) {
+    candidates.push_back(node);
+    loads.push_back({.id = id,
+                     .role = node->info.role(),
+                     .last_seen = node->last_seen,
+                     .inflight = node->inflight,
+                     .queued = node->info.load().queued_requests(),
+                     .free_pages = node->info.load().free_pages(),
+                     .draining = node->draining,
+                     .fingerprint = node->info.model_fingerprint()});
+  }
+  const int64_t chosen = SelectNode(loads, role, exclude, Clock::now(),
+                                    std::chrono::milliseconds(options_.node_ttl_ms), fingerprint);
+  if (chosen < 0) return {};
+  ++candidates[chosen]->inflight;
+  return NodeLease(this, candidates[chosen]);
+}
+
+NodeRegistry::PrefillChoice NodeRegistry::ChoosePrefill(size_t model,
+                                                        const std::string& fingerprint,
+                                                        const std::vector<std::string>& exclude,
+                                                        const std::vector<std::string>& lost_decode,
+                                                        int64_t slots) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto now = Clock::now();
+  // The weights a live decode node serves: a prefill node is of use only with a partner.
+  std::set<std::string> decodable;
+  for (const auto& [id, node] : nodes_) {
+    if (node->info.role() == v1::NODE_ROLE_DECODE && !node->draining && node->model == model &&
+        Live(*node, now) && !Contains(lost_decode, id)) {
+      decodable.insert(node->info.model_fingerprint());
+    }
+  }
+  PrefillChoice choice;
+  for (const auto& [id, node] : nodes_) {
+    if (node->info.role() != v1::NODE_ROLE_PREFILL || node->draining || node->model != model ||
+        (!fingerprint.empty() && node->info.model_fingerprint() != fingerprint) ||
+        !decodable.contains(node->info.model_fingerprint()) || !Live(*node, now) ||
+        Contains(exclude, id)) {
+      continue;
+    }
+    ++choice.live;
+    if (node->prefilling >= slots) continue;
+    // Fewest prefills in flight, then the least reported queue.
+    const std::shared_ptr<RegisteredNode>& best = choice.best;
+    if (best == nullptr || node->prefilling < best->prefilling ||
+        (node->prefilling == best->prefilling &&
+         node->info.load().queued_requests() < best->info.load().queued_requests())) {
+      choice.best = node;
+    }
+  }
+  return choice;
+}
+
+NodeLease NodeRegistry::TakePrefillSlot(const std::shared_ptr<RegisteredNode>& node) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  ++node->prefilling;
+  ++node->inflight;
+  return NodeLease(this, node);
+}
+
+void NodeRegistry::PrefillDone(RegisteredNode& node) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    --node.prefilling;
+  }
+  if (on_change_) on_change_();
+}
+
+void NodeRegistry::Finished(RegisteredNode& node) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  --node.inflight;
+}
+
+int64_t NodeRegistry::DecodeSlots(size_t model) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  int64_t slots = 0;
+  const auto now = Clock::now();
+  for (const auto& [id, node] : nodes_) {
+    if (node->info.role() == v1::NODE_ROLE_DECODE && !node->draining && node->model == model &&
+        Live(*node, now)) {
+      slots += node->info.load().total_slots();
+    }
+  }
+  return slots;
+}
+
+void NodeRegistry::MarkDown(const std::string& node_id) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = nodes_.find(node_id);
+  if (it != nodes_.end()) it->second->last_seen = Clock::time_point{};
+}
+
+bool NodeRegistry::AnyDecode(size_t model, const std::vector<std::string>& exclude) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto now = Clock::now();
+  for (const auto& [id, node] : nodes_) {
+    if (node->info.role() == v1::NODE_ROLE_DECODE && !node->draining && node->model == model &&
+        Live(*node, now) && !Contains(exclude, id)) {
+      return true;
+    }
+  }
+  return false;
+}
+
+bool NodeRegistry::Serving() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto now = Clock::now();
+  std::set<std::string> prefill, decode;
+  bool kvstore = false;
+  for (const auto& [id, node] : nodes_) {
+    if (node->draining || !Live(*node, now)) continue;
+    if (node->info.role() == v1::NODE_ROLE_PREFILL) prefill.insert(node->info.model_fingerprint());
+    if (node->info.role() == v1::NODE_ROLE_DECODE) decode.insert(node->info.model_fingerprint());
+    kvstore |= node->info.role() == v1::NODE_ROLE_KVSTORE;
+  }
+  bool paired = false;
+  for (const std::string& fingerprint : prefill) paired |= decode.contains(fingerprint);
+  // The store is needed to become ready, not to stay ready: a store lost later makes requests
+  // cold, never the router unready (DESIGN section 6).
+  if (kvstore) kvstore_seen_ = true;
+  return paired && (kvstore_seen_ || !options_.require_kvstore);
+}
+
+std::vector<std::set<std::string>> NodeRegistry::ServedFingerprints() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto now = Clock::now();
+  std::vector<std::set<std::string>> prefill(models_.size()), decode(models_.size());
+  for (const auto& [id, node] : nodes_) {
+    if (node->draining || !Live(*node, now)) continue;
+    if (node->info.role() == v1::NODE_ROLE_PREFILL) {
+      prefill[node->model].insert(node->info.model_fingerprint());
+    }
+    if (node->info.role() == v1::NODE_ROLE_DECODE) {
+      decode[node->model].insert(node->info.model_fingerprint());
+    }
+  }
+  std::vector<std::set<std::string>> served(models_.size());
+  for (size_t i = 0; i < models_.size(); ++i) {
+    for (const std::string& fingerprint : prefill[i]) {
+      if (decode[i].contains(fingerprint)) served[i].insert(fingerprint);
+    }
+  }
+  return served;
+}
+
+std::map<std::string, double> NodeRegistry::LiveByRole() const {
+  std::map<std::string, double> live = {{"prefill", 0}, {"decode", 0}, {"kvstore", 0}};
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto now = Clock::now();
+  for (const auto& [id, node] : nodes_) {
+    if (Live(*node, now)) live[RoleLabel(node->info.role())] += 1;
+  }
+  return live;
+}
+
+}  // namespace baton::router
