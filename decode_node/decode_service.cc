@@ -18,6 +18,11 @@ using Clock = std::chrono::steady_clock;
 constexpr uint32_t kMaxReservationTimeoutMs = 10 * 60 * 1000;
 // A commit's read ends this long before the caller's deadline.
 constexpr auto kCommitMargin = std::chrono::milliseconds(500);
+// How often a wait looks at its caller's call and at memory freed late. Everything else that
+// can end a wait (a token, a commit, a release, a drain) notifies; but gRPC's synchronous API
+// says nothing when a client cancels or its deadline passes, and a slot freed by the last
+// holder of a request (an in-flight step) returns to the pool without the lock.
+constexpr auto kCallCheck = std::chrono::milliseconds(20);
 
 using security::Role;
 
@@ -49,9 +54,8 @@ absl::Status ValidateReserve(const v1::ReserveRequest& request, const std::strin
                              uint64_t{sampling.max_tokens()} - request.completed_tokens(), config);
 }
 
-grpc::Status NoReservation(const std::string& id) {
-  return grpc::Status(grpc::StatusCode::NOT_FOUND,
-                      absl::StrCat("reservation_id: no open reservation '", id, "'"));
+absl::Status NoReservation(const std::string& id) {
+  return absl::NotFoundError(absl::StrCat("reservation_id: no open reservation '", id, "'"));
 }
 
 }  // namespace
@@ -276,140 +280,135 @@ void DecodeService::Erase(const std::string& id) {
 
 grpc::Status DecodeService::Reserve(grpc::ServerContext* context, const v1::ReserveRequest* request,
                                     v1::Reservation* reply) {
-  if (absl::Status s = security::Authorize(*context, {Role::kRouter}, "DecodeNode/Reserve");
+  return ToGrpcStatus(TakeReservation(*context, *request, *reply));
+}
+
+absl::Status DecodeService::TakeReservation(grpc::ServerContext& context,
+                                            const v1::ReserveRequest& request,
+                                            v1::Reservation& reply) {
+  if (absl::Status s = security::Authorize(context, {Role::kRouter}, "DecodeNode/Reserve");
       !s.ok()) {
-    return ToGrpcStatus(s);
+    return s;
   }
   const ModelConfig& config = model_.config();
-  if (absl::Status s = ValidateReserve(*request, model_.fingerprint(), config); !s.ok()) {
-    return ToGrpcStatus(s);
-  }
-  const auto& sampling = request->sampling();
-  const int64_t positions = int64_t{request->prompt_tokens()} +
-                            (int64_t{sampling.max_tokens()} - request->completed_tokens());
+  if (absl::Status s = ValidateReserve(request, model_.fingerprint(), config); !s.ok()) return s;
+  const auto& sampling = request.sampling();
+  const int64_t positions = int64_t{request.prompt_tokens()} +
+                            (int64_t{sampling.max_tokens()} - request.completed_tokens());
   const int64_t B = config.kv_block_size;
   const int64_t pages = (positions + B - 1) / B;
   if (pages > pool_->total_pages()) {
-    return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                        absl::StrCat("request needs ", pages, " block-KV pages; the pool has ",
-                                     pool_->total_pages()));
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "request needs ", pages, " block-KV pages; the pool has ", pool_->total_pages()));
   }
   std::unique_lock<std::mutex> lock(mutex_);
+  absl::StatusOr<int64_t> slot = WaitForSlot(context, request.request_id(), pages, lock);
+  if (!slot.ok()) return slot.status();
+  absl::StatusOr<std::shared_ptr<Request>> r =
+      NewRequest(context, request, *slot, pages, positions);
+  if (!r.ok()) return r.status();
+  reply.set_reservation_id((*r)->id);
+  const transfer::RegionSizes sizes =
+      transfer::RegionSizesFor(model_.state_layout(), (*r)->prompt_len);
+  reply.set_producer_swa_bytes(sizes.producer_swa);
+  reply.set_consumer_swa_bytes(sizes.consumer_swa);
+  reply.set_page_bytes(sizes.page);
+  reply.set_pages(static_cast<uint32_t>(sizes.pages));
+  requests_[(*r)->id] = *std::move(r);
+  changed_.notify_all();  // the reaper waits for the first deadline
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> DecodeService::WaitForSlot(grpc::ServerContext& context,
+                                                   const std::string& request_id, int64_t pages,
+                                                   std::unique_lock<std::mutex>& lock) {
   if (draining_) {
-    log::Warn("reserve refused: draining", {{"request_id", request->request_id()}});
-    return grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                        "the decode node is draining (shutting down): use another");
+    log::Warn("reserve refused: draining", {{"request_id", request_id}});
+    return absl::UnavailableError("the decode node is draining (shutting down): use another");
   }
   std::optional<int64_t> slot = pool_->TryReserve(pages);
-  if (!slot) {
-    if (waiting_ >= options_.max_waiting) {
-      return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                          "decode pools are full and the wait queue is at its bound");
-    }
-    ++waiting_;
-    while (!slot && !stop_ && !draining_ && !context->IsCancelled() &&
-           context->deadline() > std::chrono::system_clock::now()) {
-      changed_.wait_for(lock, std::chrono::milliseconds(50));
-      slot = pool_->TryReserve(pages);
-    }
-    --waiting_;
-    if (!slot && draining_) {
-      return grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                          "the decode node began draining while the request waited for a slot");
-    }
-    if (!slot) {
-      return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                          "decode pools stayed full until the request's deadline");
-    }
+  if (slot) return *slot;
+  if (waiting_ >= options_.max_waiting) {
+    return absl::ResourceExhaustedError("decode pools are full and the wait queue is at its bound");
   }
+  ++waiting_;
+  while (!slot && !stop_ && !draining_ && !context.IsCancelled() &&
+         context.deadline() > std::chrono::system_clock::now()) {
+    changed_.wait_for(lock, kCallCheck);
+    slot = pool_->TryReserve(pages);
+  }
+  --waiting_;
+  if (!slot && draining_) {
+    return absl::UnavailableError(
+        "the decode node began draining while the request waited for a slot");
+  }
+  if (!slot) {
+    return absl::ResourceExhaustedError("decode pools stayed full until the request's deadline");
+  }
+  return *slot;
+}
+
+absl::StatusOr<std::shared_ptr<DecodeService::Request>> DecodeService::NewRequest(
+    const grpc::ServerContext& context, const v1::ReserveRequest& request, int64_t slot,
+    int64_t pages, int64_t positions) {
   auto r = std::make_shared<Request>();
   r->id = security::RandomId();
-  r->request_id = request->request_id();
-  r->router_identity = security::PeerIdentity(*context);
-  r->prefill_identity = request->prefill_identity();
-  r->prefill_address = request->prefill_address();
-  r->prefill_ucx_address = request->prefill_ucx_worker_address();
-  r->slot = *slot;
+  r->request_id = request.request_id();
+  r->router_identity = security::PeerIdentity(context);
+  r->prefill_identity = request.prefill_identity();
+  r->prefill_address = request.prefill_address();
+  r->prefill_ucx_address = request.prefill_ucx_worker_address();
+  r->slot = slot;
   r->reserved_pages = pages;
   r->state = std::make_unique<model::SequenceState>(
-      model_.state_layout(), pool_.get(), pool_->producer_ring(*slot), pool_->consumer_ring(*slot));
-  r->pool = pool_.get();
-  if (absl::Status s = r->state->EnsurePages(positions); !s.ok()) return ToGrpcStatus(s);
+      model_.state_layout(), pool_.get(), pool_->producer_ring(slot), pool_->consumer_ring(slot));
+  r->pool = pool_.get();  // from here the slot returns to the pool with `r`
+  if (absl::Status s = r->state->EnsurePages(positions); !s.ok()) return s;
   if (engine_pool_.data() != nullptr) {
     r->engine_pages = std::make_unique<EnginePages>(
         *r->state, [this](float* pool_address) { return InEngine(pool_address); });
     r->engine_state = std::make_unique<model::SequenceState>(
         model_.state_layout(), r->engine_pages.get(), InEngine(r->state->producer_swa()),
         InEngine(r->state->consumer_swa()));
-    if (absl::Status s = r->engine_state->EnsurePages(positions); !s.ok()) {
-      return ToGrpcStatus(s);
-    }
+    if (absl::Status s = r->engine_state->EnsurePages(positions); !s.ok()) return s;
   }
-  r->prompt_len = request->prompt_tokens();
-  r->sampling = {.temperature = sampling.temperature(),
-                 .top_k = static_cast<int32_t>(sampling.top_k()),
-                 .top_p = sampling.top_p() > 0 ? sampling.top_p() : 1.0f,
-                 .seed = sampling.seed()};
+  const v1::SamplingParams& sampling = request.sampling();
+  r->prompt_len = request.prompt_tokens();
+  r->sampling = model::SamplingFromProto(sampling);
   r->max_tokens = sampling.max_tokens();
   r->stop_ids.insert(sampling.stop_token_ids().begin(), sampling.stop_token_ids().end());
   r->ignore_eos = sampling.ignore_eos();
-  r->completion = request->completed_tokens();
-  r->logits.resize(config.vocab_size);
+  r->completion = request.completed_tokens();
+  r->logits.resize(model_.config().vocab_size);
   // A caller may not hold memory past the node's own bound, whatever timeout it asks for.
   const uint32_t timeout_ms = std::min<uint32_t>(
-      request->timeout_ms() > 0 ? request->timeout_ms() : 10000, kMaxReservationTimeoutMs);
+      request.timeout_ms() > 0 ? request.timeout_ms() : 10000, kMaxReservationTimeoutMs);
   r->deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
-  reply->set_reservation_id(r->id);
-  const transfer::RegionSizes sizes =
-      transfer::RegionSizesFor(model_.state_layout(), r->prompt_len);
-  reply->set_producer_swa_bytes(sizes.producer_swa);
-  reply->set_consumer_swa_bytes(sizes.consumer_swa);
-  reply->set_page_bytes(sizes.page);
-  reply->set_pages(static_cast<uint32_t>(sizes.pages));
-  requests_[r->id] = std::move(r);
-  return grpc::Status::OK;
+  return r;
 }
 
 grpc::Status DecodeService::Commit(grpc::ServerContext* context, const v1::CommitRequest* request,
-                                   v1::CommitResponse* reply) {
-  if (absl::Status s = security::Authorize(*context, {Role::kPrefill}, "DecodeNode/Commit");
+                                   v1::CommitResponse* /*reply*/) {
+  return ToGrpcStatus(CommitState(*context, *request));
+}
+
+absl::Status DecodeService::CommitState(grpc::ServerContext& context,
+                                        const v1::CommitRequest& request) {
+  if (absl::Status s = security::Authorize(context, {Role::kPrefill}, "DecodeNode/Commit");
       !s.ok()) {
-    return ToGrpcStatus(s);
+    return s;
   }
-  const v1::StateHeader& h = request->header();
+  const v1::StateHeader& h = request.header();
   // Read from the worker the reservation names, never from one the Commit supplies.
-  v1::RegionSource source = request->source();
+  v1::RegionSource source = request.source();
   std::unique_lock<std::mutex> lock(mutex_);
   std::shared_ptr<Request> r =
-      Owned(security::PeerIdentity(*context), h.reservation_id(), Role::kPrefill);
+      Owned(security::PeerIdentity(context), h.reservation_id(), Role::kPrefill);
   if (r == nullptr || r->phase != Phase::kReserved) return NoReservation(h.reservation_id());
-  absl::Status verified =
-      transfer::VerifyHeader(h, model_.fingerprint(), r->prompt_len, model_.config().vocab_size);
-  if (verified.ok()) verified = CheckRequestId("source.exposure_id", source.exposure_id());
-  transfer::Transport* transport = source.transport() == v1::TRANSPORT_GRPC  ? grpc_transport_.get()
-                                   : source.transport() == v1::TRANSPORT_UCX ? ucx_transport_.get()
-                                                                             : nullptr;
-  if (verified.ok() && transport == nullptr) {
-    verified = source.transport() == v1::TRANSPORT_UCX
-                   ? absl::FailedPreconditionError("source.transport: this decode node has no UCX")
-                   : absl::InvalidArgumentError("source.transport: must be UCX or GRPC");
-  }
-  if (verified.ok() && source.transport() == v1::TRANSPORT_UCX) {
-    if (r->prefill_ucx_address.empty()) {
-      verified = absl::FailedPreconditionError(
-          "source.transport: UCX, but the prefill node registered no UCX worker address with "
-          "the router");
-    } else if (!source.ucx_worker_address().empty() &&
-               source.ucx_worker_address() != r->prefill_ucx_address) {
-      verified = absl::PermissionDeniedError(
-          "source.ucx_worker_address: differs from the worker the prefill node registered; the "
-          "decode node reads only from that one");
-    }
-    source.set_ucx_worker_address(r->prefill_ucx_address);
-  }
-  if (!verified.ok()) {
+  absl::StatusOr<transfer::Transport*> transport = CheckCommit(h, *r, source);
+  if (!transport.ok()) {
     Erase(r->id);
-    return ToGrpcStatus(verified);
+    return transport.status();
   }
   // Read the regions into the reservation while it is live: by its deadline (and the
   // caller's). `r` keeps the memory until the transport has stopped writing, even when the
@@ -420,14 +419,15 @@ grpc::Status DecodeService::Commit(grpc::ServerContext* context, const v1::Commi
   const auto caller_deadline =
       Clock::now() +
       std::min<std::chrono::system_clock::duration>(
-          context->deadline() - std::chrono::system_clock::now(), std::chrono::hours(1)) -
+          context.deadline() - std::chrono::system_clock::now(), std::chrono::hours(1)) -
       kCommitMargin;
   const Clock::time_point deadline = std::min(r->deadline, caller_deadline);
   const transfer::RegionSpans into = transfer::SpansOf(*r->state, r->prompt_len);
   lock.unlock();
   const auto transfer_start = Clock::now();
-  absl::Status read = transport->Read(source, r->prefill_address, into, deadline,
-                                      [context] { return context->IsCancelled(); });
+  absl::Status read = (*transport)->Read(source, r->prefill_address, into, deadline, [&context] {
+    return context.IsCancelled();
+  });
   if (absl::IsUnavailable(read) || absl::IsCancelled(read)) {
     // The transfer failed, not this node: ABORTED, which nobody takes for a lost node.
     read = absl::AbortedError(
@@ -443,19 +443,61 @@ grpc::Status DecodeService::Commit(grpc::ServerContext* context, const v1::Commi
     read = model_.StageIn(model::StateCopies(*r->state, *r->engine_state, h.prompt_len()));
   }
   lock.lock();
+  return FinishCommit(r, h, source.transport(), transfer::StagingBytes(into.sizes), std::move(read),
+                      transfer_seconds);
+}
+
+absl::StatusOr<transfer::Transport*> DecodeService::CheckCommit(const v1::StateHeader& h,
+                                                                const Request& r,
+                                                                v1::RegionSource& source) {
+  if (absl::Status s =
+          transfer::VerifyHeader(h, model_.fingerprint(), r.prompt_len, model_.config().vocab_size);
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = CheckRequestId("source.exposure_id", source.exposure_id()); !s.ok()) {
+    return s;
+  }
+  transfer::Transport* transport = source.transport() == v1::TRANSPORT_GRPC  ? grpc_transport_.get()
+                                   : source.transport() == v1::TRANSPORT_UCX ? ucx_transport_.get()
+                                                                             : nullptr;
+  if (transport == nullptr) {
+    return source.transport() == v1::TRANSPORT_UCX
+               ? absl::FailedPreconditionError("source.transport: this decode node has no UCX")
+               : absl::InvalidArgumentError("source.transport: must be UCX or GRPC");
+  }
+  if (source.transport() != v1::TRANSPORT_UCX) return transport;
+  if (r.prefill_ucx_address.empty()) {
+    return absl::FailedPreconditionError(
+        "source.transport: UCX, but the prefill node registered no UCX worker address with "
+        "the router");
+  }
+  if (!source.ucx_worker_address().empty() &&
+      source.ucx_worker_address() != r.prefill_ucx_address) {
+    return absl::PermissionDeniedError(
+        "source.ucx_worker_address: differs from the worker the prefill node registered; the "
+        "decode node reads only from that one");
+  }
+  source.set_ucx_worker_address(r.prefill_ucx_address);
+  return transport;
+}
+
+absl::Status DecodeService::FinishCommit(const std::shared_ptr<Request>& r,
+                                         const v1::StateHeader& h, v1::Transport transport,
+                                         uint64_t bytes, absl::Status read,
+                                         double transfer_seconds) {
   auto live = requests_.find(r->id);
   if (live == requests_.end() || live->second != r) {
-    return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
-                        "reservation_id: the reservation expired or was released during the "
-                        "transfer; its memory was freed after the read stopped");
+    return absl::DeadlineExceededError(
+        "reservation_id: the reservation expired or was released during the transfer; its "
+        "memory was freed after the read stopped");
   }
   if (!read.ok()) {
     Erase(r->id);
-    return ToGrpcStatus(read);
+    return read;
   }
-  const char* transport_name = source.transport() == v1::TRANSPORT_GRPC ? "grpc" : "ucx";
-  metrics_->pulled_bytes.Add({{"transport", transport_name}})
-      .Increment(static_cast<double>(transfer::StagingBytes(into.sizes)));
+  const char* transport_name = transfer::TransportLabel(transport);
+  metrics_->pulled_bytes.Add({{"transport", transport_name}}).Increment(static_cast<double>(bytes));
   metrics_->pull_seconds.Add({{"transport", transport_name}}, metrics::TokenLatencyBuckets())
       .Observe(transfer_seconds);
   for (model::SequenceState* state : {r->state.get(), r->engine_state.get()}) {
@@ -472,7 +514,7 @@ grpc::Status DecodeService::Commit(grpc::ServerContext* context, const v1::Commi
                               r->ignore_eos, model_.config().eos_token_id);
   if (r->finish != v1::FINISH_REASON_UNSPECIFIED) r->phase = Phase::kFinished;
   changed_.notify_all();
-  return grpc::Status::OK;
+  return absl::OkStatus();
 }
 
 void DecodeService::Accept(Request& r, int32_t token, float logprob) {
@@ -498,7 +540,8 @@ void DecodeService::DecodeLoop() {
     }
     stepping_ = !batch.empty();
     if (batch.empty()) {
-      changed_.wait_for(lock, std::chrono::milliseconds(100));
+      // A commit, a release or the node's stop notifies.
+      changed_.wait(lock);
       continue;
     }
     std::vector<model::DecodeItem> items;
@@ -539,7 +582,7 @@ grpc::Status DecodeService::Stream(grpc::ServerContext* context, const v1::Strea
     return ToGrpcStatus(s);
   }
   std::string request_id;
-  const grpc::Status status = RunStream(context, request, writer, &request_id);
+  const grpc::Status status = ToGrpcStatus(RunStream(context, request, writer, &request_id));
   metrics_->requests.Add({{"outcome", metrics::OutcomeLabel(status.error_code())}}).Increment();
   if (status.ok()) {
     log::Info("stream finished",
@@ -553,7 +596,7 @@ grpc::Status DecodeService::Stream(grpc::ServerContext* context, const v1::Strea
   return status;
 }
 
-grpc::Status DecodeService::RunStream(grpc::ServerContext* context,
+absl::Status DecodeService::RunStream(grpc::ServerContext* context,
                                       const v1::StreamRequest* request,
                                       grpc::ServerWriter<v1::DecodeOutput>* writer,
                                       std::string* request_id) {
@@ -561,8 +604,7 @@ grpc::Status DecodeService::RunStream(grpc::ServerContext* context,
   std::shared_ptr<Request> r =
       Owned(security::PeerIdentity(*context), request->reservation_id(), Role::kRouter);
   if (r == nullptr || r->phase == Phase::kReserved || r->phase == Phase::kTransferring) {
-    return grpc::Status(
-        grpc::StatusCode::NOT_FOUND,
+    return absl::NotFoundError(
         absl::StrCat("reservation_id: no committed request '", request->reservation_id(), "'"));
   }
   *request_id = r->request_id;
@@ -572,7 +614,7 @@ grpc::Status DecodeService::RunStream(grpc::ServerContext* context,
         context->IsCancelled() || stop_ || context->deadline() < std::chrono::system_clock::now();
     if (cancelled || !requests_.contains(r->id)) {
       Erase(r->id);
-      return grpc::Status(grpc::StatusCode::CANCELLED, "stream cancelled; request freed");
+      return absl::CancelledError("stream cancelled; request freed");
     }
     const bool finished = r->phase == Phase::kFinished;
     if (r->streamed < r->tokens.size() || finished) {
@@ -592,15 +634,16 @@ grpc::Status DecodeService::RunStream(grpc::ServerContext* context,
       lock.lock();
       if (!written || finished) {
         Erase(r->id);
-        if (!written) return grpc::Status(grpc::StatusCode::CANCELLED, "client went away");
+        if (!written) return absl::CancelledError("client went away");
         if (r->finish == v1::FINISH_REASON_UNSPECIFIED) {
-          return grpc::Status(grpc::StatusCode::INTERNAL, "decode step failed");
+          return absl::InternalError("decode step failed");
         }
-        return grpc::Status::OK;
+        return absl::OkStatus();
       }
       continue;
     }
-    changed_.wait_for(lock, std::chrono::milliseconds(20));
+    // Each decode step notifies; the client's cancel is seen within kCallCheck.
+    changed_.wait_for(lock, kCallCheck);
   }
 }
 
@@ -648,7 +691,17 @@ grpc::Status DecodeService::Stats(grpc::ServerContext* context, const v1::StatsR
 void DecodeService::ReapLoop() {
   std::unique_lock<std::mutex> lock(mutex_);
   while (!stop_) {
-    changed_.wait_for(lock, std::chrono::milliseconds(100));
+    // Until the first deadline of a reservation nobody streams; a new reservation, a commit
+    // (which moves the deadline) and the node's stop notify.
+    std::optional<Clock::time_point> next;
+    for (const auto& [id, r] : requests_) {
+      if (!r->attached && (!next.has_value() || r->deadline < *next)) next = r->deadline;
+    }
+    if (next.has_value()) {
+      changed_.wait_until(lock, *next);
+    } else {
+      changed_.wait(lock);
+    }
     const auto now = Clock::now();
     std::vector<std::string> expired;
     for (const auto& [id, r] : requests_) {

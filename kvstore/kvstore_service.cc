@@ -128,7 +128,7 @@ grpc::Status KvStoreService::ReadBlocks(grpc::ServerContext* context,
     absl::StatusOr<std::string> payload = store_.Read(*key, *region);
     block.set_found(payload.ok());
     if (payload.ok()) *block.mutable_payload() = *std::move(payload);
-    if (!writer->Write(block)) return grpc::Status(grpc::StatusCode::CANCELLED, "reader gone");
+    if (!writer->Write(block)) return ToGrpcStatus(absl::CancelledError("reader gone"));
   }
   return grpc::Status::OK;
 }

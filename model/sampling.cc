@@ -76,4 +76,11 @@ SampledToken SampleToken(std::span<const float> logits, const SamplingParams& pa
   return {chosen, LogSoftmaxAt(logits, chosen)};
 }
 
+SamplingParams SamplingFromProto(const v1::SamplingParams& sampling) {
+  return {.temperature = sampling.temperature(),
+          .top_k = static_cast<int32_t>(sampling.top_k()),
+          .top_p = sampling.top_p() > 0 ? sampling.top_p() : 1.0f,
+          .seed = sampling.seed()};
+}
+
 }  // namespace baton::model

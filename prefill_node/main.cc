@@ -12,28 +12,11 @@
 #include "baton/transfer/ucx.h"
 #include "baton/prefill_node/prefill_service.h"
 
-int main(int argc, char** argv) {
-  baton::BlockShutdownSignals();
-  CLI::App app{"baton-prefill: prefill node"};
-  std::string model_dir, router, node_id = "prefill";
-  baton::ServerFlags flags;
-  baton::prefill_node::PrefillOptions options;
-  bool no_ucx = false;
-  std::string device = "cpu", weights = "fp32";
-  app.add_option("--model", model_dir, "Model directory")->required();
-  std::string served_model_name;
-  app.add_option("--served-model-name", served_model_name,
-                 "The model name registered with the router, which routes a request to nodes of "
-                 "the name it asks for (default: the model directory's name)");
-  app.add_option("--device", device,
-                 "Where the model runs: cpu, or cuda (a CUDA build on a machine with a GPU; the "
-                 "node exits 2 naming the reason otherwise)");
-  app.add_option("--weights", weights,
-                 "How the model's weight matrices are held: fp32, or bf16 (--device cpu only; "
-                 "halves the bytes a decode step reads; give every node of a cluster the same)");
-  baton::AddServerFlags(app, flags);
-  app.add_option("--router", router, "Router address to register with");
-  app.add_option("--node-id", node_id, "Name reported to the router");
+namespace {
+
+// The flags that set PrefillOptions, in --help's order; --no-ucx sets `no_ucx` (use_ucx is its
+// negation).
+void AddPrefillFlags(CLI::App& app, baton::prefill_node::PrefillOptions& options, bool& no_ucx) {
   app.add_option("--token-budget", options.token_budget, "Rows per prefill chunk")
       ->check(CLI::Range(1, 1 << 24));
   app.add_flag("--ucx-allow-unprotected-tcp", options.ucx_allow_unprotected_tcp,
@@ -59,6 +42,33 @@ int main(int argc, char** argv) {
                  "Idle staging memory kept for reuse, each buffer only for requests to the same "
                  "decode node (default 1 GiB; 0: register staging memory per request)")
       ->check(CLI::Range(uint64_t{0}, uint64_t{1} << 40));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  baton::BlockShutdownSignals();
+  CLI::App app{"baton-prefill: prefill node"};
+  std::string model_dir, router, node_id = "prefill";
+  baton::ServerFlags flags;
+  baton::prefill_node::PrefillOptions options;
+  bool no_ucx = false;
+  std::string device = "cpu", weights = "fp32";
+  app.add_option("--model", model_dir, "Model directory")->required();
+  std::string served_model_name;
+  app.add_option("--served-model-name", served_model_name,
+                 "The model name registered with the router, which routes a request to nodes of "
+                 "the name it asks for (default: the model directory's name)");
+  app.add_option("--device", device,
+                 "Where the model runs: cpu, or cuda (a CUDA build on a machine with a GPU; the "
+                 "node exits 2 naming the reason otherwise)");
+  app.add_option("--weights", weights,
+                 "How the model's weight matrices are held: fp32, or bf16 (--device cpu only; "
+                 "halves the bytes a decode step reads; give every node of a cluster the same)");
+  baton::AddServerFlags(app, flags);
+  app.add_option("--router", router, "Router address to register with");
+  app.add_option("--node-id", node_id, "Name reported to the router");
+  AddPrefillFlags(app, options, no_ucx);
   if (auto exit = baton::ParseServerFlags(app, argc, argv, "baton-prefill", "prefill", flags)) {
     return *exit;
   }

@@ -12,22 +12,17 @@
 #include "baton/common/wire_bounds.h"
 #include "baton/kvstore/chain.h"
 #include "baton/kvstore/hit_policy.h"
-#include "baton/model/sampling.h"
 #include "baton/transfer/state_block.h"
+#include "prefill_call.h"
+#include "prefill_metrics.h"
 
 namespace baton::prefill_node {
 namespace {
-
-using Clock = std::chrono::steady_clock;
 
 uint64_t PayloadBytes(const std::vector<v1::BlockWrite>& writes) {
   uint64_t bytes = 0;
   for (const v1::BlockWrite& w : writes) bytes += w.payload().size();
   return bytes;
-}
-
-double MillisSince(Clock::time_point start) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
 }
 
 }  // namespace
@@ -58,41 +53,6 @@ absl::Status ValidatePrefillRequest(const v1::PrefillRequest& request, const Mod
   }
   return absl::OkStatus();
 }
-
-struct PrefillService::Metrics {
-  prometheus::Family<prometheus::Counter>& requests = metrics::Counter(
-      "baton_prefill_requests_total", "Prefill requests finished, by outcome (gRPC status name)");
-  prometheus::Counter& tokens =
-      metrics::Counter("baton_prefill_tokens_total", "Prompt tokens of finished prefills").Add({});
-  prometheus::Histogram& seconds =
-      metrics::Histogram(
-          "baton_prefill_seconds",
-          "Time a prefill request spent on this node, queueing and transfer included")
-          .Add({}, metrics::LatencyBuckets());
-  prometheus::Gauge& queue_depth =
-      metrics::Gauge("baton_prefill_queue_depth", "Prefill requests waiting for the model").Add({});
-  prometheus::Family<prometheus::Counter>& transfer_bytes = metrics::Counter(
-      "baton_transfer_bytes_total", "StateBlock bytes moved to decode nodes, by transport");
-  prometheus::Family<prometheus::Histogram>& transfer_seconds = metrics::Histogram(
-      "baton_transfer_seconds", "Time to move one StateBlock and commit it, by transport");
-  prometheus::Counter& loaded_blocks =
-      metrics::Counter("baton_prefix_loaded_blocks_total",
-                       "Blocks loaded from the prefix store instead of computed")
-          .Add({});
-  prometheus::Counter& written_blocks =
-      metrics::Counter("baton_prefix_written_blocks_total",
-                       "Blocks queued for writing back to the prefix store")
-          .Add({});
-  prometheus::Counter& load_failures =
-      metrics::Counter("baton_prefix_load_failures_total",
-                       "Prefix hits whose blocks could not be read from the store (an error, or "
-                       "a block evicted since the lookup); they were computed instead")
-          .Add({});
-  prometheus::Counter& write_failures =
-      metrics::Counter("baton_prefix_write_failures_total",
-                       "Write-backs of blocks to the prefix store that failed")
-          .Add({});
-};
 
 PrefillService::PrefillService(model::Engine& model, const PrefillOptions& options)
     : model_(model), options_(options), metrics_(std::make_unique<Metrics>()) {
@@ -285,34 +245,40 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* PrefillService::ReadRegions(
     grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) {
   const absl::Status allowed =
       security::Authorize(*context, {security::Role::kDecode}, "PrefillNode/ReadRegions");
-  return exposures_.Stream(security::PeerIdentity(*context), *request, ToGrpcStatus(allowed));
+  return exposures_.Stream(security::PeerIdentity(*context), *request, allowed);
 }
 
 grpc::Status PrefillService::Prefill(grpc::ServerContext* context,
                                      const v1::PrefillRequest* request,
                                      v1::PrefillResponse* reply) {
+  return ToGrpcStatus(Serve(*context, *request, *reply));
+}
+
+absl::Status PrefillService::Serve(grpc::ServerContext& context, const v1::PrefillRequest& request,
+                                   v1::PrefillResponse& reply) {
   if (absl::Status s =
-          security::Authorize(*context, {security::Role::kRouter}, "PrefillNode/Prefill");
+          security::Authorize(context, {security::Role::kRouter}, "PrefillNode/Prefill");
       !s.ok()) {
-    return ToGrpcStatus(s);
+    return s;
   }
   const auto start = Clock::now();
-  const grpc::Status status = Run(context, request, reply);
-  metrics_->requests.Add({{"outcome", metrics::OutcomeLabel(status.error_code())}}).Increment();
+  // The call has let go of all it held (prefill_call.h) before it is counted and logged.
+  const absl::Status status = PrefillCall(*this, context, request, reply).Run();
+  const std::string outcome = metrics::OutcomeLabel(static_cast<int>(status.code()));
+  metrics_->requests.Add({{"outcome", outcome}}).Increment();
   metrics_->seconds.Observe(MillisSince(start) / 1000);
-  const std::string& id = request->request().request_id();
+  const std::string& id = request.request().request_id();
   if (status.ok()) {
-    metrics_->tokens.Increment(request->request().prompt_token_ids_size());
+    metrics_->tokens.Increment(request.request().prompt_token_ids_size());
     log::Info("prefill done", {{"request_id", id},
-                               {"prompt_tokens", request->request().prompt_token_ids_size()},
-                               {"cached_tokens", reply->usage().cached_tokens()},
-                               {"replayed_rows", reply->usage().replayed_rows()},
-                               {"prefill_ms", reply->prefill_ms()},
-                               {"transfer_ms", reply->transfer_ms()}});
+                               {"prompt_tokens", request.request().prompt_token_ids_size()},
+                               {"cached_tokens", reply.usage().cached_tokens()},
+                               {"replayed_rows", reply.usage().replayed_rows()},
+                               {"prefill_ms", reply.prefill_ms()},
+                               {"transfer_ms", reply.transfer_ms()}});
   } else {
-    log::Warn("prefill failed", {{"request_id", id},
-                                 {"code", metrics::OutcomeLabel(status.error_code())},
-                                 {"error", status.error_message()}});
+    log::Warn("prefill failed",
+              {{"request_id", id}, {"code", outcome}, {"error", std::string(status.message())}});
   }
   return status;
 }
@@ -323,262 +289,6 @@ void PrefillService::Drain(std::chrono::steady_clock::time_point deadline) {
   log::Info("prefill node draining", {{"requests", active_}});
   idle_.wait_until(lock, deadline, [this] { return active_ == 0; });
   if (active_ > 0) log::Warn("drain timeout: prefills are cut", {{"requests", active_}});
-}
-
-grpc::Status PrefillService::Run(grpc::ServerContext* context, const v1::PrefillRequest* request,
-                                 v1::PrefillResponse* reply) {
-  const auto start = Clock::now();
-  const v1::GenerateRequest& generate = request->request();
-  std::vector<int32_t> tokens(generate.prompt_token_ids().begin(),
-                              generate.prompt_token_ids().end());
-  absl::StatusOr<model::TruncationMode> mode = model::ModeFromProto(request->mode());
-  if (!mode.ok()) return ToGrpcStatus(mode.status());
-  if (absl::Status s = ValidatePrefillRequest(*request, model_.config()); !s.ok()) {
-    return ToGrpcStatus(s);
-  }
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (draining_) {
-      log::Warn("prefill refused: draining", {{"request_id", generate.request_id()}});
-      return grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                          "the prefill node is draining (shutting down): use another");
-    }
-    ++active_;
-  }
-  struct Done {
-    PrefillService* self;
-    ~Done() {
-      std::lock_guard<std::mutex> lock(self->mutex_);
-      if (--self->active_ == 0) self->idle_.notify_all();
-    }
-  } done{this};
-
-  const v1::Reservation& reservation = request->reservation();
-  if (request->transport() == v1::TRANSPORT_UCX && ucx_ == nullptr) {
-    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                        "transport: UCX was asked for and this prefill node has none");
-  }
-  if (request->transport() != v1::TRANSPORT_UCX && request->transport() != v1::TRANSPORT_GRPC) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "transport: must be UCX or GRPC");
-  }
-  // The state is computed straight into staging memory exposed for this request alone, with
-  // block KV contiguous, so that the decode node reads each region in one get.
-  const model::StateLayout layout = model_.state_layout();
-  const transfer::RegionSizes sizes = transfer::RegionSizesFor(layout, tokens.size());
-  if (reservation.pages() != sizes.pages ||
-      reservation.producer_swa_bytes() != sizes.producer_swa ||
-      reservation.consumer_swa_bytes() != sizes.consumer_swa ||
-      reservation.page_bytes() != sizes.page) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                        "reservation: its regions do not match this prompt and model");
-  }
-  // Staging memory is held from here through the commit, by a bounded number of requests.
-  {
-    std::unique_lock<std::mutex> lock(mutex_);
-    while (staged_ >= options_.max_staged_requests) {
-      if (context->IsCancelled()) {
-        return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled while waiting for staging");
-      }
-      staging_free_.wait_for(lock, std::chrono::milliseconds(20));
-    }
-    ++staged_;
-  }
-  struct Staged {
-    PrefillService* self;
-    ~Staged() {
-      {
-        std::lock_guard<std::mutex> lock(self->mutex_);
-        --self->staged_;
-      }
-      self->staging_free_.notify_one();
-    }
-  } staged{this};
-  absl::StatusOr<std::shared_ptr<transfer::Exposure>> exposure = transfer::Exposure::Create(
-      *staging_, sizes, request->decode_identity(), request->decode_address());
-  if (!exposure.ok()) return ToGrpcStatus(exposure.status());
-  model::ContiguousPageAllocator page_buffer(layout, static_cast<int64_t>(sizes.pages),
-                                             (*exposure)->block_kv());
-  model::SequenceState state(layout, &page_buffer, (*exposure)->producer_swa(),
-                             (*exposure)->consumer_swa());
-  const int64_t L = static_cast<int64_t>(tokens.size());
-  if (absl::Status s = state.EnsurePages(L); !s.ok()) return ToGrpcStatus(s);
-  model::PrefillOptions options{.mode = *mode,
-                                .keep = request->keep(),
-                                .s_valid = request->s_valid(),
-                                .chunk_size = options_.token_budget};
-  // A request whose caller went away (or whose deadline passed) computes no further chunk.
-  options.cancelled = [this, context] {
-    watchdog_->Beat();
-    return context->IsCancelled();
-  };
-  // A prefix hit loads [0, H) from the store; if that fails, the prefill computes producers and
-  // block KV over [0, H) itself, which gives the same result (DESIGN section 3, s_valid).
-  std::vector<Sha256Digest> keys;
-  int64_t cached = 0;
-  if (kvstore_ != nullptr) {
-    keys = kvstore::ChainKeys(model_.fingerprint(), request->tenant(), generate.cache_salt(),
-                              tokens, layout.block_size);
-    if (request->s_valid() > 0 && LoadPrefix(*context, keys, request->s_valid(), state)) {
-      cached = request->s_valid();
-      state.length = cached;
-      metrics_->loaded_blocks.Increment(static_cast<double>(cached / layout.block_size));
-    } else if (request->s_valid() > 0) {
-      log::Warn("prefix load failed; computing the hit's blocks",
-                {{"request_id", generate.request_id()}, {"s_valid", request->s_valid()}});
-      metrics_->load_failures.Increment();
-    }
-  }
-  // Producer rows of the blocks computed here, for the store: [P][2][L][kv_dim].
-  std::vector<float> producer_rows;
-  if (kvstore_ != nullptr) {
-    producer_rows.resize(layout.producer_layers * 2 * L * layout.kv_dim);
-    options.on_producer_rows = [&](int64_t l, int64_t q_start, int64_t rows, const float* k,
-                                   const float* v, int64_t stride) {
-      for (int64_t j = 0; j < rows; ++j) {
-        for (int kv = 0; kv < 2; ++kv) {
-          std::memcpy(producer_rows.data() + ((l * 2 + kv) * L + q_start + j) * layout.kv_dim,
-                      (kv == 0 ? k : v) + j * stride, sizeof(float) * layout.kv_dim);
-        }
-      }
-    };
-  }
-  // Prompt logprobs need every row's logits; the router only asks with truncation off.
-  const bool prompt_logprobs =
-      generate.prompt_logprobs() && *mode == model::TruncationMode::kOff && request->s_valid() == 0;
-  options.result_logits = prompt_logprobs;
-  if (prompt_logprobs) {
-    // Chunk by chunk: a row's log-probability of the next prompt token, then its logits go.
-    options.on_result_logits = [&](int64_t position, std::span<const float> logits) {
-      if (position + 1 < L) {
-        reply->add_prompt_logprobs(model::LogSoftmaxAt(logits, tokens[position + 1]));
-      }
-    };
-  }
-  // Staging memory and the prefix load above run while another request may hold the model;
-  // the model itself runs one prefill at a time.
-  metrics_->queue_depth.Increment();
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    ++queued_;
-  }
-  std::unique_lock<std::mutex> model_lock(model_mutex_);
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    --queued_;
-  }
-  metrics_->queue_depth.Decrement();
-  // The model is this request's until the commit: the watchdog watches it advance chunk by
-  // chunk (a request that holds it without advancing is a wedged node).
-  watchdog_->Beat();
-  computing_ = true;
-  struct Computing {
-    PrefillService* self;
-    ~Computing() {
-      if (self != nullptr) self->computing_ = false;
-    }
-  } computing{this};
-  if (context->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled");
-  absl::StatusOr<model::PrefillResult> result = ComputePrefill(tokens, options, state);
-  if (!result.ok()) return ToGrpcStatus(result.status());
-  const int64_t vocab = model_.config().vocab_size;
-  const std::span<const float> last_row(result->logits.data() + result->logits.size() - vocab,
-                                        static_cast<size_t>(vocab));
-  const auto& sampling = generate.sampling();
-  const model::SampledToken first =
-      model::SampleToken(last_row,
-                         {.temperature = sampling.temperature(),
-                          .top_k = static_cast<int32_t>(sampling.top_k()),
-                          .top_p = sampling.top_p() > 0 ? sampling.top_p() : 1.0f,
-                          .seed = sampling.seed()},
-                         request->completed_tokens());
-  const double prefill_ms = MillisSince(start);
-  if (context->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled");
-
-  // Commit the header with its checksums; the decode node reads the exposed regions meanwhile.
-  const auto transfer_start = Clock::now();
-  v1::DecodeNode::Stub& decode = DecodeStub(request->decode_address());
-  v1::CommitRequest commit;
-  *commit.mutable_source() = (*exposure)->Source(request->transport());
-  v1::StateHeader& h = *commit.mutable_header();
-  h.set_model_fingerprint(model_.fingerprint());
-  h.set_request_id(generate.request_id());
-  h.set_reservation_id(reservation.reservation_id());
-  h.set_prompt_len(static_cast<uint32_t>(tokens.size()));
-  h.set_s_valid(request->s_valid());
-  h.set_mode(request->mode());
-  h.set_keep(request->keep());
-  h.set_first_token(first.token);
-  h.set_first_logprob(first.logprob);
-  h.set_replayed_rows(static_cast<uint32_t>(result->consumer_rows));
-  transfer::SealHeader(state, h);
-  computing_ = false;
-  computing.self = nullptr;  // the next request may set it from now on
-  model_lock.unlock();
-  auto client = grpc::ClientContext::FromServerContext(*context);
-  // The propagated deadline of the router's call still applies: the earlier of the two wins.
-  const auto commit_deadline =
-      std::chrono::system_clock::now() + std::chrono::milliseconds(options_.commit_timeout_ms);
-  client->set_deadline(commit_deadline);
-  v1::CommitResponse committed;
-  exposures_.Add(*exposure);
-  const grpc::Status commit_status = decode.Commit(client.get(), commit, &committed);
-  // The decode node has read the regions (or given up): stop exposing them. The UCX
-  // registration ends with the last reference, once the write-back payloads are copied.
-  exposures_.Remove((*exposure)->id());
-  if (!commit_status.ok()) {
-    // The decode node may not have noticed yet that this commit ended: its buffer is not
-    // handed to another request until it must have (transfer/exposure.h, HoldBack).
-    (*exposure)->HoldBack();
-    // The decode node failed or refused, not this node: the router must not take this node
-    // for lost when the decode node is (DESIGN section 6, faults).
-    context->AddTrailingMetadata(kFailedNodeKey, "decode");
-    const auto now = std::chrono::system_clock::now();
-    if (commit_status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED &&
-        now >= commit_deadline && context->deadline() > now) {
-      // --commit-timeout-ms ran out before the router's deadline: the decode node did not
-      // answer (dead, wedged or cut off), and the request may go to another one. A
-      // DEADLINE_EXCEEDED the decode node answered itself (its reservation expired during the
-      // transfer) arrives before then and goes back as it is: that node is alive.
-      return grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                          absl::StrCat("decode node did not answer the commit within ",
-                                       options_.commit_timeout_ms, " ms"));
-    }
-    return commit_status;
-  }
-  const char* transport = request->transport() == v1::TRANSPORT_GRPC ? "grpc" : "ucx";
-  metrics_->transfer_bytes.Add({{"transport", transport}})
-      .Increment(static_cast<double>(transfer::StagingBytes(sizes)));
-  metrics_->transfer_seconds.Add({{"transport", transport}}, metrics::TokenLatencyBuckets())
-      .Observe(MillisSince(transfer_start) / 1000);
-
-  if (kvstore_ != nullptr) {
-    // The prompt's full blocks that this prefill computed (the hit's blocks are stored
-    // already), written back after the first token is on its way.
-    std::vector<v1::BlockWrite> writes;
-    for (const kvstore::WriteBackStep& step :
-         kvstore::WriteBackSteps(cached / layout.block_size, static_cast<int64_t>(keys.size()))) {
-      v1::BlockWrite& write = writes.emplace_back();
-      write.set_key(kvstore::KeyBytes(keys[step.block]));
-      if (step.parent >= 0) write.set_parent(kvstore::KeyBytes(keys[step.parent]));
-      if (step.region == kvstore::Region::kBlockKv) {
-        write.set_region(v1::STORE_REGION_BLOCK_KV);
-        write.set_payload(transfer::BlockKvPayload(state, step.block));
-      } else {
-        write.set_region(v1::STORE_REGION_PRODUCER_SWA);
-        write.set_payload(transfer::ProducerSwaPayload(layout, producer_rows, L, step.block));
-      }
-    }
-    metrics_->written_blocks.Increment(static_cast<double>(writes.size() / 2));
-    QueueWriteBack(std::move(writes));
-  }
-  reply->set_first_token(first.token);
-  reply->set_first_logprob(first.logprob);
-  reply->mutable_usage()->set_cached_tokens(static_cast<uint32_t>(cached));
-  reply->mutable_usage()->set_prompt_tokens(static_cast<uint32_t>(tokens.size()));
-  reply->mutable_usage()->set_replayed_rows(static_cast<uint32_t>(result->consumer_rows));
-  reply->set_prefill_ms(prefill_ms);
-  reply->set_transfer_ms(MillisSince(transfer_start));
-  return grpc::Status::OK;
 }
 
 }  // namespace baton::prefill_node

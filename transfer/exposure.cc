@@ -166,7 +166,7 @@ size_t ExposureTable::size() const {
   return exposures_.size();
 }
 
-grpc::Status ExposureTable::Open(const std::string& caller, const v1::ReadRegionsRequest& request,
+absl::Status ExposureTable::Open(const std::string& caller, const v1::ReadRegionsRequest& request,
                                  RegionRead* read) const {
   std::shared_ptr<Exposure> exposure;
   {
@@ -176,24 +176,22 @@ grpc::Status ExposureTable::Open(const std::string& caller, const v1::ReadRegion
   }
   // Another reader's exposure looks exactly like a missing one.
   if (exposure == nullptr) {
-    return grpc::Status(grpc::StatusCode::NOT_FOUND,
-                        absl::StrCat("exposure_id: no open exposure '",
-                                     request.exposure_id().substr(0, 64), "'"));
+    return absl::NotFoundError(
+        absl::StrCat("exposure_id: no open exposure '", request.exposure_id().substr(0, 64), "'"));
   }
   const uint64_t size = exposure->sizes().bytes(request.region());
   const uint64_t offset = request.offset(), length = request.length();
   // offset + length may wrap 64 bits, so the check never forms that sum.
   if (size == 0 || offset > size || length > size - offset) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                        absl::StrCat("read of ", length, " bytes at offset ", offset,
-                                     " lies outside region ", v1::Region_Name(request.region()),
-                                     " of ", size, " bytes"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("read of ", length, " bytes at offset ", offset, " lies outside region ",
+                     v1::Region_Name(request.region()), " of ", size, " bytes"));
   }
   *read = {.exposure = std::move(exposure),
            .region = request.region(),
            .offset = offset,
            .length = length};
-  return grpc::Status::OK;
+  return absl::OkStatus();
 }
 
 uint64_t RegionRead::chunks() const {
@@ -232,16 +230,16 @@ namespace {
 // Streams one RegionRead, a chunk at a time.
 class RegionStreamer final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
-  RegionStreamer(RegionRead read, grpc::Status status) : read_(std::move(read)) {
+  RegionStreamer(RegionRead read, const absl::Status& status) : read_(std::move(read)) {
     if (!status.ok() || read_.length == 0) {
-      Finish(status);
+      Finish(ToGrpcStatus(status));
       return;
     }
     Next();
   }
   void OnWriteDone(bool ok) override {
     if (!ok) {
-      Finish(grpc::Status(grpc::StatusCode::CANCELLED, "the reader went away"));
+      Finish(ToGrpcStatus(absl::CancelledError("the reader went away")));
       return;
     }
     Next();
@@ -255,7 +253,7 @@ class RegionStreamer final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
       return;
     }
     if (read_.exposure->closed()) {
-      Finish(grpc::Status(grpc::StatusCode::NOT_FOUND, "exposure_id: closed during the read"));
+      Finish(ToGrpcStatus(absl::NotFoundError("exposure_id: closed during the read")));
       return;
     }
     chunk_ = read_.Chunk(next_++);
@@ -271,7 +269,7 @@ class RegionStreamer final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* ExposureTable::Stream(const std::string& caller,
                                                                   const grpc::ByteBuffer& request,
-                                                                  grpc::Status refused) const {
+                                                                  absl::Status refused) const {
   RegionRead read;
   if (!refused.ok()) return new RegionStreamer(std::move(read), std::move(refused));
   v1::ReadRegionsRequest parsed;
@@ -280,11 +278,11 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* ExposureTable::Stream(const std::str
   if (request.Length() > 1024 ||
       !grpc::SerializationTraits<v1::ReadRegionsRequest>::Deserialize(&copy, &parsed).ok()) {
     return new RegionStreamer(
-        std::move(read), grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                                      "ReadRegionsRequest: not a message of at most 1024 bytes"));
+        std::move(read),
+        absl::InvalidArgumentError("ReadRegionsRequest: not a message of at most 1024 bytes"));
   }
-  grpc::Status status = Open(caller, parsed, &read);
-  return new RegionStreamer(std::move(read), std::move(status));
+  const absl::Status status = Open(caller, parsed, &read);
+  return new RegionStreamer(std::move(read), status);
 }
 
 }  // namespace baton::transfer

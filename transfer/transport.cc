@@ -58,6 +58,10 @@ uint64_t StagingOffset(const RegionSizes& sizes, v1::Region region) {
   }
 }
 
+const char* TransportLabel(v1::Transport transport) {
+  return transport == v1::TRANSPORT_GRPC ? "grpc" : "ucx";
+}
+
 uint64_t StagingBytes(const RegionSizes& sizes) {
   return sizes.producer_swa + sizes.consumer_swa + sizes.block_kv;
 }

@@ -18,10 +18,13 @@
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "test_dir.h"
+#include "testing/eventually.h"
 
 namespace baton::decode_node {
 namespace {
 
+using ::baton::testing::Eventually;
+using ::baton::testing::EventuallyThat;
 using ::testing::HasSubstr;
 
 // A PrefillNode that serves reads of its exposures as a protobuf server would (the bytes
@@ -38,7 +41,7 @@ class FakePrefill final : public v1::PrefillNode::Service {
     }
     // As a protobuf server would send them (baton-prefill writes the same bytes raw).
     transfer::RegionRead read;
-    grpc::Status status = table.Open("", *request, &read);
+    grpc::Status status = ToGrpcStatus(table.Open("", *request, &read));
     for (uint64_t i = 0; status.ok() && i < read.chunks(); ++i) {
       grpc::ByteBuffer wire = read.Chunk(i);
       v1::RegionChunk chunk;
@@ -147,17 +150,21 @@ class DecodeServiceTest : public ::testing::Test {
     EXPECT_TRUE(stub_->Stats(&context, v1::StatsRequest(), &stats).ok());
     return stats;
   }
-  bool Drained() {
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-    while (std::chrono::steady_clock::now() < deadline) {
-      const v1::StatsResponse s = Stats();
-      if (s.reservations() == 0 && s.load().free_pages() == s.load().total_pages() &&
-          s.load().free_slots() == s.load().total_slots()) {
-        return true;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    return false;
+  // Polls until the node holds no reservation and every page and slot is free.
+  ::testing::AssertionResult Drained() {
+    return Eventually(
+        [&]() -> ::testing::AssertionResult {
+          const v1::StatsResponse s = Stats();
+          if (s.reservations() == 0 && s.load().free_pages() == s.load().total_pages() &&
+              s.load().free_slots() == s.load().total_slots()) {
+            return ::testing::AssertionSuccess();
+          }
+          return ::testing::AssertionFailure()
+                 << s.reservations() << " reservations, " << s.load().free_pages() << " of "
+                 << s.load().total_pages() << " pages and " << s.load().free_slots() << " of "
+                 << s.load().total_slots() << " slots free";
+        },
+        std::chrono::seconds(5));
   }
   // Reserves the whole pool once more, so every freed slot and page is handed out again and
   // its poison checked; the count of disturbed ones.
@@ -345,11 +352,7 @@ TEST_F(DecodeServiceTest, ReservationExpiringDuringItsTransferNeverReceivesAByte
   EXPECT_TRUE(Drained());
   // Wait until the prefill node has sent its answers (one read of each of the three regions,
   // all in flight at once), then hand the same slot and pages out.
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-  while (prefill_.served < 3 && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  EXPECT_EQ(prefill_.served, 3);
+  EXPECT_TRUE(EventuallyThat([&] { return prefill_.served.load(); }, 3, std::chrono::seconds(5)));
   EXPECT_EQ(PoisonViolationsAfterReuse(40), 0);
   // A commit to the expired reservation is refused before anything is read.
   prefill_.hold_ms = 0;
@@ -432,11 +435,8 @@ TEST_F(DecodeServiceTest, QueuedReservationGetsMemoryWhenItIsFreed) {
   grpc::Status queued;
   std::thread waiter([&] { queued = Reserve("b", 10, 5, &second); });
   // Polled with a deadline: the waiter's Reserve reaches the queue when its thread runs.
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (Stats().load().queued_requests() != 1u && std::chrono::steady_clock::now() < until) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  ASSERT_EQ(Stats().load().queued_requests(), 1u);
+  ASSERT_TRUE(EventuallyThat([&] { return Stats().load().queued_requests(); }, 1u,
+                             std::chrono::seconds(10), std::chrono::milliseconds(10)));
   grpc::ClientContext context;
   v1::ReleaseRequest release;
   release.set_reservation_id(first.reservation_id());

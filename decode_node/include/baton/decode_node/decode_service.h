@@ -112,7 +112,30 @@ class DecodeService final : public v1::DecodeNode::Service {
   std::shared_ptr<Request> Owned(const std::string& caller, const std::string& id,
                                  security::Role role) const;
   struct Metrics;
-  grpc::Status RunStream(grpc::ServerContext* context, const v1::StreamRequest* request,
+
+  // The handlers' work; each handler converts its absl::Status to gRPC's once.
+  absl::Status TakeReservation(grpc::ServerContext& context, const v1::ReserveRequest& request,
+                               v1::Reservation& reply);
+  // A pool slot for `pages` pages, waiting (boundedly: max_waiting) while the pools are full.
+  // Caller holds `lock` on mutex_.
+  absl::StatusOr<int64_t> WaitForSlot(grpc::ServerContext& context, const std::string& request_id,
+                                      int64_t pages, std::unique_lock<std::mutex>& lock);
+  // The reservation's state in `slot`, sized for `positions`. Caller holds mutex_.
+  absl::StatusOr<std::shared_ptr<Request>> NewRequest(const grpc::ServerContext& context,
+                                                      const v1::ReserveRequest& request,
+                                                      int64_t slot, int64_t pages,
+                                                      int64_t positions);
+  absl::Status CommitState(grpc::ServerContext& context, const v1::CommitRequest& request);
+  // The transport to read a commit's regions with, once its header and source are checked
+  // against reservation `r`; `source` gets the worker address the reservation names.
+  absl::StatusOr<transfer::Transport*> CheckCommit(const v1::StateHeader& header, const Request& r,
+                                                   v1::RegionSource& source);
+  // After the read: the request decodes from the header's first token, or the reservation is
+  // freed. Caller holds mutex_.
+  absl::Status FinishCommit(const std::shared_ptr<Request>& r, const v1::StateHeader& header,
+                            v1::Transport transport, uint64_t bytes, absl::Status read,
+                            double transfer_seconds);
+  absl::Status RunStream(grpc::ServerContext* context, const v1::StreamRequest* request,
                          grpc::ServerWriter<v1::DecodeOutput>* writer,
                          std::string* request_id);  // set once the request is found
 

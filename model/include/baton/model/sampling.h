@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <span>
 
+#include "baton/v1/generation.pb.h"
+
 namespace baton::model {
 
 struct SamplingParams {
@@ -17,6 +19,10 @@ struct SamplingParams {
   float top_p = 1.0f;
   uint64_t seed = 0;
 };
+
+// The wire's sampling fields (already checked: common/wire_bounds.h CheckSampling) as the
+// sampler takes them: the one conversion both node kinds use.
+SamplingParams SamplingFromProto(const v1::SamplingParams& sampling);
 
 struct SampledToken {
   int32_t token = 0;

@@ -18,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "baton/common/hash.h"
 #include "baton/common/watchdog.h"
 #include "baton/model/engine.h"
@@ -83,9 +84,13 @@ class PrefillService final
   void Drain(std::chrono::steady_clock::time_point deadline);
 
  private:
+  // One Prefill call, as stages over this service's parts (prefill_node/prefill_call.h).
+  friend class PrefillCall;
   struct Metrics;
-  grpc::Status Run(grpc::ServerContext* context, const v1::PrefillRequest* request,
-                   v1::PrefillResponse* reply);
+  // Prefill as an absl::Status, for Prefill to convert: the caller's role, the call, and its
+  // metrics and log line.
+  absl::Status Serve(grpc::ServerContext& context, const v1::PrefillRequest& request,
+                     v1::PrefillResponse& reply);
   v1::DecodeNode::Stub& DecodeStub(const std::string& address);
   // Loads the hit's blocks [0, H / B) from the prefix store: block KV into the pages, producer
   // SWA rows of [H - W + 1, H) into the producer rings. False (state untouched) on any miss.

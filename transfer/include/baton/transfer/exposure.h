@@ -141,7 +141,7 @@ class ExposureTable {
   // Checks a ReadRegions request from the peer `caller` into `read`: NOT_FOUND for an unknown,
   // closed or another reader's exposure (alike, so that ids cannot be probed); INVALID_ARGUMENT
   // for a range outside its region.
-  grpc::Status Open(const std::string& caller, const v1::ReadRegionsRequest& request,
+  absl::Status Open(const std::string& caller, const v1::ReadRegionsRequest& request,
                     RegionRead* read) const;
   // PrefillNode.ReadRegions (a raw callback method): parses `request`, checks it with Open and
   // streams the chunks in order, each written once the previous one is handed to the
@@ -149,7 +149,7 @@ class ExposureTable {
   // goes away. `refused` (when not OK) is the caller's authorization result, sent as it is.
   grpc::ServerWriteReactor<grpc::ByteBuffer>* Stream(const std::string& caller,
                                                      const grpc::ByteBuffer& request,
-                                                     grpc::Status refused = grpc::Status::OK) const;
+                                                     absl::Status refused = absl::OkStatus()) const;
 
  private:
   mutable std::mutex mutex_;

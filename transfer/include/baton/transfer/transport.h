@@ -56,6 +56,9 @@ void ForEachPiece(const RegionSpans& spans, v1::Region region, uint64_t offset, 
 uint64_t StagingOffset(const RegionSizes& sizes, v1::Region region);
 uint64_t StagingBytes(const RegionSizes& sizes);
 
+// A transport's name in metrics labels and logs: "grpc" or "ucx".
+const char* TransportLabel(v1::Transport transport);
+
 class Transport {
  public:
   virtual ~Transport() = default;

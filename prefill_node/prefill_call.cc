@@ -1,0 +1,322 @@
+#include "prefill_call.h"
+
+#include <cstring>
+#include <span>
+
+#include "absl/strings/str_cat.h"
+#include "baton/common/log.h"
+#include "baton/common/rpc.h"
+#include "baton/kvstore/chain.h"
+#include "baton/kvstore/hit_policy.h"
+#include "baton/transfer/transport.h"
+#include "prefill_metrics.h"
+
+namespace baton::prefill_node {
+namespace {
+
+// A request waiting for a staging slot is woken as soon as one frees (Staged notifies
+// staging_free_). The wait is bounded as well only so that the request sees its caller go:
+// gRPC's synchronous API has no callback on cancellation, so IsCancelled must be asked.
+constexpr auto kStagingCancelPoll = std::chrono::milliseconds(20);
+
+}  // namespace
+
+PrefillCall::Active::Active(PrefillService& node) : node_(node) {
+  ++node_.active_;
+}
+
+PrefillCall::Active::~Active() {
+  std::lock_guard<std::mutex> lock(node_.mutex_);
+  if (--node_.active_ == 0) node_.idle_.notify_all();
+}
+
+PrefillCall::Staged::Staged(PrefillService& node) : node_(node) {
+  ++node_.staged_;
+}
+
+PrefillCall::Staged::~Staged() {
+  {
+    std::lock_guard<std::mutex> lock(node_.mutex_);
+    --node_.staged_;
+  }
+  node_.staging_free_.notify_one();
+}
+
+// Prefills run one at a time, in arrival order (prefill_service.h).
+PrefillCall::ModelTurn::ModelTurn(PrefillService& node) : node_(node) {
+  node_.metrics_->queue_depth.Increment();
+  {
+    std::lock_guard<std::mutex> lock(node_.mutex_);
+    ++node_.queued_;
+  }
+  node_.model_mutex_.lock();
+  {
+    std::lock_guard<std::mutex> lock(node_.mutex_);
+    --node_.queued_;
+  }
+  node_.metrics_->queue_depth.Decrement();
+  // The watchdog watches the model advance chunk by chunk from here (a request that holds it
+  // without advancing is a wedged node).
+  node_.watchdog_->Beat();
+  node_.computing_ = true;
+}
+
+PrefillCall::ModelTurn::~ModelTurn() {
+  node_.computing_ = false;
+  node_.model_mutex_.unlock();
+}
+
+PrefillCall::PrefillCall(PrefillService& node, grpc::ServerContext& context,
+                         const v1::PrefillRequest& request, v1::PrefillResponse& reply)
+    : node_(node),
+      context_(context),
+      request_(request),
+      generate_(request.request()),
+      reply_(reply),
+      start_(Clock::now()),
+      tokens_(generate_.prompt_token_ids().begin(), generate_.prompt_token_ids().end()),
+      prompt_len_(static_cast<int64_t>(tokens_.size())),
+      layout_(node.model_.state_layout()) {}
+
+absl::Status PrefillCall::Run() {
+  for (Stage stage : {&PrefillCall::Admit, &PrefillCall::StageMemory, &PrefillCall::LoadPrefix,
+                      &PrefillCall::Compute, &PrefillCall::Commit, &PrefillCall::WriteBack}) {
+    if (absl::Status s = (this->*stage)(); !s.ok()) return s;
+  }
+  Respond();
+  return absl::OkStatus();
+}
+
+absl::Status PrefillCall::Admit() {
+  absl::StatusOr<model::TruncationMode> mode = model::ModeFromProto(request_.mode());
+  if (!mode.ok()) return mode.status();
+  mode_ = *mode;
+  if (absl::Status s = ValidatePrefillRequest(request_, node_.model_.config()); !s.ok()) return s;
+  {
+    std::lock_guard<std::mutex> lock(node_.mutex_);
+    if (node_.draining_) {
+      log::Warn("prefill refused: draining", {{"request_id", generate_.request_id()}});
+      return absl::UnavailableError("the prefill node is draining (shutting down): use another");
+    }
+    active_.emplace(node_);
+  }
+  if (request_.transport() == v1::TRANSPORT_UCX && node_.ucx_ == nullptr) {
+    return absl::FailedPreconditionError(
+        "transport: UCX was asked for and this prefill node has none");
+  }
+  if (request_.transport() != v1::TRANSPORT_UCX && request_.transport() != v1::TRANSPORT_GRPC) {
+    return absl::InvalidArgumentError("transport: must be UCX or GRPC");
+  }
+  sizes_ = transfer::RegionSizesFor(layout_, tokens_.size());
+  const v1::Reservation& reservation = request_.reservation();
+  if (reservation.pages() != sizes_.pages ||
+      reservation.producer_swa_bytes() != sizes_.producer_swa ||
+      reservation.consumer_swa_bytes() != sizes_.consumer_swa ||
+      reservation.page_bytes() != sizes_.page) {
+    return absl::InvalidArgumentError(
+        "reservation: its regions do not match this prompt and model");
+  }
+  return absl::OkStatus();
+}
+
+// The state is computed straight into staging memory exposed for this request alone, with
+// block KV contiguous, so that the decode node reads each region in one get. Staging memory is
+// held from here through the commit, by a bounded number of requests.
+absl::Status PrefillCall::StageMemory() {
+  {
+    std::unique_lock<std::mutex> lock(node_.mutex_);
+    while (node_.staged_ >= node_.options_.max_staged_requests) {
+      if (context_.IsCancelled()) {
+        return absl::CancelledError("cancelled while waiting for staging");
+      }
+      node_.staging_free_.wait_for(lock, kStagingCancelPoll);
+    }
+    staged_.emplace(node_);
+  }
+  absl::StatusOr<std::shared_ptr<transfer::Exposure>> exposure = transfer::Exposure::Create(
+      *node_.staging_, sizes_, request_.decode_identity(), request_.decode_address());
+  if (!exposure.ok()) return exposure.status();
+  exposure_ = *std::move(exposure);
+  page_buffer_.emplace(layout_, static_cast<int64_t>(sizes_.pages), exposure_->block_kv());
+  state_.emplace(layout_, &*page_buffer_, exposure_->producer_swa(), exposure_->consumer_swa());
+  return state_->EnsurePages(prompt_len_);
+}
+
+// A prefix hit loads [0, H) from the store; if that fails, the prefill computes producers and
+// block KV over [0, H) itself, which gives the same result (DESIGN section 3, s_valid).
+absl::Status PrefillCall::LoadPrefix() {
+  if (node_.kvstore_ == nullptr) return absl::OkStatus();
+  keys_ = kvstore::ChainKeys(node_.model_.fingerprint(), request_.tenant(), generate_.cache_salt(),
+                             tokens_, layout_.block_size);
+  if (request_.s_valid() == 0) return absl::OkStatus();
+  if (node_.LoadPrefix(context_, keys_, request_.s_valid(), *state_)) {
+    cached_ = request_.s_valid();
+    state_->length = cached_;
+    node_.metrics_->loaded_blocks.Increment(static_cast<double>(cached_ / layout_.block_size));
+  } else {
+    log::Warn("prefix load failed; computing the hit's blocks",
+              {{"request_id", generate_.request_id()}, {"s_valid", request_.s_valid()}});
+    node_.metrics_->load_failures.Increment();
+  }
+  return absl::OkStatus();
+}
+
+// Staging memory and the prefix load above run while another request may hold the model; the
+// model itself runs one prefill at a time, and is this request's until its header is sealed.
+absl::Status PrefillCall::Compute() {
+  const model::PrefillOptions options = ModelOptions();
+  model_turn_.emplace(node_);
+  if (context_.IsCancelled()) return absl::CancelledError("cancelled");
+  absl::StatusOr<model::PrefillResult> result = node_.ComputePrefill(tokens_, options, *state_);
+  if (!result.ok()) return result.status();
+  result_ = *std::move(result);
+  const int64_t vocab = node_.model_.config().vocab_size;
+  const std::span<const float> last_row(result_.logits.data() + result_.logits.size() - vocab,
+                                        static_cast<size_t>(vocab));
+  first_ = model::SampleToken(last_row, model::SamplingFromProto(generate_.sampling()),
+                              request_.completed_tokens());
+  prefill_ms_ = MillisSince(start_);
+  if (context_.IsCancelled()) return absl::CancelledError("cancelled");
+  return absl::OkStatus();
+}
+
+model::PrefillOptions PrefillCall::ModelOptions() {
+  model::PrefillOptions options{.mode = mode_,
+                                .keep = request_.keep(),
+                                .s_valid = request_.s_valid(),
+                                .chunk_size = node_.options_.token_budget};
+  // A request whose caller went away (or whose deadline passed) computes no further chunk.
+  options.cancelled = [this] {
+    node_.watchdog_->Beat();
+    return context_.IsCancelled();
+  };
+  if (node_.kvstore_ != nullptr) {
+    // Producer rows of the blocks computed here, for the store.
+    producer_rows_.resize(layout_.producer_layers * 2 * prompt_len_ * layout_.kv_dim);
+    options.on_producer_rows = [this](int64_t l, int64_t q_start, int64_t rows, const float* k,
+                                      const float* v, int64_t stride) {
+      const int64_t L = prompt_len_;
+      for (int64_t j = 0; j < rows; ++j) {
+        for (int kv = 0; kv < 2; ++kv) {
+          std::memcpy(producer_rows_.data() + ((l * 2 + kv) * L + q_start + j) * layout_.kv_dim,
+                      (kv == 0 ? k : v) + j * stride, sizeof(float) * layout_.kv_dim);
+        }
+      }
+    };
+  }
+  // Prompt logprobs need every row's logits; the router only asks with truncation off.
+  const bool prompt_logprobs = generate_.prompt_logprobs() &&
+                               mode_ == model::TruncationMode::kOff && request_.s_valid() == 0;
+  options.result_logits = prompt_logprobs;
+  if (prompt_logprobs) {
+    // Chunk by chunk: a row's log-probability of the next prompt token, then its logits go.
+    options.on_result_logits = [this](int64_t position, std::span<const float> logits) {
+      if (position + 1 < prompt_len_) {
+        reply_.add_prompt_logprobs(model::LogSoftmaxAt(logits, tokens_[position + 1]));
+      }
+    };
+  }
+  return options;
+}
+
+// Commits the header with its checksums; the decode node reads the exposed regions meanwhile.
+absl::Status PrefillCall::Commit() {
+  transfer_start_ = Clock::now();
+  v1::DecodeNode::Stub& decode = node_.DecodeStub(request_.decode_address());
+  const v1::CommitRequest commit = SealedCommit();
+  model_turn_.reset();  // the next request may compute from now on
+  auto client = grpc::ClientContext::FromServerContext(context_);
+  // The propagated deadline of the router's call still applies: the earlier of the two wins.
+  const auto deadline = std::chrono::system_clock::now() +
+                        std::chrono::milliseconds(node_.options_.commit_timeout_ms);
+  client->set_deadline(deadline);
+  v1::CommitResponse committed;
+  node_.exposures_.Add(exposure_);
+  const grpc::Status status = decode.Commit(client.get(), commit, &committed);
+  // The decode node has read the regions (or given up): stop exposing them. The UCX
+  // registration ends with the last reference, once the write-back payloads are copied.
+  node_.exposures_.Remove(exposure_->id());
+  if (!status.ok()) return CommitFailed(status, deadline);
+  const char* transport = transfer::TransportLabel(request_.transport());
+  node_.metrics_->transfer_bytes.Add({{"transport", transport}})
+      .Increment(static_cast<double>(transfer::StagingBytes(sizes_)));
+  node_.metrics_->transfer_seconds.Add({{"transport", transport}}, metrics::TokenLatencyBuckets())
+      .Observe(MillisSince(transfer_start_) / 1000);
+  return absl::OkStatus();
+}
+
+v1::CommitRequest PrefillCall::SealedCommit() const {
+  v1::CommitRequest commit;
+  *commit.mutable_source() = exposure_->Source(request_.transport());
+  v1::StateHeader& h = *commit.mutable_header();
+  h.set_model_fingerprint(node_.model_.fingerprint());
+  h.set_request_id(generate_.request_id());
+  h.set_reservation_id(request_.reservation().reservation_id());
+  h.set_prompt_len(static_cast<uint32_t>(tokens_.size()));
+  h.set_s_valid(request_.s_valid());
+  h.set_mode(request_.mode());
+  h.set_keep(request_.keep());
+  h.set_first_token(first_.token);
+  h.set_first_logprob(first_.logprob);
+  h.set_replayed_rows(static_cast<uint32_t>(result_.consumer_rows));
+  transfer::SealHeader(*state_, h);
+  return commit;
+}
+
+absl::Status PrefillCall::CommitFailed(const grpc::Status& status,
+                                       std::chrono::system_clock::time_point deadline) {
+  // The decode node may not have noticed yet that this commit ended: its buffer is not
+  // handed to another request until it must have (transfer/exposure.h, HoldBack).
+  exposure_->HoldBack();
+  // The decode node failed or refused, not this node: the router must not take this node
+  // for lost when the decode node is (DESIGN section 6, faults).
+  context_.AddTrailingMetadata(kFailedNodeKey, "decode");
+  const auto now = std::chrono::system_clock::now();
+  if (status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED && now >= deadline &&
+      context_.deadline() > now) {
+    // --commit-timeout-ms ran out before the router's deadline: the decode node did not
+    // answer (dead, wedged or cut off), and the request may go to another one. A
+    // DEADLINE_EXCEEDED the decode node answered itself (its reservation expired during the
+    // transfer) arrives before then and goes back as it is: that node is alive.
+    return absl::UnavailableError(absl::StrCat("decode node did not answer the commit within ",
+                                               node_.options_.commit_timeout_ms, " ms"));
+  }
+  return FromGrpcStatus(status);
+}
+
+// The prompt's full blocks that this prefill computed (the hit's blocks are stored already),
+// written back after the first token is on its way.
+absl::Status PrefillCall::WriteBack() {
+  if (node_.kvstore_ == nullptr) return absl::OkStatus();
+  std::vector<v1::BlockWrite> writes;
+  for (const kvstore::WriteBackStep& step :
+       kvstore::WriteBackSteps(cached_ / layout_.block_size, static_cast<int64_t>(keys_.size()))) {
+    v1::BlockWrite& write = writes.emplace_back();
+    write.set_key(kvstore::KeyBytes(keys_[step.block]));
+    if (step.parent >= 0) write.set_parent(kvstore::KeyBytes(keys_[step.parent]));
+    if (step.region == kvstore::Region::kBlockKv) {
+      write.set_region(v1::STORE_REGION_BLOCK_KV);
+      write.set_payload(transfer::BlockKvPayload(*state_, step.block));
+    } else {
+      write.set_region(v1::STORE_REGION_PRODUCER_SWA);
+      write.set_payload(
+          transfer::ProducerSwaPayload(layout_, producer_rows_, prompt_len_, step.block));
+    }
+  }
+  node_.metrics_->written_blocks.Increment(static_cast<double>(writes.size() / 2));
+  node_.QueueWriteBack(std::move(writes));
+  return absl::OkStatus();
+}
+
+// The transfer time runs to here, the write-back's payload copies included.
+void PrefillCall::Respond() {
+  reply_.set_first_token(first_.token);
+  reply_.set_first_logprob(first_.logprob);
+  reply_.mutable_usage()->set_cached_tokens(static_cast<uint32_t>(cached_));
+  reply_.mutable_usage()->set_prompt_tokens(static_cast<uint32_t>(tokens_.size()));
+  reply_.mutable_usage()->set_replayed_rows(static_cast<uint32_t>(result_.consumer_rows));
+  reply_.set_prefill_ms(prefill_ms_);
+  reply_.set_transfer_ms(MillisSince(transfer_start_));
+}
+
+}  // namespace baton::prefill_node

@@ -1,0 +1,146 @@
+// One Prefill call on the prefill node as a pipeline of stages (DESIGN sections 4 and 6), in
+// the manner of the router's GenerateCall: each stage is one method returning absl::Status, the
+// first error ends the call, and PrefillService::Prefill turns the result into the call's
+// grpc::Status.
+//
+//   Admit -> StageMemory -> LoadPrefix -> Compute -> Commit -> WriteBack, then Respond
+//
+// What a stage takes is held by the call and let go, in the reverse order, when the call is
+// destroyed: the model (taken by Compute; Commit gives it up as soon as the header is sealed),
+// the exposed staging memory and its slot (StageMemory), and the call's place among the node's
+// active requests (Admit), which Drain waits on. All of it is let go before the service counts
+// and logs the call's outcome.
+//
+// Threading: a PrefillCall belongs to the gRPC thread serving its call. Private to
+// prefill_node/; a friend of PrefillService, whose parts it uses.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "baton/common/hash.h"
+#include "baton/model/engine.h"
+#include "baton/model/sampling.h"
+#include "baton/model/truncation.h"
+#include "baton/prefill_node/prefill_service.h"
+#include "baton/transfer/exposure.h"
+#include "baton/transfer/state_block.h"
+#include "baton/v1/node.grpc.pb.h"
+#include "grpcpp/grpcpp.h"
+
+namespace baton::prefill_node {
+
+class PrefillCall {
+ public:
+  PrefillCall(PrefillService& node, grpc::ServerContext& context, const v1::PrefillRequest& request,
+              v1::PrefillResponse& reply);
+  PrefillCall(const PrefillCall&) = delete;
+  PrefillCall& operator=(const PrefillCall&) = delete;
+
+  // Serves the request to its end: OK once the decode node has committed the state and `reply`
+  // holds the first token, or the error for the router (with the baton-failed-node trailer
+  // when the decode node failed, not this one).
+  absl::Status Run();
+
+ private:
+  using Stage = absl::Status (PrefillCall::*)();
+
+  // The call is one of the node's active requests while this lives. Made under node.mutex_,
+  // held by the caller, by the check that the node is not draining.
+  class Active {
+   public:
+    explicit Active(PrefillService& node);
+    Active(const Active&) = delete;
+    Active& operator=(const Active&) = delete;
+    ~Active();
+
+   private:
+    PrefillService& node_;
+  };
+
+  // One of the node's max_staged_requests staging slots, held while this lives. Made under
+  // node.mutex_, held by the caller, once a slot is free.
+  class Staged {
+   public:
+    explicit Staged(PrefillService& node);
+    Staged(const Staged&) = delete;
+    Staged& operator=(const Staged&) = delete;
+    ~Staged();
+
+   private:
+    PrefillService& node_;
+  };
+
+  // The model, this call's alone while this lives: made once the call's turn comes (counted as
+  // queued until then), and the watchdog's work (computing_) meanwhile.
+  class ModelTurn {
+   public:
+    explicit ModelTurn(PrefillService& node);
+    ModelTurn(const ModelTurn&) = delete;
+    ModelTurn& operator=(const ModelTurn&) = delete;
+    ~ModelTurn();
+
+   private:
+    PrefillService& node_;
+  };
+
+  // The stages, in order. LoadPrefix and WriteBack never fail the call: a prefix that cannot
+  // be loaded is computed, and a write-back the store cannot take is skipped.
+  absl::Status Admit();        // bounds, the drain gate, the transport, the reservation's sizes
+  absl::Status StageMemory();  // a staging slot, and the state's memory exposed in it
+  absl::Status LoadPrefix();   // the prefix hit's blocks from the store
+  absl::Status Compute();      // the prompt through the model, and the first token sampled
+  absl::Status Commit();       // the header to the decode node, which reads the state meanwhile
+  absl::Status WriteBack();    // the blocks computed here queued for the prefix store
+  void Respond();              // the first token, usage and timings into the reply
+
+  // The engine's prefill options: chunks, cancellation, and the rows the store and the prompt
+  // logprobs need.
+  model::PrefillOptions ModelOptions();
+  // The commit request: where the decode node reads the state, and the sealed header.
+  v1::CommitRequest SealedCommit() const;
+  // The status of a commit that failed with `status`, the decode node named as the failed one.
+  absl::Status CommitFailed(const grpc::Status& status,
+                            std::chrono::system_clock::time_point deadline);
+
+  PrefillService& node_;
+  grpc::ServerContext& context_;
+  const v1::PrefillRequest& request_;
+  const v1::GenerateRequest& generate_;  // request_.request()
+  v1::PrefillResponse& reply_;
+  const std::chrono::steady_clock::time_point start_;
+  const std::vector<int32_t> tokens_;  // the prompt
+  const int64_t prompt_len_;           // L
+  const model::StateLayout layout_;
+
+  // Fixed by Admit.
+  model::TruncationMode mode_ = model::TruncationMode::kOff;
+  transfer::RegionSizes sizes_{};
+  std::optional<Active> active_;
+
+  // Taken by StageMemory and held through the commit: the state lives in the exposed memory.
+  std::optional<Staged> staged_;
+  std::shared_ptr<transfer::Exposure> exposure_;
+  std::optional<model::ContiguousPageAllocator> page_buffer_;
+  std::optional<model::SequenceState> state_;
+
+  // LoadPrefix: the prompt's chain keys (with a prefix store) and the tokens loaded.
+  std::vector<Sha256Digest> keys_;
+  int64_t cached_ = 0;
+
+  // Compute.
+  std::vector<float> producer_rows_;  // [P][2][L][kv_dim], for the store
+  std::optional<ModelTurn> model_turn_;
+  model::PrefillResult result_;
+  model::SampledToken first_;
+  double prefill_ms_ = 0;
+
+  // Commit.
+  std::chrono::steady_clock::time_point transfer_start_;
+};
+
+}  // namespace baton::prefill_node

@@ -1,0 +1,84 @@
+#include "baton/launcher/child_commands.h"
+
+#include <utility>
+
+namespace baton::launcher {
+
+std::string InstanceName(const std::string& role, int i) {
+  return i == 0 ? role : role + "-" + std::to_string(i);
+}
+
+ChildCommand ChildCommands::Router() const {
+  std::vector<std::string> args = {"--model",
+                                   model_.dir,
+                                   "--port",
+                                   std::to_string(options_.port),
+                                   "--transport",
+                                   options_.transport,
+                                   "--require-kvstore",
+                                   "--internal-ready-file",
+                                   layout_.ReadyFile(kRouterInternal)};
+  if (options_.client_tls) {
+    args.insert(args.end(), {"--client-tls-cert", (layout_.tls() / "router.crt").string(),
+                             "--client-tls-key", (layout_.tls() / "router.key").string()});
+  }
+  if (!options_.api_keys.empty()) args.insert(args.end(), {"--api-keys", options_.api_keys});
+  if (options_.host != "127.0.0.1") args.insert(args.end(), {"--host", options_.host});
+  args.insert(args.end(), model_.name_flags.begin(), model_.name_flags.end());
+  if (model_.http) {
+    args.insert(args.end(), {"--http-port", std::to_string(options_.http_port), "--http-ready-file",
+                             layout_.ReadyFile(kRouterHttp)});
+  }
+  return Make("router", "router", std::move(args));
+}
+
+ChildCommand ChildCommands::Kvstore(const std::string& router_internal) const {
+  return Make("kvstore", "kvstore",
+              {"--model", model_.dir, "--router", router_internal, "--data-dir",
+               (layout_.data_dir / "kvstore").string(), "--budget-bytes",
+               std::to_string(options_.kvstore_budget)});
+}
+
+ChildCommand ChildCommands::Decode(int i, const std::string& router_internal) const {
+  const std::string name = InstanceName("decode", i);
+  std::vector<std::string> args = {"--model",   model_.dir,
+                                   "--router",  router_internal,
+                                   "--node-id", name,
+                                   "--pages",   std::to_string(options_.decode_pages),
+                                   "--device",  options_.device,
+                                   "--weights", options_.weights};
+  args.insert(args.end(), model_.name_flags.begin(), model_.name_flags.end());
+  return Make(name, "decode", std::move(args));
+}
+
+ChildCommand ChildCommands::Prefill(int i, const std::string& router_internal,
+                                    const std::string& kvstore) const {
+  const std::string name = InstanceName("prefill", i);
+  std::vector<std::string> args = {
+      "--model",   model_.dir, "--router", router_internal, "--node-id", name,
+      "--kvstore", kvstore,    "--device", options_.device, "--weights", options_.weights};
+  args.insert(args.end(), model_.name_flags.begin(), model_.name_flags.end());
+  return Make(name, "prefill", std::move(args));
+}
+
+ChildCommand ChildCommands::Make(const std::string& name, const std::string& role,
+                                 std::vector<std::string> args) const {
+  const std::vector<std::string> identity = IdentityFlags(role);
+  args.insert(args.end(), identity.begin(), identity.end());
+  args.insert(args.end(),
+              {"--metrics-port", "0", "--metrics-ready-file", layout_.MetricsFile(name),
+               "--log-format", options_.log_format, "--ready-file", layout_.ReadyFile(name)});
+  if (!options_.config_file.empty()) args.insert(args.end(), {"--config", options_.config_file});
+  return {name, layout_.Program("baton-" + role), std::move(args), layout_.ReadyFile(name)};
+}
+
+// Mutual TLS inside the cluster with the role's certificate.
+std::vector<std::string> ChildCommands::IdentityFlags(const std::string& role) const {
+  if (options_.insecure_internal) return {"--insecure-internal"};
+  const std::filesystem::path tls = layout_.tls();
+  return {"--tls-ca",   (tls / "ca.crt").string(),
+          "--tls-cert", (tls / (role + ".crt")).string(),
+          "--tls-key",  (tls / (role + ".key")).string()};
+}
+
+}  // namespace baton::launcher

@@ -1,0 +1,43 @@
+// Everything `baton up`'s flags set, with the flags' defaults. main.cc declares the flags into
+// one LaunchOptions; the launcher reads it and never changes it. CLI11 has checked the ranges
+// and member lists main gives it; the launcher checks the rest (the device, the weight type,
+// UCX_TLS, --model against --preset) before anything starts.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace baton::launcher {
+
+struct LaunchOptions {
+  // The model. Neither --model nor --preset: the trained ced-brown-replay beside the binary,
+  // else the small preset generated into the data dir.
+  std::string model_dir;      // --model
+  std::string preset;         // --preset: generated into <data-dir>/model[-<preset>]
+  std::string tokenizer_dir;  // --tokenizer: the generated model's tokenizer; empty: searched
+
+  // The router.
+  int port = 50051;                // --port: client API (0: any free port)
+  int http_port = 8000;            // --http-port: OpenAI API (0: any free port; -1: off)
+  std::string host = "127.0.0.1";  // --host: where the client and HTTP APIs listen
+  bool client_tls = false;         // --client-tls: the client API on TLS (router.crt)
+  std::string api_keys;            // --api-keys: YAML file, API key -> tenant
+  std::string transport = "ucx";   // --transport: StateBlock transport, ucx or grpc
+
+  // The nodes.
+  int prefill_nodes = 1;         // --prefill-nodes (1 to 16)
+  int decode_nodes = 1;          // --decode-nodes (1 to 16)
+  int64_t decode_pages = 2048;   // --decode-pages: block-KV pages of each decode node
+  std::string device = "cpu";    // --device: cpu or cuda
+  std::string weights = "fp32";  // --weights: fp32 or bf16 (cpu only)
+  uint64_t kvstore_budget = uint64_t{8} << 30;  // --kvstore-budget-bytes
+
+  // Every component.
+  std::string data_dir = "baton-data";  // --data-dir: run/, tls/, kvstore/, generated models
+  std::string config_file;              // --config: handed to every component
+  std::string log_format = "text";      // --log-format: text or json
+  bool insecure_internal = false;       // --insecure-internal: no mutual TLS inside
+  bool no_restart = false;              // --no-restart: the first exit stops everything
+};
+
+}  // namespace baton::launcher
