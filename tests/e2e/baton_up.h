@@ -12,10 +12,10 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "spawn.h"
+#include "testing/eventually.h"
 
 extern char** environ;
 
@@ -52,17 +52,19 @@ class BatonUp {
   // Waits until baton up has printed every component's metrics address (after the router
   // reports SERVING); false if it exits first or two minutes pass.
   bool WaitUntilUp() {
-    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(120);
-    while (std::chrono::steady_clock::now() < until) {
-      if (log().find("baton up: metrics at") != std::string::npos) return true;
-      int status;
-      if (pid_ <= 0 || waitpid(pid_, &status, WNOHANG) == pid_) {
-        pid_ = -1;
-        return false;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
-    return false;
+    bool up = false;
+    Eventually(
+        [&] {
+          up = log().find("baton up: metrics at") != std::string::npos;
+          int status;
+          if (!up && (pid_ <= 0 || waitpid(pid_, &status, WNOHANG) == pid_)) {
+            pid_ = -1;
+            return true;  // exited: nothing more to wait for
+          }
+          return up;
+        },
+        std::chrono::seconds(120), std::chrono::milliseconds(50));
+    return up;
   }
   // The address in <dir>/run/<file> ("router.addr", "decode.metrics", ...).
   std::string Address(const std::string& file) const {

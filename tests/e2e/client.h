@@ -11,6 +11,7 @@
 #include "../tools/run_batonctl.h"
 #include "cluster.h"
 #include "nlohmann/json.hpp"
+#include "testing/eventually.h"
 
 namespace baton::testing {
 
@@ -95,19 +96,15 @@ inline std::vector<int32_t> RandomPrompt(std::mt19937_64& rng, int64_t length, i
 inline bool DecodeDrained(Cluster& cluster, const std::string& decode,
                           std::chrono::seconds timeout = std::chrono::seconds(15)) {
   auto stub = cluster.Decode(decode);
-  const auto until = std::chrono::steady_clock::now() + timeout;
-  while (std::chrono::steady_clock::now() < until) {
+  auto drained = [&] {
     grpc::ClientContext context;
     v1::StatsRequest request;
     v1::StatsResponse stats;
-    if (stub->Stats(&context, request, &stats).ok() && stats.reservations() == 0 &&
-        stats.load().free_pages() == stats.load().total_pages() &&
-        stats.load().free_slots() == stats.load().total_slots()) {
-      return true;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  return false;
+    return stub->Stats(&context, request, &stats).ok() && stats.reservations() == 0 &&
+           stats.load().free_pages() == stats.load().total_pages() &&
+           stats.load().free_slots() == stats.load().total_slots();
+  };
+  return static_cast<bool>(Eventually(drained, timeout, std::chrono::milliseconds(50)));
 }
 
 inline v1::StatsResponse DecodeStats(Cluster& cluster, const std::string& decode) {

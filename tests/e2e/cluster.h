@@ -18,7 +18,6 @@
 #include <memory>
 #include <optional>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "baton/common/pki.h"
@@ -33,6 +32,7 @@
 #include "gtest/gtest.h"
 #include "spawn.h"
 #include "test_dir.h"
+#include "testing/eventually.h"
 
 extern char** environ;
 
@@ -100,15 +100,11 @@ class Cluster {
     }
     for (auto& [name, pid] : pids_) {
       if (pid <= 0) continue;
-      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
       int status;
-      while (waitpid(pid, &status, WNOHANG) != pid) {
-        if (std::chrono::steady_clock::now() > until) {
-          kill(pid, SIGKILL);
-          waitpid(pid, &status, 0);
-          break;
-        }
-        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      if (!Eventually([&, pid = pid] { return waitpid(pid, &status, WNOHANG) == pid; },
+                      std::chrono::seconds(10))) {
+        kill(pid, SIGKILL);
+        waitpid(pid, &status, 0);
       }
     }
   }
@@ -126,22 +122,23 @@ class Cluster {
     const pid_t pid = Spawn(std::move(wrap), (dir_ / (name + ".log")).string());
     if (pid < 0) return "";
     pids_[name] = pid;
-    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-    while (std::chrono::steady_clock::now() < until) {
-      std::ifstream in(ready);
-      std::string address;
-      if (in >> address) {
-        addresses_[name] = address;
-        return address;
-      }
-      int status;
-      if (waitpid(pid, &status, WNOHANG) == pid) {
-        pids_[name] = -1;
-        return "";
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    std::string address;
+    bool exited = false;
+    Eventually(
+        [&] {
+          std::ifstream in(ready);
+          if (in >> address) return true;
+          int status;
+          exited = waitpid(pid, &status, WNOHANG) == pid;
+          return exited;
+        },
+        std::chrono::seconds(60));
+    if (exited) {
+      pids_[name] = -1;
+      return "";
     }
-    return "";
+    if (!address.empty()) addresses_[name] = address;
+    return address;
   }
 
   // Runs the process started as `name` under `prefix` + its program + its arguments (e.g. `ip
@@ -231,24 +228,19 @@ class Cluster {
   std::optional<int> WaitExit(const std::string& name, std::chrono::milliseconds timeout) {
     const pid_t pid = Pid(name);
     if (pid <= 0) return std::nullopt;
-    const auto until = std::chrono::steady_clock::now() + timeout;
-    while (true) {
-      int status;
-      if (waitpid(pid, &status, WNOHANG) == pid) {
-        pids_[name] = -1;
-        return status;
-      }
-      if (std::chrono::steady_clock::now() > until) return std::nullopt;
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    int status;
+    if (!Eventually([&] { return waitpid(pid, &status, WNOHANG) == pid; }, timeout)) {
+      return std::nullopt;
     }
+    pids_[name] = -1;
+    return status;
   }
 
   // Waits until the router's health check reports `serving`.
   bool WaitForHealth(bool serving, std::chrono::seconds timeout = std::chrono::seconds(30)) {
     auto stub = grpc::health::v1::Health::NewStub(
         grpc::CreateChannel(router_, grpc::InsecureChannelCredentials()));  // the client port
-    const auto until = std::chrono::steady_clock::now() + timeout;
-    while (std::chrono::steady_clock::now() < until) {
+    auto answers = [&] {
       grpc::ClientContext context;
       context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(1));
       grpc::health::v1::HealthCheckRequest request;
@@ -256,10 +248,9 @@ class Cluster {
       const bool ok = stub->Check(&context, request, &response).ok();
       const bool is_serving =
           ok && response.status() == grpc::health::v1::HealthCheckResponse::SERVING;
-      if (ok && is_serving == serving) return true;
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
-    return false;
+      return ok && is_serving == serving;
+    };
+    return static_cast<bool>(Eventually(answers, timeout, std::chrono::milliseconds(50)));
   }
 
   std::unique_ptr<v1::Generation::Stub> Client() const {
@@ -281,12 +272,8 @@ class Cluster {
   // Polls the log of `name` until it holds `text` (false at the deadline).
   bool WaitForLog(const std::string& name, const std::string& text,
                   std::chrono::seconds timeout = std::chrono::seconds(60)) const {
-    const auto until = std::chrono::steady_clock::now() + timeout;
-    while (std::chrono::steady_clock::now() < until) {
-      if (Log(name).find(text) != std::string::npos) return true;
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    return false;
+    return static_cast<bool>(
+        Eventually([&] { return Log(name).find(text) != std::string::npos; }, timeout));
   }
 
  private:

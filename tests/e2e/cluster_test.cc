@@ -19,6 +19,7 @@
 #include "nlohmann/json.hpp"
 #include "scrape.h"
 #include "test_dir.h"
+#include "testing/eventually.h"
 
 namespace baton::testing {
 namespace {
@@ -260,12 +261,14 @@ TEST_F(ClusterTest, NodesRegisterWithEveryRouterInTheList) {
     auto stub =
         v1::Generation::NewStub(grpc::CreateChannel(router, grpc::InsecureChannelCredentials()));
     Outcome outcome;
-    // The second router may hear from the nodes a heartbeat later than the first.
-    for (int attempt = 0; attempt < 50; ++attempt) {
-      outcome = Generate(*stub, Request(prompt, 6));
-      if (outcome.status.error_code() != grpc::StatusCode::UNAVAILABLE) break;
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    }
+    // The second router may hear from the nodes a heartbeat later than the first: until then it
+    // answers UNAVAILABLE.
+    Eventually(
+        [&] {
+          outcome = Generate(*stub, Request(prompt, 6));
+          return outcome.status.error_code() != grpc::StatusCode::UNAVAILABLE;
+        },
+        std::chrono::seconds(10), std::chrono::milliseconds(100));
     ASSERT_TRUE(outcome.status.ok()) << router << ": " << outcome.status.error_message();
     EXPECT_EQ(outcome.tokens, expected) << router;
   }
@@ -365,12 +368,10 @@ TEST_F(FaultTest, PrefillNodeLostBeforeCommitIsRetriedAndTheReservationFreed) {
         << node << " wrote no metrics address before its ready file";
   }
   ASSERT_TRUE(cluster.WaitForHealth(true));
+  // 30 s for both waits below.
   const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  while (cluster.Log("router").find("node prefill-b registered") == std::string::npos &&
-         std::chrono::steady_clock::now() < until) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  ASSERT_THAT(cluster.Log("router"), HasSubstr("node prefill-b registered"));
+  ASSERT_TRUE(EventuallyThat([&] { return cluster.Log("router"); },
+                             HasSubstr("node prefill-b registered"), until));
   std::mt19937_64 rng(53);
   const auto prompt = RandomPrompt(rng, 2500, 4096);
   v1::GenerateRequest request = Request(prompt, 4);
@@ -384,12 +385,14 @@ TEST_F(FaultTest, PrefillNodeLostBeforeCommitIsRetriedAndTheReservationFreed) {
   // computing it is killed before it can commit, and the router must retry on the other. (Each
   // node's metrics file is there once StartPrefill returns: a node writes its ready file last.)
   std::string computing;
-  while (computing.empty() && std::chrono::steady_clock::now() < until) {
-    for (const auto& [node, address] : metrics) {
-      if (Sample(Scrape(address), "baton_prefill_running").value_or(0) == 1) computing = node;
-    }
-    if (computing.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
+  Eventually(
+      [&] {
+        for (const auto& [node, address] : metrics) {
+          if (Sample(Scrape(address), "baton_prefill_running").value_or(0) == 1) computing = node;
+        }
+        return !computing.empty();
+      },
+      until, std::chrono::milliseconds(10));
   if (computing.empty()) {
     client.join();
     FAIL() << "no prefill node was seen computing the request";

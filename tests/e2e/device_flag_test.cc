@@ -9,7 +9,6 @@
 #include <fstream>
 #include <sstream>
 #include <string>
-#include <thread>
 
 #include "baton/model/engine_factory.h"
 #include "baton/model/model_factory.h"
@@ -17,6 +16,7 @@
 #include "gtest/gtest.h"
 #include "spawn.h"
 #include "test_dir.h"
+#include "testing/eventually.h"
 
 namespace baton {
 namespace {
@@ -34,15 +34,12 @@ Exit RunToExit(std::vector<std::string> args) {
   const pid_t pid = baton::testing::Spawn(std::move(args), log);
   Exit result;
   if (pid < 0) return result;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
   int wait_status = 0;
-  while (waitpid(pid, &wait_status, WNOHANG) == 0) {
-    if (std::chrono::steady_clock::now() > deadline) {
-      kill(pid, SIGKILL);
-      waitpid(pid, &wait_status, 0);
-      return result;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  if (!baton::testing::Eventually([&] { return waitpid(pid, &wait_status, WNOHANG) != 0; },
+                                  std::chrono::seconds(60))) {
+    kill(pid, SIGKILL);
+    waitpid(pid, &wait_status, 0);
+    return result;
   }
   if (WIFEXITED(wait_status)) result.status = WEXITSTATUS(wait_status);
   std::ifstream in(log);

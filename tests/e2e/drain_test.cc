@@ -15,6 +15,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "test_dir.h"
+#include "testing/eventually.h"
 
 namespace baton::testing {
 namespace {
@@ -70,16 +71,17 @@ class DrainTest : public ::testing::Test {
     }
     return outcomes;
   }
-  // Polls until every stream has at least `tokens` tokens (false at the deadline).
-  static bool AllStreaming(const std::vector<std::atomic<int>>& progress, int tokens) {
-    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(120);
-    while (std::chrono::steady_clock::now() < until) {
-      bool all = true;
-      for (const std::atomic<int>& p : progress) all = all && p.load() >= tokens;
-      if (all) return true;
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    return false;
+  // Polls until every stream has at least `tokens` tokens (a failure, with each stream's count,
+  // at the deadline).
+  static ::testing::AssertionResult AllStreaming(const std::vector<std::atomic<int>>& progress,
+                                                 int tokens) {
+    auto counts = [&] {
+      std::vector<int> now;
+      for (const std::atomic<int>& p : progress) now.push_back(p.load());
+      return now;
+    };
+    return EventuallyThat(counts, ::testing::Each(::testing::Ge(tokens)), std::chrono::seconds(120),
+                          std::chrono::milliseconds(10));
   }
   static std::string small_;
 };
@@ -123,7 +125,7 @@ TEST_F(DrainTest, ADrainedDecodeNodeFinishesItsStreamsGetsNothingNewAndExits) {
   std::vector<std::atomic<int>> progress(kStreams);
   std::vector<Outcome> disturbed;
   std::thread client([&] { disturbed = RunStreams(cluster, prompts, progress); });
-  const bool streaming = AllStreaming(progress, 4);
+  const ::testing::AssertionResult streaming = AllStreaming(progress, 4);
   const uint32_t held = streaming ? Reservations(cluster, "decode-a") : 0;
   if (streaming && held > 0) cluster.Signal("decode-a", SIGTERM);
   // Told to drain, the router sends new requests to decode-b only; the node refuses none
@@ -184,7 +186,7 @@ TEST_F(DrainTest, ADrainedRouterFinishesItsClientsStreamsRefusesNewOnesAndExits)
   std::vector<std::atomic<int>> progress(kStreams);
   std::vector<Outcome> disturbed;
   std::thread client([&] { disturbed = RunStreams(cluster, prompts, progress); });
-  const bool streaming = AllStreaming(progress, 4);
+  const ::testing::AssertionResult streaming = AllStreaming(progress, 4);
   if (streaming) cluster.Signal("router", SIGTERM);
   // A request after the drain began is refused as UNAVAILABLE (a client's cue to use another
   // router), whether the router still drains or has gone.

@@ -18,11 +18,12 @@
 #include "baton/common/model_config.h"
 #include "baton/model/model_factory.h"
 #include "baton_up.h"
-#include "scrape.h"
 #include "client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "scrape.h"
 #include "test_dir.h"
+#include "testing/eventually.h"
 
 namespace baton::testing {
 namespace {
@@ -156,7 +157,6 @@ TEST_F(LoadTest, ADecodeNodeKilledUnderLoadCostsNoStream) {
   ASSERT_TRUE(cluster.WaitForHealth(true));
   auto stub = cluster.Client();
   const auto expected = Undisturbed(*stub, 48);
-  std::atomic<bool> killed{false};
   std::atomic<int> started{0};
   std::vector<Outcome> outcomes(16);
   std::vector<std::thread> threads;
@@ -170,17 +170,12 @@ TEST_F(LoadTest, ADecodeNodeKilledUnderLoadCostsNoStream) {
     });
   }
   // Kill decode-b once streams are running and it holds some of them.
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  while (std::chrono::steady_clock::now() < until) {
-    if (started >= 2 && Reservations(cluster, "decode-b") > 0) {
-      cluster.Kill("decode-b");
-      killed = true;
-      break;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
+  const ::testing::AssertionResult holding =
+      Eventually([&] { return started >= 2 && Reservations(cluster, "decode-b") > 0; },
+                 std::chrono::seconds(60), std::chrono::milliseconds(5));
+  if (holding) cluster.Kill("decode-b");
   for (auto& t : threads) t.join();
-  ASSERT_TRUE(killed) << "decode-b never held a stream";
+  ASSERT_TRUE(holding) << "decode-b never held a stream";
   for (int i = 0; i < 16; ++i) {
     EXPECT_TRUE(outcomes[i].status.ok()) << "stream " << i << ": "
                                          << outcomes[i].status.error_message();
@@ -213,16 +208,14 @@ TEST_F(LoadTest, ADecodeNodeDyingDuringTheCommitIsRetriedOnAnotherDecodeNode) {
     auto stub = cluster.Client();
     outcome = Generate(*stub, Request(prompts_[0], 6), std::chrono::seconds(120));
   });
-  // Once decode-b holds the reservation, its commit (held back 20 s) follows within
-  // milliseconds: kill it then.
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  while (Reservations(cluster, "decode-b") == 0 && std::chrono::steady_clock::now() < until) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  ASSERT_GT(Reservations(cluster, "decode-b"), 0u);
-  std::this_thread::sleep_for(std::chrono::seconds(1));
+  // Kill decode-b once the prefill node's commit to it is in flight: decode-b reads the
+  // StateBlock (its read held back 20 s by the injected delay).
+  const ::testing::AssertionResult committing =
+      EventuallyThat([&] { return Transferring(cluster, "decode-b"); }, ::testing::Gt(0u),
+                     std::chrono::seconds(30), std::chrono::milliseconds(5));
   cluster.Kill("decode-b");
   client.join();
+  ASSERT_TRUE(committing) << "decode-b never read the StateBlock";
   ASSERT_TRUE(outcome.status.ok()) << outcome.status.error_message();
   EXPECT_EQ(outcome.tokens, expected);
   const std::string router_log = cluster.Log("router");
@@ -254,12 +247,7 @@ TEST_F(LoadTest, AWedgedDecodeLoopTurnsLivenessNotServing) {
     return status.ok() ? response.status() : grpc::health::v1::HealthCheckResponse::UNKNOWN;
   };
   auto wait_for = [&](grpc::health::v1::HealthCheckResponse::ServingStatus want) {
-    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-    while (std::chrono::steady_clock::now() < until) {
-      if (liveness() == want) return true;
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    return false;
+    return EventuallyThat(liveness, want, std::chrono::seconds(30));
   };
   EXPECT_EQ(liveness(), grpc::health::v1::HealthCheckResponse::SERVING);  // idle: not wedged
   Outcome outcome;
@@ -302,10 +290,8 @@ TEST_F(LoadTest, BatonUpRunsSeveralNodesAndRestartsOneThatExits) {
   }
   const pid_t victim = up.Child("decode-1");
   ASSERT_GT(victim, 0) << "no decode-1 child of baton up";
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  while (started < 4 && std::chrono::steady_clock::now() < until) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
+  // Killed once 4 streams have started (or after a minute: the streams' outcomes are the test).
+  Eventually([&] { return started >= 4; }, std::chrono::seconds(60), std::chrono::milliseconds(5));
   kill(victim, SIGKILL);
   for (auto& t : threads) t.join();
   for (int i = 0; i < 16; ++i) {
@@ -313,18 +299,13 @@ TEST_F(LoadTest, BatonUpRunsSeveralNodesAndRestartsOneThatExits) {
                                          << outcomes[i].status.error_message();
     EXPECT_EQ(outcomes[i].tokens, expected[i % expected.size()]) << "stream " << i;
   }
-  auto poll = [](const std::function<bool()>& done) {
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-    while (std::chrono::steady_clock::now() < deadline) {
-      if (done()) return true;
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    return false;
-  };
-  EXPECT_TRUE(poll([&] {
-    const pid_t again = up.Child("decode-1");
-    return again > 0 && again != victim && up.Address("decode-1.addr") == decode_1;
-  })) << up.log();
+  EXPECT_TRUE(Eventually(
+      [&] {
+        const pid_t again = up.Child("decode-1");
+        return again > 0 && again != victim && up.Address("decode-1.addr") == decode_1;
+      },
+      std::chrono::seconds(60)))
+      << up.log();
   EXPECT_THAT(up.log(), ::testing::HasSubstr("decode-1 exited (killed by signal 9); restarting"));
 
   const pid_t router_pid = up.Child("", "baton-router");
@@ -332,12 +313,16 @@ TEST_F(LoadTest, BatonUpRunsSeveralNodesAndRestartsOneThatExits) {
   kill(router_pid, SIGKILL);
   // Back on the same client port, with the nodes registered again.
   Outcome after;
-  EXPECT_TRUE(poll([&] {
-    auto again = v1::Generation::NewStub(
-        grpc::CreateChannel(router, grpc::InsecureChannelCredentials()));
-    after = Generate(*again, Request(prompts_[0], 32), std::chrono::seconds(20));
-    return after.status.ok();
-  })) << after.status.error_message() << "\n" << up.log();
+  EXPECT_TRUE(Eventually(
+      [&] {
+        auto again = v1::Generation::NewStub(
+            grpc::CreateChannel(router, grpc::InsecureChannelCredentials()));
+        after = Generate(*again, Request(prompts_[0], 32), std::chrono::seconds(20));
+        return after.status.ok();
+      },
+      std::chrono::seconds(60)))
+      << after.status.error_message() << "\n"
+      << up.log();
   EXPECT_EQ(after.tokens, expected[0]);
   EXPECT_THAT(up.log(), ::testing::HasSubstr("router restarted"));
 }
@@ -361,13 +346,13 @@ TEST_F(LoadTest, AClientThatStopsReadingIsCancelledAndItsSlotFreed) {
   context.set_deadline(std::chrono::system_clock::now() + std::chrono::minutes(10));
   auto reader = stub->Generate(&context, Request(prompts_[0], 4000));
   // The request reaches the decode node, then its tokens back up until the router gives up.
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(120);
-  bool held = false, cancelled = false;
-  while (std::chrono::steady_clock::now() < until && !cancelled) {
-    held = held || Reservations(cluster, "decode") > 0;
-    cancelled = cluster.Log("router").find("its client took no message") != std::string::npos;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
+  bool held = false;
+  const ::testing::AssertionResult cancelled = Eventually(
+      [&] {
+        held = held || Reservations(cluster, "decode") > 0;
+        return cluster.Log("router").find("its client took no message") != std::string::npos;
+      },
+      std::chrono::seconds(120));
   EXPECT_TRUE(held);
   ASSERT_TRUE(cancelled) << cluster.Log("router");
   EXPECT_TRUE(DecodeDrained(cluster, "decode"));
@@ -399,13 +384,11 @@ std::string StartTwoTenantCluster(Cluster& cluster, std::vector<std::string> rou
   return address;
 }
 
-// Polls the router's queue depth until it reaches `depth` (or a minute passes).
+// Polls the router's queue depth until it reaches `depth` (or a minute passes; what the test
+// then asserts tells whether the queue was ever that deep).
 void WaitForQueueDepth(const std::string& metrics, double depth) {
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  while (std::chrono::steady_clock::now() < until &&
-         Sample(Scrape(metrics), "baton_router_queue_depth").value_or(0) < depth) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
+  EventuallyThat([&] { return Sample(Scrape(metrics), "baton_router_queue_depth").value_or(0); },
+                 ::testing::Ge(depth), std::chrono::seconds(60), std::chrono::milliseconds(5));
 }
 
 TEST_F(LoadTest, ATenantFloodingTheQueueDoesNotHoldBackAnother) {
@@ -518,10 +501,8 @@ TEST_F(LoadTest, AFloodingTenantHoldsAtMostItsShareOfTheDecodeSlots) {
   };
   for (int i = 0; i < 6; ++i) send("flood", i, 160);
   // The flood holds its share and queues the rest before the other tenant comes.
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  while (std::chrono::steady_clock::now() < until && flood_streams() < 2) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  }
+  EventuallyThat(flood_streams, ::testing::Ge(2), std::chrono::seconds(60),
+                 std::chrono::milliseconds(2));
   WaitForQueueDepth(metrics, 4);
   for (int i = 0; i < 2; ++i) send("small", i, 2);
   for (auto& t : threads) t.join();

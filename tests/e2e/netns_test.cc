@@ -19,11 +19,19 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "test_dir.h"
+#include "testing/eventually.h"
 
 namespace baton::testing {
 namespace {
 
+using ::testing::Ge;
+using ::testing::Gt;
 using ::testing::HasSubstr;
+
+// How long the tests wait for a state they then act on (a transfer in flight, streams
+// flowing), and how often they look.
+constexpr auto kWait = std::chrono::seconds(60);
+constexpr auto kPoll = std::chrono::milliseconds(10);
 
 class NetnsTest : public ::testing::Test {
  protected:
@@ -78,17 +86,6 @@ class NetnsTest : public ::testing::Test {
   static std::vector<int32_t> Expected(const std::vector<int32_t>& prompt, int n) {
     return ForwardTokens(model_, prompt, "compact", ring_, n);
   }
-  // Polls `until` every 10 ms for at most `timeout`.
-  static bool PollFor(const std::function<bool()>& until,
-                      std::chrono::seconds timeout = std::chrono::seconds(60)) {
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
-    while (std::chrono::steady_clock::now() < deadline) {
-      if (until()) return true;
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    return false;
-  }
-
   static inline Netns* net_ = nullptr;
   static inline std::string unavailable_;
   static inline std::string model_;
@@ -119,7 +116,8 @@ TEST_F(NetnsTest, ADecodeNodeCutOffMidTransferIsRetriedElsewhereAndNothingWedges
   std::thread client(
       [&] { outcome = Generate(*stub, Request(prompt, 12), std::chrono::seconds(90)); });
   // The decode node's read waits 3 s once the commit arrives: cut inside that wait.
-  ASSERT_TRUE(PollFor([&] { return Transferring(cluster, "decode-b") > 0; }));
+  ASSERT_TRUE(
+      EventuallyThat([&] { return Transferring(cluster, "decode-b"); }, Gt(0u), kWait, kPoll));
   ASSERT_TRUE(net_->Cut("decode-b"));
   client.join();
   const double seconds =
@@ -173,7 +171,8 @@ TEST_F(NetnsTest, StreamsOnADecodeNodeCutOffMidStreamFinishOnAnother) {
                              });
     });
   }
-  ASSERT_TRUE(PollFor([&] { return flowing >= 2 && Reservations(cluster, "decode-b") > 0; }));
+  ASSERT_TRUE(Eventually([&] { return flowing >= 2 && Reservations(cluster, "decode-b") > 0; },
+                         kWait, kPoll));
   ASSERT_TRUE(net_->Cut("decode-b"));
   for (auto& c : clients) c.join();
   for (int i = 0; i < 4; ++i) {
@@ -219,7 +218,8 @@ TEST_F(NetnsTest, APrefillNodeKilledMidTransferCostsNoStream) {
   }
   // Each prefill node has at most two commits out (its two prefill slots): once the decode
   // node reads three StateBlocks, both nodes have a read inside the 2 s wait.
-  ASSERT_TRUE(PollFor([&] { return Transferring(cluster, "decode-a") >= 3; }));
+  ASSERT_TRUE(
+      EventuallyThat([&] { return Transferring(cluster, "decode-a"); }, Ge(3u), kWait, kPoll));
   cluster.Kill("prefill-b");
   for (auto& c : clients) c.join();
   for (int i = 0; i < 16; ++i) {

@@ -11,7 +11,6 @@
 #include <map>
 #include <set>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "baton_up.h"
@@ -22,6 +21,7 @@
 #include "nlohmann/json.hpp"
 #include "scrape.h"
 #include "test_dir.h"
+#include "testing/eventually.h"
 
 namespace baton {
 namespace {
@@ -46,6 +46,7 @@ const std::string& TinyModel() {
 }
 
 using testing::BatonUp;
+using testing::EventuallyThat;
 using testing::ReadFile;
 
 std::map<std::string, std::string> ScrapeAll(const BatonUp& up) {
@@ -85,13 +86,14 @@ TEST(Observability, BatonUpMetricsMoveAndLogsFollowARequest) {
   request.mutable_sampling()->set_ignore_eos(true);
   request.set_request_id("observed-1");
   ASSERT_TRUE(testing::Generate(*stub, request).status.ok());
-  // The prompt's blocks reach the store after the first token; wait for them.
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  while (Value(Scrape(up.Address("kvstore.metrics")), "baton_store_values",
-               {{"region", "block_kv"}}) < 6 &&
-         std::chrono::steady_clock::now() < until) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
+  // The prompt's blocks reach the store after the first token; wait for them (the hit below
+  // says whether they came).
+  EventuallyThat(
+      [&] {
+        return Value(Scrape(up.Address("kvstore.metrics")), "baton_store_values",
+                     {{"region", "block_kv"}});
+      },
+      ::testing::Ge(6), std::chrono::seconds(30), std::chrono::milliseconds(50));
   request.set_request_id("observed-2");
   const testing::Outcome hit = testing::Generate(*stub, request);
   ASSERT_TRUE(hit.status.ok());

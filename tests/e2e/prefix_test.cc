@@ -7,7 +7,9 @@
 #include "client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "scrape.h"
 #include "test_dir.h"
+#include "testing/eventually.h"
 
 namespace baton::testing {
 namespace {
@@ -43,12 +45,8 @@ class PrefixTest : public ::testing::Test {
     return stats;
   }
   // Waits until the store holds `values` block-KV values (write-back is asynchronous).
-  bool WaitForBlocks(uint64_t values) {
-    for (int i = 0; i < 300; ++i) {
-      if (StoreStats().block_kv_values() >= values) return true;
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    return false;
+  ::testing::AssertionResult WaitForBlocks(uint64_t values) {
+    return EventuallyThat([&] { return StoreStats().block_kv_values(); }, ::testing::Ge(values));
   }
   Outcome Run(const std::vector<int32_t>& prompt, const std::string& salt = "", int64_t keep = 0) {
     v1::GenerateRequest request = Request(prompt, 6);
@@ -149,22 +147,32 @@ TEST_F(PrefixTest, StoreHoldsOnlyStoredRegionsSurvivesRestartAndIsolatesSalts) {
   // The router's and the prefill node's channels reconnect to the new process with gRPC's
   // backoff; until then a lookup misses (a cold request, never a failure).
   uint32_t cached = 0;
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-  while (cached == 0 && std::chrono::steady_clock::now() < until) {
-    cached = Run(prompt, "tenant-a").usage.cached_tokens();
-  }
+  Eventually(
+      [&] {
+        cached = Run(prompt, "tenant-a").usage.cached_tokens();
+        return cached != 0;
+      },
+      std::chrono::seconds(20));
   EXPECT_EQ(cached, (L - kC) / kB * kB);
 }
 
 TEST_F(PrefixTest, LostStoreMakesRequestsColdNotFailed) {
-  StartCluster();
+  const std::string metrics_file = ProcessTempDir() + "/lost-store-router.metrics";
+  StartCluster({"--metrics-port", "0", "--metrics-ready-file", metrics_file});
+  std::string metrics;
+  std::ifstream(metrics_file) >> metrics;
+  ASSERT_FALSE(metrics.empty()) << "the router wrote no metrics address";
   std::mt19937_64 rng(79);
   const auto prompt = RandomPrompt(rng, 90, 512);
   const Outcome first = Run(prompt);
   ASSERT_TRUE(WaitForBlocks(90 / kB));
   cluster_->Kill("kvstore");
-  // The router stays ready without the store (it needed one only to become ready).
-  std::this_thread::sleep_for(std::chrono::milliseconds(2500));  // past the node TTL
+  // The router stays ready without the store (it needed one only to become ready): once it no
+  // longer counts the store live (past the node TTL), it still reports SERVING.
+  auto live_stores = [&] {
+    return Sample(Scrape(metrics), "baton_nodes", {{"role", "kvstore"}}).value_or(-1);
+  };
+  ASSERT_TRUE(EventuallyThat(live_stores, 0.0));
   ASSERT_TRUE(cluster_->WaitForHealth(true, std::chrono::seconds(1)));
   const Outcome without = Run(prompt);
   EXPECT_EQ(without.usage.cached_tokens(), 0u);

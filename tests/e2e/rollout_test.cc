@@ -19,6 +19,7 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "test_dir.h"
+#include "testing/eventually.h"
 
 namespace baton::testing {
 namespace {
@@ -116,11 +117,8 @@ TEST_F(RolloutTest, ABlueGreenRolloutUnderLoadLosesNoRequest) {
     });
   }
   auto wait_for = [&](int count) {
-    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(120);
-    while (finished < count && std::chrono::steady_clock::now() < until) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    return finished >= count;
+    return static_cast<bool>(
+        Eventually([&] { return finished >= count; }, std::chrono::seconds(120)));
   };
   // Blue serves; green comes up beside it under the same name; blue is drained away.
   bool ok = wait_for(8);

@@ -27,6 +27,7 @@
 #include "gtest/gtest.h"
 #include "scrape.h"
 #include "test_dir.h"
+#include "testing/eventually.h"
 
 namespace baton::testing {
 namespace {
@@ -355,11 +356,13 @@ TEST_F(SecurityTest, ApiKeysAuthenticateAndTenantsNeverShareCachedPrefixes) {
   EXPECT_EQ(first.usage.cached_tokens(), 0u);
   // Tenant A's repeat hits once the write-back has landed (each repeat is the poll)...
   Outcome again;
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  do {
-    again = run(kKeyA);
-    ASSERT_TRUE(again.status.ok()) << again.status.error_message();
-  } while (again.usage.cached_tokens() == 0 && std::chrono::steady_clock::now() < until);
+  Eventually(
+      [&] {
+        again = run(kKeyA);
+        return !again.status.ok() || again.usage.cached_tokens() > 0;
+      },
+      std::chrono::seconds(30));
+  ASSERT_TRUE(again.status.ok()) << again.status.error_message();
   EXPECT_GT(again.usage.cached_tokens(), 0u);
   // ... and tenant B, with the same prompt and the same (empty) salt, sees nothing of it.
   const Outcome other = run(kKeyB);
@@ -417,11 +420,8 @@ TEST_F(SecurityTest, AReservationThatExpiresBeforeItsTransferNeverReceivesAByte)
   const grpc::Status status = Commit("prefill", reservation, 40);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << status.error_message();
   EXPECT_TRUE(DecodeDrained(*cluster_, "decode"));
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-  while (fake.answered == 0 && std::chrono::steady_clock::now() < until) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  ASSERT_GE(fake.answered, 1);
+  ASSERT_TRUE(EventuallyThat([&] { return fake.answered.load(); }, ::testing::Ge(1),
+                             std::chrono::seconds(20)));
   // The one slot and its pages serve the next requests, whose reservations check the poison.
   ExpectServing();
   ExpectServing();

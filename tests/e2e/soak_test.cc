@@ -23,6 +23,7 @@
 #include "scrape.h"
 #include "spawn.h"
 #include "test_dir.h"
+#include "testing/eventually.h"
 
 namespace baton::testing {
 namespace {
@@ -124,41 +125,38 @@ TEST(SoakTest, TwoThousandRequestsWithFaultsLeaveEveryNodeAtItsIdleBaseline) {
   // Every reservation, page and slot free on the decode nodes and nothing exposed on the prefill
   // nodes, polled with a deadline (a cancelled request's reservation is released a little after
   // its client has gone); what is still held is reported.
-  auto drained = [&]() -> ::testing::AssertionResult {
+  auto nothing_held = [&]() -> ::testing::AssertionResult {
     std::string held;
-    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-    do {
-      held.clear();
-      for (const char* d : {"decode-a", "decode-b"}) {
-        if (!DecodeDrained(cluster, d))
-          held += std::string(" ") + d + " holds a reservation, page or slot;";
-      }
-      for (const char* p : {"prefill-a", "prefill-b"}) {
-        std::string address;
-        std::ifstream(cluster.dir() + "/" + std::string(p) + ".metrics") >> address;
-        const double exposures = Sample(Scrape(address), "baton_prefill_exposures").value_or(-1);
-        if (exposures != 0)
-          held += " " + std::string(p) + " exposures " + std::to_string(exposures) + ";";
-      }
-      if (held.empty()) return ::testing::AssertionSuccess();
-      std::this_thread::sleep_for(std::chrono::milliseconds(200));
-    } while (std::chrono::steady_clock::now() < until);
-    return ::testing::AssertionFailure() << "still held after 60 s:" << held;
+    for (const char* d : {"decode-a", "decode-b"}) {
+      if (!DecodeDrained(cluster, d))
+        held += std::string(" ") + d + " holds a reservation, page or slot;";
+    }
+    for (const char* p : {"prefill-a", "prefill-b"}) {
+      std::string address;
+      std::ifstream(cluster.dir() + "/" + std::string(p) + ".metrics") >> address;
+      const double exposures = Sample(Scrape(address), "baton_prefill_exposures").value_or(-1);
+      if (exposures != 0)
+        held += " " + std::string(p) + " exposures " + std::to_string(exposures) + ";";
+    }
+    if (held.empty()) return ::testing::AssertionSuccess();
+    return ::testing::AssertionFailure() << "still held:" << held;
+  };
+  auto drained = [&] {
+    return Eventually(nothing_held, std::chrono::seconds(60), std::chrono::milliseconds(200));
   };
   ASSERT_TRUE(drained());
-  // The idle baseline: a few seconds after the warm-up, once idle server threads have gone.
+  // The idle baseline: a few seconds after the warm-up, once idle server threads have gone (two
+  // looks 200 ms apart agree; still changing after 10 s, the footprints last seen).
   std::map<std::string, Footprint> baseline;
-  {
-    std::map<std::string, Footprint> last;
-    for (int settle = 0; settle < 50; ++settle) {
-      std::map<std::string, Footprint> now;
-      for (const auto& n : nodes) now[n] = FootprintOf(cluster.Pid(n));
-      if (now == last) break;
-      last = now;
-      std::this_thread::sleep_for(std::chrono::milliseconds(200));
-    }
-    baseline = last;
-  }
+  Eventually(
+      [&] {
+        std::map<std::string, Footprint> now;
+        for (const auto& n : nodes) now[n] = FootprintOf(cluster.Pid(n));
+        const bool same = now == baseline;
+        baseline = std::move(now);
+        return same;
+      },
+      std::chrono::seconds(10), std::chrono::milliseconds(200));
 
   std::atomic<int> next{0};
   std::mutex mutex;
@@ -273,17 +271,18 @@ TEST(SoakTest, TwoThousandRequestsWithFaultsLeaveEveryNodeAtItsIdleBaseline) {
   auto settled = [&](const Footprint& after, const Footprint& before) {
     return after.fds == before.fds && after.threads <= before.threads + kThreadSlack;
   };
+  // Polled for up to 90 s; each node's footprint as last seen is then checked.
   std::map<std::string, Footprint> now;
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(90);
-  while (std::chrono::steady_clock::now() < until) {
-    bool all = true;
-    for (const auto& n : nodes) {
-      now[n] = FootprintOf(cluster.Pid(n));
-      all = all && settled(now[n], baseline[n]);
-    }
-    if (all) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  }
+  Eventually(
+      [&] {
+        bool all = true;
+        for (const auto& n : nodes) {
+          now[n] = FootprintOf(cluster.Pid(n));
+          all = all && settled(now[n], baseline[n]);
+        }
+        return all;
+      },
+      std::chrono::seconds(90), std::chrono::milliseconds(200));
   for (const auto& n : nodes) {
     std::cout << "soak: " << n << ": baseline " << Describe(baseline[n]) << ", after "
               << Describe(now[n]) << std::endl;

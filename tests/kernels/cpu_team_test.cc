@@ -19,8 +19,12 @@
 #include <thread>
 #include <vector>
 
+#include "testing/eventually.h"
+
 namespace baton::kernels {
 namespace {
+
+using ::baton::testing::Eventually;
 
 constexpr int64_t kTeam = 3;  // OMP_NUM_THREADS of both runs (tests/kernels/CMakeLists.txt)
 
@@ -78,7 +82,7 @@ TEST(CpuTeamTest, ACallWhileAnotherThreadsJobRunsRunsAloneInsteadOfWaiting) {
   std::atomic<int64_t> second_team{0};
   std::thread::id second_thread;
   std::thread other;
-  bool waited_out = false;
+  ::testing::AssertionResult second_ended = ::testing::AssertionFailure();
   RunOnCpuTeam([&](int64_t t, int64_t) {
     if (t != 0) return;
     first_running = true;
@@ -89,16 +93,13 @@ TEST(CpuTeamTest, ACallWhileAnotherThreadsJobRunsRunsAloneInsteadOfWaiting) {
       });
       second_done = true;
     });
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-    while (!second_done && std::chrono::steady_clock::now() < deadline) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
-    waited_out = !second_done;
+    second_ended = Eventually([&] { return second_done.load(); }, std::chrono::seconds(20),
+                              std::chrono::milliseconds(1));
   });
   const std::thread::id other_id = other.get_id();
   other.join();
   EXPECT_TRUE(first_running);
-  EXPECT_FALSE(waited_out) << "the second call waited for the team";
+  EXPECT_TRUE(second_ended) << "the second call waited for the team";
   EXPECT_EQ(second_team.load(), 1);
   EXPECT_EQ(second_thread, other_id);
 }
@@ -136,13 +137,8 @@ TEST(CpuTeamTest, AForkedChildRunsJobsOnATeamOfItsOwn) {
     _exit(calls.load() == kTeam && team == kTeam ? 0 : 3);
   }
   int status = 0;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  pid_t done = 0;
-  while ((done = waitpid(child, &status, WNOHANG)) == 0 &&
-         std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  if (done == 0) {
+  if (!Eventually([&] { return waitpid(child, &status, WNOHANG) != 0; }, std::chrono::seconds(30),
+                  std::chrono::milliseconds(5))) {
     kill(child, SIGKILL);
     waitpid(child, &status, 0);
     FAIL() << "the child's job did not end within 30 s";

@@ -22,27 +22,30 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <functional>
 #include <iostream>
 #include <map>
 #include <regex>
 #include <set>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "e2e/baton_up.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "test_dir.h"
+#include "testing/eventually.h"
 #include "yaml-cpp/yaml.h"
 
 namespace baton {
 namespace {
 
 namespace fs = std::filesystem;
+using ::baton::testing::Eventually;
 using Clock = std::chrono::steady_clock;
 using nlohmann::json;
+
+// How often a poll asks Prometheus again (it scrapes and evaluates every second).
+constexpr auto kPoll = std::chrono::milliseconds(100);
 
 const fs::path kSource = BATON_SOURCE_DIR;
 const fs::path kRules = kSource / "helm/baton/files/prometheus/baton-rules.yaml";
@@ -59,15 +62,6 @@ std::string FindProgram(const std::string& name) {
     at = end + 1;
   }
   return "";
-}
-
-// Calls `done` every 100 ms until it returns true or `deadline` passes; its last answer.
-bool Eventually(Clock::time_point deadline, const std::function<bool()>& done) {
-  while (true) {
-    if (done()) return true;
-    if (Clock::now() >= deadline) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
 }
 
 // A free TCP port on 127.0.0.1 (bound and released; Prometheus takes it right after).
@@ -146,15 +140,16 @@ class Prometheus {
 
   // Whether /-/ready answers 200 before `deadline` (false at once if the process has exited).
   bool WaitReady(Clock::time_point deadline) {
-    return Eventually(deadline,
-                      [&] {
-                        int status;
-                        if (pid_ <= 0 || waitpid(pid_, &status, WNOHANG) == pid_) {
-                          pid_ = -1;
-                          return true;
-                        }
-                        return Http(address_, "/-/ready").second == 200;
-                      }) &&
+    return Eventually(
+               [&] {
+                 int status;
+                 if (pid_ <= 0 || waitpid(pid_, &status, WNOHANG) == pid_) {
+                   pid_ = -1;
+                   return true;
+                 }
+                 return Http(address_, "/-/ready").second == 200;
+               },
+               deadline, kPoll) &&
            pid_ > 0;
   }
   // An instant query: the API's answer, or {"status": "error", "error": why}.
@@ -313,8 +308,8 @@ void ExpectSelectorsMatch(const Prometheus& prometheus, const Queries& queries,
     }
   }
   auto selects = [&](const std::string& selector) {
-    return Eventually(deadline,
-                      [&] { return SeriesCount(prometheus.Query("count(" + selector + ")")) > 0; });
+    return Eventually([&] { return SeriesCount(prometheus.Query("count(" + selector + ")")) > 0; },
+                      deadline, kPoll);
   };
   for (const auto& [name, where] : users) {
     EXPECT_TRUE(selects("{__name__=\"" + name + "\"}"))
@@ -337,11 +332,13 @@ void ExpectQueriesEvaluate(const Prometheus& prometheus, const Queries& queries,
                            Clock::time_point deadline) {
   for (const Query& q : queries.all) {
     json answer;
-    const bool ok = Eventually(deadline, [&] {
-      answer = prometheus.Query(q.expr);
-      if (answer.value("status", "") != "success") return true;  // a parse error stays one
-      return !q.needs_series || SeriesCount(answer) > 0;
-    });
+    const ::testing::AssertionResult ok = Eventually(
+        [&] {
+          answer = prometheus.Query(q.expr);
+          if (answer.value("status", "") != "success") return true;  // a parse error stays one
+          return !q.needs_series || SeriesCount(answer) > 0;
+        },
+        deadline, kPoll);
     EXPECT_EQ(answer.value("status", ""), "success")
         << q.where << " does not evaluate: " << answer.value("error", answer.dump()) << "\n"
         << q.expr;
@@ -352,23 +349,25 @@ void ExpectQueriesEvaluate(const Prometheus& prometheus, const Queries& queries,
 // The rule manager loaded the whole file, has evaluated every rule, and none failed.
 void ExpectRulesHealthy(const Prometheus& prometheus, int rules, Clock::time_point deadline) {
   std::string unhealthy;
-  const bool healthy = Eventually(deadline, [&] {
-    const json answer = prometheus.Api("/api/v1/rules");
-    if (answer.value("status", "") != "success") return false;
-    int evaluated = 0;
-    unhealthy.clear();
-    for (const json& group : answer["data"]["groups"]) {
-      for (const json& rule : group["rules"]) {
-        if (rule.value("health", "") == "ok") {
-          ++evaluated;
-        } else {
-          unhealthy += "\n  " + rule.value("name", "?") + ": " + rule.value("health", "") + " " +
-                       rule.value("lastError", "");
+  const ::testing::AssertionResult healthy = Eventually(
+      [&] {
+        const json answer = prometheus.Api("/api/v1/rules");
+        if (answer.value("status", "") != "success") return false;
+        int evaluated = 0;
+        unhealthy.clear();
+        for (const json& group : answer["data"]["groups"]) {
+          for (const json& rule : group["rules"]) {
+            if (rule.value("health", "") == "ok") {
+              ++evaluated;
+            } else {
+              unhealthy += "\n  " + rule.value("name", "?") + ": " + rule.value("health", "") +
+                           " " + rule.value("lastError", "");
+            }
+          }
         }
-      }
-    }
-    return evaluated == rules && unhealthy.empty();
-  });
+        return evaluated == rules && unhealthy.empty();
+      },
+      deadline, kPoll);
   EXPECT_TRUE(healthy) << "rules not all evaluated and healthy (of " << rules << "):" << unhealthy;
 }
 
@@ -406,11 +405,12 @@ TEST(PrometheusLive, DashboardAndRulesEvaluateOnBatonUpMetrics) {
   }
   // Scraped: all four targets up, and the requests counted.
   const auto deadline = Clock::now() + std::chrono::seconds(60);
-  ASSERT_TRUE(Eventually(deadline,
-                         [&] {
-                           return OnlyValue(prometheus.Query("count(up == 1)")) == 4 &&
-                                  OnlyValue(prometheus.Query("sum(baton_requests_total)")) >= 3;
-                         }))
+  ASSERT_TRUE(Eventually(
+      [&] {
+        return OnlyValue(prometheus.Query("count(up == 1)")) == 4 &&
+               OnlyValue(prometheus.Query("sum(baton_requests_total)")) >= 3;
+      },
+      deadline, kPoll))
       << "Prometheus did not scrape baton up's four targets and the three requests\n"
       << prometheus.log();
 

@@ -8,7 +8,6 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
-#include <thread>
 
 #include "baton/common/rpc.h"
 #include "baton/model/engine_factory.h"
@@ -18,6 +17,7 @@
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "test_dir.h"
+#include "testing/eventually.h"
 
 namespace baton::prefill_node {
 namespace {
@@ -42,10 +42,8 @@ class FakeDecodeNode final : public v1::DecodeNode::Service {
       return grpc::Status(grpc::StatusCode::ABORTED, "reading the StateBlock failed");
     }
     if (behaviour_ == Behaviour::kHang) {
-      const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-      while (!context->IsCancelled() && std::chrono::steady_clock::now() < give_up) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(5));
-      }
+      baton::testing::Eventually([&] { return context->IsCancelled(); }, std::chrono::seconds(30),
+                                 std::chrono::milliseconds(5));
       return grpc::Status(grpc::StatusCode::CANCELLED, "gave up");
     }
     state = std::make_unique<model::SequenceState>(layout_);

@@ -16,7 +16,6 @@
 #include <condition_variable>
 #include <filesystem>
 #include <fstream>
-#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -31,16 +30,19 @@
 #include "httplib.h"
 #include "nlohmann/json.hpp"
 #include "test_dir.h"
+#include "testing/eventually.h"
 
 namespace {
 
 namespace fs = std::filesystem;
+using ::baton::testing::EventuallyThat;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::Not;
 using ::testing::StartsWith;
 
 constexpr auto kDeadline = std::chrono::seconds(30);
+constexpr auto kPoll = std::chrono::milliseconds(5);
 
 std::string Sha256Hex(const std::string& data) {
   unsigned char digest[EVP_MAX_MD_SIZE];
@@ -257,15 +259,6 @@ class FetchProcess {
   pid_t pid_ = -1;
   fs::path out_, err_;
 };
-
-bool PollUntil(const std::function<bool()>& done) {
-  const auto deadline = std::chrono::steady_clock::now() + kDeadline;
-  while (!done()) {
-    if (std::chrono::steady_clock::now() > deadline) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  return true;
-}
 
 class FetchModelTest : public ::testing::Test {
  protected:
@@ -580,12 +573,13 @@ TEST_F(FetchModelTest, ConcurrentRunsDownloadEachFileOnce) {
   // waiting for the lock before the server answers.
   server_.Add("/models/small/config.json", {.body = model_[0].second, .hold = true});
   FetchProcess first(dir_, Args(FolderSource()), {});
-  ASSERT_TRUE(PollUntil([&] { return server_.Requests("/models/small/config.json") == 1; }));
+  ASSERT_TRUE(EventuallyThat([&] { return server_.Requests("/models/small/config.json"); }, 1,
+                             kDeadline, kPoll));
   FetchProcess second(dir_, Args(FolderSource()), {});
-  const bool waiting =
-      PollUntil([&] { return second.Stderr().find("waiting for") != std::string::npos; });
+  const ::testing::AssertionResult waiting =
+      EventuallyThat([&] { return second.Stderr(); }, HasSubstr("waiting for"), kDeadline, kPoll);
   server_.Release();
-  ASSERT_TRUE(waiting) << second.Stderr();
+  ASSERT_TRUE(waiting);
   const ProcessResult a = first.Wait();
   const ProcessResult b = second.Wait();
   ASSERT_EQ(a.exit_status, 0) << a.err;

@@ -14,10 +14,12 @@
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "testing/eventually.h"
 
 namespace baton::transfer {
 namespace {
 
+using ::baton::testing::EventuallyThat;
 using ::testing::HasSubstr;
 
 constexpr char kPoison = static_cast<char>(0xA5);
@@ -39,7 +41,8 @@ class OneChunk final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
 
 // A PrefillNode that only serves reads of its exposures (what baton-prefill does in
 // ReadRegions), optionally holding each read back first, or answering each read with the one
-// chunk `lie` makes of its request instead.
+// chunk `lie` makes of its request instead. `answered` counts the reads it has answered (handed
+// its answer to gRPC, after the hold).
 class ReadRegionsServer final
     : public v1::PrefillNode::WithRawCallbackMethod_ReadRegions<v1::PrefillNode::Service> {
  public:
@@ -47,15 +50,20 @@ class ReadRegionsServer final
   grpc::ServerWriteReactor<grpc::ByteBuffer>* ReadRegions(grpc::CallbackServerContext* context,
                                                          const grpc::ByteBuffer* request) override {
     if (hold_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(hold_ms.load()));
+    grpc::ServerWriteReactor<grpc::ByteBuffer>* answer;
     if (lie) {
       v1::ReadRegionsRequest read;
       grpc::ByteBuffer copy(*request);
       (void)grpc::SerializationTraits<v1::ReadRegionsRequest>::Deserialize(&copy, &read);
-      return new OneChunk(lie(read));
+      answer = new OneChunk(lie(read));
+    } else {
+      answer = table_.Stream("", *request);
     }
-    return table_.Stream("", *request);
+    ++answered;
+    return answer;
   }
   std::atomic<int> hold_ms{0};
+  std::atomic<int> answered{0};
   std::function<v1::RegionChunk(const v1::ReadRegionsRequest&)> lie;
 
  private:
@@ -440,6 +448,8 @@ TEST_F(TransportTest, TransferDelayedPastItsDeadlineWritesNothing) {
   ExpectSame(into);
 }
 
+// The peer answers each read 500 ms late, long after the reader gave up at 100 ms: once the peer
+// has answered all of them, nothing of the answers has reached the destination.
 TEST_F(TransportTest, SlowPeerPastTheDeadlineIsCancelledAndWritesNothingAfterwards) {
   server_impl_->hold_ms = 500;
   std::unique_ptr<Transport> grpc = MakeGrpcTransport();
@@ -447,6 +457,8 @@ TEST_F(TransportTest, SlowPeerPastTheDeadlineIsCancelledAndWritesNothingAfterwar
   const absl::Status status =
       grpc->Read(exposure_->Source(v1::TRANSPORT_GRPC), address_, into.spans, In(100));
   EXPECT_TRUE(absl::IsDeadlineExceeded(status)) << status;
+  constexpr int kReads = 3;  // one stream per region, each below kGrpcReadBytes
+  ASSERT_TRUE(EventuallyThat([&] { return server_impl_->answered.load(); }, kReads));
   EXPECT_TRUE(into.Untouched());
 }
 

@@ -19,20 +19,19 @@
 #include <fstream>
 #include <sstream>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "e2e/spawn.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "test_dir.h"
+#include "testing/eventually.h"
 
 namespace baton::transfer {
 namespace {
 
 using ::testing::HasSubstr;
 using ::testing::Not;
-using Clock = std::chrono::steady_clock;
 
 std::string Slurp(const std::string& path) {
   std::ifstream in(path);
@@ -43,11 +42,9 @@ std::string Slurp(const std::string& path) {
 
 // Waits for `pid` until `timeout`, then kills it; its exit status (-1 when killed).
 int Reap(pid_t pid, std::chrono::seconds timeout) {
-  const Clock::time_point until = Clock::now() + timeout;
   int status = 0;
-  while (Clock::now() < until) {
-    if (waitpid(pid, &status, WNOHANG) == pid) return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  if (testing::Eventually([&] { return waitpid(pid, &status, WNOHANG) == pid; }, timeout)) {
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   }
   kill(pid, SIGKILL);
   waitpid(pid, &status, 0);
@@ -80,16 +77,16 @@ Outcome Attack(const std::string& tls, bool allow_tcp, const std::string& user) 
   Outcome outcome;
   const pid_t exposer = testing::Spawn(expose, dir + "/expose.log");
   EXPECT_GT(exposer, 0);
-  const Clock::time_point until = Clock::now() + std::chrono::seconds(20);
+  // Up once it has written its info file (or given up after 20 s: the attack then finds none).
   int status = 0;
   bool exited = false;
-  while (Clock::now() < until && !std::filesystem::exists(dir + "/info")) {
-    if (waitpid(exposer, &status, WNOHANG) == exposer) {
-      exited = true;
-      break;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
+  testing::Eventually(
+      [&] {
+        if (std::filesystem::exists(dir + "/info")) return true;
+        exited = waitpid(exposer, &status, WNOHANG) == exposer;
+        return exited;
+      },
+      std::chrono::seconds(20));
   if (exited) {
     outcome.expose_status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
     outcome.expose_output = Slurp(dir + "/expose.log");
