@@ -308,12 +308,8 @@ absl::Status DecodeService::TakeReservation(grpc::ServerContext& context,
       NewRequest(context, request, *slot, pages, positions);
   if (!r.ok()) return r.status();
   reply.set_reservation_id((*r)->id);
-  const transfer::RegionSizes sizes =
-      transfer::RegionSizesFor(model_.state_layout(), (*r)->prompt_len);
-  reply.set_producer_swa_bytes(sizes.producer_swa);
-  reply.set_consumer_swa_bytes(sizes.consumer_swa);
-  reply.set_page_bytes(sizes.page);
-  reply.set_pages(static_cast<uint32_t>(sizes.pages));
+  transfer::SetReservationSizes(transfer::RegionSizesFor(model_.state_layout(), (*r)->prompt_len),
+                                reply);
   requests_[(*r)->id] = *std::move(r);
   changed_.notify_all();  // the reaper waits for the first deadline
   return absl::OkStatus();

@@ -86,68 +86,82 @@ KvStoreService::KvStoreService(PrefixStore& store, uint64_t max_keys)
 
 grpc::Status KvStoreService::Lookup(grpc::ServerContext* context, const v1::LookupRequest* request,
                                     v1::LookupResponse* reply) {
-  if (absl::Status s =
-          security::Authorize(*context, {Role::kRouter, Role::kPrefill}, "KvStore/Lookup");
-      !s.ok()) {
-    return ToGrpcStatus(s);
-  }
-  if (absl::Status s = CheckKeyCount(request->keys_size(), max_keys_); !s.ok()) {
-    return ToGrpcStatus(s);
-  }
-  std::vector<Sha256Digest> chain;
-  for (const std::string& bytes : request->keys()) {
-    absl::StatusOr<Sha256Digest> key = KeyFrom(bytes, "keys");
-    if (!key.ok()) return ToGrpcStatus(key.status());
-    chain.push_back(*key);
-  }
-  const ChainLookup lookup = store_.Lookup(chain);
-  ++lookups_;
-  lookup_blocks_ += lookup.block_kv_blocks;
-  reply->set_block_kv_blocks(static_cast<uint32_t>(lookup.block_kv_blocks));
-  for (bool present : lookup.swa_present) reply->add_swa_present(present);
-  return grpc::Status::OK;
+  return ToGrpcStatus(LookupChain(*context, *request, *reply));
 }
 
 grpc::Status KvStoreService::ReadBlocks(grpc::ServerContext* context,
                                         const v1::ReadBlocksRequest* request,
                                         grpc::ServerWriter<v1::StoredBlock>* writer) {
-  if (absl::Status s = security::Authorize(*context, {Role::kPrefill}, "KvStore/ReadBlocks");
-      !s.ok()) {
-    return ToGrpcStatus(s);
-  }
-  absl::StatusOr<Region> region = RegionFrom(request->region());
-  if (!region.ok()) return ToGrpcStatus(region.status());
-  if (absl::Status s = CheckKeyCount(request->keys_size(), max_keys_); !s.ok()) {
-    return ToGrpcStatus(s);
-  }
-  for (const std::string& bytes : request->keys()) {
-    absl::StatusOr<Sha256Digest> key = KeyFrom(bytes, "keys");
-    if (!key.ok()) return ToGrpcStatus(key.status());
-    v1::StoredBlock block;
-    block.set_key(bytes);
-    absl::StatusOr<std::string> payload = store_.Read(*key, *region);
-    block.set_found(payload.ok());
-    if (payload.ok()) *block.mutable_payload() = *std::move(payload);
-    if (!writer->Write(block)) return ToGrpcStatus(absl::CancelledError("reader gone"));
-  }
-  return grpc::Status::OK;
+  return ToGrpcStatus(SendBlocks(*context, *request, *writer));
 }
 
 grpc::Status KvStoreService::WriteBlocks(grpc::ServerContext* context,
                                          grpc::ServerReader<v1::BlockWrite>* reader,
                                          v1::WriteBlocksResponse* reply) {
-  if (absl::Status s = security::Authorize(*context, {Role::kPrefill}, "KvStore/WriteBlocks");
+  return ToGrpcStatus(TakeBlocks(*context, *reader, *reply));
+}
+
+absl::Status KvStoreService::LookupChain(const grpc::ServerContext& context,
+                                         const v1::LookupRequest& request,
+                                         v1::LookupResponse& reply) {
+  if (absl::Status s =
+          security::Authorize(context, {Role::kRouter, Role::kPrefill}, "KvStore/Lookup");
       !s.ok()) {
-    return ToGrpcStatus(s);
+    return s;
+  }
+  if (absl::Status s = CheckKeyCount(request.keys_size(), max_keys_); !s.ok()) return s;
+  std::vector<Sha256Digest> chain;
+  for (const std::string& bytes : request.keys()) {
+    absl::StatusOr<Sha256Digest> key = KeyFrom(bytes, "keys");
+    if (!key.ok()) return key.status();
+    chain.push_back(*key);
+  }
+  const ChainLookup lookup = store_.Lookup(chain);
+  ++lookups_;
+  lookup_blocks_ += lookup.block_kv_blocks;
+  reply.set_block_kv_blocks(static_cast<uint32_t>(lookup.block_kv_blocks));
+  for (bool present : lookup.swa_present) reply.add_swa_present(present);
+  return absl::OkStatus();
+}
+
+absl::Status KvStoreService::SendBlocks(const grpc::ServerContext& context,
+                                        const v1::ReadBlocksRequest& request,
+                                        grpc::ServerWriter<v1::StoredBlock>& writer) {
+  if (absl::Status s = security::Authorize(context, {Role::kPrefill}, "KvStore/ReadBlocks");
+      !s.ok()) {
+    return s;
+  }
+  absl::StatusOr<Region> region = RegionFrom(request.region());
+  if (!region.ok()) return region.status();
+  if (absl::Status s = CheckKeyCount(request.keys_size(), max_keys_); !s.ok()) return s;
+  for (const std::string& bytes : request.keys()) {
+    absl::StatusOr<Sha256Digest> key = KeyFrom(bytes, "keys");
+    if (!key.ok()) return key.status();
+    v1::StoredBlock block;
+    block.set_key(bytes);
+    absl::StatusOr<std::string> payload = store_.Read(*key, *region);
+    block.set_found(payload.ok());
+    if (payload.ok()) *block.mutable_payload() = *std::move(payload);
+    if (!writer.Write(block)) return absl::CancelledError("reader gone");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status KvStoreService::TakeBlocks(const grpc::ServerContext& context,
+                                        grpc::ServerReader<v1::BlockWrite>& reader,
+                                        v1::WriteBlocksResponse& reply) {
+  if (absl::Status s = security::Authorize(context, {Role::kPrefill}, "KvStore/WriteBlocks");
+      !s.ok()) {
+    return s;
   }
   v1::BlockWrite write;
   uint32_t written = 0;
-  while (reader->Read(&write)) {
-    if (absl::Status s = Write(write); !s.ok()) return ToGrpcStatus(s);
+  while (reader.Read(&write)) {
+    if (absl::Status s = Write(write); !s.ok()) return s;
     ++written;
   }
-  reply->set_written(written);
-  return grpc::Status::OK;
+  reply.set_written(written);
+  return absl::OkStatus();
 }
 
 absl::Status KvStoreService::Write(const v1::BlockWrite& write) {
@@ -167,6 +181,7 @@ absl::Status KvStoreService::Write(const v1::BlockWrite& write) {
 grpc::Status KvStoreService::Stats(grpc::ServerContext* context,
                                    const v1::KvStoreStatsRequest* request,
                                    v1::KvStoreStats* reply) {
+  // Stats has one refusal and nothing else that fails: the conversion is this one.
   if (absl::Status s =
           security::Authorize(*context, {Role::kRouter, Role::kPrefill}, "KvStore/Stats");
       !s.ok()) {

@@ -108,15 +108,7 @@ absl::Status PrefillCall::Admit() {
     return absl::InvalidArgumentError("transport: must be UCX or GRPC");
   }
   sizes_ = transfer::RegionSizesFor(layout_, tokens_.size());
-  const v1::Reservation& reservation = request_.reservation();
-  if (reservation.pages() != sizes_.pages ||
-      reservation.producer_swa_bytes() != sizes_.producer_swa ||
-      reservation.consumer_swa_bytes() != sizes_.consumer_swa ||
-      reservation.page_bytes() != sizes_.page) {
-    return absl::InvalidArgumentError(
-        "reservation: its regions do not match this prompt and model");
-  }
-  return absl::OkStatus();
+  return transfer::CheckReservationSizes(request_.reservation(), sizes_);
 }
 
 // The state is computed straight into staging memory exposed for this request alone, with

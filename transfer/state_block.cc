@@ -46,6 +46,24 @@ RegionSizes RegionSizesFor(const model::StateLayout& layout, uint64_t prompt_len
   return sizes;
 }
 
+void SetReservationSizes(const RegionSizes& sizes, v1::Reservation& reservation) {
+  reservation.set_producer_swa_bytes(sizes.producer_swa);
+  reservation.set_consumer_swa_bytes(sizes.consumer_swa);
+  reservation.set_page_bytes(sizes.page);
+  reservation.set_pages(static_cast<uint32_t>(sizes.pages));
+}
+
+absl::Status CheckReservationSizes(const v1::Reservation& reservation, const RegionSizes& sizes) {
+  if (reservation.pages() != sizes.pages ||
+      reservation.producer_swa_bytes() != sizes.producer_swa ||
+      reservation.consumer_swa_bytes() != sizes.consumer_swa ||
+      reservation.page_bytes() != sizes.page) {
+    return absl::InvalidArgumentError(
+        "reservation: its regions do not match this prompt and model");
+  }
+  return absl::OkStatus();
+}
+
 void SealHeader(const model::SequenceState& state, v1::StateHeader& header) {
   const RegionSizes sizes = RegionSizesFor(state.layout(), header.prompt_len());
   header.set_format_version(kStateFormatVersion);

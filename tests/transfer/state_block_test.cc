@@ -56,6 +56,25 @@ TEST_F(StateBlockTest, RegionSizesFollowTheLayoutAndThePrompt) {
   EXPECT_EQ(RegionSizesFor(layout_, 49).pages, 4u);
 }
 
+// The decode node's reservation carries the sizes the prefill node checks; a reservation of
+// another prompt length or with any size changed is refused naming it.
+TEST_F(StateBlockTest, AReservationsSizesAreCheckedAgainstThePrompt) {
+  v1::Reservation reservation;
+  SetReservationSizes(RegionSizesFor(layout_, 40), reservation);
+  EXPECT_TRUE(CheckReservationSizes(reservation, RegionSizesFor(layout_, 40)).ok());
+  const absl::Status other = CheckReservationSizes(reservation, RegionSizesFor(layout_, 49));
+  EXPECT_EQ(other.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(other.message()), ::testing::HasSubstr("reservation"));
+  for (int field = 0; field < 4; ++field) {
+    v1::Reservation changed = reservation;
+    if (field == 0) changed.set_pages(changed.pages() + 1);
+    if (field == 1) changed.set_producer_swa_bytes(changed.producer_swa_bytes() - 4);
+    if (field == 2) changed.set_consumer_swa_bytes(changed.consumer_swa_bytes() + 4);
+    if (field == 3) changed.set_page_bytes(changed.page_bytes() * 2);
+    EXPECT_FALSE(CheckReservationSizes(changed, RegionSizesFor(layout_, 40)).ok()) << field;
+  }
+}
+
 TEST_F(StateBlockTest, ASealedHeaderVerifiesAndAnyChangedByteFailsItsRegion) {
   auto state = Filled(40, 1.0f);
   const v1::StateHeader h = Sealed(*state, 40);

@@ -32,6 +32,15 @@ class KvStoreService final : public v1::KvStore::Service {
   absl::Status Write(const v1::BlockWrite& write);
 
  private:
+  // The handlers' work; each handler converts its absl::Status to gRPC's once.
+  absl::Status LookupChain(const grpc::ServerContext& context, const v1::LookupRequest& request,
+                           v1::LookupResponse& reply);
+  absl::Status SendBlocks(const grpc::ServerContext& context, const v1::ReadBlocksRequest& request,
+                          grpc::ServerWriter<v1::StoredBlock>& writer);
+  absl::Status TakeBlocks(const grpc::ServerContext& context,
+                          grpc::ServerReader<v1::BlockWrite>& reader,
+                          v1::WriteBlocksResponse& reply);
+
   PrefixStore& store_;
   uint64_t max_keys_;
   std::atomic<uint64_t> lookups_{0};

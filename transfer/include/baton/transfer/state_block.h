@@ -38,6 +38,12 @@ struct RegionSizes {
 };
 RegionSizes RegionSizesFor(const model::StateLayout& layout, uint64_t prompt_len);
 
+// A reservation's regions: the decode node answers Reserve with `sizes`, and the prefill node
+// checks that they are the ones its prompt and model give before it stages any memory
+// (INVALID_ARGUMENT naming `reservation` otherwise).
+void SetReservationSizes(const RegionSizes& sizes, v1::Reservation& reservation);
+absl::Status CheckReservationSizes(const v1::Reservation& reservation, const RegionSizes& sizes);
+
 // Completes a header whose descriptive fields (fingerprint, ids, prompt_len, s_valid, mode,
 // keep, first token, replayed rows) the caller set: the format version and every region's
 // length and checksum over `state`'s first header.prompt_len() positions.
