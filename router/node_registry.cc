@@ -99,16 +99,8 @@ NodeRegistry::NodeRegistry(const std::vector<ServedModel>& models, const Options
 }
 
 const char* NodeRegistry::RoleLabel(v1::NodeRole role) {
-  switch (role) {
-    case v1::NODE_ROLE_PREFILL:
-      return "prefill";
-    case v1::NODE_ROLE_DECODE:
-      return "decode";
-    case v1::NODE_ROLE_KVSTORE:
-      return "kvstore";
-    default:
-      return "unknown";
-  }
+  const std::optional<security::Role> certificate = CertificateRole(role);
+  return certificate.has_value() ? security::RoleName(*certificate) : "unknown";
 }
 
 bool NodeRegistry::Live(const RegisteredNode& node, Clock::time_point now) const {
