@@ -1,12 +1,13 @@
 // Prefill and decode figures of the CPU forward pass on one model, beside this machine's own
 // limits measured in the same run: OpenBLAS sgemm GFLOP/s, memcpy bandwidth and read bandwidth
 // (a vectorised streaming read over a buffer far larger than the last-level cache, on every
-// thread of the kernels' team). A decode step's bound is max(bytes it must read / read bandwidth,
-// FLOPs it must do / sgemm rate). Prints a table, or one JSON object with --json. Prefill and
-// decode run at each instruction-set level --isas names (kernels/cpu_isa.h; each entry says its
-// "isa"; machine.isa is the level the process started at), decode at each --decode-context, with
-// FP32 weights ("decode") and with BF16 weight matrices ("decode_bf16", with each step over the
-// FP32 one). Not a test: nothing here asserts a time.
+// thread of the kernels' team; taken again beside each decode figure's own steps, whose entry
+// reports it as read_gbps). A decode step's bound is max(bytes it must read / that read
+// bandwidth, FLOPs it must do / sgemm rate). Prints a table, or one JSON object with --json.
+// Prefill and decode run at each instruction-set level --isas names (kernels/cpu_isa.h; each entry
+// says its "isa"; machine.isa is the level the process started at), decode at each
+// --decode-context, with FP32 weights ("decode") and with BF16 weight matrices ("decode_bf16", with
+// each step over the FP32 one). Not a test: nothing here asserts a time.
 //
 //   baton_model_bench --model DIR [--lengths 1024,4096] [--keep 140] [--batches 1,8,32]
 //                     [--decode-context 16,512] [--isas avx2,avx512] [--repeats 3] [--json]
@@ -78,36 +79,53 @@ double MemcpyGBps(int repeats) {
   return static_cast<double>(bytes) / seconds / 1e9;
 }
 
-// Bytes per second a streaming read of 1 GiB reaches on the kernels' thread team: each thread reads
-// its slice as four streams at once (four quarters advanced together, each summed into its own
-// vector of 16 floats, so that no load waits on another), as the GEMM streams four panels of
-// weights; the sum is kept so that the loads are not optimised away. The best of at least five
-// reads: a floor for the steps measured beside it, on machines whose memory other tenants share.
-double ReadGBps(int repeats) {
-  typedef float Lanes __attribute__((vector_size(64)));
-  constexpr size_t kStreams = 4;
-  const size_t vectors = size_t{1} << 24;  // 1 GiB
-  std::vector<Lanes> data(vectors, Lanes{} + 1.0f);
-  volatile float keep = 0;
-  const double seconds = BestSeconds(std::max(repeats, 5), [&] {
+// A streaming read of 1 GiB on the kernels' thread team: each thread reads its slice as four
+// streams at once (four quarters advanced together, each summed into its own vector of 16
+// floats, so that no load waits on another), as the GEMM streams four panels of weights; the
+// sum is kept so that the loads are not optimised away. The buffer is made once, so that a
+// decode figure can take the probe beside its own steps: on machines whose memory other tenants
+// share, the bandwidth moves by a quarter within a minute, and a bound measured minutes earlier
+// would say more about the neighbours than about the step.
+class ReadProbe {
+ public:
+  ReadProbe() : data_(kVectors, Lanes{} + 1.0f) {}
+
+  // Bytes per second of one read of the whole buffer.
+  double GBps() {
+    const auto start = Clock::now();
     std::atomic<float> total = 0;
     baton::kernels::RunOnCpuTeam([&](int64_t t, int64_t team) {
-      const size_t begin = vectors * t / team, end = vectors * (t + 1) / team;
+      const size_t begin = kVectors * t / team, end = kVectors * (t + 1) / team;
       const size_t quarter = (end - begin) / kStreams;
       Lanes sums[kStreams] = {};
       for (size_t i = 0; i < quarter; ++i) {
 #pragma GCC unroll 4
-        for (size_t s = 0; s < kStreams; ++s) sums[s] += data[begin + s * quarter + i];
+        for (size_t s = 0; s < kStreams; ++s) sums[s] += data_[begin + s * quarter + i];
       }
       const Lanes sum = (sums[0] + sums[1]) + (sums[2] + sums[3]);
       float part = 0;
       for (int l = 0; l < 16; ++l) part += sum[l];
       total += part;
     });
-    keep = keep + total.load();
-  });
-  return static_cast<double>(vectors * sizeof(Lanes)) / seconds / 1e9;
-}
+    keep_ = keep_ + total.load();
+    const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    return static_cast<double>(kVectors * sizeof(Lanes)) / seconds / 1e9;
+  }
+
+  // The best of `reads` reads: a floor for the steps measured beside it.
+  double BestGBps(int reads) {
+    double best = 0;
+    for (int i = 0; i < reads; ++i) best = std::max(best, GBps());
+    return best;
+  }
+
+ private:
+  typedef float Lanes __attribute__((vector_size(64)));
+  static constexpr size_t kStreams = 4;
+  static constexpr size_t kVectors = size_t{1} << 24;  // 1 GiB
+  std::vector<Lanes> data_;
+  volatile float keep_ = 0;
+};
 
 // FLOPs of one decode row at position t (untruncated): the estimator's work for a prompt of
 // t + 1 tokens computed as chunks [0, t) and [t, t + 1), less its work for the first t tokens
@@ -185,9 +203,10 @@ int main(int argc, char** argv) {
   Engine& model = **loaded;
   const baton::ModelConfig& config = model.config();
   nlohmann::json out;
+  ReadProbe read_probe;
   out["machine"] = {{"sgemm_gflops", SgemmGflops(repeats)},
                     {"memcpy_gbps", MemcpyGBps(repeats)},
-                    {"read_gbps", ReadGBps(repeats)},
+                    {"read_gbps", read_probe.BestGBps(std::max(repeats, 5))},
                     {"threads", baton::kernels::CpuTeamSize()},
                     {"isa", baton::kernels::CpuIsaName(started_at)}};
 
@@ -258,10 +277,14 @@ int main(int argc, char** argv) {
             if (!result.ok()) std::abort();
           }
           std::vector<std::vector<float>> logits(batch, std::vector<float>(config.vocab_size));
-          // `repeats` rounds of `steps` steps after one untimed step; the median step.
+          // `repeats` rounds of `steps` steps after one untimed step; the median step. The read
+          // probe runs before each round and after the last: the bound below uses the best of
+          // those reads, the bandwidth the memory gave while these steps ran.
           const int steps = 8;
           std::vector<double> step_seconds;
+          double read_gbps = 0;
           for (int s = 0; s <= steps * repeats; ++s) {
+            if (s % steps == 1) read_gbps = std::max(read_gbps, read_probe.GBps());
             std::vector<baton::model::DecodeItem> items;
             for (int64_t i = 0; i < batch; ++i)
               items.push_back({states[i].get(), 7, logits[i].data()});
@@ -271,6 +294,7 @@ int main(int argc, char** argv) {
               step_seconds.push_back(std::chrono::duration<double>(Clock::now() - start).count());
             }
           }
+          read_gbps = std::max(read_gbps, read_probe.GBps());
           std::sort(step_seconds.begin(), step_seconds.end());
           const double seconds = step_seconds[step_seconds.size() / 2];
           // Bytes one step must read: every weight once, plus each request's embedding row, block
@@ -280,7 +304,7 @@ int main(int argc, char** argv) {
                                            layout.producer_swa_floats() +
                                            layout.consumer_swa_floats() + config.hidden_size);
           const double bytes = static_cast<double>(matrix_bytes + batch * state_bytes);
-          const double bandwidth_bound = bytes / (out["machine"]["read_gbps"].get<double>() * 1e9);
+          const double bandwidth_bound = bytes / (read_gbps * 1e9);
           // FLOPs one step must do: each request's row at that context, at the sgemm rate.
           const double flops = static_cast<double>(batch) * DecodeRowFlops(config, context);
           const double compute_bound = flops / (out["machine"]["sgemm_gflops"].get<double>() * 1e9);
@@ -291,6 +315,7 @@ int main(int argc, char** argv) {
                               {"weights", std::string(baton::model::WeightTypeName(weight_type))},
                               {"step_ms", seconds * 1e3},
                               {"bytes_read", bytes},
+                              {"read_gbps", read_gbps},
                               {"bandwidth_bound_ms", bandwidth_bound * 1e3},
                               {"flops", flops},
                               {"compute_bound_ms", compute_bound * 1e3},

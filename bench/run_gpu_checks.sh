@@ -7,8 +7,9 @@
 #   unpack    the bundle into WORK
 #   ldd       every bundled binary's libraries resolve (this machine's libstdc++ and libgcc_s
 #             are replaced by the bundle's fallback ones only when ldd says a version is missing)
-#   test      cuda_consistency_test, then engine_backends_test, ONE TEST PER PROCESS (a sticky
-#             device error in one test must not fail the rest); on a GPU machine a skip fails
+#   test      the CUDA side of backend_ops_test (every op case on cuda), cuda_consistency_test,
+#             then engine_backends_test, ONE TEST PER PROCESS (a sticky device error in one
+#             test must not fail the rest); on a GPU machine a skip fails
 #   forward   `batonctl forward` of the small preset on cuda against cpu: same positions and
 #             tokens, logits within 1e-3 relative
 #   bench     per (preset, dtype) pair, baton_gpu_bench and then the PyTorch peer on the same
@@ -112,11 +113,12 @@ check_ldd() {
   return $bad
 }
 
-# run_tests BINARY: each test in its own process; one summary line per test.
+# run_tests BINARY [FILTER]: each test (of those FILTER selects, a --gtest_filter) in its own
+# process; one summary line per test.
 run_tests() {
-  local binary="$1" name list suite test rc verdict begin
+  local binary="$1" filter="${2:-*}" name list suite test log rc verdict begin
   name="$(basename "$binary")"
-  if ! list="$("$binary" --gtest_list_tests 2>"$logs/tests/$name.list.err")"; then
+  if ! list="$("$binary" --gtest_list_tests --gtest_filter="$filter" 2>"$logs/tests/$name.list.err")"; then
     note "$(printf '%-28s %-8s' "$name" "FAILED")  (cannot list its tests)"
     failed=1
     return
@@ -128,6 +130,7 @@ run_tests() {
     fi
     [[ "$line" =~ ^\ \ ([A-Za-z0-9_/]+) ]] || continue
     test="$suite.${BASH_REMATCH[1]}"
+    log="$logs/tests/${test//\//_}"  # a parametrised test's name holds '/'
     local limit=$test_timeout remaining
     remaining=$(left)
     ((limit > remaining - 150)) && limit=$((remaining - 150))  # keep time for forward and bench
@@ -139,22 +142,22 @@ run_tests() {
     begin=$SECONDS
     rc=0
     timeout --kill-after=5 "$limit" "$binary" --gtest_filter="$test" \
-      --gtest_output="json:$logs/tests/$test.json" >"$logs/tests/$test.log" 2>&1 || rc=$?
+      --gtest_output="json:$log.json" >"$log.log" 2>&1 || rc=$?
     verdict=ok
     if ((rc == 124 || rc == 137)); then
       verdict=TIMEOUT
     elif ((rc != 0)); then
       verdict=FAILED
-    elif grep -q '^\[  SKIPPED \]' "$logs/tests/$test.log"; then
+    elif grep -q '^\[  SKIPPED \]' "$log.log"; then
       verdict=SKIPPED
       [[ "${ALLOW_SKIPS:-0}" == 1 ]] || rc=3
     fi
     ((rc == 0)) || failed=1
     note "$(printf '  %-60s %-8s %4ss' "$test" "$verdict" $((SECONDS - begin)))"
     if [[ "$verdict" == SKIPPED ]]; then
-      grep -m1 -A1 ': Skipped$' "$logs/tests/$test.log" | tail -n 1 | cut -c1-160 | sed 's/^/      | /' >>"$out/summary.txt"
+      grep -m1 -A1 ': Skipped$' "$log.log" | tail -n 1 | cut -c1-160 | sed 's/^/      | /' >>"$out/summary.txt"
     elif [[ "$verdict" != ok ]]; then
-      grep -m4 -E 'Failure|error|Expected|Which is|Value of' "$logs/tests/$test.log" | cut -c1-200 |
+      grep -m4 -E 'Failure|error|Expected|Which is|Value of' "$log.log" | cut -c1-200 |
         sed 's/^/      | /' >>"$out/summary.txt"
     fi
   done <<<"$list"
@@ -215,10 +218,12 @@ for s in $steps; do
       ;;
     test)
       gpu_env
-      for t in cuda_consistency_test engine_backends_test; do
+      for t in backend_ops_test cuda_consistency_test engine_backends_test; do
+        filter='*'
+        [[ $t == backend_ops_test ]] && filter='*_on_cuda'  # its CPU side is CI's
         begin=$SECONDS
         note "$(printf '%-28s (one process per test)' "$t")"
-        run_tests "$top/bin/$t"
+        run_tests "$top/bin/$t" "$filter"
         note "$(printf '%-28s %-8s %5ss' "$t" "done" $((SECONDS - begin)))"
       done
       ;;

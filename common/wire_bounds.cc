@@ -16,6 +16,24 @@ absl::Status CheckRequestId(absl::string_view field, absl::string_view id) {
   return CheckBytes(field, id, kMaxRequestIdBytes);
 }
 
+absl::Status CheckStopStrings(absl::string_view field,
+                              const google::protobuf::RepeatedPtrField<std::string>& stop,
+                              bool name_index) {
+  if (stop.size() > kMaxStopStrings) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ": ", stop.size(), " strings; at most ",
+                                                   kMaxStopStrings, " are allowed"));
+  }
+  for (int i = 0; i < stop.size(); ++i) {
+    const uint64_t bytes = stop[i].size();
+    if (bytes < 1 || bytes > kMaxStopStringBytes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, name_index ? absl::StrCat("[", i, "]") : "", ": ", bytes,
+                       " bytes; it must be 1 to ", kMaxStopStringBytes, " bytes"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckSampling(absl::string_view field, const v1::SamplingParams& s,
                            const ModelConfig& config) {
   if (!(s.temperature() >= 0)) {
@@ -31,16 +49,10 @@ absl::Status CheckSampling(absl::string_view field, const v1::SamplingParams& s,
         absl::StrCat(field, ".stop_token_ids: ", s.stop_token_ids_size(), " ids; at most ",
                      kMaxStopTokenIds, " are allowed"));
   }
-  if (s.stop_size() > kMaxStopStrings) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        field, ".stop: ", s.stop_size(), " strings; at most ", kMaxStopStrings, " are allowed"));
-  }
-  for (int i = 0; i < s.stop_size(); ++i) {
-    if (!StopStringLengthFits(s.stop(i).size())) {
-      return absl::InvalidArgumentError(absl::StrCat(field, ".stop[", i, "]: ", s.stop(i).size(),
-                                                     " bytes; it must be 1 to ",
-                                                     kMaxStopStringBytes, " bytes"));
-    }
+  if (absl::Status st =
+          CheckStopStrings(absl::StrCat(field, ".stop"), s.stop(), /*name_index=*/true);
+      !st.ok()) {
+    return st;
   }
   for (int32_t stop : s.stop_token_ids()) {
     if (stop < 0 || stop >= config.vocab_size) {

@@ -3,6 +3,7 @@
 #include <dlfcn.h>
 
 #include <array>
+#include <cstdlib>
 #include <filesystem>
 #include <mutex>
 
@@ -51,22 +52,25 @@ absl::StatusOr<std::unique_ptr<Engine>> LoadOnto(const std::string& model_dir,
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(Device device, int ordinal) {
+absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(Device device, int ordinal,
+                                                     const kernels::CudaOptions& cuda) {
   if (device == Device::kCpu) return MakeCpuBackend();
 #ifdef BATON_CUDA_BACKEND_FILE
   absl::StatusOr<void*> library = LoadCudaBackendLibrary();
   if (!library.ok()) return library.status();
-  using Entry = Backend* (*)(int, char*, size_t);
+  using Entry = Backend* (*)(int, const kernels::CudaOptions*, char*, size_t);
   auto entry = reinterpret_cast<Entry>(dlsym(*library, "BatonMakeCudaBackend"));
   if (entry == nullptr) {
     return absl::FailedPreconditionError(
         "the CUDA backend library has no BatonMakeCudaBackend entry point");
   }
   std::array<char, 512> error{};
-  std::unique_ptr<Backend> backend(entry(ordinal, error.data(), error.size()));
+  std::unique_ptr<Backend> backend(entry(ordinal, &cuda, error.data(), error.size()));
   if (backend == nullptr) return absl::FailedPreconditionError(error.data());
   return backend;
 #else
+  (void)ordinal;
+  (void)cuda;
   return absl::FailedPreconditionError(
       "this build has no CUDA kernels (configure where nvcc is found, or with BATON_WITH_CUDA=ON)");
 #endif
@@ -79,20 +83,38 @@ absl::StatusOr<std::unique_ptr<Engine>> LoadEngine(const std::string& model_dir,
   return LoadOnto(model_dir, *std::move(backend), weight_type);
 }
 
+absl::StatusOr<kernels::CudaOptions> CudaOptionsFrom(const std::string& prefill_attention,
+                                                     const std::string& flag) {
+  kernels::CudaOptions options;
+  std::string name = prefill_attention, from = flag;
+  if (name.empty()) {
+    const char* variable = std::getenv(kernels::kPrefillAttentionVariable);
+    if (variable == nullptr || *variable == '\0') return options;
+    name = variable;
+    from = kernels::kPrefillAttentionVariable;
+  }
+  absl::StatusOr<kernels::PrefillAttention> mode = kernels::ParsePrefillAttention(name, from);
+  if (!mode.ok()) return mode.status();
+  options.prefill_attention = *mode;
+  return options;
+}
+
 absl::StatusOr<std::unique_ptr<Engine>> LoadEngineOnDevice(const std::string& model_dir,
-                                                           const std::string& device,
-                                                           const std::string& weights) {
-  absl::StatusOr<Device> parsed = ParseDevice(device, "--device");
-  if (!parsed.ok()) return parsed.status();
-  absl::StatusOr<WeightType> weight_type = ParseWeightType(weights, "--weights");
+                                                           const DeviceFlags& flags) {
+  absl::StatusOr<Device> device = ParseDevice(flags.device, "--device");
+  if (!device.ok()) return device.status();
+  absl::StatusOr<WeightType> weight_type = ParseWeightType(flags.weights, "--weights");
   if (!weight_type.ok()) return weight_type.status();
-  if (*weight_type == WeightType::kBf16 && *parsed != Device::kCpu) {  // before any loading
+  if (*weight_type == WeightType::kBf16 && *device != Device::kCpu) {  // before any loading
     return absl::InvalidArgumentError("--weights bf16 is for --device cpu");
   }
-  absl::StatusOr<std::unique_ptr<Backend>> backend = MakeBackend(*parsed);
+  absl::StatusOr<kernels::CudaOptions> cuda =
+      CudaOptionsFrom(flags.cuda_prefill_attention, "--cuda-prefill-attention");
+  if (!cuda.ok()) return cuda.status();
+  absl::StatusOr<std::unique_ptr<Backend>> backend = MakeBackend(*device, 0, *cuda);
   if (!backend.ok()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--device ", device, ": ", backend.status().message()));
+        absl::StrCat("--device ", flags.device, ": ", backend.status().message()));
   }
   return LoadOnto(model_dir, *std::move(backend), *weight_type);
 }

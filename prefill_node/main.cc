@@ -1,27 +1,15 @@
 // baton-prefill: a prefill node. Loads the model, serves PrefillNode plus grpc.health.v1,
-// and registers with the router.
-#include <cstdlib>
-#include <iostream>
-
+// and registers with the router (node/node_main.h).
 #include "CLI/CLI.hpp"
-#include "baton/common/model_config.h"
-#include "baton/common/rpc.h"
-#include "baton/common/server_flags.h"
-#include "baton/kernels/cpu_isa.h"
-#include "baton/model/engine_factory.h"
-#include "baton/transfer/ucx.h"
+#include "baton/node/node_main.h"
 #include "baton/prefill_node/prefill_service.h"
 
 namespace {
 
-// The flags that set PrefillOptions, in --help's order; --no-ucx sets `no_ucx` (use_ucx is its
-// negation).
-void AddPrefillFlags(CLI::App& app, baton::prefill_node::PrefillOptions& options, bool& no_ucx) {
+// The flags that set PrefillOptions, in --help's order.
+void AddPrefillFlags(CLI::App& app, baton::prefill_node::PrefillOptions& options) {
   app.add_option("--token-budget", options.token_budget, "Rows per prefill chunk")
       ->check(CLI::Range(1, 1 << 24));
-  app.add_flag("--ucx-allow-unprotected-tcp", options.ucx_allow_unprotected_tcp,
-               baton::transfer::kUcxAllowUnprotectedTcpHelp);
-  app.add_flag("--no-ucx", no_ucx, "Use only the gRPC transport");
   app.add_option("--kvstore", options.kvstore_address, "Prefix store (baton-kvstore) address");
   app.add_option("--write-back-bytes", options.write_back_bytes,
                  "Block payload bytes waiting for the prefix store at most (default 256 MiB)")
@@ -49,62 +37,22 @@ void AddPrefillFlags(CLI::App& app, baton::prefill_node::PrefillOptions& options
 int main(int argc, char** argv) {
   baton::BlockShutdownSignals();
   CLI::App app{"baton-prefill: prefill node"};
-  std::string model_dir, router, node_id = "prefill";
-  baton::ServerFlags flags;
+  baton::node::NodeFlags flags{.node_id = "prefill"};
+  baton::node::AddNodeFlags(app, flags);
   baton::prefill_node::PrefillOptions options;
-  bool no_ucx = false;
-  std::string device = "cpu", weights = "fp32";
-  app.add_option("--model", model_dir, "Model directory")->required();
-  std::string served_model_name;
-  app.add_option("--served-model-name", served_model_name,
-                 "The model name registered with the router, which routes a request to nodes of "
-                 "the name it asks for (default: the model directory's name)");
-  app.add_option("--device", device,
-                 "Where the model runs: cpu, or cuda (a CUDA build on a machine with a GPU; the "
-                 "node exits 2 naming the reason otherwise)");
-  app.add_option("--weights", weights,
-                 "How the model's weight matrices are held: fp32, or bf16 (--device cpu only; "
-                 "halves the bytes a decode step reads; give every node of a cluster the same)");
-  baton::AddServerFlags(app, flags);
-  app.add_option("--router", router, "Router address to register with");
-  app.add_option("--node-id", node_id, "Name reported to the router");
-  AddPrefillFlags(app, options, no_ucx);
-  if (auto exit = baton::ParseServerFlags(app, argc, argv, "baton-prefill", "prefill", flags)) {
-    return *exit;
-  }
-  options.use_ucx = !no_ucx;
-  // Refused before anything starts: a worker on these transports could not be made safe.
-  if (auto exit = options.use_ucx ? baton::transfer::RefuseUnsafeUcx(
-                                        "baton-prefill", options.ucx_allow_unprotected_tcp)
-                                  : std::nullopt) {
-    return *exit;
-  }
-  // The CPU kernels' instruction-set level (BATON_CPU_ISA overrides it) is settled before the
-  // model loads; a level that is unknown or that this CPU lacks is refused here.
-  if (std::string error = baton::kernels::CheckCpuIsaEnvironment(); !error.empty()) {
-    baton::log::Error("cannot start", {{"error", error}});
-    return 2;
-  }
-  baton::log::Info("cpu kernels",
-                   {{"isa", baton::kernels::CpuIsaName(baton::kernels::ActiveCpuIsa())}});
-  auto model = baton::model::LoadEngineOnDevice(model_dir, device, weights);
-  if (!model.ok()) {
-    baton::log::Error("cannot start", {{"error", std::string(model.status().message())}});
-    return 2;
-  }
-  baton::prefill_node::PrefillService service(**model, options);
-  grpc::ServerBuilder builder;
-  builder.RegisterService(&service);
-  baton::Registration registration = baton::NodeRegistration(
-      router, node_id, baton::v1::NODE_ROLE_PREFILL, (*model)->fingerprint(),
-      [&] { return service.Load(); },
-      served_model_name.empty() ? baton::DefaultServedModelName(model_dir) : served_model_name,
-      baton::ConfigDigest((*model)->config()));
-  // Decode nodes read this node's staging memory by UCX from this worker only.
-  registration.node.set_ucx_worker_address(service.ucx_worker_address());
-  return baton::ServeUntilShutdown(
-      "baton-prefill", builder, flags.server, std::move(registration),
-      [&](baton::HealthSetter health) { service.StartWatchdog(std::move(health)); },
-      [&] { service.StopWatchdog(); }, {},
-      [&](std::chrono::steady_clock::time_point deadline) { service.Drain(deadline); });
+  AddPrefillFlags(app, options);
+  baton::node::NodeStart start =
+      baton::node::StartNode(app, argc, argv, "baton-prefill", "prefill", flags);
+  if (start.exit) return *start.exit;
+  options.use_ucx = !flags.no_ucx;
+  options.ucx_allow_unprotected_tcp = flags.ucx_allow_unprotected_tcp;
+  baton::prefill_node::PrefillService service(*start.engine, options);
+  return baton::node::ServeNode(
+      "baton-prefill", flags, baton::v1::NODE_ROLE_PREFILL, *start.engine, service,
+      {.load = [&] { return service.Load(); },
+       .start_watchdog = [&](baton::HealthSetter health) { service.StartWatchdog(health); },
+       .stop_watchdog = [&] { service.StopWatchdog(); },
+       .drain = [&](std::chrono::steady_clock::time_point d) { service.Drain(d); },
+       // Decode nodes read this node's staging memory by UCX from this worker only.
+       .ucx_worker_address = service.ucx_worker_address()});
 }

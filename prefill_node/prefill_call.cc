@@ -240,18 +240,8 @@ absl::Status PrefillCall::Commit() {
 v1::CommitRequest PrefillCall::SealedCommit() const {
   v1::CommitRequest commit;
   *commit.mutable_source() = exposure_->Source(request_.transport());
-  v1::StateHeader& h = *commit.mutable_header();
-  h.set_model_fingerprint(node_.model_.fingerprint());
-  h.set_request_id(generate_.request_id());
-  h.set_reservation_id(request_.reservation().reservation_id());
-  h.set_prompt_len(static_cast<uint32_t>(tokens_.size()));
-  h.set_s_valid(request_.s_valid());
-  h.set_mode(request_.mode());
-  h.set_keep(request_.keep());
-  h.set_first_token(first_.token);
-  h.set_first_logprob(first_.logprob);
-  h.set_replayed_rows(static_cast<uint32_t>(result_.consumer_rows));
-  transfer::SealHeader(*state_, h);
+  *commit.mutable_header() =
+      transfer::BuildHeader(request_, node_.model_.fingerprint(), result_, first_, *state_);
   return commit;
 }
 

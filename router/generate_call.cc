@@ -3,9 +3,9 @@
 #include "absl/strings/str_cat.h"
 #include "baton/common/log.h"
 #include "baton/common/rpc.h"
-#include "baton/common/wire_bounds.h"
 #include "baton/kvstore/chain.h"
 #include "baton/kvstore/hit_policy.h"
+#include "prompt.h"
 
 namespace baton::router {
 namespace {
@@ -90,8 +90,8 @@ void GenerateCall::Retry(const RetryRule& rule, const absl::Status& status) {
                        {"message", message}});
 }
 
-// A text prompt becomes token ids here, so that everything past this point (validation,
-// prefix keys, the nodes) sees ids only.
+// A text prompt becomes token ids here (router/prompt.h), so that everything past this point
+// (validation, prefix keys, the nodes) sees ids only.
 absl::Status GenerateCall::Resolve() {
   absl::StatusOr<size_t> model = ResolveServedModel(router_.models, request_->model());
   if (!model.ok()) return model.status();
@@ -100,19 +100,12 @@ absl::Status GenerateCall::Resolve() {
   const text::Tokenizer* tokenizer = model_->tokenizer.get();
   if (tokenizer == nullptr) return absl::OkStatus();
   if (request_->prompt_token_ids().empty() && !request_->prompt_text().empty()) {
-    const uint64_t max_bytes = uint64_t{kPromptTextBytesPerToken} * router_.options.max_model_len;
-    if (absl::Status s = CheckBytes("prompt_text", request_->prompt_text(), max_bytes); !s.ok()) {
-      return s;
-    }
+    absl::StatusOr<std::vector<int32_t>> ids =
+        EncodeTextPrompt(*tokenizer, request_->prompt_text(), router_.options.max_model_len);
+    if (!ids.ok()) return ids.status();
     encoded_ = *request_;
     encoded_.clear_prompt_text();
-    for (int32_t id : tokenizer->Encode(request_->prompt_text(), tokenizer->add_bos())) {
-      encoded_.add_prompt_token_ids(id);
-    }
-    if (encoded_.prompt_token_ids().empty()) {
-      return absl::InvalidArgumentError(
-          "prompt_text: the text encodes to no tokens; send some text");
-    }
+    encoded_.mutable_prompt_token_ids()->Add(ids->begin(), ids->end());
     request_ = &encoded_;
   }
   return absl::OkStatus();

@@ -10,8 +10,9 @@
 #   scripts/gpu_bundle.sh --no-build  pack the build in BATON_BUILD_DIR as it is
 #
 # The bundle, baton-gpu/ inside the archive:
-#   bin/       cuda_consistency_test, engine_backends_test, batonctl, baton_gpu_bench (stripped)
-#              and libbaton_backend_cuda.so, which the engine loads from beside its executable
+#   bin/       backend_ops_test, cuda_consistency_test, engine_backends_test, batonctl,
+#              baton_gpu_bench (stripped) and libbaton_backend_cuda.so, which the engine and
+#              backend_ops_test load from beside their executable
 #   lib/       every shared library those load except the ones the GPU machine has: the C
 #              runtime (libc, libm, libpthread, libdl, librt, the loader), libstdc++ and
 #              libgcc_s, and the CUDA runtime, cuBLAS and the driver
@@ -38,15 +39,15 @@ for arg in "$@"; do
   esac
 done
 
-executables=(tests/kernels/cuda_consistency_test tests/model/engine_backends_test
-             tools/batonctl bench/baton_gpu_bench)
+executables=(tests/kernels/backend_ops_test tests/kernels/cuda_consistency_test
+             tests/model/engine_backends_test tools/batonctl bench/baton_gpu_bench)
 backend=model/cuda/libbaton_backend_cuda.so
 
 if ((build_first)); then
   cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DBATON_WITH_CUDA=ON \
     "-DCMAKE_CUDA_ARCHITECTURES=$archs"
   cmake --build "$build" -j "${BATON_JOBS:-2}" --target baton_backend_cuda \
-    cuda_consistency_test engine_backends_test batonctl baton_gpu_bench
+    backend_ops_test cuda_consistency_test engine_backends_test batonctl baton_gpu_bench
 fi
 for f in "${executables[@]}" "$backend"; do
   if [[ ! -f "$build/$f" ]]; then

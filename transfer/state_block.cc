@@ -64,15 +64,29 @@ absl::Status CheckReservationSizes(const v1::Reservation& reservation, const Reg
   return absl::OkStatus();
 }
 
-void SealHeader(const model::SequenceState& state, v1::StateHeader& header) {
-  const RegionSizes sizes = RegionSizesFor(state.layout(), header.prompt_len());
-  header.set_format_version(kStateFormatVersion);
-  header.set_producer_swa_bytes(sizes.producer_swa);
-  header.set_consumer_swa_bytes(sizes.consumer_swa);
-  header.set_block_kv_bytes(sizes.block_kv);
-  header.set_producer_swa_checksum(Checksum(state.producer_swa(), sizes.producer_swa));
-  header.set_consumer_swa_checksum(Checksum(state.consumer_swa(), sizes.consumer_swa));
-  header.set_block_kv_checksum(BlockKvChecksum(state, sizes));
+v1::StateHeader BuildHeader(const v1::PrefillRequest& request, std::string_view fingerprint,
+                            const model::PrefillResult& result, const model::SampledToken& first,
+                            const model::SequenceState& state) {
+  v1::StateHeader h;
+  h.set_model_fingerprint(std::string(fingerprint));
+  h.set_request_id(request.request().request_id());
+  h.set_reservation_id(request.reservation().reservation_id());
+  h.set_prompt_len(static_cast<uint32_t>(request.request().prompt_token_ids_size()));
+  h.set_s_valid(request.s_valid());
+  h.set_mode(request.mode());
+  h.set_keep(request.keep());
+  h.set_first_token(first.token);
+  h.set_first_logprob(first.logprob);
+  h.set_replayed_rows(static_cast<uint32_t>(result.consumer_rows));
+  const RegionSizes sizes = RegionSizesFor(state.layout(), h.prompt_len());
+  h.set_format_version(kStateFormatVersion);
+  h.set_producer_swa_bytes(sizes.producer_swa);
+  h.set_consumer_swa_bytes(sizes.consumer_swa);
+  h.set_block_kv_bytes(sizes.block_kv);
+  h.set_producer_swa_checksum(Checksum(state.producer_swa(), sizes.producer_swa));
+  h.set_consumer_swa_checksum(Checksum(state.consumer_swa(), sizes.consumer_swa));
+  h.set_block_kv_checksum(BlockKvChecksum(state, sizes));
+  return h;
 }
 
 absl::Status VerifyHeader(const v1::StateHeader& h, std::string_view fingerprint,

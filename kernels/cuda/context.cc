@@ -1,7 +1,6 @@
 #include "baton/kernels/cuda/context.h"
 
 #include <algorithm>
-#include <cstdlib>
 
 #include "absl/strings/str_cat.h"
 #include "context_impl.h"
@@ -78,18 +77,6 @@ void* Grow(Context::Impl& impl, void*& buffer, size_t& size, size_t bytes, Memor
 }
 
 }  // namespace
-
-absl::StatusOr<PrefillAttention> ParsePrefillAttention(const std::string& name,
-                                                       const std::string& what) {
-  if (name == "simple") return PrefillAttention::kSimple;
-  if (name == "gemm") return PrefillAttention::kGemm;
-  return absl::InvalidArgumentError(
-      absl::StrCat(what, ": '", name, "' is unknown; allowed: simple, gemm"));
-}
-
-const char* PrefillAttentionName(PrefillAttention mode) {
-  return mode == PrefillAttention::kGemm ? "gemm" : "simple";
-}
 
 void* Context::Impl::Scratch(size_t bytes) {
   return Grow(*this, scratch, scratch_bytes, bytes, Memory::kDevice, "cudaMalloc (scratch)");
@@ -181,16 +168,10 @@ absl::StatusOr<std::unique_ptr<Context::Graph>> Context::Capture(
   return std::unique_ptr<Graph>(new Graph(std::move(state)));
 }
 
-absl::StatusOr<std::unique_ptr<Context>> Context::Create(int device) {
+absl::StatusOr<std::unique_ptr<Context>> Context::Create(int device, const CudaOptions& options) {
   auto impl = std::make_unique<Impl>();
   impl->device = device;
-  if (const char* name = std::getenv("BATON_CUDA_PREFILL_ATTENTION");
-      name != nullptr && *name != '\0') {
-    absl::StatusOr<PrefillAttention> mode =
-        ParsePrefillAttention(name, "BATON_CUDA_PREFILL_ATTENTION");
-    if (!mode.ok()) return mode.status();
-    impl->prefill_attention = *mode;
-  }
+  impl->prefill_attention = options.prefill_attention;
   auto fail = [&](const std::string& what) {
     return absl::FailedPreconditionError(
         absl::StrCat("CUDA context on device ", device, ": ", what));

@@ -69,8 +69,9 @@ class CudaBackend : public Backend {
 }  // namespace
 }  // namespace baton::model::cuda
 
-extern "C" baton::model::Backend* BatonMakeCudaBackend(int ordinal, char* error,
-                                                       size_t error_bytes) {
+extern "C" baton::model::Backend* BatonMakeCudaBackend(int ordinal,
+                                                       const baton::kernels::CudaOptions* options,
+                                                       char* error, size_t error_bytes) {
   namespace kc = baton::kernels::cuda;
   auto fail = [&](const std::string& reason) -> baton::model::Backend* {
     if (error_bytes > 0) {
@@ -81,7 +82,7 @@ extern "C" baton::model::Backend* BatonMakeCudaBackend(int ordinal, char* error,
     return nullptr;
   };
   if (kc::DeviceCount() == 0) return fail(absl::StrCat("no CUDA device: ", kc::NoDeviceReason()));
-  absl::StatusOr<std::unique_ptr<kc::Context>> ctx = kc::Context::Create(ordinal);
+  absl::StatusOr<std::unique_ptr<kc::Context>> ctx = kc::Context::Create(ordinal, *options);
   if (!ctx.ok()) return fail(std::string(ctx.status().message()));
   return new baton::model::cuda::CudaBackend(*std::move(ctx));
 }

@@ -1,7 +1,8 @@
-// `--device` on baton-prefill, baton-decode and `baton up`: a device the build or machine
-// cannot provide, or an unknown name, stops the binary at start with exit status 2 and a
-// message naming the flag and the reason. (Serving on a GPU is checked where there is one:
-// tests/model/engine_backends_test and bench/run_gpu_checks.sh.)
+// `--device`, `--weights` and `--cuda-prefill-attention` on baton-prefill, baton-decode and
+// `baton up`: a device the build or machine cannot provide, or an unknown name, stops the binary
+// at start with exit status 2 and a message naming the flag (or variable) and the reason. (Serving
+// on a GPU is checked where there is one: tests/model/engine_backends_test and
+// bench/run_gpu_checks.sh.)
 #include <sys/wait.h>
 
 #include <array>
@@ -71,7 +72,9 @@ class DeviceFlagTest : public ::testing::Test {
 TEST_F(DeviceFlagTest, AnUnknownDeviceOrWeightTypeIsRefusedByName) {
   const std::vector<std::array<std::string, 3>> cases = {
       {"--device", "tpu", "--device: 'tpu' is unknown; allowed: cpu, cuda"},
-      {"--weights", "fp16", "--weights: 'fp16' is unknown; allowed: fp32, bf16"}};
+      {"--weights", "fp16", "--weights: 'fp16' is unknown; allowed: fp32, bf16"},
+      {"--cuda-prefill-attention", "flash",
+       "--cuda-prefill-attention: 'flash' is unknown; allowed: simple, gemm"}};
   for (const auto& [flag, value, message] : cases) {
     for (std::vector<std::string> command : Commands()) {
       command.insert(command.end(), {flag, value});
@@ -80,6 +83,21 @@ TEST_F(DeviceFlagTest, AnUnknownDeviceOrWeightTypeIsRefusedByName) {
       EXPECT_THAT(exit.output, HasSubstr(message)) << command[0];
     }
   }
+}
+
+// The variable is read once, at start-up, by every binary that makes a backend (and by `baton
+// up` before it starts a child): a name no kernel has stops it, naming the variable.
+TEST_F(DeviceFlagTest, AnUnknownPrefillAttentionInTheEnvironmentIsRefusedByName) {
+  ASSERT_EQ(setenv("BATON_CUDA_PREFILL_ATTENTION", "flash", 1), 0);
+  for (const std::vector<std::string>& command : Commands()) {
+    const Exit exit = RunToExit(command);
+    EXPECT_EQ(exit.status, 2) << command[0] << ": " << exit.output;
+    EXPECT_THAT(
+        exit.output,
+        HasSubstr("BATON_CUDA_PREFILL_ATTENTION: 'flash' is unknown; allowed: simple, gemm"))
+        << command[0];
+  }
+  ASSERT_EQ(unsetenv("BATON_CUDA_PREFILL_ATTENTION"), 0);
 }
 
 TEST_F(DeviceFlagTest, CudaWithoutACudaBuildOrDeviceExitsTwoNamingWhy) {

@@ -1,16 +1,29 @@
-// The backend ops' test inputs, shared by the CPU op test (cpu_ops_test.cc, against naive
-// references) and the CPU/CUDA consistency harness (cuda_consistency_test.cc), so that both
-// run the same op list over the same cases.
+// The one list of kernel op cases (STYLE rule 4; llama.cpp's test-backend-ops). Every case
+// makes its inputs from fixed seeds, computes its reference in double precision, and runs itself
+// on any model::Backend through backend memory only (Allocate, CopyIn, the op, CopyOut,
+// Synchronize), so that backend_ops_test.cc runs each case on the CPU at every instruction-set
+// level and on CUDA with the same code. Each case carries its tolerances: the CPU's against the
+// reference, and the CUDA backend's against the CPU (what the CPU/CUDA consistency harness held
+// it to before the harnesses were one).
+//
+// The inputs of the ops that model::Backend does not carry (ToBf16, GemmBf16, PackWeights) and
+// of the CPU-only and CUDA-only tests (cuda_consistency_test.cc) come from here too, so that a
+// property tested on one backend alone is tested on the same data as the list.
 #pragma once
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "baton/kernels/attention.h"
+#include "baton/kernels/gemm.h"
+#include "baton/model/backend.h"
 
 namespace baton::kernels::op_cases {
 
@@ -28,6 +41,16 @@ inline std::vector<float> Uniform(size_t n, uint64_t seed, float lo = -1.0f, flo
     x = lo + (hi - lo) * unit;
   }
   return v;
+}
+
+// A float from its bit pattern, and a BF16 value widened exactly (its bits are the upper half).
+inline float FromBits(uint32_t bits) {
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+inline float Bf16ToFloat(Bf16 v) {
+  return FromBits(static_cast<uint32_t>(v) << 16);
 }
 
 // |expected - actual| <= atol + rtol * |expected| everywhere (NaN only where expected is NaN,
@@ -57,6 +80,131 @@ inline void ExpectClose(const std::vector<float>& expected, const std::vector<fl
                                << ", got " << actual[worst] << " (atol " << atol << ", rtol "
                                << rtol << ")";
 }
+
+// |actual - expected| <= atol + rtol * |expected|; {0, 0} is bit-for-bit equality (up to the
+// sign of zero and the payload of NaN).
+struct Tolerance {
+  float atol = 0.0f;
+  float rtol = 0.0f;
+};
+
+// What holds when a is within `to_b` = (ta, ra) of b and b within `to_reference` = (tb, rb) of
+// the reference: |a - ref| <= |a - b| + |b - ref| <= ta + ra |b| + tb + rb |ref|, and
+// |b| <= (1 + rb) |ref| + tb.
+inline Tolerance Chained(Tolerance to_b, Tolerance to_reference) {
+  return {to_b.atol + to_reference.atol * (1.0f + to_b.rtol),
+          to_b.rtol + to_reference.rtol + to_b.rtol * to_reference.rtol};
+}
+
+// One output array of a case (a buffer as the op left it, padding included), by name.
+struct Output {
+  std::string what;
+  std::vector<float> values;
+};
+
+// Every output of `actual` within `tolerance` of the same output of `expected`.
+inline void ExpectOutputsClose(const std::vector<Output>& expected,
+                               const std::vector<Output>& actual, Tolerance tolerance,
+                               const std::string& what) {
+  ASSERT_EQ(expected.size(), actual.size()) << what;
+  for (size_t i = 0; i < expected.size(); ++i) {
+    ASSERT_EQ(expected[i].what, actual[i].what) << what;
+    ExpectClose(expected[i].values, actual[i].values, tolerance.atol, tolerance.rtol,
+                what + ", " + expected[i].what);
+  }
+}
+
+// One op call (or a short sequence of calls on the same buffers, such as RoPE over an array of
+// positions rewritten in place) over inputs made when the case is made.
+class OpCase {
+ public:
+  virtual ~OpCase() = default;
+  // The outputs by definition, computed in double on the host.
+  virtual std::vector<Output> Reference() const = 0;
+  // Copies the inputs into `backend`'s memory, runs the op there and copies the outputs back.
+  virtual std::vector<Output> Run(model::Backend& backend) const = 0;
+};
+
+// An entry of the list: its name and tolerances are known before its inputs exist (the decode
+// cases hold gigabytes of block-KV pages, made only by the test that runs them).
+struct OpCaseSpec {
+  std::string name;       // letters, digits and '_': part of the test's name
+  bool cpu_only = false;  // GemmParams' CPU-only fields (BF16 or packed W, fused SwiGLU)
+  Tolerance cpu;          // the CPU against the reference
+  Tolerance cuda;         // the CUDA backend against the CPU
+  std::function<std::unique_ptr<OpCase>()> make;
+};
+
+// Every case, in a fixed order.
+std::vector<OpCaseSpec> OpCases();
+
+// ---- Inputs shared with the tests of one backend.
+
+// Y [rows, out] = X [rows, in] W^T + beta Y, with row strides (0: dense).
+struct GemmShape {
+  int64_t rows = 0, in = 0, out = 0;
+  int64_t x_stride = 0, y_stride = 0;
+  float beta = 0.0f;
+};
+struct GemmData {
+  std::vector<float> x, w, y;  // y: Y before the call
+};
+GemmData MakeGemmData(const GemmShape& s);
+// FP32 GEMM shapes of the list: whole and partial tiles of every CPU level (rows past 6 and 2,
+// panels past 4 and outputs past the last whole panel of 16), blocks of 96 rows, strides, beta.
+std::vector<GemmShape> GemmTileShapes();
+// A decode batch of 101 rows: tiles of every height, two blocks of rows (one of GemmTileShapes).
+inline constexpr GemmShape kDecodeBatchGemm{.rows = 101, .in = 200, .out = 37};
+// Model-sized products (K up to 4096), X and Y with padded rows.
+std::vector<GemmShape> GemmModelShapes();
+
+// W [37, 203] (seed 9), rounded to BF16 by ToBf16, and that widened back to FP32 exactly; X and
+// Y for a number of rows.
+struct Bf16WeightsData {
+  int64_t in = 203, out = 37;
+  std::vector<float> w, widened;
+  std::vector<Bf16> narrow;
+};
+Bf16WeightsData MakeBf16WeightsData();
+std::vector<float> Bf16WeightsX(const Bf16WeightsData& d, int64_t rows);
+std::vector<float> Bf16WeightsY(const Bf16WeightsData& d, int64_t rows);
+// Row counts for BF16 weights: one decode row, a few, tiles, and blocks of 96 rows.
+inline const std::vector<int64_t> kBf16WeightsRows = {1, 7, 32, 70, 130};
+
+// A SwiGLU MLP's gate_up [2 * 48, 70] (seed 50) and its X for a number of rows.
+struct SwiGluGemmData {
+  int64_t inter = 48, in = 70;
+  std::vector<float> w;
+  std::vector<Bf16> narrow;  // w rounded to BF16
+};
+SwiGluGemmData MakeSwiGluGemmData();
+std::vector<float> SwiGluGemmX(const SwiGluGemmData& d, int64_t rows);
+// Row counts for the fused product: pairs of panels split unevenly over the threads, blocks of
+// 96 rows.
+inline const std::vector<int64_t> kSwiGluGemmRows = {1, 2, 5, 7, 64, 130};
+
+// 10,000 values in [-1e4, 1e4), then, from index 10,000: ties exactly half a BF16 ulp above an
+// even and an odd mantissa, a value just above a tie, infinities, NaNs (quiet, and signalling
+// with its payload in the low bits), zeros of both signs, the largest float (rounds to
+// infinity), a value whose lower 16 bits are all ones and the smallest subnormal.
+std::vector<float> Bf16RoundingInputs();
+
+// GemmBf16: BF16 X [rows, in] (row stride x_stride) and W, FP32 Y with beta 1.
+struct GemmBf16Shape {
+  int64_t rows = 0, in = 0, out = 0, x_stride = 0;
+};
+struct GemmBf16Data {
+  std::vector<Bf16> x, w;
+  std::vector<float> y;  // Y before the call
+};
+std::vector<GemmBf16Shape> GemmBf16Shapes();
+GemmBf16Data MakeGemmBf16Data(const GemmBf16Shape& s);
+// Y after the call by definition (products of the BF16 values, summed in double), and as the
+// CPU's GemmBf16 leaves it.
+std::vector<float> GemmBf16Reference(const GemmBf16Shape& s, const GemmBf16Data& d);
+std::vector<float> GemmBf16OnTheCpu(const GemmBf16Shape& s, const GemmBf16Data& d);
+
+// ---- Attention.
 
 // One attention entry's host data: q/k/v rows as the model lays them out (q, then this row's K
 // and V in one qkv row), a ring of C slots for earlier SWA positions, optional block-KV pages.

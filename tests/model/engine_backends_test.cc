@@ -283,5 +283,36 @@ TEST_F(EngineBackendsTest, AllocatedDeviceMemoryStartsZeroedAfterReuse) {
   EXPECT_TRUE((*backend)->Synchronize().ok());
 }
 
+// The CUDA backend's options as a program settles them at start-up: the flag, else the
+// environment's variable, else the default; an unknown name is refused naming where it came
+// from. No device is needed: the options are settled before a backend is made.
+TEST(CudaOptionsTest, TheFlagThenTheVariableThenTheDefault) {
+  using kernels::PrefillAttention;
+  ASSERT_EQ(unsetenv(kernels::kPrefillAttentionVariable), 0);
+  EXPECT_EQ(CudaOptionsFrom("", "--flag")->prefill_attention, PrefillAttention::kSimple);
+  EXPECT_EQ(CudaOptionsFrom("gemm", "--flag")->prefill_attention, PrefillAttention::kGemm);
+
+  ASSERT_EQ(setenv(kernels::kPrefillAttentionVariable, "gemm", 1), 0);
+  EXPECT_EQ(CudaOptionsFrom("", "--flag")->prefill_attention, PrefillAttention::kGemm);
+  EXPECT_EQ(CudaOptionsFrom("simple", "--flag")->prefill_attention, PrefillAttention::kSimple);
+
+  ASSERT_EQ(setenv(kernels::kPrefillAttentionVariable, "flash", 1), 0);
+  const absl::StatusOr<kernels::CudaOptions> from_variable = CudaOptionsFrom("", "--flag");
+  EXPECT_EQ(from_variable.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(from_variable.status().message().find(
+                "BATON_CUDA_PREFILL_ATTENTION: 'flash' is unknown; allowed: simple, gemm"),
+            std::string::npos)
+      << from_variable.status();
+  EXPECT_TRUE(CudaOptionsFrom("gemm", "--flag").ok()) << "the flag is read, not the variable";
+  ASSERT_EQ(unsetenv(kernels::kPrefillAttentionVariable), 0);
+
+  const absl::StatusOr<kernels::CudaOptions> from_flag = CudaOptionsFrom("flash", "--flag");
+  EXPECT_EQ(from_flag.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(from_flag.status().message().find("--flag: 'flash' is unknown"), std::string::npos)
+      << from_flag.status();
+  EXPECT_STREQ(kernels::PrefillAttentionName(PrefillAttention::kGemm), "gemm");
+  EXPECT_STREQ(kernels::PrefillAttentionName(PrefillAttention::kSimple), "simple");
+}
+
 }  // namespace
 }  // namespace baton::model

@@ -51,10 +51,12 @@ grep -qE '^unpack +ok' "$summary" || fail "unpack: $(cat "$summary")"
 grep -qE '^ldd +ok' "$summary" || fail "ldd: $(cat "$summary")"
 grep -qE '^forward +FAILED' "$summary" || fail "forward did not fail without a device"
 grep -q "no CUDA device" "$summary" || fail "the forward failure does not name the missing device"
-listed=$("$build/tests/kernels/cuda_consistency_test" --gtest_list_tests | grep -c '^  ')
+listed=$("$build/tests/kernels/backend_ops_test" --gtest_list_tests --gtest_filter='*_on_cuda' |
+  grep -c '^  ')
+listed=$((listed + $("$build/tests/kernels/cuda_consistency_test" --gtest_list_tests | grep -c '^  ')))
 listed=$((listed + $("$build/tests/model/engine_backends_test" --gtest_list_tests | grep -c '^  ')))
-ran=$(grep -cE '^  [A-Za-z]+Test\.[A-Za-z0-9_]+ +(SKIPPED|ok) ' "$summary")
-skipped=$(grep -cE '^  [A-Za-z]+Test\.[A-Za-z0-9_]+ +SKIPPED ' "$summary")
+ran=$(grep -cE '^  [A-Za-z0-9_/]+Test\.[A-Za-z0-9_/]+ +(SKIPPED|ok) ' "$summary")
+skipped=$(grep -cE '^  [A-Za-z0-9_/]+Test\.[A-Za-z0-9_/]+ +SKIPPED ' "$summary")
 [[ $ran -eq $listed && $skipped -gt 0 ]] ||
   fail "$ran tests passed or skipped ($skipped skipped) in the summary, $listed listed"
 logged=$(tar -tJf "$tmp/out/gpu-logs.tar.xz" | grep -c '^logs/tests/.*\.log$')

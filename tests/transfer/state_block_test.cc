@@ -1,6 +1,7 @@
-// The StateBlock module: a sealed header verifies against the state it was sealed from and
-// fails, naming the region, when any byte of a region changes; header fields outside what was
-// reserved are refused; store payloads of a block load back where they came from.
+// The StateBlock module: a header takes each field from the request, the model and the
+// prefill's result; it verifies against the state it was sealed from and fails, naming the
+// region, when any byte of a region changes; header fields outside what was reserved are
+// refused; store payloads of a block load back where they came from.
 #include "baton/transfer/state_block.h"
 
 #include <numeric>
@@ -32,13 +33,14 @@ class StateBlockTest : public ::testing::Test {
     }
     return state;
   }
+  // A prefill request of `prompt_len` prompt tokens.
+  static v1::PrefillRequest Request(uint32_t prompt_len) {
+    v1::PrefillRequest request;
+    for (uint32_t i = 0; i < prompt_len; ++i) request.mutable_request()->add_prompt_token_ids(7);
+    return request;
+  }
   v1::StateHeader Sealed(const model::SequenceState& state, uint32_t prompt_len) {
-    v1::StateHeader h;
-    h.set_model_fingerprint("fp");
-    h.set_prompt_len(prompt_len);
-    h.set_first_token(3);
-    SealHeader(state, h);
-    return h;
+    return BuildHeader(Request(prompt_len), "fp", model::PrefillResult{}, {.token = 3}, state);
   }
 
   model::StateLayout layout_;
@@ -73,6 +75,46 @@ TEST_F(StateBlockTest, AReservationsSizesAreCheckedAgainstThePrompt) {
     if (field == 3) changed.set_page_bytes(changed.page_bytes() * 2);
     EXPECT_FALSE(CheckReservationSizes(changed, RegionSizesFor(layout_, 40)).ok()) << field;
   }
+}
+
+// Every descriptive field comes from the request, the model or the prefill's result, each from
+// its own source (distinct values, so that a field taken from the wrong one fails).
+TEST_F(StateBlockTest, TheHeaderIsBuiltFromTheRequestTheModelAndTheResult) {
+  auto state = Filled(40, 1.0f);
+  v1::PrefillRequest request = Request(40);
+  request.mutable_request()->set_request_id("request-1");
+  request.mutable_reservation()->set_reservation_id("reservation-2");
+  request.set_s_valid(16);
+  request.set_mode(v1::TRUNCATION_MODE_MASK);
+  request.set_keep(8);
+  request.set_completed_tokens(5);  // already among the 40 prompt tokens, not added to them
+  model::PrefillResult result;
+  result.consumer_rows = 24;
+  const model::SampledToken first{.token = 3, .logprob = -0.25f};
+  const v1::StateHeader h = BuildHeader(request, "fp", result, first, *state);
+  EXPECT_EQ(h.format_version(), kStateFormatVersion);
+  EXPECT_EQ(h.model_fingerprint(), "fp");
+  EXPECT_EQ(h.request_id(), "request-1");
+  EXPECT_EQ(h.reservation_id(), "reservation-2");
+  EXPECT_EQ(h.prompt_len(), 40u);
+  EXPECT_EQ(h.s_valid(), 16u);
+  EXPECT_EQ(h.mode(), v1::TRUNCATION_MODE_MASK);
+  EXPECT_EQ(h.keep(), 8u);
+  EXPECT_EQ(h.first_token(), 3);
+  EXPECT_EQ(h.first_logprob(), -0.25f);
+  EXPECT_EQ(h.replayed_rows(), 24u);
+  const RegionSizes sizes = RegionSizesFor(layout_, 40);
+  EXPECT_EQ(h.producer_swa_bytes(), sizes.producer_swa);
+  EXPECT_EQ(h.consumer_swa_bytes(), sizes.consumer_swa);
+  EXPECT_EQ(h.block_kv_bytes(), sizes.block_kv);
+  // What the decode node that reserved the prompt accepts, regions and all.
+  EXPECT_TRUE(VerifyHeader(h, "fp", 40, 512).ok());
+  EXPECT_TRUE(VerifyRegions(h, *state).ok());
+  // The checksums are over the state: another state's regions give other ones.
+  const v1::StateHeader other = BuildHeader(request, "fp", result, first, *Filled(40, 2.0f));
+  EXPECT_NE(other.producer_swa_checksum(), h.producer_swa_checksum());
+  EXPECT_NE(other.consumer_swa_checksum(), h.consumer_swa_checksum());
+  EXPECT_NE(other.block_kv_checksum(), h.block_kv_checksum());
 }
 
 TEST_F(StateBlockTest, ASealedHeaderVerifiesAndAnyChangedByteFailsItsRegion) {

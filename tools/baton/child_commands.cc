@@ -47,7 +47,7 @@ ChildCommand ChildCommands::Decode(int i, const std::string& router_internal) co
                                    "--pages",   std::to_string(options_.decode_pages),
                                    "--device",  options_.device,
                                    "--weights", options_.weights};
-  args.insert(args.end(), model_.name_flags.begin(), model_.name_flags.end());
+  AppendModelFlags(args);
   return Make(name, "decode", std::move(args));
 }
 
@@ -57,8 +57,15 @@ ChildCommand ChildCommands::Prefill(int i, const std::string& router_internal,
   std::vector<std::string> args = {
       "--model",   model_.dir, "--router", router_internal, "--node-id", name,
       "--kvstore", kvstore,    "--device", options_.device, "--weights", options_.weights};
-  args.insert(args.end(), model_.name_flags.begin(), model_.name_flags.end());
+  AppendModelFlags(args);
   return Make(name, "prefill", std::move(args));
+}
+
+void ChildCommands::AppendModelFlags(std::vector<std::string>& args) const {
+  if (!options_.cuda_prefill_attention.empty()) {
+    args.insert(args.end(), {"--cuda-prefill-attention", options_.cuda_prefill_attention});
+  }
+  args.insert(args.end(), model_.name_flags.begin(), model_.name_flags.end());
 }
 
 ChildCommand ChildCommands::Make(const std::string& name, const std::string& role,

@@ -57,6 +57,9 @@ int main(int argc, char** argv) {
   up->add_option("--weights", options.weights,
                  "How the nodes hold the model's weight matrices: fp32, or bf16 (--device cpu "
                  "only)");
+  up->add_option("--cuda-prefill-attention", options.cuda_prefill_attention,
+                 "With --device cuda, the nodes' kernel for prefill chunks' attention: simple or "
+                 "gemm (default: the environment's BATON_CUDA_PREFILL_ATTENTION, else simple)");
   up->add_option("--prefill-nodes", options.prefill_nodes,
                  "baton-prefill processes to run (1 to 16)")
       ->check(CLI::Range(1, 16));

@@ -39,6 +39,11 @@ absl::Status CheckWeightsFlag(const std::string& weights, const std::string& dev
 absl::Status CheckDevice(const LaunchOptions& options) {
   if (absl::Status s = CheckDeviceFlag(options.device); !s.ok()) return s;
   if (absl::Status s = CheckWeightsFlag(options.weights, options.device); !s.ok()) return s;
+  if (absl::StatusOr<kernels::CudaOptions> cuda =
+          model::CudaOptionsFrom(options.cuda_prefill_attention, "--cuda-prefill-attention");
+      !cuda.ok()) {
+    return cuda.status();
+  }
   // The nodes would refuse a UCX_TLS that serves RMA over TCP; say so once.
   if (options.transport == "ucx") {
     if (auto transports = transfer::UcxTransports(std::getenv("UCX_TLS"), false);

@@ -20,6 +20,7 @@
 #include "absl/strings/str_format.h"
 #include "baton/common/ced_rules.h"
 #include "baton/model/engine_factory.h"
+#include "baton/node/node_main.h"
 #include "baton/text/tokenizer.h"
 #include "commands.h"
 #include "document_tokens.h"
@@ -37,7 +38,7 @@ struct EvalOptions {
   int64_t context = 512;
   int64_t prompt_len = -1;  // -1: half the context
   int64_t batch = 16;
-  std::string device = "cpu";
+  model::DeviceFlags device;
   bool json = false;
 };
 
@@ -53,7 +54,7 @@ int RunEval(const EvalOptions& o) {
   absl::StatusOr<model::TruncationMode> mode = model::ParseTruncationMode(o.mode, "--mode");
   if (!mode.ok()) return ReportError("eval", mode.status());
   absl::StatusOr<std::unique_ptr<model::Engine>> loaded =
-      model::LoadEngineOnDevice(o.model_dir, o.device, "fp32");
+      model::LoadEngineOnDevice(o.model_dir, o.device);
   if (!loaded.ok()) return ReportError("eval", loaded.status());
   model::Engine& ced = **loaded;
   const ModelConfig& config = ced.config();
@@ -167,7 +168,7 @@ Command AddEvalCommand(CLI::App& app) {
   command->add_option("--prompt-len", o->prompt_len,
                       "Prompt tokens per window; the rest are scored (default: half the window)");
   command->add_option("--batch", o->batch, "Windows decoded together (default 16)");
-  command->add_option("--device", o->device, "cpu (default) or cuda");
+  node::AddDeviceFlags(*command, o->device);
   command->add_flag("--json", o->json, "Print one JSON object");
   return {command, [o] { return RunEval(*o); }};
 }

@@ -11,6 +11,7 @@
 #include "baton/common/parse.h"
 #include "baton/model/engine_factory.h"
 #include "baton/model/model_factory.h"
+#include "baton/node/node_main.h"
 #include "commands.h"
 #include "nlohmann/json.hpp"
 
@@ -66,8 +67,7 @@ struct ForwardOptions {
   int64_t chunk_size = 0;
   int64_t valid_start = 0;
   int64_t decode = 0;
-  std::string device = "cpu";
-  std::string weights = "fp32";
+  model::DeviceFlags device;
   bool json = false;
 };
 
@@ -89,7 +89,7 @@ int RunForward(const ForwardOptions& o) {
                                       absl::StrCat("--decode is ", o.decode, "; it must be >= 0")));
   }
   absl::StatusOr<std::unique_ptr<model::Engine>> engine =
-      model::LoadEngineOnDevice(o.model_dir, o.device, o.weights);
+      model::LoadEngineOnDevice(o.model_dir, o.device);
   if (!engine.ok()) return ReportError("forward", engine.status());
   absl::StatusOr<std::unique_ptr<model::SequenceState>> state = (*engine)->NewState();
   if (!state.ok()) return ReportError("forward", state.status());
@@ -170,10 +170,7 @@ Command AddForwardCommand(CLI::App& app) {
   command->add_option("--valid-start", o->valid_start,
                       "s_valid: consumers start here, as after a prefix hit of V tokens");
   command->add_option("--decode", o->decode, "Greedy tokens to generate after the prompt");
-  command->add_option("--device", o->device,
-                      "cpu (default) or cuda (needs a CUDA build and a device)");
-  command->add_option("--weights", o->weights,
-                      "fp32 (default) or bf16 (weight matrices rounded to BF16; --device cpu)");
+  node::AddDeviceFlags(*command, o->device);
   command->add_flag("--json", o->json, "Print one JSON object");
   return {command, [o] { return RunForward(*o); }};
 }

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
@@ -17,22 +18,24 @@ namespace baton {
 
 inline constexpr uint64_t kMaxRequestIdBytes = 256;
 inline constexpr uint64_t kMaxCacheSaltBytes = 256;
-inline constexpr uint64_t kMaxTenantBytes = 64;        // API key tenants (common/api_keys.h)
-inline constexpr uint64_t kMaxIdentityBytes = 512;     // certificate identities (SPIFFE ids)
-inline constexpr uint64_t kMaxAddressBytes = 512;      // host:port of a node
-inline constexpr uint64_t kMaxNodeIdBytes = 256;       // a node's name at the router
-inline constexpr uint64_t kMaxFingerprintBytes = 128;  // a model fingerprint (hex digest)
-inline constexpr uint64_t kMaxModelNameBytes = 256;    // a served model's name
+inline constexpr uint64_t kMaxTenantBytes = 64;            // API key tenants (common/api_keys.h)
+inline constexpr uint64_t kMaxIdentityBytes = 512;         // certificate identities (SPIFFE ids)
+inline constexpr uint64_t kMaxAddressBytes = 512;          // host:port of a node
+inline constexpr uint64_t kMaxNodeIdBytes = 256;           // a node's name at the router
+inline constexpr uint64_t kMaxFingerprintBytes = 128;      // a model fingerprint (hex digest)
+inline constexpr uint64_t kMaxModelNameBytes = 256;        // a served model's name
 inline constexpr uint64_t kMaxUcxAddressBytes = 64 << 10;  // a UCX worker address
 inline constexpr int kMaxStopTokenIds = 64;
 inline constexpr int kMaxStopStrings = 16;
 inline constexpr uint64_t kMaxStopStringBytes = 256;
 
-// A stop string holds 1 to kMaxStopStringBytes bytes: CheckSampling's rule, which the router's
-// OpenAI front applies first with the client's field name in its error.
-constexpr bool StopStringLengthFits(uint64_t bytes) {
-  return bytes >= 1 && bytes <= kMaxStopStringBytes;
-}
+// The stop strings' rule: at most kMaxStopStrings, each of 1 to kMaxStopStringBytes bytes.
+// The error names `field`, and a string at fault as `field`[i] when `name_index`: CheckSampling
+// names sampling.stop[i]; the router's OpenAI front, which applies the rule first, names its
+// client's "stop" whole, as the client may have written one string and not a list.
+absl::Status CheckStopStrings(absl::string_view field,
+                              const google::protobuf::RepeatedPtrField<std::string>& stop,
+                              bool name_index);
 
 // `value` is at most `max_bytes` bytes.
 absl::Status CheckBytes(absl::string_view field, absl::string_view value, uint64_t max_bytes);
@@ -40,9 +43,9 @@ absl::Status CheckBytes(absl::string_view field, absl::string_view value, uint64
 // At most kMaxRequestIdBytes bytes (empty is the caller's rule: the router makes one).
 absl::Status CheckRequestId(absl::string_view field, absl::string_view id);
 
-// At most kMaxStopTokenIds stop ids, each in the vocabulary; at most kMaxStopStrings stop
-// strings of 1 to kMaxStopStringBytes bytes; temperature >= 0 and top_p in
-// [0, 1] (NaN refused). `field` prefixes the message, e.g. "sampling".
+// At most kMaxStopTokenIds stop ids, each in the vocabulary; the stop strings' rule
+// (CheckStopStrings); temperature >= 0 and top_p in [0, 1] (NaN refused). `field` prefixes the
+// message, e.g. "sampling".
 absl::Status CheckSampling(absl::string_view field, const v1::SamplingParams& sampling,
                            const ModelConfig& config);
 

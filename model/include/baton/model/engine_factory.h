@@ -7,27 +7,42 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "baton/kernels/backend_options.h"
 #include "baton/model/backend.h"
 #include "baton/model/engine.h"
 
 namespace baton::model {
 
-// The backend for `device` (CUDA: device `ordinal`). FAILED_PRECONDITION naming why when this
-// build or this machine cannot provide it ("this build has no CUDA backend", or the CUDA
-// runtime's reason for seeing no device).
-absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(Device device, int ordinal = 0);
+// The backend for `device` (CUDA: device `ordinal`, made with `cuda`). FAILED_PRECONDITION
+// naming why when this build or this machine cannot provide it ("this build has no CUDA
+// backend", or the CUDA runtime's reason for seeing no device).
+absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(Device device, int ordinal = 0,
+                                                     const kernels::CudaOptions& cuda = {});
 
 // Loads `model_dir` onto a fresh backend for `device`, its matrices held as `weight_type`.
 absl::StatusOr<std::unique_ptr<Engine>> LoadEngine(const std::string& model_dir,
                                                    Device device = Device::kCpu,
                                                    WeightType weight_type = WeightType::kFp32);
 
-// What a binary's `--device` and `--weights` flags do: parses `device` ("cpu" or "cuda") and
-// `weights` ("fp32" or "bf16") and loads the model there. An unknown name, a device this build
-// or machine cannot provide, or BF16 weights on CUDA is INVALID_ARGUMENT naming the flag and the
-// reason (the binaries exit 2 on it).
+// A binary's `--device`, `--weights` and `--cuda-prefill-attention` flags as given (after its
+// config file, which sets the same fields).
+struct DeviceFlags {
+  std::string device = "cpu";          // "cpu" or "cuda"
+  std::string weights = "fp32";        // "fp32" or "bf16"
+  std::string cuda_prefill_attention;  // "simple" or "gemm"; "": kPrefillAttentionVariable
+};
+
+// The CUDA backend's options from `prefill_attention` (a flag's value, named `flag` in errors),
+// else from the environment variable kPrefillAttentionVariable, else the defaults: the one place
+// a program reads that variable. INVALID_ARGUMENT naming the flag or the variable for an unknown
+// name.
+absl::StatusOr<kernels::CudaOptions> CudaOptionsFrom(const std::string& prefill_attention,
+                                                     const std::string& flag);
+
+// What those flags do: parses them and loads the model there. An unknown name, a device this
+// build or machine cannot provide, or BF16 weights on CUDA is INVALID_ARGUMENT naming the flag
+// and the reason (the binaries exit 2 on it).
 absl::StatusOr<std::unique_ptr<Engine>> LoadEngineOnDevice(const std::string& model_dir,
-                                                           const std::string& device,
-                                                           const std::string& weights = "fp32");
+                                                           const DeviceFlags& flags);
 
 }  // namespace baton::model

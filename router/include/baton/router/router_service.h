@@ -99,10 +99,6 @@ using ResponseWriter = grpc::ServerWriterInterface<v1::GenerateResponse>;
 
 struct RouterMetrics;
 
-// prompt_text may hold at most this many bytes per token of --max-model-len: room for any
-// real text, and a bound on what one request can make the tokenizer read.
-inline constexpr uint32_t kPromptTextBytesPerToken = 64;
-
 class RouterService final : public v1::Generation::Service, public v1::Registry::Service {
  public:
   RouterService(const ModelConfig& config, const RouterOptions& options);

@@ -7,8 +7,8 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
-#include <span>
 #include <set>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -47,7 +47,7 @@ class Tokenizer {
   // out as text ("<s>", "</s>") become their ids; the segments between them are encoded as by
   // Encode. User-defined pieces ("<|im_start|>") are single ids in both. Only for text the
   // template itself wrote: the router encodes a message's content with EncodeAsText
-  // (router/openai.cc), so a client cannot write control tokens into a prompt.
+  // (router/prompt.cc), so a client cannot write control tokens into a prompt.
   std::vector<int32_t> EncodeWithSpecialTokens(std::string_view text) const;
   // The same, except that control texts starting at an offset in `as_text` stay plain text.
   std::vector<int32_t> EncodeWithSpecialTokens(std::string_view text,

@@ -1,6 +1,6 @@
 // The StateBlock's one home (DESIGN section 4): what a request's state is on the wire and in
 // the prefix store. Region sizes, the header (format version, fingerprint, lengths, XXH3
-// checksums) that the prefill node seals and the decode node verifies, and the payloads of one
+// checksums) that the prefill node builds and the decode node verifies, and the payloads of one
 // block in the store. The transports (UCX, gRPC) move the regions; this module says what they
 // are and whether they arrived whole.
 //
@@ -20,6 +20,8 @@
 #include <string_view>
 
 #include "absl/status/status.h"
+#include "baton/model/forward_schedule.h"
+#include "baton/model/sampling.h"
 #include "baton/model/state.h"
 #include "baton/v1/node.pb.h"
 
@@ -44,10 +46,15 @@ RegionSizes RegionSizesFor(const model::StateLayout& layout, uint64_t prompt_len
 void SetReservationSizes(const RegionSizes& sizes, v1::Reservation& reservation);
 absl::Status CheckReservationSizes(const v1::Reservation& reservation, const RegionSizes& sizes);
 
-// Completes a header whose descriptive fields (fingerprint, ids, prompt_len, s_valid, mode,
-// keep, first token, replayed rows) the caller set: the format version and every region's
-// length and checksum over `state`'s first header.prompt_len() positions.
-void SealHeader(const model::SequenceState& state, v1::StateHeader& header);
+// The header the prefill node commits for `request`, every field of it built here: the model's
+// `fingerprint`; the request's and the reservation's ids; prompt_len (the request's prompt
+// tokens, with any already streamed), s_valid, mode and keep as the request gives them; the
+// `first` token sampled and its logprob; the consumer rows `result` computed (replayed_rows);
+// and, sealed over `state`'s first prompt_len positions, the format version and every
+// region's length and checksum.
+v1::StateHeader BuildHeader(const v1::PrefillRequest& request, std::string_view fingerprint,
+                            const model::PrefillResult& result, const model::SampledToken& first,
+                            const model::SequenceState& state);
 
 // The header as the decode node that reserved `reserved_prompt_len` positions for a model of
 // `fingerprint` and `vocab_size` can accept it: FAILED_PRECONDITION for another format version

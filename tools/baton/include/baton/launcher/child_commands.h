@@ -44,6 +44,9 @@ class ChildCommands {
   ChildCommand Prefill(int i, const std::string& router_internal, const std::string& kvstore) const;
 
  private:
+  // What both node roles are told about the model beyond its directory: the CUDA prefill
+  // attention kernel when --cuda-prefill-attention was given, and the served name.
+  void AppendModelFlags(std::vector<std::string>& args) const;
   // Appends the flags every child gets to `args`; `role` names the binary (baton-<role>) and
   // the certificate.
   ChildCommand Make(const std::string& name, const std::string& role,

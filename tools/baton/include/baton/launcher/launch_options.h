@@ -30,6 +30,8 @@ struct LaunchOptions {
   int64_t decode_pages = 2048;   // --decode-pages: block-KV pages of each decode node
   std::string device = "cpu";    // --device: cpu or cuda
   std::string weights = "fp32";  // --weights: fp32 or bf16 (cpu only)
+  std::string cuda_prefill_attention;  // --cuda-prefill-attention: simple or gemm ("": the nodes'
+                                       // default, which reads BATON_CUDA_PREFILL_ATTENTION)
   uint64_t kvstore_budget = uint64_t{8} << 30;  // --kvstore-budget-bytes
 
   // Every component.

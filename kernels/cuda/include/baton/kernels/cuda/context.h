@@ -19,6 +19,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "baton/kernels/backend_options.h"
 
 namespace baton::kernels::cuda {
 
@@ -27,29 +28,19 @@ int DeviceCount();
 // A one-line reason why DeviceCount() is 0 (the runtime's error string), or "" when it is not.
 std::string NoDeviceReason();
 
-// How Attention runs entries of at least kGemmAttentionMinRows rows (prefill chunks).
-enum class PrefillAttention {
-  // One block per (row, head), FP32 on CUDA cores, one online softmax: the CPU's results to
-  // FP32 rounding. The default.
-  kSimple,
-  // Tiles of query rows per KV head through cuBLAS BF16 tensor-core GEMMs with a fused
-  // mask-and-softmax kernel between them (attention_gemm.cu): BF16 rounding of Q, K, V and
-  // the weights, about 1e-2 relative.
-  kGemm,
-};
+// How Attention runs entries of at least kGemmAttentionMinRows rows (backend_options.h).
+using PrefillAttention = kernels::PrefillAttention;
+using kernels::ParsePrefillAttention;
+using kernels::PrefillAttentionName;
 inline constexpr int64_t kGemmAttentionMinRows = 16;
-// "simple" or "gemm"; INVALID_ARGUMENT naming `what` and the allowed names otherwise.
-absl::StatusOr<PrefillAttention> ParsePrefillAttention(const std::string& name,
-                                                       const std::string& what);
-const char* PrefillAttentionName(PrefillAttention mode);
 
 class Context {
  public:
-  // Selects `device`, creates a non-blocking stream and a cuBLAS handle bound to it. The
-  // prefill attention kernel starts as BATON_CUDA_PREFILL_ATTENTION names it ("simple" when
-  // unset; another name fails Create, naming the variable), so that every program on the
-  // CUDA backend (batonctl forward, the nodes, the tests) can be switched without a flag.
-  static absl::StatusOr<std::unique_ptr<Context>> Create(int device = 0);
+  // Selects `device`, creates a non-blocking stream and a cuBLAS handle bound to it; the
+  // prefill attention kernel starts as `options` says (a program's flag or variable, settled
+  // before: backend_options.h).
+  static absl::StatusOr<std::unique_ptr<Context>> Create(int device = 0,
+                                                         const CudaOptions& options = {});
   ~Context();
   Context(const Context&) = delete;
   Context& operator=(const Context&) = delete;

@@ -6,7 +6,7 @@
 // BlockKvSource that AttentionParams::global points at live in HOST memory: the launcher reads
 // them and copies what the kernels need. Shapes and semantics are those documented in the
 // shared headers; results match the CPU backend up to summation order (and, for SwiGLU and
-// attention, CUDA's expf), which tests/kernels/cuda_consistency_test.cc checks.
+// attention, CUDA's expf), which tests/kernels/backend_ops_test.cc checks.
 //
 // Every op is queued on ctx's stream and returns at once; errors surface in
 // Context::Synchronize(). Launch-shape limits (checked, reported as errors): head_dim <= 256.

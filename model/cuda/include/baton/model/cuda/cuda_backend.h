@@ -7,9 +7,13 @@
 
 #include <cstddef>
 
+#include "baton/kernels/backend_options.h"
 #include "baton/model/backend.h"
 
-// A new CUDA backend on device `ordinal` (the caller owns it), or null with the reason in
-// `error` (NUL-terminated, at most error_bytes): no device, or the runtime's error.
-extern "C" baton::model::Backend* BatonMakeCudaBackend(int ordinal, char* error,
-                                                       size_t error_bytes);
+// A new CUDA backend on device `ordinal` made with `options` (the caller owns it), or null with
+// the reason in `error` (NUL-terminated, at most error_bytes): no device, or the runtime's
+// error. Both sides of the dlsym are built from this header in one build, so the C entry point
+// may pass the options struct.
+extern "C" baton::model::Backend* BatonMakeCudaBackend(int ordinal,
+                                                       const baton::kernels::CudaOptions* options,
+                                                       char* error, size_t error_bytes);

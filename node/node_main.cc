@@ -1,0 +1,84 @@
+#include "baton/node/node_main.h"
+
+#include <iostream>
+#include <utility>
+
+#include "baton/common/log.h"
+#include "baton/common/model_config.h"
+#include "baton/kernels/cpu_isa.h"
+#include "baton/transfer/ucx.h"
+
+namespace baton::node {
+
+void AddDeviceFlags(CLI::App& app, model::DeviceFlags& flags) {
+  app.add_option("--device", flags.device,
+                 "Where the model runs: cpu, or cuda (a CUDA build on a machine with a GPU; the "
+                 "program exits 2 naming the reason otherwise)");
+  app.add_option("--weights", flags.weights,
+                 "How the model's weight matrices are held: fp32, or bf16 (--device cpu only; "
+                 "halves the bytes a decode step reads; give every node of a cluster the same)");
+  app.add_option("--cuda-prefill-attention", flags.cuda_prefill_attention,
+                 "The CUDA backend's kernel for prefill chunks' attention: simple (FP32, the "
+                 "CPU's results) or gemm (BF16 tensor cores). Default: the environment's " +
+                     std::string(kernels::kPrefillAttentionVariable) + ", else simple");
+}
+
+void AddNodeFlags(CLI::App& app, NodeFlags& flags) {
+  app.add_option("--model", flags.model_dir, "Model directory")->required();
+  app.add_option("--served-model-name", flags.served_model_name,
+                 "The model name registered with the router, which routes a request to nodes of "
+                 "the name it asks for (default: the model directory's name)");
+  AddDeviceFlags(app, flags.device);
+  AddServerFlags(app, flags.server);
+  app.add_option("--router", flags.router, "Router address to register with");
+  app.add_option("--node-id", flags.node_id, "Name reported to the router");
+  app.add_flag("--ucx-allow-unprotected-tcp", flags.ucx_allow_unprotected_tcp,
+               transfer::kUcxAllowUnprotectedTcpHelp);
+  app.add_flag("--no-ucx", flags.no_ucx, "Move StateBlocks over the gRPC transport only");
+}
+
+NodeStart StartNode(CLI::App& app, int argc, char** argv, const std::string& binary,
+                    const std::string& section, NodeFlags& flags) {
+  if (std::optional<int> exit = ParseServerFlags(app, argc, argv, binary, section, flags.server)) {
+    return {.exit = exit};
+  }
+  // Refused before anything starts: a worker on these transports could not be made safe.
+  if (!flags.no_ucx) {
+    if (std::optional<int> exit =
+            transfer::RefuseUnsafeUcx(binary.c_str(), flags.ucx_allow_unprotected_tcp)) {
+      return {.exit = exit};
+    }
+  }
+  // The CPU kernels' instruction-set level (BATON_CPU_ISA overrides it) is settled before the
+  // model loads; a level that is unknown or that this CPU lacks is refused here.
+  if (std::string error = kernels::CheckCpuIsaEnvironment(); !error.empty()) {
+    log::Error("cannot start", {{"error", error}});
+    return {.exit = 2};
+  }
+  log::Info("cpu kernels", {{"isa", kernels::CpuIsaName(kernels::ActiveCpuIsa())}});
+  absl::StatusOr<std::unique_ptr<model::Engine>> engine =
+      model::LoadEngineOnDevice(flags.model_dir, flags.device);
+  if (!engine.ok()) {
+    log::Error("cannot start", {{"error", std::string(engine.status().message())}});
+    return {.exit = 2};
+  }
+  return {.engine = *std::move(engine)};
+}
+
+int ServeNode(const std::string& binary, const NodeFlags& flags, v1::NodeRole role,
+              const model::Engine& engine, grpc::Service& service, NodeHooks hooks) {
+  grpc::ServerBuilder builder;
+  builder.RegisterService(&service);
+  Registration registration = NodeRegistration(
+      flags.router, flags.node_id, role, engine.fingerprint(), std::move(hooks.load),
+      flags.served_model_name.empty() ? DefaultServedModelName(flags.model_dir)
+                                      : flags.served_model_name,
+      ConfigDigest(engine.config()));
+  if (!hooks.ucx_worker_address.empty()) {
+    registration.node.set_ucx_worker_address(hooks.ucx_worker_address);
+  }
+  return ServeUntilShutdown(binary, builder, flags.server.server, std::move(registration),
+                            hooks.start_watchdog, hooks.stop_watchdog, {}, hooks.drain);
+}
+
+}  // namespace baton::node
