@@ -80,10 +80,6 @@ int main(int argc, char** argv) {
     baton::log::Error("cannot start", {{"error", std::string(service.status().message())}});
     return 2;
   }
-  return baton::node::ServeNode(
-      "baton-decode", flags, baton::v1::NODE_ROLE_DECODE, *start.engine, service,
-      {.load = [&] { return service.Load(); },
-       .start_watchdog = [&](baton::HealthSetter health) { service.StartWatchdog(health); },
-       .stop_watchdog = [&] { service.StopWatchdog(); },
-       .drain = [&](std::chrono::steady_clock::time_point d) { service.Drain(d); }});
+  return baton::node::ServeNode("baton-decode", flags, baton::v1::NODE_ROLE_DECODE, *start.engine,
+                                service, baton::node::HooksOf(service));
 }

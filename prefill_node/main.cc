@@ -47,12 +47,9 @@ int main(int argc, char** argv) {
   options.use_ucx = !flags.no_ucx;
   options.ucx_allow_unprotected_tcp = flags.ucx_allow_unprotected_tcp;
   baton::prefill_node::PrefillService service(*start.engine, options);
-  return baton::node::ServeNode(
-      "baton-prefill", flags, baton::v1::NODE_ROLE_PREFILL, *start.engine, service,
-      {.load = [&] { return service.Load(); },
-       .start_watchdog = [&](baton::HealthSetter health) { service.StartWatchdog(health); },
-       .stop_watchdog = [&] { service.StopWatchdog(); },
-       .drain = [&](std::chrono::steady_clock::time_point d) { service.Drain(d); },
-       // Decode nodes read this node's staging memory by UCX from this worker only.
-       .ucx_worker_address = service.ucx_worker_address()});
+  baton::node::NodeHooks hooks = baton::node::HooksOf(service);
+  // Decode nodes read this node's staging memory by UCX from this worker only.
+  hooks.ucx_worker_address = service.ucx_worker_address();
+  return baton::node::ServeNode("baton-prefill", flags, baton::v1::NODE_ROLE_PREFILL, *start.engine,
+                                service, std::move(hooks));
 }

@@ -61,6 +61,18 @@ struct NodeHooks {
   std::string ucx_worker_address;  // registered for decode nodes to read from; "" for none
 };
 
+// The hooks of a node service that has Load, StartWatchdog, StopWatchdog and Drain (both node
+// roles' services); the caller adds what only its role has.
+template <typename Service>
+NodeHooks HooksOf(Service& service) {
+  return {
+      .load = [&service] { return service.Load(); },
+      .start_watchdog = [&service](HealthSetter health) { service.StartWatchdog(health); },
+      .stop_watchdog = [&service] { service.StopWatchdog(); },
+      .drain =
+          [&service](std::chrono::steady_clock::time_point deadline) { service.Drain(deadline); }};
+}
+
 // Serves `service` (and grpc.health.v1) until SIGTERM or SIGINT, registered with the router as
 // a node of `role` serving `engine`'s model; returns the process's exit status.
 int ServeNode(const std::string& binary, const NodeFlags& flags, v1::NodeRole role,
