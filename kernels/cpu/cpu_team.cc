@@ -94,7 +94,6 @@ class Team {
     WaitForWorkers();
   }
 
- private:
   static void RunInline(void (*job)(void*, int64_t, int64_t), void* ctx) noexcept {
     const bool outer = !in_job;
     OneBlasThread one;
@@ -103,6 +102,7 @@ class Team {
     in_job = !outer;
   }
 
+ private:
   void Start() {
     const uint32_t generation = generation_.load();
     for (int64_t t = 1; t < size_; ++t) {
@@ -196,6 +196,10 @@ int64_t CpuTeamSize() {
 
 void RunOnCpuTeam(void (*job)(void* ctx, int64_t t, int64_t team), void* ctx) {
   TheTeam().Run(job, ctx);
+}
+
+void RunOnCallingThread(void (*job)(void* ctx, int64_t t, int64_t team), void* ctx) {
+  Team::RunInline(job, ctx);
 }
 
 void ParallelForEachTask(int64_t count, void (*task)(void* ctx, int64_t i), void* ctx) {

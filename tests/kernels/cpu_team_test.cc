@@ -123,6 +123,23 @@ TEST(CpuTeamTest, RangesCoverTheCountOnceInOrder) {
   }
 }
 
+// One indivisible piece (a decode step's row) runs on the calling thread, marked as inside a job:
+// a team call it makes runs there too.
+TEST(CpuTeamTest, ARangeOfOneRunsOnTheCallingThread) {
+  std::thread::id ran_on, nested_on;
+  int64_t nested_team = 0;
+  ParallelForRanges(1, [&](int64_t, int64_t) {
+    ran_on = std::this_thread::get_id();
+    RunOnCpuTeam([&](int64_t, int64_t team) {
+      nested_team = team;
+      nested_on = std::this_thread::get_id();
+    });
+  });
+  EXPECT_EQ(ran_on, std::this_thread::get_id());
+  EXPECT_EQ(nested_on, std::this_thread::get_id());
+  EXPECT_EQ(nested_team, 1);
+}
+
 TEST(CpuTeamTest, AForkedChildRunsJobsOnATeamOfItsOwn) {
   RunOnCpuTeam([](int64_t, int64_t) {});  // the parent's workers exist
   const pid_t child = fork();

@@ -43,10 +43,20 @@ void RunOnCpuTeam(Fn&& fn) {
                const_cast<void*>(static_cast<const void*>(&fn)));
 }
 
-// fn(begin, end) over [0, count) cut into one contiguous range per thread.
+// Runs job(ctx, 0, 1) on the calling thread, as RunOnCpuTeam runs a job it cannot share: for work
+// of one indivisible piece (a decode step's single row), which a hand-off would only delay.
+void RunOnCallingThread(void (*job)(void* ctx, int64_t t, int64_t team), void* ctx);
+
+// fn(begin, end) over [0, count) cut into one contiguous range per thread; a count of one runs
+// on the calling thread.
 template <typename Fn>
 void ParallelForRanges(int64_t count, Fn&& fn) {
   if (count <= 0) return;
+  if (count == 1) {
+    using F = std::remove_reference_t<Fn>;
+    return RunOnCallingThread([](void* ctx, int64_t, int64_t) { (*static_cast<F*>(ctx))(0, 1); },
+                              const_cast<void*>(static_cast<const void*>(&fn)));
+  }
   RunOnCpuTeam([&](int64_t t, int64_t team) {
     const int64_t begin = count * t / team, end = count * (t + 1) / team;
     if (begin < end) fn(begin, end);
