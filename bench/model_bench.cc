@@ -300,7 +300,7 @@ int main(int argc, char** argv) {
           // Bytes one step must read: every weight once, plus each request's embedding row, block
           // KV and rings, at the timed steps' middle context.
           const int64_t context = decode_context + 1 + steps * repeats / 2;
-          const int64_t state_bytes = 4 * (context * layout.consumer_layers * 2 * layout.kv_dim +
+          const int64_t state_bytes = 4 * (context * layout.block_kv_groups * 2 * layout.kv_dim +
                                            layout.producer_swa_floats() +
                                            layout.consumer_swa_floats() + config.hidden_size);
           const double bytes = static_cast<double>(matrix_bytes + batch * state_bytes);

@@ -50,6 +50,12 @@ class Ced:
     def w(self, layer, name):
         return self.t[f"model.layers.{layer}.{name}"]
 
+    def source(self, layer):
+        """The block-KV source consumer layer `layer` reads: the nearest of block_kv_sources at
+        or below it (itself without the field)."""
+        sources = self.c.get("block_kv_sources") or [layer]
+        return max(s for s in sources if s <= layer)
+
     def norm(self, x, weight):
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.c["rms_norm_eps"]) * weight
 
@@ -102,8 +108,8 @@ class Ced:
         causal = pos[None, :] <= rows[:, None]
         swa = (pos[None, first:] <= rows[:, None]) & (pos[None, first:] > rows[:, None] - self.W) & (pos[None, first:] >= s_keep)
         for l in range(self.P, self.N):
-            kg = self.rope(s @ self.w(l, "self_attn.global_k_proj.weight").T, pos, self.Hkv)
-            vg = s @ self.w(l, "self_attn.global_v_proj.weight").T
+            kg = self.rope(s @ self.w(self.source(l), "self_attn.global_k_proj.weight").T, pos, self.Hkv)
+            vg = s @ self.w(self.source(l), "self_attn.global_v_proj.weight").T
             x = self.norm(hc, self.w(l, "attn_norm.weight"))
             src = sc if self.c.get("yoco_swa_share_hidden") else x
             q = self.rope(x @ self.w(l, "self_attn.q_proj.weight").T, rows, self.H)
@@ -153,8 +159,8 @@ class Ced:
             cache["producer"][l] = (keys, values)
         s = self.norm(h, self.w(self.P, "attn_norm.weight"))
         for j, l in enumerate(range(self.P, self.N)):
-            kg = self.rope(s @ self.w(l, "self_attn.global_k_proj.weight").T, pos, self.Hkv)
-            vg = s @ self.w(l, "self_attn.global_v_proj.weight").T
+            kg = self.rope(s @ self.w(self.source(l), "self_attn.global_k_proj.weight").T, pos, self.Hkv)
+            vg = s @ self.w(self.source(l), "self_attn.global_v_proj.weight").T
             x = self.norm(h, self.w(l, "attn_norm.weight"))
             src = s if self.c.get("yoco_swa_share_hidden") else x
             q = self.rope(x @ self.w(l, "self_attn.q_proj.weight").T, pos, self.H)

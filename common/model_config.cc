@@ -80,6 +80,26 @@ absl::Status ReadBool(const Json& json, const char* key, bool* out) {
   return absl::OkStatus();
 }
 
+// Reads an optional list of layer indices: absent or null leaves `out` empty; otherwise a
+// non-empty array of at most kMaxLayers integers (ValidateModelConfig checks the values).
+absl::Status ReadLayerList(const Json& json, const char* key, std::vector<int64_t>* out) {
+  auto it = json.find(key);
+  if (it == json.end() || it->is_null()) return absl::OkStatus();
+  if (!it->is_array() || it->empty() || it->size() > static_cast<size_t>(kMaxLayers)) {
+    return absl::InvalidArgumentError(absl::StrCat("config field '", key,
+                                                   "' must be a non-empty list of at most ",
+                                                   kMaxLayers, " layer indices, got ", it->dump()));
+  }
+  for (const Json& entry : *it) {
+    if (!entry.is_number_integer()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "config field '", key, "' must hold layer indices (integers), got ", entry.dump()));
+    }
+    out->push_back(entry.get<int64_t>());
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status ValidateModelConfig(const ModelConfig& c) {
@@ -127,6 +147,28 @@ absl::Status ValidateModelConfig(const ModelConfig& c) {
     return absl::InvalidArgumentError(
         absl::StrCat("config field 'rope_theta' is ", c.rope_theta, "; it must be > 0"));
   }
+  if (!c.block_kv_sources.empty()) {
+    const std::vector<int64_t>& sources = c.block_kv_sources;
+    if (sources.front() != c.n_prefill_layer) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("config field 'block_kv_sources' starts at ", sources.front(),
+                       "; its first entry must be n_prefill_layer (", c.n_prefill_layer,
+                       "), the boundary layer, which projects the first block KV"));
+    }
+    for (size_t i = 0; i < sources.size(); ++i) {
+      if (sources[i] < c.n_prefill_layer || sources[i] >= c.num_hidden_layers) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "config field 'block_kv_sources' holds ", sources[i],
+            "; each entry must be a consumer layer in [n_prefill_layer, num_hidden_layers) = [",
+            c.n_prefill_layer, ", ", c.num_hidden_layers, ")"));
+      }
+      if (i > 0 && sources[i] <= sources[i - 1]) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "config field 'block_kv_sources' is not strictly ascending (", sources[i - 1], " then ",
+            sources[i], "); list each source layer once, in order"));
+      }
+    }
+  }
   // The sizes the weights (DESIGN section 2) and the StateBlock regions (section 4) multiply.
   const int64_t kv_dim = c.num_key_value_heads * c.head_dim;
   const int64_t ring = c.ring_capacity();
@@ -140,8 +182,8 @@ absl::Status ValidateModelConfig(const ModelConfig& c) {
                              {c.num_producer_layers(), 2, ring, kv_dim}),
            RequireTensorFits("consumer layers * 2 * ring_capacity * kv_dim",
                              {c.num_consumer_layers(), 2, ring, kv_dim}),
-           RequireTensorFits("consumer layers * 2 * kv_block_size * kv_dim",
-                             {c.num_consumer_layers(), 2, c.kv_block_size, kv_dim}),
+           RequireTensorFits("block-KV groups * 2 * kv_block_size * kv_dim",
+                             {c.num_block_kv_groups(), 2, c.kv_block_size, kv_dim}),
            RequireTensorFits("n_prefill_layer * 2 * kv_block_size * kv_dim",
                              {c.num_producer_layers(), 2, c.kv_block_size, kv_dim}),
        }) {
@@ -206,7 +248,14 @@ absl::StatusOr<ModelConfig> ParseModelConfig(absl::string_view json_text) {
                          ReadBool(json, "yoco_swa_share_hidden", &c.yoco_swa_share_hidden)}) {
     if (!s.ok()) return s;
   }
+  if (absl::Status s = ReadLayerList(json, "block_kv_sources", &c.block_kv_sources); !s.ok()) {
+    return s;
+  }
   if (absl::Status s = ValidateModelConfig(c); !s.ok()) return s;
+  // Every consumer layer listed is the same model as none listed: one form, one fingerprint.
+  if (static_cast<int64_t>(c.block_kv_sources.size()) == c.num_consumer_layers()) {
+    c.block_kv_sources.clear();
+  }
   return c;
 }
 
@@ -258,6 +307,9 @@ std::string ModelConfigToJson(const ModelConfig& c) {
       {"eos_token_id", c.eos_token_id},
       {"model_type", "ced"},
   };
+  // Written only when given, so that a model without sharing keeps the text (and the digest
+  // and fingerprint) it had before the field existed.
+  if (!c.block_kv_sources.empty()) json["block_kv_sources"] = c.block_kv_sources;
   return json.dump(2) + "\n";
 }
 

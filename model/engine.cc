@@ -266,8 +266,8 @@ absl::Status CedEngine::RunStep(const StepPlan& step, const ProducerRowsCallback
   const int64_t q_dim = H * hd, kv_dim = Hkv * hd, inter = c.intermediate_size;
   const int64_t qkv_dim = q_dim + 2 * kv_dim;
   const int64_t C = c.ring_capacity(), B = c.kv_block_size;
-  const int64_t D = c.num_consumer_layers(), V = c.vocab_size;
-  const int64_t global_dim = D * 2 * kv_dim;
+  const int64_t D = c.num_consumer_layers(), G = c.num_block_kv_groups(), V = c.vocab_size;
+  const int64_t global_dim = G * 2 * kv_dim;
   const float eps = static_cast<float>(c.rms_norm_eps);
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const StateLayout layout = state_layout();
@@ -425,8 +425,9 @@ absl::Status CedEngine::RunStep(const StepPlan& step, const ProducerRowsCallback
     output_and_mlp(h, rows, w);
   }
 
-  // Boundary (layer P): shared rows s over every row, and from them every consumer layer's
-  // block KV, which is therefore exact whatever the truncation (seed 9.2.2).
+  // Boundary (layer P): shared rows s over every row, and from them the block KV of every
+  // group (each source layer's projection), which is therefore exact whatever the truncation
+  // (seed 9.2.2).
   be.RmsNorm({.rows = rows,
               .dim = d,
               .x = h,
@@ -434,27 +435,27 @@ absl::Status CedEngine::RunStep(const StepPlan& step, const ProducerRowsCallback
               .out = shared,
               .eps = eps});
   gemm({.rows = rows, .in = d, .out = global_dim, .x = shared, .y = global}, wt.global_kv);
-  for (int64_t l = 0; l < D; ++l) {
+  for (int64_t g = 0; g < G; ++g) {
     be.Rope({.rows = rows,
              .heads = Hkv,
              .head_dim = hd,
-             .x = global + l * 2 * kv_dim,
+             .x = global + g * 2 * kv_dim,
              .stride = global_dim,
              .positions = positions,
              .theta = c.rope_theta});
   }
   for (const StepSegment& seg : step.segments) {
-    for (int64_t l = 0; l < D; ++l) {
+    for (int64_t g = 0; g < G; ++g) {
       for (const bool is_v : {false, true}) {
         be.WriteBlockKv(
             {.rows = seg.rows,
              .width = kv_dim,
-             .src = global + seg.row_offset * global_dim + l * 2 * kv_dim + (is_v ? kv_dim : 0),
+             .src = global + seg.row_offset * global_dim + g * 2 * kv_dim + (is_v ? kv_dim : 0),
              .src_stride = global_dim,
              .positions = positions + seg.row_offset,
              .pages = pages + seg.page_table,
              .block_size = B,
-             .offset = is_v ? layout.page_v_offset(l) : layout.page_k_offset(l)});
+             .offset = is_v ? layout.page_v_offset(g) : layout.page_k_offset(g)});
       }
     }
   }
@@ -495,12 +496,14 @@ absl::Status CedEngine::RunStep(const StepPlan& step, const ProducerRowsCallback
              .stride = qkv_dim,
              .positions = consumer_positions,
              .theta = c.rope_theta});
+    // The block KV of this layer's group (its nearest source at or below it).
+    const int64_t group = c.block_kv_group(c.n_prefill_layer + l);
     for (size_t s = 0; s < step.segments.size(); ++s) {
       const StepSegment& seg = step.segments[s];
       block_kv[s] = {.pages = pages + seg.page_table,
                      .block_size = B,
-                     .k_offset = layout.page_k_offset(l),
-                     .v_offset = layout.page_v_offset(l)};
+                     .k_offset = layout.page_k_offset(group),
+                     .v_offset = layout.page_v_offset(group)};
       attention[s] = swa_attention(seg.consumer_rows, seg.consumer_offset,
                                    consumer_positions + seg.consumer_offset,
                                    ints + step.consumer_lo + seg.consumer_offset, seg.consumer_swa,

@@ -59,7 +59,7 @@ absl::StatusOr<ModelConfig> PresetConfig(const std::string& preset) {
     c.sliding_window = 16;
     c.kv_block_size = 16;
     c.tie_word_embeddings = true;
-  } else if (preset == "small") {
+  } else if (preset == "small" || preset == "small-shared") {
     c.vocab_size = 4096;
     c.hidden_size = 512;
     c.intermediate_size = 1536;
@@ -73,8 +73,10 @@ absl::StatusOr<ModelConfig> PresetConfig(const std::string& preset) {
     c.tie_word_embeddings = false;
   } else {
     return absl::InvalidArgumentError(
-        absl::StrCat("preset '", preset, "' is unknown; allowed: tiny, small"));
+        absl::StrCat("preset '", preset, "' is unknown; allowed: tiny, small, small-shared"));
   }
+  // YOCO's one shared cache: the boundary layer's block KV serves all eight consumer layers.
+  if (preset == "small-shared") c.block_kv_sources = {c.n_prefill_layer};
   return c;
 }
 

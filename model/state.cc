@@ -9,7 +9,8 @@ StateLayout StateLayout::For(const ModelConfig& c) {
           .consumer_layers = c.num_consumer_layers(),
           .ring_capacity = c.ring_capacity(),
           .block_size = c.kv_block_size,
-          .kv_dim = c.num_key_value_heads * c.head_dim};
+          .kv_dim = c.num_key_value_heads * c.head_dim,
+          .block_kv_groups = c.num_block_kv_groups()};
 }
 
 ContiguousPageAllocator::ContiguousPageAllocator(const StateLayout& layout, int64_t pages)

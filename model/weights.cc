@@ -4,6 +4,7 @@
 #include <fstream>
 #include <set>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "baton/common/hash.h"
@@ -43,7 +44,7 @@ void AllocateWeights(CedWeights& w) {
   for (ProducerLayerWeights& p : w.producers) allocate(p, p.qkv);
   w.consumers.assign(c.num_consumer_layers(), {});
   for (ConsumerLayerWeights& l : w.consumers) allocate(l, l.q_swa_kv);
-  w.global_kv.assign(c.num_consumer_layers() * 2 * kv * d, 0.0f);
+  w.global_kv.assign(c.num_block_kv_groups() * 2 * kv * d, 0.0f);
   w.final_norm.assign(d, 0.0f);
   w.lm_head.assign(c.tie_word_embeddings ? 0 : c.vocab_size * d, 0.0f);
 }
@@ -75,14 +76,17 @@ std::vector<TensorSlot> WeightTensorSlots(CedWeights& w) {
   for (int64_t i = 0; i < c.num_consumer_layers(); ++i) {
     const int64_t l = c.n_prefill_layer + i;
     ConsumerLayerWeights& layer = w.consumers[i];
-    float* global = w.global_kv.data() + i * 2 * kv * d;
     slots.push_back({Layer(l, "self_attn.q_proj.weight"), {q, d}, layer.q_swa_kv.data()});
     slots.push_back(
         {Layer(l, "self_attn.swa_k_proj.weight"), {kv, d}, layer.q_swa_kv.data() + q * d});
     slots.push_back(
         {Layer(l, "self_attn.swa_v_proj.weight"), {kv, d}, layer.q_swa_kv.data() + (q + kv) * d});
-    slots.push_back({Layer(l, "self_attn.global_k_proj.weight"), {kv, d}, global});
-    slots.push_back({Layer(l, "self_attn.global_v_proj.weight"), {kv, d}, global + kv * d});
+    // Only block-KV sources project block KV (into their group's rows); the others read it.
+    if (c.is_block_kv_source(l)) {
+      float* global = w.global_kv.data() + c.block_kv_group(l) * 2 * kv * d;
+      slots.push_back({Layer(l, "self_attn.global_k_proj.weight"), {kv, d}, global});
+      slots.push_back({Layer(l, "self_attn.global_v_proj.weight"), {kv, d}, global + kv * d});
+    }
     common(l, layer.attn_norm, layer.o, layer.mlp_norm, layer.gate_up, layer.down);
   }
   slots.push_back({"model.norm.weight", {d}, w.final_norm.data()});
@@ -103,6 +107,7 @@ absl::StatusOr<CedWeights> LoadCedWeights(const std::string& model_dir) {
   if (!file.ok()) return file.status();
 
   AllocateWeights(w);
+  const bool shared = !w.config.block_kv_sources.empty();
   std::set<std::string> expected;
   for (const TensorSlot& slot : WeightTensorSlots(w)) {
     expected.insert(slot.name);
@@ -110,7 +115,10 @@ absl::StatusOr<CedWeights> LoadCedWeights(const std::string& model_dir) {
     if (it == file->tensors().end()) {
       return absl::InvalidArgumentError(
           absl::StrCat(weights_path, ": tensor '", slot.name, "' is missing",
-                       slot.name == "lm_head.weight" ? " (tie_word_embeddings is false)" : ""));
+                       slot.name == "lm_head.weight" ? " (tie_word_embeddings is false)"
+                       : shared && absl::StrContains(slot.name, ".global_")
+                           ? " (its layer is one of block_kv_sources)"
+                           : ""));
     }
     if (it->second.shape != slot.shape) {
       return absl::InvalidArgumentError(
@@ -125,7 +133,10 @@ absl::StatusOr<CedWeights> LoadCedWeights(const std::string& model_dir) {
       return absl::InvalidArgumentError(absl::StrCat(
           weights_path, ": unexpected tensor '", name, "'",
           name == "lm_head.weight" ? " (tie_word_embeddings is true: lm_head must be absent)"
-                                   : " (not part of a CED model with this config)"));
+          : shared && absl::StrContains(name, ".global_")
+              ? " (only the layers of block_kv_sources project block KV; this layer reads its "
+                "source's)"
+              : " (not part of a CED model with this config)"));
     }
   }
   w.fingerprint = Fingerprint(w.config, Sha256Of(file->bytes().data(), file->bytes().size()));

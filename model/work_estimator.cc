@@ -54,6 +54,7 @@ WorkEstimate EstimateWork(const TruncationSpec& spec, std::span<const int64_t> c
 
   const double P = static_cast<double>(config->num_producer_layers());
   const double D = static_cast<double>(config->num_consumer_layers());
+  const double G = static_cast<double>(config->num_block_kv_groups());
   const double d = static_cast<double>(config->hidden_size);
   const double inter = static_cast<double>(config->intermediate_size);
   const double q_dim = static_cast<double>(config->num_attention_heads * config->head_dim);
@@ -69,9 +70,10 @@ WorkEstimate EstimateWork(const TruncationSpec& spec, std::span<const int64_t> c
   FlopCount flops;
   flops.producer = P * (row_flops * static_cast<double>(estimate.full_rows) +
                         pair_flops * static_cast<double>(producer_pairs));
+  // Block KV is projected once per source (G of them) and read by every consumer layer.
   flops.consumer =
-      D * (block_kv_flops * static_cast<double>(estimate.full_rows) +
-           row_flops * static_cast<double>(estimate.consumer_rows) +
+      G * block_kv_flops * static_cast<double>(estimate.full_rows) +
+      D * (row_flops * static_cast<double>(estimate.consumer_rows) +
            pair_flops * static_cast<double>(estimate.consumer_swa_pairs + global_pairs));
   flops.lm_head = 2 * d * static_cast<double>(config->vocab_size);
   estimate.flops = flops;

@@ -92,6 +92,26 @@ struct Bf16Lanes<4> {
   typedef uint32_t Words __attribute__((vector_size(16)));
 };
 
+// Four BF16 values as the FP32 bits they widen to: each interleaved with a zero half below it
+// (one punpcklwd on SSE2, which has no zero-extending load; a conversion and a shift would take
+// GCC several unpacks and shifts per vector). Any width: the generic conversion and shift.
+template <typename Halves>
+__attribute__((always_inline)) inline auto WidenBy16(Halves h) {
+  typedef uint32_t Words __attribute__((vector_size(2 * sizeof(Halves))));
+  if constexpr (sizeof(Halves) == 8) {
+    typedef uint16_t Shorts8 __attribute__((vector_size(16)));
+    typedef uint16_t Mask8 __attribute__((vector_size(16)));
+    Shorts8 low{};
+    std::memcpy(&low, &h, sizeof h);
+    const Shorts8 pairs = __builtin_shuffle(Shorts8{}, low, Mask8{0, 8, 1, 9, 2, 10, 3, 11});
+    Words bits;
+    std::memcpy(&bits, &pairs, sizeof bits);
+    return bits;
+  } else {
+    return __builtin_convertvector(h, Words) << 16;
+  }
+}
+
 template <int kWidth>
 __attribute__((always_inline)) inline void LoadWeights(NativeVec<kWidth>& v, const Bf16* w) {
   typename Bf16Lanes<kWidth>::Halves h;
@@ -105,17 +125,18 @@ __attribute__((always_inline)) inline void LoadWeights(NativeVec<kWidth>& v, con
   typedef int Ints16 __attribute__((vector_size(64)));
   if constexpr (kWidth == 16) {
     bits = reinterpret_cast<typename Bf16Lanes<16>::Words>(__builtin_ia32_pmovzxwd512_mask(
-        reinterpret_cast<Shorts16>(h), Ints16{}, static_cast<uint16_t>(0xffff)));
+               reinterpret_cast<Shorts16>(h), Ints16{}, static_cast<uint16_t>(0xffff)))
+           << 16;
   } else if constexpr (kWidth == 8) {
     bits = reinterpret_cast<typename Bf16Lanes<8>::Words>(
-        __builtin_ia32_pmovzxwd256(reinterpret_cast<Shorts8>(h)));
+               __builtin_ia32_pmovzxwd256(reinterpret_cast<Shorts8>(h)))
+           << 16;
   } else {
-    bits = __builtin_convertvector(h, typename Bf16Lanes<kWidth>::Words);
+    bits = WidenBy16(h);
   }
 #else
-  bits = __builtin_convertvector(h, typename Bf16Lanes<kWidth>::Words);
+  bits = WidenBy16(h);
 #endif
-  bits <<= 16;
   std::memcpy(&v, &bits, sizeof v);
 }
 

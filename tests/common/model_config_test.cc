@@ -42,6 +42,48 @@ TEST(ModelConfigTest, RoundTripsThroughCanonicalJson) {
   EXPECT_EQ(ModelConfigToJson(*again), ModelConfigToJson(*config));
 }
 
+// block_kv_sources: absent, every consumer layer is a source (G = D) and the canonical text has
+// no such key, so today's models keep their digests; [P] is one shared group; a list maps each
+// consumer layer to its nearest source at or below it; listing every consumer layer is the same
+// model as listing none.
+TEST(ModelConfigTest, BlockKvSourcesGroupTheConsumerLayers) {
+  auto plain = ParseModelConfig(TinyConfigJson().dump());
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ(plain->num_block_kv_groups(), 4);
+  for (int64_t l = 4; l < 8; ++l) {
+    EXPECT_TRUE(plain->is_block_kv_source(l));
+    EXPECT_EQ(plain->block_kv_group(l), l - 4);
+  }
+  EXPECT_EQ(ModelConfigToJson(*plain).find("block_kv_sources"), std::string::npos);
+
+  nlohmann::json json = TinyConfigJson();
+  json["block_kv_sources"] = {4};
+  auto yoco = ParseModelConfig(json.dump());
+  ASSERT_TRUE(yoco.ok()) << yoco.status();
+  EXPECT_EQ(yoco->num_block_kv_groups(), 1);
+  for (int64_t l = 4; l < 8; ++l) {
+    EXPECT_EQ(yoco->is_block_kv_source(l), l == 4);
+    EXPECT_EQ(yoco->block_kv_group(l), 0);
+  }
+  EXPECT_NE(ConfigDigest(*yoco), ConfigDigest(*plain));
+
+  json["block_kv_sources"] = {4, 6};
+  auto two = ParseModelConfig(json.dump());
+  ASSERT_TRUE(two.ok()) << two.status();
+  EXPECT_EQ(two->num_block_kv_groups(), 2);
+  const int64_t groups[] = {0, 0, 1, 1};
+  for (int64_t l = 4; l < 8; ++l) EXPECT_EQ(two->block_kv_group(l), groups[l - 4]) << l;
+  auto again = ParseModelConfig(ModelConfigToJson(*two));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->block_kv_sources, (std::vector<int64_t>{4, 6}));
+
+  json["block_kv_sources"] = {4, 5, 6, 7};
+  auto every = ParseModelConfig(json.dump());
+  ASSERT_TRUE(every.ok()) << every.status();
+  EXPECT_TRUE(every->block_kv_sources.empty());
+  EXPECT_EQ(ConfigDigest(*every), ConfigDigest(*plain));
+}
+
 struct BadConfigCase {
   const char* key;
   nlohmann::json value;  // null: remove the key
@@ -61,6 +103,20 @@ TEST(ModelConfigTest, RejectsInconsistentConfigsNamingTheField) {
       {"tie_word_embeddings", 1, "'tie_word_embeddings' must be true or false"},
       {"eos_token_id", 512, "'eos_token_id' is 512; it must lie in [0, vocab_size)"},
       {"max_backtrack", -1, "'max_backtrack' is -1"},
+      {"block_kv_sources", nlohmann::json::array({5, 6}),
+       "'block_kv_sources' starts at 5; its first entry must be n_prefill_layer (4)"},
+      {"block_kv_sources", nlohmann::json::array({4, 6, 5}),
+       "'block_kv_sources' is not strictly ascending (6 then 5)"},
+      {"block_kv_sources", nlohmann::json::array({4, 4}),
+       "'block_kv_sources' is not strictly ascending (4 then 4)"},
+      {"block_kv_sources", nlohmann::json::array({4, 8}),
+       "'block_kv_sources' holds 8; each entry must be a consumer layer in [n_prefill_layer, "
+       "num_hidden_layers) = [4, 8)"},
+      {"block_kv_sources", nlohmann::json::array({3}), "'block_kv_sources' starts at 3"},
+      {"block_kv_sources", nlohmann::json::array(), "'block_kv_sources' must be a non-empty list"},
+      {"block_kv_sources", 4, "'block_kv_sources' must be a non-empty list"},
+      {"block_kv_sources", nlohmann::json::array({4, "6"}),
+       "'block_kv_sources' must hold layer indices (integers)"},
   };
   for (const BadConfigCase& c : cases) {
     nlohmann::json json = TinyConfigJson();

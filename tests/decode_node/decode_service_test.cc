@@ -215,8 +215,12 @@ TEST(FinishReasonTest, StopAndEosComeBeforeTheLengthForEveryToken) {
 }
 
 TEST(StatePoolTest, WritesIntoFreedMemoryAreCounted) {
-  const model::StateLayout layout = {
-      .producer_layers = 1, .consumer_layers = 1, .ring_capacity = 4, .block_size = 4, .kv_dim = 2};
+  const model::StateLayout layout = {.producer_layers = 1,
+                                     .consumer_layers = 1,
+                                     .ring_capacity = 4,
+                                     .block_size = 4,
+                                     .kv_dim = 2,
+                                     .block_kv_groups = 1};
   StatePool pool(layout, 1, 2);
   pool.EnablePoison();
   std::optional<int64_t> slot = pool.TryReserve(2);

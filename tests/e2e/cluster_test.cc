@@ -309,13 +309,30 @@ class FaultTest : public ::testing::Test {
   static void SetUpTestSuite() {
     small_ = baton::testing::ProcessTempDir() + "/e2e_small";
     ASSERT_TRUE(model::MakeModel(*model::PresetConfig("small"), 9, small_).ok());
+    small_shared_ = baton::testing::ProcessTempDir() + "/e2e_small_shared";
+    ASSERT_TRUE(model::MakeModel(*model::PresetConfig("small-shared"), 9, small_shared_).ok());
   }
+  // A decode node is killed while it streams the request: the router moves the stream to the
+  // other node, which continues it from the StateBlock without a lost or repeated token.
+  static void LostDecodeNodeCase(const std::string& model);
   static std::string small_;
+  static std::string small_shared_;
 };
 std::string FaultTest::small_;
+std::string FaultTest::small_shared_;
 
 TEST_F(FaultTest, LostDecodeNodeIsReplacedWithoutLostOrRepeatedTokens) {
-  Cluster cluster(small_);
+  LostDecodeNodeCase(small_);
+}
+
+// The same with one block-KV source for the eight consumer layers (a StateBlock whose block KV
+// is one group).
+TEST_F(FaultTest, LostDecodeNodeOfASharedBlockKvModelIsReplacedAlike) {
+  LostDecodeNodeCase(small_shared_);
+}
+
+void FaultTest::LostDecodeNodeCase(const std::string& model) {
+  Cluster cluster(model);
   ASSERT_FALSE(cluster.StartRouter().empty());
   ASSERT_FALSE(cluster.StartDecode("decode-a", {"--pages", "256"}).empty());
   ASSERT_FALSE(cluster.StartDecode("decode-b", {"--pages", "256"}).empty());

@@ -21,9 +21,14 @@ class PrefixTest : public ::testing::Test {
   static void SetUpTestSuite() {
     model_ = ProcessTempDir() + "/prefix_tiny";
     ASSERT_TRUE(model::MakeModel(*model::PresetConfig("tiny"), 13, model_).ok());
+    // One block-KV source (YOCO's shared cache): every consumer layer reads layer 4's pages.
+    ModelConfig shared = *model::PresetConfig("tiny");
+    shared.block_kv_sources = {shared.n_prefill_layer};
+    shared_model_ = ProcessTempDir() + "/prefix_tiny_shared";
+    ASSERT_TRUE(model::MakeModel(shared, 13, shared_model_).ok());
   }
-  void StartCluster(std::vector<std::string> router_flags = {}) {
-    cluster_ = std::make_unique<Cluster>(model_);
+  void StartCluster(std::vector<std::string> router_flags = {}, const std::string& model = model_) {
+    cluster_ = std::make_unique<Cluster>(model);
     router_flags.push_back("--require-kvstore");
     ASSERT_FALSE(cluster_->StartRouter(router_flags).empty());
     store_dir_ = cluster_->dir() + "/store";
@@ -63,10 +68,12 @@ class PrefixTest : public ::testing::Test {
   }
 
   static std::string model_;
+  static std::string shared_model_;
   std::unique_ptr<Cluster> cluster_;
   std::string store_dir_;
 };
 std::string PrefixTest::model_;
+std::string PrefixTest::shared_model_;
 
 TEST_F(PrefixTest, CachedTokensFollowThePolicyAndHitsChangeNoAnswer) {
   StartCluster();
@@ -92,6 +99,39 @@ TEST_F(PrefixTest, CachedTokensFollowThePolicyAndHitsChangeNoAnswer) {
     EXPECT_EQ(hit.tokens, ForwardTokens(model_, prompt, "compact", kC, 6));
     EXPECT_EQ(hit.usage.replayed_rows(), std::min<int64_t>(kC, L));
   }
+}
+
+// A model whose consumer layers share one block-KV source: the store keeps one group's page per
+// block (a quarter of the plain model's), and a hit, cold and capped, gives the forward pass's
+// tokens exactly as for the plain model.
+TEST_F(PrefixTest, SharedBlockKvStoresOneGroupAndHitsExactly) {
+  StartCluster({}, shared_model_);
+  std::mt19937_64 rng(79);
+  const uint64_t kv_dim = 32, P = 4, G = 1, header = 89;
+  const uint64_t page = 4 * G * 2 * kB * kv_dim, swa = 4 * P * 2 * kB * kv_dim;
+  uint64_t stored = 0;
+  for (int64_t L : {39, 87}) {
+    SCOPED_TRACE("L=" + std::to_string(L));
+    const auto prompt = RandomPrompt(rng, L, 512);
+    const Outcome cold = Run(prompt);
+    stored += L / kB;
+    ASSERT_TRUE(WaitForBlocks(stored));
+    const Outcome hit = Run(prompt);
+    EXPECT_EQ(hit.usage.cached_tokens(), std::max<int64_t>(0, L - kC) / kB * kB);
+    EXPECT_EQ(hit.tokens, cold.tokens);
+    EXPECT_EQ(hit.tokens, ForwardTokens(shared_model_, prompt, "compact", kC, 6));
+  }
+  const int64_t L = kC + 4 * kB, K = kC + 6, H = L - kC;
+  const auto prompt = RandomPrompt(rng, L, 512);
+  Run(prompt, "", K);
+  stored += L / kB;
+  ASSERT_TRUE(WaitForBlocks(stored));
+  const Outcome hit = Run(prompt, "", K);
+  EXPECT_EQ(hit.usage.cached_tokens(), H);
+  EXPECT_EQ(hit.tokens, ForwardTokens(shared_model_, prompt, "compact", K, 6, H));
+  const v1::KvStoreStats stats = StoreStats();
+  EXPECT_EQ(stats.stored_bytes(), stats.block_kv_values() * (header + page) +
+                                      stats.producer_swa_values() * (header + swa));
 }
 
 TEST_F(PrefixTest, ExactCapHitEqualsTheColdRunWithSValidH) {

@@ -4,6 +4,7 @@
 // the file reader.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <string>
@@ -57,13 +58,21 @@ class CedReference {
       }
       Residual(h, out, l);
     }
-    // Boundary: shared rows over every position; block KV of every consumer layer from them.
+    // Boundary: shared rows over every position; from them the block KV of every source layer
+    // (every consumer layer when block_kv_sources is absent). A consumer layer reads that of
+    // the nearest source at or below it: kg[l - P] is that source's.
     const Matrix shared = Norm(h, Name(P, "attn_norm.weight"));
+    const std::vector<int64_t>& sources = c_.block_kv_sources;
     std::vector<Matrix> kg, vg;
     for (int64_t l = P; l < N; ++l) {
-      kg.push_back(Project(shared, Name(l, "self_attn.global_k_proj.weight")));
-      vg.push_back(Project(shared, Name(l, "self_attn.global_v_proj.weight")));
-      Rope(kg.back(), Hkv);
+      if (sources.empty() || std::find(sources.begin(), sources.end(), l) != sources.end()) {
+        kg.push_back(Project(shared, Name(l, "self_attn.global_k_proj.weight")));
+        vg.push_back(Project(shared, Name(l, "self_attn.global_v_proj.weight")));
+        Rope(kg.back(), Hkv);
+      } else {
+        kg.push_back(kg.back());
+        vg.push_back(vg.back());
+      }
     }
     for (int64_t l = P; l < N; ++l) {
       Matrix x = Norm(h, Name(l, "attn_norm.weight"));

@@ -154,6 +154,16 @@ TEST_F(EngineBackendsTest, GqaUntiedSharedSwaVariantMatchesTheCpu) {
   CompareCase(kCases[7], prompt, 3);
 }
 
+TEST_F(EngineBackendsTest, SharedBlockKvMatchesTheCpu) {
+  // Two block-KV groups (block_kv_sources [4, 6]): layers 5 and 7 read another layer's pages.
+  ModelConfig shared = *PresetConfig("tiny");
+  shared.block_kv_sources = {4, 6};
+  LoadBoth(shared, "shared");
+  const std::vector<int32_t> prompt = Tokens(50, cpu_->config().vocab_size, 7);
+  CompareCase(kCases[1], prompt, 3);
+  CompareCase(kCases[5], prompt, 3);
+}
+
 TEST_F(EngineBackendsTest, BatchedDecodeMatchesTheCpu) {
   LoadBoth(*PresetConfig("tiny"), "tiny_batch");
   const ModelConfig& config = cpu_->config();

@@ -46,8 +46,12 @@ class EngineTest : public ::testing::Test {
     variant.num_key_value_heads = 2;
     variant.tie_word_embeddings = false;
     variant.yoco_swa_share_hidden = true;
-    variants_ =
-        new std::vector<Variant>{{"tiny", tiny, Dtype::kF32}, {"variant", variant, Dtype::kBF16}};
+    // Block KV in two groups (block_kv_sources): layers 4 and 5 read layer 4's, 6 and 7 layer 6's.
+    ModelConfig shared = tiny;
+    shared.block_kv_sources = {4, 6};
+    variants_ = new std::vector<Variant>{{"tiny", tiny, Dtype::kF32},
+                                         {"variant", variant, Dtype::kBF16},
+                                         {"shared", shared, Dtype::kF32}};
     models_ = new std::vector<std::unique_ptr<Engine>>();
     for (const Variant& v : *variants_) {
       const std::string dir = baton::testing::ProcessTempDir() + "/ced_" + v.name;

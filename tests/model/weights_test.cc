@@ -3,6 +3,7 @@
 // tensor or field.
 #include "baton/model/weights.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -162,6 +163,42 @@ TEST_F(WeightsTest, UnexpectedTensorsAreRefused) {
   WriteFile(config_path(), json.dump());
   Rewrite([](std::vector<TensorToWrite>&) {});
   ExpectRefused("tensor 'lm_head.weight' is missing (tie_word_embeddings is false)");
+}
+
+// With block_kv_sources, only its layers carry global_k_proj and global_v_proj: a file with a
+// projection on another layer, or without one a source needs, is refused naming the field; the
+// right file loads with G groups of block-KV projection rows.
+TEST_F(WeightsTest, OnlyBlockKvSourcesCarryGlobalProjections) {
+  nlohmann::json json = nlohmann::json::parse(ReadFile(config_path()));
+  json["block_kv_sources"] = {4, 6};
+  WriteFile(config_path(), json.dump());
+  ExpectRefused(
+      "unexpected tensor 'model.layers.5.self_attn.global_k_proj.weight' (only the layers of "
+      "block_kv_sources project block KV");
+  auto not_a_source = [](const TensorToWrite& x) {
+    return x.name.find("layers.5.self_attn.global_") != std::string::npos ||
+           x.name.find("layers.7.self_attn.global_") != std::string::npos;
+  };
+  Rewrite([&](std::vector<TensorToWrite>& t) { std::erase_if(t, not_a_source); });
+  auto loaded = LoadCedWeights(dir_);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  const int64_t kv = config_.num_key_value_heads * config_.head_dim;
+  EXPECT_EQ(loaded->config.num_block_kv_groups(), 2);
+  EXPECT_EQ(loaded->global_kv.size(), static_cast<size_t>(2 * 2 * kv * config_.hidden_size));
+  // Group 1 holds layer 6's projection rows as the file has them.
+  const CedWeights generated = GenerateWeights(config_, 1);
+  const std::vector<float>& plain = generated.global_kv;
+  const size_t group_floats = 2 * kv * config_.hidden_size;
+  EXPECT_TRUE(std::equal(loaded->global_kv.begin() + group_floats, loaded->global_kv.end(),
+                         plain.begin() + 2 * group_floats));
+  Rewrite([&](std::vector<TensorToWrite>& t) {
+    std::erase_if(t, [&](const TensorToWrite& x) {
+      return not_a_source(x) || x.name == "model.layers.6.self_attn.global_v_proj.weight";
+    });
+  });
+  ExpectRefused(
+      "tensor 'model.layers.6.self_attn.global_v_proj.weight' is missing (its layer is one of "
+      "block_kv_sources)");
 }
 
 TEST_F(WeightsTest, UnknownDtypeIsNamed) {

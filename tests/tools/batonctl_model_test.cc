@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <string>
 
 #include "gmock/gmock.h"
@@ -86,6 +88,32 @@ TEST_F(BatonctlModelTest, BadInputExitsTwoWithAClearMessage) {
     EXPECT_EQ(r.exit_status, 2) << args;
     EXPECT_THAT(r.err, HasSubstr(message)) << args;
   }
+}
+
+// make-model --preset small-shared writes the small shapes with one block-KV source: its
+// config.json lists it, only layer 8 carries the global projections, forward runs it, and plan
+// counts one block-KV group.
+TEST_F(BatonctlModelTest, SmallSharedPresetHasOneBlockKvSource) {
+  const std::string out = baton::testing::ProcessTempDir() + "/small_shared";
+  const Result made = RunBatonctl("make-model --preset small-shared --out " + out);
+  ASSERT_EQ(made.exit_status, 0) << made.err;
+  std::ifstream config_file(out + "/config.json");
+  const auto config = nlohmann::json::parse(config_file);
+  EXPECT_EQ(config["block_kv_sources"], nlohmann::json::array({8}));
+  EXPECT_EQ(config["num_hidden_layers"], 16);
+  std::ifstream weights(out + "/model.safetensors", std::ios::binary);
+  const std::string bytes((std::istreambuf_iterator<char>(weights)), {});
+  EXPECT_NE(bytes.find("model.layers.8.self_attn.global_k_proj.weight"), std::string::npos);
+  EXPECT_EQ(bytes.find("model.layers.9.self_attn.global_k_proj.weight"), std::string::npos);
+  EXPECT_EQ(bytes.find("model.layers.15.self_attn.global_v_proj.weight"), std::string::npos);
+  const Result forward =
+      RunBatonctl("forward --model " + out + " --tokens 5,17,300,4000 --decode 2 --json");
+  ASSERT_EQ(forward.exit_status, 0) << forward.err;
+  EXPECT_EQ(nlohmann::json::parse(forward.out)["tokens"].size(), 2u);
+  const Result plan = RunBatonctl("plan --prompt-len 200 --window 128 --json --model-config " +
+                                  out + "/config.json");
+  ASSERT_EQ(plan.exit_status, 0) << plan.err;
+  EXPECT_EQ(nlohmann::json::parse(plan.out)["block_kv_groups"], 1);
 }
 
 // make-model --tokenizer gives the model the tokenizer files (what `baton up` and the Helm

@@ -75,6 +75,40 @@ TEST(BatonctlPlanTest, ModelConfigAddsFlops) {
   EXPECT_LT(compact_json["flops"]["total"].get<double>(), off_json["flops"]["total"].get<double>());
 }
 
+// With block_kv_sources, block KV is G groups instead of D layers: the plan's block-KV bytes fall
+// by D / G, its consumer FLOPs by the D - G projections no longer made, and nothing else moves.
+TEST(BatonctlPlanTest, BlockKvSourcesShrinkBlockKvAndItsProjections) {
+  const std::string config = R"({"vocab_size": 512, "hidden_size": 128, "intermediate_size": 384,
+    "num_hidden_layers": 8, "n_prefill_layer": 4, "num_attention_heads": 4,
+    "num_key_value_heads": 1, "head_dim": 32, "sliding_window": 16, "kv_block_size": 16)";
+  const std::string plain = baton::testing::ProcessTempDir() + "/plan_plain.json";
+  const std::string shared = baton::testing::ProcessTempDir() + "/plan_shared.json";
+  std::ofstream(plain) << config << "}";
+  std::ofstream(shared) << config << R"(, "block_kv_sources": [4]})";
+  nlohmann::json plans[2];
+  for (int i = 0; i < 2; ++i) {
+    const Result r = RunBatonctl("plan --prompt-len 100 --window 16 --json --model-config " +
+                                 (i == 0 ? plain : shared));
+    ASSERT_EQ(r.exit_status, 0) << r.err;
+    plans[i] = nlohmann::json::parse(r.out);
+  }
+  EXPECT_EQ(plans[0]["block_kv_groups"], 4);
+  EXPECT_EQ(plans[1]["block_kv_groups"], 1);
+  // 7 pages of 16 positions, each group's K and V rows of kv_dim 32 floats.
+  EXPECT_EQ(plans[0]["state_block_bytes"]["block_kv"], 7 * 4 * 2 * 16 * 32 * 4);
+  EXPECT_EQ(plans[1]["state_block_bytes"]["block_kv"], 7 * 1 * 2 * 16 * 32 * 4);
+  EXPECT_EQ(plans[1]["state_block_bytes"]["producer_swa"],
+            plans[0]["state_block_bytes"]["producer_swa"]);
+  EXPECT_EQ(plans[1]["state_block_bytes"]["consumer_swa"],
+            plans[0]["state_block_bytes"]["consumer_swa"]);
+  // Three projections of 100 rows, [2 * 32, 128] each, fewer.
+  EXPECT_DOUBLE_EQ(
+      plans[0]["flops"]["consumer"].get<double>() - plans[1]["flops"]["consumer"].get<double>(),
+      3.0 * 100 * 2 * 128 * 2 * 32);
+  EXPECT_EQ(plans[1]["flops"]["producer"], plans[0]["flops"]["producer"]);
+  EXPECT_EQ(plans[1]["layer_rows"], plans[0]["layer_rows"]);
+}
+
 TEST(BatonctlPlanTest, SeedTablesMatchTheSeedLayout) {
   const Result r = RunBatonctl("plan --seed-tables");
   ASSERT_EQ(r.exit_status, 0) << r.err;

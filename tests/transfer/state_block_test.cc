@@ -58,6 +58,21 @@ TEST_F(StateBlockTest, RegionSizesFollowTheLayoutAndThePrompt) {
   EXPECT_EQ(RegionSizesFor(layout_, 49).pages, 4u);
 }
 
+// Block KV is one page of G groups per block: with block_kv_sources its pages shrink by D / G,
+// and the rings, which every layer keeps, do not change.
+TEST_F(StateBlockTest, SharedBlockKvShrinksThePagesOnly) {
+  ModelConfig shared = *model::PresetConfig("tiny");
+  shared.block_kv_sources = {shared.n_prefill_layer, shared.n_prefill_layer + 2};
+  const model::StateLayout two_groups = model::StateLayout::For(shared);
+  const RegionSizes plain = RegionSizesFor(layout_, 40), sizes = RegionSizesFor(two_groups, 40);
+  EXPECT_EQ(two_groups.block_kv_groups, 2);
+  EXPECT_EQ(sizes.page, sizeof(float) * 2 * 2 * 16 * 32);  // 2 groups of K and V, B x kv_dim
+  EXPECT_EQ(sizes.page * 2, plain.page);                   // tiny: D = 4
+  EXPECT_EQ(sizes.block_kv, 3 * sizes.page);
+  EXPECT_EQ(sizes.bytes(v1::REGION_PRODUCER_SWA), plain.bytes(v1::REGION_PRODUCER_SWA));
+  EXPECT_EQ(sizes.bytes(v1::REGION_CONSUMER_SWA), plain.bytes(v1::REGION_CONSUMER_SWA));
+}
+
 // The decode node's reservation carries the sizes the prefill node checks; a reservation of
 // another prompt length or with any size changed is refused naming it.
 TEST_F(StateBlockTest, AReservationsSizesAreCheckedAgainstThePrompt) {

@@ -147,7 +147,9 @@ int RunForward(const ForwardOptions& o) {
 Command AddMakeModelCommand(CLI::App& app) {
   auto o = std::make_shared<MakeModelOptions>();
   CLI::App* command = app.add_subcommand("make-model", "Write a deterministic generated model");
-  command->add_option("--preset", o->preset, "tiny (tests) or small (benchmarks)");
+  command->add_option(
+      "--preset", o->preset,
+      "tiny (tests), small (benchmarks) or small-shared (small with one block-KV source)");
   command->add_option("--seed", o->seed, "Seed of the weight stream");
   command->add_option("--out", o->out, "Model directory to write")->required();
   command->add_option("--dtype", o->dtype, "Weight dtype in the file: f32 or bf16");

@@ -9,6 +9,7 @@
 #include "baton/common/model_config.h"
 #include "baton/common/parse.h"
 #include "baton/model/plan.h"
+#include "baton/model/state.h"
 #include "commands.h"
 #include "nlohmann/json.hpp"
 
@@ -68,6 +69,15 @@ nlohmann::json PlanToJson(const model::TruncationPlan& plan, const ModelConfig* 
                     {"consumer", estimate.flops->consumer},
                     {"lm_head", estimate.flops->lm_head},
                     {"total", estimate.flops->total()}};
+    // The request's StateBlock regions at this prompt length: block KV in G groups (pages of B
+    // positions), the producer and consumer rings.
+    const model::StateLayout layout = model::StateLayout::For(*config);
+    const int64_t pages = (spec.prompt_len + layout.block_size - 1) / layout.block_size;
+    out["block_kv_groups"] = layout.block_kv_groups;
+    out["state_block_bytes"] = {
+        {"block_kv", pages * layout.page_floats() * int64_t{sizeof(float)}},
+        {"producer_swa", layout.producer_swa_floats() * int64_t{sizeof(float)}},
+        {"consumer_swa", layout.consumer_swa_floats() * int64_t{sizeof(float)}}};
   }
   return out;
 }

@@ -24,11 +24,17 @@ class RmsNorm(nn.Module):
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
 
 
-class Attention(nn.Module):
-    """Projections of one layer: k_proj/v_proj for a producer, swa_* and global_* for a
-    consumer."""
+def block_kv_sources(config):
+    """The consumer layers that project block KV: config's block_kv_sources, else every one."""
+    P, N = config["n_prefill_layer"], config["num_hidden_layers"]
+    return list(config.get("block_kv_sources") or range(P, N))
 
-    def __init__(self, config, consumer):
+
+class Attention(nn.Module):
+    """Projections of one layer: k_proj/v_proj for a producer, swa_* for a consumer, and
+    global_* for a consumer that is a block-KV source."""
+
+    def __init__(self, config, consumer, source=False):
         super().__init__()
         d, H, Hkv, hd = (config["hidden_size"], config["num_attention_heads"],
                          config["num_key_value_heads"], config["head_dim"])
@@ -37,6 +43,7 @@ class Attention(nn.Module):
         if consumer:
             self.swa_k_proj = nn.Linear(d, Hkv * hd, bias=False)
             self.swa_v_proj = nn.Linear(d, Hkv * hd, bias=False)
+        if source:
             self.global_k_proj = nn.Linear(d, Hkv * hd, bias=False)
             self.global_v_proj = nn.Linear(d, Hkv * hd, bias=False)
         else:
@@ -56,11 +63,11 @@ class Mlp(nn.Module):
 
 
 class Layer(nn.Module):
-    def __init__(self, config, consumer):
+    def __init__(self, config, consumer, source=False):
         super().__init__()
         d, eps = config["hidden_size"], config["rms_norm_eps"]
         self.attn_norm = RmsNorm(d, eps)
-        self.self_attn = Attention(config, consumer)
+        self.self_attn = Attention(config, consumer, source)
         self.mlp_norm = RmsNorm(d, eps)
         self.mlp = Mlp(d, config["intermediate_size"])
 
@@ -70,7 +77,8 @@ class Body(nn.Module):
         super().__init__()
         P, N = config["n_prefill_layer"], config["num_hidden_layers"]
         self.embed_tokens = nn.Embedding(config["vocab_size"], config["hidden_size"])
-        self.layers = nn.ModuleList(Layer(config, l >= P) for l in range(N))
+        sources = block_kv_sources(config)
+        self.layers = nn.ModuleList(Layer(config, l >= P, l in sources) for l in range(N))
         self.norm = RmsNorm(config["hidden_size"], config["rms_norm_eps"])
 
 
@@ -158,8 +166,11 @@ class Ced(nn.Module):
             a = layer.self_attn
             x = layer.attn_norm(h)
             q = self.rope(self.heads(a.q_proj(x), self.H), cos, sin)
-            kg = self.expand(self.rope(self.heads(a.global_k_proj(s), self.Hkv), cos, sin))
-            vg = self.expand(self.heads(a.global_v_proj(s), self.Hkv))
+            # A block-KV source projects its block KV from s; the layers above it up to the
+            # next source read the same kg, vg.
+            if hasattr(a, "global_k_proj"):
+                kg = self.expand(self.rope(self.heads(a.global_k_proj(s), self.Hkv), cos, sin))
+                vg = self.expand(self.heads(a.global_v_proj(s), self.Hkv))
             ks = self.expand(self.rope(self.heads(a.swa_k_proj(x), self.Hkv), cos, sin))
             vs = self.expand(self.heads(a.swa_v_proj(x), self.Hkv))
             # One softmax over the global keys j <= i and the SWA keys lo_i <= j <= i.

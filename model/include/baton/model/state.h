@@ -2,8 +2,9 @@
 // that a transport can move it without copying:
 //   - producer SWA (stored region): per producer layer, K and V rings of C slots;
 //   - consumer SWA (dropped region): per consumer layer, K and V rings of C slots;
-//   - block KV (stored region): pages of B positions, each holding every consumer layer's
-//     global K and V rows for those positions.
+//   - block KV (stored region): pages of B positions, each holding every block-KV group's
+//     global K and V rows for those positions (G groups: one per source layer of
+//     block_kv_sources, or one per consumer layer without sharing).
 // Ring slot of position p is p % C. The regions are backend memory (backend.h): host memory
 // for the CPU backend, device memory for the CUDA one; a SequenceState only holds the
 // pointers, so the same class serves both. Threading: a SequenceState belongs to one request
@@ -26,6 +27,7 @@ struct StateLayout {
   int64_t ring_capacity = 0;    // C
   int64_t block_size = 0;       // B
   int64_t kv_dim = 0;           // Hkv * hd
+  int64_t block_kv_groups = 0;  // G: block KV held once per group, read by D layers
 
   static StateLayout For(const ModelConfig& config);
 
@@ -33,8 +35,8 @@ struct StateLayout {
   int64_t producer_swa_floats() const { return producer_layers * 2 * ring_capacity * kv_dim; }
   // Consumer ring of consumer layer l: same layout as the producer rings.
   int64_t consumer_swa_floats() const { return consumer_layers * 2 * ring_capacity * kv_dim; }
-  // Page: for consumer layer l, K rows [B, kv_dim] at l * 2 * B * kv_dim, V rows after them.
-  int64_t page_floats() const { return consumer_layers * 2 * block_size * kv_dim; }
+  // Page: for block-KV group g, K rows [B, kv_dim] at g * 2 * B * kv_dim, V rows after them.
+  int64_t page_floats() const { return block_kv_groups * 2 * block_size * kv_dim; }
   // Producer SWA rows of one block as the prefix store keeps them (DESIGN section 5):
   // [P][2][B][kv_dim], K rows then V rows per producer layer.
   int64_t stored_swa_block_floats() const { return producer_layers * 2 * block_size * kv_dim; }
@@ -42,8 +44,8 @@ struct StateLayout {
   int64_t ring_v_offset(int64_t layer) const {
     return ring_k_offset(layer) + ring_capacity * kv_dim;
   }
-  int64_t page_k_offset(int64_t layer) const { return layer * 2 * block_size * kv_dim; }
-  int64_t page_v_offset(int64_t layer) const { return page_k_offset(layer) + block_size * kv_dim; }
+  int64_t page_k_offset(int64_t group) const { return group * 2 * block_size * kv_dim; }
+  int64_t page_v_offset(int64_t group) const { return page_k_offset(group) + block_size * kv_dim; }
 };
 
 // Where block-KV pages come from: a backend's memory by default; a node's pool in serving

@@ -2,8 +2,8 @@
 // and model.safetensors.
 //
 // At load, matrices that always run on the same input are stacked so that one GEMM computes
-// them: a producer's q, k, v; a consumer's q, swa_k, swa_v; every consumer layer's global k
-// and v (all projected from the boundary's shared rows); gate and up. Loading refuses any
+// them: a producer's q, k, v; a consumer's q, swa_k, swa_v; every block-KV source layer's global
+// k and v (all projected from the boundary's shared rows); gate and up. Loading refuses any
 // missing or unexpected tensor, wrong shape, unknown dtype, truncated file or inconsistent
 // config with a message naming the tensor or field, and leaves nothing half-loaded.
 #pragma once
@@ -40,7 +40,8 @@ struct CedWeights {
   std::vector<float> embed;                     // [V, d]
   std::vector<ProducerLayerWeights> producers;  // layers [0, P)
   std::vector<ConsumerLayerWeights> consumers;  // layers [P, N)
-  // [D * 2 * Hkv*hd, d]: for consumer l, global_k_proj rows then global_v_proj rows.
+  // [G * 2 * Hkv*hd, d]: for block-KV group g (source layer block_kv_sources[g], or consumer
+  // layer P + g without sharing), global_k_proj rows then global_v_proj rows.
   std::vector<float> global_kv;
   std::vector<float> final_norm;  // [d]
   std::vector<float> lm_head;     // [V, d]; empty when tie_word_embeddings

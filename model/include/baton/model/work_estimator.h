@@ -38,7 +38,7 @@ ChunkWork EstimateChunkWork(const TruncationSpec& spec, int64_t q_start, int64_t
 // omitted as they are lower order.
 struct FlopCount {
   double producer = 0;  // all producer layers
-  double consumer = 0;  // all consumer layers, block-KV projection included
+  double consumer = 0;  // all consumer layers, block-KV projection (once per source) included
   double lm_head = 0;   // logits of the last prompt row (the sampled one)
   double total() const { return producer + consumer + lm_head; }
 };

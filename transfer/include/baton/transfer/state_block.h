@@ -7,8 +7,9 @@
 // Regions of a request of L prompt tokens (StateLayout):
 //   producer SWA   P x 2 x C x kv_dim floats     moves; its rows of each block also persist
 //   consumer SWA   D x 2 x C x kv_dim floats     moves; never persists
-//   block KV       ceil(L / B) pages of D x 2 x B x kv_dim floats, moved back to back; each
-//                  page persists as the block's "block_kv" value
+//   block KV       ceil(L / B) pages of G x 2 x B x kv_dim floats (G block-KV groups: one per
+//                  block_kv_sources entry, else D), moved back to back; each page persists as
+//                  the block's "block_kv" value
 // A block's "producer_swa" store value is its B producer rows, [P][2][B][kv_dim] (K rows, then
 // V rows, per producer layer): the ring keeps only the last C rows, so they are captured while
 // the block is computed.
