@@ -43,9 +43,9 @@ class Attention(nn.Module):
         if consumer:
             self.swa_k_proj = nn.Linear(d, Hkv * hd, bias=False)
             self.swa_v_proj = nn.Linear(d, Hkv * hd, bias=False)
-        if source:
-            self.global_k_proj = nn.Linear(d, Hkv * hd, bias=False)
-            self.global_v_proj = nn.Linear(d, Hkv * hd, bias=False)
+            if source:
+                self.global_k_proj = nn.Linear(d, Hkv * hd, bias=False)
+                self.global_v_proj = nn.Linear(d, Hkv * hd, bias=False)
         else:
             self.k_proj = nn.Linear(d, Hkv * hd, bias=False)
             self.v_proj = nn.Linear(d, Hkv * hd, bias=False)
