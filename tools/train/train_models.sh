@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Retrains the three models that ship in models/: ced-brown-plain, ced-brown-replay and
+# Trains the models of models/: ced-brown-plain and ced-brown-replay, which ship, and
 # ced-brown-shared, from the same seed, data and order; the second with half its sequences
 # trained under truncated consumer SWA, the third with one block-KV source (block_kv_sources
 # [4]: the boundary layer's block KV serves all four consumer layers; tools/train/train.py).
