@@ -100,10 +100,9 @@ __attribute__((always_inline)) inline auto WidenBy16(Halves h) {
   typedef uint32_t Words __attribute__((vector_size(2 * sizeof(Halves))));
   if constexpr (sizeof(Halves) == 8) {
     typedef uint16_t Shorts8 __attribute__((vector_size(16)));
-    typedef uint16_t Mask8 __attribute__((vector_size(16)));
     Shorts8 low{};
     std::memcpy(&low, &h, sizeof h);
-    const Shorts8 pairs = __builtin_shuffle(Shorts8{}, low, Mask8{0, 8, 1, 9, 2, 10, 3, 11});
+    const Shorts8 pairs = __builtin_shufflevector(Shorts8{}, low, 0, 8, 1, 9, 2, 10, 3, 11);
     Words bits;
     std::memcpy(&bits, &pairs, sizeof bits);
     return bits;
