@@ -123,7 +123,7 @@ TEST(CpuTeamTest, RangesCoverTheCountOnceInOrder) {
   }
 }
 
-// One indivisible piece (a decode step's row) runs on the calling thread, marked as inside a job:
+// One indivisible piece (a GEMM of one panel) runs on the calling thread, marked as inside a job:
 // a team call it makes runs there too.
 TEST(CpuTeamTest, ARangeOfOneRunsOnTheCallingThread) {
   std::thread::id ran_on, nested_on;

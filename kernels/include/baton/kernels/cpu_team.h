@@ -44,7 +44,7 @@ void RunOnCpuTeam(Fn&& fn) {
 }
 
 // Runs job(ctx, 0, 1) on the calling thread, as RunOnCpuTeam runs a job it cannot share: for work
-// of one indivisible piece (a decode step's single row), which a hand-off would only delay.
+// of one indivisible piece (a GEMM of one panel), which a hand-off would only delay.
 void RunOnCallingThread(void (*job)(void* ctx, int64_t t, int64_t team), void* ctx);
 
 // fn(begin, end) over [0, count) cut into one contiguous range per thread; a count of one runs
