@@ -111,6 +111,7 @@ T* Grow(Backend& backend, BackendArray<T>& buffer, size_t count) {
 
 CedEngine::CedEngine(CedWeights weights, std::unique_ptr<Backend> backend)
     : config_(weights.config),
+      held_(weights.held),
       fingerprint_(weights.fingerprint),
       host_weights_(std::move(weights)),
       backend_(std::move(backend)),
@@ -138,6 +139,7 @@ absl::Status CedEngine::Upload(WeightType weight_type) {
   const bool in_place = backend.host_memory();
   bool ok = true;
   auto place = [&](const std::vector<float>& host) -> const float* {
+    weight_bytes_ += static_cast<int64_t>(host.size() * sizeof(float));
     if (in_place) return host.data();
     BackendArray<float> copy(backend, host.size());
     if (copy.data() == nullptr) {
@@ -157,10 +159,13 @@ absl::Status CedEngine::Upload(WeightType weight_type) {
     if (rows < 0) rows = static_cast<int64_t>(host.size()) / in - first;
     const kernels::PackWeightsParams rows_of{.out = rows, .in = in, .w = host.data() + first * in};
     if (!pack) {
+      if (first > 0) weight_bytes_ -= static_cast<int64_t>(host.size() * sizeof(float));  // shared
       const float* whole = place(host);
       return {.f32 = whole != nullptr ? whole + first * in : nullptr};
     }
     const int64_t count = kernels::PackedWeightCount(rows, in);
+    weight_bytes_ += count * static_cast<int64_t>(type == WeightType::kBf16 ? sizeof(kernels::Bf16)
+                                                                            : sizeof(float));
     auto pack_into = [&](auto* panels) {
       if (swiglu) {
         kernels::PackSwiGluWeights(rows_of, panels);
@@ -193,13 +198,23 @@ absl::Status CedEngine::Upload(WeightType weight_type) {
   Weights& d = *weights_;
   const int64_t hidden = config_.hidden_size, inter = config_.intermediate_size;
   const int64_t q_dim = config_.num_attention_heads * config_.head_dim;
+  const bool all = held_ == HeldLayers::kAll;
   d.embed = place(w.embed);
   d.global_kv = weight(w.global_kv, hidden);
   release(w.global_kv);
-  d.final_norm = place(w.final_norm);
-  // A tied LM head is the embedding table, which is read in FP32 (the lookup keeps it as it is).
-  d.lm_head = config_.tie_word_embeddings ? matrix(w.embed, hidden) : weight(w.lm_head, hidden);
-  release(w.lm_head);
+  if (all) {
+    d.final_norm = place(w.final_norm);
+    // A tied LM head is the embedding table, read in FP32 (the lookup keeps it as it is); the
+    // CPU backend packs a copy, a device backend reads the same upload.
+    if (!config_.tie_word_embeddings) {
+      d.lm_head = weight(w.lm_head, hidden);
+    } else if (pack) {
+      d.lm_head = matrix(w.embed, hidden);
+    } else {
+      d.lm_head = {.f32 = d.embed};
+    }
+    release(w.lm_head);
+  }
   for (ProducerLayerWeights& l : w.producers) {
     d.producers.push_back({.attn_norm = place(l.attn_norm),
                            .qkv = weight(l.qkv, hidden),
@@ -209,7 +224,13 @@ absl::Status CedEngine::Upload(WeightType weight_type) {
                            .down = weight(l.down, inter)});
     for (std::vector<float>* m : {&l.qkv, &l.o, &l.gate_up, &l.down}) release(*m);
   }
-  for (ConsumerLayerWeights& l : w.consumers) {
+  if (!all) {
+    // The boundary's norm alone: its rows feed the block-KV projections.
+    d.consumers.push_back({.attn_norm = place(w.consumers[0].attn_norm)});
+  }
+  const size_t held_consumers = all ? w.consumers.size() : 0;
+  for (size_t i = 0; i < held_consumers; ++i) {
+    ConsumerLayerWeights& l = w.consumers[i];
     Weights::Layer layer{.attn_norm = place(l.attn_norm),
                          .o = weight(l.o, q_dim),
                          .mlp_norm = place(l.mlp_norm),
@@ -256,7 +277,8 @@ void CedEngine::ReturnWorkspace(std::unique_ptr<Workspace> workspace) {
 }
 
 absl::Status CedEngine::RunStep(const StepPlan& step, const ProducerRowsCallback* on_producer_rows,
-                                float* logits) {
+                                float* logits, float* boundary_out, int64_t boundary_first,
+                                int64_t boundary_rows) {
   using kernels::AttentionParams;
   using kernels::BlockKvSource;
   Backend& be = *backend_;
@@ -272,7 +294,9 @@ absl::Status CedEngine::RunStep(const StepPlan& step, const ProducerRowsCallback
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const StateLayout layout = state_layout();
   const int64_t rows = step.rows, consumer_rows = step.consumer_rows, n_logits = step.logit_rows;
-  if (rows == 0) return absl::OkStatus();
+  // Residual rows: the full rows, then the replay rows handed over (boundary rows).
+  const int64_t residual_rows = rows + step.replay_rows;
+  if (residual_rows == 0) return absl::OkStatus();
 
   struct Returner {
     CedEngine* engine;
@@ -301,13 +325,13 @@ absl::Status CedEngine::RunStep(const StepPlan& step, const ProducerRowsCallback
     ints = device_ints;
     pages = device_pages;
   }
-  float* const h = grow(ws.h, rows * d);
+  float* const h = grow(ws.h, residual_rows * d);
   float* const x = grow(ws.x, max_rows * d);
   float* const qkv = grow(ws.qkv, max_rows * qkv_dim);
   float* const attn = grow(ws.attn, max_rows * q_dim);
   float* const gate_up = grow(ws.gate_up, max_rows * 2 * inter);
   float* const act = grow(ws.act, max_rows * inter);
-  float* const shared = grow(ws.shared, rows * d);
+  float* const shared = grow(ws.shared, residual_rows * d);
   float* const global = grow(ws.global, rows * global_dim);
   float* const hc = grow(ws.hc, consumer_rows * d);
   float* const sc = grow(ws.sc, consumer_rows * d);
@@ -380,15 +404,17 @@ absl::Status CedEngine::RunStep(const StepPlan& step, const ProducerRowsCallback
                                    .tail_start = tail_start},
                            .global = global_source};
   };
-  std::vector<AttentionParams> attention(step.segments.size());
+  std::vector<AttentionParams> attention;
   std::vector<BlockKvSource> block_kv(step.segments.size());
   std::vector<float> host_rows;
   const Weights& wt = *weights_;
 
-  be.Embedding({.rows = rows, .dim = d, .table = wt.embed, .ids = ints + step.tokens, .out = h});
+  if (rows > 0) {
+    be.Embedding({.rows = rows, .dim = d, .table = wt.embed, .ids = ints + step.tokens, .out = h});
+  }
 
   // Producer layers: window-W SWA over every row; a segment's last C rows enter the ring.
-  for (int64_t l = 0; l < c.num_producer_layers(); ++l) {
+  for (int64_t l = 0; rows > 0 && l < c.num_producer_layers(); ++l) {
     const Weights::Layer& w = wt.producers[l];
     be.RmsNorm({.rows = rows, .dim = d, .x = h, .weight = w.attn_norm, .out = x, .eps = eps});
     gemm({.rows = rows, .in = d, .out = qkv_dim, .x = x, .y = qkv}, w.qkv);
@@ -399,8 +425,9 @@ absl::Status CedEngine::RunStep(const StepPlan& step, const ProducerRowsCallback
              .stride = qkv_dim,
              .positions = positions,
              .theta = c.rope_theta});
-    for (size_t s = 0; s < step.segments.size(); ++s) {
-      const StepSegment& seg = step.segments[s];
+    attention.clear();
+    for (const StepSegment& seg : step.segments) {
+      if (seg.rows == 0) continue;  // a replay piece: its rows enter at the consumers
       if (on_producer_rows != nullptr && *on_producer_rows) {
         const float* seg_rows = qkv + seg.row_offset * qkv_dim;
         if (!be.host_memory()) {
@@ -412,30 +439,40 @@ absl::Status CedEngine::RunStep(const StepPlan& step, const ProducerRowsCallback
         (*on_producer_rows)(l, seg.q_start, seg.rows, seg_rows + q_dim, seg_rows + q_dim + kv_dim,
                             qkv_dim);
       }
-      attention[s] = swa_attention(seg.rows, seg.row_offset, positions + seg.row_offset,
-                                   ints + step.producer_lo + seg.row_offset, seg.producer_swa, l,
-                                   seg.q_start, nullptr);
+      attention.push_back(swa_attention(seg.rows, seg.row_offset, positions + seg.row_offset,
+                                        ints + step.producer_lo + seg.row_offset, seg.producer_swa,
+                                        l, seg.q_start, nullptr));
     }
     be.Attention(attention);
     // Ring writes come after attention: a new row may take the slot of a key still being read.
     for (const StepSegment& seg : step.segments) {
+      if (seg.rows == 0) continue;
       write_ring(seg.producer_swa, l, seg.rows, seg.row_offset,
                  ints + step.producer_slots + seg.row_offset);
     }
     output_and_mlp(h, rows, w);
   }
 
-  // Boundary (layer P): shared rows s over every row, and from them the block KV of every
-  // group (each source layer's projection), which is therefore exact whatever the truncation
-  // (seed 9.2.2).
-  be.RmsNorm({.rows = rows,
+  // Replay rows enter here: the boundary rows a prefill node computed and handed over.
+  float* replay_row = h + rows * d;
+  for (size_t i = 0; i < step.replay_input.size(); ++i) {
+    be.CopyIn(replay_row, step.replay_input[i], step.replay_input_rows[i] * d * sizeof(float));
+    replay_row += step.replay_input_rows[i] * d;
+  }
+
+  // Boundary (layer P): shared rows s over every residual row, and from the full rows' the
+  // block KV of every group (each source layer's projection), which is therefore exact
+  // whatever the truncation (seed 9.2.2). A replay row's block KV came with its StateBlock.
+  be.RmsNorm({.rows = residual_rows,
               .dim = d,
               .x = h,
               .weight = wt.consumers[0].attn_norm,
               .out = shared,
               .eps = eps});
-  gemm({.rows = rows, .in = d, .out = global_dim, .x = shared, .y = global}, wt.global_kv);
-  for (int64_t g = 0; g < G; ++g) {
+  if (rows > 0) {
+    gemm({.rows = rows, .in = d, .out = global_dim, .x = shared, .y = global}, wt.global_kv);
+  }
+  for (int64_t g = 0; rows > 0 && g < G; ++g) {
     be.Rope({.rows = rows,
              .heads = Hkv,
              .head_dim = hd,
@@ -445,7 +482,7 @@ absl::Status CedEngine::RunStep(const StepPlan& step, const ProducerRowsCallback
              .theta = c.rope_theta});
   }
   for (const StepSegment& seg : step.segments) {
-    for (int64_t g = 0; g < G; ++g) {
+    for (int64_t g = 0; seg.rows > 0 && g < G; ++g) {
       for (const bool is_v : {false, true}) {
         be.WriteBlockKv(
             {.rows = seg.rows,
@@ -459,6 +496,9 @@ absl::Status CedEngine::RunStep(const StepPlan& step, const ProducerRowsCallback
       }
     }
   }
+  if (boundary_out != nullptr && boundary_rows > 0) {
+    be.CopyOut(boundary_out, h + boundary_first * d, boundary_rows * d * sizeof(float));
+  }
   if (consumer_rows == 0) return be.Synchronize();
 
   // Consumer layers over each segment's consumer rows (the last rows of the segment).
@@ -471,6 +511,7 @@ absl::Status CedEngine::RunStep(const StepPlan& step, const ProducerRowsCallback
                    .dst = to,
                    .dst_stride = d});
   }
+  attention.resize(step.segments.size());
   for (int64_t l = 0; l < D; ++l) {
     const Weights::Layer& w = wt.consumers[l];
     be.RmsNorm(
@@ -545,6 +586,9 @@ absl::StatusOr<PrefillResult> CedEngine::Prefill(std::span<const int32_t> tokens
       SchedulePrefill(config_, tokens, options, state.length);
   if (!schedule.ok()) return schedule.status();
   const int64_t L = static_cast<int64_t>(tokens.size());
+  if (!options.boundary_rows.empty() || held_ != HeldLayers::kAll) {
+    return PrefillProducers(tokens, options, *schedule, state);
+  }
   if (absl::Status s = state.EnsurePages(L); !s.ok()) return s;
 
   PrefillResult result;
@@ -581,26 +625,87 @@ absl::StatusOr<PrefillResult> CedEngine::Prefill(std::span<const int32_t> tokens
   return result;
 }
 
-absl::Status CedEngine::Decode(std::span<const DecodeItem> batch) {
+absl::StatusOr<PrefillResult> CedEngine::PrefillProducers(std::span<const int32_t> tokens,
+                                                          const PrefillOptions& options,
+                                                          const PrefillSchedule& schedule,
+                                                          SequenceState& state) {
+  const int64_t L = static_cast<int64_t>(tokens.size()), d = config_.hidden_size;
+  const int64_t begin = schedule.plan.spec.replay_begin();
+  if (options.boundary_rows.empty()) {
+    return absl::FailedPreconditionError(
+        "this engine holds the producer layers only (the prefill node of the replay-on-decode "
+        "split): it prefills into boundary rows and computes no logits");
+  }
+  if (static_cast<int64_t>(options.boundary_rows.size()) != (L - begin) * d) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "boundary_rows holds ", options.boundary_rows.size(), " floats; the replay range [", begin,
+        ", ", L, ") needs ", (L - begin) * d, " (", L - begin, " rows of hidden_size ", d, ")"));
+  }
+  if (options.result_logits) {
+    return absl::InvalidArgumentError(
+        "result_logits: a replay-on-decode prefill computes no logits (the decode node does)");
+  }
+  if (absl::Status s = state.EnsurePages(L); !s.ok()) return s;
+  for (const PrefillRun& run : schedule.runs) {
+    if (options.cancelled && options.cancelled()) return PrefillCancelled(run.q_start, L);
+    // Producers and the block KV only: a run with no consumer rows.
+    const PrefillRun bare{.q_start = run.q_start, .rows = run.rows};
+    const StepPlan step = PlanPrefillStep(config_, schedule, bare, tokens, state);
+    const int64_t first = std::max(begin, run.q_start), end = run.q_start + run.rows;
+    float* out = first < end ? options.boundary_rows.data() + (first - begin) * d : nullptr;
+    if (absl::Status s = RunStep(step, &options.on_producer_rows, nullptr, out, first - run.q_start,
+                                 std::max<int64_t>(0, end - first));
+        !s.ok()) {
+      return s;
+    }
+  }
+  state.length = L;
+  state.s_valid = options.s_valid;
+  PrefillResult result;
+  result.consumer_rows = L - begin;  // what the decode node's replay computes
+  return result;
+}
+
+absl::Status CedEngine::Step(std::span<const DecodeItem> decode,
+                             std::span<const ReplayItem> replay) {
   const std::unique_lock<std::mutex> serial = Serialize();
-  const size_t n = batch.size();
+  if (held_ != HeldLayers::kAll) {
+    return absl::FailedPreconditionError(
+        "this engine holds the producer layers only (the prefill node of the replay-on-decode "
+        "split); it cannot decode or replay");
+  }
+  const size_t n = decode.size();
   std::vector<SequenceState*> states(n);
   std::vector<int32_t> tokens(n);
   for (size_t i = 0; i < n; ++i) {
-    if (batch[i].logits == nullptr) {
+    if (decode[i].logits == nullptr) {
       return absl::InvalidArgumentError(absl::StrCat("decode item ", i, " has no logits"));
     }
-    states[i] = batch[i].state;
-    tokens[i] = batch[i].token;
+    states[i] = decode[i].state;
+    tokens[i] = decode[i].token;
   }
-  absl::StatusOr<StepPlan> step = PlanDecodeStep(config_, states, tokens);
+  int64_t logit_rows = static_cast<int64_t>(n);
+  for (size_t i = 0; i < replay.size(); ++i) {
+    const int64_t rows = ReplayLogitRows(replay[i]);
+    if (rows > 0 && replay[i].logits == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat("replay item ", i, " has no logits"));
+    }
+    logit_rows += rows;
+  }
+  absl::StatusOr<StepPlan> step = PlanDecodeStep(config_, states, tokens, replay);
   if (!step.ok()) return step.status();
   const int64_t V = config_.vocab_size;
-  std::vector<float> logits(n * V);
+  std::vector<float> logits(logit_rows * V);
   if (absl::Status s = RunStep(*step, nullptr, logits.data()); !s.ok()) return s;
   for (size_t i = 0; i < n; ++i) {
-    std::copy_n(logits.data() + i * V, V, batch[i].logits);
-    batch[i].state->length += 1;
+    std::copy_n(logits.data() + i * V, V, decode[i].logits);
+    decode[i].state->length += 1;
+  }
+  const float* next = logits.data() + n * V;
+  for (const ReplayItem& item : replay) {
+    const int64_t rows = ReplayLogitRows(item);
+    std::copy_n(next, rows * V, item.logits);
+    next += rows * V;
   }
   return absl::OkStatus();
 }

@@ -41,8 +41,8 @@ absl::StatusOr<void*> LoadCudaBackendLibrary() {
 
 absl::StatusOr<std::unique_ptr<Engine>> LoadOnto(const std::string& model_dir,
                                                  std::unique_ptr<Backend> backend,
-                                                 WeightType weight_type) {
-  absl::StatusOr<CedWeights> weights = LoadCedWeights(model_dir);
+                                                 WeightType weight_type, HeldLayers held) {
+  absl::StatusOr<CedWeights> weights = LoadCedWeights(model_dir, held);
   if (!weights.ok()) return weights.status();
   absl::StatusOr<std::unique_ptr<CedEngine>> engine =
       CedEngine::Create(*std::move(weights), std::move(backend), weight_type);
@@ -77,10 +77,10 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(Device device, int ordinal,
 }
 
 absl::StatusOr<std::unique_ptr<Engine>> LoadEngine(const std::string& model_dir, Device device,
-                                                   WeightType weight_type) {
+                                                   WeightType weight_type, HeldLayers held) {
   absl::StatusOr<std::unique_ptr<Backend>> backend = MakeBackend(device);
   if (!backend.ok()) return backend.status();
-  return LoadOnto(model_dir, *std::move(backend), weight_type);
+  return LoadOnto(model_dir, *std::move(backend), weight_type, held);
 }
 
 absl::StatusOr<kernels::CudaOptions> CudaOptionsFrom(const std::string& prefill_attention,
@@ -100,7 +100,8 @@ absl::StatusOr<kernels::CudaOptions> CudaOptionsFrom(const std::string& prefill_
 }
 
 absl::StatusOr<std::unique_ptr<Engine>> LoadEngineOnDevice(const std::string& model_dir,
-                                                           const DeviceFlags& flags) {
+                                                           const DeviceFlags& flags,
+                                                           HeldLayers held) {
   absl::StatusOr<Device> device = ParseDevice(flags.device, "--device");
   if (!device.ok()) return device.status();
   absl::StatusOr<WeightType> weight_type = ParseWeightType(flags.weights, "--weights");
@@ -116,7 +117,7 @@ absl::StatusOr<std::unique_ptr<Engine>> LoadEngineOnDevice(const std::string& mo
     return absl::InvalidArgumentError(
         absl::StrCat("--device ", flags.device, ": ", backend.status().message()));
   }
-  return LoadOnto(model_dir, *std::move(backend), *weight_type);
+  return LoadOnto(model_dir, *std::move(backend), *weight_type, held);
 }
 
 }  // namespace baton::model

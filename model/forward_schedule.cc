@@ -90,6 +90,30 @@ absl::StatusOr<DecodeRow> ScheduleDecodeRow(const ModelConfig& config, int64_t i
       .slot = static_cast<int32_t>(length % config.ring_capacity())};
 }
 
+int64_t BoundaryRowCount(int64_t prompt_len, TruncationMode mode, int64_t keep, int64_t s_valid) {
+  const TruncationSpec spec{
+      .prompt_len = prompt_len, .keep = keep, .mode = mode, .s_valid = s_valid};
+  return prompt_len - spec.replay_begin();
+}
+
+absl::StatusOr<TruncationSpec> ReplaySpec(const ModelConfig& config, int64_t prompt_len,
+                                          TruncationMode mode, int64_t keep, int64_t s_valid) {
+  TruncationSpec spec{.prompt_len = prompt_len,
+                      .keep = keep,
+                      .mode = mode,
+                      .window = config.sliding_window,
+                      .max_backtrack = config.max_backtrack,
+                      .s_valid = s_valid};
+  if (absl::Status s = ValidateTruncationSpec(spec); !s.ok()) return s;
+  spec.s_valid = spec.replay_begin();
+  return spec;
+}
+
+int64_t ReplayLogitRows(const ReplayItem& item) {
+  if (item.all_logits) return item.rows;
+  return item.q_start + item.rows == item.spec.prompt_len ? 1 : 0;
+}
+
 namespace {
 
 // Builds a StepPlan segment by segment, then lays its integer sections out in one array.
@@ -131,8 +155,42 @@ class StepBuilder {
     plan_.segments.push_back(seg);
   }
 
+  // A replay piece: no full rows; its consumer rows continue the boundary rows handed over,
+  // which the step places after its full rows.
+  void AddReplay(const ReplayItem& item) {
+    const ChunkPlan chunk = PlanChunk(item.spec, item.q_start, item.rows);
+    const int64_t m = static_cast<int64_t>(chunk.consumer_positions.size());
+    StepSegment seg{.producer_swa = item.state->producer_swa(),
+                    .consumer_swa = item.state->consumer_swa(),
+                    .q_start = item.q_start,
+                    .rows = 0,
+                    .row_offset = static_cast<int64_t>(tokens_.size()),
+                    .consumer_rows = m,
+                    .consumer_offset = static_cast<int64_t>(consumer_positions_.size()),
+                    .consumer_start = chunk.consumer_positions[0],
+                    .page_table = static_cast<int64_t>(plan_.page_tables.size())};
+    for (int64_t r = 0; r < m; ++r) {
+      replay_sources_.push_back(consumer_source_.size());
+      consumer_source_.push_back(static_cast<int32_t>(plan_.replay_rows + r));
+      consumer_positions_.push_back(chunk.consumer_positions[r]);
+      consumer_lo_.push_back(chunk.swa_lo[r]);
+      consumer_slots_.push_back(chunk.consumer_slots[r]);
+    }
+    for (int64_t r = item.all_logits ? 0 : m - ReplayLogitRows(item); r < m; ++r) {
+      logit_source_.push_back(static_cast<int32_t>(seg.consumer_offset + r));
+    }
+    plan_.replay_rows += m;
+    plan_.replay_input.push_back(item.boundary);
+    plan_.replay_input_rows.push_back(m);
+    plan_.page_tables.insert(plan_.page_tables.end(), item.state->pages().begin(),
+                             item.state->pages().end());
+    plan_.segments.push_back(seg);
+  }
+
   StepPlan Finish() && {
     plan_.rows = static_cast<int64_t>(tokens_.size());
+    // Replay rows sit after the full rows.
+    for (size_t i : replay_sources_) consumer_source_[i] += static_cast<int32_t>(plan_.rows);
     plan_.consumer_rows = static_cast<int64_t>(consumer_positions_.size());
     plan_.logit_rows = static_cast<int64_t>(logit_source_.size());
     auto append = [&](const std::vector<int32_t>& section) {
@@ -157,6 +215,7 @@ class StepBuilder {
   StepPlan plan_;
   std::vector<int32_t> tokens_, positions_, producer_lo_, producer_slots_, consumer_source_,
       consumer_positions_, consumer_lo_, consumer_slots_, logit_source_;
+  std::vector<size_t> replay_sources_;  // consumer_source_ entries that index replay rows
 };
 
 }  // namespace
@@ -179,7 +238,8 @@ StepPlan PlanPrefillStep(const ModelConfig& config, const PrefillSchedule& sched
 
 absl::StatusOr<StepPlan> PlanDecodeStep(const ModelConfig& config,
                                         std::span<SequenceState* const> states,
-                                        std::span<const int32_t> tokens) {
+                                        std::span<const int32_t> tokens,
+                                        std::span<const ReplayItem> replay) {
   StepBuilder step(config);
   const int64_t logit_row = 0;
   for (size_t i = 0; i < states.size(); ++i) {
@@ -193,6 +253,31 @@ absl::StatusOr<StepPlan> PlanDecodeStep(const ModelConfig& config,
     if (absl::Status s = state->EnsurePages(row->position + 1); !s.ok()) return s;
     step.Add(*state, row->position, 1, &tokens[i], 1, &row->position, &row->swa_lo, &row->slot,
              {&logit_row, 1});
+  }
+  for (size_t i = 0; i < replay.size(); ++i) {
+    const ReplayItem& item = replay[i];
+    const int64_t L = item.spec.prompt_len;
+    auto bad = [&](auto... what) {
+      return absl::InvalidArgumentError(absl::StrCat("replay item ", i, ": ", what...));
+    };
+    if (item.state == nullptr) return bad("has no state");
+    if (item.boundary == nullptr) return bad("has no boundary rows");
+    if (absl::Status s = ValidateTruncationSpec(item.spec); !s.ok()) return bad(s.message());
+    if (item.spec.window != config.sliding_window ||
+        item.spec.max_backtrack != config.max_backtrack) {
+      return bad("its plan's window and max_backtrack are not the model's (use ReplaySpec)");
+    }
+    if (item.rows < 1 || item.q_start < item.spec.s_valid || item.q_start > L - item.rows) {
+      return bad("rows [", item.q_start, ", ", item.q_start + item.rows,
+                 ") must be a non-empty range inside the replay range [", item.spec.s_valid, ", ",
+                 L, ")");
+    }
+    if (item.state->length != L ||
+        static_cast<int64_t>(item.state->pages().size()) * config.kv_block_size < L) {
+      return bad("its state holds ", item.state->length, " positions; a replay needs the whole ",
+                 "prompt's block KV and producer rings (", L, " positions) staged in");
+    }
+    step.AddReplay(item);
   }
   return std::move(step).Finish();
 }

@@ -31,6 +31,8 @@ absl::Status ValidateChunks(const TruncationSpec& spec, const std::vector<int64_
   return absl::OkStatus();
 }
 
+}  // namespace
+
 ChunkPlan PlanChunk(const TruncationSpec& spec, int64_t q_start, int64_t q_len) {
   const int64_t capacity = spec.ring_capacity();
   const int64_t k = q_start + q_len;
@@ -55,8 +57,6 @@ ChunkPlan PlanChunk(const TruncationSpec& spec, int64_t q_start, int64_t q_len) 
   chunk.work = EstimateChunkWork(spec, q_start, q_len);
   return chunk;
 }
-
-}  // namespace
 
 absl::StatusOr<std::vector<int64_t>> EvenChunks(int64_t rows, int64_t chunk_size) {
   if (chunk_size < 1) {

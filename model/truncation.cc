@@ -51,6 +51,10 @@ int64_t TruncationSpec::retained_begin() const {
   return truncated() ? prompt_len - keep : 0;
 }
 
+int64_t TruncationSpec::replay_begin() const {
+  return std::max(s_keep(), s_valid);
+}
+
 int64_t TruncationSpec::swa_lower_bound(int64_t pos) const {
   const int64_t lo = std::max({pos - window + 1, s_keep(), s_valid});
   return std::clamp<int64_t>(lo, 0, pos + 1);

@@ -24,12 +24,22 @@ std::string Fingerprint(const ModelConfig& config, const Sha256Digest& weights_d
   return HexDigest(fingerprint.Finish());
 }
 
+// `buffer` + offset, or nullptr for a buffer the held layers leave empty.
+float* At(std::vector<float>& buffer, int64_t offset = 0) {
+  return buffer.empty() ? nullptr : buffer.data() + offset;
+}
+
 }  // namespace
+
+absl::string_view HeldLayersName(HeldLayers held) {
+  return held == HeldLayers::kProducers ? "producers" : "all";
+}
 
 void AllocateWeights(CedWeights& w) {
   const ModelConfig& c = w.config;
   const int64_t d = c.hidden_size, q = c.num_attention_heads * c.head_dim;
   const int64_t kv = c.num_key_value_heads * c.head_dim, inter = c.intermediate_size;
+  const bool all = w.held == HeldLayers::kAll;
   w.embed.assign(c.vocab_size * d, 0.0f);
   // Both layer groups hold a norm, a stacked q/k/v-like projection, o_proj, a norm and an MLP.
   auto allocate = [&](auto& layer, std::vector<float>& stacked_qkv) {
@@ -43,10 +53,14 @@ void AllocateWeights(CedWeights& w) {
   w.producers.assign(c.num_producer_layers(), {});
   for (ProducerLayerWeights& p : w.producers) allocate(p, p.qkv);
   w.consumers.assign(c.num_consumer_layers(), {});
-  for (ConsumerLayerWeights& l : w.consumers) allocate(l, l.q_swa_kv);
+  if (all) {
+    for (ConsumerLayerWeights& l : w.consumers) allocate(l, l.q_swa_kv);
+  } else {
+    w.consumers[0].attn_norm.assign(d, 0.0f);  // the boundary's norm, whose rows feed block KV
+  }
   w.global_kv.assign(c.num_block_kv_groups() * 2 * kv * d, 0.0f);
-  w.final_norm.assign(d, 0.0f);
-  w.lm_head.assign(c.tie_word_embeddings ? 0 : c.vocab_size * d, 0.0f);
+  w.final_norm.assign(all ? d : 0, 0.0f);
+  w.lm_head.assign(all && !c.tie_word_embeddings ? c.vocab_size * d : 0, 0.0f);
 }
 
 std::vector<TensorSlot> WeightTensorSlots(CedWeights& w) {
@@ -59,12 +73,12 @@ std::vector<TensorSlot> WeightTensorSlots(CedWeights& w) {
   auto common = [&](int64_t layer, std::vector<float>& attn_norm, std::vector<float>& o,
                     std::vector<float>& mlp_norm, std::vector<float>& gate_up,
                     std::vector<float>& down) {
-    slots.push_back({Layer(layer, "attn_norm.weight"), {d}, attn_norm.data()});
-    slots.push_back({Layer(layer, "self_attn.o_proj.weight"), {d, q}, o.data()});
-    slots.push_back({Layer(layer, "mlp_norm.weight"), {d}, mlp_norm.data()});
-    slots.push_back({Layer(layer, "mlp.gate_proj.weight"), {inter, d}, gate_up.data()});
-    slots.push_back({Layer(layer, "mlp.up_proj.weight"), {inter, d}, gate_up.data() + inter * d});
-    slots.push_back({Layer(layer, "mlp.down_proj.weight"), {d, inter}, down.data()});
+    slots.push_back({Layer(layer, "attn_norm.weight"), {d}, At(attn_norm)});
+    slots.push_back({Layer(layer, "self_attn.o_proj.weight"), {d, q}, At(o)});
+    slots.push_back({Layer(layer, "mlp_norm.weight"), {d}, At(mlp_norm)});
+    slots.push_back({Layer(layer, "mlp.gate_proj.weight"), {inter, d}, At(gate_up)});
+    slots.push_back({Layer(layer, "mlp.up_proj.weight"), {inter, d}, At(gate_up, inter * d)});
+    slots.push_back({Layer(layer, "mlp.down_proj.weight"), {d, inter}, At(down)});
   };
   for (int64_t l = 0; l < c.num_producer_layers(); ++l) {
     ProducerLayerWeights& p = w.producers[l];
@@ -76,11 +90,10 @@ std::vector<TensorSlot> WeightTensorSlots(CedWeights& w) {
   for (int64_t i = 0; i < c.num_consumer_layers(); ++i) {
     const int64_t l = c.n_prefill_layer + i;
     ConsumerLayerWeights& layer = w.consumers[i];
-    slots.push_back({Layer(l, "self_attn.q_proj.weight"), {q, d}, layer.q_swa_kv.data()});
+    slots.push_back({Layer(l, "self_attn.q_proj.weight"), {q, d}, At(layer.q_swa_kv)});
+    slots.push_back({Layer(l, "self_attn.swa_k_proj.weight"), {kv, d}, At(layer.q_swa_kv, q * d)});
     slots.push_back(
-        {Layer(l, "self_attn.swa_k_proj.weight"), {kv, d}, layer.q_swa_kv.data() + q * d});
-    slots.push_back(
-        {Layer(l, "self_attn.swa_v_proj.weight"), {kv, d}, layer.q_swa_kv.data() + (q + kv) * d});
+        {Layer(l, "self_attn.swa_v_proj.weight"), {kv, d}, At(layer.q_swa_kv, (q + kv) * d)});
     // Only block-KV sources project block KV (into their group's rows); the others read it.
     if (c.is_block_kv_source(l)) {
       float* global = w.global_kv.data() + c.block_kv_group(l) * 2 * kv * d;
@@ -89,17 +102,18 @@ std::vector<TensorSlot> WeightTensorSlots(CedWeights& w) {
     }
     common(l, layer.attn_norm, layer.o, layer.mlp_norm, layer.gate_up, layer.down);
   }
-  slots.push_back({"model.norm.weight", {d}, w.final_norm.data()});
+  slots.push_back({"model.norm.weight", {d}, At(w.final_norm)});
   if (!c.tie_word_embeddings) {
-    slots.push_back({"lm_head.weight", {c.vocab_size, d}, w.lm_head.data()});
+    slots.push_back({"lm_head.weight", {c.vocab_size, d}, At(w.lm_head)});
   }
   return slots;
 }
 
-absl::StatusOr<CedWeights> LoadCedWeights(const std::string& model_dir) {
+absl::StatusOr<CedWeights> LoadCedWeights(const std::string& model_dir, HeldLayers held) {
   const std::string config_path = model_dir + "/config.json";
   const std::string weights_path = model_dir + "/model.safetensors";
   CedWeights w;
+  w.held = held;
   absl::StatusOr<ModelConfig> config = LoadModelConfig(config_path);
   if (!config.ok()) return config.status();
   w.config = *config;
@@ -126,7 +140,7 @@ absl::StatusOr<CedWeights> LoadCedWeights(const std::string& model_dir) {
                        absl::StrJoin(it->second.shape, ", "), "]; config.json requires [",
                        absl::StrJoin(slot.shape, ", "), "]"));
     }
-    file->CopyAsF32(it->second, slot.data);
+    if (slot.data != nullptr) file->CopyAsF32(it->second, slot.data);
   }
   for (const auto& [name, info] : file->tensors()) {
     if (!expected.contains(name)) {
@@ -158,6 +172,9 @@ absl::StatusOr<std::string> ModelFingerprint(const std::string& model_dir) {
 }
 
 absl::Status SaveCedWeights(CedWeights& weights, const std::string& model_dir, Dtype dtype) {
+  if (weights.held != HeldLayers::kAll) {
+    return absl::InvalidArgumentError("only weights that hold every layer can be saved");
+  }
   std::error_code error;
   std::filesystem::create_directories(model_dir, error);
   if (error) {

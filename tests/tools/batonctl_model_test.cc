@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <string>
 
 #include "gmock/gmock.h"
@@ -71,6 +72,50 @@ TEST_F(BatonctlModelTest, ForwardReportsResultRowsAndGreedyTokens) {
   EXPECT_TRUE(hjson["tokens"].empty());
 }
 
+// --split replay-on-decode runs the prompt as the two nodes of that split do (DESIGN section 6):
+// the replayed rows' logits and the greedy tokens are prefill-all's, for any replay step size,
+// and the prefill side holds fewer weight bytes.
+TEST_F(BatonctlModelTest, ReplayOnDecodeSplitGivesThePrefillAllTokens) {
+  auto run = [&](const std::string& args) {
+    const Result r = RunBatonctl("forward --model " + Dir() + " --tokens " + Tokens(40) +
+                                 " --decode 6 --json " + args);
+    EXPECT_EQ(r.exit_status, 0) << args << "\n" << r.err;
+    return r.exit_status == 0 ? nlohmann::json::parse(r.out) : nlohmann::json{};
+  };
+  for (const std::string truncation :
+       {"", "--mode compact --keep 25 --chunk-size 7", "--mode mask --keep 22 --valid-start 16"}) {
+    SCOPED_TRACE(truncation);
+    const auto all = run(truncation);
+    ASSERT_FALSE(all.empty());
+    EXPECT_EQ(all["split"], "prefill-all");
+    EXPECT_EQ(all["prefill_weight_bytes"], all["weight_bytes"]);
+    for (const std::string step : {"0", "3"}) {
+      const auto split =
+          run(truncation + " --split replay-on-decode --replay-rows-per-step " + step);
+      ASSERT_FALSE(split.empty());
+      EXPECT_EQ(split["split"], "replay-on-decode");
+      EXPECT_EQ(split["tokens"], all["tokens"]);
+      EXPECT_LT(split["prefill_weight_bytes"].get<int64_t>(), all["weight_bytes"].get<int64_t>());
+      // The replayed rows are the result rows from max(s_keep, s_valid), with the same logits.
+      std::map<int, size_t> row_of;
+      for (size_t r = 0; r < all["positions"].size(); ++r) row_of[all["positions"][r]] = r;
+      ASSERT_FALSE(split["positions"].empty());
+      EXPECT_EQ(split["positions"].back(), 39);
+      for (size_t r = 0; r < split["positions"].size(); ++r) {
+        const int pos = split["positions"][r];
+        ASSERT_TRUE(row_of.contains(pos)) << pos;
+        const auto& a = split["logits"][r];
+        const auto& b = all["logits"][row_of[pos]];
+        double worst = 0;
+        for (size_t v = 0; v < a.size(); ++v) {
+          worst = std::max(worst, std::abs(a[v].get<double>() - b[v].get<double>()));
+        }
+        EXPECT_LT(worst, 1e-4) << "pos " << pos;
+      }
+    }
+  }
+}
+
 TEST_F(BatonctlModelTest, BadInputExitsTwoWithAClearMessage) {
   const std::pair<std::string, std::string> cases[] = {
       {"forward --model /nonexistent --tokens 1,2", "cannot open model config"},
@@ -81,6 +126,11 @@ TEST_F(BatonctlModelTest, BadInputExitsTwoWithAClearMessage) {
       {"forward --model " + Dir() + " --tokens 1,2 --valid-start 2", "s_valid is 2"},
       {"forward --model " + Dir() + " --tokens 1,2 --decode -1", "--decode is -1"},
       {"forward --model " + Dir() + " --tokens 1,2 --device tpu", "--device: 'tpu' is unknown"},
+      {"forward --model " + Dir() + " --tokens 1,2 --split half", "--split: 'half' is unknown"},
+      {"forward --model " + Dir() +
+           " --tokens 1,2 --split replay-on-decode "
+           "--replay-rows-per-step -1",
+       "--replay-rows-per-step is -1"},
       {"make-model --preset huge --out /tmp/x", "--preset: preset 'huge' is unknown"},
   };
   for (const auto& [args, message] : cases) {

@@ -11,6 +11,7 @@
 #include "baton/common/parse.h"
 #include "baton/model/engine_factory.h"
 #include "baton/model/model_factory.h"
+#include "baton/model/split.h"
 #include "baton/node/node_main.h"
 #include "commands.h"
 #include "nlohmann/json.hpp"
@@ -67,9 +68,70 @@ struct ForwardOptions {
   int64_t chunk_size = 0;
   int64_t valid_start = 0;
   int64_t decode = 0;
+  std::string split = "prefill-all";
+  int64_t replay_rows_per_step = 0;
   model::DeviceFlags device;
   bool json = false;
 };
+
+// The prompt through the replay-on-decode split as its two nodes run it: an engine holding the
+// producers only prefills into boundary rows; the state moves (block KV and producer rings, by
+// way of host memory, as a transfer would); `full` replays the consumer layers over the rows,
+// `rows_per_step` a step (0: all in one), into `state`. The result rows are the replayed rows,
+// [replay_begin, L). `prefill_weight_bytes` receives the producers engine's weight bytes.
+absl::StatusOr<model::PrefillResult> ForwardReplayOnDecode(
+    const ForwardOptions& o, model::Engine& full, std::span<const int32_t> tokens,
+    model::PrefillOptions options, model::SequenceState& state, int64_t& prefill_weight_bytes) {
+  absl::StatusOr<std::unique_ptr<model::Engine>> producers =
+      model::LoadEngineOnDevice(o.model_dir, o.device, model::HeldLayers::kProducers);
+  if (!producers.ok()) return producers.status();
+  prefill_weight_bytes = (*producers)->weight_bytes();
+  const ModelConfig& c = full.config();
+  const int64_t L = static_cast<int64_t>(tokens.size()), d = c.hidden_size, V = c.vocab_size;
+  absl::StatusOr<model::TruncationSpec> spec =
+      model::ReplaySpec(c, L, options.mode, options.keep, options.s_valid);
+  if (!spec.ok()) return spec.status();
+  std::vector<float> boundary(
+      model::BoundaryRowCount(L, options.mode, options.keep, options.s_valid) * d);
+  options.result_logits = false;
+  options.boundary_rows = boundary;
+  absl::StatusOr<std::unique_ptr<model::SequenceState>> prefill_state = (*producers)->NewState();
+  if (!prefill_state.ok()) return prefill_state.status();
+  absl::StatusOr<model::PrefillResult> prefilled =
+      (*producers)->Prefill(tokens, options, **prefill_state);
+  if (!prefilled.ok()) return prefilled.status();
+
+  model::SequenceState host(full.state_layout());
+  for (model::SequenceState* to : {&host, &state}) {
+    if (absl::Status s = to->EnsurePages(L); !s.ok()) return s;
+  }
+  if (absl::Status s = (*producers)->StageOut(model::StateCopies(**prefill_state, host, L));
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = full.StageIn(model::StateCopies(host, state, L)); !s.ok()) return s;
+  state.length = L;
+  state.s_valid = options.s_valid;
+
+  model::PrefillResult result;
+  result.consumer_rows = prefilled->consumer_rows;
+  const int64_t begin = spec->s_valid;
+  const int64_t step_rows = o.replay_rows_per_step > 0 ? o.replay_rows_per_step : L - begin;
+  for (int64_t q = begin; q < L; q += step_rows) {
+    model::ReplayItem item{.state = &state,
+                           .spec = *spec,
+                           .q_start = q,
+                           .rows = std::min(step_rows, L - q),
+                           .boundary = boundary.data() + (q - begin) * d,
+                           .all_logits = true};
+    const size_t old = result.logits.size();
+    result.logits.resize(old + item.rows * V);
+    item.logits = result.logits.data() + old;
+    if (absl::Status s = full.Step({}, {&item, 1}); !s.ok()) return s;
+    for (int64_t r = 0; r < item.rows; ++r) result.positions.push_back(static_cast<int32_t>(q + r));
+  }
+  return result;
+}
 
 int RunForward(const ForwardOptions& o) {
   absl::StatusOr<std::vector<int64_t>> ids = ParseIntList(o.tokens, "--tokens");
@@ -88,6 +150,13 @@ int RunForward(const ForwardOptions& o) {
     return ReportError("forward", absl::InvalidArgumentError(
                                       absl::StrCat("--decode is ", o.decode, "; it must be >= 0")));
   }
+  absl::StatusOr<model::Split> split = model::ParseSplit(o.split, "--split");
+  if (!split.ok()) return ReportError("forward", split.status());
+  if (o.replay_rows_per_step < 0) {
+    return ReportError("forward", absl::InvalidArgumentError(absl::StrCat(
+                                      "--replay-rows-per-step is ", o.replay_rows_per_step,
+                                      "; it must be >= 0 (0: the whole replay in one step)")));
+  }
   absl::StatusOr<std::unique_ptr<model::Engine>> engine =
       model::LoadEngineOnDevice(o.model_dir, o.device);
   if (!engine.ok()) return ReportError("forward", engine.status());
@@ -98,7 +167,11 @@ int RunForward(const ForwardOptions& o) {
                                 .s_valid = o.valid_start,
                                 .chunk_size = o.chunk_size,
                                 .result_logits = true};
-  absl::StatusOr<model::PrefillResult> result = (*engine)->Prefill(tokens, options, **state);
+  int64_t prefill_weight_bytes = (*engine)->weight_bytes();
+  absl::StatusOr<model::PrefillResult> result =
+      *split == model::Split::kReplayOnDecode
+          ? ForwardReplayOnDecode(o, **engine, tokens, options, **state, prefill_weight_bytes)
+          : (*engine)->Prefill(tokens, options, **state);
   if (!result.ok()) return ReportError("forward", result.status());
 
   const int64_t V = (*engine)->config().vocab_size;
@@ -123,14 +196,18 @@ int RunForward(const ForwardOptions& o) {
     }
     std::cout << nlohmann::json{{"positions", result->positions},
                                 {"logits", std::move(rows)},
-                                {"tokens", generated}}
+                                {"tokens", generated},
+                                {"split", model::SplitName(*split)},
+                                {"prefill_weight_bytes", prefill_weight_bytes},
+                                {"weight_bytes", (*engine)->weight_bytes()}}
                      .dump()
               << "\n";
     return kExitOk;
   }
-  std::cout << "prompt " << tokens.size() << " tokens, mode " << o.mode << ", "
-            << result->consumer_rows << " consumer rows per layer, " << result->positions.size()
-            << " result rows\nlast row argmax "
+  std::cout << "prompt " << tokens.size() << " tokens, mode " << o.mode << ", split " << o.split
+            << ", " << result->consumer_rows << " consumer rows per layer, "
+            << result->positions.size() << " result rows, prefill weight bytes "
+            << prefill_weight_bytes << " of " << (*engine)->weight_bytes() << "\nlast row argmax "
             << model::Argmax(
                    {result->logits.data() + result->logits.size() - V, static_cast<size_t>(V)})
             << "\n";
@@ -172,6 +249,11 @@ Command AddForwardCommand(CLI::App& app) {
   command->add_option("--valid-start", o->valid_start,
                       "s_valid: consumers start here, as after a prefix hit of V tokens");
   command->add_option("--decode", o->decode, "Greedy tokens to generate after the prompt");
+  command->add_option("--split", o->split,
+                      "prefill-all (default) or replay-on-decode: the prompt's producers on an "
+                      "engine holding only them, the consumers replayed over its boundary rows");
+  command->add_option("--replay-rows-per-step", o->replay_rows_per_step,
+                      "replay-on-decode: boundary rows replayed per step (0: all in one)");
   node::AddDeviceFlags(*command, o->device);
   command->add_flag("--json", o->json, "Print one JSON object");
   return {command, [o] { return RunForward(*o); }};

@@ -53,13 +53,28 @@ class Engine {
   absl::StatusOr<std::unique_ptr<SequenceState>> NewState();
 
   // Computes tokens[state.length, L) into `state` (state.length must be <= options.s_valid)
-  // and sets state.length = L, state.s_valid = options.s_valid.
+  // and sets state.length = L, state.s_valid = options.s_valid. With options.boundary_rows
+  // (the replay-on-decode split; required when the engine holds the producers only), runs the
+  // producers and the block KV, hands over the boundary rows and computes no logits.
   virtual absl::StatusOr<PrefillResult> Prefill(std::span<const int32_t> tokens,
                                                 const PrefillOptions& options,
                                                 SequenceState& state) = 0;
 
   // One token for each item, appended at its state's length.
-  virtual absl::Status Decode(std::span<const DecodeItem> batch) = 0;
+  absl::Status Decode(std::span<const DecodeItem> batch) { return Step(batch, {}); }
+
+  // One step of a decode node's continuous batch: a token for each decode item, and each
+  // replay piece, in one run of the layer stack (the replay rows join the consumer layers'
+  // batch). A replay does not change the state's length or s_valid: the node sets them when it
+  // stages the StateBlock in. A failed step leaves its states to be discarded.
+  virtual absl::Status Step(std::span<const DecodeItem> decode,
+                            std::span<const ReplayItem> replay) = 0;
+
+  // The layers this engine holds (kProducers: a prefill node under replay-on-decode, which
+  // can prefill with PrefillOptions::boundary_rows only, and cannot decode).
+  virtual HeldLayers held_layers() const = 0;
+  // Bytes of weights the engine keeps resident (packed panels, uploads and host copies).
+  virtual int64_t weight_bytes() const = 0;
 
   // Copies host memory into the backend's memory (StageIn) or out of it (StageOut), in turn
   // with the engine's steps, and returns once they are done: how a node moves a state between
@@ -94,7 +109,10 @@ class CedEngine : public Engine {
   absl::StatusOr<PrefillResult> Prefill(std::span<const int32_t> tokens,
                                         const PrefillOptions& options,
                                         SequenceState& state) override;
-  absl::Status Decode(std::span<const DecodeItem> batch) override;
+  absl::Status Step(std::span<const DecodeItem> decode,
+                    std::span<const ReplayItem> replay) override;
+  HeldLayers held_layers() const override { return held_; }
+  int64_t weight_bytes() const override { return weight_bytes_; }
   absl::Status StageIn(std::span<const StageCopy> copies) override;
   absl::Status StageOut(std::span<const StageCopy> copies) override;
 
@@ -103,15 +121,25 @@ class CedEngine : public Engine {
   struct Workspace;
   CedEngine(CedWeights weights, std::unique_ptr<Backend> backend);
   absl::Status Upload(WeightType weight_type);
-  // Runs the layer stack over `step`; logits of its logit rows go to `logits` (host).
+  // Runs the layer stack over `step`; logits of its logit rows go to `logits` (host). With
+  // `boundary_out` (host), the boundary rows of full rows [boundary_first, +boundary_rows) go
+  // there once the block KV is written.
   absl::Status RunStep(const StepPlan& step, const ProducerRowsCallback* on_producer_rows,
-                       float* logits);
+                       float* logits, float* boundary_out = nullptr, int64_t boundary_first = 0,
+                       int64_t boundary_rows = 0);
+  // Prefill on the producers' side of replay-on-decode (PrefillOptions::boundary_rows).
+  absl::StatusOr<PrefillResult> PrefillProducers(std::span<const int32_t> tokens,
+                                                 const PrefillOptions& options,
+                                                 const PrefillSchedule& schedule,
+                                                 SequenceState& state);
   // Holds serial_ when the backend is not concurrent (unlocked otherwise).
   std::unique_lock<std::mutex> Serialize();
   std::unique_ptr<Workspace> TakeWorkspace();
   void ReturnWorkspace(std::unique_ptr<Workspace> workspace);
 
   ModelConfig config_;
+  HeldLayers held_;
+  int64_t weight_bytes_ = 0;
   std::string fingerprint_;
   CedWeights host_weights_;  // kept only when the backend reads host memory (less the
                              // matrices held in BF16)

@@ -19,10 +19,12 @@ namespace baton::model {
 absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(Device device, int ordinal = 0,
                                                      const kernels::CudaOptions& cuda = {});
 
-// Loads `model_dir` onto a fresh backend for `device`, its matrices held as `weight_type`.
+// Loads the `held` layers of `model_dir` onto a fresh backend for `device`, its matrices held
+// as `weight_type`.
 absl::StatusOr<std::unique_ptr<Engine>> LoadEngine(const std::string& model_dir,
                                                    Device device = Device::kCpu,
-                                                   WeightType weight_type = WeightType::kFp32);
+                                                   WeightType weight_type = WeightType::kFp32,
+                                                   HeldLayers held = HeldLayers::kAll);
 
 // A binary's `--device`, `--weights` and `--cuda-prefill-attention` flags as given (after its
 // config file, which sets the same fields).
@@ -43,6 +45,7 @@ absl::StatusOr<kernels::CudaOptions> CudaOptionsFrom(const std::string& prefill_
 // build or machine cannot provide, or BF16 weights on CUDA is INVALID_ARGUMENT naming the flag
 // and the reason (the binaries exit 2 on it).
 absl::StatusOr<std::unique_ptr<Engine>> LoadEngineOnDevice(const std::string& model_dir,
-                                                           const DeviceFlags& flags);
+                                                           const DeviceFlags& flags,
+                                                           HeldLayers held = HeldLayers::kAll);
 
 }  // namespace baton::model

@@ -40,11 +40,19 @@ struct PrefillOptions {
   // rows (prompt logprobs of a long prompt never hold L x V floats).
   std::function<void(int64_t position, std::span<const float> logits)> on_result_logits;
   ProducerRowsCallback on_producer_rows;
+  // Replay-on-decode (DESIGN section 6), on an engine that holds the producers only: the
+  // prefill runs the producers and the block KV and no consumer layer (no logits), and writes
+  // the boundary rows of [spec.replay_begin(), L) here, [rows, hidden_size] (host), sized by
+  // BoundaryRowCount.
+  std::span<float> boundary_rows;
   // Asked before each chunk: true stops the prefill there with CANCELLED (a request whose
   // client went away or whose deadline passed computes no further chunk). The state is then
   // incomplete and must be discarded.
   std::function<bool()> cancelled;
 };
+
+// Rows of boundary state a replay-on-decode prefill hands over: L - replay_begin().
+int64_t BoundaryRowCount(int64_t prompt_len, TruncationMode mode, int64_t keep, int64_t s_valid);
 
 // The status of a prefill stopped by PrefillOptions::cancelled before the run at `q_start`.
 absl::Status PrefillCancelled(int64_t q_start, int64_t prompt_len);
@@ -95,8 +103,8 @@ absl::StatusOr<DecodeRow> ScheduleDecodeRow(const ModelConfig& config, int64_t i
                                             int64_t length, int64_t s_valid);
 
 // One run of the layer stack, planned on the host: a batch of segments (a run of consecutive
-// positions of one request: a prefill chunk, or one decode row), every per-row integer the
-// kernels read, and each segment's page table.
+// positions of one request: a prefill chunk, one decode row, or a replay piece whose rows enter
+// at the consumer layers), every per-row integer the kernels read, and each segment's page table.
 struct StepSegment {
   float* producer_swa = nullptr;  // the request's rings (backend memory)
   float* consumer_swa = nullptr;
@@ -111,6 +119,11 @@ struct StepSegment {
 
 struct StepPlan {
   int64_t rows = 0;           // full rows over all segments
+  // Replay rows (boundary rows handed over, host [replay_rows, hidden_size] at replay_input)
+  // follow the full rows in the step's residual rows; consumer rows of replay pieces read them.
+  int64_t replay_rows = 0;
+  std::vector<const float*> replay_input;  // one pointer per replay segment, in segment order
+  std::vector<int64_t> replay_input_rows;
   int64_t consumer_rows = 0;  // consumer rows over all segments
   int64_t logit_rows = 0;     // consumer rows whose logits the step returns
   std::vector<StepSegment> segments;
@@ -137,10 +150,40 @@ StepPlan PlanPrefillStep(const ModelConfig& config, const PrefillSchedule& sched
                          const PrefillRun& run, std::span<const int32_t> tokens,
                          SequenceState& state);
 
-// A decode step: one row per state, token tokens[i] at position states[i]->length. Checks
-// every row (ScheduleDecodeRow) and makes pages cover it; errors name the item.
+// A piece of a replay (the replay-on-decode split, DESIGN section 6): the consumer layers over
+// the boundary rows (the residual stream entering layer P) of positions
+// [q_start, q_start + rows) of a prompt whose block KV over [0, L) and producer rings `state`
+// already holds. The piece is a chunk of ReplaySpec(...)'s plan, so its SWA bounds and consumer
+// ring writes are those a prefill chunk over the same rows would have (DESIGN section 3); the
+// pieces of one prompt run in order and tile [spec.s_valid, L).
+struct ReplayItem {
+  SequenceState* state = nullptr;
+  TruncationSpec spec;  // ReplaySpec of the prompt's truncation
+  int64_t q_start = 0;
+  int64_t rows = 0;
+  const float* boundary = nullptr;  // host [rows, hidden_size]
+  // true: the logits of every row of the piece (prompt logprobs; truncation off); false: of the
+  // prompt's last row L - 1 only, when the piece holds it. Host [logit rows, vocab_size].
+  bool all_logits = false;
+  float* logits = nullptr;
+};
+
+// The plan a replay follows: the prompt's truncation with s_valid moved to its replay_begin()
+// (same SWA bounds for every replayed row, since those rows are >= s_keep and >= s_valid).
+// Checks the spec (ValidateTruncationSpec).
+absl::StatusOr<TruncationSpec> ReplaySpec(const ModelConfig& config, int64_t prompt_len,
+                                          TruncationMode mode, int64_t keep, int64_t s_valid);
+
+// Logit rows a replay piece returns (ReplayItem::logits holds this many rows of vocab_size).
+int64_t ReplayLogitRows(const ReplayItem& item);
+
+// A decode step: one row per state, token tokens[i] at position states[i]->length, then the
+// replay pieces (each a chunk of its spec: PlanChunk). Checks every row (ScheduleDecodeRow) and
+// piece and makes pages cover the decode rows; errors name the item. The logit rows are the
+// decode rows', then each piece's (ReplayLogitRows), in order.
 absl::StatusOr<StepPlan> PlanDecodeStep(const ModelConfig& config,
                                         std::span<SequenceState* const> states,
-                                        std::span<const int32_t> tokens);
+                                        std::span<const int32_t> tokens,
+                                        std::span<const ReplayItem> replay = {});
 
 }  // namespace baton::model

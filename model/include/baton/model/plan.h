@@ -57,6 +57,11 @@ absl::StatusOr<std::vector<int64_t>> EvenChunks(int64_t rows, int64_t chunk_size
 // L - s_valid) and builds the plan.
 absl::StatusOr<TruncationPlan> BuildTruncationPlan(const PlanRequest& request);
 
+// The plan of one chunk [q_start, q_start + q_len) of `spec`'s prompt (spec valid, the chunk
+// inside [s_valid, L)); consumer_offset is 0. The decode node plans each piece of a replay with
+// it, the pieces' lengths being chosen step by step.
+ChunkPlan PlanChunk(const TruncationSpec& spec, int64_t q_start, int64_t q_len);
+
 // A human-readable rendering, one block per chunk, for batonctl and debugging.
 std::string DescribePlan(const TruncationPlan& plan);
 

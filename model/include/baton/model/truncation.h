@@ -48,6 +48,11 @@ struct TruncationSpec {
   // The first position whose consumer row belongs to the prompt's result and may write the
   // consumer ring: L - K when truncated (possibly negative when K > L), else 0.
   int64_t retained_begin() const;
+  // The first position whose consumer row can reach the prompt's result or the consumer rings:
+  // max(s_keep, s_valid) when truncated, s_valid when off. Under the replay-on-decode split
+  // (DESIGN section 6) the prefill node hands over the boundary rows of [replay_begin(), L) and
+  // the decode node computes the consumer layers over exactly those.
+  int64_t replay_begin() const;
   // lo_i = clamp(max(i - W + 1, s_keep, s_valid), 0, i + 1) when truncated, without s_keep
   // when off (seed listing 9.9). lo_i = i + 1 means no SWA key is visible.
   int64_t swa_lower_bound(int64_t pos) const;

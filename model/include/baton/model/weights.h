@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "baton/common/model_config.h"
 #include "baton/model/safetensors.h"
 
@@ -35,8 +36,18 @@ struct ConsumerLayerWeights {
   std::vector<float> down;       // [d, I]
 };
 
+// Which layers a node holds and runs (DESIGN section 6). kAll: the whole model. kProducers: a
+// prefill node under the replay-on-decode split, which holds only what it runs there: the
+// embedding, the producer layers, the boundary's attention norm (the first consumer layer's
+// attn_norm) and the block-KV projections; the consumer layers, the final norm and an untied
+// lm_head stay on disk.
+enum class HeldLayers { kAll, kProducers };
+
+absl::string_view HeldLayersName(HeldLayers held);
+
 struct CedWeights {
   ModelConfig config;
+  HeldLayers held = HeldLayers::kAll;  // kProducers: the buffers below that are not held are empty
   std::vector<float> embed;                     // [V, d]
   std::vector<ProducerLayerWeights> producers;  // layers [0, P)
   std::vector<ConsumerLayerWeights> consumers;  // layers [P, N)
@@ -60,18 +71,23 @@ struct TensorSlot {
   float* data = nullptr;
 };
 
-// Sizes every buffer of `weights` for weights.config (zero-filled).
+// Sizes every buffer of `weights` that weights.held holds, for weights.config (zero-filled).
 void AllocateWeights(CedWeights& weights);
 // Every tensor the file must hold for weights.config, in a fixed order; buffers must be
-// allocated.
+// allocated. A tensor that weights.held does not hold has data == nullptr.
 std::vector<TensorSlot> WeightTensorSlots(CedWeights& weights);
 
-absl::StatusOr<CedWeights> LoadCedWeights(const std::string& model_dir);
+// Checks every tensor of the file (a model missing a consumer tensor is refused even where
+// `held` leaves it on disk) and copies in those `held` holds. The fingerprint is the whole
+// file's either way, so both sides of a split name the same model.
+absl::StatusOr<CedWeights> LoadCedWeights(const std::string& model_dir,
+                                          HeldLayers held = HeldLayers::kAll);
 
 // The fingerprint of a model directory without loading its tensors (for the prefix store).
 absl::StatusOr<std::string> ModelFingerprint(const std::string& model_dir);
 
-// Writes config.json and model.safetensors for `weights` into `model_dir` (created if absent).
+// Writes config.json and model.safetensors for `weights` (which holds every layer) into
+// `model_dir` (created if absent).
 absl::Status SaveCedWeights(CedWeights& weights, const std::string& model_dir, Dtype dtype);
 
 }  // namespace baton::model
