@@ -2,7 +2,7 @@
 # preset) in a temporary folder and sets `addr` to its router's client address and `http` to its OpenAI API base URL
 # (empty when the model has no tokenizer); stop_baton_up stops it (and it is stopped on exit
 # in any case).
-#   start_baton_up BUILD_DIR [MODEL_DIR]
+#   [BATON_UP_ARGS=...] start_baton_up BUILD_DIR [MODEL_DIR]
 #   stop_baton_up
 start_baton_up() {
   local build="$1" model="${2:-}"
@@ -15,6 +15,9 @@ start_baton_up() {
   elif "$build/tools/baton" up --help | grep -q -- --preset; then
     args+=(--preset small)
   fi
+  # BATON_UP_ARGS: more `baton up` flags (e.g. --split replay-on-decode).
+  # shellcheck disable=SC2206
+  args+=(${BATON_UP_ARGS:-})
   "$build/tools/baton" "${args[@]}" >"$work/up.log" 2>&1 &
   up=$!
   trap stop_baton_up EXIT

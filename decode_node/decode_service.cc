@@ -50,8 +50,26 @@ absl::Status ValidateReserve(const v1::ReserveRequest& request, const std::strin
     return absl::InvalidArgumentError("sampling.max_tokens: must exceed completed_tokens");
   }
   if (absl::Status s = CheckSampling("sampling", sampling, config); !s.ok()) return s;
+  if (!v1::Split_IsValid(request.split())) {
+    return absl::InvalidArgumentError("split: must be PREFILL_ALL or REPLAY_ON_DECODE");
+  }
+  if (request.split() == v1::SPLIT_PREFILL_ALL
+          ? request.boundary_rows() != 0
+          : request.boundary_rows() > request.prompt_tokens()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "boundary_rows: ", request.boundary_rows(), "; it must be 0 under PREFILL_ALL and at most ",
+        "prompt_tokens (", request.prompt_tokens(), ") under REPLAY_ON_DECODE"));
+  }
   return CheckSequenceLength("prompt_tokens", request.prompt_tokens(),
                              uint64_t{sampling.max_tokens()} - request.completed_tokens(), config);
+}
+
+// The plan a replay-on-decode StateBlock's replay follows (model::ReplaySpec of its header).
+absl::StatusOr<model::TruncationSpec> ReplaySpecFor(const v1::StateHeader& h,
+                                                    const ModelConfig& config) {
+  absl::StatusOr<model::TruncationMode> mode = model::ModeFromProto(h.mode(), "header.mode");
+  if (!mode.ok()) return mode.status();
+  return model::ReplaySpec(config, h.prompt_len(), *mode, h.keep(), h.s_valid());
 }
 
 absl::Status NoReservation(const std::string& id) {
@@ -81,6 +99,10 @@ struct DecodeService::Metrics {
   prometheus::Histogram& batch_size =
       metrics::Histogram("baton_decode_batch_size", "Requests in one decode step")
           .Add({}, prometheus::Histogram::BucketBoundaries{1, 2, 4, 8, 16, 32, 64, 128, 256});
+  prometheus::Counter& replay_rows =
+      metrics::Counter("baton_decode_replay_rows_total",
+                       "Boundary rows replayed through the consumer layers (replay-on-decode)")
+          .Add({});
   prometheus::Family<prometheus::Counter>& pulled_bytes =
       metrics::Counter("baton_transfer_pulled_bytes_total",
                        "StateBlock bytes read from prefill nodes into reservations, by transport");
@@ -118,7 +140,13 @@ struct DecodeService::Request {
     engine_state.reset();
     const int64_t used = static_cast<int64_t>(state->pages().size());
     state.reset();
-    pool->Unreserve(slot, reserved_pages - used);
+    FreeBoundaryPages();
+    pool->Unreserve(slot, reserved_pages - used - boundary_pages_taken);
+  }
+  // The boundary rows are replayed (or the request ends): their pages go back to the pool.
+  void FreeBoundaryPages() {
+    for (float* page : boundary_pages) pool->Free(page);
+    boundary_pages.clear();
   }
   StatePool* pool = nullptr;
   std::string id;          // the reservation id (random, chosen here)
@@ -152,6 +180,20 @@ struct DecodeService::Request {
   Clock::time_point deadline;  // reservation: commit by then; committed: attach by then
   bool attached = false;
   std::vector<float> logits;
+  // Replay-on-decode: the reservation's split and most boundary rows; the pool pages the rows
+  // land in (freed once replayed); the replay's plan and its next row; the prompt, when its
+  // logprobs are asked for, and those computed so far.
+  v1::Split split = v1::SPLIT_PREFILL_ALL;
+  uint32_t boundary_rows = 0;
+  std::vector<float*> boundary_pages;
+  int64_t boundary_pages_taken = 0;
+  model::TruncationSpec replay;
+  int64_t replay_next = 0;
+  std::vector<int32_t> prompt_tokens;
+  std::vector<float> prompt_logprobs;
+  Clock::time_point committed_at;
+  double replay_ms = -1;  // set once the first token is sampled; sent with it
+  bool replay_reported = false;
 };
 
 DecodeService::DecodeService(model::Engine& model, const DecodeOptions& options)
@@ -296,7 +338,9 @@ absl::Status DecodeService::TakeReservation(grpc::ServerContext& context,
   const int64_t positions = int64_t{request.prompt_tokens()} +
                             (int64_t{sampling.max_tokens()} - request.completed_tokens());
   const int64_t B = config.kv_block_size;
-  const int64_t pages = (positions + B - 1) / B;
+  const transfer::RegionSizes sizes = transfer::RegionSizesFor(
+      model_.state_layout(), request.prompt_tokens(), request.split(), request.boundary_rows());
+  const int64_t pages = (positions + B - 1) / B + static_cast<int64_t>(sizes.boundary_pages);
   if (pages > pool_->total_pages()) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "request needs ", pages, " block-KV pages; the pool has ", pool_->total_pages()));
@@ -308,8 +352,7 @@ absl::Status DecodeService::TakeReservation(grpc::ServerContext& context,
       NewRequest(context, request, *slot, pages, positions);
   if (!r.ok()) return r.status();
   reply.set_reservation_id((*r)->id);
-  transfer::SetReservationSizes(transfer::RegionSizesFor(model_.state_layout(), (*r)->prompt_len),
-                                reply);
+  transfer::SetReservationSizes(sizes, reply);
   requests_[(*r)->id] = *std::move(r);
   changed_.notify_all();  // the reaper waits for the first deadline
   return absl::OkStatus();
@@ -360,6 +403,16 @@ absl::StatusOr<std::shared_ptr<DecodeService::Request>> DecodeService::NewReques
       model_.state_layout(), pool_.get(), pool_->producer_ring(slot), pool_->consumer_ring(slot));
   r->pool = pool_.get();  // from here the slot returns to the pool with `r`
   if (absl::Status s = r->state->EnsurePages(positions); !s.ok()) return s;
+  r->split = request.split();
+  r->boundary_rows = request.boundary_rows();
+  const transfer::RegionSizes sizes = transfer::RegionSizesFor(
+      model_.state_layout(), request.prompt_tokens(), r->split, r->boundary_rows);
+  for (uint64_t p = 0; p < sizes.boundary_pages; ++p) {
+    float* page = pool_->Allocate();  // reserved above, so there is one
+    if (page == nullptr) return absl::ResourceExhaustedError("no pool page for boundary rows");
+    r->boundary_pages.push_back(page);
+    ++r->boundary_pages_taken;
+  }
   if (engine_pool_.data() != nullptr) {
     r->engine_pages = std::make_unique<EnginePages>(
         *r->state, [this](float* pool_address) { return InEngine(pool_address); });
@@ -418,7 +471,8 @@ absl::Status DecodeService::CommitState(grpc::ServerContext& context,
           context.deadline() - std::chrono::system_clock::now(), std::chrono::hours(1)) -
       kCommitMargin;
   const Clock::time_point deadline = std::min(r->deadline, caller_deadline);
-  const transfer::RegionSpans into = transfer::SpansOf(*r->state, r->prompt_len);
+  const transfer::RegionSpans into = transfer::SpansOf(
+      *r->state, transfer::RegionSizesOf(h, model_.state_layout()), r->boundary_pages);
   lock.unlock();
   const auto transfer_start = Clock::now();
   absl::Status read = (*transport)->Read(source, r->prefill_address, into, deadline, [&context] {
@@ -433,7 +487,7 @@ absl::Status DecodeService::CommitState(grpc::ServerContext& context,
       std::chrono::duration<double>(Clock::now() - transfer_start).count();
   // The checksums run outside the node's lock (they read every byte; other streams go on):
   // nothing else touches a reservation while it is transferring.
-  if (read.ok()) read = transfer::VerifyRegions(h, *r->state);
+  if (read.ok()) read = transfer::VerifyRegions(h, *r->state, r->boundary_pages);
   if (read.ok() && r->engine_state != nullptr) {
     // Whole and verified in the pool: staged into the engine's memory for the decode steps.
     read = model_.StageIn(model::StateCopies(*r->state, *r->engine_state, h.prompt_len()));
@@ -446,10 +500,16 @@ absl::Status DecodeService::CommitState(grpc::ServerContext& context,
 absl::StatusOr<transfer::Transport*> DecodeService::CheckCommit(const v1::StateHeader& h,
                                                                 const Request& r,
                                                                 v1::RegionSource& source) {
-  if (absl::Status s =
-          transfer::VerifyHeader(h, model_.fingerprint(), r.prompt_len, model_.config().vocab_size);
+  if (absl::Status s = transfer::VerifyHeader(h, model_.fingerprint(), r.prompt_len,
+                                              model_.config().vocab_size, r.split, r.boundary_rows);
       !s.ok()) {
     return s;
+  }
+  if (h.split() == v1::SPLIT_REPLAY_ON_DECODE) {
+    // The replay's plan must exist for this model (keep >= C when truncated, and so on).
+    absl::StatusOr<model::TruncationSpec> spec = ReplaySpecFor(h, model_.config());
+    if (!spec.ok())
+      return absl::InvalidArgumentError(absl::StrCat("header: ", spec.status().message()));
   }
   if (absl::Status s = CheckRequestId("source.exposure_id", source.exposure_id()); !s.ok()) {
     return s;
@@ -501,8 +561,19 @@ absl::Status DecodeService::FinishCommit(const std::shared_ptr<Request>& r,
     state->length = h.prompt_len();
     state->s_valid = h.s_valid();
   }
-  r->phase = Phase::kCommitted;
   r->deadline = Clock::now() + std::chrono::milliseconds(options_.attach_timeout_ms);
+  r->committed_at = Clock::now();
+  if (h.split() == v1::SPLIT_REPLAY_ON_DECODE) {
+    // The consumer layers replay over the boundary rows in the decode loop, which samples the
+    // first token at the end.
+    r->replay = *ReplaySpecFor(h, model_.config());  // CheckCommit checked it
+    r->replay_next = r->replay.s_valid;
+    r->prompt_tokens.assign(h.prompt_token_ids().begin(), h.prompt_token_ids().end());
+    r->phase = Phase::kReplaying;
+    changed_.notify_all();
+    return absl::OkStatus();
+  }
+  r->phase = Phase::kCommitted;
   // The first token was sampled by the prefill node; it counts, and may already finish.
   r->completion += 1;
   r->next_input = h.first_token();
@@ -523,49 +594,131 @@ void DecodeService::Accept(Request& r, int32_t token, float logprob) {
   if (r.finish != v1::FINISH_REASON_UNSPECIFIED) r.phase = Phase::kFinished;
 }
 
+// One piece of a request's replay in a step: its rows, gathered from the pool pages into one
+// host buffer, and the logits the step returns for them.
+struct DecodeService::ReplayPiece {
+  std::shared_ptr<Request> request;
+  model::ReplayItem item;
+  std::vector<float> boundary;
+  std::vector<float> logits;
+};
+
+DecodeService::ReplayPiece DecodeService::NextPiece(const std::shared_ptr<Request>& r,
+                                                    int64_t rows) const {
+  const int64_t d = model_.config().hidden_size, V = model_.config().vocab_size;
+  ReplayPiece piece{.request = r};
+  piece.boundary.resize(rows * d);
+  // Row j of the handed-over rows is byte j * d * 4 of the pages counted back to back.
+  const uint64_t page = sizeof(float) * model_.state_layout().page_floats();
+  uint64_t from = sizeof(float) * (r->replay_next - r->replay.s_valid) * d;
+  char* to = reinterpret_cast<char*>(piece.boundary.data());
+  for (uint64_t left = sizeof(float) * rows * d; left > 0;) {
+    const uint64_t n = std::min(left, page - from % page);
+    std::memcpy(to, reinterpret_cast<const char*>(r->boundary_pages[from / page]) + from % page, n);
+    to += n;
+    from += n;
+    left -= n;
+  }
+  piece.item = {.state = &r->computed(),
+                .spec = r->replay,
+                .q_start = r->replay_next,
+                .rows = rows,
+                .boundary = piece.boundary.data(),
+                .all_logits = !r->prompt_tokens.empty()};
+  piece.logits.resize(model::ReplayLogitRows(piece.item) * V);
+  piece.item.logits = piece.logits.data();
+  return piece;
+}
+
+void DecodeService::FinishPiece(ReplayPiece& piece) {
+  Request& r = *piece.request;
+  const model::ReplayItem& item = piece.item;
+  const int64_t V = model_.config().vocab_size, L = item.spec.prompt_len;
+  if (item.all_logits) {
+    // A row's log-probability of the next prompt token (the last row's next token is sampled).
+    for (int64_t j = 0; j < item.rows && item.q_start + j + 1 < L; ++j) {
+      r.prompt_logprobs.push_back(
+          model::LogSoftmaxAt({piece.logits.data() + j * V, static_cast<size_t>(V)},
+                              r.prompt_tokens[item.q_start + j + 1]));
+    }
+  }
+  r.replay_next += item.rows;
+  if (r.replay_next < L) return;
+  // The prompt's last row: the first token, sampled as the prefill node would have.
+  const std::span<const float> last(piece.logits.data() + piece.logits.size() - V,
+                                    static_cast<size_t>(V));
+  const model::SampledToken first = model::SampleToken(last, r.sampling, r.completion);
+  r.FreeBoundaryPages();
+  r.replay_ms = std::chrono::duration<double, std::milli>(Clock::now() - r.committed_at).count();
+  r.phase = Phase::kCommitted;
+  Accept(r, first.token, first.logprob);
+}
+
 void DecodeService::DecodeLoop() {
   std::unique_lock<std::mutex> lock(mutex_);
   while (!stop_) {
     watchdog_->Beat();
     std::vector<std::shared_ptr<Request>> batch;
+    std::vector<ReplayPiece> pieces;
+    int64_t replay_rows = options_.replay_rows_per_step;
     for (auto& [id, r] : requests_) {
       if (r->phase == Phase::kCommitted &&
           static_cast<int64_t>(batch.size()) < options_.max_batch) {
         batch.push_back(r);
+      } else if (r->phase == Phase::kReplaying && replay_rows > 0) {
+        const int64_t rows = std::min(replay_rows, r->replay.prompt_len - r->replay_next);
+        pieces.push_back(NextPiece(r, rows));
+        replay_rows -= rows;
       }
     }
-    stepping_ = !batch.empty();
-    if (batch.empty()) {
+    stepping_ = !batch.empty() || !pieces.empty();
+    if (!stepping_) {
       // A commit, a release or the node's stop notifies.
       changed_.wait(lock);
       continue;
     }
     std::vector<model::DecodeItem> items;
     for (auto& r : batch) items.push_back({&r->computed(), r->next_input, r->logits.data()});
+    std::vector<model::ReplayItem> replay;
+    for (const ReplayPiece& piece : pieces) replay.push_back(piece.item);
     lock.unlock();
     if (options_.inject_step_stall_ms > 0) {
       std::this_thread::sleep_for(std::chrono::milliseconds(options_.inject_step_stall_ms));
     }
     const auto step_start = Clock::now();
-    const absl::Status status = model_.Decode(items);
+    const absl::Status status = model_.Step(items, replay);
     metrics_->step_seconds.Observe(
         std::chrono::duration<double>(Clock::now() - step_start).count());
     metrics_->batch_size.Observe(static_cast<double>(batch.size()));
+    if (!replay.empty()) {
+      metrics_->replay_rows.Increment(
+          static_cast<double>(options_.replay_rows_per_step - replay_rows));
+    }
     std::vector<model::SampledToken> sampled;
     for (auto& r : batch)
       sampled.push_back(model::SampleToken(r->logits, r->sampling, r->completion));
     lock.lock();
+    auto fail = [&](Request& r) {
+      log::Error("decode step failed",
+                 {{"request_id", r.id}, {"error", std::string(status.message())}});
+      r.finish = v1::FINISH_REASON_UNSPECIFIED;
+      r.phase = Phase::kFinished;
+    };
     for (size_t i = 0; i < batch.size(); ++i) {
       Request& r = *batch[i];
       if (!status.ok()) {
-        log::Error("decode step failed",
-                   {{"request_id", r.id}, {"error", std::string(status.message())}});
-        r.finish = v1::FINISH_REASON_UNSPECIFIED;
-        r.phase = Phase::kFinished;
+        fail(r);
         continue;
       }
       Accept(r, sampled[i].token, sampled[i].logprob);
       metrics_->tokens.Increment();
+    }
+    for (ReplayPiece& piece : pieces) {
+      if (!status.ok()) {
+        fail(*piece.request);
+        continue;
+      }
+      FinishPiece(piece);
     }
     changed_.notify_all();
   }
@@ -618,6 +771,12 @@ absl::Status DecodeService::RunStream(grpc::ServerContext* context,
       for (size_t i = r->streamed; i < r->tokens.size(); ++i) {
         out.add_token_ids(r->tokens[i]);
         out.add_logprobs(r->logprobs[i]);
+      }
+      if (r->replay_ms >= 0 && !r->replay_reported && !r->tokens.empty()) {
+        // Replay-on-decode: the first token was sampled here; its replay's figures go with it.
+        out.mutable_prompt_logprobs()->Assign(r->prompt_logprobs.begin(), r->prompt_logprobs.end());
+        out.set_replay_ms(r->replay_ms);
+        r->replay_reported = true;
       }
       r->streamed = r->tokens.size();
       if (finished) out.set_finish_reason(r->finish);

@@ -10,7 +10,8 @@ StateLayout StateLayout::For(const ModelConfig& c) {
           .ring_capacity = c.ring_capacity(),
           .block_size = c.kv_block_size,
           .kv_dim = c.num_key_value_heads * c.head_dim,
-          .block_kv_groups = c.num_block_kv_groups()};
+          .block_kv_groups = c.num_block_kv_groups(),
+          .hidden_size = c.hidden_size};
 }
 
 ContiguousPageAllocator::ContiguousPageAllocator(const StateLayout& layout, int64_t pages)
@@ -78,8 +79,12 @@ std::vector<StageCopy> StateCopies(const SequenceState& from, SequenceState& to,
                                    int64_t positions) {
   const StateLayout& layout = from.layout();
   std::vector<StageCopy> copies{
-      {to.producer_swa(), from.producer_swa(), layout.producer_swa_floats() * sizeof(float)},
-      {to.consumer_swa(), from.consumer_swa(), layout.consumer_swa_floats() * sizeof(float)}};
+      {to.producer_swa(), from.producer_swa(), layout.producer_swa_floats() * sizeof(float)}};
+  // A state without consumer rings (a replay-on-decode prefill's) has none to copy.
+  if (from.consumer_swa() != nullptr && to.consumer_swa() != nullptr) {
+    copies.push_back(
+        {to.consumer_swa(), from.consumer_swa(), layout.consumer_swa_floats() * sizeof(float)});
+  }
   const int64_t pages = (positions + layout.block_size - 1) / layout.block_size;
   for (int64_t p = 0; p < pages; ++p) {
     copies.push_back({to.pages()[p], from.pages()[p], layout.page_floats() * sizeof(float)});

@@ -6,6 +6,7 @@
 #include "baton/common/log.h"
 #include "baton/common/model_config.h"
 #include "baton/kernels/cpu_isa.h"
+#include "baton/transfer/state_block.h"
 #include "baton/transfer/ucx.h"
 
 namespace baton::node {
@@ -37,6 +38,14 @@ void AddNodeFlags(CLI::App& app, NodeFlags& flags) {
   app.add_flag("--no-ucx", flags.no_ucx, "Move StateBlocks over the gRPC transport only");
 }
 
+void AddSplitFlag(CLI::App& app, NodeFlags& flags) {
+  app.add_option("--split", flags.split,
+                 "prefill-all (default): this node runs every layer; replay-on-decode: it holds "
+                 "and runs only the embedding, the producers, the boundary norm and the block-KV "
+                 "projections, and the decode node replays the consumer layers (the router's "
+                 "--split must be the same)");
+}
+
 NodeStart StartNode(CLI::App& app, int argc, char** argv, const std::string& binary,
                     const std::string& section, NodeFlags& flags) {
   if (std::optional<int> exit = ParseServerFlags(app, argc, argv, binary, section, flags.server)) {
@@ -56,13 +65,20 @@ NodeStart StartNode(CLI::App& app, int argc, char** argv, const std::string& bin
     return {.exit = 2};
   }
   log::Info("cpu kernels", {{"isa", kernels::CpuIsaName(kernels::ActiveCpuIsa())}});
+  absl::StatusOr<model::Split> split = model::ParseSplit(flags.split, "--split");
+  if (!split.ok()) {
+    log::Error("cannot start", {{"error", std::string(split.status().message())}});
+    return {.exit = 2};
+  }
   absl::StatusOr<std::unique_ptr<model::Engine>> engine =
-      model::LoadEngineOnDevice(flags.model_dir, flags.device);
+      model::LoadEngineOnDevice(flags.model_dir, flags.device, model::PrefillHeldLayers(*split));
   if (!engine.ok()) {
     log::Error("cannot start", {{"error", std::string(engine.status().message())}});
     return {.exit = 2};
   }
-  return {.engine = *std::move(engine)};
+  log::Info("model loaded", {{"split", std::string(model::SplitName(*split))},
+                             {"weight_bytes", (*engine)->weight_bytes()}});
+  return {.engine = *std::move(engine), .split = *split};
 }
 
 int ServeNode(const std::string& binary, const NodeFlags& flags, v1::NodeRole role,
@@ -77,6 +93,11 @@ int ServeNode(const std::string& binary, const NodeFlags& flags, v1::NodeRole ro
   if (!hooks.ucx_worker_address.empty()) {
     registration.node.set_ucx_worker_address(hooks.ucx_worker_address);
   }
+  registration.node.set_held_layers(engine.held_layers() == model::HeldLayers::kProducers
+                                        ? v1::HELD_LAYERS_PRODUCERS
+                                        : v1::HELD_LAYERS_ALL);
+  registration.node.set_state_format_version(transfer::kStateFormatVersion);
+  registration.node.set_weight_bytes(static_cast<uint64_t>(engine.weight_bytes()));
   return ServeUntilShutdown(binary, builder, flags.server.server, std::move(registration),
                             hooks.start_watchdog, hooks.stop_watchdog, {}, hooks.drain);
 }

@@ -39,12 +39,14 @@ int main(int argc, char** argv) {
   CLI::App app{"baton-prefill: prefill node"};
   baton::node::NodeFlags flags{.node_id = "prefill"};
   baton::node::AddNodeFlags(app, flags);
+  baton::node::AddSplitFlag(app, flags);
   baton::prefill_node::PrefillOptions options;
   AddPrefillFlags(app, options);
   baton::node::NodeStart start =
       baton::node::StartNode(app, argc, argv, "baton-prefill", "prefill", flags);
   if (start.exit) return *start.exit;
   options.use_ucx = !flags.no_ucx;
+  options.split = start.split;
   options.ucx_allow_unprotected_tcp = flags.ucx_allow_unprotected_tcp;
   baton::prefill_node::PrefillService service(*start.engine, options);
   baton::node::NodeHooks hooks = baton::node::HooksOf(service);

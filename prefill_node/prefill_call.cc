@@ -107,7 +107,20 @@ absl::Status PrefillCall::Admit() {
   if (request_.transport() != v1::TRANSPORT_UCX && request_.transport() != v1::TRANSPORT_GRPC) {
     return absl::InvalidArgumentError("transport: must be UCX or GRPC");
   }
-  sizes_ = transfer::RegionSizesFor(layout_, tokens_.size());
+  const v1::Split split = node_.options_.split == model::Split::kReplayOnDecode
+                              ? v1::SPLIT_REPLAY_ON_DECODE
+                              : v1::SPLIT_PREFILL_ALL;
+  if (request_.split() != split) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("split: the request is for ", v1::Split_Name(request_.split()),
+                     " and this prefill node serves ", v1::Split_Name(split)));
+  }
+  replay_on_decode_ = split == v1::SPLIT_REPLAY_ON_DECODE;
+  const int64_t boundary_rows =
+      replay_on_decode_
+          ? model::BoundaryRowCount(prompt_len_, mode_, request_.keep(), request_.s_valid())
+          : 0;
+  sizes_ = transfer::RegionSizesFor(layout_, tokens_.size(), split, boundary_rows);
   return transfer::CheckReservationSizes(request_.reservation(), sizes_);
 }
 
@@ -130,7 +143,11 @@ absl::Status PrefillCall::StageMemory() {
   if (!exposure.ok()) return exposure.status();
   exposure_ = *std::move(exposure);
   page_buffer_.emplace(layout_, static_cast<int64_t>(sizes_.pages), exposure_->block_kv());
-  state_.emplace(layout_, &*page_buffer_, exposure_->producer_swa(), exposure_->consumer_swa());
+  // Under replay-on-decode no consumer ring is computed here; the boundary rows go straight
+  // into their exposed region instead.
+  state_.emplace(layout_, &*page_buffer_, exposure_->producer_swa(),
+                 replay_on_decode_ ? nullptr : exposure_->consumer_swa());
+  boundary_rows_ = {exposure_->boundary_rows(), sizes_.boundary_rows / sizeof(float)};
   return state_->EnsurePages(prompt_len_);
 }
 
@@ -162,12 +179,13 @@ absl::Status PrefillCall::Compute() {
   absl::StatusOr<model::PrefillResult> result = node_.ComputePrefill(tokens_, options, *state_);
   if (!result.ok()) return result.status();
   result_ = *std::move(result);
+  prefill_ms_ = MillisSince(start_);
+  if (replay_on_decode_) return absl::OkStatus();  // the decode node samples the first token
   const int64_t vocab = node_.model_.config().vocab_size;
   const std::span<const float> last_row(result_.logits.data() + result_.logits.size() - vocab,
                                         static_cast<size_t>(vocab));
   first_ = model::SampleToken(last_row, model::SamplingFromProto(generate_.sampling()),
                               request_.completed_tokens());
-  prefill_ms_ = MillisSince(start_);
   if (context_.IsCancelled()) return absl::CancelledError("cancelled");
   return absl::OkStatus();
 }
@@ -196,11 +214,15 @@ model::PrefillOptions PrefillCall::ModelOptions() {
       }
     };
   }
+  if (replay_on_decode_) {
+    // No consumer layer runs here: the boundary rows go to the decode node, which replays
+    // them and computes any prompt logprobs (SealedCommit sends it the prompt for those).
+    options.boundary_rows = boundary_rows_;
+    return options;
+  }
   // Prompt logprobs need every row's logits; the router only asks with truncation off.
-  const bool prompt_logprobs = generate_.prompt_logprobs() &&
-                               mode_ == model::TruncationMode::kOff && request_.s_valid() == 0;
-  options.result_logits = prompt_logprobs;
-  if (prompt_logprobs) {
+  options.result_logits = WantsPromptLogprobs();
+  if (options.result_logits) {
     // Chunk by chunk: a row's log-probability of the next prompt token, then its logits go.
     options.on_result_logits = [this](int64_t position, std::span<const float> logits) {
       if (position + 1 < prompt_len_) {
@@ -240,9 +262,17 @@ absl::Status PrefillCall::Commit() {
 v1::CommitRequest PrefillCall::SealedCommit() const {
   v1::CommitRequest commit;
   *commit.mutable_source() = exposure_->Source(request_.transport());
-  *commit.mutable_header() =
-      transfer::BuildHeader(request_, node_.model_.fingerprint(), result_, first_, *state_);
+  *commit.mutable_header() = transfer::BuildHeader(request_, node_.model_.fingerprint(), result_,
+                                                   first_, *state_, boundary_rows_);
+  if (replay_on_decode_ && WantsPromptLogprobs()) {
+    commit.mutable_header()->mutable_prompt_token_ids()->Assign(tokens_.begin(), tokens_.end());
+  }
   return commit;
+}
+
+bool PrefillCall::WantsPromptLogprobs() const {
+  return generate_.prompt_logprobs() && mode_ == model::TruncationMode::kOff &&
+         request_.s_valid() == 0;
 }
 
 absl::Status PrefillCall::CommitFailed(const grpc::Status& status,
@@ -292,8 +322,9 @@ absl::Status PrefillCall::WriteBack() {
 
 // The transfer time runs to here, the write-back's payload copies included.
 void PrefillCall::Respond() {
-  reply_.set_first_token(first_.token);
-  reply_.set_first_logprob(first_.logprob);
+  // Under replay-on-decode the first token comes from the decode node's stream.
+  reply_.set_first_token(replay_on_decode_ ? -1 : first_.token);
+  reply_.set_first_logprob(replay_on_decode_ ? 0.0f : first_.logprob);
   reply_.mutable_usage()->set_cached_tokens(static_cast<uint32_t>(cached_));
   reply_.mutable_usage()->set_prompt_tokens(static_cast<uint32_t>(tokens_.size()));
   reply_.mutable_usage()->set_replayed_rows(static_cast<uint32_t>(result_.consumer_rows));

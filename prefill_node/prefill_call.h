@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -97,6 +98,8 @@ class PrefillCall {
   absl::Status Commit();       // the header to the decode node, which reads the state meanwhile
   absl::Status WriteBack();    // the blocks computed here queued for the prefix store
   void Respond();              // the first token, usage and timings into the reply
+  // The client asked for prompt logprobs and may have them (truncation off, no prefix hit).
+  bool WantsPromptLogprobs() const;
 
   // The engine's prefill options: chunks, cancellation, and the rows the store and the prompt
   // logprobs need.
@@ -137,6 +140,8 @@ class PrefillCall {
   std::optional<ModelTurn> model_turn_;
   model::PrefillResult result_;
   model::SampledToken first_;
+  bool replay_on_decode_ = false;   // the split this node serves (request checked in Admit)
+  std::span<float> boundary_rows_;  // replay-on-decode: the exposed boundary-rows region
   double prefill_ms_ = 0;
 
   // Commit.

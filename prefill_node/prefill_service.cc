@@ -88,7 +88,11 @@ PrefillService::PrefillService(model::Engine& model, const PrefillOptions& optio
               computing_.load() ? 1.0 : 0.0),
         gauge("baton_prefill_staging_buffers",
               "Idle staging buffers kept for their reader's next request",
-              static_cast<double>(staging_->held()))};
+              static_cast<double>(staging_->held())),
+        gauge("baton_prefill_weight_bytes",
+              "Model weight bytes resident on this node (the producers' alone under the "
+              "replay-on-decode split)",
+              static_cast<double>(model_.weight_bytes()))};
   });
 }
 

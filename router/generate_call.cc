@@ -185,6 +185,15 @@ absl::Status GenerateCall::Reserve(Attempt& attempt) {
   reserve.set_logprobs(request_->logprobs());
   reserve.set_timeout_ms(router_.options.reservation_timeout_ms);
   reserve.set_completed_tokens(attempt.g);
+  reserve.set_split(router_.options.split);
+  if (router_.options.split == v1::SPLIT_REPLAY_ON_DECODE) {
+    // The most boundary rows the StateBlock may carry: the replay range [s_keep, L) before any
+    // prefix hit (a hit only shortens it), with the re-prefill's L + g and K + g.
+    const int64_t L = reserve.prompt_tokens();
+    const int64_t keep = effective_.keep + attempt.g;
+    reserve.set_boundary_rows(
+        static_cast<uint32_t>(effective_.mode == v1::TRUNCATION_MODE_OFF ? L : std::min(L, keep)));
+  }
   auto context =
       Propagated(context_, std::chrono::milliseconds(router_.options.reservation_timeout_ms));
   const grpc::Status status =
@@ -261,6 +270,7 @@ absl::Status GenerateCall::Prefill(Attempt& attempt) {
   prefill.set_decode_address(attempt.decode->info.address());
   prefill.set_decode_identity(attempt.decode->identity);
   prefill.set_s_valid(s_valid_.value_or(0));
+  prefill.set_split(router_.options.split);
 
   const RegisteredNode& node = *attempt.prefill.node;
   auto context =
@@ -290,15 +300,20 @@ void GenerateCall::ReleaseReservation(Attempt& attempt) {
 
 absl::Status GenerateCall::RelayFirst(Attempt& attempt) {
   const v1::PrefillResponse& prefilled = attempt.prefilled;
-  generated_.push_back(prefilled.first_token());
   if (attempt.g == 0) {
     router_.metrics.replayed_rows.Increment(prefilled.usage().replayed_rows());
     usage_.set_replayed_rows(prefilled.usage().replayed_rows());
     usage_.set_cached_tokens(prefilled.usage().cached_tokens());
-    timings_.set_ttft_ms(
-        std::chrono::duration<double, std::milli>(Clock::now() - trace_.start).count());
     timings_.set_prefill_ms(prefilled.prefill_ms());
     timings_.set_transfer_ms(prefilled.transfer_ms());
+  }
+  // Under replay-on-decode the decode node samples the first token: it arrives on the stream
+  // (RelayStream), with the prompt logprobs.
+  if (router_.options.split == v1::SPLIT_REPLAY_ON_DECODE) return absl::OkStatus();
+  generated_.push_back(prefilled.first_token());
+  if (attempt.g == 0) {
+    timings_.set_ttft_ms(
+        std::chrono::duration<double, std::milli>(Clock::now() - trace_.start).count());
   }
   v1::GenerateResponse first;
   first.set_request_id(trace_.id);
@@ -327,9 +342,20 @@ absl::Status GenerateCall::RelayStream(Attempt& attempt) {
   open.set_reservation_id(attempt.reservation.reservation_id());
   auto stream = attempt.decode_stub->Stream(context.get(), open);
   v1::DecodeOutput output;
+  bool first = router_.options.split == v1::SPLIT_REPLAY_ON_DECODE;
   while (stream->Read(&output)) {
     v1::GenerateResponse response;
     response.set_request_id(trace_.id);
+    if (first && output.token_ids_size() > 0) {
+      // Replay-on-decode: this output carries the first token the decode node sampled.
+      first = false;
+      if (attempt.g == 0) {
+        timings_.set_ttft_ms(
+            std::chrono::duration<double, std::milli>(Clock::now() - trace_.start).count());
+        timings_.set_replay_ms(output.replay_ms());
+        *response.mutable_prompt_logprobs() = output.prompt_logprobs();
+      }
+    }
     bool stopped = false;
     for (int i = 0; i < output.token_ids_size() && !stopped; ++i) {
       generated_.push_back(output.token_ids(i));

@@ -36,6 +36,12 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"ucx", "grpc"}));
   app.add_option("--reservation-timeout-ms", options.reservation_timeout_ms,
                  "Decode reservations not committed by then are freed");
+  app.add_option("--split", flags.split,
+                 "How a request is cut between nodes: prefill-all (the prefill node runs every "
+                 "layer) or replay-on-decode (it runs the producers only, and the decode node "
+                 "replays the consumer layers); only prefill nodes started with the same --split "
+                 "are accepted")
+      ->check(CLI::IsMember({"prefill-all", "replay-on-decode"}));
   app.add_option("--hit-cap", flags.hit_cap,
                  "Prefix-hit cap: ring (floor((L - C) / B) blocks) or keep (floor((L - K) / B))")
       ->check(CLI::IsMember({"ring", "keep"}));

@@ -56,6 +56,30 @@ absl::Status CheckRegistration(const v1::RegisterRequest& request) {
   return absl::OkStatus();
 }
 
+const char* SplitFlag(v1::Split split) {
+  return split == v1::SPLIT_REPLAY_ON_DECODE ? "replay-on-decode" : "prefill-all";
+}
+
+// The layers a node holds against what this router's split needs of its role.
+absl::Status CheckHeldLayers(const v1::RegisterRequest& request, v1::Split split) {
+  if (request.role() == v1::NODE_ROLE_KVSTORE) return absl::OkStatus();
+  const bool producers = request.held_layers() == v1::HELD_LAYERS_PRODUCERS;
+  const char* held = producers ? "the producer layers only" : "every layer";
+  if (request.role() == v1::NODE_ROLE_DECODE) {
+    if (!producers) return absl::OkStatus();
+    return absl::FailedPreconditionError(
+        absl::StrCat("held_layers: decode node ", request.node_id(), " holds ", held,
+                     "; a decode node must hold every layer under either split"));
+  }
+  const bool needs_producers = split == v1::SPLIT_REPLAY_ON_DECODE;
+  if (producers == needs_producers) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      absl::StrCat("held_layers: prefill node ", request.node_id(), " holds ", held, " (--split ",
+                   producers ? "replay-on-decode" : "prefill-all", "); this router runs --split ",
+                   SplitFlag(split), ", whose prefill nodes hold ",
+                   needs_producers ? "the producer layers only" : "every layer"));
+}
+
 }  // namespace
 
 absl::StatusOr<size_t> ResolveServedModel(const std::vector<ServedModel>& models,
@@ -161,6 +185,13 @@ absl::Status NodeRegistry::Register(const grpc::ServerContextBase& context,
     return s;
   }
   if (absl::Status s = CheckRegistration(request); !s.ok()) return s;
+  if (!v1::HeldLayers_IsValid(request.held_layers())) {
+    return absl::InvalidArgumentError("held_layers: must be ALL or PRODUCERS");
+  }
+  if (absl::Status s = CheckHeldLayers(request, options_.split); !s.ok()) {
+    NoteRefused(request, s);
+    return s;
+  }
   size_t model = 0;
   if (request.role() != v1::NODE_ROLE_KVSTORE) {
     bool renamed = false;
@@ -190,7 +221,7 @@ absl::Status NodeRegistry::Register(const grpc::ServerContextBase& context,
         node->info.model_fingerprint() != request.model_fingerprint() ||
         node->info.model_name() != request.model_name() ||
         node->info.ucx_worker_address() != request.ucx_worker_address() ||
-        node->identity != identity) {
+        node->info.held_layers() != request.held_layers() || node->identity != identity) {
       node = std::make_shared<RegisteredNode>();
       node->model = model;
       // The router sends prompts and state only to a server that proves the registered role.
@@ -205,6 +236,7 @@ absl::Status NodeRegistry::Register(const grpc::ServerContextBase& context,
                  {"message", absl::StrCat("node ", request.node_id(), " registered")}});
     } else {
       *node->info.mutable_load() = request.load();
+      node->info.set_weight_bytes(request.weight_bytes());
       if (request.draining() && !node->draining) {
         log::Info("node draining",
                   {{"node", request.node_id()},
@@ -351,6 +383,19 @@ bool NodeRegistry::Serving() const {
   // cold, never the router unready (DESIGN section 6).
   if (kvstore) kvstore_seen_ = true;
   return paired && (kvstore_seen_ || !options_.require_kvstore);
+}
+
+std::vector<NodeRegistry::WeightBytes> NodeRegistry::ResidentWeightBytes() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto now = Clock::now();
+  std::vector<WeightBytes> bytes(models_.size());
+  for (const auto& [id, node] : nodes_) {
+    if (node->info.role() == v1::NODE_ROLE_KVSTORE || !Live(*node, now)) continue;
+    uint64_t& held = node->info.role() == v1::NODE_ROLE_PREFILL ? bytes[node->model].prefill
+                                                                : bytes[node->model].decode;
+    held = std::max(held, node->info.weight_bytes());
+  }
+  return bytes;
 }
 
 std::vector<std::set<std::string>> NodeRegistry::ServedFingerprints() const {

@@ -173,6 +173,8 @@ absl::StatusOr<RouterSetup> Setup(const RouterFlags& flags) {
   setup.client_credentials = *std::move(credentials);
   options.hit_cap = *kvstore::ParseHitCap(flags.hit_cap, "--hit-cap");  // the flag checked it
   options.transport = flags.transport == "grpc" ? v1::TRANSPORT_GRPC : v1::TRANSPORT_UCX;
+  options.split = flags.split == "replay-on-decode" ? v1::SPLIT_REPLAY_ON_DECODE
+                                                    : v1::SPLIT_PREFILL_ALL;  // the flag checked it
   std::string& name = setup.http.model.name;  // --served-model-name
   if (name.empty()) name = DefaultServedModelName(flags.model_dir);
   options.model_name = name;

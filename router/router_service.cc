@@ -39,7 +39,8 @@ RouterService::RouterService(const ModelConfig& config, const RouterOptions& opt
       idle_watch_(std::make_unique<StreamWatch>(options.stream_idle_timeout, "router")),
       registry_(models_, {.heartbeat_ms = options.heartbeat_ms,
                           .node_ttl_ms = options.node_ttl_ms,
-                          .require_kvstore = options.require_kvstore}),
+                          .require_kvstore = options.require_kvstore,
+                          .split = options.split}),
       admission_(registry_, models_,
                  {.max_queued = options.max_queued,
                   .max_queued_per_tenant = options.max_queued_per_tenant,
@@ -100,11 +101,16 @@ grpc::Status RouterService::ListModels(grpc::ServerContext* context,
     }
   }
   const std::vector<std::set<std::string>> served = registry_.ServedFingerprints();
+  const std::vector<NodeRegistry::WeightBytes> bytes = registry_.ResidentWeightBytes();
   for (size_t i = 0; i < models_.size(); ++i) {
     v1::ServedModel* model = reply->add_models();
     model->set_name(models_[i].name);
     model->set_max_model_len(options_.max_model_len);
     for (const std::string& fingerprint : served[i]) model->add_fingerprints(fingerprint);
+    model->set_split(options_.split == v1::SPLIT_REPLAY_ON_DECODE ? "replay-on-decode"
+                                                                  : "prefill-all");
+    model->set_prefill_weight_bytes(bytes[i].prefill);
+    model->set_decode_weight_bytes(bytes[i].decode);
   }
   return grpc::Status::OK;
 }

@@ -201,11 +201,8 @@ uint64_t RegionRead::chunks() const {
 grpc::ByteBuffer RegionRead::Chunk(uint64_t index) const {
   const uint64_t done = index * kGrpcRegionChunkBytes;
   const uint64_t bytes = std::min(kGrpcRegionChunkBytes, length - done);
-  const char* data = reinterpret_cast<const char*>(
-      region == v1::REGION_PRODUCER_SWA   ? exposure->producer_swa()
-      : region == v1::REGION_CONSUMER_SWA ? exposure->consumer_swa()
-                                          : exposure->block_kv()) +
-                     offset + done;
+  // Every region lies at its staging offset (Open checked the region and the range).
+  const char* data = reinterpret_cast<const char*>(exposure->At(region)) + offset + done;
   // RegionChunk's wire form: region (field 2, varint), offset (3, varint), data (4, bytes).
   uint8_t header[3 + 3 * 10];  // three tags and three varints of at most 10 bytes
   uint8_t* at = header;

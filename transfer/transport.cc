@@ -20,28 +20,36 @@
 namespace baton::transfer {
 
 RegionSpans SpansOf(model::SequenceState& state, uint64_t prompt_len) {
+  return SpansOf(state, RegionSizesFor(state.layout(), prompt_len), {});
+}
+
+RegionSpans SpansOf(model::SequenceState& state, const RegionSizes& sizes,
+                    std::span<float* const> boundary_pages) {
   RegionSpans spans;
-  spans.sizes = RegionSizesFor(state.layout(), prompt_len);
+  spans.sizes = sizes;
   spans.producer_swa = reinterpret_cast<char*>(state.producer_swa());
   spans.consumer_swa = reinterpret_cast<char*>(state.consumer_swa());
   for (uint64_t p = 0; p < spans.sizes.pages; ++p) {
     spans.pages.push_back(reinterpret_cast<char*>(state.pages()[p]));
   }
+  for (float* page : boundary_pages) spans.boundary_pages.push_back(reinterpret_cast<char*>(page));
   return spans;
 }
 
 void ForEachPiece(const RegionSpans& spans, v1::Region region, uint64_t offset, uint64_t length,
                   const std::function<void(char*, uint64_t, uint64_t)>& fn) {
-  if (region != v1::REGION_BLOCK_KV) {
+  if (region != v1::REGION_BLOCK_KV && region != v1::REGION_BOUNDARY_ROWS) {
     char* base = region == v1::REGION_PRODUCER_SWA ? spans.producer_swa : spans.consumer_swa;
     if (length > 0) fn(base + offset, length, offset);
     return;
   }
+  const std::vector<char*>& pages =
+      region == v1::REGION_BLOCK_KV ? spans.pages : spans.boundary_pages;
   const uint64_t page = spans.sizes.page;
   while (length > 0) {
     const uint64_t in_page = offset % page;
     const uint64_t n = std::min(length, page - in_page);
-    fn(spans.pages[offset / page] + in_page, n, offset);
+    fn(pages[offset / page] + in_page, n, offset);
     offset += n;
     length -= n;
   }
@@ -53,8 +61,10 @@ uint64_t StagingOffset(const RegionSizes& sizes, v1::Region region) {
       return 0;
     case v1::REGION_CONSUMER_SWA:
       return sizes.producer_swa;
-    default:
+    case v1::REGION_BOUNDARY_ROWS:
       return sizes.producer_swa + sizes.consumer_swa;
+    default:
+      return sizes.producer_swa + sizes.consumer_swa + sizes.boundary_rows;
   }
 }
 
@@ -63,13 +73,13 @@ const char* TransportLabel(v1::Transport transport) {
 }
 
 uint64_t StagingBytes(const RegionSizes& sizes) {
-  return sizes.producer_swa + sizes.consumer_swa + sizes.block_kv;
+  return sizes.producer_swa + sizes.consumer_swa + sizes.boundary_rows + sizes.block_kv;
 }
 
 namespace {
 
 constexpr v1::Region kRegions[] = {v1::REGION_PRODUCER_SWA, v1::REGION_CONSUMER_SWA,
-                                   v1::REGION_BLOCK_KV};
+                                   v1::REGION_BOUNDARY_ROWS, v1::REGION_BLOCK_KV};
 
 // Unpacking a key attaches the peer's memory (a shared-memory transport maps it; every page
 // of a fresh mapping faults on first touch), which costs more than the get itself, so each

@@ -124,7 +124,7 @@ class DecodeServiceTest : public ::testing::Test {
     *commit.mutable_source() =
         (*exposure)->Source(ucx != nullptr ? v1::TRANSPORT_UCX : v1::TRANSPORT_GRPC);
     v1::StateHeader& h = *commit.mutable_header();
-    h.set_format_version(1);
+    h.set_format_version(transfer::kStateFormatVersion);
     h.set_model_fingerprint(model_->fingerprint());
     h.set_request_id("r");
     h.set_reservation_id(reservation.reservation_id());

@@ -314,7 +314,8 @@ class FaultTest : public ::testing::Test {
   }
   // A decode node is killed while it streams the request: the router moves the stream to the
   // other node, which continues it from the StateBlock without a lost or repeated token.
-  static void LostDecodeNodeCase(const std::string& model);
+  // `split`: flags of the router and the prefill node (the split they run).
+  static void LostDecodeNodeCase(const std::string& model, std::vector<std::string> split = {});
   static std::string small_;
   static std::string small_shared_;
 };
@@ -331,12 +332,18 @@ TEST_F(FaultTest, LostDecodeNodeOfASharedBlockKvModelIsReplacedAlike) {
   LostDecodeNodeCase(small_shared_);
 }
 
-void FaultTest::LostDecodeNodeCase(const std::string& model) {
+// The same under replay-on-decode: the re-prefill hands the other node the boundary rows of
+// prompt + the tokens so far, and its replay continues the stream undisturbed.
+TEST_F(FaultTest, LostDecodeNodeUnderReplayOnDecodeIsReplacedAlike) {
+  LostDecodeNodeCase(small_, {"--split", "replay-on-decode"});
+}
+
+void FaultTest::LostDecodeNodeCase(const std::string& model, std::vector<std::string> split) {
   Cluster cluster(model);
-  ASSERT_FALSE(cluster.StartRouter().empty());
+  ASSERT_FALSE(cluster.StartRouter(split).empty());
   ASSERT_FALSE(cluster.StartDecode("decode-a", {"--pages", "256"}).empty());
   ASSERT_FALSE(cluster.StartDecode("decode-b", {"--pages", "256"}).empty());
-  ASSERT_FALSE(cluster.StartPrefill("prefill").empty());
+  ASSERT_FALSE(cluster.StartPrefill("prefill", split).empty());
   ASSERT_TRUE(cluster.WaitForHealth(true));
   auto stub = cluster.Client();
   std::mt19937_64 rng(47);

@@ -167,7 +167,7 @@ std::string BaseUrl(const BatonUp& up) {
 }
 
 TEST(HttpTest, BatonUpServesItsDefaultModelToCurlAndTheOfficialOpenAiClient) {
-  // No --model: baton up serves the trained model models/ced-brown-replay as "baton-small".
+  // No --model: baton up serves the trained model models/ced-brown-shared as "baton-small".
   BatonUp up(fs::path(testing::ProcessTempDir()) / "up", "");
   ASSERT_TRUE(up.WaitUntilUp()) << up.log();
   const std::string base = BaseUrl(up);
@@ -218,7 +218,7 @@ TEST(HttpTest, BatonUpServesItsDefaultModelToCurlAndTheOfficialOpenAiClient) {
   EXPECT_EQ(generated["text"], text);
   // The streamed text is the detokenization of the tokens streamed, after the prompt.
   auto tokenizer =
-      text::Tokenizer::Load(std::string(BATON_SOURCE_DIR) + "/models/ced-brown-replay", 4096);
+      text::Tokenizer::Load(std::string(BATON_SOURCE_DIR) + "/models/ced-brown-shared", 4096);
   ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
   std::vector<int32_t> all = (*tokenizer)->Encode("The jury said", true);
   const std::string prompt_text = (*tokenizer)->Decode(all);

@@ -131,7 +131,7 @@ class SecurityTest : public ::testing::Test {
                       uint32_t prompt_len) {
     v1::CommitRequest commit;
     v1::StateHeader& h = *commit.mutable_header();
-    h.set_format_version(1);
+    h.set_format_version(2);  // transfer::kStateFormatVersion (this target links no transfer)
     h.set_model_fingerprint(*model::ModelFingerprint(model_));
     h.set_request_id("test");
     h.set_reservation_id(reservation.reservation_id());

@@ -83,7 +83,8 @@ TEST_P(TrainedModelTest, MatchesTheReferenceInEveryModeAndIsExactFromSpanR) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, TrainedModelTest,
-                         ::testing::Values("ced-brown-plain", "ced-brown-replay"));
+                         ::testing::Values("ced-brown-plain", "ced-brown-replay",
+                                           "ced-brown-shared"));
 
 }  // namespace
 }  // namespace baton::model

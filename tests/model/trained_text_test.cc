@@ -85,7 +85,8 @@ TEST_P(TrainedTextTest, GreedyTextIsDeterministicValidUtf8AndMostlyWords) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, TrainedTextTest,
-                         ::testing::Values("ced-brown-plain", "ced-brown-replay"));
+                         ::testing::Values("ced-brown-plain", "ced-brown-replay",
+                                           "ced-brown-shared"));
 
 }  // namespace
 }  // namespace baton::model

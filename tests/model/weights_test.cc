@@ -141,6 +141,34 @@ TEST_F(WeightsTest, MissingTensorIsNamed) {
   ExpectRefused("tensor 'model.layers.5.self_attn.swa_k_proj.weight' is missing");
 }
 
+// A prefill node of replay-on-decode loads the producers' side only: the embedding, the
+// producer layers, the boundary norm and the block-KV projections, with the same fingerprint;
+// the consumer layers stay on disk, yet a file missing one of their tensors is still refused.
+TEST_F(WeightsTest, TheProducersSideHoldsOnlyWhatItRuns) {
+  auto all = LoadCedWeights(dir_);
+  auto producers = LoadCedWeights(dir_, HeldLayers::kProducers);
+  ASSERT_TRUE(all.ok() && producers.ok()) << producers.status();
+  EXPECT_EQ(producers->fingerprint, all->fingerprint);
+  EXPECT_EQ(producers->embed, all->embed);
+  EXPECT_EQ(producers->global_kv, all->global_kv);
+  ASSERT_EQ(producers->producers.size(), all->producers.size());
+  EXPECT_EQ(producers->producers.back().down, all->producers.back().down);
+  EXPECT_EQ(producers->consumers[0].attn_norm, all->consumers[0].attn_norm);
+  EXPECT_TRUE(producers->consumers[0].q_swa_kv.empty());
+  EXPECT_TRUE(producers->consumers.back().attn_norm.empty());
+  EXPECT_TRUE(producers->final_norm.empty());
+  CedWeights& w = *producers;
+  EXPECT_FALSE(SaveCedWeights(w, dir_ + "_copy", Dtype::kF32).ok());
+
+  Rewrite([](std::vector<TensorToWrite>& t) {
+    std::erase_if(t, [](const auto& x) { return x.name == "model.layers.7.mlp.down_proj.weight"; });
+  });
+  auto missing = LoadCedWeights(dir_, HeldLayers::kProducers);
+  ASSERT_FALSE(missing.ok());
+  EXPECT_THAT(missing.status().message(),
+              HasSubstr("tensor 'model.layers.7.mlp.down_proj.weight' is missing"));
+}
+
 TEST_F(WeightsTest, WrongShapeIsNamed) {
   Rewrite([](std::vector<TensorToWrite>& t) {
     for (auto& x : t) {

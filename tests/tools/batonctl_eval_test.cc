@@ -61,7 +61,8 @@ TEST_P(EvalTest, HeldOutNllEqualsTheTrainingScriptsFigureInEveryMode) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, EvalTest,
-                         ::testing::Values("ced-brown-plain", "ced-brown-replay"));
+                         ::testing::Values("ced-brown-plain", "ced-brown-replay",
+                                           "ced-brown-shared"));
 
 TEST(BatonctlEval, BadOptionsAreRefusedByName) {
   const std::string dir = kModels + "/ced-brown-replay";

@@ -109,6 +109,44 @@ TEST(BatonctlPlanTest, BlockKvSourcesShrinkBlockKvAndItsProjections) {
   EXPECT_EQ(plans[1]["layer_rows"], plans[0]["layer_rows"]);
 }
 
+// Under replay-on-decode the StateBlock carries the boundary rows of [max(s_keep, s_valid), L)
+// (hidden_size floats each) in place of the consumer rings: K rows under compact, fewer after a
+// prefix hit, L under off; block KV and the producer rings do not change.
+TEST(BatonctlPlanTest, ReplayOnDecodeStateBlockCarriesTheBoundaryRows) {
+  const std::string config = baton::testing::ProcessTempDir() + "/plan_replay.json";
+  std::ofstream(config) << R"({"vocab_size": 512, "hidden_size": 128, "intermediate_size": 384,
+    "num_hidden_layers": 8, "n_prefill_layer": 4, "num_attention_heads": 4,
+    "num_key_value_heads": 1, "head_dim": 32, "sliding_window": 16, "kv_block_size": 16})";
+  auto plan = [&](const std::string& args) {
+    const Result r = RunBatonctl("plan --prompt-len 1000 --window 16 --json --model-config " +
+                                 config + " " + args);
+    EXPECT_EQ(r.exit_status, 0) << r.err;
+    return nlohmann::json::parse(r.out);
+  };
+  const int64_t row = 128 * 4;
+  for (const auto& [args, rows] : std::vector<std::pair<std::string, int64_t>>{
+           {"--mode compact --keep 22", 22},
+           {"--mode compact --keep 40 --valid-start 976", 24},
+           {"--mode mask --keep 22", 22},
+           {"", 1000}}) {
+    SCOPED_TRACE(args);
+    const auto json = plan(args);
+    const auto& all = json["state_block_bytes"];
+    const auto& replay = json["replay_on_decode_state_block_bytes"];
+    EXPECT_EQ(replay["boundary_rows"], rows * row);
+    EXPECT_EQ(replay["block_kv"], all["block_kv"]);
+    EXPECT_EQ(replay["producer_swa"], all["producer_swa"]);
+    EXPECT_EQ(replay["total"], replay["block_kv"].get<int64_t>() +
+                                   replay["producer_swa"].get<int64_t>() + rows * row);
+    EXPECT_EQ(all["total"], all["block_kv"].get<int64_t>() + all["producer_swa"].get<int64_t>() +
+                                all["consumer_swa"].get<int64_t>());
+  }
+  // The serving default (compact, K = C): fewer bytes than prefill-all's rings.
+  const auto json = plan("--mode compact --keep 22");
+  EXPECT_LT(json["replay_on_decode_state_block_bytes"]["total"].get<int64_t>(),
+            json["state_block_bytes"]["total"].get<int64_t>());
+}
+
 TEST(BatonctlPlanTest, SeedTablesMatchTheSeedLayout) {
   const Result r = RunBatonctl("plan --seed-tables");
   ASSERT_EQ(r.exit_status, 0) << r.err;

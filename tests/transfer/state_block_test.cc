@@ -157,6 +157,68 @@ TEST_F(StateBlockTest, ASealedHeaderVerifiesAndAnyChangedByteFailsItsRegion) {
   EXPECT_EQ(VerifyRegions(short_kv, *state).code(), absl::StatusCode::kDataLoss);
 }
 
+// Replay-on-decode (format 2): the boundary rows of the replay range take the consumer SWA's
+// place, a reservation holds pages for the most rows its prompt may hand over, the header
+// carries no first token and is refused unless its rows are exactly the replay range of its
+// prompt, mode, keep and s_valid; a changed row fails the boundary region's checksum.
+TEST_F(StateBlockTest, ReplayOnDecodeCarriesTheBoundaryRowsInsteadOfTheConsumerRings) {
+  const int64_t d = layout_.hidden_size;
+  ASSERT_GT(d, 0);
+  const uint64_t L = 40, keep = 25, rows = L - (L - keep);  // compact: [s_keep, L)
+  const RegionSizes sizes = RegionSizesFor(layout_, L, v1::SPLIT_REPLAY_ON_DECODE, rows);
+  EXPECT_EQ(sizes.consumer_swa, 0u);
+  EXPECT_EQ(sizes.bytes(v1::REGION_BOUNDARY_ROWS), rows * d * sizeof(float));
+  EXPECT_EQ(sizes.boundary_pages, (sizes.boundary_rows + sizes.page - 1) / sizes.page);
+  // Under the serving default (compact, K = C) the rows weigh less than the rings they replace.
+  EXPECT_LT(
+      RegionSizesFor(layout_, L, v1::SPLIT_REPLAY_ON_DECODE, layout_.ring_capacity).boundary_rows,
+      RegionSizesFor(layout_, L).consumer_swa);
+
+  // The decode node reserves for the most rows (L under off); the prefill node's fit.
+  v1::Reservation reservation;
+  SetReservationSizes(RegionSizesFor(layout_, L, v1::SPLIT_REPLAY_ON_DECODE, L), reservation);
+  EXPECT_TRUE(CheckReservationSizes(reservation, sizes).ok());
+  EXPECT_FALSE(CheckReservationSizes(reservation, RegionSizesFor(layout_, L)).ok());
+  reservation.set_boundary_rows(rows - 1);
+  EXPECT_THAT(CheckReservationSizes(reservation, sizes).message(), HasSubstr("boundary rows"));
+
+  auto state = Filled(L, 1.0f);
+  std::vector<float> boundary(rows * d);
+  std::iota(boundary.begin(), boundary.end(), 3e5f);
+  v1::PrefillRequest request = Request(L);
+  request.set_split(v1::SPLIT_REPLAY_ON_DECODE);
+  request.set_mode(v1::TRUNCATION_MODE_COMPACT);
+  request.set_keep(keep);
+  const v1::StateHeader h =
+      BuildHeader(request, "fp", model::PrefillResult{}, {.token = 3}, *state, boundary);
+  EXPECT_EQ(h.split(), v1::SPLIT_REPLAY_ON_DECODE);
+  EXPECT_EQ(h.boundary_rows(), rows);
+  EXPECT_EQ(h.boundary_rows_bytes(), sizes.boundary_rows);
+  EXPECT_EQ(h.consumer_swa_bytes(), 0u);
+  EXPECT_EQ(h.first_token(), 0);  // the decode node samples it
+  EXPECT_TRUE(VerifyHeader(h, "fp", L, 512, v1::SPLIT_REPLAY_ON_DECODE, L).ok());
+  EXPECT_THAT(VerifyHeader(h, "fp", L, 512).message(), HasSubstr("header.split"));
+  EXPECT_THAT(VerifyHeader(h, "fp", L, 512, v1::SPLIT_REPLAY_ON_DECODE, rows - 1).message(),
+              HasSubstr("header.boundary_rows"));
+  v1::StateHeader other_keep = h;
+  other_keep.set_keep(keep + 1);  // its replay range has one row more than the header carries
+  EXPECT_THAT(VerifyHeader(other_keep, "fp", L, 512, v1::SPLIT_REPLAY_ON_DECODE, L).message(),
+              HasSubstr("header.boundary_rows"));
+
+  // The rows as the decode node holds them: in pages, counted back to back.
+  std::vector<std::vector<float>> pages(sizes.boundary_pages,
+                                        std::vector<float>(sizes.page / sizeof(float)));
+  for (size_t i = 0; i < boundary.size(); ++i) {
+    pages[i * sizeof(float) / sizes.page][i % (sizes.page / sizeof(float))] = boundary[i];
+  }
+  std::vector<const float*> landed;
+  for (const auto& page : pages) landed.push_back(page.data());
+  EXPECT_TRUE(VerifyRegions(h, *state, landed).ok());
+  pages.back()[0] += 1.0f;
+  EXPECT_THAT(VerifyRegions(h, *state, landed).message(), HasSubstr("boundary_rows"));
+  EXPECT_THAT(VerifyRegions(h, *state).message(), HasSubstr("boundary_rows"));  // none landed
+}
+
 TEST_F(StateBlockTest, HeaderFieldsOutsideTheReservationAreRefusedByName) {
   auto state = Filled(40, 1.0f);
   const v1::StateHeader h = Sealed(*state, 40);

@@ -15,6 +15,8 @@ ChildCommand ChildCommands::Router() const {
                                    std::to_string(options_.port),
                                    "--transport",
                                    options_.transport,
+                                   "--split",
+                                   options_.split,
                                    "--require-kvstore",
                                    "--internal-ready-file",
                                    layout_.ReadyFile(kRouterInternal)};
@@ -41,12 +43,20 @@ ChildCommand ChildCommands::Kvstore(const std::string& router_internal) const {
 
 ChildCommand ChildCommands::Decode(int i, const std::string& router_internal) const {
   const std::string name = InstanceName("decode", i);
-  std::vector<std::string> args = {"--model",   model_.dir,
-                                   "--router",  router_internal,
-                                   "--node-id", name,
-                                   "--pages",   std::to_string(options_.decode_pages),
-                                   "--device",  options_.device,
-                                   "--weights", options_.weights};
+  std::vector<std::string> args = {"--model",
+                                   model_.dir,
+                                   "--router",
+                                   router_internal,
+                                   "--node-id",
+                                   name,
+                                   "--pages",
+                                   std::to_string(options_.decode_pages),
+                                   "--device",
+                                   options_.device,
+                                   "--weights",
+                                   options_.weights,
+                                   "--replay-rows-per-step",
+                                   std::to_string(options_.replay_rows_per_step)};
   AppendModelFlags(args);
   return Make(name, "decode", std::move(args));
 }
@@ -55,8 +65,9 @@ ChildCommand ChildCommands::Prefill(int i, const std::string& router_internal,
                                     const std::string& kvstore) const {
   const std::string name = InstanceName("prefill", i);
   std::vector<std::string> args = {
-      "--model",   model_.dir, "--router", router_internal, "--node-id", name,
-      "--kvstore", kvstore,    "--device", options_.device, "--weights", options_.weights};
+      "--model",   model_.dir,       "--router", router_internal, "--node-id",
+      name,        "--kvstore",      kvstore,    "--device",      options_.device,
+      "--weights", options_.weights, "--split",  options_.split};
   AppendModelFlags(args);
   return Make(name, "prefill", std::move(args));
 }

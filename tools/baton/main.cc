@@ -1,7 +1,7 @@
 // `baton up`: the embedded default (DESIGN section 7). Starts baton-router, baton-kvstore
 // (RocksDB under <data-dir>/kvstore), --prefill-nodes baton-prefill and --decode-nodes
-// baton-decode on loopback (serving the trained replay-aware model models/ced-brown-replay when
-// no model is given, or generating --preset into the data dir) and prints the router address
+// baton-decode on loopback (serving the trained model models/ced-brown-shared, one block-KV source,
+// when no model is given, or generating --preset into the data dir) and prints the router address
 // once it reports SERVING.
 //
 // Secure by default: a throwaway CA and one certificate per role (router, prefill, decode,
@@ -32,7 +32,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   CLI::App* up = app.add_subcommand("up", "Start router, prefill and decode on loopback");
   up->add_option("--model", options.model_dir,
-                 "Model directory (default: the trained model ced-brown-replay that ships with "
+                 "Model directory (default: the trained model ced-brown-shared that ships with "
                  "baton)");
   up->add_option("--preset", options.preset,
                  "Generate this preset (tiny, small, ...) into the data dir and serve it, instead "
@@ -41,6 +41,15 @@ int main(int argc, char** argv) {
   up->add_option("--data-dir", options.data_dir, "Where the generated model and run files go");
   up->add_option("--transport", options.transport, "StateBlock transport: ucx or grpc")
       ->check(CLI::IsMember({"ucx", "grpc"}));
+  up->add_option("--split", options.split,
+                 "How requests are cut between the nodes: prefill-all (the prefill node runs "
+                 "every layer) or replay-on-decode (it holds and runs the producers only; the "
+                 "decode node replays the consumer layers)")
+      ->check(CLI::IsMember({"prefill-all", "replay-on-decode"}));
+  up->add_option("--replay-rows-per-step", options.replay_rows_per_step,
+                 "replay-on-decode: boundary rows each decode step replays beside the running "
+                 "streams' tokens")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   up->add_option("--decode-pages", options.decode_pages, "Block-KV pages of each decode node");
   up->add_option("--http-port", options.http_port,
                  "The router's OpenAI-compatible HTTP API (0: any free port; -1: off); served "

@@ -14,7 +14,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-constexpr char kTrainedDefault[] = "ced-brown-replay";
+constexpr char kTrainedDefault[] = "ced-brown-shared";
 
 // The generated model takes text: the tokenizer scripts/setup.sh trains (4,096 pieces, the
 // small preset's vocabulary). A preset of a smaller vocabulary (tiny) cannot take it and is

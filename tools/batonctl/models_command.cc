@@ -37,7 +37,10 @@ int RunModels(const ModelsOptions& o) {
                       {"max_model_len", model.max_model_len()},
                       {"fingerprints", std::vector<std::string>(model.fingerprints().begin(),
                                                                 model.fingerprints().end())},
-                      {"serving", model.fingerprints_size() > 0}});
+                      {"serving", model.fingerprints_size() > 0},
+                      {"split", model.split()},
+                      {"prefill_weight_bytes", model.prefill_weight_bytes()},
+                      {"decode_weight_bytes", model.decode_weight_bytes()}});
   }
   std::cout << nlohmann::json{{"models", models}}.dump() << "\n";
   return kExitOk;

@@ -8,6 +8,7 @@
 #include "absl/strings/str_format.h"
 #include "baton/common/model_config.h"
 #include "baton/common/parse.h"
+#include "baton/model/forward_schedule.h"
 #include "baton/model/plan.h"
 #include "baton/model/state.h"
 #include "commands.h"
@@ -74,10 +75,23 @@ nlohmann::json PlanToJson(const model::TruncationPlan& plan, const ModelConfig* 
     const model::StateLayout layout = model::StateLayout::For(*config);
     const int64_t pages = (spec.prompt_len + layout.block_size - 1) / layout.block_size;
     out["block_kv_groups"] = layout.block_kv_groups;
-    out["state_block_bytes"] = {
-        {"block_kv", pages * layout.page_floats() * int64_t{sizeof(float)}},
-        {"producer_swa", layout.producer_swa_floats() * int64_t{sizeof(float)}},
-        {"consumer_swa", layout.consumer_swa_floats() * int64_t{sizeof(float)}}};
+    const int64_t block_kv = pages * layout.page_floats() * int64_t{sizeof(float)};
+    const int64_t producer_swa = layout.producer_swa_floats() * int64_t{sizeof(float)};
+    const int64_t consumer_swa = layout.consumer_swa_floats() * int64_t{sizeof(float)};
+    out["state_block_bytes"] = {{"block_kv", block_kv},
+                                {"producer_swa", producer_swa},
+                                {"consumer_swa", consumer_swa},
+                                {"total", block_kv + producer_swa + consumer_swa}};
+    // Under the replay-on-decode split the boundary rows of [max(s_keep, s_valid), L), d floats
+    // each, take the consumer rings' place (DESIGN section 4).
+    const int64_t boundary_rows =
+        model::BoundaryRowCount(spec.prompt_len, spec.mode, spec.keep, spec.s_valid) *
+        layout.hidden_size * int64_t{sizeof(float)};
+    out["replay_on_decode_state_block_bytes"] = {
+        {"block_kv", block_kv},
+        {"producer_swa", producer_swa},
+        {"boundary_rows", boundary_rows},
+        {"total", block_kv + producer_swa + boundary_rows}};
   }
   return out;
 }

@@ -52,6 +52,7 @@ router:
   transport: {{ $c.router.transport }}
   reservation-timeout-ms: {{ index $c.router "reservation-timeout-ms" | int64 }}
   hit-cap: {{ index $c.router "hit-cap" }}
+  split: {{ $c.router.split }}
   lookup-timeout-ms: {{ index $c.router "lookup-timeout-ms" | int64 }}
   max-queued: {{ index $c.router "max-queued" | int64 }}
   prefill-slots: {{ index $c.router "prefill-slots" | int64 }}
@@ -78,6 +79,7 @@ prefill:
   no-ucx: {{ index $c.prefill "no-ucx" }}
   ucx-allow-unprotected-tcp: {{ .Values.ucx.allowUnprotectedTcp }}
   commit-timeout-ms: {{ index $c.prefill "commit-timeout-ms" | int64 }}
+  split: {{ $c.router.split }}
   drain-timeout: {{ index $c.prefill "drain-timeout" | quote }}
   {{- if .Values.kvstore.enabled }}
   kvstore: {{ include "baton.kvstoreAddress" . }}
@@ -97,6 +99,7 @@ decode:
   slots: {{ $c.decode.slots | int64 }}
   pages: {{ $c.decode.pages | int64 }}
   max-batch: {{ index $c.decode "max-batch" | int64 }}
+  replay-rows-per-step: {{ index $c.decode "replay-rows-per-step" | int64 }}
   max-waiting: {{ index $c.decode "max-waiting" | int64 }}
   no-ucx: {{ index $c.decode "no-ucx" }}
   ucx-peer-errors: {{ index $c.decode "ucx-peer-errors" }}

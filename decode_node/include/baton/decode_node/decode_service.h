@@ -47,6 +47,9 @@ struct DecodeOptions {
   int64_t slots = 64;
   int64_t pages = 4096;
   int64_t max_batch = 64;
+  // Replay-on-decode: boundary rows replayed per step, over all replaying requests (the
+  // Sarathi-Serve cut: the running streams' steps stay short while prompts arrive).
+  int64_t replay_rows_per_step = 256;
   int64_t max_waiting = 64;           // Reserve calls that may wait for memory at once
   int64_t attach_timeout_ms = 30000;  // committed but no stream attached
   bool use_ucx = true;
@@ -100,12 +103,20 @@ class DecodeService final : public v1::DecodeNode::Service {
 
  private:
   struct Request;
-  enum class Phase { kReserved, kTransferring, kCommitted, kFinished };
+  // kReplaying: committed under replay-on-decode, its consumer layers being replayed over the
+  // boundary rows, a piece each step, until the first token is sampled (then kCommitted).
+  enum class Phase { kReserved, kTransferring, kReplaying, kCommitted, kFinished };
 
   void DecodeLoop();
   void ReapLoop();
   // Applies a sampled token: appends it and decides whether the request is finished.
   void Accept(Request& r, int32_t token, float logprob);
+  // Replay-on-decode: the next `rows` boundary rows of a replaying request as one step's piece
+  // (caller holds mutex_), and what the step's logits for it do (the prompt logprobs, and at the
+  // prompt's end the first token).
+  struct ReplayPiece;
+  ReplayPiece NextPiece(const std::shared_ptr<Request>& r, int64_t rows) const;
+  void FinishPiece(ReplayPiece& piece);
   void Erase(const std::string& id);  // caller holds mutex_
   // The reservation `id` when `caller` (the peer's certificate identity) is its `role` owner
   // (see Request); nullptr when it is absent or another identity's. Caller holds mutex_.

@@ -28,6 +28,7 @@ struct StateLayout {
   int64_t block_size = 0;       // B
   int64_t kv_dim = 0;           // Hkv * hd
   int64_t block_kv_groups = 0;  // G: block KV held once per group, read by D layers
+  int64_t hidden_size = 0;      // d: one boundary row (replay-on-decode) is d floats
 
   static StateLayout For(const ModelConfig& config);
 
@@ -131,10 +132,10 @@ class SequenceState {
   std::vector<float*> pages_;
 };
 
-// The copies that put `from`'s rings and the pages covering positions [0, positions) onto
-// `to`'s (same layout; `to`'s pages must cover those positions). A node stages a state between
-// host memory (what transfers and the prefix store read and write) and the engine's memory with
-// them (Engine::StageIn, StageOut).
+// The copies that put `from`'s rings (the consumer rings only where both have them) and the
+// pages covering positions [0, positions) onto `to`'s (same layout; `to`'s pages must cover those
+// positions). A node stages a state between host memory (what transfers and the prefix store read
+// and write) and the engine's memory with them (Engine::StageIn, StageOut).
 std::vector<StageCopy> StateCopies(const SequenceState& from, SequenceState& to, int64_t positions);
 
 }  // namespace baton::model

@@ -20,6 +20,7 @@
 #include "baton/common/server_flags.h"
 #include "baton/model/engine.h"
 #include "baton/model/engine_factory.h"
+#include "baton/model/split.h"
 #include "baton/v1/node.grpc.pb.h"
 
 namespace baton::node {
@@ -37,9 +38,13 @@ struct NodeFlags {
   bool no_ucx = false;
   bool ucx_allow_unprotected_tcp = false;
   ServerFlags server;
+  // A prefill node's --split (AddSplitFlag); StartNode loads the layers it asks for.
+  std::string split = "prefill-all";
 };
 // The flags above; `node_id` keeps its value as the default of --node-id.
 void AddNodeFlags(CLI::App& app, NodeFlags& flags);
+// --split, for prefill nodes: replay-on-decode loads only the layers that split runs there.
+void AddSplitFlag(CLI::App& app, NodeFlags& flags);
 
 // Parses argv (ParseServerFlags, reading the config file's `section`), refuses unsafe UCX
 // transports (unless --no-ucx), settles the CPU kernels' level and loads the model. `exit` is
@@ -48,6 +53,7 @@ void AddNodeFlags(CLI::App& app, NodeFlags& flags);
 struct NodeStart {
   std::optional<int> exit;
   std::unique_ptr<model::Engine> engine;
+  model::Split split = model::Split::kPrefillAll;
 };
 NodeStart StartNode(CLI::App& app, int argc, char** argv, const std::string& binary,
                     const std::string& section, NodeFlags& flags);

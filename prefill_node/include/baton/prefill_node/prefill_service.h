@@ -22,6 +22,7 @@
 #include "baton/common/hash.h"
 #include "baton/common/watchdog.h"
 #include "baton/model/engine.h"
+#include "baton/model/split.h"
 #include "baton/transfer/exposure.h"
 #include "baton/transfer/ucx.h"
 #include "baton/v1/kvstore.grpc.pb.h"
@@ -51,6 +52,9 @@ struct PrefillOptions {
   // Requests holding staging memory at once (from before the model, through the commit); the
   // rest wait for one to finish, so memory stays bounded however many requests arrive.
   int64_t max_staged_requests = 4;
+  // The split this node serves (--split; the engine holds the producers only under
+  // replay-on-decode). A request for another split is refused.
+  model::Split split = model::Split::kPrefillAll;
 };
 
 // The wire bounds of a prefill request, checked before anything is sized from it: the router

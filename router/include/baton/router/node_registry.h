@@ -99,13 +99,17 @@ class NodeRegistry {
     uint32_t heartbeat_ms = 500;   // what registering nodes are told
     uint32_t node_ttl_ms = 2000;   // a node not heard from for this long is not used
     bool require_kvstore = false;  // Serving() waits for a kvstore to have registered once
+    // The router's split: a prefill node must hold the layers it runs there (all, or the
+    // producers only under replay-on-decode), a decode node every layer.
+    v1::Split split = v1::SPLIT_PREFILL_ALL;
   };
   // `models` outlives the registry.
   NodeRegistry(const std::vector<ServedModel>& models, const Options& options);
 
   // Registers or refreshes the caller's node (Registry/Register; `context` gives the
   // certificate). INVALID_ARGUMENT naming the field, PERMISSION_DENIED for the wrong role or
-  // another identity's node_id, FAILED_PRECONDITION for a model this router does not serve.
+  // another identity's node_id, FAILED_PRECONDITION for a model this router does not serve or
+  // layers that do not fit its split (naming the node's and the router's).
   absl::Status Register(const grpc::ServerContextBase& context, const v1::RegisterRequest& request);
   // Called, without the registry's lock, after a registration or a freed prefill slot: what
   // waits for a node (admission) looks again.
@@ -131,6 +135,11 @@ class NodeRegistry {
   NodeLease TakePrefillSlot(const std::shared_ptr<RegisteredNode>& node);
   // The slot TakePrefillSlot took is free again.
   void PrefillDone(RegisteredNode& node);
+  // Per served model, the largest weight bytes a live prefill and a live decode node report.
+  struct WeightBytes {
+    uint64_t prefill = 0, decode = 0;
+  };
+  std::vector<WeightBytes> ResidentWeightBytes() const;
   // The decode slots the live decode nodes of `model` report in all.
   int64_t DecodeSlots(size_t model) const;
 

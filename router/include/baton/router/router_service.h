@@ -55,6 +55,9 @@ struct RouterOptions {
   uint32_t heartbeat_ms = 500;
   uint32_t node_ttl_ms = 2000;  // a node not heard from for this long is not used
   kvstore::HitCap hit_cap = kvstore::HitCap::kRing;
+  // How requests are cut between nodes (DESIGN section 6); the registry accepts only prefill
+  // nodes that hold the layers it needs (all, or the producers only under replay-on-decode).
+  v1::Split split = v1::SPLIT_PREFILL_ALL;
   uint32_t lookup_timeout_ms = 200;  // a slower prefix store means a cold request
   bool require_kvstore = false;      // first SERVING also waits for a kvstore to register
   // Admission: requests wait in one queue of at most `max_queued` (first come, first served

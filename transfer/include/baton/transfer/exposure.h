@@ -93,6 +93,9 @@ class Exposure {
   float* producer_swa() const { return At(v1::REGION_PRODUCER_SWA); }
   float* consumer_swa() const { return At(v1::REGION_CONSUMER_SWA); }
   float* block_kv() const { return At(v1::REGION_BLOCK_KV); }
+  float* boundary_rows() const { return At(v1::REGION_BOUNDARY_ROWS); }
+  // Where `region` starts in the staging memory.
+  float* At(v1::Region region) const;
   // What the decode node needs to read it by `transport`.
   v1::RegionSource Source(v1::Transport transport) const;
   // Ends gRPC reads (in flight and later); the UCX registration goes with the object.
@@ -105,7 +108,6 @@ class Exposure {
 
  private:
   Exposure() = default;
-  float* At(v1::Region region) const;
   std::string id_;
   RegionSizes sizes_;
   std::string reader_identity_;

@@ -34,25 +34,30 @@ inline constexpr uint64_t kGrpcRegionChunkBytes = uint64_t{1} << 20;
 inline constexpr uint64_t kGrpcReadBytes = uint64_t{4} << 20;
 inline constexpr size_t kGrpcReadsInFlight = 4;
 
-// One request's regions in local memory: the producer and consumer rings, and the block-KV
-// pages (each `sizes.page` bytes; block KV counts them back to back, the last one partial).
+// One request's regions in local memory: the producer and consumer rings, the block-KV pages
+// (each `sizes.page` bytes; block KV counts them back to back, the last one partial), and
+// under replay-on-decode the pages that take the boundary rows (counted the same way).
 struct RegionSpans {
   RegionSizes sizes;
   char* producer_swa = nullptr;
   char* consumer_swa = nullptr;
   std::vector<char*> pages;
+  std::vector<char*> boundary_pages;
 };
 
-// The regions of `state`'s first `prompt_len` positions.
+// The regions of `state`'s first `prompt_len` positions (prefill-all).
 RegionSpans SpansOf(model::SequenceState& state, uint64_t prompt_len);
+// The regions `sizes` gives, in `state` and (boundary rows) in `boundary_pages`.
+RegionSpans SpansOf(model::SequenceState& state, const RegionSizes& sizes,
+                    std::span<float* const> boundary_pages);
 
 // Calls fn(local, bytes, offset) for the local memory of [offset, offset + length) of
 // `region`, split where pages end. The caller checked that the range lies in the region.
 void ForEachPiece(const RegionSpans& spans, v1::Region region, uint64_t offset, uint64_t length,
                   const std::function<void(char*, uint64_t, uint64_t)>& fn);
 
-// Where `region` starts in a staging buffer that holds producer SWA, consumer SWA and block KV
-// back to back (the layout of an Exposure and of a RegionSource's address).
+// Where `region` starts in a staging buffer that holds producer SWA, consumer SWA, boundary
+// rows and block KV back to back (the layout of an Exposure and of a RegionSource's address).
 uint64_t StagingOffset(const RegionSizes& sizes, v1::Region region);
 uint64_t StagingBytes(const RegionSizes& sizes);
 

@@ -10,7 +10,7 @@
 namespace baton::launcher {
 
 struct LaunchOptions {
-  // The model. Neither --model nor --preset: the trained ced-brown-replay beside the binary,
+  // The model. Neither --model nor --preset: the trained ced-brown-shared beside the binary,
   // else the small preset generated into the data dir.
   std::string model_dir;      // --model
   std::string preset;         // --preset: generated into <data-dir>/model[-<preset>]
@@ -23,6 +23,8 @@ struct LaunchOptions {
   bool client_tls = false;         // --client-tls: the client API on TLS (router.crt)
   std::string api_keys;            // --api-keys: YAML file, API key -> tenant
   std::string transport = "ucx";   // --transport: StateBlock transport, ucx or grpc
+  std::string split = "prefill-all";   // --split: prefill-all or replay-on-decode (router, prefill)
+  int64_t replay_rows_per_step = 256;  // --replay-rows-per-step: the decode nodes' replay pieces
 
   // The nodes.
   int prefill_nodes = 1;         // --prefill-nodes (1 to 16)

@@ -1,7 +1,7 @@
 // Which model `baton up` serves, and under which name. --model serves that folder under the
 // name its config gives; --preset generates the preset into <data-dir>/model-<preset> (the
 // small preset into <data-dir>/model, as before --preset existed) and gives it the default
-// tokenizer when its vocabulary can take it; neither serves the trained ced-brown-replay that
+// tokenizer when its vocabulary can take it; neither serves the trained ced-brown-shared that
 // ships with baton, or generates the small preset when it is not installed.
 //
 // Progress ("serving the trained model ...", "generating ...") goes to stdout as it happens.
