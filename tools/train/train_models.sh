@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Trains the models of models/: ced-brown-plain and ced-brown-replay, which ship, and
-# ced-brown-shared, from the same seed, data and order; the second with half its sequences
+# Trains the models of models/, which all ship: ced-brown-plain, ced-brown-replay and
+# ced-brown-shared (the one `baton up` serves), from the same seed, data and order; the second with half its sequences
 # trained under truncated consumer SWA, the third with one block-KV source (block_kv_sources
 # [4]: the boundary layer's block KV serves all four consumer layers; tools/train/train.py).
 # All train at once, one thread each: about 65 minutes for two on a 2-core machine, longer for
