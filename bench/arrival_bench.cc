@@ -7,7 +7,8 @@
 // chunking applied to the replay). Before the arrivals, one lone request of --arrival-prompt-len
 // tokens measures prefill tokens/s from its timings (prefill_ms).
 //
-//   baton_arrival_bench --addr HOST:PORT [--running 8] [--running-prompt-len 64]
+//   baton_arrival_bench --addr HOST:PORT [--running 8] [--running-prompt-len 64] [--running-tokens
+//   2000]
 //                       [--arrivals 16] [--arrival-prompt-len 2048] [--quiet-ms 1500]
 //                       [--vocab 4096]
 #include <algorithm>
@@ -54,11 +55,14 @@ struct Gap {
 int main(int argc, char** argv) {
   CLI::App app{"baton arrival benchmark: running streams' ITL while prompts arrive"};
   std::string addr;
-  int running = 8, running_prompt_len = 64, arrivals = 16, arrival_prompt_len = 2048;
+  int running = 8, running_prompt_len = 64, running_tokens = 2000, arrivals = 16;
+  int arrival_prompt_len = 2048;
   int quiet_ms = 1500, vocab = 4096;
   app.add_option("--addr", addr, "Router address")->required();
   app.add_option("--running", running, "Streams decoding before the arrivals");
   app.add_option("--running-prompt-len", running_prompt_len, "Their prompts' tokens");
+  app.add_option("--running-tokens", running_tokens,
+                 "Their max_tokens (cancelled once the arrivals have their first tokens)");
   app.add_option("--arrivals", arrivals, "Prompts arriving at once");
   app.add_option("--arrival-prompt-len", arrival_prompt_len, "Their tokens");
   app.add_option("--quiet-ms", quiet_ms,
@@ -92,7 +96,8 @@ int main(int argc, char** argv) {
   for (int i = 0; i < running; ++i) {
     contexts.push_back(std::make_unique<grpc::ClientContext>());
     streams.emplace_back([&, i, context = contexts.back().get()] {
-      auto reader = stub->Generate(context, Request(running_prompt_len, 100000, vocab, 100 + i));
+      auto reader =
+          stub->Generate(context, Request(running_prompt_len, running_tokens, vocab, 100 + i));
       baton::v1::GenerateResponse response;
       auto last = Clock::now();
       int tokens = 0;

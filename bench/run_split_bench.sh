@@ -4,11 +4,14 @@
 # peak RSS (VmHWM), prefill tokens/s of one 4K prompt, and what 16 prompts of 2K tokens arriving
 # at once do to 8 streams already decoding (bench/arrival_bench.cc): the arrivals' TTFT p50/p99
 # and the running streams' ITL p99 in a quiet window and during the arrivals. Replay-on-decode
-# runs at two --replay-rows-per-step settings (ROWS, default "64 512"). StateBlock bytes per
+# runs at two --replay-rows-per-step settings (ROWS, default "8 64"). StateBlock bytes per
 # request come from `batonctl plan` at L = 1K, 4K, 16K under the serving default (compact,
 # K = C).
 #
-#   bench/run_split_bench.sh [MODEL_DIR]     (ARRIVALS=16 ARRIVAL_LEN=2048 RUNNING=8 ROWS="64 512")
+#   bench/run_split_bench.sh [MODEL_DIR]
+#       (ARRIVALS=16 ARRIVAL_LEN=2048 RUNNING=8 RUNNING_TOKENS=2000 ROWS="8 64"; a model of 512
+#       positions, like the trained ones, needs e.g. ARRIVAL_LEN=400 RUNNING_PROMPT_LEN=16
+#       RUNNING_TOKENS=480 QUIET_MS=150: its streams decode fast enough to finish otherwise)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${BATON_BUILD_DIR:-$root/build}"
@@ -21,18 +24,20 @@ if [[ -z "$model" ]]; then
 fi
 
 # StateBlock bytes per request (no server needed), at K = C = W + max_backtrack + 1.
-C="$(/usr/bin/python3 -c 'import json,sys; c=json.load(open(sys.argv[1]));
-print(c["sliding_window"] + c.get("max_backtrack", 5) + 1)' "$model/config.json")"
+read -r W C < <(/usr/bin/python3 -c 'import json,sys; c=json.load(open(sys.argv[1]));
+print(c["sliding_window"], c["sliding_window"] + c.get("max_backtrack", 5) + 1)' "$model/config.json")
 for L in 1024 4096 16384; do
-  "$build/tools/batonctl" plan --prompt-len "$L" --mode compact --keep "$C" --json \
-    --model-config "$model/config.json" >"$out/plan.$L.json"
+  "$build/tools/batonctl" plan --prompt-len "$L" --window "$W" --mode compact --keep "$C" \
+    --json --model-config "$model/config.json" >"$out/plan.$L.json"
 done
 
 run() {  # LABEL SPLIT ROWS
   local label="$1" split="$2" rows="$3"
   BATON_UP_ARGS="--split $split --replay-rows-per-step $rows" start_baton_up "$build" "$model"
   "$build/bench/baton_arrival_bench" --addr "$addr" --running "${RUNNING:-8}" \
-    --arrivals "${ARRIVALS:-16}" --arrival-prompt-len "${ARRIVAL_LEN:-2048}" >"$out/$label.json"
+    --running-tokens "${RUNNING_TOKENS:-2000}" --running-prompt-len "${RUNNING_PROMPT_LEN:-64}" \
+    --quiet-ms "${QUIET_MS:-1500}" --arrivals "${ARRIVALS:-16}" \
+    --arrival-prompt-len "${ARRIVAL_LEN:-2048}" >"$out/$label.json"
   local pid
   pid="$(pgrep -n baton-prefill || true)"
   echo "{\"vmhwm_kb\": $(awk '/VmHWM/ {print $2}' "/proc/$pid/status" 2>/dev/null || echo 0)," \
@@ -41,10 +46,10 @@ run() {  # LABEL SPLIT ROWS
     >"$out/$label.node.json"
   stop_baton_up
 }
-run prefill-all prefill-all 256
-for rows in ${ROWS:-64 512}; do run "replay-$rows" replay-on-decode "$rows"; done
+run prefill-all prefill-all 8
+for rows in ${ROWS:-8 64}; do run "replay-$rows" replay-on-decode "$rows"; done
 
-/usr/bin/python3 - "$out" ${ROWS:-64 512} <<'PY'
+/usr/bin/python3 - "$out" ${ROWS:-8 64} <<'PY'
 import json, sys
 out, rows = sys.argv[1], sys.argv[2:]
 labels = ["prefill-all"] + [f"replay-{r}" for r in rows]

@@ -23,6 +23,8 @@ constexpr auto kCommitMargin = std::chrono::milliseconds(500);
 // says nothing when a client cancels or its deadline passes, and a slot freed by the last
 // holder of a request (an in-flight step) returns to the pool without the lock.
 constexpr auto kCallCheck = std::chrono::milliseconds(20);
+// Replay rows a step takes when no stream is decoding (DecodeLoop).
+constexpr int64_t kIdleReplayRows = 512;
 
 using security::Role;
 
@@ -660,12 +662,20 @@ void DecodeService::DecodeLoop() {
     watchdog_->Beat();
     std::vector<std::shared_ptr<Request>> batch;
     std::vector<ReplayPiece> pieces;
-    int64_t replay_rows = options_.replay_rows_per_step;
     for (auto& [id, r] : requests_) {
       if (r->phase == Phase::kCommitted &&
           static_cast<int64_t>(batch.size()) < options_.max_batch) {
         batch.push_back(r);
-      } else if (r->phase == Phase::kReplaying && replay_rows > 0) {
+      }
+    }
+    // The row budget protects the running streams' inter-token latency; with none running, a
+    // step replays up to kIdleReplayRows, so a lone prompt's first token is not held back.
+    const int64_t replay_budget = batch.empty()
+                                      ? std::max(options_.replay_rows_per_step, kIdleReplayRows)
+                                      : options_.replay_rows_per_step;
+    int64_t replay_rows = replay_budget;
+    for (auto& [id, r] : requests_) {
+      if (r->phase == Phase::kReplaying && replay_rows > 0) {
         const int64_t rows = std::min(replay_rows, r->replay.prompt_len - r->replay_next);
         pieces.push_back(NextPiece(r, rows));
         replay_rows -= rows;
@@ -691,8 +701,7 @@ void DecodeService::DecodeLoop() {
         std::chrono::duration<double>(Clock::now() - step_start).count());
     metrics_->batch_size.Observe(static_cast<double>(batch.size()));
     if (!replay.empty()) {
-      metrics_->replay_rows.Increment(
-          static_cast<double>(options_.replay_rows_per_step - replay_rows));
+      metrics_->replay_rows.Increment(static_cast<double>(replay_budget - replay_rows));
     }
     std::vector<model::SampledToken> sampled;
     for (auto& r : batch)

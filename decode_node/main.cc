@@ -17,8 +17,9 @@ void AddDecodeFlags(CLI::App& app, baton::decode_node::DecodeOptions& options) {
   app.add_option("--pages", options.pages, "Block-KV pages in the pool")
       ->check(CLI::Range(1, 1 << 24));
   app.add_option("--replay-rows-per-step", options.replay_rows_per_step,
-                 "Replay-on-decode: boundary rows of arriving prompts replayed per decode step, "
-                 "beside the running streams' tokens (default 256)")
+                 "Replay-on-decode: boundary rows of arriving prompts replayed per decode step "
+                 "while streams are decoding (default 8; a step with none decoding takes up to "
+                 "512)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   app.add_option("--max-batch", options.max_batch, "Requests per decode step")
       ->check(CLI::Range(1, 1 << 16));

@@ -274,6 +274,64 @@ TEST_F(EngineBackendsTest, ProducerRowsCallbackSeesTheCpuRows) {
 
 // Allocate hands out zeroed memory, also memory that a freed allocation had filled: the
 // zeroing is queued on the backend's stream, ordered before what the caller queues next.
+// The replay-on-decode split on each backend (DESIGN section 6): a producers-only engine's
+// boundary rows, and the full engine's replay over them in pieces of 5 rows, give the CPU's rows
+// and last-row logits.
+TEST_F(EngineBackendsTest, ReplayOnDecodeMatchesTheCpu) {
+  const std::string dir = baton::testing::ProcessTempDir() + "/cuda_ced_replay";
+  ASSERT_TRUE(MakeModel(*PresetConfig("tiny"), 11, dir).ok());
+  struct Run {
+    std::vector<float> boundary, logits;
+  };
+  auto run = [&](Device device, const std::vector<int32_t>& prompt, TruncationMode mode,
+                 int64_t keep) -> Run {
+    Run out;
+    auto producers = LoadEngine(dir, device, WeightType::kFp32, HeldLayers::kProducers);
+    auto full = LoadEngine(dir, device);
+    EXPECT_TRUE(producers.ok() && full.ok());
+    if (!producers.ok() || !full.ok()) return out;
+    const ModelConfig& c = (*full)->config();
+    const int64_t L = static_cast<int64_t>(prompt.size());
+    out.boundary.resize(BoundaryRowCount(L, mode, keep, 0) * c.hidden_size);
+    auto prefill_state = (*producers)->NewState();
+    EXPECT_TRUE(prefill_state.ok());
+    EXPECT_TRUE((*producers)
+                    ->Prefill(prompt, {.mode = mode, .keep = keep, .boundary_rows = out.boundary},
+                              **prefill_state)
+                    .ok());
+    SequenceState host((*full)->state_layout());
+    auto state = (*full)->NewState();
+    EXPECT_TRUE(state.ok() && host.EnsurePages(L).ok() && (*state)->EnsurePages(L).ok());
+    EXPECT_TRUE((*producers)->StageOut(StateCopies(**prefill_state, host, L)).ok());
+    EXPECT_TRUE((*full)->StageIn(StateCopies(host, **state, L)).ok());
+    (*state)->length = L;
+    const TruncationSpec spec = *ReplaySpec(c, L, mode, keep, 0);
+    out.logits.resize(c.vocab_size);
+    for (int64_t q = spec.s_valid; q < L; q += 5) {
+      const ReplayItem item{.state = state->get(),
+                            .spec = spec,
+                            .q_start = q,
+                            .rows = std::min<int64_t>(5, L - q),
+                            .boundary = out.boundary.data() + (q - spec.s_valid) * c.hidden_size,
+                            .logits = out.logits.data()};
+      EXPECT_TRUE((*full)->Step({}, {&item, 1}).ok());
+    }
+    return out;
+  };
+  const int64_t C = PresetConfig("tiny")->ring_capacity();
+  for (const auto& [mode, keep] :
+       {std::pair{TruncationMode::kOff, int64_t{0}}, std::pair{TruncationMode::kCompact, C},
+        std::pair{TruncationMode::kMask, C + 5}}) {
+    const std::vector<int32_t> prompt = Tokens(61, 512, 5);
+    const Run cpu = run(Device::kCpu, prompt, mode, keep);
+    const Run gpu = run(Device::kCuda, prompt, mode, keep);
+    ASSERT_EQ(gpu.boundary.size(), cpu.boundary.size());
+    EXPECT_LE(RelativeError(gpu.boundary, cpu.boundary), kTolerance) << TruncationModeName(mode);
+    EXPECT_LE(RelativeError(gpu.logits, cpu.logits), kTolerance) << TruncationModeName(mode);
+    EXPECT_EQ(Argmax(gpu.logits), Argmax(cpu.logits)) << TruncationModeName(mode);
+  }
+}
+
 TEST_F(EngineBackendsTest, AllocatedDeviceMemoryStartsZeroedAfterReuse) {
   absl::StatusOr<std::unique_ptr<Backend>> backend = MakeBackend(Device::kCuda);
   ASSERT_TRUE(backend.ok()) << backend.status();

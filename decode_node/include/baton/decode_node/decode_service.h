@@ -47,9 +47,11 @@ struct DecodeOptions {
   int64_t slots = 64;
   int64_t pages = 4096;
   int64_t max_batch = 64;
-  // Replay-on-decode: boundary rows replayed per step, over all replaying requests (the
-  // Sarathi-Serve cut: the running streams' steps stay short while prompts arrive).
-  int64_t replay_rows_per_step = 256;
+  // Replay-on-decode: boundary rows replayed per step, over all replaying requests, while
+  // streams are decoding (the Sarathi-Serve cut: their steps stay short while prompts arrive;
+  // 8 rows keep 8 streams' step within 1.5x on the small preset at L = 2K,
+  // bench/replay_step_bench.cc). A step with no stream decoding replays up to 512.
+  int64_t replay_rows_per_step = 8;
   int64_t max_waiting = 64;           // Reserve calls that may wait for memory at once
   int64_t attach_timeout_ms = 30000;  // committed but no stream attached
   bool use_ucx = true;

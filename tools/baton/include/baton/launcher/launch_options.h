@@ -24,7 +24,7 @@ struct LaunchOptions {
   std::string api_keys;            // --api-keys: YAML file, API key -> tenant
   std::string transport = "ucx";   // --transport: StateBlock transport, ucx or grpc
   std::string split = "prefill-all";   // --split: prefill-all or replay-on-decode (router, prefill)
-  int64_t replay_rows_per_step = 256;  // --replay-rows-per-step: the decode nodes' replay pieces
+  int64_t replay_rows_per_step = 8;    // --replay-rows-per-step: the decode nodes' replay pieces
 
   // The nodes.
   int prefill_nodes = 1;         // --prefill-nodes (1 to 16)
