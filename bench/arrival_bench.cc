@@ -23,16 +23,11 @@
 #include "baton/v1/generation.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 #include "nlohmann/json.hpp"
+#include "percentile.h"
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-double Percentile(std::vector<double> values, double q) {
-  if (values.empty()) return 0;
-  std::sort(values.begin(), values.end());
-  return values[static_cast<size_t>(q * (values.size() - 1) + 0.5)];
-}
 
 baton::v1::GenerateRequest Request(int prompt_len, int max_tokens, int vocab, uint64_t seed) {
   std::mt19937_64 rng(seed);

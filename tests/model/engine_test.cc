@@ -9,27 +9,13 @@
 #include "ced_reference.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "relative_error.h"
 #include "test_dir.h"
 
 namespace baton::model {
 namespace {
 
 using ::testing::HasSubstr;
-
-// max |a - b| / max |b|: the relative error of a logits row.
-double RelativeError(std::span<const float> a, std::span<const double> b) {
-  double diff = 0, scale = 1e-12;
-  for (size_t i = 0; i < b.size(); ++i) {
-    diff = std::max(diff, std::abs(a[i] - b[i]));
-    scale = std::max(scale, std::abs(b[i]));
-  }
-  return diff / scale;
-}
-
-double RelativeError(std::span<const float> a, std::span<const float> b) {
-  std::vector<double> wide(b.begin(), b.end());
-  return RelativeError(a, wide);
-}
 
 struct Variant {
   const char* name;

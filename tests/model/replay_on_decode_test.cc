@@ -12,25 +12,13 @@
 #include "ced_reference.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "relative_error.h"
 #include "test_dir.h"
 
 namespace baton::model {
 namespace {
 
 using ::testing::HasSubstr;
-
-double RelativeError(std::span<const float> a, std::span<const double> b) {
-  double diff = 0, scale = 1e-12;
-  for (size_t i = 0; i < b.size(); ++i) {
-    diff = std::max(diff, std::abs(a[i] - b[i]));
-    scale = std::max(scale, std::abs(b[i]));
-  }
-  return diff / scale;
-}
-
-double RelativeError(std::span<const float> a, std::span<const float> b) {
-  return RelativeError(a, std::vector<double>(b.begin(), b.end()));
-}
 
 std::vector<int32_t> RandomTokens(std::mt19937_64& rng, int64_t n, int64_t vocab) {
   std::vector<int32_t> tokens(n);
