@@ -159,8 +159,8 @@ absl::Status GenerateCall::Admit(Attempt& attempt) {
 
 absl::Status GenerateCall::Reserve(Attempt& attempt) {
   const RegisteredNode& prefill = *attempt.prefill.node;
-  attempt.decode =
-      router_.registry.Pick(v1::NODE_ROLE_DECODE, lost_decode_, prefill.info.model_fingerprint());
+  attempt.decode = router_.registry.Pick(v1::NODE_ROLE_DECODE, lost_decode_,
+                                         NodeRegistry::PairingKey(prefill.info));
   if (!attempt.decode) {
     // While the request is not tied to the prefill node's weights, another prefill node may
     // still have a partner.

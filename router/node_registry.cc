@@ -221,7 +221,9 @@ absl::Status NodeRegistry::Register(const grpc::ServerContextBase& context,
         node->info.model_fingerprint() != request.model_fingerprint() ||
         node->info.model_name() != request.model_name() ||
         node->info.ucx_worker_address() != request.ucx_worker_address() ||
-        node->info.held_layers() != request.held_layers() || node->identity != identity) {
+        node->info.held_layers() != request.held_layers() ||
+        node->info.state_format_version() != request.state_format_version() ||
+        node->identity != identity) {
       node = std::make_shared<RegisteredNode>();
       node->model = model;
       // The router sends prompts and state only to a server that proves the registered role.
@@ -256,8 +258,12 @@ absl::Status NodeRegistry::Register(const grpc::ServerContextBase& context,
   return absl::OkStatus();
 }
 
+std::string NodeRegistry::PairingKey(const v1::RegisterRequest& node) {
+  return absl::StrCat(node.model_fingerprint(), "/format-", node.state_format_version());
+}
+
 NodeLease NodeRegistry::Pick(v1::NodeRole role, const std::vector<std::string>& exclude,
-                             const std::string& fingerprint) {
+                             const std::string& pairs_with) {
   std::lock_guard<std::mutex> lock(mutex_);
   std::vector<std::shared_ptr<RegisteredNode>> candidates;
   std::vector<NodeLoad> loads;
@@ -270,10 +276,10 @@ NodeLease NodeRegistry::Pick(v1::NodeRole role, const std::vector<std::string>& 
                      .queued = node->info.load().queued_requests(),
                      .free_pages = node->info.load().free_pages(),
                      .draining = node->draining,
-                     .fingerprint = node->info.model_fingerprint()});
+                     .fingerprint = PairingKey(node->info)});
   }
   const int64_t chosen = SelectNode(loads, role, exclude, Clock::now(),
-                                    std::chrono::milliseconds(options_.node_ttl_ms), fingerprint);
+                                    std::chrono::milliseconds(options_.node_ttl_ms), pairs_with);
   if (chosen < 0) return {};
   ++candidates[chosen]->inflight;
   return NodeLease(this, candidates[chosen]);
@@ -286,20 +292,20 @@ NodeRegistry::PrefillChoice NodeRegistry::ChoosePrefill(size_t model,
                                                         int64_t slots) const {
   std::lock_guard<std::mutex> lock(mutex_);
   const auto now = Clock::now();
-  // The weights a live decode node serves: a prefill node is of use only with a partner.
+  // The weights and formats a live decode node takes: a prefill node is of use only with a
+  // partner.
   std::set<std::string> decodable;
   for (const auto& [id, node] : nodes_) {
     if (node->info.role() == v1::NODE_ROLE_DECODE && !node->draining && node->model == model &&
         Live(*node, now) && !Contains(lost_decode, id)) {
-      decodable.insert(node->info.model_fingerprint());
+      decodable.insert(PairingKey(node->info));
     }
   }
   PrefillChoice choice;
   for (const auto& [id, node] : nodes_) {
     if (node->info.role() != v1::NODE_ROLE_PREFILL || node->draining || node->model != model ||
         (!fingerprint.empty() && node->info.model_fingerprint() != fingerprint) ||
-        !decodable.contains(node->info.model_fingerprint()) || !Live(*node, now) ||
-        Contains(exclude, id)) {
+        !decodable.contains(PairingKey(node->info)) || !Live(*node, now) || Contains(exclude, id)) {
       continue;
     }
     ++choice.live;
@@ -373,8 +379,8 @@ bool NodeRegistry::Serving() const {
   bool kvstore = false;
   for (const auto& [id, node] : nodes_) {
     if (node->draining || !Live(*node, now)) continue;
-    if (node->info.role() == v1::NODE_ROLE_PREFILL) prefill.insert(node->info.model_fingerprint());
-    if (node->info.role() == v1::NODE_ROLE_DECODE) decode.insert(node->info.model_fingerprint());
+    if (node->info.role() == v1::NODE_ROLE_PREFILL) prefill.insert(PairingKey(node->info));
+    if (node->info.role() == v1::NODE_ROLE_DECODE) decode.insert(PairingKey(node->info));
     kvstore |= node->info.role() == v1::NODE_ROLE_KVSTORE;
   }
   bool paired = false;
@@ -401,20 +407,21 @@ std::vector<NodeRegistry::WeightBytes> NodeRegistry::ResidentWeightBytes() const
 std::vector<std::set<std::string>> NodeRegistry::ServedFingerprints() const {
   std::lock_guard<std::mutex> lock(mutex_);
   const auto now = Clock::now();
-  std::vector<std::set<std::string>> prefill(models_.size()), decode(models_.size());
+  // Paired by PairingKey; reported by fingerprint.
+  std::vector<std::map<std::string, std::string>> prefill(models_.size());
+  std::vector<std::set<std::string>> decode(models_.size());
   for (const auto& [id, node] : nodes_) {
     if (node->draining || !Live(*node, now)) continue;
     if (node->info.role() == v1::NODE_ROLE_PREFILL) {
-      prefill[node->model].insert(node->info.model_fingerprint());
+      prefill[node->model][PairingKey(node->info)] = node->info.model_fingerprint();
     }
-    if (node->info.role() == v1::NODE_ROLE_DECODE) {
-      decode[node->model].insert(node->info.model_fingerprint());
-    }
+    if (node->info.role() == v1::NODE_ROLE_DECODE)
+      decode[node->model].insert(PairingKey(node->info));
   }
   std::vector<std::set<std::string>> served(models_.size());
   for (size_t i = 0; i < models_.size(); ++i) {
-    for (const std::string& fingerprint : prefill[i]) {
-      if (decode[i].contains(fingerprint)) served[i].insert(fingerprint);
+    for (const auto& [key, fingerprint] : prefill[i]) {
+      if (decode[i].contains(key)) served[i].insert(fingerprint);
     }
   }
   return served;

@@ -128,23 +128,30 @@ class RouterServiceTest : public ::testing::Test {
     return *router_;
   }
 
-  // Registers a node of `role` and gives its fake.
-  void Register(const std::string& id, v1::NodeRole role) {
+  // Registers a node of `role` (holding `held`, speaking StateBlock format `format`) and gives
+  // its fake; the registration's status.
+  grpc::Status Register(const std::string& id, v1::NodeRole role, uint32_t format = 2,
+                        v1::HeldLayers held = v1::HELD_LAYERS_ALL) {
     v1::RegisterRequest request;
     request.set_node_id(id);
     request.set_role(role);
     request.set_address(id + ".invalid:1");
     request.set_model_fingerprint("weights-a");
+    request.set_state_format_version(format);
+    request.set_held_layers(held);
     request.mutable_load()->set_total_slots(8);
     grpc::ServerContext context;
     v1::RegisterResponse reply;
-    ASSERT_TRUE(Router().Register(&context, &request, &reply).ok()) << id;
+    return Router().Register(&context, &request, &reply);
   }
   NiceMock<v1::MockPrefillNodeStub>& Prefill(const std::string& id) {
     auto& mock = nodes_->prefill[id];
     if (mock == nullptr) {
       mock = std::make_shared<NiceMock<v1::MockPrefillNodeStub>>();
-      Register(id, v1::NODE_ROLE_PREFILL);
+      const bool replay = options_.split == v1::SPLIT_REPLAY_ON_DECODE;
+      EXPECT_TRUE(Register(id, v1::NODE_ROLE_PREFILL, 2,
+                           replay ? v1::HELD_LAYERS_PRODUCERS : v1::HELD_LAYERS_ALL)
+                      .ok());
     }
     return *mock;
   }
@@ -156,7 +163,7 @@ class RouterServiceTest : public ::testing::Test {
     auto& mock = nodes_->decode[id];
     if (mock == nullptr) {
       mock = std::make_shared<NiceMock<v1::MockDecodeNodeStub>>();
-      Register(id, v1::NODE_ROLE_DECODE);
+      EXPECT_TRUE(Register(id, v1::NODE_ROLE_DECODE).ok());
     }
     ON_CALL(*mock, Reserve(_, _, _))
         .WillByDefault(Invoke(
@@ -300,7 +307,7 @@ TEST_F(RouterServiceTest, AdmitRefusesPastTheQueueBoundWithARetryHint) {
 TEST_F(RouterServiceTest, LookUpPrefixGivesThePrefillNodeTheHit) {
   const int prompt_len = 4 * config_.kv_block_size;
   nodes_->kvstore["s1"] = std::make_shared<NiceMock<v1::MockKvStoreStub>>();
-  Register("s1", v1::NODE_ROLE_KVSTORE);
+  ASSERT_TRUE(Register("s1", v1::NODE_ROLE_KVSTORE).ok());
   int keys = 0;
   EXPECT_CALL(*nodes_->kvstore["s1"], Lookup(_, _, _))
       .WillOnce(Invoke(
@@ -333,7 +340,7 @@ TEST_F(RouterServiceTest, LookUpPrefixGivesThePrefillNodeTheHit) {
 
 TEST_F(RouterServiceTest, AFailingPrefixStoreMeansACold) {
   nodes_->kvstore["s1"] = std::make_shared<NiceMock<v1::MockKvStoreStub>>();
-  Register("s1", v1::NODE_ROLE_KVSTORE);
+  ASSERT_TRUE(Register("s1", v1::NODE_ROLE_KVSTORE).ok());
   EXPECT_CALL(*nodes_->kvstore["s1"], Lookup(_, _, _))
       .WillOnce(Return(grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "slow")));
   v1::PrefillRequest seen;
@@ -498,6 +505,59 @@ TEST_F(RouterServiceTest, ARequestGivesUpAfterItsAttempts) {
 }
 
 // A node that comes back registers again and is used again.
+// A decode node is paired with a prefill node only when both speak the same StateBlock format:
+// one of another format neither makes the router serve nor gets a reservation.
+TEST_F(RouterServiceTest, ANodeOfAnotherStateBlockFormatIsNotPaired) {
+  options_.node_ttl_ms = 60000;
+  EXPECT_CALL(Prefill("p1"), Prefill(_, _, _)).WillOnce(FirstToken(7));
+  ASSERT_TRUE(Register("d-old", v1::NODE_ROLE_DECODE, 1).ok());
+  EXPECT_FALSE(Router().Serving());
+  auto& decode = Decode("d1", {Output({8}, v1::FINISH_REASON_LENGTH)});
+  EXPECT_TRUE(Router().Serving());
+  EXPECT_CALL(decode, Reserve(_, _, _)).Times(1);
+  FakeWriter writer;
+  ASSERT_TRUE(Generate(Request(8, 2), writer).ok());
+  EXPECT_THAT(writer.Tokens(), ElementsAre(7, 8));
+}
+
+// Under replay-on-decode a prefill node must hold the producers only (one holding every layer
+// is refused, naming both sides); the reservation is for the boundary rows, and the first token
+// and the prompt's figures come from the decode node's stream.
+TEST_F(RouterServiceTest, UnderReplayOnDecodeTheFirstTokenComesFromTheDecodeStream) {
+  options_.split = v1::SPLIT_REPLAY_ON_DECODE;
+  const grpc::Status refused = Register("p-all", v1::NODE_ROLE_PREFILL);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(refused.error_message(),
+              HasSubstr("prefill node p-all holds every layer (--split prefill-all); this router "
+                        "runs --split replay-on-decode"));
+  EXPECT_EQ(
+      Register("d-producers", v1::NODE_ROLE_DECODE, 2, v1::HELD_LAYERS_PRODUCERS).error_code(),
+      grpc::StatusCode::FAILED_PRECONDITION);
+
+  v1::PrefillRequest prefill_seen;
+  v1::ReserveRequest reserve_seen;
+  EXPECT_CALL(Prefill("p1"), Prefill(_, _, _)).WillOnce(FirstToken(-1, &prefill_seen));
+  v1::DecodeOutput first = Output({5});
+  first.set_replay_ms(3.5);
+  auto& decode = Decode("d1", {first, Output({6}, v1::FINISH_REASON_LENGTH)});
+  EXPECT_CALL(decode, Reserve(_, _, _))
+      .WillOnce(Invoke([&](grpc::ClientContext*, const v1::ReserveRequest& request,
+                           v1::Reservation* reservation) {
+        reserve_seen = request;
+        reservation->set_reservation_id("d1-r");
+        return grpc::Status::OK;
+      }));
+  FakeWriter writer;
+  const grpc::Status status = Generate(Request(40, 2), writer);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  EXPECT_THAT(writer.Tokens(), ElementsAre(5, 6));  // no -1 from the prefill node
+  EXPECT_EQ(reserve_seen.split(), v1::SPLIT_REPLAY_ON_DECODE);
+  // Compact with K = C: the replay range is the last C rows of the 40.
+  EXPECT_EQ(reserve_seen.boundary_rows(), static_cast<uint32_t>(config_.ring_capacity()));
+  EXPECT_EQ(prefill_seen.split(), v1::SPLIT_REPLAY_ON_DECODE);
+  EXPECT_EQ(writer.responses.back().timings().replay_ms(), 3.5);
+}
+
 TEST_F(RouterServiceTest, ServingFollowsTheRegistry) {
   options_.node_ttl_ms = 60000;
   EXPECT_FALSE(Router().Serving());

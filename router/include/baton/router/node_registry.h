@@ -116,9 +116,9 @@ class NodeRegistry {
   void OnChange(std::function<void()> on_change) { on_change_ = std::move(on_change); }
 
   // The live node of `role` with the least load (routing.h SelectNode), not in `exclude`,
-  // serving `fingerprint` (any when empty); empty when none.
+  // whose PairingKey is `pairs_with` (any when empty); empty when none.
   NodeLease Pick(v1::NodeRole role, const std::vector<std::string>& exclude,
-                 const std::string& fingerprint = "");
+                 const std::string& pairs_with = "");
 
   // What admission asks: the live prefill nodes of served model `model` (of `fingerprint`
   // when not empty, not in `exclude`) whose weights a live decode node not in `lost_decode`
@@ -147,8 +147,8 @@ class NodeRegistry {
   void MarkDown(const std::string& node_id);
   // A live decode node of served model `model`, not draining and not in `exclude`, exists.
   bool AnyDecode(size_t model, const std::vector<std::string>& exclude) const;
-  // A prefill and a decode node of the same weights are live (and a kvstore has registered,
-  // with require_kvstore).
+  // A prefill and a decode node that pair (PairingKey) are live (and a kvstore has
+  // registered, with require_kvstore).
   bool Serving() const;
   // Per served model, the fingerprints that a live prefill and a live decode node both serve.
   std::vector<std::set<std::string>> ServedFingerprints() const;
@@ -156,6 +156,9 @@ class NodeRegistry {
   std::map<std::string, double> LiveByRole() const;
 
   static const char* RoleLabel(v1::NodeRole role);
+  // What a prefill and a decode node pair on (DESIGN section 6): the same weights and the
+  // same StateBlock format version, so that a decode node can take what a prefill node sends.
+  static std::string PairingKey(const v1::RegisterRequest& node);
 
  private:
   friend class NodeLease;

@@ -24,7 +24,7 @@ struct NodeLoad {
   uint32_t queued = 0;      // what the node last reported waiting
   uint64_t free_pages = 0;  // what the node last reported free
   bool draining = false;    // the node said it is draining: it gets nothing new
-  std::string fingerprint;  // the model weights it serves
+  std::string fingerprint;  // what it pairs on: its weights and format (NodeRegistry::PairingKey)
 };
 
 // The node of `role` to use: heard from within `ttl` of `now`, not draining, not in `exclude`,
