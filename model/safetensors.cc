@@ -1,5 +1,10 @@
 #include "baton/model/safetensors.h"
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstring>
 #include <fstream>
@@ -51,18 +56,40 @@ float Bf16ToFloat(uint16_t value) {
 }
 
 absl::StatusOr<SafetensorsFile> SafetensorsFile::Read(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot open weights file '", path, "'"));
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  return Parse(std::move(buffer).str(), path);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return absl::NotFoundError(absl::StrCat("cannot open weights file '", path, "'"));
+  struct stat info;
+  if (::fstat(fd, &info) != 0 || info.st_size == 0) {
+    ::close(fd);
+    return Parse(std::string(), path);  // refused as shorter than its header length
+  }
+  const size_t size = static_cast<size_t>(info.st_size);
+  void* mapped = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
+  ::close(fd);
+  if (mapped == MAP_FAILED) {
+    return absl::InternalError(absl::StrCat("cannot map weights file '", path, "'"));
+  }
+  SafetensorsFile file;
+  file.storage_ = std::shared_ptr<const void>(
+      mapped, [size](const void* p) { ::munmap(const_cast<void*>(p), size); });
+  file.bytes_ = std::string_view(static_cast<const char*>(mapped), size);
+  if (absl::Status s = file.Check(path); !s.ok()) return s;
+  return file;
 }
 
 absl::StatusOr<SafetensorsFile> SafetensorsFile::Parse(std::string contents,
                                                        const std::string& path) {
   SafetensorsFile file;
-  file.bytes_ = std::move(contents);
-  const std::string& bytes = file.bytes_;
+  auto owned = std::make_shared<const std::string>(std::move(contents));
+  file.bytes_ = *owned;
+  file.storage_ = std::move(owned);
+  if (absl::Status s = file.Check(path); !s.ok()) return s;
+  return file;
+}
+
+absl::Status SafetensorsFile::Check(const std::string& path) {
+  SafetensorsFile& file = *this;
+  const std::string_view bytes = bytes_;
   if (bytes.size() < 8) {
     return absl::InvalidArgumentError(absl::StrCat(
         path, ": file is ", bytes.size(), " bytes, shorter than the 8-byte header length"));
@@ -131,7 +158,7 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::Parse(std::string contents,
     }
     file.tensors_.emplace(name, std::move(info));
   }
-  return file;
+  return absl::OkStatus();
 }
 
 void SafetensorsFile::CopyAsF32(const TensorInfo& tensor, float* out) const {

@@ -29,6 +29,19 @@ float* At(std::vector<float>& buffer, int64_t offset = 0) {
   return buffer.empty() ? nullptr : buffer.data() + offset;
 }
 
+// SHA-256 of a file's bytes, read 1 MiB at a time (hashing a mapped file would make every
+// page of it resident, the layers a node does not hold included).
+absl::StatusOr<Sha256Digest> FileDigest(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot open weights file '", path, "'"));
+  Sha256 digest;
+  std::vector<char> buffer(1 << 20);
+  while (in.read(buffer.data(), buffer.size()) || in.gcount() > 0) {
+    digest.Update(buffer.data(), static_cast<size_t>(in.gcount()));
+  }
+  return digest.Finish();
+}
+
 }  // namespace
 
 absl::string_view HeldLayersName(HeldLayers held) {
@@ -153,22 +166,18 @@ absl::StatusOr<CedWeights> LoadCedWeights(const std::string& model_dir, HeldLaye
               : " (not part of a CED model with this config)"));
     }
   }
-  w.fingerprint = Fingerprint(w.config, Sha256Of(file->bytes().data(), file->bytes().size()));
+  absl::StatusOr<Sha256Digest> digest = FileDigest(weights_path);
+  if (!digest.ok()) return digest.status();
+  w.fingerprint = Fingerprint(w.config, *digest);
   return w;
 }
 
 absl::StatusOr<std::string> ModelFingerprint(const std::string& model_dir) {
   absl::StatusOr<ModelConfig> config = LoadModelConfig(model_dir + "/config.json");
   if (!config.ok()) return config.status();
-  const std::string path = model_dir + "/model.safetensors";
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot open weights file '", path, "'"));
-  Sha256 weights;
-  std::vector<char> buffer(1 << 20);
-  while (in.read(buffer.data(), buffer.size()) || in.gcount() > 0) {
-    weights.Update(buffer.data(), static_cast<size_t>(in.gcount()));
-  }
-  return Fingerprint(*config, weights.Finish());
+  absl::StatusOr<Sha256Digest> digest = FileDigest(model_dir + "/model.safetensors");
+  if (!digest.ok()) return digest.status();
+  return Fingerprint(*config, *digest);
 }
 
 absl::Status SaveCedWeights(CedWeights& weights, const std::string& model_dir, Dtype dtype) {

@@ -4,12 +4,16 @@
 //
 // Read() checks the whole header before anything is used: every tensor's dtype is known, its
 // byte range lies inside the file and matches its shape. A file that fails is refused with a
-// message naming the tensor.
+// message naming the tensor. Read() maps the file rather than reading it, so only the tensors
+// a loader copies become resident (a prefill node of replay-on-decode never touches the
+// consumer layers' bytes).
 #pragma once
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -36,11 +40,14 @@ class SafetensorsFile {
   const std::map<std::string, TensorInfo>& tensors() const { return tensors_; }
   // The tensor widened to F32 ([numel] floats); the caller checked the shape.
   void CopyAsF32(const TensorInfo& tensor, float* out) const;
-  // Every byte of the file, for checksums.
-  const std::string& bytes() const { return bytes_; }
+  // Every byte of the file (reading them all makes a mapped file resident).
+  std::string_view bytes() const { return bytes_; }
 
  private:
-  std::string bytes_;
+  // Checks the header of bytes_ and fills tensors_.
+  absl::Status Check(const std::string& path);
+  std::shared_ptr<const void> storage_;  // the mapping or the string bytes_ views
+  std::string_view bytes_;
   size_t data_start_ = 0;
   std::map<std::string, TensorInfo> tensors_;
 };
