@@ -4,7 +4,7 @@
 // Reports the arrivals' time to first token (p50, p99) and the running streams' inter-token
 // latency p99 in the quiet window and while the arrivals are prefilled and replayed, and their
 // ratio (the figure of the replay-on-decode split's --replay-rows-per-step: Sarathi-Serve's
-// chunking applied to the replay). Before the arrivals, one lone request of --arrival-prompt-len
+// chunking applied to the replay). Before the arrivals, one lone request of --lone-prompt-len
 // tokens measures prefill tokens/s from its timings (prefill_ms).
 //
 //   baton_arrival_bench --addr HOST:PORT [--running 8] [--running-prompt-len 64] [--running-tokens
@@ -51,7 +51,7 @@ int main(int argc, char** argv) {
   CLI::App app{"baton arrival benchmark: running streams' ITL while prompts arrive"};
   std::string addr;
   int running = 8, running_prompt_len = 64, running_tokens = 2000, arrivals = 16;
-  int arrival_prompt_len = 2048;
+  int arrival_prompt_len = 2048, lone_prompt_len = 0;
   int quiet_ms = 1500, vocab = 4096;
   app.add_option("--addr", addr, "Router address")->required();
   app.add_option("--running", running, "Streams decoding before the arrivals");
@@ -60,6 +60,9 @@ int main(int argc, char** argv) {
                  "Their max_tokens (cancelled once the arrivals have their first tokens)");
   app.add_option("--arrivals", arrivals, "Prompts arriving at once");
   app.add_option("--arrival-prompt-len", arrival_prompt_len, "Their tokens");
+  app.add_option("--lone-prompt-len", lone_prompt_len,
+                 "The lone request's tokens, whose prefill tokens/s is reported (0: as the "
+                 "arrivals')");
   app.add_option("--quiet-ms", quiet_ms,
                  "The window without arrivals that the baseline ITL is from");
   app.add_option("--vocab", vocab, "Token ids are drawn from [0, vocab)");
@@ -67,11 +70,12 @@ int main(int argc, char** argv) {
   auto channel = grpc::CreateChannel(addr, grpc::InsecureChannelCredentials());
   auto stub = baton::v1::Generation::NewStub(channel);
 
-  // Prefill tokens/s of one lone prompt of the arrivals' length.
+  // Prefill tokens/s of one lone prompt (cold: its tokens are no other request's).
+  if (lone_prompt_len <= 0) lone_prompt_len = arrival_prompt_len;
   double prefill_ms = 0;
   {
     grpc::ClientContext context;
-    auto reader = stub->Generate(&context, Request(arrival_prompt_len, 1, vocab, 1));
+    auto reader = stub->Generate(&context, Request(lone_prompt_len, 1, vocab, 1));
     baton::v1::GenerateResponse response;
     while (reader->Read(&response)) {
       if (response.has_timings()) prefill_ms = response.timings().prefill_ms();
@@ -155,7 +159,8 @@ int main(int argc, char** argv) {
   const double quiet_p99 = Percentile(quiet, 0.99), busy_p99 = Percentile(busy, 0.99);
   std::cout
       << nlohmann::json{{"prefill_tokens_per_s",
-                         prefill_ms > 0 ? arrival_prompt_len / prefill_ms * 1e3 : 0},
+                         prefill_ms > 0 ? lone_prompt_len / prefill_ms * 1e3 : 0},
+                        {"lone_prompt_len", lone_prompt_len},
                         {"arrivals", arrivals},
                         {"arrival_prompt_len", arrival_prompt_len},
                         {"failed", failed},

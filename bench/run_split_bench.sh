@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The two splits side by side through `baton up` (one prefill and one decode node) on the small
 # preset unless MODEL_DIR is given: the prefill node's resident weight bytes (its metrics) and
-# peak RSS (VmHWM), prefill tokens/s of one 4K prompt, and what 16 prompts of 2K tokens arriving
+# peak RSS (VmHWM), prefill tokens/s of one cold 4K prompt (LONE_LEN), and what 16 prompts of
+# 2K tokens arriving
 # at once do to 8 streams already decoding (bench/arrival_bench.cc): the arrivals' TTFT p50/p99
 # and the running streams' ITL p99 in a quiet window and during the arrivals. Replay-on-decode
 # runs at two --replay-rows-per-step settings (ROWS, default "8 64"). StateBlock bytes per
@@ -10,7 +11,7 @@
 #
 #   bench/run_split_bench.sh [MODEL_DIR]
 #       (ARRIVALS=16 ARRIVAL_LEN=2048 RUNNING=8 RUNNING_TOKENS=2000 ROWS="8 64"; a model of 512
-#       positions, like the trained ones, needs e.g. ARRIVAL_LEN=400 RUNNING_PROMPT_LEN=16
+#       positions, like the trained ones, needs e.g. LONE_LEN=448 ARRIVAL_LEN=400 RUNNING_PROMPT_LEN=16
 #       RUNNING_TOKENS=480 QUIET_MS=150: its streams decode fast enough to finish otherwise)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -36,7 +37,7 @@ run() {  # LABEL SPLIT ROWS
   BATON_UP_ARGS="--split $split --replay-rows-per-step $rows" start_baton_up "$build" "$model"
   "$build/bench/baton_arrival_bench" --addr "$addr" --running "${RUNNING:-8}" \
     --running-tokens "${RUNNING_TOKENS:-2000}" --running-prompt-len "${RUNNING_PROMPT_LEN:-64}" \
-    --quiet-ms "${QUIET_MS:-1500}" --arrivals "${ARRIVALS:-16}" \
+    --quiet-ms "${QUIET_MS:-1500}" --arrivals "${ARRIVALS:-16}" --lone-prompt-len "${LONE_LEN:-4096}" \
     --arrival-prompt-len "${ARRIVAL_LEN:-2048}" >"$out/$label.json"
   local pid
   pid="$(pgrep -n baton-prefill || true)"
