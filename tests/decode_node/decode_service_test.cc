@@ -472,6 +472,44 @@ TEST_F(DecodeServiceTest, ReserveWhosePositionsWrapUint32IsRefusedAndTheNodeServ
   EXPECT_EQ(reservation.pages(), 3u);
 }
 
+// A replay-on-decode reservation takes pool pages for its boundary rows beside the block KV,
+// and those go back with it; a split the node does not know, boundary rows under prefill-all or
+// more boundary rows than prompt tokens are refused by name before anything is reserved.
+TEST_F(DecodeServiceTest, ReplayReservationsHoldBoundaryRowPagesAndBadOnesAreRefused) {
+  Start({.slots = 2, .pages = 64});
+  v1::Reservation reservation;
+  auto reserve = [&](uint32_t split, uint32_t rows) {
+    v1::ReserveRequest request = ReserveRequest("replay", 40, 5);
+    request.set_split(static_cast<v1::Split>(split));
+    request.set_boundary_rows(rows);
+    return Send(request, &reservation);
+  };
+  for (const auto& [split, rows, field] : std::vector<std::tuple<uint32_t, uint32_t, std::string>>{
+           {7, 0, "split"}, {0, 3, "boundary_rows"}, {1, 41, "boundary_rows"}}) {
+    const grpc::Status refused = reserve(split, rows);
+    EXPECT_EQ(refused.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << field;
+    EXPECT_THAT(refused.error_message(), HasSubstr(field));
+  }
+  EXPECT_EQ(Stats().load().free_pages(), 64u);
+
+  ASSERT_TRUE(reserve(v1::SPLIT_REPLAY_ON_DECODE, 40).ok());
+  const model::StateLayout layout = model_->state_layout();
+  const uint64_t page = sizeof(float) * layout.page_floats();
+  const uint64_t row = sizeof(float) * layout.hidden_size;
+  EXPECT_EQ(reservation.split(), v1::SPLIT_REPLAY_ON_DECODE);
+  EXPECT_EQ(reservation.boundary_rows(), 40u);
+  EXPECT_EQ(reservation.boundary_row_bytes(), row);
+  EXPECT_EQ(reservation.consumer_swa_bytes(), 0u);  // the rings are not transferred
+  const uint64_t boundary_pages = (40 * row + page - 1) / page;
+  EXPECT_EQ(Stats().load().free_pages(), 64u - 3u - boundary_pages);  // 45 positions: 3 pages
+  grpc::ClientContext context;
+  v1::ReleaseRequest release;
+  release.set_reservation_id(reservation.reservation_id());
+  v1::ReleaseResponse released;
+  ASSERT_TRUE(stub_->Release(&context, release, &released).ok());
+  EXPECT_TRUE(EventuallyThat([&] { return Stats().load().free_pages(); }, ::testing::Eq(64u)));
+}
+
 TEST_F(DecodeServiceTest, OversizedRequestIdStopListAndIdentityAreRefused) {
   Start({.slots = 1, .pages = 64});
   v1::Reservation reservation;

@@ -1,6 +1,7 @@
 // The decode node's request validation: Reserve with any ReserveRequest, then Commit with any
 // CommitRequest (the StateHeader and the RegionSource the node would read from) aimed at a
-// live reservation, then Release. Whatever the bytes, the node answers with a status and its
+// live reservation (of the replay-on-decode split when the ReserveRequest names it), then
+// Release. Whatever the bytes, the node answers with a status and its
 // pool ends as it started (no slot or page leaks).
 #include <chrono>
 #include <cstddef>
@@ -46,6 +47,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   valid.set_prompt_tokens(20);
   valid.set_model_fingerprint(model->fingerprint());
   valid.mutable_sampling()->set_max_tokens(4);
+  // Replay-on-decode when the fuzzed reservation asks for it: the header then meets a
+  // reservation of its split, with room for every row of the prompt.
+  if (reserve.split() == baton::v1::SPLIT_REPLAY_ON_DECODE) {
+    valid.set_split(baton::v1::SPLIT_REPLAY_ON_DECODE);
+    valid.set_boundary_rows(20);
+  }
   grpc::ServerContext valid_context;
   baton::v1::Reservation live;
   baton::v1::CommitRequest commit;

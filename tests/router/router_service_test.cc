@@ -188,6 +188,16 @@ class RouterServiceTest : public ::testing::Test {
     });
   }
 
+  // A Reserve answer with reservation `id` that keeps the request in `seen`.
+  static auto Reserved(const std::string& id, v1::ReserveRequest* seen) {
+    return Invoke([id, seen](grpc::ClientContext*, const v1::ReserveRequest& request,
+                             v1::Reservation* reservation) {
+      *seen = request;
+      reservation->set_reservation_id(id);
+      return grpc::Status::OK;
+    });
+  }
+
   v1::GenerateRequest Request(int prompt_len = 8, uint32_t max_tokens = 8) const {
     v1::GenerateRequest request;
     for (int i = 0; i < prompt_len; ++i) request.add_prompt_token_ids(3 + i);
@@ -215,13 +225,7 @@ TEST_F(RouterServiceTest, EveryStageRunsOnceAndTheClientGetsEveryToken) {
   v1::ReserveRequest reserve_seen;
   EXPECT_CALL(Prefill("p1"), Prefill(_, _, _)).WillOnce(FirstToken(7, &prefill_seen));
   auto& decode = Decode("d1", {Output({8, 9}), Output({10}, v1::FINISH_REASON_LENGTH)});
-  EXPECT_CALL(decode, Reserve(_, _, _))
-      .WillOnce(Invoke([&](grpc::ClientContext*, const v1::ReserveRequest& request,
-                           v1::Reservation* reservation) {
-        reserve_seen = request;
-        reservation->set_reservation_id("d1-r");
-        return grpc::Status::OK;
-      }));
+  EXPECT_CALL(decode, Reserve(_, _, _)).WillOnce(Reserved("d1-r", &reserve_seen));
   EXPECT_CALL(decode, Release(_, _, _)).Times(0);  // the stream ran to its end
   FakeWriter writer;
   const grpc::Status status = Generate(Request(8, 4), writer);
@@ -460,13 +464,7 @@ TEST_F(RouterServiceTest, ADecodeNodeLostMidStreamIsReplacedWithoutRepeatingATok
   Decode("d1", {Output({8})}, grpc::Status(grpc::StatusCode::UNAVAILABLE, "socket closed"));
   v1::ReserveRequest reserve_seen;
   auto& d2 = Decode("d2", {Output({10}, v1::FINISH_REASON_LENGTH)});
-  EXPECT_CALL(d2, Reserve(_, _, _))
-      .WillOnce(Invoke([&](grpc::ClientContext*, const v1::ReserveRequest& request,
-                           v1::Reservation* reservation) {
-        reserve_seen = request;
-        reservation->set_reservation_id("d2-r");
-        return grpc::Status::OK;
-      }));
+  EXPECT_CALL(d2, Reserve(_, _, _)).WillOnce(Reserved("d2-r", &reserve_seen));
   FakeWriter writer;
   const grpc::Status status = Generate(Request(8, 4), writer);
   ASSERT_TRUE(status.ok()) << status.error_message();
@@ -533,6 +531,10 @@ TEST_F(RouterServiceTest, UnderReplayOnDecodeTheFirstTokenComesFromTheDecodeStre
   EXPECT_EQ(
       Register("d-producers", v1::NODE_ROLE_DECODE, 2, v1::HELD_LAYERS_PRODUCERS).error_code(),
       grpc::StatusCode::FAILED_PRECONDITION);
+  const grpc::Status unknown =
+      Register("p-odd", v1::NODE_ROLE_PREFILL, 2, static_cast<v1::HeldLayers>(5));
+  EXPECT_EQ(unknown.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(unknown.error_message(), HasSubstr("held_layers"));
 
   v1::PrefillRequest prefill_seen;
   v1::ReserveRequest reserve_seen;
@@ -540,13 +542,7 @@ TEST_F(RouterServiceTest, UnderReplayOnDecodeTheFirstTokenComesFromTheDecodeStre
   v1::DecodeOutput first = Output({5});
   first.set_replay_ms(3.5);
   auto& decode = Decode("d1", {first, Output({6}, v1::FINISH_REASON_LENGTH)});
-  EXPECT_CALL(decode, Reserve(_, _, _))
-      .WillOnce(Invoke([&](grpc::ClientContext*, const v1::ReserveRequest& request,
-                           v1::Reservation* reservation) {
-        reserve_seen = request;
-        reservation->set_reservation_id("d1-r");
-        return grpc::Status::OK;
-      }));
+  EXPECT_CALL(decode, Reserve(_, _, _)).WillOnce(Reserved("d1-r", &reserve_seen));
   FakeWriter writer;
   const grpc::Status status = Generate(Request(40, 2), writer);
   ASSERT_TRUE(status.ok()) << status.error_message();

@@ -204,6 +204,27 @@ TEST_F(StateBlockTest, ReplayOnDecodeCarriesTheBoundaryRowsInsteadOfTheConsumerR
   other_keep.set_keep(keep + 1);  // its replay range has one row more than the header carries
   EXPECT_THAT(VerifyHeader(other_keep, "fp", L, 512, v1::SPLIT_REPLAY_ON_DECODE, L).message(),
               HasSubstr("header.boundary_rows"));
+  // The prompt for the decode node's prompt logprobs: exactly L ids, each in the vocabulary.
+  v1::StateHeader ids = h;
+  for (uint32_t i = 0; i < L; ++i) ids.add_prompt_token_ids(static_cast<int32_t>(i));
+  EXPECT_TRUE(VerifyHeader(ids, "fp", L, 512, v1::SPLIT_REPLAY_ON_DECODE, L).ok());
+  v1::StateHeader short_ids = ids;
+  short_ids.mutable_prompt_token_ids()->RemoveLast();
+  v1::StateHeader outside = ids;
+  outside.set_prompt_token_ids(3, 512);
+  for (const v1::StateHeader& bad : {short_ids, outside}) {
+    const absl::Status status = VerifyHeader(bad, "fp", L, 512, v1::SPLIT_REPLAY_ON_DECODE, L);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(status.message(), HasSubstr("header.prompt_token_ids"));
+  }
+  v1::StateHeader bad_mode = h;
+  bad_mode.set_mode(static_cast<v1::TruncationMode>(9));
+  EXPECT_THAT(VerifyHeader(bad_mode, "fp", L, 512, v1::SPLIT_REPLAY_ON_DECODE, L).message(),
+              HasSubstr("header.mode"));
+  // A prefill-all header carries no boundary rows.
+  v1::StateHeader all = Sealed(*state, L);
+  all.set_boundary_rows(1);
+  EXPECT_THAT(VerifyHeader(all, "fp", L, 512).message(), HasSubstr("header.boundary_rows"));
 
   // The rows as the decode node holds them: in pages, counted back to back.
   std::vector<std::vector<float>> pages(sizes.boundary_pages,
