@@ -1,7 +1,9 @@
 // Time to first token of one long prompt cold and with a share of it already in the prefix
 // store, through a running cluster with a kvstore (`baton up`). For each repeat a fresh
 // random prompt; a warm-up request of the first m blocks stores the prefix, then the full
-// prompt is timed. Reports the median TTFT and the cached tokens per cached share.
+// prompt is timed. Reports the median TTFT and the cached tokens per cached share (and how
+// many came from the prefill node's local block cache). A share of 1 warms the whole prompt:
+// the hit is then the cap, floor((L - C) / B) blocks.
 //
 //   baton_prefix_bench --addr ROUTER --kvstore KVSTORE [--length 4096] [--block-size 64]
 //                      [--shares 0,0.5,0.9] [--repeats 3] [--vocab 4096]
@@ -24,6 +26,7 @@ namespace {
 struct Timed {
   double ttft_ms = -1;
   uint32_t cached = 0;
+  uint32_t local = 0;  // of those, from the prefill node's local block cache
 };
 
 Timed Send(baton::v1::Generation::Stub& stub, const std::vector<int32_t>& prompt) {
@@ -42,7 +45,10 @@ Timed Send(baton::v1::Generation::Stub& stub, const std::vector<int32_t>& prompt
           std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
               .count();
     }
-    if (response.has_usage()) timed.cached = response.usage().cached_tokens();
+    if (response.has_usage()) {
+      timed.cached = response.usage().cached_tokens();
+      timed.local = response.usage().local_cached_tokens();
+    }
   }
   if (!reader->Finish().ok()) timed.ttft_ms = -1;
   return timed;
@@ -106,7 +112,7 @@ int main(int argc, char** argv) {
   nlohmann::json out = nlohmann::json::array();
   for (double share : shares) {
     std::vector<double> ttft;
-    uint32_t cached = 0;
+    uint32_t cached = 0, local = 0;
     for (int r = 0; r < repeats; ++r) {
       std::vector<int32_t> prompt(length);
       for (auto& t : prompt) t = static_cast<int32_t>(rng() % vocab);
@@ -122,10 +128,12 @@ int main(int argc, char** argv) {
       const Timed timed = Send(*stub, prompt);
       ttft.push_back(timed.ttft_ms);
       cached = timed.cached;
+      local = timed.local;
     }
     std::sort(ttft.begin(), ttft.end());
     out.push_back({{"share", share},
                    {"cached_tokens", cached},
+                   {"local_cached_tokens", local},
                    {"ttft_ms_median", ttft[ttft.size() / 2]},
                    {"ttft_ms_all", ttft}});
   }

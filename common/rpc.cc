@@ -108,10 +108,11 @@ std::vector<std::string> ResolveRouters(const std::string& routers) {
   return out;
 }
 
-Heartbeat::Heartbeat(std::string routers, v1::RegisterRequest node, LoadFn load)
+Heartbeat::Heartbeat(std::string routers, v1::RegisterRequest node, LoadFn load, CacheFeed cache)
     : routers_(std::move(routers)),
       node_(std::move(node)),
       load_(std::move(load)),
+      cache_(std::move(cache)),
       thread_([this] { Run(); }) {}
 
 Heartbeat::~Heartbeat() {
@@ -143,6 +144,7 @@ void Heartbeat::Run() {
     v1::RegisterRequest request = node_;
     request.set_draining(draining);
     *request.mutable_load() = load_();
+    if (cache_.take) *request.mutable_cache_events() = cache_.take();
     // Every router at once (the callback API), so that routers that do not answer delay
     // the others' heartbeats by one deadline at most, not one each.
     const std::vector<std::string> addresses = ResolveRouters(routers_);
@@ -177,8 +179,11 @@ void Heartbeat::Run() {
     // Routers that took the registration, refused it or are gone (no connection: they route
     // nothing) are done with; one that let the deadline pass may not have seen it yet.
     bool all_answered = true;
+    bool resync = false;
     for (size_t i = 0; i < calls.size(); ++i) {
       const grpc::Status& status = calls[i]->status;
+      // A router that missed a batch asks for a snapshot (it finds the gap itself).
+      resync = resync || (status.ok() && calls[i]->response.cache_resync());
       all_answered = all_answered && status.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED;
       if (status.ok() && calls[i]->response.heartbeat_ms() > 0) {
         period = std::chrono::milliseconds(calls[i]->response.heartbeat_ms());
@@ -190,6 +195,7 @@ void Heartbeat::Run() {
                   {{"router", addresses[i]}, {"error", status.error_message()}});
       }
     }
+    if (resync && cache_.resync) cache_.resync();
     lock.lock();
     // The draining registration is sent again while a router let its deadline pass, until
     // Drain's bound: a router that missed it would keep sending work until the node's TTL.
@@ -303,8 +309,8 @@ int ServeUntilShutdown(const std::string& binary, grpc::ServerBuilder& builder,
     registration.node.set_address(options.advertise_host.empty()
                                       ? started->address
                                       : absl::StrCat(options.advertise_host, ":", port));
-    heartbeat =
-        std::make_unique<Heartbeat>(registration.router, registration.node, registration.load);
+    heartbeat = std::make_unique<Heartbeat>(registration.router, registration.node,
+                                            registration.load, registration.cache);
   }
   const int signal = WaitForShutdownSignal();
   const auto deadline = std::chrono::steady_clock::now() + options.drain_timeout;

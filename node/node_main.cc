@@ -93,6 +93,7 @@ int ServeNode(const std::string& binary, const NodeFlags& flags, v1::NodeRole ro
   if (!hooks.ucx_worker_address.empty()) {
     registration.node.set_ucx_worker_address(hooks.ucx_worker_address);
   }
+  registration.cache = std::move(hooks.cache);
   registration.node.set_held_layers(engine.held_layers() == model::HeldLayers::kProducers
                                         ? v1::HELD_LAYERS_PRODUCERS
                                         : v1::HELD_LAYERS_ALL);

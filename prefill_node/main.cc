@@ -30,6 +30,10 @@ void AddPrefillFlags(CLI::App& app, baton::prefill_node::PrefillOptions& options
                  "Idle staging memory kept for reuse, each buffer only for requests to the same "
                  "decode node (default 1 GiB; 0: register staging memory per request)")
       ->check(CLI::Range(uint64_t{0}, uint64_t{1} << 40));
+  app.add_option("--block-cache-bytes", options.block_cache_bytes,
+                 "Memory for recently used blocks (block KV and producer SWA rows), looked in "
+                 "before the prefix store; the router routes by what it holds (default 0: none)")
+      ->check(CLI::Range(uint64_t{0}, uint64_t{1} << 40));
 }
 
 }  // namespace
@@ -52,6 +56,10 @@ int main(int argc, char** argv) {
   baton::node::NodeHooks hooks = baton::node::HooksOf(service);
   // Decode nodes read this node's staging memory by UCX from this worker only.
   hooks.ucx_worker_address = service.ucx_worker_address();
+  if (service.has_block_cache()) {
+    hooks.cache = {.take = [&service] { return service.CacheEvents(); },
+                   .resync = [&service] { service.CacheResync(); }};
+  }
   return baton::node::ServeNode("baton-prefill", flags, baton::v1::NODE_ROLE_PREFILL, *start.engine,
                                 service, std::move(hooks));
 }

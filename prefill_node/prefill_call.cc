@@ -128,6 +128,7 @@ absl::Status PrefillCall::Admit() {
 // block KV contiguous, so that the decode node reads each region in one get. Staging memory is
 // held from here through the commit, by a bounded number of requests.
 absl::Status PrefillCall::StageMemory() {
+  const auto wait_start = Clock::now();
   {
     std::unique_lock<std::mutex> lock(node_.mutex_);
     while (node_.staged_ >= node_.options_.max_staged_requests) {
@@ -138,6 +139,7 @@ absl::Status PrefillCall::StageMemory() {
     }
     staged_.emplace(node_);
   }
+  wait_ms_ += MillisSince(wait_start);
   absl::StatusOr<std::shared_ptr<transfer::Exposure>> exposure = transfer::Exposure::Create(
       *node_.staging_, sizes_, request_.decode_identity(), request_.decode_address());
   if (!exposure.ok()) return exposure.status();
@@ -151,14 +153,17 @@ absl::Status PrefillCall::StageMemory() {
   return state_->EnsurePages(prompt_len_);
 }
 
-// A prefix hit loads [0, H) from the store; if that fails, the prefill computes producers and
-// block KV over [0, H) itself, which gives the same result (DESIGN section 3, s_valid).
+// A prefix hit loads [0, H) from the local block cache and the store; if that fails, the
+// prefill computes producers and block KV over [0, H) itself, which gives the same result
+// (DESIGN section 3, s_valid).
 absl::Status PrefillCall::LoadPrefix() {
-  if (node_.kvstore_ == nullptr) return absl::OkStatus();
+  if (node_.kvstore_ == nullptr && node_.cache_ == nullptr) return absl::OkStatus();
   keys_ = kvstore::ChainKeys(node_.model_.fingerprint(), request_.tenant(), generate_.cache_salt(),
                              tokens_, layout_.block_size);
   if (request_.s_valid() == 0) return absl::OkStatus();
-  if (node_.LoadPrefix(context_, keys_, request_.s_valid(), *state_)) {
+  load_ = node_.LoadPrefix(context_, keys_, request_.s_valid(), request_.tenant(),
+                           generate_.cache_salt(), *state_);
+  if (load_.ok) {
     cached_ = request_.s_valid();
     state_->length = cached_;
     node_.metrics_->loaded_blocks.Increment(static_cast<double>(cached_ / layout_.block_size));
@@ -174,9 +179,13 @@ absl::Status PrefillCall::LoadPrefix() {
 // model itself runs one prefill at a time, and is this request's until its header is sealed.
 absl::Status PrefillCall::Compute() {
   const model::PrefillOptions options = ModelOptions();
+  const auto wait_start = Clock::now();
   model_turn_.emplace(node_);
+  wait_ms_ += MillisSince(wait_start);
   if (context_.IsCancelled()) return absl::CancelledError("cancelled");
+  const auto compute_start = Clock::now();
   absl::StatusOr<model::PrefillResult> result = node_.ComputePrefill(tokens_, options, *state_);
+  compute_ms_ = MillisSince(compute_start);
   if (!result.ok()) return result.status();
   result_ = *std::move(result);
   prefill_ms_ = MillisSince(start_);
@@ -200,8 +209,8 @@ model::PrefillOptions PrefillCall::ModelOptions() {
     node_.watchdog_->Beat();
     return context_.IsCancelled();
   };
-  if (node_.kvstore_ != nullptr) {
-    // Producer rows of the blocks computed here, for the store.
+  if (node_.kvstore_ != nullptr || node_.cache_ != nullptr) {
+    // Producer rows of the blocks computed here, for the store and the local cache.
     producer_rows_.resize(layout_.producer_layers * 2 * prompt_len_ * layout_.kv_dim);
     options.on_producer_rows = [this](int64_t l, int64_t q_start, int64_t rows, const float* k,
                                       const float* v, int64_t stride) {
@@ -298,22 +307,28 @@ absl::Status PrefillCall::CommitFailed(const grpc::Status& status,
 
 // The prompt's full blocks that this prefill computed (the hit's blocks are stored already),
 // written back after the first token is on its way.
+// They go to the local block cache at once and to the store's write-back queue.
 absl::Status PrefillCall::WriteBack() {
-  if (node_.kvstore_ == nullptr) return absl::OkStatus();
+  if (node_.kvstore_ == nullptr && node_.cache_ == nullptr) return absl::OkStatus();
   std::vector<v1::BlockWrite> writes;
   for (const kvstore::WriteBackStep& step :
        kvstore::WriteBackSteps(cached_ / layout_.block_size, static_cast<int64_t>(keys_.size()))) {
+    const bool block_kv = step.region == kvstore::Region::kBlockKv;
+    std::string payload =
+        block_kv ? transfer::BlockKvPayload(*state_, step.block)
+                 : transfer::ProducerSwaPayload(layout_, producer_rows_, prompt_len_, step.block);
+    const std::optional<Sha256Digest> parent =
+        step.parent >= 0 ? std::optional<Sha256Digest>(keys_[step.parent]) : std::nullopt;
+    if (node_.cache_ != nullptr) {
+      node_.cache_->Put(keys_[step.block], parent, step.region, payload, request_.tenant(),
+                        generate_.cache_salt());
+    }
+    if (node_.kvstore_ == nullptr) continue;
     v1::BlockWrite& write = writes.emplace_back();
     write.set_key(kvstore::KeyBytes(keys_[step.block]));
-    if (step.parent >= 0) write.set_parent(kvstore::KeyBytes(keys_[step.parent]));
-    if (step.region == kvstore::Region::kBlockKv) {
-      write.set_region(v1::STORE_REGION_BLOCK_KV);
-      write.set_payload(transfer::BlockKvPayload(*state_, step.block));
-    } else {
-      write.set_region(v1::STORE_REGION_PRODUCER_SWA);
-      write.set_payload(
-          transfer::ProducerSwaPayload(layout_, producer_rows_, prompt_len_, step.block));
-    }
+    if (parent.has_value()) write.set_parent(kvstore::KeyBytes(*parent));
+    write.set_region(block_kv ? v1::STORE_REGION_BLOCK_KV : v1::STORE_REGION_PRODUCER_SWA);
+    write.set_payload(std::move(payload));
   }
   node_.metrics_->written_blocks.Increment(static_cast<double>(writes.size() / 2));
   node_.QueueWriteBack(std::move(writes));
@@ -326,10 +341,19 @@ void PrefillCall::Respond() {
   reply_.set_first_token(replay_on_decode_ ? -1 : first_.token);
   reply_.set_first_logprob(replay_on_decode_ ? 0.0f : first_.logprob);
   reply_.mutable_usage()->set_cached_tokens(static_cast<uint32_t>(cached_));
+  reply_.mutable_usage()->set_local_cached_tokens(
+      load_.ok ? static_cast<uint32_t>(load_.local_blocks * layout_.block_size) : 0);
+  reply_.set_load_ms(load_.local_ms + load_.store_ms);
   reply_.mutable_usage()->set_prompt_tokens(static_cast<uint32_t>(tokens_.size()));
   reply_.mutable_usage()->set_replayed_rows(static_cast<uint32_t>(result_.consumer_rows));
   reply_.set_prefill_ms(prefill_ms_);
   reply_.set_transfer_ms(MillisSince(transfer_start_));
+  const double load_ms = load_.local_ms + load_.store_ms;
+  node_.Observe({.computed_rows = prompt_len_ - cached_,
+                 .replayed_rows = replay_on_decode_ ? 0 : result_.consumer_rows,
+                 .compute_ms = compute_ms_,
+                 .load = load_,
+                 .fixed_ms = MillisSince(start_) - wait_ms_ - load_ms - compute_ms_});
 }
 
 }  // namespace baton::prefill_node

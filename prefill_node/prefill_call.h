@@ -134,6 +134,7 @@ class PrefillCall {
   // LoadPrefix: the prompt's chain keys (with a prefix store) and the tokens loaded.
   std::vector<Sha256Digest> keys_;
   int64_t cached_ = 0;
+  PrefillService::PrefixLoad load_;
 
   // Compute.
   std::vector<float> producer_rows_;  // [P][2][L][kv_dim], for the store
@@ -143,6 +144,8 @@ class PrefillCall {
   bool replay_on_decode_ = false;   // the split this node serves (request checked in Admit)
   std::span<float> boundary_rows_;  // replay-on-decode: the exposed boundary-rows region
   double prefill_ms_ = 0;
+  double wait_ms_ = 0;     // for a staging slot and for the model
+  double compute_ms_ = 0;  // the engine's prefill
 
   // Commit.
   std::chrono::steady_clock::time_point transfer_start_;

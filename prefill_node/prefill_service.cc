@@ -58,6 +58,13 @@ PrefillService::PrefillService(model::Engine& model, const PrefillOptions& optio
     : model_(model), options_(options), metrics_(std::make_unique<Metrics>()) {
   watchdog_ = std::make_unique<Watchdog>("prefill", std::chrono::milliseconds(options.watchdog_ms),
                                          [this] { return computing_.load(); });
+  if (options.block_cache_bytes > 0) {
+    const model::StateLayout layout = model.state_layout();
+    cache_ = std::make_unique<kvstore::BlockCache>(
+        kvstore::ValueCodec(model.fingerprint(), sizeof(float) * layout.page_floats(),
+                            sizeof(float) * layout.stored_swa_block_floats()),
+        layout.block_size, options.block_cache_bytes);
+  }
   if (!options.kvstore_address.empty()) {
     kvstore_ = v1::KvStore::NewStub(
         security::InternalChannel(options.kvstore_address, security::Role::kKvstore));
@@ -79,20 +86,52 @@ PrefillService::PrefillService(model::Engine& model, const PrefillOptions& optio
     auto gauge = [](const char* name, const char* help, double value) {
       return metrics::GaugeFamily(name, help, {{{}, value}});
     };
-    return std::vector<prometheus::MetricFamily>{
-        gauge("baton_prefill_exposures",
-              "Computed states exposed for their decode node's read (commits in flight)",
-              static_cast<double>(exposures_.size())),
-        gauge("baton_prefill_running",
-              "Prefills the model is computing now (one at a time: 0 or 1)",
-              computing_.load() ? 1.0 : 0.0),
-        gauge("baton_prefill_staging_buffers",
-              "Idle staging buffers kept for their reader's next request",
-              static_cast<double>(staging_->held())),
-        gauge("baton_prefill_weight_bytes",
-              "Model weight bytes resident on this node (the producers' alone under the "
-              "replay-on-decode split)",
-              static_cast<double>(model_.weight_bytes()))};
+    std::vector<prometheus::MetricFamily> families;
+    if (cache_ != nullptr) {
+      const kvstore::BlockCache::Stats stats = cache_->stats();
+      families.push_back(gauge("baton_block_cache_bytes",
+                               "Bytes the local block cache holds (values with their headers)",
+                               static_cast<double>(stats.bytes)));
+      families.push_back(gauge("baton_block_cache_budget_bytes",
+                               "The local block cache's budget (--block-cache-bytes)",
+                               static_cast<double>(stats.budget)));
+      families.push_back(metrics::CounterFamily(
+          "baton_block_cache_lookups_total",
+          "Block reads from the local block cache, by result (hit, miss, corrupt: dropped)",
+          {{{{"result", "hit"}}, static_cast<double>(stats.hits)},
+           {{{"result", "miss"}}, static_cast<double>(stats.misses - stats.corrupt)},
+           {{{"result", "corrupt"}}, static_cast<double>(stats.corrupt)}}));
+      families.push_back(metrics::CounterFamily("baton_block_cache_evictions_total",
+                                                "Values the local block cache evicted",
+                                                {{{}, static_cast<double>(stats.evictions)}}));
+    }
+    const v1::PrefillRates rates = Load().rates();
+    families.push_back(metrics::GaugeFamily(
+        "baton_prefill_rate_ms",
+        "The node's measured rates (moving averages) that the router prices requests with: "
+        "ms per computed row, per replayed row, per MiB loaded from each tier, and per request",
+        {{{{"rate", "producer_per_row"}}, rates.producer_ms_per_row()},
+         {{{"rate", "consumer_per_row"}}, rates.consumer_ms_per_row()},
+         {{{"rate", "local_per_mib"}}, rates.local_ms_per_mib()},
+         {{{"rate", "store_per_mib"}}, rates.store_ms_per_mib()},
+         {{{"rate", "fixed"}}, rates.fixed_ms()}}));
+    for (prometheus::MetricFamily& family : std::vector<prometheus::MetricFamily>{
+             gauge("baton_prefill_exposures",
+                   "Computed states exposed for their decode node's read (commits in flight)",
+                   static_cast<double>(exposures_.size())),
+             gauge("baton_prefill_running",
+                   "Prefills the model is computing now (one at a time: 0 or 1)",
+                   computing_.load() ? 1.0 : 0.0),
+             gauge("baton_prefill_staging_buffers",
+                   "Idle staging buffers kept for their reader's next request",
+                   static_cast<double>(staging_->held())),
+             gauge("baton_prefill_weight_bytes",
+                   "Model weight bytes resident on this node (the producers' alone under the "
+                   "replay-on-decode split)",
+                   static_cast<double>(model_.weight_bytes()))}) {
+      families.push_back(std::move(family));
+    }
+    return families;
   });
 }
 
@@ -107,44 +146,115 @@ PrefillService::~PrefillService() {
   if (writer_.joinable()) writer_.join();
 }
 
-bool PrefillService::LoadPrefix(grpc::ServerContext& caller, const std::vector<Sha256Digest>& keys,
-                                int64_t hit_tokens, model::SequenceState& state) {
+PrefillService::PrefixLoad PrefillService::LoadPrefix(grpc::ServerContext& caller,
+                                                      const std::vector<Sha256Digest>& keys,
+                                                      int64_t hit_tokens, const std::string& tenant,
+                                                      const std::string& salt,
+                                                      model::SequenceState& state) {
   const model::StateLayout& layout = state.layout();
   const int64_t B = layout.block_size, C = layout.ring_capacity;
   const int64_t h = hit_tokens / B;
-  if (kvstore_ == nullptr || h == 0 || static_cast<int64_t>(keys.size()) < h) return false;
+  PrefixLoad load;
+  if ((kvstore_ == nullptr && cache_ == nullptr) || h == 0 ||
+      static_cast<int64_t>(keys.size()) < h) {
+    return load;
+  }
   const kvstore::HitReads reads = kvstore::ReadsForHit(h, model_.config().sliding_window, B);
-  auto read = [&](int64_t first, int64_t end, v1::StoreRegion region, uint64_t bytes,
+  // Blocks [first, end) of `region`: the local cache's first, then one store read for the rest.
+  auto read = [&](int64_t first, int64_t end, kvstore::Region region, uint64_t bytes,
                   const std::function<void(int64_t, const std::string&)>& use) {
+    const auto local_start = Clock::now();
+    std::vector<int64_t> missing;
+    for (int64_t b = first; b < end; ++b) {
+      std::optional<std::string> held =
+          cache_ != nullptr ? cache_->Get(keys[b], region) : std::nullopt;
+      if (!held.has_value()) {
+        missing.push_back(b);
+        continue;
+      }
+      use(b, *held);
+      load.local_bytes += held->size();
+      if (region == kvstore::Region::kBlockKv) ++load.local_blocks;
+    }
+    load.local_ms += MillisSince(local_start);
+    if (missing.empty()) return true;
+    if (kvstore_ == nullptr) return false;
+    const auto store_start = Clock::now();
     v1::ReadBlocksRequest request;
-    for (int64_t b = first; b < end; ++b) request.add_keys(kvstore::KeyBytes(keys[b]));
-    request.set_region(region);
+    for (int64_t b : missing) request.add_keys(kvstore::KeyBytes(keys[b]));
+    request.set_region(region == kvstore::Region::kBlockKv ? v1::STORE_REGION_BLOCK_KV
+                                                           : v1::STORE_REGION_PRODUCER_SWA);
     // The caller's cancellation and deadline carry over; the earlier deadline wins.
     auto context = grpc::ClientContext::FromServerContext(caller);
     context->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
     auto reader = kvstore_->ReadBlocks(context.get(), request);
     v1::StoredBlock block;
-    int64_t b = first;
+    size_t i = 0;
     bool ok = true;
     while (reader->Read(&block)) {
-      if (!block.found() || block.payload().size() != bytes) ok = false;
-      if (ok) use(b, block.payload());
-      ++b;
+      if (i >= missing.size() || !block.found() || block.payload().size() != bytes) ok = false;
+      if (ok) {
+        const int64_t b = missing[i];
+        use(b, block.payload());
+        load.store_bytes += block.payload().size();
+        // The block is kept near the compute for the next prompt that shares it.
+        if (cache_ != nullptr) {
+          cache_->Put(keys[b], b > 0 ? std::optional<Sha256Digest>(keys[b - 1]) : std::nullopt,
+                      region, block.payload(), tenant, salt);
+        }
+      }
+      ++i;
     }
-    return reader->Finish().ok() && ok && b == end;
+    load.store_ms += MillisSince(store_start);
+    return reader->Finish().ok() && ok && i == missing.size();
   };
   const uint64_t page_bytes = sizeof(float) * layout.page_floats();
   const bool kv = read(
-      0, reads.block_kv_end, v1::STORE_REGION_BLOCK_KV, page_bytes,
+      0, reads.block_kv_end, kvstore::Region::kBlockKv, page_bytes,
       [&](int64_t b, const std::string& payload) { transfer::LoadBlockKv(payload, b, state); });
   const uint64_t swa_bytes = sizeof(float) * layout.stored_swa_block_floats();
   const bool swa =
-      kv && read(reads.producer_swa_begin, reads.producer_swa_end, v1::STORE_REGION_PRODUCER_SWA,
+      kv && read(reads.producer_swa_begin, reads.producer_swa_end, kvstore::Region::kProducerSwa,
                  swa_bytes, [&](int64_t b, const std::string& payload) {
                    // The window needs only the rows the ring keeps: [H - C, H).
                    transfer::LoadProducerSwaRows(payload, b, hit_tokens - C, state);
                  });
-  return kv && swa;
+  load.ok = kv && swa;
+  return load;
+}
+
+void PrefillService::Observe(const Observed& o) {
+  // Moving averages: the first sample sets a rate, each later one moves it a fifth of the way.
+  auto fold = [](double& rate, double sample) {
+    rate = rate <= 0 ? sample : 0.8 * rate + 0.2 * sample;
+  };
+  const ModelConfig& config = model_.config();
+  const double producer_work = static_cast<double>(config.num_producer_layers() * o.computed_rows);
+  const double consumer_work = static_cast<double>(config.num_consumer_layers() * o.replayed_rows);
+  constexpr double kMiB = 1024.0 * 1024.0;
+  std::lock_guard<std::mutex> lock(rates_mutex_);
+  // The compute time is shared between the two layer groups by their layer-rows (seed
+  // 9.5.2), which is what a row costs each group's matrix products.
+  if (producer_work + consumer_work > 0 && o.compute_ms > 0) {
+    const double per_layer_row = o.compute_ms / (producer_work + consumer_work);
+    if (o.computed_rows > 0) {
+      fold(rates_.producer_ms_per_row,
+           per_layer_row * static_cast<double>(config.num_producer_layers()));
+    }
+    if (o.replayed_rows > 0) {
+      fold(rates_.consumer_ms_per_row,
+           per_layer_row * static_cast<double>(config.num_consumer_layers()));
+    }
+  }
+  // Small reads say little of a tier's rate (a fixed cost dominates): 1 MiB at least.
+  if (o.load.local_bytes >= kMiB) {
+    fold(rates_.local_ms_per_mib, o.load.local_ms * kMiB / static_cast<double>(o.load.local_bytes));
+  }
+  if (o.load.store_bytes >= kMiB) {
+    fold(rates_.store_ms_per_mib, o.load.store_ms * kMiB / static_cast<double>(o.load.store_bytes));
+  }
+  fold(rates_.fixed_ms, std::max(0.0, o.fixed_ms));
+  ++rate_samples_;
 }
 
 absl::StatusOr<model::PrefillResult> PrefillService::ComputePrefill(
@@ -229,10 +339,21 @@ void PrefillService::UcxProgressLoop() {
 }
 
 v1::LoadReport PrefillService::Load() const {
-  std::lock_guard<std::mutex> lock(mutex_);
   v1::LoadReport load;
-  load.set_active_requests(static_cast<uint32_t>(active_));
-  load.set_queued_requests(static_cast<uint32_t>(queued_));
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    load.set_active_requests(static_cast<uint32_t>(active_));
+    load.set_queued_requests(static_cast<uint32_t>(queued_));
+  }
+  {
+    std::lock_guard<std::mutex> lock(rates_mutex_);
+    *load.mutable_rates() = kvstore::ToProto(rates_, rate_samples_);
+  }
+  if (cache_ != nullptr) {
+    const kvstore::BlockCache::Stats stats = cache_->stats();
+    load.set_block_cache_bytes(stats.bytes);
+    load.set_block_cache_budget_bytes(stats.budget);
+  }
   return load;
 }
 

@@ -25,6 +25,7 @@ PrefillSlot& PrefillSlot::operator=(PrefillSlot&& other) noexcept {
     admission_ = other.admission_;
     node_ = std::move(other.node_);
     start_ = other.start_;
+    predicted_ms_ = other.predicted_ms_;
     other.node_ = nullptr;
   }
   return *this;
@@ -32,7 +33,7 @@ PrefillSlot& PrefillSlot::operator=(PrefillSlot&& other) noexcept {
 
 void PrefillSlot::Done() {
   if (node_ != nullptr && admission_ != nullptr)
-    admission_->SlotDone(*node_, Clock::now() - start_);
+    admission_->SlotDone(*node_, Clock::now() - start_, predicted_ms_);
   node_ = nullptr;
 }
 
@@ -49,13 +50,13 @@ void Admission::Notify() {
   changed_.notify_all();
 }
 
-void Admission::SlotDone(RegisteredNode& node, Clock::duration took) {
+void Admission::SlotDone(RegisteredNode& node, Clock::duration took, double predicted_ms) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     prefill_ms_average_ =
         0.8 * prefill_ms_average_ + 0.2 * std::chrono::duration<double, std::milli>(took).count();
   }
-  registry_.PrefillDone(node);  // notifies through the registry's OnChange
+  registry_.PrefillDone(node, predicted_ms);  // notifies through the registry's OnChange
 }
 
 int64_t Admission::StreamShare(size_t model) const {
@@ -143,7 +144,29 @@ absl::StatusOr<Admission::Admitted> Admission::Admit(const grpc::ServerContextBa
         ++streams[hold.tenant];
         hold.held = true;
       }
-      return Admitted{registry_.TakePrefillSlot(choice.best), PrefillSlot(this, choice.best)};
+      // The policy's first among the nodes with a free slot (the least loaded first on ties).
+      size_t first = 0, second = choice.open.size();
+      std::vector<PrefillScore> scores;
+      if (ask.score) {
+        for (const NodeRegistry::PrefillCandidate& candidate : choice.open) {
+          scores.push_back(ask.score(candidate));
+        }
+        for (size_t i = 1; i < scores.size(); ++i) {
+          if (scores[i].rank < scores[first].rank) first = i;
+        }
+      }
+      for (size_t i = 0; i < choice.open.size(); ++i) {
+        if (i != first && (second == choice.open.size() ||
+                           (!scores.empty() && scores[i].rank < scores[second].rank))) {
+          second = i;
+        }
+      }
+      const double service_ms = scores.empty() ? 0 : scores[first].service_ms;
+      Admitted admitted{registry_.TakePrefillSlot(choice.open[first].node, service_ms),
+                        PrefillSlot(this, choice.open[first].node, service_ms), choice.open[first],
+                        std::nullopt, first == 0};
+      if (second < choice.open.size()) admitted.runner_up = choice.open[second];
+      return admitted;
     }
     if (!ticket.has_value() && !ask.retry) {
       if (absl::Status room = CheckQueueRoom(queue, hold.tenant, choice.live, retry_after_ms);

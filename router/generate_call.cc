@@ -140,13 +140,27 @@ absl::Status GenerateCall::Admit(Attempt& attempt) {
     fingerprint_.clear();
   }
   int64_t retry_after_ms = 0;
+  Admission::Ask ask{.retry = attempt.index > 0,
+                     .fingerprint = fingerprint_,
+                     .exclude = lost_prefill_,
+                     .lost_decode = lost_decode_};
+  if (router_.options.prefill_policy != PrefillPolicy::kLeastLoaded) {
+    // The store is asked here, before the wait, once per weights the nodes may serve: the
+    // ranking itself runs under admission's lock and calls out to nothing.
+    const bool look_up = effective_.mode != v1::TRUNCATION_MODE_OFF;
+    if (!fingerprint_.empty()) {
+      ViewFor(fingerprint_, look_up);
+    } else {
+      const std::vector<std::set<std::string>> served = router_.registry.ServedFingerprints();
+      for (const std::string& fingerprint : served[trace_.hold.model])
+        ViewFor(fingerprint, look_up);
+    }
+    ask.score = [this](const NodeRegistry::PrefillCandidate& candidate) {
+      return Score(candidate);
+    };
+  }
   absl::StatusOr<Admission::Admitted> admitted =
-      router_.admission.Admit(*context_,
-                              {.retry = attempt.index > 0,
-                               .fingerprint = fingerprint_,
-                               .exclude = lost_prefill_,
-                               .lost_decode = lost_decode_},
-                              trace_.hold, &retry_after_ms);
+      router_.admission.Admit(*context_, ask, trace_.hold, &retry_after_ms);
   if (!admitted.ok()) {
     if (absl::IsResourceExhausted(admitted.status())) {
       context_->AddTrailingMetadata(kRetryAfterKey, std::to_string(retry_after_ms));
@@ -154,7 +168,124 @@ absl::Status GenerateCall::Admit(Attempt& attempt) {
     return admitted.status();
   }
   attempt.prefill = *std::move(admitted);
+  NoteChoice(attempt.prefill);
   return absl::OkStatus();
+}
+
+const GenerateCall::PrefixView& GenerateCall::ViewFor(const std::string& fingerprint,
+                                                      bool look_up_store) {
+  auto [it, added] = views_.try_emplace(fingerprint);
+  PrefixView& view = it->second;
+  if (effective_.mode == v1::TRUNCATION_MODE_OFF) return view;  // DESIGN section 5, step 4
+  if (added) {
+    const std::vector<int32_t> tokens(request_->prompt_token_ids().begin(),
+                                      request_->prompt_token_ids().end());
+    view.keys = kvstore::ChainKeys(fingerprint, trace_.hold.tenant, request_->cache_salt(), tokens,
+                                   model_->config.kv_block_size);
+  }
+  if (!look_up_store || view.looked_up) return view;
+  view.looked_up = true;
+  NodeLease store = router_.registry.Pick(v1::NODE_ROLE_KVSTORE, {});
+  if (!store) return view;
+  v1::LookupRequest lookup;
+  for (const Sha256Digest& key : view.keys) lookup.add_keys(kvstore::KeyBytes(key));
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() +
+                       std::chrono::milliseconds(router_.options.lookup_timeout_ms));
+  v1::LookupResponse found;
+  router_.metrics.prefix_queries.Increment();
+  if (grpc::Status s = router_.stubs.KvStore(*store)->Lookup(&context, lookup, &found); !s.ok()) {
+    log::Warn("prefix lookup failed; the store's blocks are not counted",
+              {{"error", s.error_message()}});
+    router_.metrics.prefix_query_failures.Increment();
+    return view;  // the store never fails a request
+  }
+  view.store.block_kv_blocks =
+      std::min<int64_t>(found.block_kv_blocks(), static_cast<int64_t>(view.keys.size()));
+  view.store.swa_present.assign(found.swa_present().begin(), found.swa_present().end());
+  return view;
+}
+
+kvstore::HitPolicyInput GenerateCall::HitInput() const {
+  const ModelConfig& config = model_->config;
+  return {.prompt_len = request_->prompt_token_ids_size(),
+          .keep = effective_.keep,
+          .truncation_on = effective_.mode != v1::TRUNCATION_MODE_OFF,
+          .ring_capacity = config.ring_capacity(),
+          .window = config.sliding_window,
+          .block_size = config.kv_block_size,
+          .cap = router_.options.hit_cap};
+}
+
+kvstore::TieredHit GenerateCall::HitOn(const RegisteredNode& node) {
+  const PrefixView& view = ViewFor(node.info.model_fingerprint(), /*look_up_store=*/false);
+  const kvstore::TierLookups tiers{
+      .local = router_.registry.cache_index().Lookup(node.id(), view.keys), .store = view.store};
+  return kvstore::PlanTieredHit(HitInput(), tiers, kvstore::BlockPayloadBytes(model_->config));
+}
+
+kvstore::PrefillCost GenerateCall::CostOn(const NodeRegistry::PrefillCandidate& candidate) {
+  return kvstore::PredictPrefill(kvstore::RatesOrDefaults(candidate.rates), candidate.pending_ms,
+                                 HitInput(), HitOn(*candidate.node), model_->config.kv_block_size);
+}
+
+PrefillScore GenerateCall::Score(const NodeRegistry::PrefillCandidate& candidate) {
+  const kvstore::PrefillCost cost = CostOn(candidate);
+  if (router_.options.prefill_policy == PrefillPolicy::kLongestPrefix) {
+    // The most blocks from the node's own cache; ties go to the least loaded.
+    return {.rank = -static_cast<double>(HitOn(*candidate.node).local_blocks),
+            .service_ms = cost.service_ms()};
+  }
+  return {.rank = cost.total_ms(), .service_ms = cost.service_ms()};
+}
+
+void GenerateCall::NoteChoice(const Admission::Admitted& admitted) {
+  const PrefillPolicy policy = router_.options.prefill_policy;
+  const kvstore::PrefillCost cost = CostOn(admitted.chosen);
+  const kvstore::TieredHit hit = HitOn(*admitted.chosen.node);
+  predicted_ttft_ms_ = cost.total_ms();
+  router_.metrics.predicted_ttft.Observe(cost.total_ms() / 1000);
+  // Whether the policy moved the request off the least loaded node.
+  const char* reason = admitted.least_loaded                     ? "least_loaded"
+                       : policy == PrefillPolicy::kLongestPrefix ? "prefix"
+                                                                 : "predicted_ttft";
+  router_.metrics.prefill_choices
+      .Add({{"policy", kvstore::RoutingPolicyName(policy)}, {"reason", reason}})
+      .Increment();
+  // The runner-up: the next best node with a free slot ("" when there was none).
+  std::string runner_up;
+  double runner_up_ms = 0;
+  int64_t runner_up_local = 0;
+  if (admitted.runner_up.has_value()) {
+    runner_up = admitted.runner_up->node->id();
+    runner_up_ms = CostOn(*admitted.runner_up).total_ms();
+    runner_up_local = HitOn(*admitted.runner_up->node).local_blocks;
+  }
+  log::Debug("prefill node chosen", {{"request_id", trace_.id},
+                                     {"policy", kvstore::RoutingPolicyName(policy)},
+                                     {"node", admitted.chosen.node->id()},
+                                     {"predicted_ttft_ms", cost.total_ms()},
+                                     {"queue_ms", cost.queue_ms},
+                                     {"load_ms", cost.load_ms},
+                                     {"compute_ms", cost.compute_ms},
+                                     {"replay_ms", cost.replay_ms},
+                                     {"fixed_ms", cost.fixed_ms},
+                                     {"hit_blocks", hit.hit_blocks},
+                                     {"local_blocks", hit.local_blocks},
+                                     {"computed_rows", cost.computed_rows},
+                                     {"replayed_rows", cost.replayed_rows},
+                                     {"runner_up", runner_up},
+                                     {"runner_up_predicted_ttft_ms", runner_up_ms},
+                                     {"runner_up_local_blocks", runner_up_local}});
+}
+
+void GenerateCall::FirstToken() {
+  const double ttft_ms =
+      std::chrono::duration<double, std::milli>(Clock::now() - trace_.start).count();
+  timings_.set_ttft_ms(ttft_ms);
+  timings_.set_predicted_ttft_ms(predicted_ttft_ms_);
+  if (predicted_ttft_ms_ > 0)
+    router_.metrics.ttft_prediction_ratio.Observe(ttft_ms / predicted_ttft_ms_);
 }
 
 absl::Status GenerateCall::Reserve(Attempt& attempt) {
@@ -205,52 +336,20 @@ absl::Status GenerateCall::Reserve(Attempt& attempt) {
   return FromGrpcStatus(status);
 }
 
+// The hit over both tiers of the chosen node: its local cache first, then the store (DESIGN
+// section 5's policy over the blocks either holds).
 absl::Status GenerateCall::LookUpPrefix(Attempt& attempt) {
-  if (!s_valid_.has_value()) {
-    fingerprint_ = attempt.decode->info.model_fingerprint();
-    s_valid_ = PrefixHit(fingerprint_);
+  if (s_valid_.has_value()) return absl::OkStatus();
+  fingerprint_ = attempt.decode->info.model_fingerprint();
+  ViewFor(fingerprint_, /*look_up_store=*/true);
+  const kvstore::TieredHit hit = HitOn(*attempt.prefill.node);
+  const int64_t B = model_->config.kv_block_size;
+  s_valid_ = static_cast<uint32_t>(hit.hit_blocks * B);
+  if (hit.hit_blocks > 0) {
+    router_.metrics.prefix_hits.Increment();
+    router_.metrics.cached_tokens.Increment(static_cast<double>(hit.hit_blocks * B));
   }
   return absl::OkStatus();
-}
-
-uint32_t GenerateCall::PrefixHit(const std::string& fingerprint) {
-  if (effective_.mode == v1::TRUNCATION_MODE_OFF) return 0;  // DESIGN section 5, step 4
-  NodeLease store = router_.registry.Pick(v1::NODE_ROLE_KVSTORE, {});
-  if (!store) return 0;
-  const ModelConfig& config = model_->config;
-  const std::vector<int32_t> tokens(request_->prompt_token_ids().begin(),
-                                    request_->prompt_token_ids().end());
-  v1::LookupRequest lookup;
-  for (const Sha256Digest& key : kvstore::ChainKeys(
-           fingerprint, trace_.hold.tenant, request_->cache_salt(), tokens, config.kv_block_size)) {
-    lookup.add_keys(kvstore::KeyBytes(key));
-  }
-  grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() +
-                       std::chrono::milliseconds(router_.options.lookup_timeout_ms));
-  v1::LookupResponse found;
-  router_.metrics.prefix_queries.Increment();
-  if (grpc::Status s = router_.stubs.KvStore(*store)->Lookup(&context, lookup, &found); !s.ok()) {
-    log::Warn("prefix lookup failed; running cold", {{"error", s.error_message()}});
-    router_.metrics.prefix_query_failures.Increment();
-    return 0;  // the store never fails a request
-  }
-  kvstore::ChainLookup chain;
-  chain.block_kv_blocks = found.block_kv_blocks();
-  chain.swa_present.assign(found.swa_present().begin(), found.swa_present().end());
-  const int64_t h = kvstore::HitBlocks({.prompt_len = static_cast<int64_t>(tokens.size()),
-                                        .keep = effective_.keep,
-                                        .truncation_on = true,
-                                        .ring_capacity = config.ring_capacity(),
-                                        .window = config.sliding_window,
-                                        .block_size = config.kv_block_size,
-                                        .cap = router_.options.hit_cap},
-                                       chain);
-  if (h > 0) {
-    router_.metrics.prefix_hits.Increment();
-    router_.metrics.cached_tokens.Increment(static_cast<double>(h * config.kv_block_size));
-  }
-  return static_cast<uint32_t>(h * config.kv_block_size);
 }
 
 // A re-prefill covers prompt + the g tokens streamed so far, with keep K + g so that s_keep
@@ -304,6 +403,12 @@ absl::Status GenerateCall::RelayFirst(Attempt& attempt) {
     router_.metrics.replayed_rows.Increment(prefilled.usage().replayed_rows());
     usage_.set_replayed_rows(prefilled.usage().replayed_rows());
     usage_.set_cached_tokens(prefilled.usage().cached_tokens());
+    const uint32_t local =
+        std::min(prefilled.usage().local_cached_tokens(), prefilled.usage().cached_tokens());
+    usage_.set_local_cached_tokens(local);
+    router_.metrics.tier_cached_tokens.Add({{"tier", "local"}}).Increment(local);
+    router_.metrics.tier_cached_tokens.Add({{"tier", "store"}})
+        .Increment(prefilled.usage().cached_tokens() - local);
     timings_.set_prefill_ms(prefilled.prefill_ms());
     timings_.set_transfer_ms(prefilled.transfer_ms());
   }
@@ -311,10 +416,7 @@ absl::Status GenerateCall::RelayFirst(Attempt& attempt) {
   // (RelayStream), with the prompt logprobs.
   if (router_.options.split == v1::SPLIT_REPLAY_ON_DECODE) return absl::OkStatus();
   generated_.push_back(prefilled.first_token());
-  if (attempt.g == 0) {
-    timings_.set_ttft_ms(
-        std::chrono::duration<double, std::milli>(Clock::now() - trace_.start).count());
-  }
+  if (attempt.g == 0) FirstToken();
   v1::GenerateResponse first;
   first.set_request_id(trace_.id);
   first.add_token_ids(prefilled.first_token());
@@ -350,8 +452,7 @@ absl::Status GenerateCall::RelayStream(Attempt& attempt) {
       // Replay-on-decode: this output carries the first token the decode node sampled.
       first = false;
       if (attempt.g == 0) {
-        timings_.set_ttft_ms(
-            std::chrono::duration<double, std::milli>(Clock::now() - trace_.start).count());
+        FirstToken();
         timings_.set_replay_ms(output.replay_ms());
         *response.mutable_prompt_logprobs() = output.prompt_logprobs();
       }

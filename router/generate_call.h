@@ -21,7 +21,9 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "baton/common/hash.h"
 #include "baton/common/stream_watch.h"
+#include "baton/kvstore/ttft_model.h"
 #include "baton/router/admission.h"
 #include "baton/router/node_registry.h"
 #include "baton/router/node_stubs.h"
@@ -91,8 +93,25 @@ class GenerateCall {
   absl::Status Fail(AttemptFailure failure, const RegisteredNode& node, absl::Status status);
   // Applies the policy's rule for the recorded failure before the next attempt.
   void Retry(const RetryRule& rule, const absl::Status& status);
-  // The prefix hit H (tokens) on `fingerprint`, 0 when the store is absent, slow or failing.
-  uint32_t PrefixHit(const std::string& fingerprint);
+  // The prompt's chain keys on `fingerprint` and the store's lookup of them (empty when the
+  // truncation allows no hit, or the store is absent, slow or failing), looked up once.
+  struct PrefixView {
+    std::vector<Sha256Digest> keys;
+    kvstore::ChainLookup store;
+    bool looked_up = false;  // the store was asked (or there is none to ask)
+  };
+  const PrefixView& ViewFor(const std::string& fingerprint, bool look_up_store);
+  kvstore::HitPolicyInput HitInput() const;
+  // The hit and predicted cost of this request on a prefill node (the node's local blocks
+  // from the router's cache index, the store's from ViewFor).
+  kvstore::TieredHit HitOn(const RegisteredNode& node);
+  kvstore::PrefillCost CostOn(const NodeRegistry::PrefillCandidate& candidate);
+  // The policy's ranking of a candidate (Admission::Ask::score).
+  PrefillScore Score(const NodeRegistry::PrefillCandidate& candidate);
+  // Logs and counts the admission's choice, its inputs and the runner-up.
+  void NoteChoice(const Admission::Admitted& admitted);
+  // The first token reached the client now.
+  void FirstToken();
   // The decode node's reservation is given back (the attempt ends before its stream).
   void ReleaseReservation(Attempt& attempt);
 
@@ -127,6 +146,8 @@ class GenerateCall {
   // streamed continues on the same weights (a rollout may run two versions side by side).
   std::string fingerprint_;
   std::map<AttemptFailure, int> retries_;
+  std::map<std::string, PrefixView> views_;  // by fingerprint
+  double predicted_ttft_ms_ = 0;
   v1::Usage usage_;
   v1::Timings timings_;
 

@@ -45,6 +45,11 @@ int main(int argc, char** argv) {
   app.add_option("--hit-cap", flags.hit_cap,
                  "Prefix-hit cap: ring (floor((L - C) / B) blocks) or keep (floor((L - K) / B))")
       ->check(CLI::IsMember({"ring", "keep"}));
+  app.add_option("--prefill-policy", flags.prefill_policy,
+                 "Which prefill node takes a request: least-loaded, longest-prefix (the most "
+                 "blocks in its local cache) or predicted-ttft (queue + load + compute + replay "
+                 "at its measured rates; default)")
+      ->check(CLI::IsMember({"least-loaded", "longest-prefix", "predicted-ttft"}));
   app.add_option("--lookup-timeout-ms", options.lookup_timeout_ms,
                  "Prefix-store lookups slower than this run the request cold");
   app.add_option("--max-queued", options.max_queued,

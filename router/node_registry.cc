@@ -1,6 +1,7 @@
 #include "baton/router/node_registry.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "absl/strings/str_cat.h"
 #include "baton/common/log.h"
@@ -177,7 +178,7 @@ void NodeRegistry::NoteRefused(const v1::RegisterRequest& request, const absl::S
 }
 
 absl::Status NodeRegistry::Register(const grpc::ServerContextBase& context,
-                                    const v1::RegisterRequest& request) {
+                                    const v1::RegisterRequest& request, bool* cache_resync) {
   const std::optional<security::Role> role = CertificateRole(request.role());
   if (!role) return absl::InvalidArgumentError("role: must be PREFILL, DECODE or KVSTORE");
   // A node registers only as the role its certificate names.
@@ -185,6 +186,10 @@ absl::Status NodeRegistry::Register(const grpc::ServerContextBase& context,
     return s;
   }
   if (absl::Status s = CheckRegistration(request); !s.ok()) return s;
+  if (request.has_cache_events() && request.role() != v1::NODE_ROLE_PREFILL) {
+    return absl::InvalidArgumentError("cache_events: only a prefill node sends them");
+  }
+  if (absl::Status s = CheckCacheEvents(request.cache_events()); !s.ok()) return s;
   if (!v1::HeldLayers_IsValid(request.held_layers())) {
     return absl::InvalidArgumentError("held_layers: must be ALL or PRODUCERS");
   }
@@ -254,6 +259,10 @@ absl::Status NodeRegistry::Register(const grpc::ServerContextBase& context,
     }
     node->last_seen = Clock::now();
   }
+  if (request.has_cache_events() &&
+      !cache_index_.Apply(request.node_id(), request.cache_events()) && cache_resync != nullptr) {
+    *cache_resync = true;
+  }
   if (on_change_) on_change_();
   return absl::OkStatus();
 }
@@ -310,6 +319,10 @@ NodeRegistry::PrefillChoice NodeRegistry::ChoosePrefill(size_t model,
     }
     ++choice.live;
     if (node->prefilling >= slots) continue;
+    choice.open.push_back({.node = node,
+                           .prefilling = node->prefilling,
+                           .pending_ms = node->pending_ms,
+                           .rates = node->info.load().rates()});
     // Fewest prefills in flight, then the least reported queue.
     const std::shared_ptr<RegisteredNode>& best = choice.best;
     if (best == nullptr || node->prefilling < best->prefilling ||
@@ -318,20 +331,62 @@ NodeRegistry::PrefillChoice NodeRegistry::ChoosePrefill(size_t model,
       choice.best = node;
     }
   }
+  // A node that has measured nothing yet (just started) is priced like its peers: each rate
+  // it lacks is the mean of the live nodes that have it (the cost model's priors only when
+  // none has).
+  double sums[5] = {0, 0, 0, 0, 0};
+  int counts[5] = {0, 0, 0, 0, 0};
+  for (const auto& [id, node] : nodes_) {
+    if (node->info.role() != v1::NODE_ROLE_PREFILL || node->model != model || !Live(*node, now)) {
+      continue;
+    }
+    const v1::PrefillRates& r = node->info.load().rates();
+    const double values[5] = {r.producer_ms_per_row(), r.consumer_ms_per_row(),
+                              r.local_ms_per_mib(), r.store_ms_per_mib(), r.fixed_ms()};
+    for (int i = 0; i < 5; ++i) {
+      if (values[i] > 0 && std::isfinite(values[i])) {
+        sums[i] += values[i];
+        ++counts[i];
+      }
+    }
+  }
+  for (PrefillCandidate& candidate : choice.open) {
+    v1::PrefillRates& r = candidate.rates;
+    double values[5] = {r.producer_ms_per_row(), r.consumer_ms_per_row(), r.local_ms_per_mib(),
+                        r.store_ms_per_mib(), r.fixed_ms()};
+    for (int i = 0; i < 5; ++i) {
+      if (!(values[i] > 0) && counts[i] > 0) values[i] = sums[i] / counts[i];
+    }
+    r.set_producer_ms_per_row(values[0]);
+    r.set_consumer_ms_per_row(values[1]);
+    r.set_local_ms_per_mib(values[2]);
+    r.set_store_ms_per_mib(values[3]);
+    r.set_fixed_ms(values[4]);
+  }
+  // `best` first, the rest by the same order.
+  std::stable_sort(choice.open.begin(), choice.open.end(),
+                   [](const PrefillCandidate& a, const PrefillCandidate& b) {
+                     if (a.prefilling != b.prefilling) return a.prefilling < b.prefilling;
+                     return a.node->info.load().queued_requests() <
+                            b.node->info.load().queued_requests();
+                   });
   return choice;
 }
 
-NodeLease NodeRegistry::TakePrefillSlot(const std::shared_ptr<RegisteredNode>& node) {
+NodeLease NodeRegistry::TakePrefillSlot(const std::shared_ptr<RegisteredNode>& node,
+                                        double predicted_ms) {
   std::lock_guard<std::mutex> lock(mutex_);
   ++node->prefilling;
+  node->pending_ms += predicted_ms;
   ++node->inflight;
   return NodeLease(this, node);
 }
 
-void NodeRegistry::PrefillDone(RegisteredNode& node) {
+void NodeRegistry::PrefillDone(RegisteredNode& node, double predicted_ms) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     --node.prefilling;
+    node.pending_ms = node.prefilling == 0 ? 0 : std::max(0.0, node.pending_ms - predicted_ms);
   }
   if (on_change_) on_change_();
 }

@@ -172,6 +172,8 @@ absl::StatusOr<RouterSetup> Setup(const RouterFlags& flags) {
   if (!credentials.ok()) return credentials.status();
   setup.client_credentials = *std::move(credentials);
   options.hit_cap = *kvstore::ParseHitCap(flags.hit_cap, "--hit-cap");  // the flag checked it
+  options.prefill_policy = *kvstore::ParseRoutingPolicy(flags.prefill_policy,
+                                                        "--prefill-policy");  // the flag checked it
   options.transport = flags.transport == "grpc" ? v1::TRANSPORT_GRPC : v1::TRANSPORT_UCX;
   options.split = flags.split == "replay-on-decode" ? v1::SPLIT_REPLAY_ON_DECODE
                                                     : v1::SPLIT_PREFILL_ALL;  // the flag checked it

@@ -42,6 +42,23 @@ struct RouterMetrics {
           .Add({});
   prometheus::Family<prometheus::Counter>& retries = metrics::Counter(
       "baton_retries_total", "Attempts started again on another node, by the reason");
+  prometheus::Family<prometheus::Counter>& tier_cached_tokens = metrics::Counter(
+      "baton_prefix_tier_cached_tokens_total",
+      "Prompt tokens of prefix hits by the tier they were loaded from: local (the prefill "
+      "node's block cache) or store (the shared prefix store)");
+  prometheus::Family<prometheus::Counter>& prefill_choices = metrics::Counter(
+      "baton_router_prefill_choices_total",
+      "Prefill nodes chosen, by the policy and whether the choice differed from the least "
+      "loaded node (reason: least_loaded, prefix, predicted_ttft)");
+  prometheus::Histogram& predicted_ttft =
+      metrics::Histogram("baton_router_predicted_ttft_seconds",
+                         "The predicted time to first token of the chosen prefill node")
+          .Add({}, metrics::LatencyBuckets());
+  prometheus::Histogram& ttft_prediction_ratio =
+      metrics::Histogram("baton_router_ttft_prediction_ratio",
+                         "Measured over predicted time to first token, per request")
+          .Add({}, prometheus::Histogram::BucketBoundaries{0.25, 0.5, 0.67, 0.8, 0.9, 1.0, 1.1,
+                                                           1.25, 1.5, 2.0, 4.0});
   prometheus::Counter& prefix_query_failures =
       metrics::Counter("baton_prefix_query_failures_total",
                        "Prefix-store lookups that failed or timed out (the request ran cold)")

@@ -86,8 +86,12 @@ void RouterService::StopHealth() {
 grpc::Status RouterService::Register(grpc::ServerContext* context,
                                      const v1::RegisterRequest* request,
                                      v1::RegisterResponse* reply) {
-  if (absl::Status s = registry_.Register(*context, *request); !s.ok()) return ToGrpcStatus(s);
+  bool resync = false;
+  if (absl::Status s = registry_.Register(*context, *request, &resync); !s.ok()) {
+    return ToGrpcStatus(s);
+  }
   reply->set_heartbeat_ms(options_.heartbeat_ms);
+  reply->set_cache_resync(resync);
   return grpc::Status::OK;
 }
 

@@ -136,7 +136,17 @@ TEST(Observability, BatonUpMetricsMoveAndLogsFollowARequest) {
 
   EXPECT_EQ(moved("kvstore", "baton_store_lookups_total"), 2);
   EXPECT_GT(moved("kvstore", "baton_store_bytes"), 0);
-  EXPECT_GT(moved("kvstore", "baton_store_reads_total", {{"result", "hit"}}), 0);
+  // `baton up` gives the prefill node a block cache: the hit's blocks, which it computed
+  // itself, come from there and not from the store.
+  EXPECT_EQ(moved("kvstore", "baton_store_reads_total", {{"result", "hit"}}), 0);
+  EXPECT_EQ(moved("prefill", "baton_block_cache_lookups_total", {{"result", "hit"}}), 4 + 1);
+  EXPECT_GT(Value(after.at("prefill"), "baton_block_cache_bytes"), 0);
+  EXPECT_GT(Value(after.at("prefill"), "baton_prefill_rate_ms", {{"rate", "producer_per_row"}}), 0);
+  EXPECT_EQ(moved("router", "baton_prefix_tier_cached_tokens_total", {{"tier", "local"}}), 64);
+  EXPECT_EQ(moved("router", "baton_prefix_tier_cached_tokens_total", {{"tier", "store"}}), 0);
+  EXPECT_EQ(moved("router", "baton_router_prefill_choices_total",
+                  {{"policy", "predicted-ttft"}, {"reason", "least_loaded"}}),
+            2);
   EXPECT_GT(moved("kvstore", "baton_store_written_bytes_total"), 0);
 
   // One request id across the router, the prefill node and the decode node (whose

@@ -12,6 +12,8 @@
 
 #include "baton/common/ced_rules.h"
 #include "baton/common/rpc.h"
+#include "baton/kvstore/block_cache.h"
+#include "baton/kvstore/chain.h"
 #include "baton/kvstore/hit_policy.h"
 #include "baton/model/model_factory.h"
 #include "baton/router/routing.h"
@@ -131,7 +133,9 @@ class RouterServiceTest : public ::testing::Test {
   // Registers a node of `role` (holding `held`, speaking StateBlock format `format`) and gives
   // its fake; the registration's status.
   grpc::Status Register(const std::string& id, v1::NodeRole role, uint32_t format = 2,
-                        v1::HeldLayers held = v1::HELD_LAYERS_ALL) {
+                        v1::HeldLayers held = v1::HELD_LAYERS_ALL,
+                        const v1::CacheEventBatch* events = nullptr,
+                        v1::RegisterResponse* answer = nullptr) {
     v1::RegisterRequest request;
     request.set_node_id(id);
     request.set_role(role);
@@ -140,9 +144,35 @@ class RouterServiceTest : public ::testing::Test {
     request.set_state_format_version(format);
     request.set_held_layers(held);
     request.mutable_load()->set_total_slots(8);
+    if (events != nullptr) *request.mutable_cache_events() = *events;
     grpc::ServerContext context;
     v1::RegisterResponse reply;
-    return Router().Register(&context, &request, &reply);
+    const grpc::Status status = Router().Register(&context, &request, &reply);
+    if (answer != nullptr) *answer = reply;
+    return status;
+  }
+  // Prefill node `id`'s heartbeat carrying `events`; the router's answer.
+  v1::RegisterResponse SendEvents(const std::string& id, const v1::CacheEventBatch& events,
+                                  grpc::Status* status = nullptr) {
+    v1::RegisterResponse reply;
+    const grpc::Status s =
+        Register(id, v1::NODE_ROLE_PREFILL, 2, v1::HELD_LAYERS_ALL, &events, &reply);
+    if (status != nullptr) *status = s;
+    return reply;
+  }
+  // A snapshot batch saying `keys` (both regions) is all a node holds.
+  static v1::CacheEventBatch Snapshot(uint64_t sequence, const std::vector<Sha256Digest>& keys) {
+    v1::CacheEventBatch batch;
+    batch.set_sequence(sequence);
+    batch.set_snapshot(true);
+    batch.add_events()->mutable_all_blocks_cleared();
+    for (v1::StoreRegion group : {v1::STORE_REGION_BLOCK_KV, v1::STORE_REGION_PRODUCER_SWA}) {
+      v1::BlockStored& stored = *batch.add_events()->mutable_block_stored();
+      for (const Sha256Digest& key : keys) stored.add_block_hashes(kvstore::KeyBytes(key));
+      stored.set_cache_group(group);
+      stored.set_medium("cpu");
+    }
+    return batch;
   }
   NiceMock<v1::MockPrefillNodeStub>& Prefill(const std::string& id) {
     auto& mock = nodes_->prefill[id];
@@ -340,6 +370,136 @@ TEST_F(RouterServiceTest, LookUpPrefixGivesThePrefillNodeTheHit) {
                                             all);
   ASSERT_GT(blocks, 0);
   EXPECT_EQ(int64_t{seen.s_valid()}, blocks * config_.kv_block_size);
+}
+
+// The prefill node whose local cache holds the prompt takes it (predicted-ttft and
+// longest-prefix), with the hit from there; least-loaded sends it to the first idle node.
+class RoutingPolicyTest : public RouterServiceTest,
+                          public ::testing::WithParamInterface<PrefillPolicy> {};
+
+TEST_P(RoutingPolicyTest, ThePolicyPricesWhereThePromptsBlocksLie) {
+  options_.prefill_policy = GetParam();
+  const int prompt_len = 6 * config_.kv_block_size;
+  const v1::GenerateRequest request = Request(prompt_len);
+  const std::vector<int32_t> tokens(request.prompt_token_ids().begin(),
+                                    request.prompt_token_ids().end());
+  const std::vector<Sha256Digest> keys =
+      kvstore::ChainKeys("weights-a", "", "", tokens, config_.kv_block_size);
+  v1::PrefillRequest on_a, on_b;
+  // p-a sorts first: the least loaded on a tie.
+  ON_CALL(Prefill("p-a"), Prefill(_, _, _)).WillByDefault(FirstToken(7, &on_a));
+  ON_CALL(Prefill("p-b"), Prefill(_, _, _)).WillByDefault(FirstToken(7, &on_b));
+  Decode("d1", {Output({8}, v1::FINISH_REASON_LENGTH)});
+  grpc::Status status;
+  EXPECT_FALSE(SendEvents("p-b", Snapshot(1, keys), &status).cache_resync());
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  FakeWriter writer;
+  ASSERT_TRUE(Generate(request, writer).ok());
+  const int64_t cap = (prompt_len - config_.ring_capacity()) / config_.kv_block_size;
+  if (GetParam() == PrefillPolicy::kLeastLoaded) {
+    EXPECT_EQ(on_a.request().prompt_token_ids_size(), prompt_len);
+    EXPECT_EQ(on_b.request().prompt_token_ids_size(), 0);
+    EXPECT_EQ(on_a.s_valid(), 0u);
+  } else {
+    EXPECT_EQ(on_a.request().prompt_token_ids_size(), 0);
+    ASSERT_EQ(on_b.request().prompt_token_ids_size(), prompt_len);
+    EXPECT_EQ(int64_t{on_b.s_valid()}, cap * config_.kv_block_size);
+  }
+  // Every policy's choice is priced, for the client's timings and the metrics.
+  EXPECT_GT(writer.responses.back().timings().predicted_ttft_ms(), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Policies, RoutingPolicyTest,
+                         ::testing::Values(PrefillPolicy::kLeastLoaded,
+                                           PrefillPolicy::kLongestPrefix,
+                                           PrefillPolicy::kPredictedTtft),
+                         [](const ::testing::TestParamInfo<PrefillPolicy>& info) {
+                           std::string name = kvstore::RoutingPolicyName(info.param);
+                           std::erase(name, '-');
+                           return name;
+                         });
+
+// A node's rates and queue price it: a node predicted slower than another that holds no block
+// loses the request even with a hit (predicted-ttft weighs time, not blocks).
+TEST_F(RouterServiceTest, PredictedTtftWeighsAHitAgainstANodesMeasuredRates) {
+  options_.prefill_policy = PrefillPolicy::kPredictedTtft;
+  const int prompt_len = 6 * config_.kv_block_size;
+  const v1::GenerateRequest request = Request(prompt_len);
+  const std::vector<int32_t> tokens(request.prompt_token_ids().begin(),
+                                    request.prompt_token_ids().end());
+  v1::PrefillRequest on_a, on_b;
+  ON_CALL(Prefill("p-a"), Prefill(_, _, _)).WillByDefault(FirstToken(7, &on_a));
+  ON_CALL(Prefill("p-b"), Prefill(_, _, _)).WillByDefault(FirstToken(7, &on_b));
+  Decode("d1", {Output({8}, v1::FINISH_REASON_LENGTH)});
+  // p-b holds the prompt but has measured a fixed cost per request far above computing it on
+  // p-a.
+  for (const auto& [id, fixed_ms] : {std::pair{"p-a", 5.0}, std::pair{"p-b", 60000.0}}) {
+    v1::RegisterRequest heartbeat;
+    heartbeat.set_node_id(id);
+    heartbeat.set_role(v1::NODE_ROLE_PREFILL);
+    heartbeat.set_address(std::string(id) + ".invalid:1");
+    heartbeat.set_model_fingerprint("weights-a");
+    heartbeat.set_state_format_version(2);
+    heartbeat.mutable_load()->mutable_rates()->set_fixed_ms(fixed_ms);
+    heartbeat.mutable_load()->mutable_rates()->set_samples(3);
+    if (std::string(id) == "p-b") {
+      *heartbeat.mutable_cache_events() =
+          Snapshot(1, kvstore::ChainKeys("weights-a", "", "", tokens, config_.kv_block_size));
+    }
+    grpc::ServerContext context;
+    v1::RegisterResponse reply;
+    ASSERT_TRUE(Router().Register(&context, &heartbeat, &reply).ok());
+  }
+  FakeWriter writer;
+  ASSERT_TRUE(Generate(request, writer).ok());
+  EXPECT_EQ(on_a.request().prompt_token_ids_size(), prompt_len);
+  EXPECT_EQ(on_b.request().prompt_token_ids_size(), 0);
+}
+
+TEST_F(RouterServiceTest, CacheEventsAfterAGapAskForASnapshot) {
+  Prefill("p1");
+  const std::vector<Sha256Digest> keys = {Sha256Of("a", 1)};
+  v1::CacheEventBatch batch = Snapshot(1, keys);
+  batch.set_snapshot(false);
+  // A first batch that is no snapshot: the router cannot know what came before it.
+  EXPECT_TRUE(SendEvents("p1", batch).cache_resync());
+  EXPECT_FALSE(SendEvents("p1", Snapshot(1, keys)).cache_resync());
+  batch.set_sequence(2);
+  EXPECT_FALSE(SendEvents("p1", batch).cache_resync());
+  batch.set_sequence(4);  // 3 was missed
+  EXPECT_TRUE(SendEvents("p1", batch).cache_resync());
+  EXPECT_EQ(Router().registry().cache_index().blocks("p1"), 0u);
+  EXPECT_FALSE(SendEvents("p1", Snapshot(5, keys)).cache_resync());
+  EXPECT_EQ(Router().registry().cache_index().blocks("p1"), 2u);
+}
+
+TEST_F(RouterServiceTest, BadCacheEventsAreRefusedByName) {
+  Prefill("p1");
+  v1::CacheEventBatch batch = Snapshot(1, {Sha256Of("a", 1)});
+  batch.mutable_events(1)->mutable_block_stored()->mutable_block_hashes(0)->resize(31);
+  grpc::Status status;
+  SendEvents("p1", batch, &status);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(status.error_message(),
+              HasSubstr("cache_events.events[1].block_stored.block_hashes[0]"));
+  batch = Snapshot(1, {Sha256Of("a", 1)});
+  batch.mutable_events(2)->mutable_block_stored()->set_cache_group(v1::STORE_REGION_UNSPECIFIED);
+  SendEvents("p1", batch, &status);
+  EXPECT_THAT(status.error_message(), HasSubstr("cache_events.events[2].block_stored.cache_group"));
+  batch = Snapshot(1, {});
+  for (size_t i = 0; i <= kvstore::kMaxCacheEventHashes; ++i) {
+    batch.mutable_events(1)->mutable_block_stored()->add_block_hashes(std::string(32, 'x'));
+  }
+  SendEvents("p1", batch, &status);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(status.error_message(), HasSubstr("block hashes; at most"));
+  // Nothing of a refused batch is applied.
+  EXPECT_EQ(Router().registry().cache_index().blocks("p1"), 0u);
+  // Only a prefill node has a block cache.
+  Decode("d1");
+  EXPECT_EQ(Register("d1", v1::NODE_ROLE_DECODE, 2, v1::HELD_LAYERS_ALL, &(batch = Snapshot(1, {})))
+                .error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
 }
 
 TEST_F(RouterServiceTest, AFailingPrefixStoreMeansACold) {

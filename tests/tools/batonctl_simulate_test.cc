@@ -239,3 +239,46 @@ TEST(BatonctlSimulateTest, MaxRequestsTakesTheFirstRequests) {
 }
 
 }  // namespace
+
+namespace {
+
+// The cluster simulation from the command line: one row per cache size and policy, the rates
+// taken from --rates, and bad cluster flags refused by name.
+TEST(BatonctlSimulateTest, PoliciesRunTheTraceThroughACluster) {
+  const nlohmann::json out =
+      Simulate("--trace " + CapTrace() + " --trace-block 8 --model-config " + TinyConfig() +
+               " --policy least-loaded,predicted-ttft --prefill-nodes 2 --block-cache-bytes "
+               "0,1MiB --rates producer_ms_per_row=2,fixed_ms=1 --time-scale 1000");
+  EXPECT_EQ(out["kind"], "simulate-cluster");
+  EXPECT_DOUBLE_EQ(out["rates"]["producer_ms_per_row"].get<double>(), 2);
+  EXPECT_DOUBLE_EQ(out["rates"]["fixed_ms"].get<double>(), 1);
+  ASSERT_EQ(out["results"].size(), 4u);
+  for (const nlohmann::json& row : out["results"]) {
+    EXPECT_EQ(row["requests"], 5);
+    EXPECT_EQ(row["prompt_tokens"], 91);
+    EXPECT_EQ(row["prefill_nodes"], 2);
+    // Arrivals a second apart: every request finds an idle node, so its TTFT is its service.
+    EXPECT_GT(row["ttft_ms"]["p50"].get<double>(), 0);
+    EXPECT_LE(row["ttft_ms"]["p50"].get<double>(), row["ttft_ms"]["p99"].get<double>());
+  }
+  // Without a cache every hit comes from the store; with one, some come from a node's cache.
+  EXPECT_EQ(out["results"][0]["local_cached_tokens"], 0);
+  EXPECT_GT(out["results"][0]["store_cached_tokens"].get<int64_t>(), 0);
+  EXPECT_GT(out["results"][3]["local_cached_tokens"].get<int64_t>(), 0);
+
+  for (const auto& [args, message] : std::vector<std::pair<std::string, std::string>>{
+           {"--policy fastest --model-config " + TinyConfig(), "--policy: 'fastest'"},
+           {"--policy least-loaded", "--policy: needs --model-config"},
+           {"--policy least-loaded --model-config " + TinyConfig() + " --prefill-nodes 0",
+            "--prefill-nodes"},
+           {"--policy least-loaded --model-config " + TinyConfig() + " --rates speed=3",
+            "--rates: 'speed' is unknown"},
+           {"--policy least-loaded --model-config " + TinyConfig() + " --block-cache-bytes 3XB",
+            "--block-cache-bytes: '3XB'"}}) {
+    const Result r = RunBatonctl("simulate --trace " + CapTrace() + " --trace-block 8 " + args);
+    EXPECT_EQ(r.exit_status, 2) << args;
+    EXPECT_THAT(r.err, HasSubstr(message)) << args;
+  }
+}
+
+}  // namespace

@@ -17,6 +17,8 @@ ChildCommand ChildCommands::Router() const {
                                    options_.transport,
                                    "--split",
                                    options_.split,
+                                   "--prefill-policy",
+                                   options_.prefill_policy,
                                    "--require-kvstore",
                                    "--internal-ready-file",
                                    layout_.ReadyFile(kRouterInternal)};
@@ -64,10 +66,22 @@ ChildCommand ChildCommands::Decode(int i, const std::string& router_internal) co
 ChildCommand ChildCommands::Prefill(int i, const std::string& router_internal,
                                     const std::string& kvstore) const {
   const std::string name = InstanceName("prefill", i);
-  std::vector<std::string> args = {
-      "--model",   model_.dir,       "--router", router_internal, "--node-id",
-      name,        "--kvstore",      kvstore,    "--device",      options_.device,
-      "--weights", options_.weights, "--split",  options_.split};
+  std::vector<std::string> args = {"--model",
+                                   model_.dir,
+                                   "--router",
+                                   router_internal,
+                                   "--node-id",
+                                   name,
+                                   "--kvstore",
+                                   kvstore,
+                                   "--device",
+                                   options_.device,
+                                   "--weights",
+                                   options_.weights,
+                                   "--split",
+                                   options_.split,
+                                   "--block-cache-bytes",
+                                   std::to_string(options_.block_cache_bytes)};
   AppendModelFlags(args);
   return Make(name, "prefill", std::move(args));
 }

@@ -78,6 +78,14 @@ int main(int argc, char** argv) {
                "Stop everything when a component exits, instead of starting it again");
   up->add_option("--kvstore-budget-bytes", options.kvstore_budget,
                  "Prefix-store budget under <data-dir>/kvstore (default 8 GiB)");
+  up->add_option("--block-cache-bytes", options.block_cache_bytes,
+                 "Each prefill node's local block cache, looked in before the prefix store "
+                 "(default 512 MiB; 0: none)")
+      ->check(CLI::Range(uint64_t{0}, uint64_t{1} << 40));
+  up->add_option("--prefill-policy", options.prefill_policy,
+                 "The router's choice of prefill node: least-loaded, longest-prefix or "
+                 "predicted-ttft (default)")
+      ->check(CLI::IsMember({"least-loaded", "longest-prefix", "predicted-ttft"}));
   up->add_option("--config", options.config_file,
                  "Config file handed to every component (each reads `common` and its own "
                  "section); the addresses, ports and paths baton up sets win")

@@ -53,7 +53,9 @@ struct RequestResult {
   std::string error;
   int64_t prompt_tokens = 0;
   int64_t cached_tokens = 0;
+  int64_t local_cached_tokens = 0;  // of those, from the prefill node's local block cache
   int64_t replayed_rows = 0;
+  double predicted_ttft_ms = 0;  // the router's prediction when it chose the prefill node
   int64_t output_tokens = 0;
   double ttft_ms = 0;
   double late_ms = 0;  // sent this long after its scheduled time
@@ -87,8 +89,10 @@ RequestResult Send(v1::Generation::Stub& stub, const v1::GenerateRequest& reques
     }
     if (response.has_usage()) {
       r.cached_tokens = response.usage().cached_tokens();
+      r.local_cached_tokens = response.usage().local_cached_tokens();
       r.replayed_rows = response.usage().replayed_rows();
     }
+    if (response.has_timings()) r.predicted_ttft_ms = response.timings().predicted_ttft_ms();
   }
   const grpc::Status status = reader->Finish();
   r.ok = status.ok();
@@ -105,9 +109,12 @@ double Percentile(std::vector<double> values, double q) {
 }
 
 nlohmann::json Percentiles(const std::vector<double>& values) {
+  double sum = 0;
+  for (double v : values) sum += v;
   return {{"p50", Percentile(values, 50)},
           {"p90", Percentile(values, 90)},
-          {"p99", Percentile(values, 99)}};
+          {"p99", Percentile(values, 99)},
+          {"mean", values.empty() ? 0 : sum / static_cast<double>(values.size())}};
 }
 
 void DrawProgress(int64_t done, int64_t total, int64_t errors) {
@@ -187,7 +194,8 @@ int RunReplay(const ReplayOptions& o) {
   const double duration_s = std::chrono::duration<double>(Clock::now() - start).count();
 
   int64_t ok = 0, hits = 0, prompt_tokens = 0, cached = 0, replayed = 0, output = 0;
-  std::vector<double> ttft, itl, late;
+  std::vector<double> ttft, itl, late, predicted;
+  int64_t local_cached = 0;
   nlohmann::json per_request = nlohmann::json::array();
   std::map<std::string, int64_t> error_counts;
   for (int64_t i = 0; i < total; ++i) {
@@ -196,7 +204,9 @@ int RunReplay(const ReplayOptions& o) {
                             {"ok", r.ok},
                             {"prompt_tokens", r.prompt_tokens},
                             {"cached_tokens", r.cached_tokens},
+                            {"local_cached_tokens", r.local_cached_tokens},
                             {"replayed_rows", r.replayed_rows},
+                            {"predicted_ttft_ms", r.predicted_ttft_ms},
                             {"output_tokens", r.output_tokens},
                             {"ttft_ms", r.ttft_ms},
                             {"late_ms", r.late_ms}};
@@ -208,6 +218,8 @@ int RunReplay(const ReplayOptions& o) {
       hits += r.cached_tokens > 0;
       prompt_tokens += r.prompt_tokens;
       cached += r.cached_tokens;
+      local_cached += r.local_cached_tokens;
+      predicted.push_back(r.predicted_ttft_ms);
       replayed += r.replayed_rows;
       output += r.output_tokens;
       ttft.push_back(r.ttft_ms);
@@ -232,13 +244,17 @@ int RunReplay(const ReplayOptions& o) {
                                  {"token_hit_rate", token_hit_rate},
                                  {"prompt_tokens", prompt_tokens},
                                  {"cached_tokens", cached},
+                                 {"local_cached_tokens", local_cached},
+                                 {"store_cached_tokens", cached - local_cached},
                                  {"replayed_rows", replayed},
                                  {"output_tokens", output},
                                  {"ttft_ms", Percentiles(ttft)},
+                                 {"predicted_ttft_ms", Percentiles(predicted)},
                                  {"itl_ms", Percentiles(itl)},
                                  {"late_ms", Percentiles(late)},
                                  {"duration_s", duration_s},
                                  {"output_tokens_per_s", output / duration_s},
+                                 {"requests_per_s", static_cast<double>(ok) / duration_s},
                                  {"per_request", per_request}};
   if (o.json) {
     std::cout << report.dump(2) << "\n";
@@ -246,15 +262,17 @@ int RunReplay(const ReplayOptions& o) {
     std::cout << absl::StrFormat(
         "requests        %d (%d completed, %d errors)\n"
         "hit rate        %.3f of requests, %.3f of prompt tokens\n"
-        "tokens          %d prompt, %d cached, %d consumer rows replayed, %d output\n"
+        "tokens          %d prompt, %d cached (%d local, %d store), %d consumer rows "
+        "replayed, %d output\n"
         "TTFT ms         p50 %.1f  p90 %.1f  p99 %.1f\n"
         "ITL ms          p50 %.1f  p90 %.1f  p99 %.1f\n"
         "sent late ms    p50 %.1f  p90 %.1f  p99 %.1f\n"
         "throughput      %.1f output tokens/s over %.1f s\n",
-        total, ok, total - ok, request_hit_rate, token_hit_rate, prompt_tokens, cached, replayed,
-        output, Percentile(ttft, 50), Percentile(ttft, 90), Percentile(ttft, 99),
-        Percentile(itl, 50), Percentile(itl, 90), Percentile(itl, 99), Percentile(late, 50),
-        Percentile(late, 90), Percentile(late, 99), output / duration_s, duration_s);
+        total, ok, total - ok, request_hit_rate, token_hit_rate, prompt_tokens, cached,
+        local_cached, cached - local_cached, replayed, output, Percentile(ttft, 50),
+        Percentile(ttft, 90), Percentile(ttft, 99), Percentile(itl, 50), Percentile(itl, 90),
+        Percentile(itl, 99), Percentile(late, 50), Percentile(late, 90), Percentile(late, 99),
+        output / duration_s, duration_s);
     for (const auto& [code, n] : error_counts) {
       std::cout << "errors          " << n << " with status " << code << "\n";
     }

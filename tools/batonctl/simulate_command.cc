@@ -14,7 +14,9 @@
 // Sweeps: every list-valued option multiplies the settings; each setting starts from an empty
 // store. Loop order, outermost first: block size, keep, hit cap, store budget, window,
 // max_backtrack.
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <iostream>
 #include <memory>
 #include <optional>
@@ -35,9 +37,11 @@
 #include "baton/kvstore/hit_policy.h"
 #include "baton/kvstore/prefix_index.h"
 #include "baton/kvstore/prefix_store.h"
+#include "baton/kvstore/ttft_model.h"
 #include "baton/model/plan.h"
 #include "baton/model/state.h"
 #include "baton/model/work_estimator.h"
+#include "cluster_sim.h"
 #include "commands.h"
 #include "nlohmann/json.hpp"
 #include "trace.h"
@@ -69,6 +73,13 @@ struct SimulateOptions {
   double length_scale = 1.0;
   int64_t trace_block = kMooncakeTraceBlock;
   bool json = false;
+  // The cluster simulation (cluster_sim.h), run when policies are given.
+  std::string policies;
+  int64_t prefill_nodes = 2;
+  int64_t prefill_slots = 2;
+  std::string block_cache_bytes = "0";
+  std::string rates;
+  double time_scale = 1.0;
 };
 
 struct Setting {
@@ -146,7 +157,8 @@ absl::StatusOr<std::vector<HitCap>> ParseHitCaps(const std::string& text) {
 
 // "unlimited" or 0 (no budget, as baton-kvstore's --budget-bytes 0), or a byte count with an
 // optional unit: K, M, G, T and KiB..TiB are powers of 1024, KB..TB powers of 1000.
-absl::StatusOr<std::optional<uint64_t>> ParseBudget(absl::string_view item) {
+absl::StatusOr<std::optional<uint64_t>> ParseBudget(absl::string_view item,
+                                                    absl::string_view flag) {
   const absl::string_view text = absl::StripAsciiWhitespace(item);
   if (absl::AsciiStrToLower(text) == "unlimited") return std::optional<uint64_t>();
   size_t split = 0;
@@ -176,7 +188,7 @@ absl::StatusOr<std::optional<uint64_t>> ParseBudget(absl::string_view item) {
   }
   if (split == 0 || scale == nullptr || !absl::SimpleAtod(text.substr(0, split), &number) ||
       number * *scale >= 1.8e19) {
-    return FlagError("--store-budget",
+    return FlagError(flag,
                      absl::StrCat("'", text,
                                   "' is not a byte count; allowed: unlimited, 0 (unlimited), or "
                                   "a number with an optional unit (K/M/G/T or KiB..TiB: powers "
@@ -187,10 +199,11 @@ absl::StatusOr<std::optional<uint64_t>> ParseBudget(absl::string_view item) {
   return std::optional<uint64_t>(bytes);
 }
 
-absl::StatusOr<std::vector<std::optional<uint64_t>>> ParseBudgets(const std::string& text) {
+absl::StatusOr<std::vector<std::optional<uint64_t>>> ParseBudgets(
+    const std::string& text, absl::string_view flag = "--store-budget") {
   std::vector<std::optional<uint64_t>> budgets;
   for (absl::string_view item : absl::StrSplit(text, ',')) {
-    absl::StatusOr<std::optional<uint64_t>> budget = ParseBudget(item);
+    absl::StatusOr<std::optional<uint64_t>> budget = ParseBudget(item, flag);
     if (!budget.ok()) return budget.status();
     budgets.push_back(*budget);
   }
@@ -443,6 +456,126 @@ void PrintTable(const std::vector<std::pair<Setting, SettingResult>>& rows, bool
   }
 }
 
+// Nearest-rank percentile (0 when empty), as `batonctl replay` reports them.
+double NearestRank(std::vector<double> values, double q) {
+  if (values.empty()) return 0;
+  std::sort(values.begin(), values.end());
+  const size_t rank = static_cast<size_t>(std::ceil(q / 100 * static_cast<double>(values.size())));
+  return values[std::max<size_t>(rank, 1) - 1];
+}
+
+// `batonctl simulate --policy ...`: every setting x cache budget x policy through the cluster
+// simulation, one row each.
+int RunCluster(const SimulateOptions& o, const std::vector<Setting>& settings,
+               const std::vector<TraceRequest>& requests, const TokenOptions& tokens,
+               const ModelConfig& config) {
+  absl::StatusOr<std::vector<RoutePolicy>> policies = ParseRoutePolicies(o.policies);
+  if (!policies.ok()) return ReportError("simulate", policies.status());
+  absl::StatusOr<kvstore::PrefillRates> rates = ParseRates(o.rates);
+  if (!rates.ok()) return ReportError("simulate", rates.status());
+  absl::StatusOr<std::vector<std::optional<uint64_t>>> caches =
+      ParseBudgets(o.block_cache_bytes, "--block-cache-bytes");
+  if (!caches.ok()) return ReportError("simulate", caches.status());
+  if (o.prefill_nodes < 1 || o.prefill_nodes > 1024) {
+    return ReportError(
+        "simulate",
+        FlagError("--prefill-nodes", absl::StrCat(o.prefill_nodes, " must lie in [1, 1024]")));
+  }
+  if (o.prefill_slots < 1 || o.prefill_slots > 1024) {
+    return ReportError(
+        "simulate",
+        FlagError("--prefill-slots", absl::StrCat(o.prefill_slots, " must lie in [1, 1024]")));
+  }
+  if (!(o.time_scale >= 0) || !std::isfinite(o.time_scale)) {
+    return ReportError("simulate", FlagError("--time-scale", "must be finite and >= 0"));
+  }
+  double first_ms = requests.front().timestamp_ms;
+  for (const TraceRequest& r : requests) first_ms = std::min(first_ms, r.timestamp_ms);
+  nlohmann::json results = nlohmann::json::array();
+  for (const Setting& s : settings) {
+    std::vector<ClusterRequest> cluster;
+    for (const TraceRequest& r : requests) {
+      const std::vector<int32_t> prompt = TraceTokens(r, tokens);
+      cluster.push_back(
+          {.arrival_ms = (r.timestamp_ms - first_ms) * o.time_scale,
+           .prompt_len = static_cast<int64_t>(prompt.size()),
+           .chain = kvstore::ChainKeys(kSimulatedFingerprint, "", "", prompt, s.block_size)});
+    }
+    ModelConfig sized = config;
+    sized.kv_block_size = s.block_size;
+    for (const std::optional<uint64_t>& cache : *caches) {
+      for (RoutePolicy policy : *policies) {
+        const ClusterOptions options{.policy = policy,
+                                     .prefill_nodes = o.prefill_nodes,
+                                     .slots = o.prefill_slots,
+                                     .block_cache_bytes = cache.value_or(0),
+                                     .store_budget = s.store_budget,
+                                     .hit = {.keep = s.keep,
+                                             .truncation_on = true,
+                                             .ring_capacity = s.ring_capacity(),
+                                             .window = s.window,
+                                             .block_size = s.block_size,
+                                             .cap = s.hit_cap},
+                                     .payload = kvstore::BlockPayloadBytes(sized),
+                                     .rates = *rates};
+        const ClusterResult r = SimulateCluster(cluster, options);
+        double sum = 0;
+        for (double t : r.ttft_ms) sum += t;
+        const double mean = r.ttft_ms.empty() ? 0 : sum / static_cast<double>(r.ttft_ms.size());
+        results.push_back(
+            {{"policy", kvstore::RoutingPolicyName(policy)},
+             {"prefill_nodes", o.prefill_nodes},
+             {"block_cache_bytes", cache.value_or(0)},
+             {"store_budget", s.store_budget.has_value() ? nlohmann::json(*s.store_budget)
+                                                         : nlohmann::json(nullptr)},
+             {"block_size", s.block_size},
+             {"keep", s.keep},
+             {"hit_cap", std::string(kvstore::HitCapName(s.hit_cap))},
+             {"requests", static_cast<int64_t>(r.ttft_ms.size())},
+             {"prompt_tokens", r.prompt_tokens},
+             {"local_cached_tokens", r.local_hit_tokens},
+             {"store_cached_tokens", r.store_hit_tokens},
+             {"requests_per_node", r.requests_per_node},
+             {"ttft_ms",
+              {{"p50", NearestRank(r.ttft_ms, 50)},
+               {"p90", NearestRank(r.ttft_ms, 90)},
+               {"p99", NearestRank(r.ttft_ms, 99)},
+               {"mean", mean}}},
+             {"makespan_ms", r.makespan_ms},
+             {"requests_per_s", r.makespan_ms > 0
+                                    ? static_cast<double>(r.ttft_ms.size()) / (r.makespan_ms / 1000)
+                                    : 0}});
+      }
+    }
+  }
+  if (o.json) {
+    std::cout << nlohmann::json{{"kind", "simulate-cluster"},
+                                {"rates",
+                                 {{"producer_ms_per_row", rates->producer_ms_per_row},
+                                  {"consumer_ms_per_row", rates->consumer_ms_per_row},
+                                  {"local_ms_per_mib", rates->local_ms_per_mib},
+                                  {"store_ms_per_mib", rates->store_ms_per_mib},
+                                  {"fixed_ms", rates->fixed_ms}}},
+                                {"results", std::move(results)}}
+                     .dump()
+              << "\n";
+    return kExitOk;
+  }
+  std::cout << absl::StrFormat("%-15s %6s %12s %10s %10s %10s %10s %12s %12s %8s\n", "policy",
+                               "nodes", "cache", "ttft_p50", "ttft_p90", "ttft_p99", "ttft_mean",
+                               "local_tok", "store_tok", "req/s");
+  for (const nlohmann::json& row : results) {
+    std::cout << absl::StrFormat(
+        "%-15s %6d %12s %10.1f %10.1f %10.1f %10.1f %12d %12d %8.2f\n",
+        row["policy"].get<std::string>(), row["prefill_nodes"].get<int64_t>(),
+        HumanBytes(row["block_cache_bytes"].get<uint64_t>()), row["ttft_ms"]["p50"].get<double>(),
+        row["ttft_ms"]["p90"].get<double>(), row["ttft_ms"]["p99"].get<double>(),
+        row["ttft_ms"]["mean"].get<double>(), row["local_cached_tokens"].get<int64_t>(),
+        row["store_cached_tokens"].get<int64_t>(), row["requests_per_s"].get<double>());
+  }
+  return kExitOk;
+}
+
 int RunSimulate(const SimulateOptions& o) {
   std::optional<ModelConfig> config;
   if (!o.model_config.empty()) {
@@ -500,6 +633,14 @@ int RunSimulate(const SimulateOptions& o) {
   }
   if (o.max_requests > 0 && static_cast<size_t>(o.max_requests) < requests->size()) {
     requests->resize(static_cast<size_t>(o.max_requests));
+  }
+  if (!o.policies.empty()) {
+    if (!config.has_value()) {
+      return ReportError("simulate", FlagError("--policy",
+                                               "needs --model-config (block sizes, hence load "
+                                               "times, come from the model's shapes)"));
+    }
+    return RunCluster(o, *settings, *requests, tokens, *config);
   }
 
   std::vector<std::pair<Setting, SettingResult>> rows;
@@ -559,6 +700,23 @@ Command AddSimulateCommand(CLI::App& app) {
   command->add_option("--trace-block", o->trace_block,
                       "Tokens per hash id in the trace (default 512, Mooncake's)");
   command->add_flag("--json", o->json, "Print one JSON object {\"kind\", \"results\": [...]}");
+  command->add_option("--policy", o->policies,
+                      "Simulate a cluster instead: its routing policies, comma-separated "
+                      "(least-loaded, longest-prefix, predicted-ttft); needs --model-config");
+  command->add_option("--prefill-nodes", o->prefill_nodes,
+                      "Prefill nodes of the simulated cluster (default 2)");
+  command->add_option("--prefill-slots", o->prefill_slots,
+                      "Prefills in flight per node, as the router's --prefill-slots (default 2)");
+  command->add_option("--block-cache-bytes", o->block_cache_bytes,
+                      "Each prefill node's local block cache, as baton-prefill's; sizes as "
+                      "--store-budget, comma-separated (default 0: none)");
+  command->add_option("--rates", o->rates,
+                      "The nodes' rates in ms, name=value comma-separated (producer_ms_per_row, "
+                      "consumer_ms_per_row, local_ms_per_mib, store_ms_per_mib, fixed_ms), e.g. "
+                      "from a run's baton_prefill_rate_ms; the rest take the router's priors");
+  command->add_option("--time-scale", o->time_scale,
+                      "Arrivals at the trace's timestamps times this, as `batonctl replay` sends "
+                      "them (default 1)");
   return {command, [o] { return RunSimulate(*o); }};
 }
 

@@ -52,6 +52,7 @@ router:
   transport: {{ $c.router.transport }}
   reservation-timeout-ms: {{ index $c.router "reservation-timeout-ms" | int64 }}
   hit-cap: {{ index $c.router "hit-cap" }}
+  prefill-policy: {{ index $c.router "prefill-policy" }}
   split: {{ $c.router.split }}
   lookup-timeout-ms: {{ index $c.router "lookup-timeout-ms" | int64 }}
   max-queued: {{ index $c.router "max-queued" | int64 }}
@@ -79,6 +80,7 @@ prefill:
   no-ucx: {{ index $c.prefill "no-ucx" }}
   ucx-allow-unprotected-tcp: {{ .Values.ucx.allowUnprotectedTcp }}
   commit-timeout-ms: {{ index $c.prefill "commit-timeout-ms" | int64 }}
+  block-cache-bytes: {{ index $c.prefill "block-cache-bytes" | int64 }}
   split: {{ $c.router.split }}
   drain-timeout: {{ index $c.prefill "drain-timeout" | quote }}
   {{- if .Values.kvstore.enabled }}

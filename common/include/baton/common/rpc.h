@@ -90,11 +90,17 @@ std::vector<std::string> ResolveRouters(const std::string& routers);
 
 // Registers a node with every router (see ResolveRouters, resolved again at each beat, so
 // routers that come and go are found) now and then every heartbeat, reporting its load,
-// until destroyed. Failures are retried: a router may start later or restart.
+// until destroyed. Failures are retried: a router may start later or restart. With `cache`,
+// each registration carries the node's cache events since the last (CacheFeed::take), and a
+// router's cache_resync answer calls CacheFeed::resync.
 class Heartbeat {
  public:
   using LoadFn = std::function<v1::LoadReport()>;
-  Heartbeat(std::string routers, v1::RegisterRequest node, LoadFn load);
+  struct CacheFeed {
+    std::function<v1::CacheEventBatch()> take;
+    std::function<void()> resync;
+  };
+  Heartbeat(std::string routers, v1::RegisterRequest node, LoadFn load, CacheFeed cache = {});
   ~Heartbeat();
 
   // Sends the routers a registration marked draining (again, until each has taken it or
@@ -106,6 +112,7 @@ class Heartbeat {
   std::string routers_;
   v1::RegisterRequest node_;
   LoadFn load_;
+  CacheFeed cache_;
   std::mutex mutex_;
   std::condition_variable wake_;
   bool stop_ = false;
@@ -129,6 +136,7 @@ struct Registration {
   std::string router;  // comma-separated routers (see ResolveRouters); empty: do not register
   v1::RegisterRequest node;
   Heartbeat::LoadFn load;
+  Heartbeat::CacheFeed cache;  // a prefill node's block-cache events
 };
 // The registration of a node of `role` called `node_id`, serving the model `fingerprint` under
 // `model_name` with the config of `config_digest` (ConfigDigest; both "" for a store).

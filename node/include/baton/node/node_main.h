@@ -65,6 +65,7 @@ struct NodeHooks {
   std::function<void()> stop_watchdog;               // before the server stops
   std::function<void(std::chrono::steady_clock::time_point deadline)> drain;  // on SIGTERM
   std::string ucx_worker_address;  // registered for decode nodes to read from; "" for none
+  Heartbeat::CacheFeed cache;      // a prefill node's block-cache events; empty for none
 };
 
 // The hooks of a node service that has Load, StartWatchdog, StopWatchdog and Drain (both node

@@ -21,6 +21,8 @@
 #include "absl/status/status.h"
 #include "baton/common/hash.h"
 #include "baton/common/watchdog.h"
+#include "baton/kvstore/block_cache.h"
+#include "baton/kvstore/ttft_model.h"
 #include "baton/model/engine.h"
 #include "baton/model/split.h"
 #include "baton/transfer/exposure.h"
@@ -55,6 +57,9 @@ struct PrefillOptions {
   // The split this node serves (--split; the engine holds the producers only under
   // replay-on-decode). A request for another split is refused.
   model::Split split = model::Split::kPrefillAll;
+  // The node-local tier of the prefix cache (kvstore/block_cache.h): bytes of recently used
+  // blocks kept in memory, looked in before the store (0: none).
+  uint64_t block_cache_bytes = 0;
 };
 
 // The wire bounds of a prefill request, checked before anything is sized from it: the router
@@ -75,7 +80,13 @@ class PrefillService final
   grpc::ServerWriteReactor<grpc::ByteBuffer>* ReadRegions(grpc::CallbackServerContext* context,
                                                          const grpc::ByteBuffer* request) override;
 
+  // The load report of each heartbeat, with the node's measured rates and its cache's size.
   v1::LoadReport Load() const;
+  // The block cache's events since the last batch, and a router's request for a snapshot
+  // (the heartbeat's CacheFeed; only with --block-cache-bytes).
+  bool has_block_cache() const { return cache_ != nullptr; }
+  v1::CacheEventBatch CacheEvents() { return cache_->TakeEvents(); }
+  void CacheResync() { cache_->Resync(); }
   // The UCX worker's address, which the node registers with the router (empty without UCX).
   std::string ucx_worker_address() const { return ucx_ != nullptr ? ucx_->address() : ""; }
   size_t open_exposures() const { return exposures_.size(); }
@@ -96,11 +107,29 @@ class PrefillService final
   absl::Status Serve(grpc::ServerContext& context, const v1::PrefillRequest& request,
                      v1::PrefillResponse& reply);
   v1::DecodeNode::Stub& DecodeStub(const std::string& address);
-  // Loads the hit's blocks [0, H / B) from the prefix store: block KV into the pages, producer
-  // SWA rows of [H - W + 1, H) into the producer rings. False (state untouched) on any miss.
-  // The reads end with `caller`'s call (cancelled or past its deadline) and within 5 s.
-  bool LoadPrefix(grpc::ServerContext& caller, const std::vector<Sha256Digest>& keys,
-                  int64_t hit_tokens, model::SequenceState& state);
+  // Loads the hit's blocks [0, H / B), each from the local block cache when it holds it and
+  // from the prefix store otherwise (and then kept in the cache): block KV into the pages,
+  // producer SWA rows of [H - W + 1, H) into the producer rings. `ok` false on any miss (the
+  // caller computes the hit instead). The store reads end with `caller`'s call (cancelled or
+  // past its deadline) and within 5 s.
+  struct PrefixLoad {
+    bool ok = false;
+    int64_t local_blocks = 0;  // blocks whose block KV came from the local cache
+    uint64_t local_bytes = 0, store_bytes = 0;
+    double local_ms = 0, store_ms = 0;
+  };
+  PrefixLoad LoadPrefix(grpc::ServerContext& caller, const std::vector<Sha256Digest>& keys,
+                        int64_t hit_tokens, const std::string& tenant, const std::string& salt,
+                        model::SequenceState& state);
+  // One served prefill's times, folded into the rates the node reports (moving averages).
+  struct Observed {
+    int64_t computed_rows = 0;  // L - H, through the producers and block KV
+    int64_t replayed_rows = 0;  // through the consumer layers here (0 under replay-on-decode)
+    double compute_ms = 0;
+    PrefixLoad load;
+    double fixed_ms = 0;
+  };
+  void Observe(const Observed& observed);
   // The engine's prefill over `state` (host memory the transfer exposes), staged through the
   // engine's memory when that is a device's.
   absl::StatusOr<model::PrefillResult> ComputePrefill(std::span<const int32_t> tokens,
@@ -129,6 +158,10 @@ class PrefillService final
   transfer::ExposureTable exposures_;
   std::map<std::string, std::unique_ptr<v1::DecodeNode::Stub>> decode_stubs_;
   std::unique_ptr<v1::KvStore::Stub> kvstore_;
+  std::unique_ptr<kvstore::BlockCache> cache_;  // null without --block-cache-bytes
+  mutable std::mutex rates_mutex_;
+  kvstore::PrefillRates rates_;  // 0 where nothing was measured yet
+  uint32_t rate_samples_ = 0;
   std::mutex write_mutex_;
   std::condition_variable write_ready_;
   std::deque<std::vector<v1::BlockWrite>> write_queue_;

@@ -19,8 +19,10 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -45,8 +47,8 @@ class Admission;
 class PrefillSlot {
  public:
   PrefillSlot() = default;
-  PrefillSlot(Admission* admission, std::shared_ptr<RegisteredNode> node)
-      : admission_(admission), node_(std::move(node)) {}
+  PrefillSlot(Admission* admission, std::shared_ptr<RegisteredNode> node, double predicted_ms = 0)
+      : admission_(admission), node_(std::move(node)), predicted_ms_(predicted_ms) {}
   PrefillSlot(PrefillSlot&& other) noexcept { *this = std::move(other); }
   PrefillSlot& operator=(PrefillSlot&& other) noexcept;
   PrefillSlot(const PrefillSlot&) = delete;
@@ -57,8 +59,17 @@ class PrefillSlot {
  private:
   Admission* admission_ = nullptr;
   std::shared_ptr<RegisteredNode> node_;
+  double predicted_ms_ = 0;  // counted in the node's pending_ms until Done
   std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
 };
+
+// How a routing policy ranks a prefill node for one request (lower first), and the service
+// time it predicts there (counted in the node's queue while the prefill is in flight).
+struct PrefillScore {
+  double rank = 0;
+  double service_ms = 0;
+};
+using PrefillScorer = std::function<PrefillScore(const NodeRegistry::PrefillCandidate&)>;
 
 class Admission {
  public:
@@ -79,10 +90,16 @@ class Admission {
     std::string fingerprint;               // weights the request is tied to; "" any
     std::vector<std::string> exclude;      // prefill nodes this request gave up on
     std::vector<std::string> lost_decode;  // decode nodes this request gave up on
+    // The policy's ranking of the nodes with a free slot; empty: the least loaded.
+    PrefillScorer score;
   };
   struct Admitted {
     NodeLease node;
     PrefillSlot slot;
+    NodeRegistry::PrefillCandidate chosen;
+    // The next best node with a free slot, when there was one (for the request's debug log).
+    std::optional<NodeRegistry::PrefillCandidate> runner_up;
+    bool least_loaded = true;  // the chosen node is the least loaded one
   };
   // Waits for a prefill node of `hold.model` with a free slot and takes the slot; `hold`
   // enters its tenant's share on first admission. UNAVAILABLE when no prefill node has been
@@ -101,7 +118,8 @@ class Admission {
 
  private:
   friend class PrefillSlot;
-  void SlotDone(RegisteredNode& node, std::chrono::steady_clock::duration took);
+  void SlotDone(RegisteredNode& node, std::chrono::steady_clock::duration took,
+                double predicted_ms);
   // How many requests of one tenant may be admitted at once for `model`. mutex_ held.
   int64_t StreamShare(size_t model) const;
   // The refusal of a request that cannot queue, or OK when it may. mutex_ held.

@@ -29,6 +29,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "baton/common/model_config.h"
+#include "baton/router/cache_index.h"
 #include "baton/text/tokenizer.h"
 #include "baton/v1/node.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
@@ -60,6 +61,7 @@ struct RegisteredNode {
   std::chrono::steady_clock::time_point last_seen;
   int64_t inflight = 0;    // requests this router sent there and has not finished
   int64_t prefilling = 0;  // of those, prefills not yet answered (prefill nodes)
+  double pending_ms = 0;   // the predicted service time of those prefills (their queue)
   std::shared_ptr<grpc::Channel> channel;
   std::string identity;   // the certificate identity it registered with ("" without TLS)
   bool draining = false;  // its last registration said so: it gets no new request
@@ -109,8 +111,11 @@ class NodeRegistry {
   // Registers or refreshes the caller's node (Registry/Register; `context` gives the
   // certificate). INVALID_ARGUMENT naming the field, PERMISSION_DENIED for the wrong role or
   // another identity's node_id, FAILED_PRECONDITION for a model this router does not serve or
-  // layers that do not fit its split (naming the node's and the router's).
-  absl::Status Register(const grpc::ServerContextBase& context, const v1::RegisterRequest& request);
+  // layers that do not fit its split (naming the node's and the router's). A prefill node's
+  // cache events go to cache_index(); `*cache_resync` (when given) is set when they did not
+  // follow the last batch and the node must send a snapshot.
+  absl::Status Register(const grpc::ServerContextBase& context, const v1::RegisterRequest& request,
+                        bool* cache_resync = nullptr);
   // Called, without the registry's lock, after a registration or a freed prefill slot: what
   // waits for a node (admission) looks again.
   void OnChange(std::function<void()> on_change) { on_change_ = std::move(on_change); }
@@ -124,17 +129,29 @@ class NodeRegistry {
   // when not empty, not in `exclude`) whose weights a live decode node not in `lost_decode`
   // also serves, how many there are, and of those with fewer than `slots` prefills in flight
   // the one with the fewest (then the least reported queue).
+  struct PrefillCandidate {
+    std::shared_ptr<RegisteredNode> node;
+    // Taken under the registry's lock when the choice was made (they change in place).
+    int64_t prefilling = 0;
+    double pending_ms = 0;
+    v1::PrefillRates rates;
+  };
   struct PrefillChoice {
     std::shared_ptr<RegisteredNode> best;  // null: every live one is full
     int64_t live = 0;
+    // Every live one with a free slot, `best` first, then by the same order.
+    std::vector<PrefillCandidate> open;
   };
   PrefillChoice ChoosePrefill(size_t model, const std::string& fingerprint,
                               const std::vector<std::string>& exclude,
                               const std::vector<std::string>& lost_decode, int64_t slots) const;
-  // Takes a prefill slot on `node` (from ChoosePrefill) for one request.
-  NodeLease TakePrefillSlot(const std::shared_ptr<RegisteredNode>& node);
+  // Takes a prefill slot on `node` (from ChoosePrefill) for one request whose prefill is
+  // predicted to take `predicted_ms` there (added to the node's queue until PrefillDone).
+  NodeLease TakePrefillSlot(const std::shared_ptr<RegisteredNode>& node, double predicted_ms = 0);
   // The slot TakePrefillSlot took is free again.
-  void PrefillDone(RegisteredNode& node);
+  void PrefillDone(RegisteredNode& node, double predicted_ms = 0);
+  // Which blocks each prefill node's local cache holds (its cache events).
+  const CacheIndex& cache_index() const { return cache_index_; }
   // Per served model, the largest weight bytes a live prefill and a live decode node report.
   struct WeightBytes {
     uint64_t prefill = 0, decode = 0;
@@ -178,6 +195,7 @@ class NodeRegistry {
   std::map<std::string, std::shared_ptr<RegisteredNode>> nodes_;
   std::set<std::string> refused_nodes_;  // refused (or renamed) registrations already logged
   mutable bool kvstore_seen_ = false;    // a kvstore has registered since start
+  CacheIndex cache_index_;
 };
 
 }  // namespace baton::router

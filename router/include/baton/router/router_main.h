@@ -26,6 +26,7 @@ struct RouterFlags {
   std::string default_mode = "compact";            // off, mask or compact
   std::string transport = "ucx";                   // ucx or grpc
   std::string hit_cap = "ring";                    // ring or keep
+  std::string prefill_policy = "predicted-ttft";   // least-loaded, longest-prefix, predicted-ttft
   std::string split = "prefill-all";               // prefill-all or replay-on-decode
   std::string stream_idle_timeout = "60s";         // common/stream_watch.h's syntax
   std::vector<std::string> extra_models;           // NAME=DIR each

@@ -34,6 +34,7 @@
 #include "baton/common/rpc.h"
 #include "baton/common/stream_watch.h"
 #include "baton/kvstore/hit_policy.h"
+#include "baton/kvstore/ttft_model.h"
 #include "baton/router/admission.h"
 #include "baton/router/node_registry.h"
 #include "baton/router/node_stubs.h"
@@ -45,6 +46,8 @@
 
 namespace baton::router {
 
+using PrefillPolicy = kvstore::RoutingPolicy;
+
 struct RouterOptions {
   v1::TruncationMode default_mode = v1::TRUNCATION_MODE_COMPACT;
   int64_t default_keep = 0;  // 0: the ring capacity C
@@ -55,6 +58,10 @@ struct RouterOptions {
   uint32_t heartbeat_ms = 500;
   uint32_t node_ttl_ms = 2000;  // a node not heard from for this long is not used
   kvstore::HitCap hit_cap = kvstore::HitCap::kRing;
+  // Which prefill node takes a request (--prefill-policy): the least loaded, the one whose
+  // local block cache holds the longest prefix, or the one of least predicted time to first
+  // token (kvstore/ttft_model.h), each among the nodes with a free slot.
+  PrefillPolicy prefill_policy = PrefillPolicy::kPredictedTtft;
   // How requests are cut between nodes (DESIGN section 6); the registry accepts only prefill
   // nodes that hold the layers it needs (all, or the producers only under replay-on-decode).
   v1::Split split = v1::SPLIT_PREFILL_ALL;
@@ -128,6 +135,8 @@ class RouterService final : public v1::Generation::Service, public v1::Registry:
   bool Serving() const;
   // The models served, the constructor's first (GET /v1/models).
   const std::vector<ServedModel>& Models() const { return models_; }
+  // The registry of nodes, with its view of the prefill nodes' block caches.
+  const NodeRegistry& registry() const { return registry_; }
   // Graceful drain (ServeUntilShutdown's `drain`): from now on Serving() is false and a new
   // Generate call is refused with UNAVAILABLE (a client retries on another router); returns
   // once every open call has ended, or at `deadline`.

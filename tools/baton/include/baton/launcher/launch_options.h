@@ -35,6 +35,8 @@ struct LaunchOptions {
   std::string cuda_prefill_attention;  // --cuda-prefill-attention: simple or gemm ("": the nodes'
                                        // default, which reads BATON_CUDA_PREFILL_ATTENTION)
   uint64_t kvstore_budget = uint64_t{8} << 30;  // --kvstore-budget-bytes
+  uint64_t block_cache_bytes = uint64_t{512} << 20;  // --block-cache-bytes: each prefill node's
+  std::string prefill_policy = "predicted-ttft";     // --prefill-policy: the router's
 
   // Every component.
   std::string data_dir = "baton-data";  // --data-dir: run/, tls/, kvstore/, generated models

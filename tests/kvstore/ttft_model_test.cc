@@ -1,0 +1,126 @@
+// The routing cost model (kvstore/ttft_model.h): a hit over both tiers reads each block from
+// the local tier where it lies and from the store otherwise, and a prediction prices the rows
+// a CED hit still costs: L - H computed, the consumer replay from max(s_keep, H).
+#include "baton/kvstore/ttft_model.h"
+
+#include <limits>
+
+#include "gtest/gtest.h"
+
+namespace baton::kvstore {
+namespace {
+
+constexpr int64_t kB = 16, kW = 8, kC = 22;
+
+HitPolicyInput Input(int64_t L, int64_t keep = kC, bool on = true) {
+  return {.prompt_len = L,
+          .keep = keep,
+          .truncation_on = on,
+          .ring_capacity = kC,
+          .window = kW,
+          .block_size = kB,
+          .cap = HitCap::kRing};
+}
+
+ChainLookup Blocks(int64_t n) {
+  return {.block_kv_blocks = n, .swa_present = std::vector<bool>(n, true)};
+}
+
+TEST(TtftModelTest, AHitReadsEachBlockFromTheLocalTierWhereItLies) {
+  const BlockBytes bytes{.block_kv = 1000, .swa = 10};
+  // L = 200: the ring cap allows floor((200 - 22) / 16) = 11 blocks.
+  const TieredHit only_store = PlanTieredHit(Input(200), {.local = {}, .store = Blocks(12)}, bytes);
+  EXPECT_EQ(only_store.hit_blocks, 11);
+  EXPECT_EQ(only_store.local_blocks, 0);
+  EXPECT_EQ(only_store.local_bytes, 0u);
+  // Block KV of [0, 11), and SWA rows of the blocks the window needs before H = 176 (one).
+  EXPECT_EQ(only_store.store_bytes, 11 * 1000u + 10u);
+
+  const TieredHit mixed =
+      PlanTieredHit(Input(200), {.local = Blocks(4), .store = Blocks(12)}, bytes);
+  EXPECT_EQ(mixed.hit_blocks, 11);
+  EXPECT_EQ(mixed.local_blocks, 4);
+  EXPECT_EQ(mixed.local_bytes, 4 * 1000u);
+  EXPECT_EQ(mixed.store_bytes, 7 * 1000u + 10u);
+
+  // The local tier alone serves a hit the store no longer holds.
+  const TieredHit local =
+      PlanTieredHit(Input(200), {.local = Blocks(11), .store = Blocks(2)}, bytes);
+  EXPECT_EQ(local.hit_blocks, 11);
+  EXPECT_EQ(local.local_blocks, 11);
+  EXPECT_EQ(local.store_bytes, 0u);
+
+  // A block whose SWA rows neither tier holds backs the hit off, as the policy does.
+  ChainLookup no_swa = Blocks(12);
+  no_swa.swa_present[10] = false;
+  EXPECT_EQ(PlanTieredHit(Input(200), {.local = {}, .store = no_swa}, bytes).hit_blocks, 10);
+  // Truncation off: no hit at all.
+  EXPECT_EQ(PlanTieredHit(Input(200, 0, false), {.local = Blocks(12), .store = Blocks(12)}, bytes)
+                .hit_blocks,
+            0);
+}
+
+TEST(TtftModelTest, APredictionPricesComputedAndReplayedRowsAndTheLoad) {
+  const PrefillRates rates{.producer_ms_per_row = 2,
+                           .consumer_ms_per_row = 3,
+                           .local_ms_per_mib = 1,
+                           .store_ms_per_mib = 10,
+                           .fixed_ms = 5};
+  const double mib = 1024.0 * 1024.0;
+  // A capped hit: L - H lies in [C, C + B - 1], and with K = C the replay is those rows.
+  TieredHit hit{.hit_blocks = 11, .local_blocks = 11, .local_bytes = 2 * 1048576, .store_bytes = 0};
+  PrefillCost cost = PredictPrefill(rates, 7, Input(200), hit, kB);
+  EXPECT_EQ(cost.computed_rows, 200 - 176);
+  EXPECT_GE(cost.computed_rows, kC);
+  EXPECT_LE(cost.computed_rows, kC + kB - 1);
+  EXPECT_EQ(cost.replayed_rows, 22);  // L - max(L - K, H) = 200 - 178
+  EXPECT_DOUBLE_EQ(cost.queue_ms, 7);
+  EXPECT_DOUBLE_EQ(cost.load_ms, 2);
+  EXPECT_DOUBLE_EQ(cost.compute_ms, 24 * 2);
+  EXPECT_DOUBLE_EQ(cost.replay_ms, 22 * 3);
+  EXPECT_DOUBLE_EQ(cost.total_ms(), 7 + 2 + 48 + 66 + 5);
+  EXPECT_DOUBLE_EQ(cost.service_ms(), cost.total_ms() - 7);
+  // The same hit from the store costs its bytes at the store's rate.
+  hit.local_bytes = 0;
+  hit.store_bytes = static_cast<uint64_t>(2 * mib);
+  EXPECT_DOUBLE_EQ(PredictPrefill(rates, 0, Input(200), hit, kB).load_ms, 20);
+  // No hit: K consumer rows, every row computed.
+  cost = PredictPrefill(rates, 0, Input(200, 64), TieredHit{}, kB);
+  EXPECT_EQ(cost.computed_rows, 200);
+  EXPECT_EQ(cost.replayed_rows, 64);
+  // Truncation off: every consumer row.
+  EXPECT_EQ(PredictPrefill(rates, 0, Input(200, 0, false), TieredHit{}, kB).replayed_rows, 200);
+}
+
+TEST(TtftModelTest, UnmeasuredRatesTakeThePriors) {
+  v1::PrefillRates reported;
+  reported.set_producer_ms_per_row(0.5);
+  reported.set_store_ms_per_mib(std::numeric_limits<double>::quiet_NaN());
+  reported.set_fixed_ms(-3);
+  const PrefillRates rates = RatesOrDefaults(reported);
+  const PrefillRates priors = DefaultPrefillRates();
+  EXPECT_DOUBLE_EQ(rates.producer_ms_per_row, 0.5);
+  EXPECT_DOUBLE_EQ(rates.consumer_ms_per_row, priors.consumer_ms_per_row);
+  EXPECT_DOUBLE_EQ(rates.store_ms_per_mib, priors.store_ms_per_mib);
+  EXPECT_DOUBLE_EQ(rates.fixed_ms, priors.fixed_ms);
+  const v1::PrefillRates proto = ToProto(rates, 9);
+  EXPECT_EQ(proto.samples(), 9u);
+  EXPECT_DOUBLE_EQ(proto.producer_ms_per_row(), 0.5);
+}
+
+TEST(TtftModelTest, BlockPayloadBytesFollowTheStateLayout) {
+  ModelConfig config;
+  config.num_hidden_layers = 8;
+  config.n_prefill_layer = 4;
+  config.num_key_value_heads = 2;
+  config.head_dim = 16;
+  config.kv_block_size = 64;
+  const BlockBytes plain = BlockPayloadBytes(config);
+  EXPECT_EQ(plain.block_kv, 4u * 2 * 64 * 32 * 4);  // four groups
+  EXPECT_EQ(plain.swa, 4u * 2 * 64 * 32 * 4);       // four producers
+  config.block_kv_sources = {4};
+  EXPECT_EQ(BlockPayloadBytes(config).block_kv, 1u * 2 * 64 * 32 * 4);
+}
+
+}  // namespace
+}  // namespace baton::kvstore
