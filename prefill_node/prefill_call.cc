@@ -349,6 +349,12 @@ void PrefillCall::Respond() {
   reply_.set_prefill_ms(prefill_ms_);
   reply_.set_transfer_ms(MillisSince(transfer_start_));
   const double load_ms = load_.local_ms + load_.store_ms;
+  log::Debug("prefill stages", {{"request_id", generate_.request_id()},
+                                {"wait_ms", wait_ms_},
+                                {"local_load_ms", load_.local_ms},
+                                {"store_load_ms", load_.store_ms},
+                                {"compute_ms", compute_ms_},
+                                {"total_ms", MillisSince(start_)}});
   node_.Observe({.computed_rows = prompt_len_ - cached_,
                  .replayed_rows = replay_on_decode_ ? 0 : result_.consumer_rows,
                  .compute_ms = compute_ms_,

@@ -399,6 +399,8 @@ absl::Status PrefillService::Serve(grpc::ServerContext& context, const v1::Prefi
                                {"prompt_tokens", request.request().prompt_token_ids_size()},
                                {"cached_tokens", reply.usage().cached_tokens()},
                                {"replayed_rows", reply.usage().replayed_rows()},
+                               {"local_cached_tokens", reply.usage().local_cached_tokens()},
+                               {"load_ms", reply.load_ms()},
                                {"prefill_ms", reply.prefill_ms()},
                                {"transfer_ms", reply.transfer_ms()}});
   } else {

@@ -367,8 +367,29 @@ struct AttendRowGroup {
 // gathered once into contiguous buffers, then for each (tile of query rows, head) the scores
 // are one sgemm per key source, masked to each row's visible range, softmaxed together, and
 // multiplied into the values with two more sgemms. Same arithmetic as AttendRowGroup up to
-// summation order and the exponential (std::exp here, the vector Exp there).
+// summation order (the exponential is the same vector ExpOf, four lanes at a time here: every
+// x86-64 level has them).
 constexpr int64_t kTileRows = 64;
+
+// s[j] = e^(s[j] - shift) over [0, n); returns their sum.
+float ExpShiftedSum(float* s, int64_t n, float shift) {
+  constexpr int kW = 4;
+  using V = NativeVec<kW>;
+  V sum = {};
+  for (int64_t j = 0; j < n; j += kW) {
+    const int64_t count = std::min<int64_t>(kW, n - j);
+    V x = V{} + shift;  // lanes past the last score are e^0, kept out of the sum
+    LoadFirst<kW>(x, s + j, count);
+    x -= shift;
+    ExpOf<kW>(x);
+    for (int64_t l = count; l < kW; ++l) x[l] = 0.0f;
+    sum += x;
+    StoreFirst<kW>(s + j, x, count);
+  }
+  float total = 0.0f;
+  for (int l = 0; l < kW; ++l) total += sum[l];
+  return total;
+}
 constexpr int64_t kTiledMinRows = 64;
 
 struct GatheredKeys {
@@ -441,17 +462,20 @@ void AttendTile(const AttentionParams& p, const GatheredKeys& g, int64_t r0, int
   for (int64_t i = 0; i < n; ++i) {
     const int64_t pos = p.positions[r0 + i], lo = p.swa_lo[r0 + i];
     float* row = scores.data() + i * ld;
+    // What row i sees: global columns [0, g_end) (positions up to pos), and SWA columns
+    // n_g + [s_begin, s_end) (positions [lo, pos]); every other score is 0.
+    const int64_t g_end = std::min(n_g, pos + 1);
+    const int64_t s_begin = std::min(n_s, std::max<int64_t>(0, lo - lo_min));
+    const int64_t s_end = std::max(s_begin, std::min(n_s, pos + 1 - lo_min));
     float max_score = -INFINITY;
-    auto visible = [&](int64_t c) {
-      return c < n_g ? c <= pos : (lo_min + c - n_g >= lo && lo_min + c - n_g <= pos);
-    };
-    for (int64_t c = 0; c < ld; ++c) {
-      if (visible(c)) max_score = std::max(max_score, row[c]);
-    }
+    for (int64_t c = 0; c < g_end; ++c) max_score = std::max(max_score, row[c]);
+    for (int64_t c = n_g + s_begin; c < n_g + s_end; ++c) max_score = std::max(max_score, row[c]);
+    std::fill(row + g_end, row + n_g + s_begin, 0.0f);
+    std::fill(row + n_g + s_end, row + ld, 0.0f);
     float total = 0.0f;
-    for (int64_t c = 0; c < ld; ++c) {
-      row[c] = visible(c) ? std::exp(row[c] - max_score) : 0.0f;
-      total += row[c];
+    if (max_score > -INFINITY) {
+      total = ExpShiftedSum(row, g_end, max_score) +
+              ExpShiftedSum(row + n_g + s_begin, s_end - s_begin, max_score);
     }
     const float inv = total > 0 ? 1.0f / total : 0.0f;
     for (int64_t c = 0; c < ld; ++c) row[c] *= inv;
