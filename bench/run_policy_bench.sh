@@ -29,8 +29,8 @@ for policy in least-loaded longest-prefix predicted-ttft; do
   stop_baton_up
   rates="$(/usr/bin/python3 - "$out"/metrics-"$policy"-*.txt <<'PY'
 import re, sys
-names = {"producer_per_row": "producer_ms_per_row", "consumer_per_row": "consumer_ms_per_row",
-         "local_per_mib": "local_ms_per_mib", "store_per_mib": "store_ms_per_mib", "fixed": "fixed_ms"}
+names = {"compute_per_gflop": "compute_ms_per_gflop", "local_per_mib": "local_ms_per_mib",
+         "store_per_mib": "store_ms_per_mib", "fixed": "fixed_ms"}
 sums = {}
 for path in sys.argv[1:]:
     for line in open(path):

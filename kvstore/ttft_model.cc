@@ -45,8 +45,7 @@ absl::StatusOr<RoutingPolicy> ParseRoutingPolicy(absl::string_view text, absl::s
 }
 
 PrefillRates DefaultPrefillRates() {
-  return {.producer_ms_per_row = 0.25,
-          .consumer_ms_per_row = 0.25,
+  return {.compute_ms_per_gflop = 20,
           .local_ms_per_mib = 0.5,
           .store_ms_per_mib = 8.0,
           .fixed_ms = 20.0};
@@ -54,8 +53,7 @@ PrefillRates DefaultPrefillRates() {
 
 PrefillRates RatesOrDefaults(const v1::PrefillRates& reported) {
   const PrefillRates d = DefaultPrefillRates();
-  return {.producer_ms_per_row = Or(reported.producer_ms_per_row(), d.producer_ms_per_row),
-          .consumer_ms_per_row = Or(reported.consumer_ms_per_row(), d.consumer_ms_per_row),
+  return {.compute_ms_per_gflop = Or(reported.compute_ms_per_gflop(), d.compute_ms_per_gflop),
           .local_ms_per_mib = Or(reported.local_ms_per_mib(), d.local_ms_per_mib),
           .store_ms_per_mib = Or(reported.store_ms_per_mib(), d.store_ms_per_mib),
           .fixed_ms = Or(reported.fixed_ms(), d.fixed_ms)};
@@ -63,8 +61,7 @@ PrefillRates RatesOrDefaults(const v1::PrefillRates& reported) {
 
 v1::PrefillRates ToProto(const PrefillRates& rates, uint32_t samples) {
   v1::PrefillRates proto;
-  proto.set_producer_ms_per_row(rates.producer_ms_per_row);
-  proto.set_consumer_ms_per_row(rates.consumer_ms_per_row);
+  proto.set_compute_ms_per_gflop(rates.compute_ms_per_gflop);
   proto.set_local_ms_per_mib(rates.local_ms_per_mib);
   proto.set_store_ms_per_mib(rates.store_ms_per_mib);
   proto.set_fixed_ms(rates.fixed_ms);
@@ -103,9 +100,47 @@ TieredHit PlanTieredHit(const HitPolicyInput& input, const TierLookups& tiers,
   return hit;
 }
 
+// Visible (query, key) pairs of positions [0, n) under a window-W causal SWA: m(m + 1)/2 +
+// (n - m)W with m = min(n, W) (model::SwaPrefixPairs).
+double SwaPairs(int64_t n, int64_t window) {
+  const double m = static_cast<double>(std::min(n, window));
+  return m * (m + 1) / 2 + static_cast<double>(n - std::min(n, window)) * window;
+}
+
+PrefillWork EstimatePrefillWork(const ModelConfig& config, int64_t prompt_len,
+                                int64_t computed_begin, int64_t replay_begin) {
+  const double P = static_cast<double>(config.num_producer_layers());
+  const double D = static_cast<double>(config.num_consumer_layers());
+  const double G = static_cast<double>(config.num_block_kv_groups());
+  const double d = static_cast<double>(config.hidden_size);
+  const double inter = static_cast<double>(config.intermediate_size);
+  const double q_dim = static_cast<double>(config.num_attention_heads * config.head_dim);
+  const double kv_dim = static_cast<double>(config.num_key_value_heads * config.head_dim);
+  // As model::EstimateWork: projections and the SwiGLU MLP of a row, q.k and p.v of a pair.
+  const double row_flops = 2 * d * (q_dim + 2 * kv_dim) + 2 * q_dim * d + 6 * d * inter;
+  const double pair_flops = 4 * q_dim;
+  const double block_kv_flops = 2 * d * 2 * kv_dim;
+  const int64_t L = prompt_len, W = config.sliding_window;
+  const int64_t a = std::clamp<int64_t>(computed_begin, 0, L);
+  const int64_t r = std::clamp<int64_t>(replay_begin, 0, L);
+  const double computed = static_cast<double>(L - a), replayed = static_cast<double>(L - r);
+  const double global_pairs =
+      (static_cast<double>(L) * (L + 1) - static_cast<double>(r) * (r + 1)) / 2;
+  PrefillWork work;
+  work.computed_gflop =
+      (P * (row_flops * computed + pair_flops * (SwaPairs(L, W) - SwaPairs(a, W))) +
+       G * block_kv_flops * computed) /
+      1e9;
+  work.replayed_gflop =
+      (D * (row_flops * replayed + pair_flops * (global_pairs + SwaPairs(L, W) - SwaPairs(r, W))) +
+       2 * d * static_cast<double>(config.vocab_size)) /
+      1e9;
+  return work;
+}
+
 PrefillCost PredictPrefill(const PrefillRates& rates, double queue_ms, const HitPolicyInput& input,
-                           const TieredHit& hit, int64_t block_size) {
-  const int64_t L = input.prompt_len, H = hit.hit_blocks * block_size;
+                           const TieredHit& hit, const ModelConfig& config) {
+  const int64_t L = input.prompt_len, H = hit.hit_blocks * input.block_size;
   const int64_t s_keep = input.truncation_on ? std::max<int64_t>(0, L - input.keep) : 0;
   PrefillCost cost;
   cost.computed_rows = L - H;
@@ -113,8 +148,9 @@ PrefillCost PredictPrefill(const PrefillRates& rates, double queue_ms, const Hit
   cost.queue_ms = std::max(0.0, queue_ms);
   cost.load_ms = static_cast<double>(hit.local_bytes) / kMiB * rates.local_ms_per_mib +
                  static_cast<double>(hit.store_bytes) / kMiB * rates.store_ms_per_mib;
-  cost.compute_ms = static_cast<double>(cost.computed_rows) * rates.producer_ms_per_row;
-  cost.replay_ms = static_cast<double>(cost.replayed_rows) * rates.consumer_ms_per_row;
+  const PrefillWork work = EstimatePrefillWork(config, L, H, L - cost.replayed_rows);
+  cost.compute_ms = work.computed_gflop * rates.compute_ms_per_gflop;
+  cost.replay_ms = work.replayed_gflop * rates.compute_ms_per_gflop;
   cost.fixed_ms = rates.fixed_ms;
   return cost;
 }

@@ -355,7 +355,8 @@ void PrefillCall::Respond() {
                                 {"store_load_ms", load_.store_ms},
                                 {"compute_ms", compute_ms_},
                                 {"total_ms", MillisSince(start_)}});
-  node_.Observe({.computed_rows = prompt_len_ - cached_,
+  node_.Observe({.prompt_len = prompt_len_,
+                 .computed_rows = prompt_len_ - cached_,
                  .replayed_rows = replay_on_decode_ ? 0 : result_.consumer_rows,
                  .compute_ms = compute_ms_,
                  .load = load_,

@@ -109,9 +109,8 @@ PrefillService::PrefillService(model::Engine& model, const PrefillOptions& optio
     families.push_back(metrics::GaugeFamily(
         "baton_prefill_rate_ms",
         "The node's measured rates (moving averages) that the router prices requests with: "
-        "ms per computed row, per replayed row, per MiB loaded from each tier, and per request",
-        {{{{"rate", "producer_per_row"}}, rates.producer_ms_per_row()},
-         {{{"rate", "consumer_per_row"}}, rates.consumer_ms_per_row()},
+        "ms per GFLOP computed, per MiB loaded from each tier, and per request",
+        {{{{"rate", "compute_per_gflop"}}, rates.compute_ms_per_gflop()},
          {{{"rate", "local_per_mib"}}, rates.local_ms_per_mib()},
          {{{"rate", "store_per_mib"}}, rates.store_ms_per_mib()},
          {{{"rate", "fixed"}}, rates.fixed_ms()}}));
@@ -228,24 +227,13 @@ void PrefillService::Observe(const Observed& o) {
   auto fold = [](double& rate, double sample) {
     rate = rate <= 0 ? sample : 0.8 * rate + 0.2 * sample;
   };
-  const ModelConfig& config = model_.config();
-  const double producer_work = static_cast<double>(config.num_producer_layers() * o.computed_rows);
-  const double consumer_work = static_cast<double>(config.num_consumer_layers() * o.replayed_rows);
+  const kvstore::PrefillWork work =
+      kvstore::EstimatePrefillWork(model_.config(), o.prompt_len, o.prompt_len - o.computed_rows,
+                                   o.prompt_len - o.replayed_rows);
+  const double gflop = work.computed_gflop + (o.replayed_rows > 0 ? work.replayed_gflop : 0);
   constexpr double kMiB = 1024.0 * 1024.0;
   std::lock_guard<std::mutex> lock(rates_mutex_);
-  // The compute time is shared between the two layer groups by their layer-rows (seed
-  // 9.5.2), which is what a row costs each group's matrix products.
-  if (producer_work + consumer_work > 0 && o.compute_ms > 0) {
-    const double per_layer_row = o.compute_ms / (producer_work + consumer_work);
-    if (o.computed_rows > 0) {
-      fold(rates_.producer_ms_per_row,
-           per_layer_row * static_cast<double>(config.num_producer_layers()));
-    }
-    if (o.replayed_rows > 0) {
-      fold(rates_.consumer_ms_per_row,
-           per_layer_row * static_cast<double>(config.num_consumer_layers()));
-    }
-  }
+  if (gflop > 0 && o.compute_ms > 0) fold(rates_.compute_ms_per_gflop, o.compute_ms / gflop);
   // Small reads say little of a tier's rate (a fixed cost dominates): 1 MiB at least.
   if (o.load.local_bytes >= kMiB) {
     fold(rates_.local_ms_per_mib, o.load.local_ms * kMiB / static_cast<double>(o.load.local_bytes));

@@ -226,7 +226,7 @@ kvstore::TieredHit GenerateCall::HitOn(const RegisteredNode& node) {
 
 kvstore::PrefillCost GenerateCall::CostOn(const NodeRegistry::PrefillCandidate& candidate) {
   return kvstore::PredictPrefill(kvstore::RatesOrDefaults(candidate.rates), candidate.pending_ms,
-                                 HitInput(), HitOn(*candidate.node), model_->config.kv_block_size);
+                                 HitInput(), HitOn(*candidate.node), model_->config);
 }
 
 PrefillScore GenerateCall::Score(const NodeRegistry::PrefillCandidate& candidate) {

@@ -334,16 +334,16 @@ NodeRegistry::PrefillChoice NodeRegistry::ChoosePrefill(size_t model,
   // A node that has measured nothing yet (just started) is priced like its peers: each rate
   // it lacks is the mean of the live nodes that have it (the cost model's priors only when
   // none has).
-  double sums[5] = {0, 0, 0, 0, 0};
-  int counts[5] = {0, 0, 0, 0, 0};
+  double sums[4] = {0, 0, 0, 0};
+  int counts[4] = {0, 0, 0, 0};
   for (const auto& [id, node] : nodes_) {
     if (node->info.role() != v1::NODE_ROLE_PREFILL || node->model != model || !Live(*node, now)) {
       continue;
     }
     const v1::PrefillRates& r = node->info.load().rates();
-    const double values[5] = {r.producer_ms_per_row(), r.consumer_ms_per_row(),
-                              r.local_ms_per_mib(), r.store_ms_per_mib(), r.fixed_ms()};
-    for (int i = 0; i < 5; ++i) {
+    const double values[4] = {r.compute_ms_per_gflop(), r.local_ms_per_mib(), r.store_ms_per_mib(),
+                              r.fixed_ms()};
+    for (int i = 0; i < 4; ++i) {
       if (values[i] > 0 && std::isfinite(values[i])) {
         sums[i] += values[i];
         ++counts[i];
@@ -352,16 +352,15 @@ NodeRegistry::PrefillChoice NodeRegistry::ChoosePrefill(size_t model,
   }
   for (PrefillCandidate& candidate : choice.open) {
     v1::PrefillRates& r = candidate.rates;
-    double values[5] = {r.producer_ms_per_row(), r.consumer_ms_per_row(), r.local_ms_per_mib(),
-                        r.store_ms_per_mib(), r.fixed_ms()};
-    for (int i = 0; i < 5; ++i) {
+    double values[4] = {r.compute_ms_per_gflop(), r.local_ms_per_mib(), r.store_ms_per_mib(),
+                        r.fixed_ms()};
+    for (int i = 0; i < 4; ++i) {
       if (!(values[i] > 0) && counts[i] > 0) values[i] = sums[i] / counts[i];
     }
-    r.set_producer_ms_per_row(values[0]);
-    r.set_consumer_ms_per_row(values[1]);
-    r.set_local_ms_per_mib(values[2]);
-    r.set_store_ms_per_mib(values[3]);
-    r.set_fixed_ms(values[4]);
+    r.set_compute_ms_per_gflop(values[0]);
+    r.set_local_ms_per_mib(values[1]);
+    r.set_store_ms_per_mib(values[2]);
+    r.set_fixed_ms(values[3]);
   }
   // `best` first, the rest by the same order.
   std::stable_sort(choice.open.begin(), choice.open.end(),

@@ -141,7 +141,8 @@ TEST(Observability, BatonUpMetricsMoveAndLogsFollowARequest) {
   EXPECT_EQ(moved("kvstore", "baton_store_reads_total", {{"result", "hit"}}), 0);
   EXPECT_EQ(moved("prefill", "baton_block_cache_lookups_total", {{"result", "hit"}}), 4 + 1);
   EXPECT_GT(Value(after.at("prefill"), "baton_block_cache_bytes"), 0);
-  EXPECT_GT(Value(after.at("prefill"), "baton_prefill_rate_ms", {{"rate", "producer_per_row"}}), 0);
+  EXPECT_GT(Value(after.at("prefill"), "baton_prefill_rate_ms", {{"rate", "compute_per_gflop"}}),
+            0);
   EXPECT_EQ(moved("router", "baton_prefix_tier_cached_tokens_total", {{"tier", "local"}}), 64);
   EXPECT_EQ(moved("router", "baton_prefix_tier_cached_tokens_total", {{"tier", "store"}}), 0);
   EXPECT_EQ(moved("router", "baton_router_prefill_choices_total",

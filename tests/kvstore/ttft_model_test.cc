@@ -60,52 +60,83 @@ TEST(TtftModelTest, AHitReadsEachBlockFromTheLocalTierWhereItLies) {
             0);
 }
 
+ModelConfig SmallConfig() {
+  ModelConfig config;
+  config.vocab_size = 4096;
+  config.hidden_size = 512;
+  config.intermediate_size = 1536;
+  config.num_hidden_layers = 16;
+  config.n_prefill_layer = 8;
+  config.num_attention_heads = 8;
+  config.num_key_value_heads = 1;
+  config.head_dim = 64;
+  config.sliding_window = kW;
+  config.kv_block_size = kB;
+  return config;
+}
+
 TEST(TtftModelTest, APredictionPricesComputedAndReplayedRowsAndTheLoad) {
-  const PrefillRates rates{.producer_ms_per_row = 2,
-                           .consumer_ms_per_row = 3,
-                           .local_ms_per_mib = 1,
-                           .store_ms_per_mib = 10,
-                           .fixed_ms = 5};
+  const ModelConfig config = SmallConfig();
+  const PrefillRates rates{
+      .compute_ms_per_gflop = 10, .local_ms_per_mib = 1, .store_ms_per_mib = 10, .fixed_ms = 5};
   const double mib = 1024.0 * 1024.0;
   // A capped hit: L - H lies in [C, C + B - 1], and with K = C the replay is those rows.
   TieredHit hit{.hit_blocks = 11, .local_blocks = 11, .local_bytes = 2 * 1048576, .store_bytes = 0};
-  PrefillCost cost = PredictPrefill(rates, 7, Input(200), hit, kB);
+  PrefillCost cost = PredictPrefill(rates, 7, Input(200), hit, config);
   EXPECT_EQ(cost.computed_rows, 200 - 176);
   EXPECT_GE(cost.computed_rows, kC);
   EXPECT_LE(cost.computed_rows, kC + kB - 1);
   EXPECT_EQ(cost.replayed_rows, 22);  // L - max(L - K, H) = 200 - 178
   EXPECT_DOUBLE_EQ(cost.queue_ms, 7);
   EXPECT_DOUBLE_EQ(cost.load_ms, 2);
-  EXPECT_DOUBLE_EQ(cost.compute_ms, 24 * 2);
-  EXPECT_DOUBLE_EQ(cost.replay_ms, 22 * 3);
-  EXPECT_DOUBLE_EQ(cost.total_ms(), 7 + 2 + 48 + 66 + 5);
+  const PrefillWork work = EstimatePrefillWork(config, 200, 176, 178);
+  EXPECT_DOUBLE_EQ(cost.compute_ms, work.computed_gflop * 10);
+  EXPECT_DOUBLE_EQ(cost.replay_ms, work.replayed_gflop * 10);
+  EXPECT_DOUBLE_EQ(cost.total_ms(), 7 + 2 + cost.compute_ms + cost.replay_ms + 5);
   EXPECT_DOUBLE_EQ(cost.service_ms(), cost.total_ms() - 7);
   // The same hit from the store costs its bytes at the store's rate.
   hit.local_bytes = 0;
   hit.store_bytes = static_cast<uint64_t>(2 * mib);
-  EXPECT_DOUBLE_EQ(PredictPrefill(rates, 0, Input(200), hit, kB).load_ms, 20);
+  EXPECT_DOUBLE_EQ(PredictPrefill(rates, 0, Input(200), hit, config).load_ms, 20);
   // No hit: K consumer rows, every row computed.
-  cost = PredictPrefill(rates, 0, Input(200, 64), TieredHit{}, kB);
+  cost = PredictPrefill(rates, 0, Input(200, 64), TieredHit{}, config);
   EXPECT_EQ(cost.computed_rows, 200);
   EXPECT_EQ(cost.replayed_rows, 64);
   // Truncation off: every consumer row.
-  EXPECT_EQ(PredictPrefill(rates, 0, Input(200, 0, false), TieredHit{}, kB).replayed_rows, 200);
+  EXPECT_EQ(PredictPrefill(rates, 0, Input(200, 0, false), TieredHit{}, config).replayed_rows, 200);
+}
+
+TEST(TtftModelTest, WorkGrowsWithTheRowsAndAReplayedRowWithItsPrefix) {
+  const ModelConfig config = SmallConfig();
+  const PrefillWork none = EstimatePrefillWork(config, 4096, 4096, 4096);
+  EXPECT_DOUBLE_EQ(none.computed_gflop, 0);
+  // Only the last row's logits.
+  EXPECT_DOUBLE_EQ(none.replayed_gflop, 2.0 * 512 * 4096 / 1e9);
+  const PrefillWork cold = EstimatePrefillWork(config, 4096, 0, 4096 - 134);
+  const PrefillWork hit = EstimatePrefillWork(config, 4096, 3904, 4096 - 134);
+  EXPECT_GT(cold.computed_gflop, 15 * hit.computed_gflop);
+  // The replay is the same rows over the same prefix, whatever was computed.
+  EXPECT_DOUBLE_EQ(cold.replayed_gflop, hit.replayed_gflop);
+  // A replayed row after 4K positions costs more than after 1K: it attends to all of them.
+  const double late = EstimatePrefillWork(config, 4096, 4096, 4095).replayed_gflop;
+  const double early = EstimatePrefillWork(config, 1024, 1024, 1023).replayed_gflop;
+  EXPECT_GT(late, early);
 }
 
 TEST(TtftModelTest, UnmeasuredRatesTakeThePriors) {
   v1::PrefillRates reported;
-  reported.set_producer_ms_per_row(0.5);
+  reported.set_compute_ms_per_gflop(0.5);
   reported.set_store_ms_per_mib(std::numeric_limits<double>::quiet_NaN());
   reported.set_fixed_ms(-3);
   const PrefillRates rates = RatesOrDefaults(reported);
   const PrefillRates priors = DefaultPrefillRates();
-  EXPECT_DOUBLE_EQ(rates.producer_ms_per_row, 0.5);
-  EXPECT_DOUBLE_EQ(rates.consumer_ms_per_row, priors.consumer_ms_per_row);
+  EXPECT_DOUBLE_EQ(rates.compute_ms_per_gflop, 0.5);
+  EXPECT_DOUBLE_EQ(rates.local_ms_per_mib, priors.local_ms_per_mib);
   EXPECT_DOUBLE_EQ(rates.store_ms_per_mib, priors.store_ms_per_mib);
   EXPECT_DOUBLE_EQ(rates.fixed_ms, priors.fixed_ms);
   const v1::PrefillRates proto = ToProto(rates, 9);
   EXPECT_EQ(proto.samples(), 9u);
-  EXPECT_DOUBLE_EQ(proto.producer_ms_per_row(), 0.5);
+  EXPECT_DOUBLE_EQ(proto.compute_ms_per_gflop(), 0.5);
 }
 
 TEST(TtftModelTest, BlockPayloadBytesFollowTheStateLayout) {

@@ -248,9 +248,9 @@ TEST(BatonctlSimulateTest, PoliciesRunTheTraceThroughACluster) {
   const nlohmann::json out =
       Simulate("--trace " + CapTrace() + " --trace-block 8 --model-config " + TinyConfig() +
                " --policy least-loaded,predicted-ttft --prefill-nodes 2 --block-cache-bytes "
-               "0,1MiB --rates producer_ms_per_row=2,fixed_ms=1 --time-scale 1000");
+               "0,1MiB --rates compute_ms_per_gflop=2,fixed_ms=1 --time-scale 1000");
   EXPECT_EQ(out["kind"], "simulate-cluster");
-  EXPECT_DOUBLE_EQ(out["rates"]["producer_ms_per_row"].get<double>(), 2);
+  EXPECT_DOUBLE_EQ(out["rates"]["compute_ms_per_gflop"].get<double>(), 2);
   EXPECT_DOUBLE_EQ(out["rates"]["fixed_ms"].get<double>(), 1);
   ASSERT_EQ(out["results"].size(), 4u);
   for (const nlohmann::json& row : out["results"]) {

@@ -28,6 +28,22 @@ std::vector<ClusterRequest> Workload(int n, int prefixes, double gap_ms) {
   return requests;
 }
 
+// A small model's shapes: the work each prefill is priced by.
+ModelConfig Config() {
+  ModelConfig config;
+  config.vocab_size = 4096;
+  config.hidden_size = 512;
+  config.intermediate_size = 1536;
+  config.num_hidden_layers = 16;
+  config.n_prefill_layer = 8;
+  config.num_attention_heads = 8;
+  config.num_key_value_heads = 1;
+  config.head_dim = 64;
+  config.sliding_window = 8;
+  config.kv_block_size = kB;
+  return config;
+}
+
 ClusterOptions Options(RoutePolicy policy, uint64_t cache_bytes) {
   return {.policy = policy,
           .prefill_nodes = 2,
@@ -41,8 +57,8 @@ ClusterOptions Options(RoutePolicy policy, uint64_t cache_bytes) {
                   .block_size = kB,
                   .cap = kvstore::HitCap::kRing},
           .payload = {.block_kv = 1 << 16, .swa = 1 << 12},
-          .rates = {.producer_ms_per_row = 1,
-                    .consumer_ms_per_row = 1,
+          .config = Config(),
+          .rates = {.compute_ms_per_gflop = 10,
                     .local_ms_per_mib = 0.5,
                     .store_ms_per_mib = 20,
                     .fixed_ms = 5}};
@@ -60,8 +76,9 @@ TEST(ClusterSimTest, WithoutACacheEveryHitComesFromTheStore) {
   EXPECT_EQ(r.store_hit_tokens, 18 * ((kL - kC) / kB * kB));
   EXPECT_EQ(r.prompt_tokens, 20 * kL);
   ASSERT_EQ(r.ttft_ms.size(), 20u);
-  // Unloaded (a request every second): a cold one costs its rows, a hit far less.
-  EXPECT_DOUBLE_EQ(r.ttft_ms[0], kL * 1.0 + kC * 1.0 + 5);
+  // Unloaded (a request every second): a cold one costs its work, a hit far less.
+  const kvstore::PrefillWork cold = kvstore::EstimatePrefillWork(Config(), kL, 0, kL - kC);
+  EXPECT_NEAR(r.ttft_ms[0], (cold.computed_gflop + cold.replayed_gflop) * 10 + 5, 1e-9);
   EXPECT_LT(r.ttft_ms[2], r.ttft_ms[0] / 2);
 }
 
@@ -102,9 +119,9 @@ TEST(ClusterSimTest, FlagsAreParsedOrRefusedByName) {
   ASSERT_FALSE(bad.ok());
   EXPECT_THAT(std::string(bad.status().message()), ::testing::HasSubstr("--policy: 'random'"));
   const absl::StatusOr<kvstore::PrefillRates> rates =
-      ParseRates("producer_ms_per_row=0.5,fixed_ms=3");
+      ParseRates("compute_ms_per_gflop=0.5,fixed_ms=3");
   ASSERT_TRUE(rates.ok());
-  EXPECT_DOUBLE_EQ(rates->producer_ms_per_row, 0.5);
+  EXPECT_DOUBLE_EQ(rates->compute_ms_per_gflop, 0.5);
   EXPECT_DOUBLE_EQ(rates->fixed_ms, 3);
   EXPECT_DOUBLE_EQ(rates->store_ms_per_mib, kvstore::DefaultPrefillRates().store_ms_per_mib);
   EXPECT_THAT(std::string(ParseRates("speed=1").status().message()),

@@ -67,17 +67,16 @@ absl::StatusOr<kvstore::PrefillRates> ParseRates(absl::string_view text) {
       return absl::InvalidArgumentError(
           absl::StrCat("--rates: '", item, "' needs a finite value >= 0 (name=milliseconds)"));
     }
-    double* field = kv.first == "producer_ms_per_row"   ? &rates.producer_ms_per_row
-                    : kv.first == "consumer_ms_per_row" ? &rates.consumer_ms_per_row
-                    : kv.first == "local_ms_per_mib"    ? &rates.local_ms_per_mib
-                    : kv.first == "store_ms_per_mib"    ? &rates.store_ms_per_mib
-                    : kv.first == "fixed_ms"            ? &rates.fixed_ms
-                                                        : nullptr;
+    double* field = kv.first == "compute_ms_per_gflop" ? &rates.compute_ms_per_gflop
+                    : kv.first == "local_ms_per_mib"   ? &rates.local_ms_per_mib
+                    : kv.first == "store_ms_per_mib"   ? &rates.store_ms_per_mib
+                    : kv.first == "fixed_ms"           ? &rates.fixed_ms
+                                                       : nullptr;
     if (field == nullptr) {
       return absl::InvalidArgumentError(absl::StrCat(
           "--rates: '", kv.first,
-          "' is unknown; allowed: producer_ms_per_row, consumer_ms_per_row, local_ms_per_mib, "
-          "store_ms_per_mib, fixed_ms"));
+          "' is unknown; allowed: compute_ms_per_gflop, local_ms_per_mib, store_ms_per_mib, "
+          "fixed_ms"));
     }
     *field = value;
   }
@@ -147,7 +146,7 @@ ClusterResult SimulateCluster(const std::vector<ClusterRequest>& requests,
         const kvstore::TieredHit tiered = kvstore::PlanTieredHit(
             hit, {.local = Peek(nodes[n].cache, request.chain), .store = in_store}, o.payload);
         const kvstore::PrefillCost cost =
-            kvstore::PredictPrefill(o.rates, nodes[n].pending_ms, hit, tiered, B);
+            kvstore::PredictPrefill(o.rates, nodes[n].pending_ms, hit, tiered, o.config);
         const double rank = o.policy == RoutePolicy::kLongestPrefix
                                 ? -static_cast<double>(tiered.local_blocks)
                             : o.policy == RoutePolicy::kPredictedTtft ? cost.total_ms()

@@ -36,8 +36,8 @@ namespace baton::tools {
 using RoutePolicy = kvstore::RoutingPolicy;
 // Comma-separated policy names; the error names --policy and the allowed names.
 absl::StatusOr<std::vector<RoutePolicy>> ParseRoutePolicies(absl::string_view text);
-// "name=value,..." over the PrefillRates fields (producer_ms_per_row, consumer_ms_per_row,
-// local_ms_per_mib, store_ms_per_mib, fixed_ms); fields not named keep their defaults
+// "name=value,..." over the PrefillRates fields (compute_ms_per_gflop, local_ms_per_mib,
+// store_ms_per_mib, fixed_ms); fields not named keep their defaults
 // (kvstore::DefaultPrefillRates). Each value must be finite and >= 0.
 absl::StatusOr<kvstore::PrefillRates> ParseRates(absl::string_view text);
 
@@ -55,6 +55,7 @@ struct ClusterOptions {
   std::optional<uint64_t> store_budget;  // nullopt: unlimited
   kvstore::HitPolicyInput hit;           // prompt_len is set per request
   kvstore::BlockBytes payload;           // per block and region
+  ModelConfig config;                    // the model's shapes (the work of each prefill)
   kvstore::PrefillRates rates = kvstore::DefaultPrefillRates();
 };
 

@@ -517,6 +517,7 @@ int RunCluster(const SimulateOptions& o, const std::vector<Setting>& settings,
                                              .block_size = s.block_size,
                                              .cap = s.hit_cap},
                                      .payload = kvstore::BlockPayloadBytes(sized),
+                                     .config = sized,
                                      .rates = *rates};
         const ClusterResult r = SimulateCluster(cluster, options);
         double sum = 0;
@@ -551,8 +552,7 @@ int RunCluster(const SimulateOptions& o, const std::vector<Setting>& settings,
   if (o.json) {
     std::cout << nlohmann::json{{"kind", "simulate-cluster"},
                                 {"rates",
-                                 {{"producer_ms_per_row", rates->producer_ms_per_row},
-                                  {"consumer_ms_per_row", rates->consumer_ms_per_row},
+                                 {{"compute_ms_per_gflop", rates->compute_ms_per_gflop},
                                   {"local_ms_per_mib", rates->local_ms_per_mib},
                                   {"store_ms_per_mib", rates->store_ms_per_mib},
                                   {"fixed_ms", rates->fixed_ms}}},
@@ -711,8 +711,8 @@ Command AddSimulateCommand(CLI::App& app) {
                       "Each prefill node's local block cache, as baton-prefill's; sizes as "
                       "--store-budget, comma-separated (default 0: none)");
   command->add_option("--rates", o->rates,
-                      "The nodes' rates in ms, name=value comma-separated (producer_ms_per_row, "
-                      "consumer_ms_per_row, local_ms_per_mib, store_ms_per_mib, fixed_ms), e.g. "
+                      "The nodes' rates in ms, name=value comma-separated (compute_ms_per_gflop, "
+                      "local_ms_per_mib, store_ms_per_mib, fixed_ms), e.g. "
                       "from a run's baton_prefill_rate_ms; the rest take the router's priors");
   command->add_option("--time-scale", o->time_scale,
                       "Arrivals at the trace's timestamps times this, as `batonctl replay` sends "

@@ -6,8 +6,11 @@
 //
 // A CED hit of H tokens still costs the rows after it (producers and block KV over [H, L))
 // and the consumers' replay over [max(s_keep, H), L): C to C + B - 1 rows after a hit capped
-// at L - C, K without one (DESIGN section 5). Each term is priced at the node's measured rates
-// (moving averages the node reports), or at DefaultPrefillRates before it has measured.
+// at L - C, K without one (DESIGN section 5). Rows are priced by their work, not their count:
+// a replayed row attends to every block-KV position before it, so after a long prefix it
+// costs several computed rows (EstimatePrefillWork counts the FLOPs as model::EstimateWork
+// does). Each term is priced at the node's measured rates (moving averages the node reports),
+// or at DefaultPrefillRates before it has measured.
 //
 // Pure functions; safe from any thread.
 #pragma once
@@ -36,8 +39,7 @@ absl::StatusOr<RoutingPolicy> ParseRoutingPolicy(absl::string_view text, absl::s
 
 // Rates in milliseconds; what a node has not measured (0) takes the default's.
 struct PrefillRates {
-  double producer_ms_per_row = 0;
-  double consumer_ms_per_row = 0;
+  double compute_ms_per_gflop = 0;
   double local_ms_per_mib = 0;
   double store_ms_per_mib = 0;
   double fixed_ms = 0;
@@ -74,6 +76,16 @@ BlockBytes BlockPayloadBytes(const ModelConfig& config);
 TieredHit PlanTieredHit(const HitPolicyInput& input, const TierLookups& tiers,
                         const BlockBytes& bytes);
 
+// The FLOPs (in GFLOP) of computing rows [computed_begin, L) through the producers and the
+// block-KV projections, and rows [replay_begin, L) through the consumer layers (their SWA and
+// global attention included) and the last row's logits.
+struct PrefillWork {
+  double computed_gflop = 0;
+  double replayed_gflop = 0;
+};
+PrefillWork EstimatePrefillWork(const ModelConfig& config, int64_t prompt_len,
+                                int64_t computed_begin, int64_t replay_begin);
+
 struct PrefillCost {
   int64_t computed_rows = 0;  // L - H
   int64_t replayed_rows = 0;  // L - max(s_keep, H)
@@ -86,8 +98,8 @@ struct PrefillCost {
   double service_ms() const { return total_ms() - queue_ms; }
 };
 // The predicted TTFT of `input`'s prompt with `hit` on a node of `rates` whose queue holds
-// `queue_ms` of work.
+// `queue_ms` of work, for a model of `config` (its block size is input.block_size).
 PrefillCost PredictPrefill(const PrefillRates& rates, double queue_ms, const HitPolicyInput& input,
-                           const TieredHit& hit, int64_t block_size);
+                           const TieredHit& hit, const ModelConfig& config);
 
 }  // namespace baton::kvstore

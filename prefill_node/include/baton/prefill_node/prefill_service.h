@@ -123,6 +123,7 @@ class PrefillService final
                         model::SequenceState& state);
   // One served prefill's times, folded into the rates the node reports (moving averages).
   struct Observed {
+    int64_t prompt_len = 0;     // L
     int64_t computed_rows = 0;  // L - H, through the producers and block KV
     int64_t replayed_rows = 0;  // through the consumer layers here (0 under replay-on-decode)
     double compute_ms = 0;
