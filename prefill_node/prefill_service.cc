@@ -227,19 +227,30 @@ void PrefillService::Observe(const Observed& o) {
   auto fold = [](double& rate, double sample) {
     rate = rate <= 0 ? sample : 0.8 * rate + 0.2 * sample;
   };
+  // A rate per unit of work is a ratio of moving sums, weighted by the work: a small prefill
+  // (whose fixed costs per chunk dominate) moves it as little as it weighs.
+  auto weigh = [](RateSums& sums, double ms, double units) {
+    sums.ms = 0.8 * sums.ms + ms;
+    sums.units = 0.8 * sums.units + units;
+    return sums.ms / sums.units;
+  };
   const kvstore::PrefillWork work =
       kvstore::EstimatePrefillWork(model_.config(), o.prompt_len, o.prompt_len - o.computed_rows,
                                    o.prompt_len - o.replayed_rows);
   const double gflop = work.computed_gflop + (o.replayed_rows > 0 ? work.replayed_gflop : 0);
   constexpr double kMiB = 1024.0 * 1024.0;
   std::lock_guard<std::mutex> lock(rates_mutex_);
-  if (gflop > 0 && o.compute_ms > 0) fold(rates_.compute_ms_per_gflop, o.compute_ms / gflop);
+  if (gflop > 0 && o.compute_ms > 0) {
+    rates_.compute_ms_per_gflop = weigh(compute_sums_, o.compute_ms, gflop);
+  }
   // Small reads say little of a tier's rate (a fixed cost dominates): 1 MiB at least.
   if (o.load.local_bytes >= kMiB) {
-    fold(rates_.local_ms_per_mib, o.load.local_ms * kMiB / static_cast<double>(o.load.local_bytes));
+    rates_.local_ms_per_mib =
+        weigh(local_sums_, o.load.local_ms, static_cast<double>(o.load.local_bytes) / kMiB);
   }
   if (o.load.store_bytes >= kMiB) {
-    fold(rates_.store_ms_per_mib, o.load.store_ms * kMiB / static_cast<double>(o.load.store_bytes));
+    rates_.store_ms_per_mib =
+        weigh(store_sums_, o.load.store_ms, static_cast<double>(o.load.store_bytes) / kMiB);
   }
   fold(rates_.fixed_ms, std::max(0.0, o.fixed_ms));
   ++rate_samples_;

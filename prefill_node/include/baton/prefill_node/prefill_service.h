@@ -163,6 +163,10 @@ class PrefillService final
   mutable std::mutex rates_mutex_;
   kvstore::PrefillRates rates_;  // 0 where nothing was measured yet
   uint32_t rate_samples_ = 0;
+  struct RateSums {
+    double ms = 0, units = 0;  // decayed sums of time and of work (GFLOP or MiB)
+  };
+  RateSums compute_sums_, local_sums_, store_sums_;
   std::mutex write_mutex_;
   std::condition_variable write_ready_;
   std::deque<std::vector<v1::BlockWrite>> write_queue_;
