@@ -5,6 +5,7 @@
 
 #include <limits>
 
+#include "baton/model/model_factory.h"
 #include "gtest/gtest.h"
 
 namespace baton::kvstore {
@@ -60,16 +61,9 @@ TEST(TtftModelTest, AHitReadsEachBlockFromTheLocalTierWhereItLies) {
             0);
 }
 
+// The small preset's shapes with this test's window and block size.
 ModelConfig SmallConfig() {
-  ModelConfig config;
-  config.vocab_size = 4096;
-  config.hidden_size = 512;
-  config.intermediate_size = 1536;
-  config.num_hidden_layers = 16;
-  config.n_prefill_layer = 8;
-  config.num_attention_heads = 8;
-  config.num_key_value_heads = 1;
-  config.head_dim = 64;
+  ModelConfig config = *model::PresetConfig("small");
   config.sliding_window = kW;
   config.kv_block_size = kB;
   return config;
@@ -111,7 +105,8 @@ TEST(TtftModelTest, WorkGrowsWithTheRowsAndAReplayedRowWithItsPrefix) {
   const PrefillWork none = EstimatePrefillWork(config, 4096, 4096, 4096);
   EXPECT_DOUBLE_EQ(none.computed_gflop, 0);
   // Only the last row's logits.
-  EXPECT_DOUBLE_EQ(none.replayed_gflop, 2.0 * 512 * 4096 / 1e9);
+  EXPECT_DOUBLE_EQ(none.replayed_gflop,
+                   2.0 * static_cast<double>(config.hidden_size * config.vocab_size) / 1e9);
   const PrefillWork cold = EstimatePrefillWork(config, 4096, 0, 4096 - 134);
   const PrefillWork hit = EstimatePrefillWork(config, 4096, 3904, 4096 - 134);
   EXPECT_GT(cold.computed_gflop, 15 * hit.computed_gflop);

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "baton/kvstore/chain.h"
+#include "baton/model/model_factory.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -28,17 +29,10 @@ std::vector<ClusterRequest> Workload(int n, int prefixes, double gap_ms) {
   return requests;
 }
 
-// A small model's shapes: the work each prefill is priced by.
+// The small preset's shapes (the work each prefill is priced by), with this test's window
+// and block size.
 ModelConfig Config() {
-  ModelConfig config;
-  config.vocab_size = 4096;
-  config.hidden_size = 512;
-  config.intermediate_size = 1536;
-  config.num_hidden_layers = 16;
-  config.n_prefill_layer = 8;
-  config.num_attention_heads = 8;
-  config.num_key_value_heads = 1;
-  config.head_dim = 64;
+  ModelConfig config = *model::PresetConfig("small");
   config.sliding_window = 8;
   config.kv_block_size = kB;
   return config;
