@@ -224,25 +224,26 @@ kvstore::TieredHit GenerateCall::HitOn(const RegisteredNode& node) {
   return kvstore::PlanTieredHit(HitInput(), tiers, kvstore::BlockPayloadBytes(model_->config));
 }
 
-kvstore::PrefillCost GenerateCall::CostOn(const NodeRegistry::PrefillCandidate& candidate) {
+kvstore::PrefillCost GenerateCall::CostOn(const NodeRegistry::PrefillCandidate& candidate,
+                                          const kvstore::TieredHit& hit) {
   return kvstore::PredictPrefill(kvstore::RatesOrDefaults(candidate.rates), candidate.pending_ms,
-                                 HitInput(), HitOn(*candidate.node), model_->config);
+                                 HitInput(), hit, model_->config);
 }
 
 PrefillScore GenerateCall::Score(const NodeRegistry::PrefillCandidate& candidate) {
-  const kvstore::PrefillCost cost = CostOn(candidate);
+  const kvstore::TieredHit hit = HitOn(*candidate.node);
+  const kvstore::PrefillCost cost = CostOn(candidate, hit);
   if (router_.options.prefill_policy == PrefillPolicy::kLongestPrefix) {
     // The most blocks from the node's own cache; ties go to the least loaded.
-    return {.rank = -static_cast<double>(HitOn(*candidate.node).local_blocks),
-            .service_ms = cost.service_ms()};
+    return {.rank = -static_cast<double>(hit.local_blocks), .service_ms = cost.service_ms()};
   }
   return {.rank = cost.total_ms(), .service_ms = cost.service_ms()};
 }
 
 void GenerateCall::NoteChoice(const Admission::Admitted& admitted) {
   const PrefillPolicy policy = router_.options.prefill_policy;
-  const kvstore::PrefillCost cost = CostOn(admitted.chosen);
   const kvstore::TieredHit hit = HitOn(*admitted.chosen.node);
+  const kvstore::PrefillCost cost = CostOn(admitted.chosen, hit);
   predicted_ttft_ms_ = cost.total_ms();
   router_.metrics.predicted_ttft.Observe(cost.total_ms() / 1000);
   // Whether the policy moved the request off the least loaded node.
@@ -258,8 +259,9 @@ void GenerateCall::NoteChoice(const Admission::Admitted& admitted) {
   int64_t runner_up_local = 0;
   if (admitted.runner_up.has_value()) {
     runner_up = admitted.runner_up->node->id();
-    runner_up_ms = CostOn(*admitted.runner_up).total_ms();
-    runner_up_local = HitOn(*admitted.runner_up->node).local_blocks;
+    const kvstore::TieredHit other = HitOn(*admitted.runner_up->node);
+    runner_up_ms = CostOn(*admitted.runner_up, other).total_ms();
+    runner_up_local = other.local_blocks;
   }
   log::Debug("prefill node chosen", {{"request_id", trace_.id},
                                      {"policy", kvstore::RoutingPolicyName(policy)},

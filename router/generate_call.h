@@ -105,7 +105,8 @@ class GenerateCall {
   // The hit and predicted cost of this request on a prefill node (the node's local blocks
   // from the router's cache index, the store's from ViewFor).
   kvstore::TieredHit HitOn(const RegisteredNode& node);
-  kvstore::PrefillCost CostOn(const NodeRegistry::PrefillCandidate& candidate);
+  kvstore::PrefillCost CostOn(const NodeRegistry::PrefillCandidate& candidate,
+                              const kvstore::TieredHit& hit);
   // The policy's ranking of a candidate (Admission::Ask::score).
   PrefillScore Score(const NodeRegistry::PrefillCandidate& candidate);
   // Logs and counts the admission's choice, its inputs and the runner-up.

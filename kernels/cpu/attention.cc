@@ -139,6 +139,26 @@ __attribute__((always_inline)) inline void ScoreBlock(const float* q, int64_t hd
   }
 }
 
+// s[j] = e^(s[j] - shift) over [0, n), kW lanes at a time; returns their sum.
+template <int kW>
+__attribute__((always_inline)) inline float ExpShiftedSum(float* s, int64_t n, float shift) {
+  using V = NativeVec<kW>;
+  V sum = {};
+  for (int64_t j = 0; j < n; j += kW) {
+    const int64_t count = std::min<int64_t>(kW, n - j);
+    V x = V{} + shift;  // lanes past the last score are e^0, kept out of the sum
+    LoadFirst<kW>(x, s + j, count);
+    x -= shift;
+    ExpOf<kW>(x);
+    for (int64_t l = count; l < kW; ++l) x[l] = 0.0f;
+    sum += x;
+    StoreFirst<kW>(s + j, x, count);
+  }
+  float total = 0.0f;
+  for (int l = 0; l < kW; ++l) total += sum[l];
+  return total;
+}
+
 // s[j] = e^(s[j] - max) over the n scores, with max the largest of them, kW lanes at a time, then
 // divided by their sum when `normalize`; sets max and the sum.
 template <int kW>
@@ -155,21 +175,7 @@ __attribute__((always_inline)) inline void Softmax(float* s, int64_t n, bool nor
   max_score = -INFINITY;
   for (int l = 0; l < kW; ++l) max_score = std::max(max_score, max_lanes[l]);
   for (int64_t j = whole; j < n; ++j) max_score = std::max(max_score, s[j]);
-  V sum = {};
-  for (int64_t j = 0; j < n; j += kW) {
-    const int64_t count = std::min<int64_t>(kW, n - j);
-    V x = V{} + max_score;  // lanes past the last score are e^0, kept out of the sum
-    LoadFirst<kW>(x, s + j, count);
-    x -= max_score;
-    ExpOf<kW>(x);
-    if (j == whole) {
-      for (int64_t l = count; l < kW; ++l) x[l] = 0.0f;
-    }
-    sum += x;
-    StoreFirst<kW>(s + j, x, count);
-  }
-  total = 0.0f;
-  for (int l = 0; l < kW; ++l) total += sum[l];
+  total = ExpShiftedSum<kW>(s, n, max_score);
   if (!normalize) return;
   const float inv_total = 1.0f / total;
   for (int64_t j = 0; j < whole; j += kW) {
@@ -371,25 +377,6 @@ struct AttendRowGroup {
 // x86-64 level has them).
 constexpr int64_t kTileRows = 64;
 
-// s[j] = e^(s[j] - shift) over [0, n); returns their sum.
-float ExpShiftedSum(float* s, int64_t n, float shift) {
-  constexpr int kW = 4;
-  using V = NativeVec<kW>;
-  V sum = {};
-  for (int64_t j = 0; j < n; j += kW) {
-    const int64_t count = std::min<int64_t>(kW, n - j);
-    V x = V{} + shift;  // lanes past the last score are e^0, kept out of the sum
-    LoadFirst<kW>(x, s + j, count);
-    x -= shift;
-    ExpOf<kW>(x);
-    for (int64_t l = count; l < kW; ++l) x[l] = 0.0f;
-    sum += x;
-    StoreFirst<kW>(s + j, x, count);
-  }
-  float total = 0.0f;
-  for (int l = 0; l < kW; ++l) total += sum[l];
-  return total;
-}
 constexpr int64_t kTiledMinRows = 64;
 
 struct GatheredKeys {
@@ -474,8 +461,8 @@ void AttendTile(const AttentionParams& p, const GatheredKeys& g, int64_t r0, int
     std::fill(row + n_g + s_end, row + ld, 0.0f);
     float total = 0.0f;
     if (max_score > -INFINITY) {
-      total = ExpShiftedSum(row, g_end, max_score) +
-              ExpShiftedSum(row + n_g + s_begin, s_end - s_begin, max_score);
+      total = ExpShiftedSum<4>(row, g_end, max_score) +
+              ExpShiftedSum<4>(row + n_g + s_begin, s_end - s_begin, max_score);
     }
     const float inv = total > 0 ? 1.0f / total : 0.0f;
     for (int64_t c = 0; c < ld; ++c) row[c] *= inv;
