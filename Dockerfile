@@ -67,7 +67,8 @@ RUN BATON_WITH_CUDA="${BATON_CUDA}" BATON_JOBS="${BATON_JOBS}" BATON_BUILD_DIR=/
  && install -m 0644 build/tokenizer/tokenizer.model build/tokenizer/tokenizer_config.json \
       build/tokenizer/generation_config.json /out/share/baton/tokenizer/ \
  && install -d /out/share/baton/models \
- && cp -r models/ced-brown-replay models/ced-brown-plain /out/share/baton/models/ \
+ && cp -r models/ced-brown-shared models/ced-brown-replay models/ced-brown-plain \
+      /out/share/baton/models/ \
  && if [ "${BATON_CUDA}" = ON ]; then \
       install -m 0755 build/model/cuda/libbaton_backend_cuda.so /out/bin/; \
     fi \
@@ -117,7 +118,8 @@ RUN apt-get update \
       --shell /usr/sbin/nologin baton
 COPY --from=build /out/bin/ /usr/local/bin/
 # The default tokenizer (`baton up --preset` and `batonctl make-model --tokenizer` give it to a
-# generated model) and the trained models, ced-brown-replay being `baton up`'s default.
+# generated model) and the trained models, ced-brown-shared being `baton up`'s default (and the
+# Helm chart's, model.builtin).
 COPY --from=build /out/share/ /usr/local/share/
 # Fail the build, not the pod, when a binary needs a library the list above lacks (the GPU
 # driver's libcuda.so.1 excepted: the node provides it).

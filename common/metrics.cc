@@ -4,6 +4,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "baton/common/parse.h"
 #include "prometheus/exposer.h"
 
 namespace baton::metrics {
@@ -123,18 +124,30 @@ absl::StatusOr<MetricsServer> StartMetricsServer(const std::string& host, int po
       .Add({{"binary", binary}, {"version", BATON_VERSION}})
       .Set(1);
   MetricsServer server;
-  try {
-    server.exposer = std::make_unique<prometheus::Exposer>(absl::StrCat(host, ":", port), 1);
-  } catch (const std::exception& e) {
+  // civetweb spells every address, IPv6 and IPv4, "+port"; a kernel without IPv6 gets every
+  // IPv4 address instead.
+  std::vector<std::string> binds = {JoinHostPort(host, port)};
+  if (host == "::") binds = {absl::StrCat("+", port), absl::StrCat("0.0.0.0:", port)};
+  std::string error;
+  for (const std::string& bind : binds) {
+    try {
+      server.exposer = std::make_unique<prometheus::Exposer>(bind, 1);
+      break;
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }
+  if (server.exposer == nullptr) {
     return absl::UnavailableError(
-        absl::StrCat("metrics: cannot listen on ", host, ":", port, ": ", e.what()));
+        absl::StrCat("metrics: cannot listen on ", JoinHostPort(host, port), ": ", error));
   }
   const std::vector<int> ports = server.exposer->GetListeningPorts();
   if (ports.empty()) {
-    return absl::UnavailableError(absl::StrCat("metrics: cannot listen on ", host, ":", port));
+    return absl::UnavailableError(
+        absl::StrCat("metrics: cannot listen on ", JoinHostPort(host, port)));
   }
   server.exposer->RegisterCollectable(Process());
-  server.address = absl::StrCat(host, ":", ports.front());
+  server.address = JoinHostPort(host, ports.front());
   return server;
 }
 

@@ -25,4 +25,11 @@ absl::StatusOr<std::vector<int64_t>> ParseIntList(absl::string_view text, absl::
   return values;
 }
 
+std::string JoinHostPort(const std::string& host, int port) {
+  if (host.find(':') != std::string::npos && host.front() != '[') {
+    return absl::StrCat("[", host, "]:", port);
+  }
+  return absl::StrCat(host, ":", port);
+}
+
 }  // namespace baton

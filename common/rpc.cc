@@ -8,6 +8,7 @@
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <set>
 
 #include "absl/strings/ascii.h"
@@ -15,6 +16,7 @@
 #include "absl/strings/str_split.h"
 #include "baton/common/log.h"
 #include "baton/common/metrics.h"
+#include "baton/common/parse.h"
 #include "baton/common/security.h"
 #include "grpcpp/health_check_service_interface.h"
 
@@ -58,8 +60,9 @@ absl::StatusOr<StartedServer> StartServer(grpc::ServerBuilder& builder,
                              security::kKeepaliveMs / 2);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   int port = 0;
+  // gRPC binds a wildcard ("[::]" or "0.0.0.0") to every address it can, IPv6 and IPv4.
   builder.AddListeningPort(
-      absl::StrCat(options.host, ":", options.port),
+      JoinHostPort(options.host, options.port),
       credentials != nullptr ? std::move(credentials) : security::InternalServerCredentials(),
       &port);
   StartedServer started;
@@ -69,47 +72,121 @@ absl::StatusOr<StartedServer> StartServer(grpc::ServerBuilder& builder,
         absl::StrCat("cannot listen on ", options.host, ":", options.port));
   }
   started.server->GetHealthCheckService()->SetServingStatus("liveness", true);
-  started.address = absl::StrCat(options.host, ":", port);
+  started.address = JoinHostPort(options.host, port);
   WriteAddressFile(options.ready_file, started.address);
   return started;
 }
 
-std::vector<std::string> ResolveRouters(const std::string& routers) {
+namespace {
+
+std::vector<std::string> Entries(const std::string& routers) {
   std::vector<std::string> out;
   for (absl::string_view entry : absl::StrSplit(routers, ',', absl::SkipWhitespace())) {
-    entry = absl::StripAsciiWhitespace(entry);
-    const size_t colon = entry.rfind(':');
-    if (colon == absl::string_view::npos || entry.front() == '[') {
-      out.emplace_back(entry);  // no port, or an IPv6 literal: gRPC takes it as it is
-      continue;
-    }
-    const std::string host(entry.substr(0, colon)), port(entry.substr(colon + 1));
-    addrinfo hints{};
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    addrinfo* found = nullptr;
-    if (getaddrinfo(host.c_str(), port.c_str(), &hints, &found) != 0 || found == nullptr) {
-      out.emplace_back(entry);
-      continue;
-    }
-    for (const addrinfo* a = found; a != nullptr; a = a->ai_next) {
-      char ip[INET6_ADDRSTRLEN] = {};
-      const void* bytes =
-          a->ai_family == AF_INET
-              ? static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(a->ai_addr)->sin_addr)
-              : static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(a->ai_addr)->sin6_addr);
-      if (inet_ntop(a->ai_family, bytes, ip, sizeof(ip)) == nullptr) continue;
-      const std::string address = a->ai_family == AF_INET6 ? absl::StrCat("[", ip, "]:", port)
-                                                           : absl::StrCat(ip, ":", port);
-      if (std::find(out.begin(), out.end(), address) == out.end()) out.push_back(address);
-    }
-    freeaddrinfo(found);
+    out.emplace_back(absl::StripAsciiWhitespace(entry));
   }
   return out;
 }
 
-Heartbeat::Heartbeat(std::string routers, v1::RegisterRequest node, LoadFn load, CacheFeed cache)
-    : routers_(std::move(routers)),
+// One entry's addresses; nullopt when its name does not resolve. An entry without a port, or
+// an IPv6 literal, is taken as it is (gRPC resolves it).
+std::optional<std::vector<std::string>> ResolveEntry(const std::string& entry) {
+  const size_t colon = entry.rfind(':');
+  if (colon == std::string::npos || entry.front() == '[') return std::vector<std::string>{entry};
+  const std::string host = entry.substr(0, colon), port = entry.substr(colon + 1);
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (getaddrinfo(host.c_str(), port.c_str(), &hints, &found) != 0 || found == nullptr) {
+    return std::nullopt;
+  }
+  std::vector<std::string> out;
+  for (const addrinfo* a = found; a != nullptr; a = a->ai_next) {
+    char ip[INET6_ADDRSTRLEN] = {};
+    const void* bytes =
+        a->ai_family == AF_INET
+            ? static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(a->ai_addr)->sin_addr)
+            : static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(a->ai_addr)->sin6_addr);
+    if (inet_ntop(a->ai_family, bytes, ip, sizeof(ip)) == nullptr) continue;
+    const std::string address = JoinHostPort(ip, std::stoi(port));
+    if (std::find(out.begin(), out.end(), address) == out.end()) out.push_back(address);
+  }
+  freeaddrinfo(found);
+  return out;
+}
+
+void AppendNew(const std::vector<std::string>& addresses, std::vector<std::string>& out) {
+  for (const std::string& address : addresses) {
+    if (std::find(out.begin(), out.end(), address) == out.end()) out.push_back(address);
+  }
+}
+
+}  // namespace
+
+std::vector<std::string> ResolveRouters(const std::string& routers) {
+  std::vector<std::string> out;
+  for (const std::string& entry : Entries(routers)) {
+    AppendNew(ResolveEntry(entry).value_or(std::vector<std::string>{entry}), out);
+  }
+  return out;
+}
+
+struct RouterResolver::State {
+  std::mutex mutex;
+  std::condition_variable changed;
+  bool stop = false;
+  bool resolved = false;               // a first resolution has finished
+  std::vector<std::string> addresses;  // of the latest one
+};
+
+RouterResolver::RouterResolver(std::string routers, std::chrono::milliseconds interval)
+    : state_(std::make_shared<State>()) {
+  std::thread([state = state_, routers = std::move(routers), interval] {
+    std::map<std::string, std::vector<std::string>> last;  // each entry's last good answer
+    std::set<std::string> unresolved;                      // entries logged as not resolving
+    std::unique_lock<std::mutex> lock(state->mutex);
+    while (!state->stop) {
+      lock.unlock();
+      std::vector<std::string> addresses;
+      for (const std::string& entry : Entries(routers)) {
+        std::optional<std::vector<std::string>> resolved = ResolveEntry(entry);
+        if (resolved.has_value() && !resolved->empty()) {
+          last[entry] = *resolved;
+          unresolved.erase(entry);
+        } else if (unresolved.insert(entry).second) {
+          log::Warn(
+              "router name does not resolve",
+              {{"router", entry},
+               {"using", last.contains(entry) ? "its last addresses" : "the name as written"}});
+        }
+        auto known = last.find(entry);
+        AppendNew(known != last.end() ? known->second : std::vector<std::string>{entry}, addresses);
+      }
+      lock.lock();
+      state->addresses = std::move(addresses);
+      state->resolved = true;
+      state->changed.notify_all();
+      state->changed.wait_for(lock, interval, [&] { return state->stop; });
+    }
+  }).detach();
+}
+
+RouterResolver::~RouterResolver() {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  state_->stop = true;
+  state_->changed.notify_all();
+}
+
+std::vector<std::string> RouterResolver::Addresses(
+    std::chrono::steady_clock::time_point until) const {
+  std::unique_lock<std::mutex> lock(state_->mutex);
+  state_->changed.wait_until(lock, until, [this] { return state_->resolved || state_->stop; });
+  return state_->addresses;
+}
+
+Heartbeat::Heartbeat(std::string routers, v1::RegisterRequest node, LoadFn load, CacheFeed cache,
+                     std::chrono::milliseconds resolve_interval)
+    : resolver_(std::move(routers), resolve_interval),
       node_(std::move(node)),
       load_(std::move(load)),
       cache_(std::move(cache)),
@@ -146,8 +223,10 @@ void Heartbeat::Run() {
     *request.mutable_load() = load_();
     if (cache_.take) *request.mutable_cache_events() = cache_.take();
     // Every router at once (the callback API), so that routers that do not answer delay
-    // the others' heartbeats by one deadline at most, not one each.
-    const std::vector<std::string> addresses = ResolveRouters(routers_);
+    // the others' heartbeats by one deadline at most, not one each. The addresses are the
+    // resolver's latest; only the very first beat waits for a first answer (a period).
+    const std::vector<std::string> addresses =
+        resolver_.Addresses(std::chrono::steady_clock::now() + period);
     struct Call {
       grpc::ClientContext context;
       v1::RegisterResponse response;
@@ -221,6 +300,7 @@ Registration NodeRegistration(std::string router, const std::string& node_id, v1
   registration.node.set_model_fingerprint(fingerprint);
   registration.node.set_model_name(model_name);
   registration.node.set_config_digest(config_digest);
+  registration.node.set_build_version(BATON_VERSION);
   return registration;
 }
 
@@ -308,9 +388,10 @@ int ServeUntilShutdown(const std::string& binary, grpc::ServerBuilder& builder,
     const int port = std::stoi(started->address.substr(started->address.rfind(':') + 1));
     registration.node.set_address(options.advertise_host.empty()
                                       ? started->address
-                                      : absl::StrCat(options.advertise_host, ":", port));
-    heartbeat = std::make_unique<Heartbeat>(registration.router, registration.node,
-                                            registration.load, registration.cache);
+                                      : JoinHostPort(options.advertise_host, port));
+    heartbeat =
+        std::make_unique<Heartbeat>(registration.router, registration.node, registration.load,
+                                    registration.cache, options.router_resolve_interval);
   }
   const int signal = WaitForShutdownSignal();
   const auto deadline = std::chrono::steady_clock::now() + options.drain_timeout;

@@ -9,7 +9,9 @@ namespace baton {
 
 void AddServerFlags(CLI::App& app, ServerFlags& flags) {
   ServerOptions& server = flags.server;
-  app.add_option("--host", server.host, "Address to listen on (default 127.0.0.1)");
+  app.add_option("--host", server.host,
+                 "IP to listen on (default 127.0.0.1; \"::\" every address, IPv4 and IPv6; "
+                 "0.0.0.0 every IPv4 one)");
   app.add_option("--port", server.port, "Port (0: any free port)")->check(CLI::Range(0, 65535));
   app.add_option("--advertise-host", server.advertise_host,
                  "Host other nodes reach this one at (default: --host)");
@@ -47,6 +49,13 @@ void AddServerFlags(CLI::App& app, ServerFlags& flags) {
          "finish what the process holds for at most this long before exiting (30s, 500ms, 2m; "
          "a bare number is seconds; default 30s)")
       ->default_str("30s");
+  app.add_option_function<int64_t>(
+         "--router-resolve-ms",
+         [&server](int64_t ms) { server.router_resolve_interval = std::chrono::milliseconds(ms); },
+         "Nodes: resolve the --router names again this often, in the background (heartbeats "
+         "use the latest answer and never wait on DNS; default 5000)")
+      ->check(CLI::Range(int64_t{100}, int64_t{600000}))
+      ->default_str("5000");
   log::AddLogFlags(app, flags.log);
   security::AddTlsFlags(app, flags.tls);
 }

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "baton/common/log.h"
+#include "baton/common/parse.h"
 #include "baton/common/rpc.h"
 #include "baton/v1/generation.grpc.pb.h"
 
@@ -97,7 +98,7 @@ absl::Status HttpFront::Start() {
   server.error_body = ServerErrorBody;
   server_ = std::make_unique<HttpServer>(std::move(server));
   if (absl::Status s = server_->Start(); !s.ok()) return s;
-  address_ = absl::StrCat(options_.host, ":", server_->port());
+  address_ = JoinHostPort(options_.host, server_->port());
   WriteAddressFile(options_.ready_file, address_);
   log::Info(
       "HTTP front serving",

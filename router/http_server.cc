@@ -508,7 +508,9 @@ class Session final : public SessionBase, public std::enable_shared_from_this<Se
     request->method = method_;
     request->path = path_;
     request->client = client_;
-    const bool keep_alive = parser_->get().keep_alive() && !server_.stopping;
+    const auto max_age = server_.options.limits.max_connection_age;
+    const bool keep_alive = parser_->get().keep_alive() && !server_.stopping &&
+                            (max_age.count() == 0 || Clock::now() - opened_ < max_age);
     TakeRequest(*parser_, request.get());
     auto self = this->shared_from_this();
     const HttpRoute* route = route_;
@@ -578,6 +580,7 @@ class Session final : public SessionBase, public std::enable_shared_from_this<Se
   uint64_t reserved_ = 0;
   bool first_ = true;
   Clock::time_point deadline_;
+  const Clock::time_point opened_ = Clock::now();
   size_t lingered_ = 0;
   char scratch_[16384];
 };
@@ -641,11 +644,20 @@ absl::Status HttpServer::Start() {
     }
   }
   beast::error_code ec;
-  const net::ip::address address = net::ip::make_address(options.host, ec);
+  net::ip::address address = net::ip::make_address(options.host, ec);
   if (ec) return absl::InvalidArgumentError(absl::StrCat("--host: ", options.host, ": not an IP"));
   impl.acceptor.emplace(impl.ioc);
-  const tcp::endpoint endpoint(address, static_cast<unsigned short>(options.port));
+  tcp::endpoint endpoint(address, static_cast<unsigned short>(options.port));
   impl.acceptor->open(endpoint.protocol(), ec);
+  // "::" is every address, IPv4 ones too (v6_only off); a kernel without IPv6 gets every IPv4
+  // address instead.
+  if (ec && address.is_v6() && address.to_v6().is_unspecified()) {
+    endpoint = tcp::endpoint(tcp::v4(), static_cast<unsigned short>(options.port));
+    ec.clear();
+    impl.acceptor->open(endpoint.protocol(), ec);
+  } else if (!ec && address.is_v6()) {
+    impl.acceptor->set_option(net::ip::v6_only(!address.to_v6().is_unspecified()), ec);
+  }
   if (!ec) impl.acceptor->set_option(net::socket_base::reuse_address(true), ec);
   if (!ec) impl.acceptor->bind(endpoint, ec);
   if (!ec) impl.acceptor->listen(net::socket_base::max_listen_connections, ec);

@@ -129,7 +129,23 @@ int main(int argc, char** argv) {
                  "(repeatable)");
   app.add_flag("--require-kvstore", options.require_kvstore,
                "Become SERVING only once a kvstore has registered too (losing it later makes "
-               "requests cold, not the router unready)");
+               "requests cold, not the router unready). Off by default: without a store "
+               "requests run cold, and a store that is late or restarting must not take "
+               "serving down");
+  app.add_option("--heartbeat-ms", options.heartbeat_ms,
+                 "How often nodes register again, reporting their load (default 500)")
+      ->check(CLI::Range(uint32_t{50}, uint32_t{10000}));
+  app.add_option("--node-expiry-ms", options.node_ttl_ms,
+                 "A node not heard from for this long gets no new request (default 6500; at "
+                 "least three heartbeats plus a 5 s resolver timeout)")
+      ->check(CLI::Range(uint32_t{100}, uint32_t{600000}));
+  app.add_option("--client-max-connection-age", flags.client_max_connection_age,
+                 "Close a client's connection to the client port (gRPC GOAWAY, HTTP "
+                 "\"Connection: close\") once it is this old, so that clients spread over "
+                 "routers added since (2m, 30s; 0: never; default 2m)");
+  app.add_option("--client-max-connection-age-grace", flags.client_max_connection_age_grace,
+                 "How long calls in flight on such a connection may still run before it is cut "
+                 "(default 5m)");
   if (auto exit =
           baton::ParseServerFlags(app, argc, argv, "baton-router", "router", flags.server_flags)) {
     return *exit;

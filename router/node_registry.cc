@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "baton/common/log.h"
@@ -48,6 +49,7 @@ absl::Status CheckRegistration(const v1::RegisterRequest& request) {
         CheckBytes("model_fingerprint", request.model_fingerprint(), kMaxFingerprintBytes),
         CheckBytes("model_name", request.model_name(), kMaxModelNameBytes),
         CheckBytes("config_digest", request.config_digest(), kMaxFingerprintBytes),
+        CheckBytes("build_version", request.build_version(), kMaxModelNameBytes),
         CheckBytes("ucx_worker_address", request.ucx_worker_address(), kMaxUcxAddressBytes)}) {
     if (!s.ok()) return s;
   }
@@ -244,6 +246,7 @@ absl::Status NodeRegistry::Register(const grpc::ServerContextBase& context,
     } else {
       *node->info.mutable_load() = request.load();
       node->info.set_weight_bytes(request.weight_bytes());
+      node->info.set_build_version(request.build_version());
       if (request.draining() && !node->draining) {
         log::Info("node draining",
                   {{"node", request.node_id()},
@@ -479,6 +482,22 @@ std::vector<std::set<std::string>> NodeRegistry::ServedFingerprints() const {
     }
   }
   return served;
+}
+
+std::vector<NodeRegistry::VersionCount> NodeRegistry::LiveByVersion() const {
+  std::map<std::tuple<std::string, std::string, uint32_t>, double> counts;
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto now = Clock::now();
+  for (const auto& [id, node] : nodes_) {
+    if (!Live(*node, now)) continue;
+    counts[{RoleLabel(node->info.role()), node->info.build_version(),
+            node->info.state_format_version()}] += 1;
+  }
+  std::vector<VersionCount> out;
+  for (const auto& [key, n] : counts) {
+    out.push_back({std::get<0>(key), std::get<1>(key), std::get<2>(key), n});
+  }
+  return out;
 }
 
 std::map<std::string, double> NodeRegistry::LiveByRole() const {

@@ -1,5 +1,7 @@
 #include "baton/router/router_main.h"
 
+#include <algorithm>
+#include <limits>
 #include <memory>
 #include <utility>
 
@@ -22,6 +24,7 @@ struct RouterSetup {
   RouterOptions options;
   HttpOptions http;
   std::shared_ptr<grpc::ServerCredentials> client_credentials;
+  std::chrono::milliseconds max_connection_age{0}, max_connection_age_grace{0};  // 0: never
 };
 
 // --default-mode and --default-keep: keep >= C under mask and compact (common/ced_rules.h).
@@ -153,6 +156,21 @@ absl::StatusOr<RouterSetup> Setup(const RouterFlags& flags) {
       ParseStreamIdleTimeout(flags.stream_idle_timeout);
   if (!idle.ok()) return idle.status();
   options.stream_idle_timeout = *idle;
+  if (options.node_ttl_ms < MinNodeExpiryMs(options.heartbeat_ms)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--node-expiry-ms: ", options.node_ttl_ms, " is below ",
+        MinNodeExpiryMs(options.heartbeat_ms), " (three --heartbeat-ms of ", options.heartbeat_ms,
+        " plus a ", kResolverTimeoutMs, " ms resolver timeout)"));
+  }
+  absl::StatusOr<std::chrono::milliseconds> age =
+      ParseDurationFlag("--client-max-connection-age", flags.client_max_connection_age, "never");
+  if (!age.ok()) return age.status();
+  absl::StatusOr<std::chrono::milliseconds> grace =
+      ParseDurationFlag("--client-max-connection-age-grace", flags.client_max_connection_age_grace);
+  if (!grace.ok()) return grace.status();
+  setup.max_connection_age = *age;
+  setup.max_connection_age_grace = *grace;
+  setup.http.limits.max_connection_age = *age;
   absl::StatusOr<ModelConfig> config = LoadModelConfig(flags.model_dir + "/config.json");
   if (!config.ok()) return config.status();
   setup.config = *std::move(config);
@@ -192,6 +210,16 @@ int Serve(const RouterFlags& flags, const RouterSetup& setup) {
   grpc::ServerBuilder internal_builder, client_builder;
   internal_builder.RegisterService(static_cast<v1::Registry::Service*>(&service));
   client_builder.RegisterService(static_cast<v1::Generation::Service*>(&service));
+  // Clients keep their connection; one closed at an age (a GOAWAY, after which the client
+  // reconnects through the Service) lets routers the autoscaler adds take their share.
+  if (setup.max_connection_age.count() > 0) {
+    const auto ms = [](std::chrono::milliseconds d) {
+      return static_cast<int>(std::min<int64_t>(d.count(), std::numeric_limits<int>::max()));
+    };
+    client_builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_MS, ms(setup.max_connection_age));
+    client_builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_GRACE_MS,
+                                      ms(setup.max_connection_age_grace));
+  }
   // The internal server takes the shared flags (host, metrics) with its own port and file.
   ServerOptions internal = flags.server_flags.server;
   internal.port = flags.internal_port;

@@ -1,6 +1,7 @@
 #include "baton/router/router_service.h"
 
 #include <random>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -54,6 +55,17 @@ RouterService::RouterService(const ModelConfig& config, const RouterOptions& opt
   nodes_collector_ = metrics::AddCollector([this] {
     std::vector<std::pair<std::map<std::string, std::string>, double>> live, streams;
     for (const auto& [role, n] : registry_.LiveByRole()) live.push_back({{{"role", role}}, n});
+    // Builds and StateBlock formats of the live nodes: a format change mid-rollout shows as
+    // two formats at once, whose nodes do not pair with each other's.
+    std::vector<std::pair<std::map<std::string, std::string>, double>> versions;
+    std::set<uint32_t> formats;
+    for (const NodeRegistry::VersionCount& v : registry_.LiveByVersion()) {
+      versions.push_back({{{"role", v.role},
+                           {"version", v.build.empty() ? "unknown" : v.build},
+                           {"state_format", std::to_string(v.state_format)}},
+                          v.nodes});
+      if (v.role != "kvstore") formats.insert(v.state_format);
+    }
     // One series per tenant of the API keys file (its names are the bound on the labels).
     for (const auto& [tenant, n] : admission_.StreamsByTenant()) {
       streams.push_back({{{"tenant", tenant}}, n});
@@ -64,6 +76,13 @@ RouterService::RouterService(const ModelConfig& config, const RouterOptions& opt
                              "tenant",
                              streams),
         metrics::GaugeFamily("baton_nodes", "Registered nodes heard from recently, by role", live),
+        metrics::GaugeFamily("baton_router_nodes_by_version",
+                             "Live nodes by role, build version and StateBlock format version",
+                             versions),
+        metrics::GaugeFamily("baton_router_version_skew",
+                             "1 while live prefill and decode nodes report more than one "
+                             "StateBlock format (nodes of different formats do not pair)",
+                             {{{}, formats.size() > 1 ? 1.0 : 0.0}}),
         metrics::GaugeFamily("baton_router_queue_depth",
                              "Requests waiting in the admission queue for a prefill slot",
                              {{{}, admission_.Queued()}})};

@@ -1,6 +1,9 @@
 // Router address lists: comma-separated entries, each host resolved to all its addresses.
 #include "baton/common/rpc.h"
 
+#include <chrono>
+
+#include "baton/common/parse.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -21,6 +24,29 @@ TEST(ResolveRouters, ListsEveryEntryAndEveryAddressOfAName) {
   EXPECT_THAT(ResolveRouters("no-such-host.invalid:9"), ElementsAre("no-such-host.invalid:9"));
   EXPECT_THAT(ResolveRouters("[::1]:9"), ElementsAre("[::1]:9"));
   EXPECT_TRUE(ResolveRouters("").empty());
+}
+
+// The resolver's thread answers what ResolveRouters does; before its first answer, Addresses
+// waits for it (here: loopback names, at once).
+TEST(RouterResolver, GivesTheLatestResolution) {
+  RouterResolver resolver(" 127.0.0.1:1, localhost:7,[::1]:9", std::chrono::milliseconds(100));
+  const auto addresses =
+      resolver.Addresses(std::chrono::steady_clock::now() + std::chrono::seconds(30));
+  EXPECT_THAT(addresses, Contains("127.0.0.1:1"));
+  EXPECT_THAT(addresses, Contains("127.0.0.1:7"));
+  EXPECT_THAT(addresses, Contains("[::1]:9"));
+  // A name that never resolved is kept as written, for gRPC's own resolver.
+  RouterResolver unknown("no-such-host.invalid:9", std::chrono::milliseconds(100));
+  EXPECT_THAT(unknown.Addresses(std::chrono::steady_clock::now() + std::chrono::seconds(30)),
+              ElementsAre("no-such-host.invalid:9"));
+}
+
+TEST(JoinHostPort, BracketsIpv6Literals) {
+  EXPECT_EQ(JoinHostPort("127.0.0.1", 80), "127.0.0.1:80");
+  EXPECT_EQ(JoinHostPort("::", 80), "[::]:80");
+  EXPECT_EQ(JoinHostPort("fd00::1", 8), "[fd00::1]:8");
+  EXPECT_EQ(JoinHostPort("[::1]", 8), "[::1]:8");
+  EXPECT_EQ(JoinHostPort("router.ns.svc.cluster.local.", 9), "router.ns.svc.cluster.local.:9");
 }
 
 }  // namespace

@@ -247,7 +247,8 @@ config_checksums() {
 config_checksums >"$work/checksums-default" 2>&1
 for change in router:config.router.max-queued=7 prefill:config.prefill.token-budget=7 \
   decode:config.decode.slots=7 kvstore:config.kvstore.sync-writes=false \
-  "router prefill decode kvstore:config.common.log-level=debug"; do
+  "router prefill decode kvstore:config.common.log-level=debug" \
+  "prefill decode kvstore:config.common.router-resolve-ms=7000"; do
   expected="${change%%:*}"
   config_checksums --set "${change#*:}" >"$work/checksums-changed" 2>&1
   rolled="$(join "$work/checksums-default" "$work/checksums-changed" | awk '$2 != $3 {print $1}' | sort | xargs)"

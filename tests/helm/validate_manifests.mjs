@@ -7,8 +7,10 @@
 // Each object is checked four ways, and every failure is reported as "FILE: Kind/name: ...":
 //  1. its kind's JSON schema (kubernetes-models, generated from the Kubernetes OpenAPI spec;
 //     @kubernetes-models/prometheus-operator for ServiceMonitor, @kubernetes-models/cert-manager
-//     for Certificate and Issuer, @kubernetes-models/keda for ScaledObject): types, required
-//     fields, enums, formats. A kind without a schema is an error.
+//     for Certificate and Issuer, @kubernetes-models/keda for ScaledObject,
+//     @kubernetes-models/gateway-api for GRPCRoute and HTTPRoute, generated from the Gateway
+//     API project's CRDs): types, required fields, enums, formats. A kind without a schema is
+//     an error.
 //  2. unknown fields, which the OpenAPI schemas let through but the API server drops or
 //     refuses: the field names come from the same packages' type declarations (.d.ts).
 //  3. references between objects: selectors that select nothing, Service target ports and
@@ -20,7 +22,8 @@
 //     scaleTargetRef names no workload, whose workload still sets spec.replicas (helm upgrade
 //     would undo the autoscaler), that share a workload, with min above max, or on metrics the
 //     binaries do not export; PodDisruptionBudgets that protect nothing (every pod may go) or
-//     block every eviction (no pod may go); a preStop sleep the grace period does not cover.
+//     block every eviction (no pod may go); a preStop sleep the grace period does not cover;
+//     Ingress and Gateway API route backends that are no Service port of the manifests.
 //  4. baton's config file (a ConfigMap key "baton.yaml"): sections and keys the binaries
 //     accept (their long flag names), so that a typo cannot reach a pod.
 import { readFileSync, existsSync } from "node:fs";
@@ -57,13 +60,14 @@ const BATON_CONFIG_KEYS = {
            "default-mode", "default-keep", "max-tokens-limit", "max-model-len", "transport",
            "reservation-timeout-ms", "hit-cap", "prefill-policy", "split", "lookup-timeout-ms", "require-kvstore", "max-queued",
            "prefill-slots", "stream-idle-timeout", "prefill-timeout-ms", "http-port", "http-threads",
-           "served-model-name", "drain-timeout"],
-  prefill: ["port", "node-id", "token-budget", "no-ucx", "ucx-allow-unprotected-tcp", "kvstore", "commit-timeout-ms", "device",
+           "served-model-name", "drain-timeout", "heartbeat-ms", "node-expiry-ms", "client-max-connection-age",
+           "client-max-connection-age-grace"],
+  prefill: ["port", "node-id", "router-resolve-ms", "token-budget", "no-ucx", "ucx-allow-unprotected-tcp", "kvstore", "commit-timeout-ms", "device",
             "weights", "drain-timeout", "served-model-name", "split", "block-cache-bytes"],
-  decode: ["port", "node-id", "slots", "pages", "max-batch", "replay-rows-per-step", "max-waiting", "no-ucx",
+  decode: ["port", "node-id", "router-resolve-ms", "slots", "pages", "max-batch", "replay-rows-per-step", "max-waiting", "no-ucx",
            "ucx-peer-errors", "ucx-allow-unprotected-tcp", "stream-idle-timeout", "device", "weights", "drain-timeout",
            "served-model-name"],
-  kvstore: ["port", "data-dir", "budget-bytes", "sync-writes", "drain-timeout"],
+  kvstore: ["port", "router-resolve-ms", "data-dir", "budget-bytes", "sync-writes", "drain-timeout"],
 };
 
 // Where a kind's model lives: kubernetes-models/<group>/<version>/<Kind>.js ("v1" for the core
@@ -77,6 +81,9 @@ function modelPath(apiVersion, kind) {
   }
   if (apiVersion === "keda.sh/v1alpha1") {
     return join(modules, "@kubernetes-models/keda", apiVersion, `${kind}.js`);
+  }
+  if (apiVersion.startsWith("gateway.networking.k8s.io/")) {
+    return join(modules, "@kubernetes-models/gateway-api", apiVersion, `${kind}.js`);
   }
   return join(modules, "kubernetes-models", apiVersion, `${kind}.js`);
 }
@@ -321,6 +328,31 @@ function checkReferences(objects, report) {
     const secret = o.spec?.ca?.secretName;
     if (secret && !certificates.some((c) => c.spec?.isCA && c.spec?.secretName === secret)) {
       report(o, `spec.ca.secretName: no CA Certificate writes Secret ${secret}`);
+    }
+  }
+
+  // Ingresses and Gateway API routes: every backend is a Service of the manifests, on one of
+  // its ports (by name or number).
+  const backend = (o, where, name, port) => {
+    const s = services.find((x) => x.metadata?.name === name);
+    if (!s) report(o, `${where}: no Service named ${name}`);
+    else if (!(s.spec?.ports ?? []).some((p) => (typeof port === "string" ? p.name === port : p.port === port))) {
+      report(o, `${where}: Service ${name} has no port ${port}`);
+    }
+  };
+  for (const o of objects.filter((x) => x.kind === "Ingress")) {
+    for (const [i, rule] of (o.spec?.rules ?? []).entries()) {
+      for (const [j, path] of (rule.http?.paths ?? []).entries()) {
+        const b = path.backend?.service;
+        if (b) backend(o, `spec.rules[${i}].http.paths[${j}].backend`, b.name, b.port?.name ?? b.port?.number);
+      }
+    }
+  }
+  for (const o of objects.filter((x) => x.kind === "GRPCRoute" || x.kind === "HTTPRoute")) {
+    for (const [i, rule] of (o.spec?.rules ?? []).entries()) {
+      for (const [j, ref] of (rule.backendRefs ?? []).entries()) {
+        if ((ref.kind ?? "Service") === "Service" && !ref.namespace) backend(o, `spec.rules[${i}].backendRefs[${j}]`, ref.name, ref.port);
+      }
     }
   }
 

@@ -11,7 +11,8 @@
 // autoscaler's fields) and with the leaf changed as well. It fails naming every leaf whose
 // change leaves the output identical, every leaf it has no value for, and every changed value
 // the chart refuses. A leaf that only ever affects what the chart accepts (model.ringCapacity,
-// which checks config.router.default-keep) is listed in REFUSALS with values under which the
+// which checks config.router.default-keep; router.exposeWithoutAuth, which accepts an exposed
+// router without client authentication) is listed in REFUSALS with values under which the
 // change must turn an accepted render into a refused one.
 import { execFile } from "node:child_process";
 import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
@@ -48,13 +49,28 @@ const PREREQUISITES = {
   "*.autoscaling.enabled": () => ({}),
   "*.pdb.": (role) => ({ [role]: { replicas: 3 } }),
   "*.pdb.maxUnavailable": (role) => ({ [role]: { replicas: 3, pdb: { minAvailable: "", maxUnavailable: 1 } } }),
-  "gpu.": () => ({ prefill: { gpus: 1 } }),
-  "model.volume.": () => ({ model: { generate: "", volume: { claimName: "weights" } } }),
-  "model.volume.path": () => ({ model: { generate: "", volume: { type: "hostPath", path: "/srv/models/a" } } }),
-  "model.volume.type": () => ({ model: { generate: "", volume: { claimName: "weights", path: "/srv/models/a" } } }),
-  "model.volume.sizeLimit": () => ({ model: { generate: "", volume: { type: "emptyDir" }, source: SOURCE } }),
-  "model.source.": () => ({ model: { generate: "", volume: { claimName: "weights" }, source: SOURCE } }),
-  "model.source.endpoint": () => ({ model: { generate: "", volume: { claimName: "weights" }, source: { ...SOURCE, uri: "s3://weights/ced" } } }),
+  "gpu.": () => ({ prefill: { gpus: 1, resources: GUARANTEED } }),
+  "*.gpus": (role) => ({ [role]: { resources: GUARANTEED } }),
+  "model.volume.": () => ({ model: { builtin: "", volume: { claimName: "weights" } } }),
+  "model.volume.path": () => ({ model: { builtin: "", volume: { type: "hostPath", path: "/srv/models/a" } } }),
+  "model.volume.type": () => ({ model: { builtin: "", volume: { claimName: "weights", path: "/srv/models/a" } } }),
+  "model.volume.sizeLimit": () => ({ model: { builtin: "", volume: { type: "emptyDir" }, source: SOURCE } }),
+  "model.volume.routerSizeLimit": () => ({ model: { builtin: "", volume: { type: "emptyDir" }, source: SOURCE } }),
+  "model.source.": () => ({ model: { builtin: "", volume: { claimName: "weights" }, source: SOURCE } }),
+  "model.source.endpoint": () => ({ model: { builtin: "", volume: { claimName: "weights" }, source: { ...SOURCE, uri: "s3://weights/ced" } } }),
+  "model.source.job.": () => ({ model: { builtin: "", volume: { claimName: "weights" }, source: { ...SOURCE, job: { enabled: true } } } }),
+  "model.source.job.enabled": () => ({ model: { builtin: "", volume: { claimName: "weights" }, source: SOURCE } }),
+  "model.generateSizeLimit": () => ({ model: { generate: "small" } }),
+  "model.generateResources": () => ({ model: { generate: "small" } }),
+  "ucx.profile": () => ({ config: { router: { transport: "ucx" } } }),
+  "ucx.rdma.": () => ({ config: { router: { transport: "ucx" } }, ucx: { profile: "rdma" } }),
+  "router.service.type": () => ({ router: { exposeWithoutAuth: true } }),
+  "router.service.externalTrafficPolicy": () => ({ router: { exposeWithoutAuth: true, service: { type: "LoadBalancer" } } }),
+  "router.service.loadBalancerSourceRanges": () => ({ router: { exposeWithoutAuth: true, service: { type: "LoadBalancer" } } }),
+  "router.ingress.": () => ({ router: { exposeWithoutAuth: true, ingress: { enabled: true, grpcHost: "grpc.example.com" } } }),
+  "router.ingress.enabled": () => ({ router: { exposeWithoutAuth: true, ingress: { grpcHost: "grpc.example.com" } } }),
+  "router.gateway.": () => ({ router: { exposeWithoutAuth: true, gateway: { enabled: true, parentRefs: [{ name: "edge" }] } } }),
+  "router.gateway.enabled": () => ({ router: { exposeWithoutAuth: true, gateway: { parentRefs: [{ name: "edge" }] } } }),
   "metrics.serviceMonitor.": () => ({ metrics: { serviceMonitor: { enabled: true } } }),
   "router.clientTls.requireClientCert": () => ({ router: { clientTls: { secretName: "public-tls" } } }),
   "router.apiKeys.secretName": () => ({ tests: { apiKey: { secretName: "test-key" } } }),
@@ -64,12 +80,13 @@ const PREREQUISITES = {
   "tls.certManager.enabled": () => ({ tls: { existingSecrets: { router: "r", prefill: "p", decode: "d", kvstore: "k" } } }),
   "config.prefill.no-ucx": () => ({ config: { router: { transport: "grpc" } } }),
   "config.decode.no-ucx": () => ({ config: { router: { transport: "grpc" } } }),
-  "model.generate": () => ({ model: { volume: { claimName: "weights" } } }),
+  "model.generate": () => ({}),
   "monitoring.prometheusRule.": () => ({ monitoring: { prometheusRule: { enabled: true } } }),
   "monitoring.prometheusRule.enabled": () => ({}),
   "monitoring.dashboard.": () => ({ monitoring: { dashboard: { enabled: true } } }),
   "monitoring.dashboard.enabled": () => ({}),
 };
+const GUARANTEED = { requests: { cpu: "2", memory: "3Gi" }, limits: { cpu: "2", memory: "3Gi" } };
 const SOURCE = { uri: "https://models.example.com/ced", files: { "config.json": SHA, "model.safetensors": SHA } };
 
 // Changed values where the type alone does not give a valid one (patterns, clashes, relations).
@@ -86,7 +103,7 @@ const MUTATIONS = {
   "securityContext": { runAsUser: 20002, runAsGroup: 20002 },
   "tmpSizeLimit": "512Mi",
   "antiAffinityTopologyKey": "topology.kubernetes.io/zone",
-  "model.generate": "",
+  "model.generate": "small",
   "model.servedName": "ced-b",
   "model.generateSizeLimit": "2Gi",
   "model.generateResources": { requests: { cpu: "1", memory: "1Gi" } },
@@ -95,6 +112,7 @@ const MUTATIONS = {
   "model.volume.path": "/srv/models/b",
   "model.volume.subPath": "ced-1b",
   "model.volume.sizeLimit": "40Gi",
+  "model.volume.routerSizeLimit": "2Gi",
   "model.volume.type": "hostPath",
   "model.source.uri": "hf://example/ced@main",
   "model.source.endpoint": "https://minio.example.com",
@@ -115,6 +133,25 @@ const MUTATIONS = {
   "config.decode.drain-timeout": "300s",
   "config.kvstore.port": 50154,
   "config.kvstore.budget-bytes": 4294967296,
+  "config.router.heartbeat-ms": 400,
+  "config.router.client-max-connection-age": "5m",
+  "config.router.client-max-connection-age-grace": "10m",
+  "ucx.rdma.resourceName": "rdma/hca",
+  "ucx.rdma.networks": "rdma-net",
+  "router.service.loadBalancerSourceRanges": ["10.0.0.0/8"],
+  "router.ingress.className": "nginx",
+  "router.ingress.annotations": { "nginx.ingress.kubernetes.io/limit-connections": "100" },
+  "router.ingress.grpcHost": "grpc2.example.com",
+  "router.ingress.httpHost": "api.example.com",
+  "router.ingress.tls": [{ hosts: ["grpc.example.com"], secretName: "edge-tls" }],
+  "router.gateway.parentRefs": [{ name: "edge", namespace: "gateway" }],
+  "router.gateway.annotations": { "example.com/team": "serving" },
+  "router.gateway.grpc.hostnames": ["grpc.example.com"],
+  "router.gateway.http.hostnames": ["api.example.com"],
+  "extraObjects": [{ apiVersion: "v1", kind: "ConfigMap", metadata: { name: "extra" }, data: { a: "b" } }],
+  "*.extraVolumes": [{ name: "scratch", emptyDir: {} }],
+  "*.extraVolumeMounts": [{ name: "tmp", mountPath: "/scratch" }],
+  "*.extraContainers": [{ name: "sidecar", image: "registry.example.com/sidecar:1" }],
   "tls.certManager.enabled": false,
   "tls.certManager.issuerRef": { name: "baton-ca", kind: "ClusterIssuer" },
   "tls.certManager.duration": "720h",
@@ -178,8 +215,12 @@ const MUTATIONS = {
 // values alone accept.
 const REFUSALS = {
   "model.ringCapacity": {
-    values: { model: { generate: "", volume: { claimName: "weights" } }, config: { router: { "default-keep": 200 } } },
+    values: { model: { builtin: "", volume: { claimName: "weights" } }, config: { router: { "default-keep": 200 } } },
     change: 300,
+  },
+  "router.exposeWithoutAuth": {
+    values: { router: { exposeWithoutAuth: true, service: { type: "LoadBalancer" } } },
+    change: false,
   },
 };
 

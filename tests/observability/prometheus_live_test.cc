@@ -34,6 +34,7 @@
 #include "nlohmann/json.hpp"
 #include "test_dir.h"
 #include "testing/eventually.h"
+#include "testing/free_port.h"
 #include "yaml-cpp/yaml.h"
 
 namespace baton {
@@ -62,22 +63,6 @@ std::string FindProgram(const std::string& name) {
     at = end + 1;
   }
   return "";
-}
-
-// A free TCP port on 127.0.0.1 (bound and released; Prometheus takes it right after).
-int FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t length = sizeof(address);
-  if (bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0 ||
-      getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
-    close(fd);
-    return -1;
-  }
-  close(fd);
-  return ntohs(address.sin_port);
 }
 
 // GET (form empty) or POST (form-encoded `form`) http://address/path; the body and the HTTP
@@ -111,7 +96,7 @@ class Prometheus {
  public:
   Prometheus(const std::string& program, const fs::path& dir,
              const std::map<std::string, std::string>& targets)
-      : address_("127.0.0.1:" + std::to_string(FreePort())) {
+      : address_("127.0.0.1:" + std::to_string(baton::testing::FreePort())) {
     fs::create_directories(dir);
     std::ofstream config(dir / "prometheus.yml");
     config << "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n"

@@ -7,9 +7,9 @@ a change to config.decode rolls the decode pods and nothing else. Each renders a
 {{- define "baton.config.common" -}}
 {{- $c := .Values.config -}}
 common:
-  model: /models/baton
-  host: 0.0.0.0
-  metrics-host: 0.0.0.0
+  model: {{ include "baton.modelDir" . }}
+  host: "::"
+  metrics-host: "::"
   metrics-port: {{ index $c.common "metrics-port" | int64 }}
   health-port: {{ index $c.common "health-port" | int64 }}
   {{- if .Values.tls.enabled }}
@@ -60,8 +60,13 @@ router:
   stream-idle-timeout: {{ index $c.router "stream-idle-timeout" | toString | quote }}
   prefill-timeout-ms: {{ index $c.router "prefill-timeout-ms" | int64 }}
   drain-timeout: {{ index $c.router "drain-timeout" | quote }}
-  require-kvstore: {{ .Values.kvstore.enabled }}
-  {{- with .Values.model.servedName }}
+  heartbeat-ms: {{ index $c.router "heartbeat-ms" | int64 }}
+  node-expiry-ms: {{ index $c.router "node-expiry-ms" | int64 }}
+  client-max-connection-age: {{ index $c.router "client-max-connection-age" | toString | quote }}
+  client-max-connection-age-grace: {{ index $c.router "client-max-connection-age-grace" | toString | quote }}
+  # The prefix store never gates readiness: without it requests run cold (DESIGN section 6).
+  require-kvstore: false
+  {{- with include "baton.servedModelName" . }}
   served-model-name: {{ . | quote }}
   {{- end }}
 {{- end -}}
@@ -70,7 +75,8 @@ router:
 {{- $c := .Values.config -}}
 prefill:
   port: {{ $c.prefill.port | int64 }}
-  {{- with .Values.model.servedName }}
+  {{- include "baton.config.resolve" . | nindent 2 }}
+  {{- with include "baton.servedModelName" . }}
   served-model-name: {{ . | quote }}
   {{- end }}
   {{- if gt (.Values.prefill.gpus | int64) 0 }}
@@ -92,7 +98,8 @@ prefill:
 {{- $c := .Values.config -}}
 decode:
   port: {{ $c.decode.port | int64 }}
-  {{- with .Values.model.servedName }}
+  {{- include "baton.config.resolve" . | nindent 2 }}
+  {{- with include "baton.servedModelName" . }}
   served-model-name: {{ . | quote }}
   {{- end }}
   {{- if gt (.Values.decode.gpus | int64) 0 }}
@@ -114,9 +121,17 @@ decode:
 {{- $c := .Values.config -}}
 kvstore:
   port: {{ $c.kvstore.port | int64 }}
+  {{- include "baton.config.resolve" . | nindent 2 }}
   data-dir: /var/lib/baton/kvstore
   budget-bytes: {{ index $c.kvstore "budget-bytes" | int64 }}
   sync-writes: {{ index $c.kvstore "sync-writes" }}
+{{- end -}}
+
+{{/* config.common.router-resolve-ms, in the sections of the binaries that register with the
+router (prefill, decode, kvstore): only they resolve its name, so a change rolls only them and
+the router's section does not carry a key it ignores. */}}
+{{- define "baton.config.resolve" -}}
+router-resolve-ms: {{ index .Values.config.common "router-resolve-ms" | int64 }}
 {{- end -}}
 
 {{/* The checksum annotation's value for one role: common plus the role's section. Call with

@@ -46,16 +46,73 @@ app.kubernetes.io/component: {{ .role }}
 {{- end -}}
 
 {{/* The address nodes register with: the router's internal Service, which also lists routers
-that are not ready yet (a router is ready only once nodes have registered with it). */}}
+that are not ready yet (a router is ready only once nodes have registered with it). Fully
+qualified with a trailing dot, so the resolver tries the name as it is and not first under each
+of the pod's search domains (ndots:5). */}}
 {{- define "baton.routerAddress" -}}
-{{- printf "%s-router-internal.%s.svc.%s:%d" (include "baton.fullname" .) .Release.Namespace .Values.clusterDomain (int64 (index .Values.config.router "internal-port")) -}}
+{{- printf "%s-router-internal.%s.svc.%s.:%d" (include "baton.fullname" .) .Release.Namespace .Values.clusterDomain (int64 (index .Values.config.router "internal-port")) -}}
 {{- end -}}
 
 {{/* The prefix store's address for prefill nodes: its StatefulSet pod through the headless
-Service. */}}
+Service, fully qualified like the router's. */}}
 {{- define "baton.kvstoreAddress" -}}
 {{- $fullname := include "baton.fullname" . -}}
-{{- printf "%s-kvstore-0.%s-kvstore.%s.svc.%s:%d" $fullname $fullname .Release.Namespace .Values.clusterDomain (int64 .Values.config.kvstore.port) -}}
+{{- printf "%s-kvstore-0.%s-kvstore.%s.svc.%s.:%d" $fullname $fullname .Release.Namespace .Values.clusterDomain (int64 .Values.config.kvstore.port) -}}
+{{- end -}}
+
+{{/* Where the model comes from: "generate" (model.generate, an init container makes it),
+"builtin" (model.builtin, in the image), "source" (model.source downloads it into model.volume)
+or "volume" (model.volume holds it). */}}
+{{- define "baton.modelKind" -}}
+{{- if .Values.model.generate -}}generate
+{{- else if .Values.model.builtin -}}builtin
+{{- else if .Values.model.source.uri -}}source
+{{- else -}}volume
+{{- end -}}
+{{- end -}}
+
+{{/* "true" when the hook Job fills the shared claim (model.source.job) and the pods only mount
+it read-only; empty otherwise. */}}
+{{- define "baton.modelJob" -}}
+{{- if and (eq (include "baton.modelKind" .) "source") .Values.model.source.job.enabled -}}true{{- end -}}
+{{- end -}}
+
+{{/* The model directory every binary reads (common.model). */}}
+{{- define "baton.modelDir" -}}
+{{- if eq (include "baton.modelKind" .) "builtin" -}}
+{{- printf "/usr/local/share/baton/models/%s" .Values.model.builtin -}}
+{{- else -}}
+/models/baton
+{{- end -}}
+{{- end -}}
+
+{{/* The served model name to render, or empty to leave it to the binaries (the model
+directory's name, "baton"): model.servedName, else "baton" for a builtin model, whose directory
+has the model's own name, so that clients ask for "baton" whatever the model. */}}
+{{- define "baton.servedModelName" -}}
+{{- if .Values.model.servedName -}}
+{{- .Values.model.servedName -}}
+{{- else if eq (include "baton.modelKind" .) "builtin" -}}
+baton
+{{- end -}}
+{{- end -}}
+
+{{/* The model.source files a role downloads (a JSON object, name -> sha256): every file,
+except that the router on a per-pod emptyDir takes only what it reads: config.json,
+generation_config.json and the tokenizer's files. On a shared volume every role fetches the
+whole set, since batonctl fetch-model replaces a directory whose file set differs. Call with
+(dict "root" $ "role" "router"). */}}
+{{- define "baton.sourceFiles" -}}
+{{- $files := .root.Values.model.source.files -}}
+{{- if and (eq .role "router") (eq .root.Values.model.volume.type "emptyDir") -}}
+{{- $files = dict -}}
+{{- range $name, $sha256 := .root.Values.model.source.files -}}
+{{- if regexMatch "^(config\\.json|generation_config\\.json|special_tokens_map\\.json|tokenizer.*)$" $name -}}
+{{- $_ := set $files $name $sha256 -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- toJson $files -}}
 {{- end -}}
 
 {{/* "true" when the chart renders cert-manager objects: tls.certManager.enabled true, or auto
@@ -93,11 +150,14 @@ tests.clientCertSecretName, else the client role's Secret. */}}
 {{- default (include "baton.tlsSecret" (dict "root" . "role" "client")) .Values.tests.clientCertSecretName -}}
 {{- end -}}
 
-{{/* The ring capacity C the router checks default-keep against: the generated preset's or
+{{/* The ring capacity C the router checks default-keep against: the generated preset's, the
+builtin model's (config.json of models/ced-brown-shared, -replay and -plain: W = 64, max_backtrack 5, so C = 70) or
 model.ringCapacity. */}}
 {{- define "baton.ringCapacity" -}}
+{{- $kind := include "baton.modelKind" . -}}
 {{- if eq .Values.model.generate "tiny" -}}22
 {{- else if has .Values.model.generate (list "small" "small-shared") -}}134
+{{- else if eq $kind "builtin" -}}70
 {{- else -}}{{ int64 .Values.model.ringCapacity }}
 {{- end -}}
 {{- end -}}
@@ -109,6 +169,16 @@ model.ringCapacity. */}}
 {{- $suffix := trimPrefix $number $q -}}
 {{- $scale := dict "" 1.0 "k" 1e3 "M" 1e6 "G" 1e9 "T" 1e12 "P" 1e15 "E" 1e18 "Ki" 1024.0 "Mi" 1048576.0 "Gi" 1073741824.0 "Ti" 1099511627776.0 "Pi" 1125899906842624.0 "Ei" 1152921504606846976.0 -}}
 {{- mulf (float64 $number) (get $scale $suffix) | int64 -}}
+{{- end -}}
+
+{{/* A Kubernetes quantity ("500m", "2", "1.5Gi") in thousandths, as an integer string, so two
+spellings of one amount compare equal. */}}
+{{- define "baton.quantityMilli" -}}
+{{- $q := toString . -}}
+{{- $number := regexFind "^[0-9]+(\\.[0-9]+)?" $q -}}
+{{- $suffix := trimPrefix $number $q -}}
+{{- $scale := dict "m" 0.001 "" 1.0 "k" 1e3 "M" 1e6 "G" 1e9 "T" 1e12 "Ki" 1024.0 "Mi" 1048576.0 "Gi" 1073741824.0 "Ti" 1099511627776.0 -}}
+{{- mulf (float64 $number) (get $scale $suffix | default 0.0) 1000.0 | int64 -}}
 {{- end -}}
 
 {{/* Pod anti-affinity preset; call with (dict "root" $ "role" "prefill" "mode" "soft"). */}}
@@ -196,76 +266,87 @@ checksum/config: {{ include "baton.configChecksum" . }}
 {{- end -}}
 
 {{/* The init container that fills the "model" volume: a generated model (model.generate) into
-an emptyDir, or the verified download of model.source into model.volume. With a source the
-volume is mounted on /models and the model is its directory "baton": batonctl fetch-model
-replaces that directory as a whole (it cannot be a mount point) and locks baton.lock beside it,
-in the volume, so pods sharing a claim download once; a directory already complete with the
-same digests is left as it is. */}}
+an emptyDir, or the verified download of model.source into model.volume (the role's files,
+baton.sourceFiles). With a source the volume is mounted on /models and the model is its
+directory "baton": batonctl fetch-model replaces that directory as a whole (it cannot be a
+mount point) and locks baton.lock beside it, in the volume, so pods sharing a claim download
+once; a directory already complete with the same digests is left as it is. A builtin model, a
+mounted volume and a claim the hook Job fills (model.source.job) need none. Call with
+(dict "root" $ "role" "router"). */}}
 {{- define "baton.modelInit" -}}
-{{- $source := .Values.model.source -}}
-{{- if and (not .Values.model.generate) $source.uri }}
+{{- $root := .root -}}
+{{- $kind := include "baton.modelKind" $root -}}
+{{- if and (eq $kind "source") (not (include "baton.modelJob" $root)) }}
 initContainers:
-  - name: fetch-model
-    image: {{ include "baton.image" . }}
-    imagePullPolicy: {{ .Values.image.pullPolicy }}
-    command:
-      - /usr/local/bin/batonctl
-      - fetch-model
-      - {{ printf "--source=%s" $source.uri | quote }}
-      - --dest=/models/baton
-      {{- range $name, $sha256 := $source.files }}
-      - {{ printf "--file=%s=%s" $name $sha256 | quote }}
-      {{- end }}
-      {{- if $source.endpoint }}
-      - {{ printf "--endpoint=%s" $source.endpoint | quote }}
-      {{- end }}
-      - --retries={{ $source.retries | int64 }}
-    {{- with .Values.extraEnv }}
-    env:
-      {{- toYaml . | nindent 6 }}
-    {{- end }}
-    {{- with $source.credentialsSecret }}
-    envFrom:
-      - secretRef:
-          name: {{ . }}
-    {{- end }}
-    resources:
-      {{- toYaml $source.resources | nindent 6 }}
-    securityContext:
-      {{- toYaml .Values.securityContext | nindent 6 }}
+  {{- include "baton.fetchModelContainer" (dict "root" $root "files" (include "baton.sourceFiles" . | fromJson)) | nindent 2 }}
     volumeMounts:
       - name: model
         mountPath: /models
-        {{- with .Values.model.volume.subPath }}
+        {{- with $root.Values.model.volume.subPath }}
         subPath: {{ . }}
         {{- end }}
       - name: tmp
         mountPath: /tmp
-{{- else if .Values.model.generate }}
+{{- else if eq $kind "generate" }}
 initContainers:
   - name: make-model
-    image: {{ include "baton.image" . }}
-    imagePullPolicy: {{ .Values.image.pullPolicy }}
+    image: {{ include "baton.image" $root }}
+    imagePullPolicy: {{ $root.Values.image.pullPolicy }}
     command:
       - /usr/local/bin/batonctl
       - make-model
-      - --preset={{ .Values.model.generate }}
+      - --preset={{ $root.Values.model.generate }}
       - --out=/models/baton
-      {{- if has .Values.model.generate (list "small" "small-shared") }}
+      {{- if has $root.Values.model.generate (list "small" "small-shared") }}
       # The image's tokenizer (scripts/build_tokenizer.sh: 4,096 pieces, small's vocabulary),
       # for the HTTP API.
       - --tokenizer=/usr/local/share/baton/tokenizer
       {{- end }}
     resources:
-      {{- toYaml .Values.model.generateResources | nindent 6 }}
+      {{- toYaml $root.Values.model.generateResources | nindent 6 }}
     securityContext:
-      {{- toYaml .Values.securityContext | nindent 6 }}
+      {{- toYaml $root.Values.securityContext | nindent 6 }}
     volumeMounts:
       - name: model
         mountPath: /models/baton
       - name: tmp
         mountPath: /tmp
 {{- end }}
+{{- end -}}
+
+{{/* The fetch-model container (batonctl fetch-model of model.source into /models/baton), less
+its volumeMounts; call with (dict "root" $ "files" (dict NAME SHA256 ...)). Shared by the pods'
+init container and the hook Job. */}}
+{{- define "baton.fetchModelContainer" -}}
+{{- $source := .root.Values.model.source -}}
+- name: fetch-model
+  image: {{ include "baton.image" .root }}
+  imagePullPolicy: {{ .root.Values.image.pullPolicy }}
+  command:
+    - /usr/local/bin/batonctl
+    - fetch-model
+    - {{ printf "--source=%s" $source.uri | quote }}
+    - --dest=/models/baton
+    {{- range $name, $sha256 := .files }}
+    - {{ printf "--file=%s=%s" $name $sha256 | quote }}
+    {{- end }}
+    {{- if $source.endpoint }}
+    - {{ printf "--endpoint=%s" $source.endpoint | quote }}
+    {{- end }}
+    - --retries={{ $source.retries | int64 }}
+  {{- with .root.Values.extraEnv }}
+  env:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with $source.credentialsSecret }}
+  envFrom:
+    - secretRef:
+        name: {{ . }}
+  {{- end }}
+  resources:
+    {{- toYaml $source.resources | nindent 4 }}
+  securityContext:
+    {{- toYaml .root.Values.securityContext | nindent 4 }}
 {{- end -}}
 
 {{/* Volumes every role shares: the model, the config file, /tmp and (tls.enabled) the role's
@@ -304,17 +385,19 @@ that renewed files reach the pod. defaultMode 0440 (288): readable by the pod's 
 - name: tmp
   emptyDir:
     sizeLimit: {{ .Values.tmpSizeLimit }}
+{{- $kind := include "baton.modelKind" . }}
+{{- if ne $kind "builtin" }}
 - name: model
-{{- if .Values.model.generate }}
+{{- if eq $kind "generate" }}
   emptyDir:
     sizeLimit: {{ .Values.model.generateSizeLimit }}
 {{- else if eq .Values.model.volume.type "emptyDir" }}
   emptyDir:
-    sizeLimit: {{ .Values.model.volume.sizeLimit }}
+    sizeLimit: {{ include "baton.modelEmptyDirLimit" (dict "root" . "role" $.role) }}
 {{- else if eq .Values.model.volume.type "pvc" }}
   persistentVolumeClaim:
     claimName: {{ .Values.model.volume.claimName }}
-    {{- if not .Values.model.source.uri }}
+    {{- if or (ne $kind "source") (include "baton.modelJob" .) }}
     readOnly: true
     {{- end }}
 {{- else }}
@@ -323,6 +406,31 @@ that renewed files reach the pod. defaultMode 0440 (288): readable by the pod's 
     type: Directory
 {{- end }}
 {{- end }}
+{{- with (index .Values $.role).extraVolumes }}
+{{ tpl (toYaml .) $root }}
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{/* The size limit of a role's model emptyDir (model.volume.type emptyDir with model.source):
+the router keeps only config.json and the tokenizer. Call with (dict "root" $ "role" "router"). */}}
+{{- define "baton.modelEmptyDirLimit" -}}
+{{- if eq .role "router" -}}{{ .root.Values.model.volume.routerSizeLimit }}{{- else -}}{{ .root.Values.model.volume.sizeLimit }}{{- end -}}
+{{- end -}}
+
+{{/* The ephemeral storage a role's pod writes: its /tmp emptyDir and, when the model lives in
+an emptyDir (model.generate, or model.source into type emptyDir), the model's, in Mi (rounded
+up). Call with (dict "root" $ "role" "router"). */}}
+{{- define "baton.ephemeralMi" -}}
+{{- $root := .root -}}
+{{- $kind := include "baton.modelKind" $root -}}
+{{- $bytes := include "baton.quantityBytes" $root.Values.tmpSizeLimit | int64 -}}
+{{- if eq $kind "generate" -}}
+{{- $bytes = add $bytes (include "baton.quantityBytes" $root.Values.model.generateSizeLimit | int64) -}}
+{{- else if and (ne $kind "builtin") (eq $root.Values.model.volume.type "emptyDir") -}}
+{{- $bytes = add $bytes (include "baton.quantityBytes" (include "baton.modelEmptyDirLimit" .) | int64) -}}
+{{- end -}}
+{{- div (add $bytes 1048575) 1048576 -}}
 {{- end -}}
 
 {{/* Mounts of the volumes above; call with (dict "root" $ "role" "router"). */}}
@@ -352,14 +460,26 @@ that renewed files reach the pod. defaultMode 0440 (288): readable by the pod's 
 - name: tmp
   mountPath: /tmp
 {{- /* With model.source the volume holds the model as its directory "baton" (see
-baton.modelInit); otherwise the volume (or its subPath) is the model directory. */}}
+baton.modelInit); otherwise the volume (or its subPath) is the model directory. A builtin
+model is in the image. */}}
+{{- $kind := include "baton.modelKind" . }}
+{{- if ne $kind "builtin" }}
 - name: model
-  mountPath: {{ if and (not .Values.model.generate) .Values.model.source.uri }}/models{{ else }}/models/baton{{ end }}
+  mountPath: {{ if eq $kind "source" }}/models{{ else }}/models/baton{{ end }}
   readOnly: true
-  {{- if and (not .Values.model.generate) .Values.model.volume.subPath }}
+  {{- if and (ne $kind "generate") .Values.model.volume.subPath }}
   subPath: {{ .Values.model.volume.subPath }}
   {{- end }}
 {{- end }}
+{{- with (index .Values $.role).extraVolumeMounts }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{/* UCX_TLS: ucx.tls, else the profile's (tcp: sm,self; rdma: the verbs transports first). */}}
+{{- define "baton.ucxTls" -}}
+{{- .Values.ucx.tls | default (ternary "rc,ud,sm,self" "sm,self" (eq .Values.ucx.profile "rdma")) -}}
 {{- end -}}
 
 {{/* Environment every baton container gets; call with (dict "root" $ "ompThreads" n). */}}
@@ -373,7 +493,7 @@ baton.modelInit); otherwise the volume (or its subPath) is the model directory. 
     fieldRef:
       fieldPath: status.podIP
 - name: UCX_TLS
-  value: {{ .root.Values.ucx.tls | quote }}
+  value: {{ include "baton.ucxTls" .root | quote }}
 {{- if .root.Values.ucx.netDevices }}
 - name: UCX_NET_DEVICES
   value: {{ .root.Values.ucx.netDevices | quote }}
@@ -475,6 +595,22 @@ spec:
 {{- end }}
 {{- end -}}
 
+{{/* A Deployment's progressDeadlineSeconds and strategy: the role's rollingUpdate under
+upgrade.strategy surge, maxSurge 0 and maxUnavailable 1 under in-place (for pools with no room
+for a surge pod). Call with (dict "root" $ "values" .Values.router). */}}
+{{- define "baton.deploymentStrategy" -}}
+{{- $update := .values.rollingUpdate -}}
+{{- if eq .root.Values.upgrade.strategy "in-place" -}}
+{{- $update = dict "maxSurge" 0 "maxUnavailable" 1 -}}
+{{- end -}}
+progressDeadlineSeconds: {{ .root.Values.progressDeadlineSeconds | int64 }}
+strategy:
+  type: RollingUpdate
+  rollingUpdate:
+    maxSurge: {{ include "baton.intOrPercent" $update.maxSurge }}
+    maxUnavailable: {{ include "baton.intOrPercent" $update.maxUnavailable }}
+{{- end -}}
+
 {{/* A number as a quoted Kubernetes quantity: "4", or "700m" for 0.7. */}}
 {{- define "baton.quantity" -}}
 {{- $milli := round (mulf (float64 .) 1000.0) 0 | int64 -}}
@@ -500,9 +636,31 @@ binary finishes its work for config.<role>.drain-timeout, so the grace period is
 {{- $values := .values -}}
 {{- $drains := has .role (list "router" "prefill" "decode") -}}
 {{- $resources := deepCopy $values.resources -}}
+{{- $requests := $resources.requests | default dict -}}
+{{- $limits := $resources.limits | default dict -}}
 {{- $gpus := dig "gpus" 0 $values | int64 -}}
 {{- if gt $gpus 0 -}}
-{{- $_ := set $resources "limits" (merge (dict $root.Values.gpu.resourceName $gpus) ($resources.limits | default dict)) -}}
+{{- $limits = merge (dict $root.Values.gpu.resourceName $gpus) $limits -}}
+{{- end -}}
+{{- /* ephemeral-storage: what the pod's emptyDirs may hold (the scheduler places the pod on a
+node with room for it), and a limit 1Gi above for logs; <role>.resources wins. */ -}}
+{{- $ephemeral := include "baton.ephemeralMi" . | int64 -}}
+{{- $requests = merge $requests (dict "ephemeral-storage" (printf "%dMi" $ephemeral)) -}}
+{{- $limits = merge $limits (dict "ephemeral-storage" (printf "%dMi" (add $ephemeral 1024))) -}}
+{{- $rdma := and (eq $root.Values.ucx.profile "rdma") (has .role (list "prefill" "decode")) -}}
+{{- if $rdma -}}
+{{- $devices := $root.Values.ucx.rdma.resourceCount | int64 -}}
+{{- $requests = merge $requests (dict $root.Values.ucx.rdma.resourceName $devices) -}}
+{{- $limits = merge $limits (dict $root.Values.ucx.rdma.resourceName $devices) -}}
+{{- end -}}
+{{- $_ := set $resources "requests" $requests -}}
+{{- $_ := set $resources "limits" $limits -}}
+{{- $securityContext := deepCopy $root.Values.securityContext -}}
+{{- if $rdma -}}
+{{- /* UCX registers (pins) the memory it moves: CAP_IPC_LOCK lifts RLIMIT_MEMLOCK. */ -}}
+{{- $capabilities := $securityContext.capabilities | default dict -}}
+{{- $_ := set $capabilities "add" (append ($capabilities.add | default list) "IPC_LOCK" | uniq) -}}
+{{- $_ := set $securityContext "capabilities" $capabilities -}}
 {{- end -}}
 metadata:
   labels:
@@ -512,6 +670,9 @@ metadata:
     {{- end }}
   annotations:
     {{- include "baton.podAnnotations" (dict "root" $root "role" .role "values" $values) | nindent 4 }}
+    {{- if and $rdma $root.Values.ucx.rdma.networks }}
+    k8s.v1.cni.cncf.io/networks: {{ $root.Values.ucx.rdma.networks | quote }}
+    {{- end }}
 spec:
   {{- include "baton.podCommon" $root | trim | nindent 2 }}
   {{- with include "baton.scheduling" (dict "root" $root "role" .role "values" $values "antiAffinity" (dig "podAntiAffinity" "none" $values)) | trim }}
@@ -522,7 +683,7 @@ spec:
   {{- else }}
   terminationGracePeriodSeconds: {{ $values.terminationGracePeriodSeconds | int64 }}
   {{- end }}
-  {{- with include "baton.modelInit" $root | trim }}
+  {{- with include "baton.modelInit" (dict "root" $root "role" .role) | trim }}
   {{- . | nindent 2 }}
   {{- end }}
   containers:
@@ -553,13 +714,16 @@ spec:
       resources:
         {{- toYaml $resources | nindent 8 }}
       securityContext:
-        {{- toYaml $root.Values.securityContext | nindent 8 }}
+        {{- toYaml $securityContext | nindent 8 }}
       volumeMounts:
         {{- include "baton.volumeMounts" (dict "root" $root "role" .role) | trim | nindent 8 }}
         {{- if .dataMount }}
         - name: data
           mountPath: /var/lib/baton
         {{- end }}
+    {{- with $values.extraContainers }}
+    {{- tpl (toYaml .) $root | nindent 4 }}
+    {{- end }}
   volumes:
     {{- include "baton.volumes" (dict "root" $root "role" .role) | trim | nindent 4 }}
 {{- end -}}

@@ -25,11 +25,7 @@ spec:
   {{- if not $values.autoscaling.enabled }}
   replicas: {{ $values.replicas | int64 }}
   {{- end }}
-  strategy:
-    type: RollingUpdate
-    rollingUpdate:
-      maxSurge: {{ include "baton.intOrPercent" $values.rollingUpdate.maxSurge }}
-      maxUnavailable: {{ include "baton.intOrPercent" $values.rollingUpdate.maxUnavailable }}
+  {{- include "baton.deploymentStrategy" (dict "root" $root "values" $values) | nindent 2 }}
   selector:
     matchLabels:
       {{- include "baton.selectorLabels" (dict "root" $root "role" $role) | nindent 6 }}

@@ -11,7 +11,11 @@ that `helm lint`, `helm template` and `helm install` all stop on them.
 
 {{- /* DESIGN section 3: truncation with K < C is rejected (the router refuses to start). */ -}}
 {{- if and (ne $mode "off") (ne $keep 0) (lt $keep $capacity) -}}
-{{- fail (printf "config.router.default-keep: %d is below the ring capacity C = %d of the model (%s); with default-mode %s use 0 (meaning C) or a value >= %d" $keep $capacity (ternary (printf "preset %s" .Values.model.generate) "model.ringCapacity" (ne .Values.model.generate "")) $mode $capacity) -}}
+{{- $kind := include "baton.modelKind" . -}}
+{{- $from := "model.ringCapacity" -}}
+{{- if eq $kind "generate" }}{{ $from = printf "preset %s" .Values.model.generate }}{{ end -}}
+{{- if eq $kind "builtin" }}{{ $from = printf "builtin %s" .Values.model.builtin }}{{ end -}}
+{{- fail (printf "config.router.default-keep: %d is below the ring capacity C = %d of the model (%s); with default-mode %s use 0 (meaning C) or a value >= %d" $keep $capacity $from $mode $capacity) -}}
 {{- end -}}
 
 {{- /* A UCX transfer needs UCX on the sending prefill node and the receiving decode node. */ -}}
@@ -23,12 +27,31 @@ that `helm lint`, `helm template` and `helm install` all stop on them.
 the network is trusted; say so before a pod crash-loops. */ -}}
 {{- $usesUcx := not (and (index .Values.config.prefill "no-ucx") (index .Values.config.decode "no-ucx")) -}}
 {{- if and $usesUcx (not .Values.ucx.allowUnprotectedTcp) -}}
-{{- range $name := splitList "," (lower .Values.ucx.tls) -}}
+{{- $ucxTls := include "baton.ucxTls" . -}}
+{{- range $name := splitList "," (lower $ucxTls) -}}
 {{- if or (eq $name "tcp") (eq $name "all") (hasPrefix "^" $name) -}}
-{{- fail (printf "ucx.tls: %q lets UCX serve RMA over TCP in software, where any peer that reaches a node's port reads and writes its memory; list transports whose keys are enforced (sm, posix, sysv, cma, self, rc, dc, ud, ib), use config.router.transport grpc with config.prefill.no-ucx and config.decode.no-ucx, or set ucx.allowUnprotectedTcp for a trusted network" $.Values.ucx.tls) -}}
+{{- fail (printf "ucx.tls: %q lets UCX serve RMA over TCP in software, where any peer that reaches a node's port reads and writes its memory; list transports whose keys are enforced (sm, posix, sysv, cma, self, rc, dc, ud, ib), use config.router.transport grpc with config.prefill.no-ucx and config.decode.no-ucx, or set ucx.allowUnprotectedTcp for a trusted network" $ucxTls) -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}
+
+{{- /* The rdma profile asks every prefill and decode pod for RDMA devices, which only UCX
+transfers use. */ -}}
+{{- if and (eq .Values.ucx.profile "rdma") (ne $router.transport "ucx") -}}
+{{- fail "ucx.profile: rdma requests RDMA devices for every prefill and decode pod, but config.router.transport is grpc, so StateBlocks would not use them; set config.router.transport: ucx, or ucx.profile: tcp" -}}
+{{- end -}}
+
+{{- /* The router forgets a node after node-expiry-ms; a node may wait out glibc's 5 s resolver
+timeout besides three heartbeats (router/main.cc refuses less). */ -}}
+{{- $heartbeat := index $router "heartbeat-ms" | int64 -}}
+{{- $expiry := index $router "node-expiry-ms" | int64 -}}
+{{- $minExpiry := add (mul 3 $heartbeat) 5000 -}}
+{{- if lt $expiry $minExpiry -}}
+{{- fail (printf "config.router.node-expiry-ms: %d is below 3 x config.router.heartbeat-ms (%d) + 5000 = %d: three heartbeats plus glibc's 5 s resolver timeout, which a node may wait out; the router refuses it. Raise node-expiry-ms to %d or more, or lower heartbeat-ms" $expiry $heartbeat $minExpiry $minExpiry) -}}
+{{- end -}}
+
+{{- include "baton.validateEdge" . -}}
+{{- include "baton.validateGpu" . -}}
 
 {{- /* Each pod serves gRPC, metrics and health on different ports (the router also its
 internal port). */ -}}
@@ -96,6 +119,19 @@ internal port). */ -}}
 {{- define "baton.validateModelSource" -}}
 {{- $model := .Values.model -}}
 {{- $source := $model.source -}}
+{{- if and $model.builtin (not $model.generate) -}}
+{{- range $field := list "source.uri" "volume.claimName" "volume.path" -}}
+{{- $value := index $model (first (splitList "." $field)) (last (splitList "." $field)) -}}
+{{- if $value -}}
+{{- fail (printf "model.builtin: %q serves the model shipped in the image, but model.%s is %q too; set model.builtin to \"\" to serve the weights of model.volume / model.source" $model.builtin $field $value) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- if $source.job.enabled -}}
+{{- if or $model.generate $model.builtin (not $source.uri) (ne $model.volume.type "pvc") -}}
+{{- fail "model.source.job.enabled: the hook Job fills a shared claim: it needs model.volume.type pvc (a ReadWriteMany claim in model.volume.claimName), model.source.uri and files, and model.builtin and model.generate \"\"" -}}
+{{- end -}}
+{{- end -}}
 {{- if $source.uri -}}
 {{- if $model.generate -}}
 {{- fail (printf "model.source.uri: model.generate is %q, which replaces the model volume with a generated model; set model.generate to \"\" to download %s" $model.generate $source.uri) -}}
@@ -132,7 +168,7 @@ internal port). */ -}}
 {{- end -}}
 {{- else -}}
 {{- if eq $model.volume.type "emptyDir" -}}
-{{- if not $model.generate -}}
+{{- if not (or $model.generate $model.builtin) -}}
 {{- fail "model.volume.type: emptyDir starts empty; set model.source.uri (and model.source.files) to download the model into it, or mount weights with pvc or hostPath" -}}
 {{- end -}}
 {{- end -}}
@@ -186,6 +222,73 @@ internal port). */ -}}
 {{- end -}}
 {{- if or (eq $min "100%") (and (regexMatch "^[0-9]+$" $min) (ge ($min | int64) $pods)) -}}
 {{- fail (printf "%s.pdb.minAvailable: %s of %d pods must stay up, so no pod could ever be evicted and node drains would hang; use at most %d" $role $min $pods (sub $pods 1)) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+
+{{/* The client edge: a router reachable from outside the cluster authenticates its clients. */}}
+{{- define "baton.validateEdge" -}}
+{{- $router := .Values.router -}}
+{{- $apiKeys := $router.apiKeys.secretName -}}
+{{- $clientCerts := and $router.clientTls.secretName $router.clientTls.requireClientCert -}}
+{{- if not $router.exposeWithoutAuth -}}
+{{- if and (ne $router.service.type "ClusterIP") (not $apiKeys) (not $clientCerts) -}}
+{{- fail (printf "router.service.type: %s exposes the client API outside the cluster with no client authentication, so anyone who reaches it may generate; set router.apiKeys.secretName (API keys), or router.clientTls.secretName with router.clientTls.requireClientCert (client certificates), or router.exposeWithoutAuth: true when something in front authenticates" $router.service.type) -}}
+{{- end -}}
+{{- if and (or $router.ingress.enabled $router.gateway.enabled) (not $apiKeys) -}}
+{{- fail (printf "router.apiKeys.secretName: router.%s exposes the client API through a proxy that terminates TLS (client certificates do not reach the router), and there are no API keys; set router.apiKeys.secretName, or router.exposeWithoutAuth: true when the proxy authenticates" (ternary "ingress" "gateway" $router.ingress.enabled)) -}}
+{{- end -}}
+{{- end -}}
+{{- if $router.service.loadBalancerSourceRanges -}}
+{{- if ne $router.service.type "LoadBalancer" -}}
+{{- fail (printf "router.service.loadBalancerSourceRanges: only a LoadBalancer Service takes them; router.service.type is %s" $router.service.type) -}}
+{{- end -}}
+{{- end -}}
+{{- if and $router.service.externalTrafficPolicy (eq $router.service.type "ClusterIP") -}}
+{{- fail "router.service.externalTrafficPolicy: only a NodePort or LoadBalancer Service takes it; router.service.type is ClusterIP" -}}
+{{- end -}}
+{{- $http := ge (index .Values.config.router "http-port" | int64) 0 -}}
+{{- with $router.ingress -}}
+{{- if .enabled -}}
+{{- if not (or .grpcHost .httpHost) -}}
+{{- fail "router.ingress.grpcHost: router.ingress.enabled needs a host: grpcHost (gRPC) and/or httpHost (the OpenAI HTTP API)" -}}
+{{- end -}}
+{{- if and .httpHost (not $http) -}}
+{{- fail "router.ingress.httpHost: config.router.http-port is -1 (no HTTP API); turn it on or leave httpHost empty" -}}
+{{- end -}}
+{{- if and .grpcHost (eq .grpcHost .httpHost) -}}
+{{- fail "router.ingress.httpHost: equals grpcHost; the gRPC and HTTP Ingresses route the same path \"/\" and need different hosts" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- with $router.gateway -}}
+{{- if .enabled -}}
+{{- if not .parentRefs -}}
+{{- fail "router.gateway.parentRefs: router.gateway.enabled needs the Gateway the routes attach to, e.g. [{name: edge, namespace: gateway}]" -}}
+{{- end -}}
+{{- if not (or .grpc.enabled (and .http.enabled $http)) -}}
+{{- fail "router.gateway.grpc.enabled: router.gateway.enabled renders no route: enable grpc, or http with config.router.http-port on" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* GPU pools (experimental): one GPU per pod (the schema's bound), and Guaranteed QoS, so the
+kubelet neither throttles the host threads that feed the GPU nor evicts the pod first. */}}
+{{- define "baton.validateGpu" -}}
+{{- range $role := list "prefill" "decode" -}}
+{{- $values := index $.Values $role -}}
+{{- if gt ($values.gpus | int64) 0 -}}
+{{- $requests := $values.resources.requests | default dict -}}
+{{- $limits := $values.resources.limits | default dict -}}
+{{- range $resource := list "cpu" "memory" -}}
+{{- $request := index $requests $resource | default "" | toString -}}
+{{- $limit := index $limits $resource | default "" | toString -}}
+{{- if or (not $request) (not $limit) (ne (include "baton.quantityMilli" $request) (include "baton.quantityMilli" $limit)) -}}
+{{- fail (printf "%s.resources.limits.%s: a GPU pod (%s.gpus 1) must be Guaranteed QoS: set resources.requests.%s and resources.limits.%s to the same value (now request %q, limit %q)" $role $resource $role $resource $resource $request $limit) -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}

@@ -32,6 +32,8 @@ inline constexpr char kFailedNodeKey[] = "baton-failed-node";
 inline constexpr char kRetryAfterKey[] = "retry-after-ms";
 
 struct ServerOptions {
+  // An IP to listen on; "::" is every address, IPv4 and IPv6 (only IPv4's where the kernel has
+  // no IPv6), "0.0.0.0" every IPv4 one.
   std::string host = "127.0.0.1";
   int port = 0;                    // 0: any free port
   std::string ready_file;          // when set, "host:port" is written there once serving,
@@ -50,6 +52,9 @@ struct ServerOptions {
   int64_t rpc_memory_bytes = int64_t{1} << 30;
   // On SIGTERM or SIGINT the process drains (see ServeUntilShutdown) for at most this long.
   std::chrono::milliseconds drain_timeout{30000};
+  // A node resolves the router names it registers with again this often, in the background
+  // (RouterResolver): the heartbeat never waits on DNS.
+  std::chrono::milliseconds router_resolve_interval{5000};
 };
 
 // Sets a grpc.health.v1 service's status on every server of the process.
@@ -88,9 +93,30 @@ struct ClientEndpoint {
 // Service stands for all its router pods. An entry that does not resolve is kept as written.
 std::vector<std::string> ResolveRouters(const std::string& routers);
 
-// Registers a node with every router (see ResolveRouters, resolved again at each beat, so
-// routers that come and go are found) now and then every heartbeat, reporting its load,
-// until destroyed. Failures are retried: a router may start later or restart. With `cache`,
+// ResolveRouters on a thread of its own, again every `interval`, so that a slow resolver (a
+// lookup under ndots:5 tries every search domain, each up to resolv.conf's timeout) delays no
+// heartbeat: the heartbeat takes the last answer. An entry whose name stops resolving keeps
+// the addresses it last resolved to. The thread is detached: destroying the resolver does not
+// wait for a lookup in progress.
+class RouterResolver {
+ public:
+  RouterResolver(std::string routers, std::chrono::milliseconds interval);
+  ~RouterResolver();
+  RouterResolver(const RouterResolver&) = delete;
+  RouterResolver& operator=(const RouterResolver&) = delete;
+
+  // The addresses of the latest resolution; before the first has finished, waits for it until
+  // `until` (then empty).
+  std::vector<std::string> Addresses(std::chrono::steady_clock::time_point until) const;
+
+ private:
+  struct State;
+  std::shared_ptr<State> state_;
+};
+
+// Registers a node with every router (see RouterResolver: the names are resolved again in the
+// background, so routers that come and go are found) now and then every heartbeat, reporting its
+// load, until destroyed. Failures are retried: a router may start later or restart. With `cache`,
 // each registration carries the node's cache events since the last (CacheFeed::take), and a
 // router's cache_resync answer calls CacheFeed::resync.
 class Heartbeat {
@@ -100,7 +126,8 @@ class Heartbeat {
     std::function<v1::CacheEventBatch()> take;
     std::function<void()> resync;
   };
-  Heartbeat(std::string routers, v1::RegisterRequest node, LoadFn load, CacheFeed cache = {});
+  Heartbeat(std::string routers, v1::RegisterRequest node, LoadFn load, CacheFeed cache = {},
+            std::chrono::milliseconds resolve_interval = std::chrono::milliseconds(5000));
   ~Heartbeat();
 
   // Sends the routers a registration marked draining (again, until each has taken it or
@@ -109,7 +136,7 @@ class Heartbeat {
 
  private:
   void Run();
-  std::string routers_;
+  RouterResolver resolver_;
   v1::RegisterRequest node_;
   LoadFn load_;
   CacheFeed cache_;
@@ -139,7 +166,8 @@ struct Registration {
   Heartbeat::CacheFeed cache;  // a prefill node's block-cache events
 };
 // The registration of a node of `role` called `node_id`, serving the model `fingerprint` under
-// `model_name` with the config of `config_digest` (ConfigDigest; both "" for a store).
+// `model_name` with the config of `config_digest` (ConfigDigest; both "" for a store), and this
+// build's version.
 Registration NodeRegistration(std::string router, const std::string& node_id, v1::NodeRole role,
                               const std::string& fingerprint, Heartbeat::LoadFn load,
                               const std::string& model_name = "",

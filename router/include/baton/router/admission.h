@@ -78,7 +78,7 @@ class Admission {
     int64_t max_queued_per_tenant = 0;   // 0: half of max_queued with API keys, all without
     int64_t max_streams_per_tenant = 0;  // 0: half the live decode slots with keys, no bound
     int64_t prefill_slots = 2;
-    uint32_t node_ttl_ms = 2000;
+    uint32_t node_ttl_ms = 6500;
     bool api_keys = false;  // requests carry tenants (the shares' defaults depend on it)
   };
   // `registry` and `models` outlive the admission.

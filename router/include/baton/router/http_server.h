@@ -50,6 +50,10 @@ struct HttpLimits {
   uint64_t body_memory_bytes = uint64_t{256} << 20;
   int handler_threads = 512;
   int io_threads = 2;
+  // A kept-alive connection older than this is closed after its current response
+  // ("Connection: close"), so that clients spread over routers added since they connected;
+  // 0: never.
+  std::chrono::milliseconds max_connection_age{0};
 };
 
 struct HttpRequest {

@@ -99,7 +99,7 @@ class NodeRegistry {
  public:
   struct Options {
     uint32_t heartbeat_ms = 500;   // what registering nodes are told
-    uint32_t node_ttl_ms = 2000;   // a node not heard from for this long is not used
+    uint32_t node_ttl_ms = 6500;   // a node not heard from for this long is not used
     bool require_kvstore = false;  // Serving() waits for a kvstore to have registered once
     // The router's split: a prefill node must hold the layers it runs there (all, or the
     // producers only under replay-on-decode), a decode node every layer.
@@ -171,6 +171,14 @@ class NodeRegistry {
   std::vector<std::set<std::string>> ServedFingerprints() const;
   // Live nodes by role label ("prefill", "decode", "kvstore"), for baton_nodes.
   std::map<std::string, double> LiveByRole() const;
+  // Live nodes by role, build and StateBlock format, for baton_router_nodes_by_version and
+  // baton_router_version_skew (a rollout between formats shows as two formats at once).
+  struct VersionCount {
+    std::string role, build;
+    uint32_t state_format = 0;
+    double nodes = 0;
+  };
+  std::vector<VersionCount> LiveByVersion() const;
 
   static const char* RoleLabel(v1::NodeRole role);
   // What a prefill and a decode node pair on (DESIGN section 6): the same weights and the

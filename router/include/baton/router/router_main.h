@@ -29,6 +29,10 @@ struct RouterFlags {
   std::string prefill_policy = "predicted-ttft";   // least-loaded, longest-prefix, predicted-ttft
   std::string split = "prefill-all";               // prefill-all or replay-on-decode
   std::string stream_idle_timeout = "60s";         // common/stream_watch.h's syntax
+  // gRPC MAX_CONNECTION_AGE and its grace on the client port (common/stream_watch.h's syntax;
+  // "0": never), and the HTTP front's keep-alive age.
+  std::string client_max_connection_age = "2m";
+  std::string client_max_connection_age_grace = "5m";
   std::vector<std::string> extra_models;           // NAME=DIR each
   // The HTTP front's deadlines, in milliseconds (HttpLimits holds them as durations).
   int64_t http_request_timeout_ms = HttpLimits{}.request_timeout.count();
@@ -37,6 +41,14 @@ struct RouterFlags {
   RouterOptions options;         // the fields flags set as they are
   HttpOptions http{.port = -1};  // the fields flags set as they are; port -1: no HTTP front
 };
+
+// The shortest node expiry a heartbeat period allows: three heartbeats plus a resolver
+// timeout (glibc's default, resolv.conf `timeout:5`), so that neither a late beat nor a node's
+// slow DNS lookup drops a live node.
+inline constexpr int64_t kResolverTimeoutMs = 5000;
+inline int64_t MinNodeExpiryMs(int64_t heartbeat_ms) {
+  return 3 * heartbeat_ms + kResolverTimeoutMs;
+}
 
 // Starts the router and serves until SIGTERM or SIGINT (common/rpc.h ServeUntilShutdown);
 // returns the process's exit status. Call once logging is set up (ParseServerFlags).

@@ -55,8 +55,11 @@ struct RouterOptions {
   uint32_t max_model_len = 32768;  // prompt + max_tokens
   v1::Transport transport = v1::TRANSPORT_UCX;
   uint32_t reservation_timeout_ms = 30000;
+  // How often nodes register again (what they are told), and how long a node not heard from
+  // is still used: at least three heartbeats plus a resolver timeout (kMinNodeExpiryMs), so
+  // that a slow DNS answer on a node's side never drops it.
   uint32_t heartbeat_ms = 500;
-  uint32_t node_ttl_ms = 2000;  // a node not heard from for this long is not used
+  uint32_t node_ttl_ms = 6500;
   kvstore::HitCap hit_cap = kvstore::HitCap::kRing;
   // Which prefill node takes a request (--prefill-policy): the least loaded, the one whose
   // local block cache holds the longest prefix, or the one of least predicted time to first
