@@ -9,6 +9,9 @@
 // --decode-context, with FP32 weights ("decode") and with BF16 weight matrices ("decode_bf16", with
 // each step over the FP32 one). Not a test: nothing here asserts a time.
 //
+// Prefill runs off, then compact at each keep of --keep (a list: the time to first token against
+// K, each entry measured in the same run as off); decode states are prefilled at the first keep.
+//
 //   baton_model_bench --model DIR [--lengths 1024,4096] [--keep 140] [--batches 1,8,32]
 //                     [--decode-context 16,512] [--isas avx2,avx512] [--repeats 3] [--json]
 #include <cblas.h>
@@ -156,14 +159,14 @@ std::vector<int32_t> Prompt(int64_t length, int64_t vocab, uint64_t seed) {
 int main(int argc, char** argv) {
   CLI::App app{"baton CPU model benchmark"};
   std::string model_dir, lengths_text = "1024,4096", batches_text = "1,8,32";
-  std::string contexts_text = "512";
-  int64_t keep = 140;
+  std::string contexts_text = "512", keeps_text = "140";
   int repeats = 3;
   bool json_output = false;
   std::string isas_text;
   app.add_option("--model", model_dir, "Model directory")->required();
   app.add_option("--lengths", lengths_text, "Prefill lengths");
-  app.add_option("--keep", keep, "Compact keep K");
+  app.add_option("--keep", keeps_text,
+                 "Compact keeps K, comma-separated (prefill at each; decode at the first)");
   app.add_option("--batches", batches_text, "Decode batch sizes");
   app.add_option("--decode-context", contexts_text,
                  "Prompt lengths before decode steps, a list (each batch is measured at each)");
@@ -176,7 +179,8 @@ int main(int argc, char** argv) {
   auto lengths = baton::ParseIntList(lengths_text, "--lengths");
   auto batches = baton::ParseIntList(batches_text, "--batches");
   auto contexts = baton::ParseIntList(contexts_text, "--decode-context");
-  for (const auto* list : {&lengths, &batches, &contexts}) {
+  auto keeps = baton::ParseIntList(keeps_text, "--keep");
+  for (const auto* list : {&lengths, &batches, &contexts, &keeps}) {
     if (!list->ok()) {
       std::cerr << list->status().message() << "\n";
       return 2;
@@ -214,8 +218,9 @@ int main(int argc, char** argv) {
     for (int64_t L : *lengths) {
       baton::kernels::SetCpuIsa(isa);
       const auto prompt = Prompt(L, config.vocab_size, 1);
-      for (TruncationMode mode : {TruncationMode::kOff, TruncationMode::kCompact}) {
-        const int64_t k = mode == TruncationMode::kOff ? 0 : keep;
+      std::vector<std::pair<TruncationMode, int64_t>> settings = {{TruncationMode::kOff, 0}};
+      for (int64_t k : *keeps) settings.push_back({TruncationMode::kCompact, k});
+      for (const auto& [mode, k] : settings) {
         const double seconds = MedianSeconds(repeats, [&] {
           baton::model::SequenceState state(model.state_layout());
           auto result = model.Prefill(prompt, {.mode = mode, .keep = k}, state);
@@ -271,9 +276,9 @@ int main(int argc, char** argv) {
           std::vector<std::unique_ptr<baton::model::SequenceState>> states;
           for (int64_t i = 0; i < batch; ++i) {
             states.push_back(std::make_unique<baton::model::SequenceState>(layout));
-            auto result =
-                engine.Prefill(Prompt(decode_context, config.vocab_size, 100 + i),
-                               {.mode = TruncationMode::kCompact, .keep = keep}, *states.back());
+            auto result = engine.Prefill(Prompt(decode_context, config.vocab_size, 100 + i),
+                                         {.mode = TruncationMode::kCompact, .keep = keeps->front()},
+                                         *states.back());
             if (!result.ok()) std::abort();
           }
           std::vector<std::vector<float>> logits(batch, std::vector<float>(config.vocab_size));

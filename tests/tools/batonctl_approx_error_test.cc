@@ -1,10 +1,13 @@
 // batonctl approx-error on the tiny model (W = 16, C = 22, D = 4 consumer layers, so
 // R = W + (D - 1)(W - 1) = 61): exact where the seed says truncation is exact, measurably not
-// below R, and the prefix-hit variants behave as DESIGN section 5 says.
+// below R, and the prefix-hit variants behave as DESIGN section 5 says. With --free-running,
+// completions at K = R are off's, and where K = C changes one its first difference is where
+// the teacher-forced comparison first disagrees.
 #include <algorithm>
+#include <cmath>
 #include <fstream>
-#include <vector>
 #include <string>
+#include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -81,6 +84,137 @@ TEST(BatonctlApproxError, ExactAtSpanAndCompactEqualsMaskButNotBelowSpan) {
     EXPECT_LE(row["max_abs_logit_diff"].get<double>(), kRounding) << row;
   }
   EXPECT_EQ(report["compact_vs_mask"].size(), 2u);
+}
+
+// The per-prompt lists agree with the summary figures built from them.
+void ExpectFreeRunningSummaryConsistent(const nlohmann::json& r, int steps) {
+  const std::vector<int> first = r["first_divergence"].get<std::vector<int>>();
+  const std::vector<int> differ = r["positions_differ"].get<std::vector<int>>();
+  const int n = r["completions"].get<int>();
+  ASSERT_EQ(first.size(), static_cast<size_t>(n));
+  ASSERT_EQ(differ.size(), static_cast<size_t>(n));
+  std::vector<int> diverging;
+  int differ_total = 0;
+  for (int p = 0; p < n; ++p) {
+    if (first[p] < 0) {
+      EXPECT_EQ(differ[p], 0) << "prompt " << p;
+    } else {
+      // The first difference is one of the differing positions, and none come before it.
+      EXPECT_GE(differ[p], 1) << "prompt " << p;
+      EXPECT_LE(differ[p], steps - first[p]) << "prompt " << p;
+      diverging.push_back(first[p]);
+    }
+    differ_total += differ[p];
+  }
+  const int d = static_cast<int>(diverging.size());
+  EXPECT_EQ(r["diverging"], d);
+  EXPECT_EQ(r["identical"], n - d);
+  EXPECT_DOUBLE_EQ(r["identical_share"].get<double>(), static_cast<double>(n - d) / n);
+  EXPECT_DOUBLE_EQ(r["position_divergence_share"].get<double>(),
+                   static_cast<double>(differ_total) / (n * steps));
+  if (d == 0) {
+    EXPECT_TRUE(r["first_divergence_median"].is_null());
+    EXPECT_DOUBLE_EQ(r["rule_of_three"].get<double>(), 3.0 / n);
+    // Clopper-Pearson at d = 0: 0.05 = (1 - p)^n.
+    EXPECT_NEAR(r["divergence_upper95"].get<double>(), 1 - std::pow(0.05, 1.0 / n), 1e-9);
+  } else {
+    std::sort(diverging.begin(), diverging.end());
+    EXPECT_DOUBLE_EQ(r["first_divergence_median"].get<double>(),
+                     (diverging[(d - 1) / 2] + diverging[d / 2]) / 2.0);
+    EXPECT_FALSE(r.contains("rule_of_three"));
+    EXPECT_GT(r["divergence_upper95"].get<double>(), static_cast<double>(d) / n);
+  }
+}
+
+TEST(BatonctlApproxError, FreeRunningCompletionsAreOffsFromTheSpan) {
+  // L = 200, no hit: K = R = 61 is exact, so every greedy completion is off's, in both modes.
+  const auto run = RunBatonctl("approx-error --model " + TinyModel() +
+                               " --free-running --keep 22,61 --num-prompts 6 --prompt-len 200"
+                               " --steps 32 --no-prefix-hit --json");
+  ASSERT_EQ(run.exit_status, 0) << run.err;
+  const nlohmann::json report = nlohmann::json::parse(run.out);
+  EXPECT_EQ(report["kind"], "approx_error_free_running");
+  EXPECT_EQ(report["tokens"], 32);
+  ASSERT_EQ(report["off_distinct_tokens"].size(), 6u);
+  for (int distinct : report["off_distinct_tokens"]) {
+    EXPECT_GE(distinct, 1);
+    EXPECT_LE(distinct, 32);
+  }
+  ASSERT_EQ(report["results"].size(), 4u);  // mask and compact at 22 and 61, cold
+  for (const nlohmann::json& r : report["results"]) {
+    ExpectFreeRunningSummaryConsistent(r, 32);
+    if (r["keep"] == 61) {
+      EXPECT_EQ(r["identical"], 6) << r["mode"];
+      EXPECT_EQ(r["position_divergence_share"], 0.0) << r["mode"];
+    }
+  }
+  // Prompts of 30 and 60 tokens: only the second leaves the ring cap a hit (H = 32), so the
+  // variant after the hit has one completion and the cold one two.
+  const std::string prompts = testing::ProcessTempDir() + "/free-prompts.jsonl";
+  {
+    std::ofstream out(prompts);
+    for (int len : {30, 60}) {
+      nlohmann::json row = nlohmann::json::array();
+      for (int i = 0; i < len; ++i) row.push_back(3 + (i * 37) % 500);
+      out << row.dump() << "\n";
+    }
+  }
+  const auto mixed =
+      RunBatonctl("approx-error --model " + TinyModel() + " --free-running --prompts " + prompts +
+                  " --keep 22 --modes compact --steps 4 --json");
+  ASSERT_EQ(mixed.exit_status, 0) << mixed.err;
+  const nlohmann::json mixed_report = nlohmann::json::parse(mixed.out);
+  EXPECT_EQ(mixed_report["prompts"], 2);
+  EXPECT_EQ(Find(mixed_report, "compact", 22, 0)["completions"], 2);
+  EXPECT_EQ(Find(mixed_report, "compact", 22, 32)["completions"], 1);
+
+  const auto table = RunBatonctl("approx-error --model " + TinyModel() +
+                                 " --free-running --keep 22 --num-prompts 1 --prompt-len 60"
+                                 " --steps 4 --modes compact");
+  ASSERT_EQ(table.exit_status, 0) << table.err;
+  EXPECT_THAT(table.out, HasSubstr("1 prompts, 4 greedy tokens each (off's: median"));
+}
+
+TEST(BatonctlApproxError, FreeRunningFirstDivergenceIsTheFirstTeacherForcedFlip) {
+  // A generated model and prompts on which K = C flips some greedy tokens (60-token prompts,
+  // so the truncation drops 38 of 60 rows).
+  const std::string model = testing::ProcessTempDir() + "/tiny-seed1";
+  ASSERT_EQ(RunBatonctl("make-model --preset tiny --seed 1 --out " + model).exit_status, 0);
+  const std::string args =
+      " --keep 22 --modes compact --no-prefix-hit --num-prompts 24"
+      " --prompt-len 60 --steps 16 --json";
+  const auto free = RunBatonctl("approx-error --model " + model + " --free-running" + args);
+  ASSERT_EQ(free.exit_status, 0) << free.err;
+  const nlohmann::json free_report = nlohmann::json::parse(free.out);
+  const nlohmann::json& r = free_report["results"].at(0);
+  ExpectFreeRunningSummaryConsistent(r, 16);
+  EXPECT_GE(r["diverging"].get<int>(), 1);
+
+  // Teacher-forced, the same prompts are fed off's greedy completion. Until its first
+  // difference a free-running variant has run exactly that, so a completion that first differs
+  // at i is a top-1 disagreement at step i, and the earliest first difference is the earliest
+  // disagreement (step 0, the prefill's token, has no earlier one to hide it: equal counts).
+  const auto forced = RunBatonctl("approx-error --model " + model + args);
+  ASSERT_EQ(forced.exit_status, 0) << forced.err;
+  const nlohmann::json forced_report = nlohmann::json::parse(forced.out);
+  const nlohmann::json& steps = forced_report["results"].at(0)["steps"];
+  ASSERT_EQ(steps.size(), 16u);
+  std::vector<int> first_at(16, 0);
+  for (int f : r["first_divergence"].get<std::vector<int>>()) {
+    if (f >= 0) ++first_at[f];
+  }
+  int earliest_flip = -1, earliest_first = -1;
+  for (int i = 0; i < 16; ++i) {
+    const int flips =
+        static_cast<int>(std::lround((1 - steps[i]["top1_agreement"].get<double>()) * 24));
+    EXPECT_GE(flips, first_at[i]) << "step " << i;
+    if (i == 0) {
+      EXPECT_EQ(flips, first_at[0]);
+    }
+    if (flips > 0 && earliest_flip < 0) earliest_flip = i;
+    if (first_at[i] > 0 && earliest_first < 0) earliest_first = i;
+  }
+  EXPECT_EQ(earliest_first, earliest_flip);
 }
 
 TEST(BatonctlApproxError, PrintsATableAndRefusesBadInput) {

@@ -13,6 +13,13 @@
 //
 // The seed's exactness claims become checks: with K >= R = W + (D - 1)(W - 1) every step
 // equals off; compact equals mask; a hit with H <= L - K equals the cold run.
+//
+// --free-running asks what a user sees instead: off and every variant each generate --steps
+// tokens greedily, each from its own output, and each completion is compared with off's token
+// by token. A flip then changes everything after it, so this counts completions that differ
+// anywhere, the share of positions that differ and where the first difference falls, with an
+// exact binomial upper bound on the rate of differing completions (the rule of three, 3/N, when
+// none of N differs). With --text the prompts are consecutive --prompt-len windows of the text.
 #include <algorithm>
 #include <cmath>
 #include <fstream>
@@ -20,6 +27,7 @@
 #include <map>
 #include <memory>
 #include <random>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -46,8 +54,38 @@ struct ApproxErrorOptions {
   std::string keeps;  // comma-separated; default: C, then doubling up to R and R
   std::string modes = "mask,compact";
   bool prefix_hit = true;
+  bool free_running = false;  // greedy completions compared, not teacher-forced steps
   bool json = false;
 };
+
+// Greedy completion of `tokens` tokens: the prefill's argmax, then each decode step's argmax
+// fed back in.
+absl::StatusOr<std::vector<int32_t>> GreedyCompletion(model::Engine& ced,
+                                                      const std::vector<int32_t>& prompt,
+                                                      const model::PrefillOptions& options,
+                                                      int64_t tokens) {
+  model::SequenceState state(ced.state_layout());
+  absl::StatusOr<model::PrefillResult> result = ced.Prefill(prompt, options, state);
+  if (!result.ok()) return result.status();
+  std::vector<float> logits(result->logits.end() - ced.config().vocab_size, result->logits.end());
+  std::vector<int32_t> completion = {model::Argmax(logits)};
+  while (static_cast<int64_t>(completion.size()) < tokens) {
+    const model::DecodeItem item{
+        .state = &state, .token = completion.back(), .logits = logits.data()};
+    if (absl::Status s = ced.Decode({&item, 1}); !s.ok()) return s;
+    completion.push_back(model::Argmax(logits));
+  }
+  return completion;
+}
+
+// The s_valid of each variant of a prompt of L tokens: 0 (cold), then, with `prefix_hit`, the
+// largest hit the router's ring cap allows, floor((L - C) / B) blocks, when there is one.
+std::vector<int64_t> VariantStarts(int64_t L, const ModelConfig& config, bool prefix_hit) {
+  const int64_t B = config.kv_block_size;
+  const int64_t hit = std::max<int64_t>(0, L - config.ring_capacity()) / B * B;
+  if (prefix_hit && hit > 0) return {0, hit};
+  return {0};
+}
 
 // One variant's run: the logits of every step and the consumer rings after prefill.
 struct Run {
@@ -130,7 +168,8 @@ absl::Status LoadTextPrompts(const ApproxErrorOptions& o, const std::string& mod
   absl::StatusOr<std::vector<int32_t>> read = ReadDocumentTokens(o.text_file, **tokenizer);
   if (!read.ok()) return read.status();
   const std::vector<int32_t>& stream = *read;
-  const int64_t window = o.prompt_len + o.steps;
+  // Free-running prompts need no continuation from the text: the windows are the prompts.
+  const int64_t window = o.prompt_len + (o.free_running ? 0 : o.steps);
   for (int64_t at = 0; at + window <= static_cast<int64_t>(stream.size()) &&
                        static_cast<int64_t>(prompts.size()) < o.num_prompts;
        at += window) {
@@ -138,9 +177,9 @@ absl::Status LoadTextPrompts(const ApproxErrorOptions& o, const std::string& mod
     continuations.emplace_back(stream.begin() + at + o.prompt_len, stream.begin() + at + window);
   }
   if (prompts.empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--text: ", o.text_file, " gives ", stream.size(),
-                     " tokens, fewer than one window of ", window, " (--prompt-len + --steps)"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--text: ", o.text_file, " gives ", stream.size(), " tokens, fewer than one window of ",
+        window, o.free_running ? " (--prompt-len)" : " (--prompt-len + --steps)"));
   }
   return absl::OkStatus();
 }
@@ -184,12 +223,155 @@ absl::StatusOr<std::vector<std::vector<int32_t>>> LoadPrompts(const ApproxErrorO
   return prompts;
 }
 
+// The one-sided 95% upper bound on a binomial rate after `d` events in `n` trials (Clopper-
+// Pearson): the p at which P(X <= d) = 0.05. With d = 0 it is 1 - 0.05^(1/n), about 3/n.
+double BinomialUpper95(int64_t d, int64_t n) {
+  if (d >= n) return 1;
+  auto cdf = [&](double p) {  // P(X <= d) for X ~ Binomial(n, p), 0 < p < 1
+    double sum = 0;
+    for (int64_t k = 0; k <= d; ++k) {
+      sum += std::exp(std::lgamma(n + 1.0) - std::lgamma(k + 1.0) - std::lgamma(n - k + 1.0) +
+                      k * std::log(p) + (n - k) * std::log1p(-p));
+    }
+    return sum;
+  };
+  double lo = 0, hi = 1;  // cdf falls as p rises
+  for (int i = 0; i < 100; ++i) {
+    const double mid = (lo + hi) / 2;
+    (cdf(mid) > 0.05 ? lo : hi) = mid;
+  }
+  return hi;
+}
+
+double Median(std::vector<int64_t> values) {  // values non-empty
+  std::sort(values.begin(), values.end());
+  const size_t n = values.size();
+  return (values[(n - 1) / 2] + values[n / 2]) / 2.0;
+}
+
+// --free-running: every variant's greedy completion against off's, per prompt.
+int RunFreeRunning(const ApproxErrorOptions& o, model::Engine& ced,
+                   const std::vector<std::vector<int32_t>>& prompts,
+                   const std::vector<int64_t>& keeps,
+                   const std::vector<std::pair<std::string, model::TruncationMode>>& modes) {
+  const ModelConfig& config = ced.config();
+  struct Totals {
+    std::string mode;
+    int64_t keep = 0;
+    int64_t hit = 0;
+    std::vector<int64_t> first_divergence;  // per prompt; -1 where the completion is off's
+    std::vector<int64_t> positions_differ;  // per prompt
+  };
+  std::vector<Totals> totals;
+  // How varied off's completions are: a small model's greedy output soon repeats itself, and a
+  // loop's tokens are confident ones that a small logit difference does not flip.
+  std::vector<int64_t> off_distinct;
+  for (const std::vector<int32_t>& prompt : prompts) {
+    const int64_t L = static_cast<int64_t>(prompt.size());
+    absl::StatusOr<std::vector<int32_t>> off = GreedyCompletion(ced, prompt, {}, o.steps);
+    if (!off.ok()) return ReportError("approx-error", off.status());
+    off_distinct.push_back(
+        static_cast<int64_t>(std::set<int32_t>(off->begin(), off->end()).size()));
+    const std::vector<int64_t> starts = VariantStarts(L, config, o.prefix_hit);
+    for (int64_t keep : keeps) {
+      for (const auto& [name, mode] : modes) {
+        for (int64_t s_valid : starts) {
+          absl::StatusOr<std::vector<int32_t>> completion = GreedyCompletion(
+              ced, prompt, {.mode = mode, .keep = keep, .s_valid = s_valid}, o.steps);
+          if (!completion.ok()) return ReportError("approx-error", completion.status());
+          // Prompts of other lengths (--prompts) have other hits: one variant per (mode, K, H).
+          auto it = std::find_if(totals.begin(), totals.end(), [&](const Totals& t) {
+            return t.mode == name && t.keep == keep && t.hit == s_valid;
+          });
+          Totals& t = it != totals.end() ? *it : totals.emplace_back(Totals{name, keep, s_valid});
+          int64_t first = -1, differ = 0;
+          for (int64_t i = 0; i < o.steps; ++i) {
+            if ((*completion)[i] == (*off)[i]) continue;
+            if (first < 0) first = i;
+            ++differ;
+          }
+          t.first_divergence.push_back(first);
+          t.positions_differ.push_back(differ);
+        }
+      }
+    }
+  }
+
+  nlohmann::json results = nlohmann::json::array();
+  for (const Totals& t : totals) {
+    const int64_t n = static_cast<int64_t>(t.first_divergence.size());
+    std::vector<int64_t> firsts;
+    int64_t differ = 0;
+    for (int64_t p = 0; p < n; ++p) {
+      if (t.first_divergence[p] >= 0) firsts.push_back(t.first_divergence[p]);
+      differ += t.positions_differ[p];
+    }
+    const int64_t d = static_cast<int64_t>(firsts.size());
+    nlohmann::json r = {{"mode", t.mode},
+                        {"keep", t.keep},
+                        {"prefix_hit_tokens", t.hit},
+                        {"completions", n},
+                        {"identical", n - d},
+                        {"identical_share", static_cast<double>(n - d) / n},
+                        {"diverging", d},
+                        {"divergence_upper95", BinomialUpper95(d, n)},
+                        {"position_divergence_share", static_cast<double>(differ) / (n * o.steps)},
+                        {"first_divergence_median", nullptr},
+                        {"first_divergence_mean", nullptr},
+                        {"first_divergence", t.first_divergence},
+                        {"positions_differ", t.positions_differ}};
+    if (d == 0) r["rule_of_three"] = 3.0 / n;
+    if (d > 0) {
+      r["first_divergence_median"] = Median(firsts);
+      double sum = 0;
+      for (int64_t f : firsts) sum += f;
+      r["first_divergence_mean"] = sum / d;
+    }
+    results.push_back(std::move(r));
+  }
+  if (o.json) {
+    std::cout << nlohmann::json{{"kind", "approx_error_free_running"},
+                                {"model", o.model_dir},
+                                {"text", o.text_file},
+                                {"prompts", prompts.size()},
+                                {"tokens", o.steps},
+                                {"ring_capacity", config.ring_capacity()},
+                                {"window", config.sliding_window},
+                                {"span_r", config.dependency_span()},
+                                {"off_distinct_tokens_median", Median(off_distinct)},
+                                {"off_distinct_tokens", off_distinct},
+                                {"results", std::move(results)}}
+                     .dump(2)
+              << "\n";
+    return kExitOk;
+  }
+  std::cout << absl::StrFormat(
+      "%d prompts, %d greedy tokens each (off's: median %.1f distinct); C = %d, "
+      "R = W + (D-1)(W-1) = %d\n",
+      prompts.size(), o.steps, Median(off_distinct), config.ring_capacity(),
+      config.dependency_span());
+  std::cout << absl::StrFormat("%-8s %6s %6s %10s %10s %12s %12s %12s\n", "mode", "keep", "hit",
+                               "identical", "upper95", "pos differ", "first med", "first mean");
+  auto or_dash = [](const nlohmann::json& v) {
+    return v.is_null() ? std::string("-") : absl::StrFormat("%.1f", v.get<double>());
+  };
+  for (const nlohmann::json& r : results) {
+    std::cout << absl::StrFormat(
+        "%-8s %6d %6d %10.4f %10.4f %12.4g %12s %12s\n", r["mode"].get<std::string>(),
+        r["keep"].get<int64_t>(), r["prefix_hit_tokens"].get<int64_t>(),
+        r["identical_share"].get<double>(), r["divergence_upper95"].get<double>(),
+        r["position_divergence_share"].get<double>(), or_dash(r["first_divergence_median"]),
+        or_dash(r["first_divergence_mean"]));
+  }
+  return kExitOk;
+}
+
 int RunApproxError(const ApproxErrorOptions& o) {
   absl::StatusOr<std::unique_ptr<model::Engine>> loaded = model::LoadEngine(o.model_dir);
   if (!loaded.ok()) return ReportError("approx-error", loaded.status());
   model::Engine& ced = **loaded;
   const ModelConfig& config = ced.config();
-  const int64_t C = config.ring_capacity(), W = config.sliding_window, B = config.kv_block_size;
+  const int64_t C = config.ring_capacity(), W = config.sliding_window;
   const int64_t R = config.dependency_span();
   if (o.steps < 1) {
     return ReportError("approx-error", absl::InvalidArgumentError(
@@ -233,6 +415,7 @@ int RunApproxError(const ApproxErrorOptions& o) {
     prompts = LoadPrompts(o, config.vocab_size);
   }
   if (!prompts.ok()) return ReportError("approx-error", prompts.status());
+  if (o.free_running) return RunFreeRunning(o, ced, *prompts, keeps, modes);
 
   // Accumulated over prompts, per variant (mode, keep, H): per step and per edge distance.
   struct Totals {
@@ -268,28 +451,17 @@ int RunApproxError(const ApproxErrorOptions& o) {
     if (!text_continuations.empty()) {
       continuation = text_continuations[index];
     } else {
-      model::SequenceState state(layout);
-      absl::StatusOr<model::PrefillResult> result = ced.Prefill(prompt, {}, state);
-      if (!result.ok()) return ReportError("approx-error", result.status());
-      std::vector<float> logits(result->logits.end() - config.vocab_size, result->logits.end());
-      continuation.push_back(model::Argmax(logits));
-      while (static_cast<int64_t>(continuation.size()) < o.steps) {
-        const model::DecodeItem item{
-            .state = &state, .token = continuation.back(), .logits = logits.data()};
-        if (absl::Status s = ced.Decode({&item, 1}); !s.ok()) return ReportError("approx-error", s);
-        continuation.push_back(model::Argmax(logits));
-      }
+      absl::StatusOr<std::vector<int32_t>> greedy = GreedyCompletion(ced, prompt, {}, o.steps);
+      if (!greedy.ok()) return ReportError("approx-error", greedy.status());
+      continuation = *std::move(greedy);
     }
     absl::StatusOr<Run> reference =
         RunVariant(ced, prompt, continuation, model::TruncationMode::kOff, 0, 0);
     if (!reference.ok()) return ReportError("approx-error", reference.status());
-    // The router's ring cap: floor((L - C) / B) blocks.
-    const int64_t hit = std::max<int64_t>(0, L - C) / B * B;
+    const std::vector<int64_t> starts = VariantStarts(L, config, o.prefix_hit);
     for (int64_t keep : keeps) {
       std::map<std::string, Run> cold;
       for (const auto& [name, mode] : modes) {
-        std::vector<int64_t> starts = {0};  // cold, then after the hit (when there is one)
-        if (o.prefix_hit && hit > 0) starts.push_back(hit);
         for (int64_t s_valid : starts) {
           absl::StatusOr<Run> run = RunVariant(ced, prompt, continuation, mode, keep, s_valid);
           if (!run.ok()) return ReportError("approx-error", run.status());
@@ -424,12 +596,16 @@ Command AddApproxErrorCommand(CLI::App& app) {
   command->add_option("--prompt-len", o->prompt_len, "Tokens per generated prompt");
   command->add_option("--seed", o->seed, "Seed of the generated prompts");
   command->add_option("--steps", o->steps,
-                      "Next-token predictions compared: the prompt's, then teacher-forced ones");
+                      "Next-token predictions compared: the prompt's, then teacher-forced ones "
+                      "(with --free-running: the tokens each completion generates)");
   command->add_option("--keep", o->keeps,
                       "Keeps K to measure, comma-separated (default: C, doubling, then R)");
   command->add_option("--modes", o->modes, "Truncation modes, comma-separated: mask, compact");
   command->add_flag("!--no-prefix-hit", o->prefix_hit,
                     "Skip the variants with a prefix hit (s_valid = the ring-capped H)");
+  command->add_flag("--free-running", o->free_running,
+                    "Compare greedy completions of --steps tokens, each variant continuing from "
+                    "its own output, instead of teacher-forced steps");
   command->add_flag("--json", o->json, "Print one JSON object");
   return {command, [o] { return RunApproxError(*o); }};
 }
