@@ -1,13 +1,26 @@
 #include "baton/common/metrics.h"
 
+#include <atomic>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <chrono>
 #include <mutex>
+#include <string_view>
+#include <thread>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "baton/common/listen.h"
 #include "baton/common/parse.h"
-#include "prometheus/exposer.h"
+#include "prometheus/text_serializer.h"
 
 namespace baton::metrics {
+
+namespace beast = boost::beast;
+namespace http = beast::http;
+namespace net = boost::asio;
+using tcp = net::ip::tcp;
 namespace {
 
 // The registry and every collector, gathered at each scrape.
@@ -113,6 +126,84 @@ std::shared_ptr<Collector> AddCollector(Collector::Fn fn) {
   return collector;
 }
 
+namespace {
+
+// One scrape: read the request (bounded), answer it, close.
+class MetricsSession : public std::enable_shared_from_this<MetricsSession> {
+ public:
+  MetricsSession(tcp::socket socket, std::shared_ptr<std::atomic<int>> open)
+      : stream_(std::move(socket)), open_(std::move(open)) {}
+  ~MetricsSession() { --*open_; }
+  void Run() {
+    parser_.header_limit(8 << 10);
+    parser_.body_limit(8 << 10);
+    stream_.expires_after(std::chrono::seconds(10));
+    http::async_read(stream_, buffer_, parser_,
+                     [self = shared_from_this()](beast::error_code ec, size_t) {
+                       if (!ec) self->Answer();
+                     });
+  }
+
+ private:
+  void Answer() {
+    const auto& request = parser_.get();
+    response_.version(request.version());
+    response_.keep_alive(false);
+    response_.set(http::field::server, "baton");
+    const std::string_view target(request.target().data(), request.target().size());
+    if (request.method() != http::verb::get && request.method() != http::verb::head) {
+      response_.result(http::status::method_not_allowed);
+      response_.set(http::field::allow, "GET, HEAD");
+    } else if (target != "/metrics" && !target.starts_with("/metrics?")) {
+      response_.result(http::status::not_found);
+      response_.body() = "only /metrics is served here\n";
+    } else {
+      response_.result(http::status::ok);
+      response_.set(http::field::content_type, "text/plain; version=0.0.4; charset=utf-8");
+      if (request.method() == http::verb::get) {
+        response_.body() = prometheus::TextSerializer().Serialize(Process()->Collect());
+      }
+    }
+    response_.prepare_payload();
+    http::async_write(stream_, response_, [self = shared_from_this()](beast::error_code, size_t) {
+      beast::error_code ignored;
+      self->stream_.socket().shutdown(tcp::socket::shutdown_send, ignored);
+    });
+  }
+
+  beast::tcp_stream stream_;
+  beast::flat_buffer buffer_;
+  http::request_parser<http::string_body> parser_;
+  http::response<http::string_body> response_;
+  std::shared_ptr<std::atomic<int>> open_;
+};
+
+}  // namespace
+
+struct MetricsServer::Impl {
+  static constexpr int kMaxOpen = 64;  // scrapes served at once; more are closed as they come
+  net::io_context ioc{1};
+  tcp::acceptor acceptor{ioc};
+  std::shared_ptr<std::atomic<int>> open = std::make_shared<std::atomic<int>>(0);
+  std::thread thread;
+
+  ~Impl() {
+    ioc.stop();
+    if (thread.joinable()) thread.join();
+  }
+  void Accept() {
+    acceptor.async_accept([this](beast::error_code ec, tcp::socket socket) {
+      if (ec == net::error::operation_aborted) return;
+      if (!ec && open->fetch_add(1) < kMaxOpen) {
+        std::make_shared<MetricsSession>(std::move(socket), open)->Run();
+      } else if (!ec) {
+        --*open;
+      }
+      Accept();
+    });
+  }
+};
+
 MetricsServer::MetricsServer() = default;
 MetricsServer::~MetricsServer() = default;
 MetricsServer::MetricsServer(MetricsServer&&) = default;
@@ -123,31 +214,22 @@ absl::StatusOr<MetricsServer> StartMetricsServer(const std::string& host, int po
   Gauge("baton_build_info", "1, labelled with the binary and its version")
       .Add({{"binary", binary}, {"version", BATON_VERSION}})
       .Set(1);
+  beast::error_code ec;
+  const net::ip::address address = net::ip::make_address(host, ec);
+  if (ec) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--metrics-host: '", host, "' is not an IP address"));
+  }
   MetricsServer server;
-  // civetweb spells every address, IPv6 and IPv4, "+port"; a kernel without IPv6 gets every
-  // IPv4 address instead.
-  std::vector<std::string> binds = {JoinHostPort(host, port)};
-  if (host == "::") binds = {absl::StrCat("+", port), absl::StrCat("0.0.0.0:", port)};
-  std::string error;
-  for (const std::string& bind : binds) {
-    try {
-      server.exposer = std::make_unique<prometheus::Exposer>(bind, 1);
-      break;
-    } catch (const std::exception& e) {
-      error = e.what();
-    }
-  }
-  if (server.exposer == nullptr) {
+  server.impl = std::make_unique<MetricsServer::Impl>();
+  if (ec = Listen(server.impl->acceptor, address, static_cast<unsigned short>(port)); ec) {
     return absl::UnavailableError(
-        absl::StrCat("metrics: cannot listen on ", JoinHostPort(host, port), ": ", error));
+        absl::StrCat("metrics: cannot listen on ", JoinHostPort(host, port), ": ", ec.message()));
   }
-  const std::vector<int> ports = server.exposer->GetListeningPorts();
-  if (ports.empty()) {
-    return absl::UnavailableError(
-        absl::StrCat("metrics: cannot listen on ", JoinHostPort(host, port)));
-  }
-  server.exposer->RegisterCollectable(Process());
-  server.address = JoinHostPort(host, ports.front());
+  server.impl->Accept();
+  MetricsServer::Impl* impl = server.impl.get();
+  impl->thread = std::thread([impl] { impl->ioc.run(); });
+  server.address = JoinHostPort(host, impl->acceptor.local_endpoint().port());
   return server;
 }
 

@@ -87,32 +87,45 @@ std::vector<std::string> Entries(const std::string& routers) {
   return out;
 }
 
-// One entry's addresses; nullopt when its name does not resolve. An entry without a port, or
-// an IPv6 literal, is taken as it is (gRPC resolves it).
-std::optional<std::vector<std::string>> ResolveEntry(const std::string& entry) {
+// What resolving one entry gave.
+struct Resolved {
+  std::vector<std::string> addresses;  // empty: it did not resolve
+  bool temporary = false;              // ... for now (a timeout, a server failure)
+};
+
+// One entry's addresses. An entry without a port, or an IPv6 literal, is taken as it is (gRPC
+// resolves it). Of a name with IPv4 and IPv6 addresses (a dual-stack Service), only those of
+// the family getaddrinfo prefers: each router is registered with once a beat, not once per
+// family (its cache-event sequence would see every batch twice).
+Resolved ResolveEntry(const std::string& entry) {
   const size_t colon = entry.rfind(':');
-  if (colon == std::string::npos || entry.front() == '[') return std::vector<std::string>{entry};
+  if (colon == std::string::npos || entry.front() == '[') return {.addresses = {entry}};
   const std::string host = entry.substr(0, colon), port = entry.substr(colon + 1);
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
   addrinfo* found = nullptr;
-  if (getaddrinfo(host.c_str(), port.c_str(), &hints, &found) != 0 || found == nullptr) {
-    return std::nullopt;
+  if (const int error = getaddrinfo(host.c_str(), port.c_str(), &hints, &found);
+      error != 0 || found == nullptr) {
+    return {.temporary = error == EAI_AGAIN || error == EAI_FAIL || error == EAI_SYSTEM ||
+                         error == EAI_MEMORY};
   }
   std::vector<std::string> out;
   for (const addrinfo* a = found; a != nullptr; a = a->ai_next) {
+    if (a->ai_family != found->ai_family) continue;
     char ip[INET6_ADDRSTRLEN] = {};
     const void* bytes =
         a->ai_family == AF_INET
             ? static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(a->ai_addr)->sin_addr)
             : static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(a->ai_addr)->sin6_addr);
     if (inet_ntop(a->ai_family, bytes, ip, sizeof(ip)) == nullptr) continue;
-    const std::string address = JoinHostPort(ip, std::stoi(port));
+    // The port as written: getaddrinfo took it (a number, or a service name).
+    const std::string address =
+        a->ai_family == AF_INET6 ? absl::StrCat("[", ip, "]:", port) : absl::StrCat(ip, ":", port);
     if (std::find(out.begin(), out.end(), address) == out.end()) out.push_back(address);
   }
   freeaddrinfo(found);
-  return out;
+  return {.addresses = std::move(out)};
 }
 
 void AppendNew(const std::vector<std::string>& addresses, std::vector<std::string>& out) {
@@ -126,7 +139,9 @@ void AppendNew(const std::vector<std::string>& addresses, std::vector<std::strin
 std::vector<std::string> ResolveRouters(const std::string& routers) {
   std::vector<std::string> out;
   for (const std::string& entry : Entries(routers)) {
-    AppendNew(ResolveEntry(entry).value_or(std::vector<std::string>{entry}), out);
+    Resolved resolved = ResolveEntry(entry);
+    AppendNew(resolved.addresses.empty() ? std::vector<std::string>{entry} : resolved.addresses,
+              out);
   }
   return out;
 }
@@ -149,15 +164,22 @@ RouterResolver::RouterResolver(std::string routers, std::chrono::milliseconds in
       lock.unlock();
       std::vector<std::string> addresses;
       for (const std::string& entry : Entries(routers)) {
-        std::optional<std::vector<std::string>> resolved = ResolveEntry(entry);
-        if (resolved.has_value() && !resolved->empty()) {
-          last[entry] = *resolved;
+        Resolved resolved = ResolveEntry(entry);
+        // Once stopped (a lookup may take a while), the process may be exiting: no more logs.
+        if (std::lock_guard<std::mutex> stopping(state->mutex); state->stop) return;
+        if (!resolved.addresses.empty()) {
+          last[entry] = std::move(resolved.addresses);
           unresolved.erase(entry);
-        } else if (unresolved.insert(entry).second) {
-          log::Warn(
-              "router name does not resolve",
-              {{"router", entry},
-               {"using", last.contains(entry) ? "its last addresses" : "the name as written"}});
+        } else {
+          // A name that no longer exists (NXDOMAIN: the Service is gone, or has no ready
+          // router) loses its addresses; one that only failed for now keeps its last.
+          if (!resolved.temporary) last.erase(entry);
+          if (unresolved.insert(entry).second) {
+            log::Warn(
+                "router name does not resolve",
+                {{"router", entry},
+                 {"using", last.contains(entry) ? "its last addresses" : "the name as written"}});
+          }
         }
         auto known = last.find(entry);
         AppendNew(known != last.end() ? known->second : std::vector<std::string>{entry}, addresses);
@@ -206,7 +228,7 @@ void Heartbeat::Drain(std::chrono::steady_clock::time_point until) {
   draining_ = true;
   drain_until_ = until;
   wake_.notify_all();
-  // A round that resolves names or waits on a router's deadline may overrun `until` a little.
+  // A round that waits on a router's deadline may overrun `until` a little.
   wake_.wait_until(lock, until + std::chrono::seconds(2), [this] { return drain_sent_ || stop_; });
 }
 

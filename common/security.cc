@@ -210,6 +210,12 @@ grpc::ChannelArguments ChannelArguments() {
   return args;
 }
 
+grpc::ChannelArguments ClientChannelArguments() {
+  grpc::ChannelArguments args = ChannelArguments();
+  args.SetServiceConfigJSON(kClientServiceConfig);
+  return args;
+}
+
 std::shared_ptr<grpc::Channel> InternalChannel(const std::string& address, Role server_role,
                                                const grpc::ChannelArguments& args) {
   const std::shared_ptr<const State> state = Snapshot();

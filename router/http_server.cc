@@ -5,7 +5,6 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <boost/beast/ssl.hpp>
-
 #include <cctype>
 #include <optional>
 #include <type_traits>
@@ -13,6 +12,8 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "baton/common/listen.h"
+#include "baton/common/parse.h"
 
 namespace baton::router {
 namespace {
@@ -644,26 +645,13 @@ absl::Status HttpServer::Start() {
     }
   }
   beast::error_code ec;
-  net::ip::address address = net::ip::make_address(options.host, ec);
+  const net::ip::address address = net::ip::make_address(options.host, ec);
   if (ec) return absl::InvalidArgumentError(absl::StrCat("--host: ", options.host, ": not an IP"));
   impl.acceptor.emplace(impl.ioc);
-  tcp::endpoint endpoint(address, static_cast<unsigned short>(options.port));
-  impl.acceptor->open(endpoint.protocol(), ec);
-  // "::" is every address, IPv4 ones too (v6_only off); a kernel without IPv6 gets every IPv4
-  // address instead.
-  if (ec && address.is_v6() && address.to_v6().is_unspecified()) {
-    endpoint = tcp::endpoint(tcp::v4(), static_cast<unsigned short>(options.port));
-    ec.clear();
-    impl.acceptor->open(endpoint.protocol(), ec);
-  } else if (!ec && address.is_v6()) {
-    impl.acceptor->set_option(net::ip::v6_only(!address.to_v6().is_unspecified()), ec);
-  }
-  if (!ec) impl.acceptor->set_option(net::socket_base::reuse_address(true), ec);
-  if (!ec) impl.acceptor->bind(endpoint, ec);
-  if (!ec) impl.acceptor->listen(net::socket_base::max_listen_connections, ec);
-  if (ec) {
-    return absl::UnavailableError(absl::StrCat("--http-port: cannot bind ", options.host, ":",
-                                               options.port, " (", ec.message(), ")"));
+  if (ec = Listen(*impl.acceptor, address, static_cast<unsigned short>(options.port)); ec) {
+    return absl::UnavailableError(absl::StrCat("--http-port: cannot bind ",
+                                               JoinHostPort(options.host, options.port), " (",
+                                               ec.message(), ")"));
   }
   port_ = impl.acceptor->local_endpoint().port();
   impl.Accept();

@@ -142,10 +142,12 @@ int main(int argc, char** argv) {
   app.add_option("--client-max-connection-age", flags.client_max_connection_age,
                  "Close a client's connection to the client port (gRPC GOAWAY, HTTP "
                  "\"Connection: close\") once it is this old, so that clients spread over "
-                 "routers added since (2m, 30s; 0: never; default 2m)");
+                 "routers added since (2m, 30s; default 0: never). Clients should retry "
+                 "UNAVAILABLE, as batonctl does: a call started just as the GOAWAY arrives "
+                 "fails so");
   app.add_option("--client-max-connection-age-grace", flags.client_max_connection_age_grace,
                  "How long calls in flight on such a connection may still run before it is cut "
-                 "(default 5m)");
+                 "(default 0: until they end)");
   if (auto exit =
           baton::ParseServerFlags(app, argc, argv, "baton-router", "router", flags.server_flags)) {
     return *exit;

@@ -162,11 +162,12 @@ absl::StatusOr<RouterSetup> Setup(const RouterFlags& flags) {
         MinNodeExpiryMs(options.heartbeat_ms), " (three --heartbeat-ms of ", options.heartbeat_ms,
         " plus a ", kResolverTimeoutMs, " ms resolver timeout)"));
   }
-  absl::StatusOr<std::chrono::milliseconds> age =
-      ParseDurationFlag("--client-max-connection-age", flags.client_max_connection_age, "never");
+  absl::StatusOr<std::chrono::milliseconds> age = ParseDurationFlag(
+      "--client-max-connection-age", flags.client_max_connection_age, "; 0: never");
   if (!age.ok()) return age.status();
   absl::StatusOr<std::chrono::milliseconds> grace =
-      ParseDurationFlag("--client-max-connection-age-grace", flags.client_max_connection_age_grace);
+      ParseDurationFlag("--client-max-connection-age-grace", flags.client_max_connection_age_grace,
+                        "; 0: until the calls end");
   if (!grace.ok()) return grace.status();
   setup.max_connection_age = *age;
   setup.max_connection_age_grace = *grace;
@@ -217,8 +218,10 @@ int Serve(const RouterFlags& flags, const RouterSetup& setup) {
       return static_cast<int>(std::min<int64_t>(d.count(), std::numeric_limits<int>::max()));
     };
     client_builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_MS, ms(setup.max_connection_age));
-    client_builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_GRACE_MS,
-                                      ms(setup.max_connection_age_grace));
+    if (setup.max_connection_age_grace.count() > 0) {
+      client_builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_GRACE_MS,
+                                        ms(setup.max_connection_age_grace));
+    }
   }
   // The internal server takes the shared flags (host, metrics) with its own port and file.
   ServerOptions internal = flags.server_flags.server;

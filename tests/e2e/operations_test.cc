@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "baton/common/model_config.h"
+#include "baton/common/security.h"
 #include "baton/model/model_factory.h"
 #include "baton/model/weights.h"
 #include "baton/transfer/state_block.h"
@@ -179,7 +180,7 @@ TEST_F(OperationsTest, ANodeOfAnotherStateFormatIsNotPaired) {
             1);
   EXPECT_EQ(RouterSample("baton_router_nodes_by_version",
                          {{"role", "prefill"},
-                          {"version", "0.1.0"},
+                          {"version", BATON_VERSION},
                           {"state_format", std::to_string(transfer::kStateFormatVersion)}}),
             1);
   EXPECT_EQ(RouterSample("baton_nodes", {{"role", "decode"}}), 1);
@@ -267,19 +268,23 @@ int Connect(const std::string& address) {
 }
 
 // With --client-max-connection-age 1s, the router closes a client's gRPC connection about
-// every second (GOAWAY): the client reconnects on its own, and every request completes,
-// a stream that outlives the age too (within the grace). The HTTP front ends a kept-alive
+// every second (GOAWAY): the client reconnects on its own, and every request completes (with
+// the retry of UNAVAILABLE that clients of a router with an age need), a stream that outlives
+// the age too (the grace is unlimited). The HTTP front ends a kept-alive
 // connection past the age with "Connection: close", and its own in-process calls still work.
 TEST_F(OperationsTest, ClientConnectionsOlderThanTheAgeAreClosedAndClientsReconnect) {
   const std::string http_file = ProcessTempDir() + "/age-router.http";
-  StartRouter({"--client-max-connection-age", "1s", "--client-max-connection-age-grace", "30s",
-               "--http-port", "0", "--http-ready-file", http_file},
-              TextModel());
+  StartRouter(
+      {"--client-max-connection-age", "1s", "--http-port", "0", "--http-ready-file", http_file},
+      TextModel());
   ASSERT_FALSE(cluster_->StartDecode("decode").empty());
   ASSERT_FALSE(cluster_->StartPrefill("prefill").empty());
   ASSERT_TRUE(cluster_->WaitForHealth(true));
   const std::string router = cluster_->Address("router");
-  auto channel = grpc::CreateChannel(router, grpc::InsecureChannelCredentials());
+  // A client as batonctl makes one: it retries a call that fails UNAVAILABLE before any
+  // response, which one started just as a GOAWAY arrives does.
+  auto channel = grpc::CreateCustomChannel(router, grpc::InsecureChannelCredentials(),
+                                           security::ClientChannelArguments());
   auto stub = v1::Generation::NewStub(channel);
   ConnectionCounter counter(channel);
   std::mt19937_64 rng(9);
@@ -338,6 +343,51 @@ TEST_F(OperationsTest, ClientConnectionsOlderThanTheAgeAreClosedAndClientsReconn
   close(post_fd);
   EXPECT_THAT(completion, HasSubstr("200 OK"));
   EXPECT_THAT(completion, HasSubstr("\"completion_tokens\":3"));
+}
+
+// Whether this machine has IPv6 loopback (::1).
+bool HasIpv6Loopback() {
+  const int fd = socket(AF_INET6, SOCK_STREAM, 0);
+  if (fd < 0) return false;
+  sockaddr_in6 address{};
+  address.sin6_family = AF_INET6;
+  address.sin6_addr = in6addr_loopback;
+  const bool ok = bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0;
+  close(fd);
+  return ok;
+}
+
+// --host :: serves every port of the router (gRPC, HTTP, metrics) on IPv4 and IPv6 alike.
+TEST_F(OperationsTest, HostColonColonServesEveryPortOnIpv4AndIpv6) {
+  if (!HasIpv6Loopback()) GTEST_SKIP() << "no IPv6 loopback here";
+  const std::string http_file = ProcessTempDir() + "/dual-router.http";
+  StartRouter({"--host", "::", "--http-port", "0", "--http-ready-file", http_file}, TextModel());
+  ASSERT_FALSE(cluster_->StartDecode("decode").empty());
+  ASSERT_FALSE(cluster_->StartPrefill("prefill").empty());
+  ASSERT_TRUE(cluster_->WaitForHealth(true));
+  auto port_of = [](const std::string& address) { return address.substr(address.rfind(':') + 1); };
+  EXPECT_THAT(metrics_, ::testing::StartsWith("[::]:"));
+  const std::string http = ReadAddress(http_file);
+  EXPECT_THAT(http, ::testing::StartsWith("[::]:"));
+  for (const std::string host : {"127.0.0.1", "[::1]"}) {
+    EXPECT_THAT(Scrape(host + ":" + port_of(metrics_)), HasSubstr("baton_build_info")) << host;
+    auto stub = v1::Generation::NewStub(grpc::CreateChannel(
+        host + ":" + port_of(cluster_->Address("router")), grpc::InsecureChannelCredentials()));
+    const Outcome o = Generate(*stub, Request({1, 2, 3, 4, 5}, 3), std::chrono::seconds(30));
+    EXPECT_TRUE(o.status.ok()) << host << ": " << o.status.error_message();
+    EXPECT_EQ(o.tokens.size(), 3u) << host;
+  }
+  // The HTTP front over IPv6.
+  const int fd = socket(AF_INET6, SOCK_STREAM, 0);
+  sockaddr_in6 to{};
+  to.sin6_family = AF_INET6;
+  to.sin6_addr = in6addr_loopback;
+  to.sin6_port = htons(static_cast<uint16_t>(std::stoi(port_of(http))));
+  ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof(to)), 0);
+  timeval timeout{.tv_sec = 30, .tv_usec = 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
+  EXPECT_THAT(HttpExchange(fd, "GET /health HTTP/1.1\r\nHost: baton\r\n\r\n"), HasSubstr("200 OK"));
+  close(fd);
 }
 
 // --node-expiry-ms below three heartbeats plus a resolver timeout is refused at start, naming

@@ -47,7 +47,7 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> ClientChannel(const ClientOptions
   } else if (!options.cert.empty() || !options.key.empty()) {
     return absl::InvalidArgumentError("--cert and --key: need --ca (TLS)");
   }
-  return grpc::CreateCustomChannel(options.addr, credentials, security::ChannelArguments());
+  return grpc::CreateCustomChannel(options.addr, credentials, security::ClientChannelArguments());
 }
 
 void Authenticate(const ClientOptions& options, grpc::ClientContext& context) {

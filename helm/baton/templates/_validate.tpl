@@ -42,7 +42,7 @@ transfers use. */ -}}
 {{- end -}}
 
 {{- /* The router forgets a node after node-expiry-ms; a node may wait out glibc's 5 s resolver
-timeout besides three heartbeats (router/main.cc refuses less). */ -}}
+timeout besides three heartbeats (router/router_main.cc refuses less). */ -}}
 {{- $heartbeat := index $router "heartbeat-ms" | int64 -}}
 {{- $expiry := index $router "node-expiry-ms" | int64 -}}
 {{- $minExpiry := add (mul 3 $heartbeat) 5000 -}}

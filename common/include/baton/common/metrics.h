@@ -63,11 +63,14 @@ prometheus::MetricFamily CounterFamily(
 // component owning `fn`'s captures should hold) lives.
 std::shared_ptr<Collector> AddCollector(Collector::Fn fn);
 
-// Serves the registry and the collectors on http://host:port/metrics (port 0: any free port)
-// and sets baton_build_info{binary, version} to 1. Returns the exposer, which serves until
-// destroyed, and the port it bound.
+// Serves the registry and the collectors on http://host:port/metrics (port 0: any free port;
+// host "::" every IPv6 and IPv4 address, IPv4's alone where the kernel has no IPv6) and sets
+// baton_build_info{binary, version} to 1. The server (Boost.Beast: Debian's civetweb, which
+// prometheus-cpp's exposer serves on, is built without IPv6) answers each scrape on its own
+// connection, a bounded number at once, and serves until destroyed.
 struct MetricsServer {
-  std::unique_ptr<prometheus::Exposer> exposer;
+  struct Impl;
+  std::unique_ptr<Impl> impl;
   std::string address;  // host:port
   ~MetricsServer();
   MetricsServer();

@@ -85,6 +85,15 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ClientApiCredentials(
 
 // Channel arguments every baton channel uses (message bounds).
 grpc::ChannelArguments ChannelArguments();
+// ... and, for a client of the router's client API, a retry of baton.v1.Generation calls that
+// fail UNAVAILABLE before any response (kClientServiceConfig): a router that closes
+// connections at an age (--client-max-connection-age) fails a call that starts on one just as
+// its GOAWAY arrives, and the retry goes to the new connection.
+grpc::ChannelArguments ClientChannelArguments();
+inline constexpr char kClientServiceConfig[] = R"({"methodConfig": [{
+  "name": [{"service": "baton.v1.Generation"}],
+  "retryPolicy": {"maxAttempts": 3, "initialBackoff": "0.05s", "maxBackoff": "0.5s",
+                  "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]}}]})";
 inline std::shared_ptr<grpc::Channel> InternalChannel(const std::string& address,
                                                       Role server_role) {
   return InternalChannel(address, server_role, ChannelArguments());

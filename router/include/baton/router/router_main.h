@@ -29,10 +29,11 @@ struct RouterFlags {
   std::string prefill_policy = "predicted-ttft";   // least-loaded, longest-prefix, predicted-ttft
   std::string split = "prefill-all";               // prefill-all or replay-on-decode
   std::string stream_idle_timeout = "60s";         // common/stream_watch.h's syntax
-  // gRPC MAX_CONNECTION_AGE and its grace on the client port (common/stream_watch.h's syntax;
-  // "0": never), and the HTTP front's keep-alive age.
-  std::string client_max_connection_age = "2m";
-  std::string client_max_connection_age_grace = "5m";
+  // gRPC MAX_CONNECTION_AGE and its grace on the client port (common/stream_watch.h's syntax),
+  // and the HTTP front's keep-alive age. "0": no age (a single router: `baton up`; the Helm
+  // chart sets 2m), and no limit on the grace (streams in flight run to their end).
+  std::string client_max_connection_age = "0";
+  std::string client_max_connection_age_grace = "0";
   std::vector<std::string> extra_models;           // NAME=DIR each
   // The HTTP front's deadlines, in milliseconds (HttpLimits holds them as durations).
   int64_t http_request_timeout_ms = HttpLimits{}.request_timeout.count();

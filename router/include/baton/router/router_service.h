@@ -56,8 +56,8 @@ struct RouterOptions {
   v1::Transport transport = v1::TRANSPORT_UCX;
   uint32_t reservation_timeout_ms = 30000;
   // How often nodes register again (what they are told), and how long a node not heard from
-  // is still used: at least three heartbeats plus a resolver timeout (kMinNodeExpiryMs), so
-  // that a slow DNS answer on a node's side never drops it.
+  // is still used: at least three heartbeats plus a resolver timeout (MinNodeExpiryMs in
+  // router_main.h), so that a slow DNS answer on a node's side never drops it.
   uint32_t heartbeat_ms = 500;
   uint32_t node_ttl_ms = 6500;
   kvstore::HitCap hit_cap = kvstore::HitCap::kRing;
