@@ -67,7 +67,7 @@ RUN BATON_WITH_CUDA="${BATON_CUDA}" BATON_JOBS="${BATON_JOBS}" BATON_BUILD_DIR=/
  && install -m 0644 build/tokenizer/tokenizer.model build/tokenizer/tokenizer_config.json \
       build/tokenizer/generation_config.json /out/share/baton/tokenizer/ \
  && install -d /out/share/baton/models \
- && cp -r models/ced-brown-shared models/ced-brown-replay models/ced-brown-plain \
+ && cp -r models/ced-brown-shared models/ced-brown-replay models/ced-brown-plain models/ced-brown-draft \
       /out/share/baton/models/ \
  && if [ "${BATON_CUDA}" = ON ]; then \
       install -m 0755 build/model/cuda/libbaton_backend_cuda.so /out/bin/; \

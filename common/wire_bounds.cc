@@ -61,6 +61,17 @@ absl::Status CheckSampling(absl::string_view field, const v1::SamplingParams& s,
                                                      config.vocab_size, ")"));
     }
   }
+  if (!v1::Speculative_IsValid(s.speculative())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ".speculative: ", s.speculative(),
+                     " is unknown; allowed: DEFAULT, OFF, NGRAM, DRAFT"));
+  }
+  if (s.speculative_tokens() > static_cast<uint64_t>(config.max_backtrack)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ".speculative_tokens: ", s.speculative_tokens(),
+                     " exceeds the model's max_backtrack (", config.max_backtrack,
+                     "): drafted rows are taken back within the rings' spare slots"));
+  }
   return absl::OkStatus();
 }
 

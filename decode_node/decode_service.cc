@@ -9,6 +9,7 @@
 #include "baton/common/rpc.h"
 #include "baton/common/security.h"
 #include "baton/common/wire_bounds.h"
+#include "baton/model/speculative.h"
 #include "baton/transfer/state_block.h"
 
 namespace baton::decode_node {
@@ -62,6 +63,18 @@ absl::Status ValidateReserve(const v1::ReserveRequest& request, const std::strin
         "boundary_rows: ", request.boundary_rows(), "; it must be 0 under PREFILL_ALL and at most ",
         "prompt_tokens (", request.prompt_tokens(), ") under REPLAY_ON_DECODE"));
   }
+  if (request.prompt_token_ids_size() != 0 &&
+      static_cast<uint64_t>(request.prompt_token_ids_size()) != request.prompt_tokens()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "prompt_token_ids: ", request.prompt_token_ids_size(), " ids; it must be empty or hold ",
+        "prompt_tokens (", request.prompt_tokens(), ")"));
+  }
+  if (absl::Status s =
+          model::CheckTokenIds(config, {request.prompt_token_ids().data(),
+                                        static_cast<size_t>(request.prompt_token_ids_size())});
+      !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("prompt_token_ids: ", s.message()));
+  }
   return CheckSequenceLength("prompt_tokens", request.prompt_tokens(),
                              uint64_t{sampling.max_tokens()} - request.completed_tokens(), config);
 }
@@ -101,6 +114,24 @@ struct DecodeService::Metrics {
   prometheus::Histogram& batch_size =
       metrics::Histogram("baton_decode_batch_size", "Requests in one decode step")
           .Add({}, prometheus::Histogram::BucketBoundaries{1, 2, 4, 8, 16, 32, 64, 128, 256});
+  prometheus::Counter& draft_tokens =
+      metrics::Counter("baton_decode_draft_tokens_total",
+                       "Tokens drafted for speculative decoding and verified by decode steps")
+          .Add({});
+  prometheus::Counter& accepted_draft_tokens =
+      metrics::Counter("baton_decode_accepted_draft_tokens_total",
+                       "Drafted tokens the target accepted (each saved one decode step)")
+          .Add({});
+  prometheus::Histogram& tokens_per_step =
+      metrics::Histogram("baton_decode_tokens_per_step",
+                         "Tokens a request gained in one decode step (1 without speculation; up "
+                         "to the drafted tokens plus one with it)")
+          .Add({}, prometheus::Histogram::BucketBoundaries{1, 2, 3, 4, 5, 6, 8, 12, 16});
+  prometheus::Histogram& acceptance_rate =
+      metrics::Histogram("baton_decode_acceptance_rate",
+                         "Share of a finished request's drafted tokens that the target accepted")
+          .Add({}, prometheus::Histogram::BucketBoundaries{0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8,
+                                                           0.9, 1.0});
   prometheus::Counter& replay_rows =
       metrics::Counter("baton_decode_replay_rows_total",
                        "Boundary rows replayed through the consumer layers (replay-on-decode)")
@@ -138,6 +169,9 @@ struct DecodeService::Request {
   // The slot and unused page credit go back only when the last holder lets go: an in-flight
   // decode step keeps writing the rings of a request that was just cancelled.
   ~Request() {
+    if (speculation.drafted > 0 && acceptance != nullptr) {
+      acceptance->Observe(static_cast<double>(speculation.accepted) / speculation.drafted);
+    }
     if (pool == nullptr) return;
     engine_state.reset();
     const int64_t used = static_cast<int64_t>(state->pages().size());
@@ -151,6 +185,7 @@ struct DecodeService::Request {
     boundary_pages.clear();
   }
   StatePool* pool = nullptr;
+  prometheus::Histogram* acceptance = nullptr;  // observes the request's acceptance rate
   std::string id;          // the reservation id (random, chosen here)
   std::string request_id;  // the client's request id, for logs
   // Who may use the reservation (certificate identities; empty without mutual TLS): the
@@ -196,6 +231,11 @@ struct DecodeService::Request {
   Clock::time_point committed_at;
   double replay_ms = -1;  // set once the first token is sampled; sent with it
   bool replay_reported = false;
+  // Speculative decoding: the prompt and every token since (the last is the next step's input,
+  // at position context.size() - 1), kept when the router sent the prompt; and how the request
+  // drafts (speculation.h).
+  std::vector<int32_t> context;
+  Speculation speculation;
 };
 
 DecodeService::DecodeService(model::Engine& model, const DecodeOptions& options)
@@ -336,6 +376,9 @@ absl::Status DecodeService::TakeReservation(grpc::ServerContext& context,
   }
   const ModelConfig& config = model_.config();
   if (absl::Status s = ValidateReserve(request, model_.fingerprint(), config); !s.ok()) return s;
+  absl::StatusOr<Speculation> speculation =
+      SpeculationFor(request.sampling(), options_.speculative, options_.draft_model != nullptr);
+  if (!speculation.ok()) return speculation.status();
   const auto& sampling = request.sampling();
   const int64_t positions = int64_t{request.prompt_tokens()} +
                             (int64_t{sampling.max_tokens()} - request.completed_tokens());
@@ -353,6 +396,11 @@ absl::Status DecodeService::TakeReservation(grpc::ServerContext& context,
   absl::StatusOr<std::shared_ptr<Request>> r =
       NewRequest(context, request, *slot, pages, positions);
   if (!r.ok()) return r.status();
+  if (request.prompt_token_ids_size() > 0) {
+    (*r)->context.assign(request.prompt_token_ids().begin(), request.prompt_token_ids().end());
+    (*r)->speculation = *std::move(speculation);
+  }
+  (*r)->acceptance = &metrics_->acceptance_rate;
   reply.set_reservation_id((*r)->id);
   transfer::SetReservationSizes(sizes, reply);
   requests_[(*r)->id] = *std::move(r);
@@ -579,6 +627,7 @@ absl::Status DecodeService::FinishCommit(const std::shared_ptr<Request>& r,
   // The first token was sampled by the prefill node; it counts, and may already finish.
   r->completion += 1;
   r->next_input = h.first_token();
+  if (!r->context.empty()) r->context.push_back(h.first_token());
   r->finish = FinishReasonFor(h.first_token(), r->completion, r->max_tokens, r->stop_ids,
                               r->ignore_eos, model_.config().eos_token_id);
   if (r->finish != v1::FINISH_REASON_UNSPECIFIED) r->phase = Phase::kFinished;
@@ -591,6 +640,7 @@ void DecodeService::Accept(Request& r, int32_t token, float logprob) {
   r.logprobs.push_back(logprob);
   r.completion += 1;
   r.next_input = token;
+  if (!r.context.empty()) r.context.push_back(token);
   r.finish = FinishReasonFor(token, r.completion, r.max_tokens, r.stop_ids, r.ignore_eos,
                              model_.config().eos_token_id);
   if (r.finish != v1::FINISH_REASON_UNSPECIFIED) r.phase = Phase::kFinished;
@@ -687,8 +737,21 @@ void DecodeService::DecodeLoop() {
       changed_.wait(lock);
       continue;
     }
-    std::vector<model::DecodeItem> items;
-    for (auto& r : batch) items.push_back({&r->computed(), r->next_input, r->logits.data()});
+    // Speculation: how many tokens each request drafts this step. A step emits at most k + 1
+    // tokens, and never more than the request has left.
+    std::vector<DraftJob> jobs(batch.size());
+    for (size_t i = 0; i < batch.size(); ++i) {
+      Request& r = *batch[i];
+      const int64_t left = int64_t{r.max_tokens} - r.completion;
+      jobs[i] = {
+          .context = &r.context,
+          .speculation = &r.speculation,
+          .tokens = r.context.empty()
+                        ? 0
+                        : r.speculation.Plan(costs_, static_cast<int64_t>(batch.size()), left - 1),
+          .sampling = r.sampling,
+          .step = r.completion};
+    }
     std::vector<model::ReplayItem> replay;
     for (const ReplayPiece& piece : pieces) replay.push_back(piece.item);
     lock.unlock();
@@ -696,16 +759,68 @@ void DecodeService::DecodeLoop() {
       std::this_thread::sleep_for(std::chrono::milliseconds(options_.inject_step_stall_ms));
     }
     const auto step_start = Clock::now();
+    // The requests' contexts change only on this thread, so drafting reads them unlocked.
+    std::vector<DraftJob> by_model;
+    for (DraftJob& job : jobs) {
+      job.speculation->draft.clear();
+      job.speculation->weights.clear();
+      if (job.tokens <= 0) continue;
+      if (job.speculation->drafter == Drafter::kNgram) ProposeByLookup(options_.speculative, job);
+      if (job.speculation->drafter == Drafter::kDraft) by_model.push_back(job);
+    }
+    if (!by_model.empty()) {
+      int64_t rounds = 0, rows = 0;
+      const auto draft_start = Clock::now();
+      if (absl::Status s = options_.draft_model->Propose(by_model, &rounds, &rows); !s.ok()) {
+        // The target's step goes on undrafted; the requests stop drafting with the model.
+        log::Warn("draft model step failed", {{"error", std::string(s.message())}});
+      } else if (rounds > 0) {
+        // A round's cost per request drafting in it (the first round feeds a row or two more).
+        const double seconds = std::chrono::duration<double>(Clock::now() - draft_start).count();
+        costs_.AddDraftRound(seconds / rounds, std::max<int64_t>(1, rows / rounds));
+      }
+    }
+    const int64_t V = model_.config().vocab_size;
+    std::vector<model::DecodeItem> items;
+    int64_t decode_rows = 0;
+    for (auto& r : batch) {
+      decode_rows += 1 + static_cast<int64_t>(r->speculation.draft.size());
+      const std::vector<int32_t>& draft = r->speculation.draft;
+      r->logits.resize((1 + draft.size()) * V);
+      items.push_back({.state = &r->computed(),
+                       .token = r->next_input,
+                       .logits = r->logits.data(),
+                       .draft = draft});
+    }
+    const auto target_start = Clock::now();
     const absl::Status status = model_.Step(items, replay);
-    metrics_->step_seconds.Observe(
-        std::chrono::duration<double>(Clock::now() - step_start).count());
+    const auto step_end = Clock::now();
+    if (++cost_log_ % 256 == 0 && !batch.empty()) {
+      log::Debug("speculation costs",
+                 {{"batch", static_cast<int64_t>(batch.size())},
+                  {"step_fixed_us", costs_.TargetFor(batch.size()).fixed() * 1e6},
+                  {"step_per_row_us", costs_.TargetFor(batch.size()).per_row() * 1e6},
+                  {"draft_share_us", costs_.draft_share * 1e6},
+                  {"acceptance", batch[0]->speculation.acceptance()},
+                  {"drafted", static_cast<int64_t>(batch[0]->speculation.draft.size())}});
+    }
+    if (status.ok() && replay.empty() && decode_rows > 0) {
+      costs_.AddStep(static_cast<int64_t>(batch.size()), decode_rows,
+                     std::chrono::duration<double>(step_end - target_start).count());
+    }
+    metrics_->step_seconds.Observe(std::chrono::duration<double>(step_end - step_start).count());
     metrics_->batch_size.Observe(static_cast<double>(batch.size()));
     if (!replay.empty()) {
       metrics_->replay_rows.Increment(static_cast<double>(replay_budget - replay_rows));
     }
-    std::vector<model::SampledToken> sampled;
-    for (auto& r : batch)
-      sampled.push_back(model::SampleToken(r->logits, r->sampling, r->completion));
+    // Verification: the accepted drafts, then one token of the target's own; without a draft,
+    // the one token an ordinary step samples.
+    std::vector<model::Verdict> verdicts(batch.size());
+    for (size_t i = 0; status.ok() && i < batch.size(); ++i) {
+      Request& r = *batch[i];
+      verdicts[i] = model::VerifyDraft(r.logits, r.speculation.draft, r.speculation.weights,
+                                       r.sampling, r.completion);
+    }
     lock.lock();
     auto fail = [&](Request& r) {
       log::Error("decode step failed",
@@ -719,8 +834,32 @@ void DecodeService::DecodeLoop() {
         fail(r);
         continue;
       }
-      Accept(r, sampled[i].token, sampled[i].logprob);
-      metrics_->tokens.Increment();
+      const model::Verdict& verdict = verdicts[i];
+      Speculation& spec = r.speculation;
+      const int64_t k = static_cast<int64_t>(spec.draft.size());
+      const int64_t context_before = static_cast<int64_t>(r.context.size());
+      // The step appended k + 1 rows; the rejected drafts' rows are taken back.
+      r.computed().length -= k - verdict.accepted;
+      int64_t emitted = 0;
+      for (const model::SampledToken& token : verdict.tokens) {
+        if (r.phase == Phase::kFinished) break;
+        Accept(r, token.token, token.logprob);
+        ++emitted;
+      }
+      metrics_->tokens.Increment(static_cast<double>(emitted));
+      metrics_->tokens_per_step.Observe(static_cast<double>(emitted));
+      if (k > 0) {
+        // Accepted drafts that were sent (a stop may end the request inside them).
+        const int64_t sent = std::min<int64_t>(verdict.accepted, emitted);
+        spec.drafted += static_cast<uint32_t>(k);
+        spec.accepted += static_cast<uint32_t>(sent);
+        metrics_->draft_tokens.Increment(static_cast<double>(k));
+        metrics_->accepted_draft_tokens.Increment(static_cast<double>(sent));
+        spec.Adapt(k, verdict.accepted);
+        if (spec.drafter == Drafter::kDraft) {
+          DraftModel::Settle(spec, context_before, k, verdict.accepted);
+        }
+      }
     }
     for (ReplayPiece& piece : pieces) {
       if (!status.ok()) {
@@ -788,6 +927,8 @@ absl::Status DecodeService::RunStream(grpc::ServerContext* context,
         r->replay_reported = true;
       }
       r->streamed = r->tokens.size();
+      out.set_draft_tokens(r->speculation.drafted);
+      out.set_accepted_draft_tokens(r->speculation.accepted);
       if (finished) out.set_finish_reason(r->finish);
       lock.unlock();
       bool written;

@@ -61,9 +61,43 @@ int main(int argc, char** argv) {
                  "Cancel a stream, and free its slot and pages, once its reader (the router) has "
                  "taken no message for this long (30s, 500ms, 2m; a bare number is seconds; 0: "
                  "never)");
+  std::string speculative = "off";
+  app.add_option(
+      "--speculative", speculative,
+      "Speculative decoding: off, ngram (prompt lookup over the prompt and the tokens so "
+      "far) or draft:DIR (a draft model with the same tokenizer, run beside the model); "
+      "a request may choose otherwise (default off)");
+  int64_t speculative_tokens = 0;
+  app.add_option("--speculative-tokens", speculative_tokens,
+                 "Tokens drafted per step at most, adapted per request to its acceptance (0: the "
+                 "model's max_backtrack, which is also the most allowed)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
+  std::string speculative_policy = "cost";
+  app.add_option("--speculative-policy", speculative_policy,
+                 "cost: a request drafts as many tokens as pay for themselves at the step and "
+                 "draft costs this node measures, none when none do (the default); acceptance: "
+                 "it always drafts, as many as its recent acceptance suggests");
   baton::node::NodeStart start =
       baton::node::StartNode(app, argc, argv, "baton-decode", "decode", flags);
   if (start.exit) return *start.exit;
+  if (auto config = baton::decode_node::ParseSpeculative(
+          speculative, speculative_tokens, speculative_policy, start.engine->config());
+      config.ok()) {
+    options.speculative = *config;
+  } else {
+    std::cerr << config.status().message() << "\n";
+    return 2;
+  }
+  if (options.speculative.drafter == baton::decode_node::Drafter::kDraft) {
+    auto draft = baton::decode_node::DraftModel::Load(options.speculative.draft_dir,
+                                                      flags.model_dir, *start.engine, flags.device,
+                                                      options.speculative.tokens);
+    if (!draft.ok()) {
+      std::cerr << draft.status().message() << "\n";
+      return 2;
+    }
+    options.draft_model = *std::move(draft);
+  }
   if (auto idle = baton::ParseStreamIdleTimeout(stream_idle_timeout); idle.ok()) {
     options.stream_idle_timeout = *idle;
   } else {

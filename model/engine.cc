@@ -677,14 +677,18 @@ absl::Status CedEngine::Step(std::span<const DecodeItem> decode,
   const size_t n = decode.size();
   std::vector<SequenceState*> states(n);
   std::vector<int32_t> tokens(n);
+  std::vector<std::span<const int32_t>> drafts(n);
+  int64_t logit_rows = 0;
   for (size_t i = 0; i < n; ++i) {
     if (decode[i].logits == nullptr) {
       return absl::InvalidArgumentError(absl::StrCat("decode item ", i, " has no logits"));
     }
     states[i] = decode[i].state;
     tokens[i] = decode[i].token;
+    drafts[i] = decode[i].draft;
+    logit_rows += 1 + static_cast<int64_t>(decode[i].draft.size());
   }
-  int64_t logit_rows = static_cast<int64_t>(n);
+  const int64_t decode_rows = logit_rows;
   for (size_t i = 0; i < replay.size(); ++i) {
     const int64_t rows = ReplayLogitRows(replay[i]);
     if (rows > 0 && replay[i].logits == nullptr) {
@@ -692,16 +696,19 @@ absl::Status CedEngine::Step(std::span<const DecodeItem> decode,
     }
     logit_rows += rows;
   }
-  absl::StatusOr<StepPlan> step = PlanDecodeStep(config_, states, tokens, replay);
+  absl::StatusOr<StepPlan> step = PlanDecodeStep(config_, states, tokens, replay, drafts);
   if (!step.ok()) return step.status();
   const int64_t V = config_.vocab_size;
   std::vector<float> logits(logit_rows * V);
   if (absl::Status s = RunStep(*step, nullptr, logits.data()); !s.ok()) return s;
+  const float* row = logits.data();
   for (size_t i = 0; i < n; ++i) {
-    std::copy_n(logits.data() + i * V, V, decode[i].logits);
-    decode[i].state->length += 1;
+    const int64_t rows = 1 + static_cast<int64_t>(decode[i].draft.size());
+    std::copy_n(row, rows * V, decode[i].logits);
+    row += rows * V;
+    decode[i].state->length += rows;
   }
-  const float* next = logits.data() + n * V;
+  const float* next = logits.data() + decode_rows * V;
   for (const ReplayItem& item : replay) {
     const int64_t rows = ReplayLogitRows(item);
     std::copy_n(next, rows * V, item.logits);

@@ -239,20 +239,49 @@ StepPlan PlanPrefillStep(const ModelConfig& config, const PrefillSchedule& sched
 absl::StatusOr<StepPlan> PlanDecodeStep(const ModelConfig& config,
                                         std::span<SequenceState* const> states,
                                         std::span<const int32_t> tokens,
-                                        std::span<const ReplayItem> replay) {
+                                        std::span<const ReplayItem> replay,
+                                        std::span<const std::span<const int32_t>> drafts) {
   StepBuilder step(config);
-  const int64_t logit_row = 0;
+  if (!drafts.empty() && drafts.size() != states.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("drafts: ", drafts.size(), " lists for ", states.size(), " decode items"));
+  }
+  std::vector<int32_t> row_tokens;
+  std::vector<int32_t> positions, swa_lo, slots;
+  std::vector<int64_t> logit_rows;
   for (size_t i = 0; i < states.size(); ++i) {
     SequenceState* state = states[i];
     if (state == nullptr) {
       return absl::InvalidArgumentError(absl::StrCat("decode item ", i, " has no state"));
     }
-    absl::StatusOr<DecodeRow> row = ScheduleDecodeRow(config, static_cast<int64_t>(i), tokens[i],
-                                                      state->length, state->s_valid);
-    if (!row.ok()) return row.status();
-    if (absl::Status s = state->EnsurePages(row->position + 1); !s.ok()) return s;
-    step.Add(*state, row->position, 1, &tokens[i], 1, &row->position, &row->swa_lo, &row->slot,
-             {&logit_row, 1});
+    const std::span<const int32_t> draft = drafts.empty() ? std::span<const int32_t>() : drafts[i];
+    // Drafted rows are written into the rings and may be taken back (DESIGN section 3's
+    // backtracking): at most max_backtrack of them, so that the slots they overwrite lie outside
+    // every window the accepted rows still read (docs/architecture.md, "Speculative decoding").
+    if (static_cast<int64_t>(draft.size()) > config.max_backtrack) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "decode item ", i, ": ", draft.size(), " draft tokens; at most max_backtrack = ",
+          config.max_backtrack, " (the rings hold W + max_backtrack + 1 slots)"));
+    }
+    const int64_t rows = 1 + static_cast<int64_t>(draft.size());
+    row_tokens.assign(1, tokens[i]);
+    row_tokens.insert(row_tokens.end(), draft.begin(), draft.end());
+    positions.clear();
+    swa_lo.clear();
+    slots.clear();
+    logit_rows.clear();
+    for (int64_t r = 0; r < rows; ++r) {
+      absl::StatusOr<DecodeRow> row = ScheduleDecodeRow(
+          config, static_cast<int64_t>(i), row_tokens[r], state->length + r, state->s_valid);
+      if (!row.ok()) return row.status();
+      positions.push_back(row->position);
+      swa_lo.push_back(row->swa_lo);
+      slots.push_back(row->slot);
+      logit_rows.push_back(r);
+    }
+    if (absl::Status s = state->EnsurePages(state->length + rows); !s.ok()) return s;
+    step.Add(*state, state->length, rows, row_tokens.data(), rows, positions.data(), swa_lo.data(),
+             slots.data(), logit_rows);
   }
   for (size_t i = 0; i < replay.size(); ++i) {
     const ReplayItem& item = replay[i];

@@ -26,13 +26,15 @@ float LogSoftmaxAt(std::span<const float> logits, int32_t token) {
   return static_cast<float>(logits[token] - max_logit - std::log(total));
 }
 
-SampledToken SampleToken(std::span<const float> logits, const SamplingParams& params,
-                         uint64_t step) {
-  if (params.temperature <= 0.0f) {
-    const int32_t token = Argmax(logits);
-    return {token, LogSoftmaxAt(logits, token)};
-  }
+KeptWeights KeepTokens(std::span<const float> logits, const SamplingParams& params) {
   const int32_t vocab = static_cast<int32_t>(logits.size());
+  KeptWeights kept;
+  if (params.temperature <= 0.0f) {
+    kept.tokens = {Argmax(logits)};
+    kept.weights = {1.0};
+    kept.total = 1.0;
+    return kept;
+  }
   std::vector<int32_t> order(vocab);
   std::iota(order.begin(), order.end(), 0);
   // Highest logits first; ties by lower id so that the order is deterministic.
@@ -40,7 +42,8 @@ SampledToken SampleToken(std::span<const float> logits, const SamplingParams& pa
     return logits[a] != logits[b] ? logits[a] > logits[b] : a < b;
   });
   int32_t keep = params.top_k > 0 ? std::min(params.top_k, vocab) : vocab;
-  std::vector<double> probs(keep);
+  std::vector<double>& probs = kept.weights;
+  probs.resize(keep);
   const double max_scaled = logits[order[0]] / params.temperature;
   double total = 0;
   for (int32_t i = 0; i < keep; ++i) {
@@ -62,17 +65,35 @@ SampledToken SampleToken(std::span<const float> logits, const SamplingParams& pa
     }
     total = std::accumulate(probs.begin(), probs.begin() + keep, 0.0);
   }
-  const uint64_t bits = SplitMix(params.seed ^ SplitMix(step + 1));
-  const double u = static_cast<double>(bits >> 11) * 0x1.0p-53 * total;
+  order.resize(keep);
+  probs.resize(keep);
+  kept.tokens = std::move(order);
+  kept.total = total;
+  return kept;
+}
+
+double SamplingUniform(uint64_t seed, uint64_t step, uint64_t stream) {
+  const uint64_t bits = SplitMix(seed ^ SplitMix(step + 1) ^ (stream == 0 ? 0 : SplitMix(~stream)));
+  return static_cast<double>(bits >> 11) * 0x1.0p-53;
+}
+
+int32_t DrawFrom(const KeptWeights& kept, double u) {
+  const double target = u * kept.total;
   double cumulative = 0;
-  int32_t chosen = order[keep - 1];
-  for (int32_t i = 0; i < keep; ++i) {
-    cumulative += probs[i];
-    if (u < cumulative) {
-      chosen = order[i];
-      break;
-    }
+  for (size_t i = 0; i < kept.tokens.size(); ++i) {
+    cumulative += kept.weights[i];
+    if (target < cumulative) return kept.tokens[i];
   }
+  return kept.tokens.back();
+}
+
+SampledToken SampleToken(std::span<const float> logits, const SamplingParams& params,
+                         uint64_t step) {
+  if (params.temperature <= 0.0f) {
+    const int32_t token = Argmax(logits);
+    return {token, LogSoftmaxAt(logits, token)};
+  }
+  const int32_t chosen = DrawFrom(KeepTokens(logits, params), SamplingUniform(params.seed, step));
   return {chosen, LogSoftmaxAt(logits, chosen)};
 }
 

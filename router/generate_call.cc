@@ -318,6 +318,11 @@ absl::Status GenerateCall::Reserve(Attempt& attempt) {
   reserve.set_logprobs(request_->logprobs());
   reserve.set_timeout_ms(router_.options.reservation_timeout_ms);
   reserve.set_completed_tokens(attempt.g);
+  // What speculative decoding drafts from (prompt lookup, a draft model's prefill).
+  reserve.mutable_prompt_token_ids()->Reserve(static_cast<int>(reserve.prompt_tokens()));
+  reserve.mutable_prompt_token_ids()->Add(request_->prompt_token_ids().begin(),
+                                          request_->prompt_token_ids().end());
+  reserve.mutable_prompt_token_ids()->Add(generated_.begin(), generated_.end());
   reserve.set_split(router_.options.split);
   if (router_.options.split == v1::SPLIT_REPLAY_ON_DECODE) {
     // The most boundary rows the StateBlock may carry: the replay range [s_keep, L) before any
@@ -445,9 +450,15 @@ absl::Status GenerateCall::RelayStream(Attempt& attempt) {
   v1::StreamRequest open;
   open.set_reservation_id(attempt.reservation.reservation_id());
   auto stream = attempt.decode_stub->Stream(context.get(), open);
+  // A new stream counts its drafts from zero; the lost one's stay in the usage.
+  drafts_before_ += drafts_now_;
+  accepted_before_ += accepted_now_;
+  drafts_now_ = accepted_now_ = 0;
   v1::DecodeOutput output;
   bool first = router_.options.split == v1::SPLIT_REPLAY_ON_DECODE;
   while (stream->Read(&output)) {
+    drafts_now_ = output.draft_tokens();
+    accepted_now_ = output.accepted_draft_tokens();
     v1::GenerateResponse response;
     response.set_request_id(trace_.id);
     if (first && output.token_ids_size() > 0) {
@@ -511,6 +522,12 @@ bool GenerateCall::FlushText(v1::GenerateResponse& response) {
 
 void GenerateCall::Finish(v1::FinishReason reason, v1::GenerateResponse& response) {
   usage_.set_completion_tokens(static_cast<uint32_t>(generated_.size()));
+  // A stop string may end the request inside a run of accepted drafts: only tokens sent count,
+  // and the drafts past the stop count neither as accepted nor as drafted.
+  const uint32_t accepted = accepted_before_ + accepted_now_;
+  const uint32_t sent = std::min<uint32_t>(accepted, usage_.completion_tokens());
+  usage_.set_accepted_draft_tokens(sent);
+  usage_.set_draft_tokens(drafts_before_ + drafts_now_ - (accepted - sent));
   response.set_finish_reason(reason);
   *response.mutable_usage() = usage_;
   *response.mutable_timings() = timings_;

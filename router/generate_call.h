@@ -150,6 +150,8 @@ class GenerateCall {
   std::map<std::string, PrefixView> views_;  // by fingerprint
   double predicted_ttft_ms_ = 0;
   v1::Usage usage_;
+  // Speculative decoding's counts: of decode streams that ended, and of the current one.
+  uint32_t drafts_before_ = 0, accepted_before_ = 0, drafts_now_ = 0, accepted_now_ = 0;
   v1::Timings timings_;
 
   // The last attempt's outcome.

@@ -514,6 +514,29 @@ absl::Status CacheSaltAndUser(const json& body, v1::GenerateRequest& g) {
   return user.ok() ? absl::OkStatus() : user.status();
 }
 
+// baton's speculative decoding override: "speculative" ("off", "ngram" or "draft"; absent: the
+// decode nodes' default) and "speculative_tokens" (0: the decode nodes' default).
+absl::Status Speculative(const json& body, v1::SamplingParams& s) {
+  absl::StatusOr<std::optional<std::string>> method = String(body, "speculative");
+  if (!method.ok()) return method.status();
+  if (method->has_value()) {
+    const std::string& name = **method;
+    if (name == "off") {
+      s.set_speculative(v1::SPECULATIVE_OFF);
+    } else if (name == "ngram") {
+      s.set_speculative(v1::SPECULATIVE_NGRAM);
+    } else if (name == "draft") {
+      s.set_speculative(v1::SPECULATIVE_DRAFT);
+    } else {
+      return Invalid("speculative", "must be \"off\", \"ngram\" or \"draft\"");
+    }
+  }
+  absl::StatusOr<std::optional<int64_t>> tokens = Integer(body, "speculative_tokens", 0, 1 << 20);
+  if (!tokens.ok()) return tokens.status();
+  s.set_speculative_tokens(static_cast<uint32_t>(tokens->value_or(0)));
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<Request> ParseRequest(Endpoint endpoint, std::string_view body_text,
@@ -563,6 +586,7 @@ absl::StatusOr<Request> ParseRequest(Endpoint endpoint, std::string_view body_te
   if (absl::Status status = Streaming(*body, request); !status.ok()) return status;
   if (absl::Status status = Truncation(*body, g); !status.ok()) return status;
   if (absl::Status status = CacheSaltAndUser(*body, g); !status.ok()) return status;
+  if (absl::Status status = Speculative(*body, s); !status.ok()) return status;
   return request;
 }
 
@@ -675,7 +699,14 @@ json ResponseWriter::Usage() const {
   return {{"prompt_tokens", usage_.prompt_tokens()},
           {"completion_tokens", usage_.completion_tokens()},
           {"total_tokens", usage_.prompt_tokens() + usage_.completion_tokens()},
-          {"prompt_tokens_details", {{"cached_tokens", usage_.cached_tokens()}}}};
+          {"prompt_tokens_details", {{"cached_tokens", usage_.cached_tokens()}}},
+          // Speculative decoding, under baton's name and OpenAI's predicted-output names.
+          {"accepted_draft_tokens", usage_.accepted_draft_tokens()},
+          {"completion_tokens_details",
+           {{"accepted_prediction_tokens", usage_.accepted_draft_tokens()},
+            {"rejected_prediction_tokens",
+             usage_.draft_tokens() -
+                 std::min(usage_.draft_tokens(), usage_.accepted_draft_tokens())}}}};
 }
 
 json ResponseWriter::ChunkBase() const {

@@ -119,6 +119,25 @@ inline uint32_t Reservations(Cluster& cluster, const std::string& decode) {
   return DecodeStats(cluster, decode).reservations();
 }
 
+// Generate's on_message that, once `after` tokens have arrived, kills whichever decode node of
+// decode-a and decode-b holds the request and names it in `killed`.
+inline std::function<bool(const Outcome&)> KillTheHoldingDecodeNode(Cluster& cluster,
+                                                                   std::string& killed,
+                                                                   size_t after = 8) {
+  return [&cluster, &killed, after](const Outcome& o) {
+    if (killed.empty() && o.tokens.size() >= after) {
+      for (const char* node : {"decode-a", "decode-b"}) {
+        if (Reservations(cluster, node) > 0) {
+          killed = node;
+          cluster.Kill(node);
+          break;
+        }
+      }
+    }
+    return true;
+  };
+}
+
 // Reservations whose StateBlock the decode node is reading now.
 inline uint32_t Transferring(Cluster& cluster, const std::string& decode) {
   return DecodeStats(cluster, decode).transferring();

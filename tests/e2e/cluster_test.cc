@@ -354,19 +354,8 @@ void FaultTest::LostDecodeNodeCase(const std::string& model, std::vector<std::st
   ASSERT_EQ(undisturbed.tokens.size(), kTokens);
 
   std::string killed;
-  const Outcome disturbed =
-      Generate(*stub, Request(prompt, kTokens), std::chrono::seconds(120), [&](const Outcome& o) {
-        if (killed.empty() && o.tokens.size() >= 8) {
-          for (const char* node : {"decode-a", "decode-b"}) {
-            if (Reservations(cluster, node) > 0) {
-              killed = node;
-              cluster.Kill(node);
-              break;
-            }
-          }
-        }
-        return true;
-      });
+  const Outcome disturbed = Generate(*stub, Request(prompt, kTokens), std::chrono::seconds(120),
+                                     KillTheHoldingDecodeNode(cluster, killed));
   ASSERT_FALSE(killed.empty()) << "no decode node held the request";
   ASSERT_TRUE(disturbed.status.ok()) << disturbed.status.error_message();
   EXPECT_EQ(disturbed.tokens, undisturbed.tokens);

@@ -126,6 +126,7 @@ const MUTATIONS = {
   "config.router.default-keep": 200,
   "config.router.stream-idle-timeout": "90s",
   "config.router.drain-timeout": "45s",
+  "config.decode.speculative": "ngram",
   "config.prefill.port": 50152,
   "config.prefill.drain-timeout": "90s",
   "config.decode.port": 50153,

@@ -58,7 +58,13 @@ ChildCommand ChildCommands::Decode(int i, const std::string& router_internal) co
                                    "--weights",
                                    options_.weights,
                                    "--replay-rows-per-step",
-                                   std::to_string(options_.replay_rows_per_step)};
+                                   std::to_string(options_.replay_rows_per_step),
+                                   "--speculative",
+                                   options_.speculative,
+                                   "--speculative-tokens",
+                                   std::to_string(options_.speculative_tokens),
+                                   "--speculative-policy",
+                                   options_.speculative_policy};
   AppendModelFlags(args);
   return Make(name, "decode", std::move(args));
 }

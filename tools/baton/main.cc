@@ -50,6 +50,17 @@ int main(int argc, char** argv) {
                  "replay-on-decode: boundary rows each decode step replays beside the running "
                  "streams' tokens")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  up->add_option("--speculative", options.speculative,
+                 "The decode nodes' speculative decoding: off, ngram (prompt lookup) or draft:DIR "
+                 "(a draft model with the served model's tokenizer, e.g. "
+                 "models/ced-brown-draft); requests may override it (default off)");
+  up->add_option("--speculative-tokens", options.speculative_tokens,
+                 "Tokens drafted per step at most (0: the model's max_backtrack)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
+  up->add_option("--speculative-policy", options.speculative_policy,
+                 "cost: drafts only as many tokens as pay for themselves at the measured costs "
+                 "(default); acceptance: always draft, as many as the acceptance suggests")
+      ->check(CLI::IsMember({"cost", "acceptance"}));
   up->add_option("--decode-pages", options.decode_pages, "Block-KV pages of each decode node");
   up->add_option("--http-port", options.http_port,
                  "The router's OpenAI-compatible HTTP API (0: any free port; -1: off); served "

@@ -37,6 +37,8 @@ struct GenerateOptions {
   std::string request_id;
   int64_t timeout_ms = 0;
   bool json = false;
+  std::string speculative;  // "": the decode nodes' default
+  uint32_t speculative_tokens = 0;
 };
 
 std::string FinishName(v1::FinishReason reason) {
@@ -83,6 +85,17 @@ int RunGenerate(const GenerateOptions& o, const CLI::App& command, bool bytes_as
     request.mutable_truncation()->set_mode(*mode);
     request.mutable_truncation()->set_keep(o.keep);
   }
+  if (!o.speculative.empty()) {
+    v1::Speculative method = v1::SPECULATIVE_DEFAULT;
+    if (!v1::Speculative_Parse("SPECULATIVE_" + absl::AsciiStrToUpper(o.speculative), &method) ||
+        method == v1::SPECULATIVE_DEFAULT) {
+      return ReportError("generate", absl::InvalidArgumentError(
+                                         absl::StrCat("--speculative: '", o.speculative,
+                                                      "' is unknown; allowed: off, ngram, draft")));
+    }
+    sampling->set_speculative(method);
+  }
+  sampling->set_speculative_tokens(o.speculative_tokens);
   request.set_logprobs(o.logprobs);
   request.set_prompt_logprobs(o.prompt_logprobs);
   request.set_cache_salt(o.cache_salt);
@@ -147,7 +160,9 @@ int RunGenerate(const GenerateOptions& o, const CLI::App& command, bool bytes_as
                            {{"prompt_tokens", usage.prompt_tokens()},
                             {"cached_tokens", usage.cached_tokens()},
                             {"replayed_rows", usage.replayed_rows()},
-                            {"completion_tokens", usage.completion_tokens()}}},
+                            {"completion_tokens", usage.completion_tokens()},
+                            {"accepted_draft_tokens", usage.accepted_draft_tokens()},
+                            {"draft_tokens", usage.draft_tokens()}}},
                           {"ttft_ms", ttft_ms}};
     if (o.logprobs) out["logprobs"] = logprobs;
     if (o.prompt_logprobs) out["prompt_logprobs"] = prompt_logprobs;
@@ -195,6 +210,11 @@ Command AddGenerateCommand(CLI::App& app) {
   command->add_option("--request-id", o->request_id, "Request id (default: the router's)");
   command->add_option("--timeout-ms", o->timeout_ms, "Deadline for the whole stream");
   command->add_flag("--json", o->json, "Print one JSON object when the stream ends");
+  command->add_option("--speculative", o->speculative,
+                      "Speculative decoding for this request: off, ngram or draft (default: the "
+                      "decode nodes' --speculative)");
+  command->add_option("--speculative-tokens", o->speculative_tokens,
+                      "Tokens drafted per step at most (0: the decode nodes' default)");
   return {command, [o, command] {
             if (o->tokens.empty() && o->prompt.empty()) {
               return ReportError("generate", absl::InvalidArgumentError(

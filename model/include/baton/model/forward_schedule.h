@@ -177,13 +177,17 @@ absl::StatusOr<TruncationSpec> ReplaySpec(const ModelConfig& config, int64_t pro
 // Logit rows a replay piece returns (ReplayItem::logits holds this many rows of vocab_size).
 int64_t ReplayLogitRows(const ReplayItem& item);
 
-// A decode step: one row per state, token tokens[i] at position states[i]->length, then the
-// replay pieces (each a chunk of its spec: PlanChunk). Checks every row (ScheduleDecodeRow) and
-// piece and makes pages cover the decode rows; errors name the item. The logit rows are the
-// decode rows', then each piece's (ReplayLogitRows), in order.
+// A decode step: for each state, token tokens[i] at position states[i]->length and the draft
+// tokens drafts[i] (speculative decoding; at most max_backtrack) at the positions after it, then
+// the replay pieces (each a chunk of its spec: PlanChunk). A state's rows form one segment, as a
+// prefill chunk's would: each row sees the ring before the segment and the segment's rows up to
+// itself, and every row writes its ring slot. Checks every row (ScheduleDecodeRow) and piece and
+// makes pages cover the decode rows; errors name the item. The logit rows are every decode row's,
+// state by state, then each piece's (ReplayLogitRows), in order.
 absl::StatusOr<StepPlan> PlanDecodeStep(const ModelConfig& config,
                                         std::span<SequenceState* const> states,
                                         std::span<const int32_t> tokens,
-                                        std::span<const ReplayItem> replay = {});
+                                        std::span<const ReplayItem> replay = {},
+                                        std::span<const std::span<const int32_t>> drafts = {});
 
 }  // namespace baton::model

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <span>
+#include <vector>
 
 #include "baton/v1/generation.pb.h"
 
@@ -31,6 +32,26 @@ struct SampledToken {
 
 // log-softmax(logits)[token].
 float LogSoftmaxAt(std::span<const float> logits, int32_t token);
+
+// The tokens a sampled draw can take and their weights: for temperature > 0, the top_k cut,
+// then the top_p prefix, highest logit first (ties by lower id), each weighted
+// exp((logit - max) / temperature); for greedy, the argmax alone with weight 1. `total` is the
+// weights' sum. Speculative decoding's verification (model/speculative.h) compares the target's
+// and the draft's with exactly the weights SampleToken draws from.
+struct KeptWeights {
+  std::vector<int32_t> tokens;
+  std::vector<double> weights;
+  double total = 0;
+};
+KeptWeights KeepTokens(std::span<const float> logits, const SamplingParams& params);
+
+// A uniform draw in [0, 1), a pure function of (seed, step, stream). Stream 0 is SampleToken's;
+// speculative decoding takes its acceptance tests and residual draws from other streams, so that
+// no two decisions share a number.
+double SamplingUniform(uint64_t seed, uint64_t step, uint64_t stream = 0);
+
+// The token at which the cumulative weight passes u * total (u in [0, 1)).
+int32_t DrawFrom(const KeptWeights& kept, double u);
 
 // `step` counts completion tokens from 0 (the prefill node's first token).
 SampledToken SampleToken(std::span<const float> logits, const SamplingParams& params,

@@ -25,6 +25,9 @@ struct LaunchOptions {
   std::string transport = "ucx";   // --transport: StateBlock transport, ucx or grpc
   std::string split = "prefill-all";   // --split: prefill-all or replay-on-decode (router, prefill)
   int64_t replay_rows_per_step = 8;    // --replay-rows-per-step: the decode nodes' replay pieces
+  std::string speculative = "off";     // --speculative: the decode nodes' drafter
+  int64_t speculative_tokens = 0;      // --speculative-tokens: drafted per step (0: max_backtrack)
+  std::string speculative_policy = "cost";  // --speculative-policy: cost or acceptance
 
   // The nodes.
   int prefill_nodes = 1;         // --prefill-nodes (1 to 16)

@@ -1,0 +1,158 @@
+// The decode node's speculation: the flags and the per-request override, the cost fit and the
+// pricing of drafts, and a draft model's state kept in step with what the target accepted.
+#include "baton/decode_node/speculation.h"
+
+#include <random>
+
+#include "baton/model/engine_factory.h"
+#include "baton/model/model_factory.h"
+#include "baton/model/speculative.h"
+#include "gtest/gtest.h"
+#include "test_dir.h"
+
+namespace baton::decode_node {
+namespace {
+
+TEST(ParseSpeculative, AcceptsTheDraftersAndRefusesTheRestByName) {
+  const ModelConfig tiny = *model::PresetConfig("tiny");  // max_backtrack 5
+  auto off = ParseSpeculative("off", 0, "cost", tiny);
+  ASSERT_TRUE(off.ok());
+  EXPECT_EQ(off->drafter, Drafter::kOff);
+  EXPECT_EQ(off->tokens, 5);  // 0: max_backtrack
+  auto draft = ParseSpeculative("draft:/models/d", 3, "acceptance", tiny);
+  ASSERT_TRUE(draft.ok());
+  EXPECT_EQ(draft->drafter, Drafter::kDraft);
+  EXPECT_EQ(draft->draft_dir, "/models/d");
+  EXPECT_EQ(draft->tokens, 3);
+  EXPECT_FALSE(draft->price_drafts);
+  for (const auto& [value, tokens, policy, field] :
+       std::vector<std::tuple<std::string, int64_t, std::string, std::string>>{
+           {"eagle", 0, "cost", "--speculative:"},
+           {"draft:", 0, "cost", "--speculative:"},
+           {"ngram", 6, "cost", "--speculative-tokens:"},
+           {"ngram", -1, "cost", "--speculative-tokens:"},
+           {"ngram", 2, "always", "--speculative-policy:"}}) {
+    auto bad = ParseSpeculative(value, tokens, policy, tiny);
+    EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument) << value;
+    EXPECT_EQ(bad.status().message().rfind(field, 0), 0u) << bad.status();
+  }
+}
+
+TEST(SpeculationFor, TheRequestOverridesTheNode) {
+  SpeculativeConfig node{.drafter = Drafter::kNgram, .tokens = 4};
+  v1::SamplingParams sampling;
+  auto s = SpeculationFor(sampling, node, false);
+  ASSERT_TRUE(s.ok());
+  EXPECT_EQ(s->drafter, Drafter::kNgram);
+  EXPECT_EQ(s->max_tokens, 4);
+  sampling.set_speculative(v1::SPECULATIVE_OFF);
+  EXPECT_EQ(SpeculationFor(sampling, node, false)->drafter, Drafter::kOff);
+  sampling.set_speculative(v1::SPECULATIVE_NGRAM);
+  sampling.set_speculative_tokens(2);
+  s = SpeculationFor(sampling, {.drafter = Drafter::kOff, .tokens = 5}, false);
+  EXPECT_EQ(s->drafter, Drafter::kNgram);
+  EXPECT_EQ(s->max_tokens, 2);
+  sampling.set_speculative(v1::SPECULATIVE_DRAFT);
+  auto refused = SpeculationFor(sampling, node, false);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(refused.status().message().find("sampling.speculative"), std::string::npos);
+  EXPECT_EQ(SpeculationFor(sampling, node, true)->drafter, Drafter::kDraft);
+}
+
+TEST(CostFit, FindsTheLineThroughStepsThatOtherWorkSlowed) {
+  CostFit fit;
+  std::mt19937_64 rng(1);
+  for (int i = 0; i < 200; ++i) {
+    const double rows = 8 + static_cast<double>(rng() % 6);
+    double seconds = 0.002 + 0.0005 * rows;
+    if (i % 10 == 3) seconds *= 8;  // a prefill ran beside this step
+    fit.Add(rows, seconds);
+  }
+  ASSERT_TRUE(fit.ready());
+  EXPECT_NEAR(fit.per_row(), 0.0005, 1e-9);
+  EXPECT_NEAR(fit.fixed(), 0.002, 1e-9);
+  CostFit same_rows;
+  for (int i = 0; i < 64; ++i) same_rows.Add(8, 0.004);
+  EXPECT_FALSE(same_rows.ready()) << "one size of step cannot tell the terms apart";
+}
+
+// A fit of steps costing `fixed` plus `per_row` a row, at 1 to 6 rows.
+DraftCosts Costs(double fixed, double per_row, double draft_share = 0) {
+  DraftCosts costs;
+  for (int i = 0; i < 64; ++i) costs.target.Add(1 + i % 6, fixed + per_row * (1 + i % 6));
+  for (int i = 0; i < 8; ++i) costs.AddDraftRound(draft_share, 1);
+  return costs;
+}
+
+Speculation WithAcceptance(Drafter drafter, int accepted, int rejected) {
+  Speculation s{.drafter = drafter, .max_tokens = 5, .next = 5};
+  for (int i = 0; i < accepted; ++i) s.Adapt(1, 1);
+  for (int i = 0; i < rejected; ++i) s.Adapt(1, 0);
+  return s;
+}
+
+TEST(SpeculationPlan, DraftsWhatPaysForItself) {
+  // Rows are nearly free (a step reads the weights once, whatever its rows).
+  const DraftCosts cheap_rows = Costs(0.004, 0.00005);
+  Speculation good = WithAcceptance(Drafter::kNgram, 40, 2);
+  EXPECT_EQ(good.Plan(cheap_rows, 1, 5), 5);
+  EXPECT_EQ(good.Plan(cheap_rows, 1, 2), 2) << "never past the tokens the request has left";
+  // Rows cost as much as the step's fixed part: a poor acceptance drafts nothing but a probe.
+  const DraftCosts dear_rows = Costs(0.001, 0.001);
+  Speculation poor = WithAcceptance(Drafter::kNgram, 2, 40);
+  int64_t drafted = 0;
+  for (int step = 0; step < 10 * kProbeSteps; ++step) drafted += poor.Plan(dear_rows, 1, 5);
+  EXPECT_EQ(drafted, 10) << "one token every kProbeSteps steps";
+  // A draft model whose round costs as much as a step never pays: it is dropped.
+  Speculation model = WithAcceptance(Drafter::kDraft, 20, 20);
+  EXPECT_EQ(model.Plan(Costs(0.001, 0.0001, 0.0011), 1, 5), 0);
+  EXPECT_EQ(model.drafter, Drafter::kOff);
+  EXPECT_TRUE(model.draft_unavailable);
+  // Without pricing, a request always drafts by its acceptance.
+  Speculation unpriced = WithAcceptance(Drafter::kNgram, 2, 40);
+  unpriced.price_drafts = false;
+  EXPECT_GE(unpriced.Plan(dear_rows, 1, 5), 1);
+}
+
+// The target drafting for itself through DraftModel: the draft state follows what was accepted,
+// so every greedy draft is the target's own next token and stands, over several steps and a
+// rejection forced by hand.
+TEST(DraftModel, ItsStateFollowsTheAcceptedTokens) {
+  const std::string dir = baton::testing::ProcessTempDir() + "/draft_self";
+  ASSERT_TRUE(model::MakeModel(*model::PresetConfig("tiny"), 4, dir).ok());
+  auto target = model::LoadEngine(dir);
+  ASSERT_TRUE(target.ok());
+  auto draft = DraftModel::Load(dir, dir, **target, {}, 5);
+  ASSERT_TRUE(draft.ok()) << draft.status();
+  model::Engine& engine = **target;
+  const int64_t V = engine.config().vocab_size;
+  std::vector<int32_t> context = {5, 9, 14, 2, 77, 31, 8};
+  model::SequenceState state(engine.state_layout());
+  auto prefilled = engine.Prefill(std::span(context).first(context.size() - 1), {}, state);
+  ASSERT_TRUE(prefilled.ok());
+  Speculation s{.drafter = Drafter::kDraft, .max_tokens = 5, .next = 5};
+  int64_t accepted_total = 0, drafted_total = 0;
+  for (int step = 0; step < 12; ++step) {
+    DraftJob job{.context = &context, .speculation = &s, .tokens = 1 + step % 5};
+    ASSERT_TRUE((*draft)->Propose({&job, 1}).ok());
+    ASSERT_EQ(static_cast<int64_t>(s.draft.size()), job.tokens);
+    std::vector<int32_t> proposal = s.draft;
+    if (step == 5) proposal[0] = (proposal[0] + 1) % V;  // a rejection at offset 0
+    std::vector<float> logits((1 + proposal.size()) * V);
+    const model::DecodeItem item{
+        .state = &state, .token = context.back(), .logits = logits.data(), .draft = proposal};
+    ASSERT_TRUE(engine.Decode({&item, 1}).ok());
+    const model::Verdict verdict = model::VerifyDraft(logits, proposal, {}, {}, 0);
+    if (step != 5) EXPECT_EQ(verdict.accepted, job.tokens) << "step " << step;
+    state.length -= static_cast<int64_t>(proposal.size()) - verdict.accepted;
+    const int64_t before = static_cast<int64_t>(context.size());
+    for (const model::SampledToken& t : verdict.tokens) context.push_back(t.token);
+    DraftModel::Settle(s, before, static_cast<int64_t>(proposal.size()), verdict.accepted);
+    accepted_total += verdict.accepted;
+    drafted_total += static_cast<int64_t>(proposal.size());
+  }
+  EXPECT_EQ(accepted_total, drafted_total - 1);
+}
+
+}  // namespace
+}  // namespace baton::decode_node
