@@ -258,11 +258,15 @@ TEST_F(SpeculativeTest, LostDecodeNodeMidStreamLosesAndRepeatsNoToken) {
   EXPECT_THAT(cluster.Log("router"), HasSubstr("decode node " + killed + " lost after"));
 }
 
-// The override's bounds, a draft asked of a node without one, and the decode node's flags.
+// The override's bounds, a draft asked of a node without one, a stream cancelled while it drafts,
+// and the decode node's flags.
 TEST_F(SpeculativeTest, BadSettingsAreRefusedByName) {
   Cluster cluster(tiny_);
   ASSERT_FALSE(cluster.StartRouter().empty());
-  ASSERT_FALSE(cluster.StartDecode("decode", {"--speculative", "ngram"}).empty());
+  ASSERT_FALSE(cluster
+                   .StartDecode("decode", {"--speculative", "ngram", "--speculative-policy",
+                                           "acceptance"})
+                   .empty());
   ASSERT_FALSE(cluster.StartPrefill("prefill").empty());
   ASSERT_TRUE(cluster.WaitForHealth(true));
   auto stub = cluster.Client();
@@ -273,6 +277,14 @@ TEST_F(SpeculativeTest, BadSettingsAreRefusedByName) {
   EXPECT_THAT(o.status.error_message(), HasSubstr("sampling.speculative_tokens"));
   request.mutable_sampling()->set_speculative_tokens(5);
   EXPECT_TRUE(Generate(*stub, request).status.ok());
+  // A client that goes away mid-stream while the node drafts: its slot and pages come back.
+  v1::GenerateRequest looping = Request(std::vector<int32_t>(24, 7), 200);
+  const Outcome cancelled =
+      Generate(*stub, With(looping, v1::SPECULATIVE_NGRAM), std::chrono::seconds(60),
+               [](const Outcome& so_far) { return so_far.tokens.size() < 5; });
+  EXPECT_EQ(cancelled.status.error_code(), grpc::StatusCode::CANCELLED);
+  EXPECT_GE(cancelled.tokens.size(), 5u);
+  EXPECT_TRUE(DecodeDrained(cluster, "decode"));
   o = Generate(*stub, With(request, v1::SPECULATIVE_DRAFT));
   EXPECT_EQ(o.status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
   EXPECT_THAT(o.status.error_message(), HasSubstr("sampling.speculative"));
