@@ -371,8 +371,11 @@ void DraftModel::Settle(Speculation& s, int64_t context_before, int64_t k, int64
 }
 
 void ProposeByLookup(const SpeculativeConfig& config, DraftJob& job) {
-  job.speculation->draft =
-      model::ProposeByLookup(*job.context, job.tokens, config.lookup_min, config.lookup_max);
+  // The last kLookupWindow tokens only: a scan costs O(window x n) each step of each request.
+  const std::span<const int32_t> context(*job.context);
+  const size_t window = std::min<size_t>(context.size(), kLookupWindow);
+  job.speculation->draft = model::ProposeByLookup(context.last(window), job.tokens,
+                                                  config.lookup_min, config.lookup_max);
   job.speculation->weights.clear();
 }
 

@@ -59,6 +59,23 @@ TEST(WireBoundsTest, SamplingBoundsStopIdsAndValues) {
   top_p.set_top_p(1.5f);
   EXPECT_THAT(CheckSampling("sampling", top_p, Config()).message(), HasSubstr("sampling.top_p"));
 
+  // Speculative decoding: a known method, and at most max_backtrack drafted tokens.
+  v1::SamplingParams speculative;
+  speculative.set_speculative(v1::SPECULATIVE_DRAFT);
+  speculative.set_speculative_tokens(static_cast<uint32_t>(Config().max_backtrack));
+  EXPECT_TRUE(CheckSampling("sampling", speculative, Config()).ok());
+  speculative.set_speculative_tokens(static_cast<uint32_t>(Config().max_backtrack) + 1);
+  EXPECT_THAT(CheckSampling("sampling", speculative, Config()).message(),
+              HasSubstr("sampling.speculative_tokens: 6 exceeds the model's max_backtrack (5)"));
+  speculative.set_speculative_tokens(0xffffffffu);
+  EXPECT_THAT(CheckSampling("sampling", speculative, Config()).message(),
+              HasSubstr("sampling.speculative_tokens: 4294967295"));
+  // An enum value this build does not know, as the wire carries it (field 9, varint 7).
+  v1::SamplingParams unknown;
+  ASSERT_TRUE(unknown.ParseFromString(std::string("\x48\x07", 2)));
+  EXPECT_THAT(CheckSampling("sampling", unknown, Config()).message(),
+              HasSubstr("sampling.speculative: 7 is unknown"));
+
   v1::SamplingParams stops;
   for (int i = 0; i < 16; ++i) stops.add_stop(std::string(256, 'a' + i));
   EXPECT_TRUE(CheckSampling("sampling", stops, Config()).ok());

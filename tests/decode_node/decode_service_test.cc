@@ -545,6 +545,35 @@ TEST_F(DecodeServiceTest, OversizedRequestIdStopListAndIdentityAreRefused) {
   EXPECT_TRUE(status.ok()) << status.error_message();
 }
 
+// The prompt that speculative decoding drafts from: empty or exactly prompt_tokens ids, each in
+// the vocabulary; and a draft model asked of a node without one. Nothing is reserved for them.
+TEST_F(DecodeServiceTest, SpeculationInputsAreRefusedByName) {
+  Start({.slots = 1, .pages = 64});
+  v1::Reservation reservation;
+  v1::ReserveRequest short_prompt = ReserveRequest("short", 10, 5);
+  for (int32_t id = 0; id < 9; ++id) short_prompt.add_prompt_token_ids(id);
+  grpc::Status status = Send(short_prompt, &reservation);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(status.error_message(),
+              HasSubstr("prompt_token_ids: 9 ids; it must be empty or hold prompt_tokens (10)"));
+  v1::ReserveRequest bad_id = ReserveRequest("bad-id", 3, 5);
+  for (int32_t id : {1, 512, 2}) bad_id.add_prompt_token_ids(id);
+  status = Send(bad_id, &reservation);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(status.error_message(), HasSubstr("prompt_token_ids: token 1 is 512"));
+  v1::ReserveRequest draft = ReserveRequest("draft", 3, 5);
+  for (int32_t id : {1, 2, 3}) draft.add_prompt_token_ids(id);
+  draft.mutable_sampling()->set_speculative(v1::SPECULATIVE_DRAFT);
+  status = Send(draft, &reservation);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(status.error_message(), HasSubstr("sampling.speculative: DRAFT"));
+  EXPECT_EQ(service_->Load().free_slots(), 1u);
+  // The same with prompt lookup is served.
+  draft.mutable_sampling()->set_speculative(v1::SPECULATIVE_NGRAM);
+  status = Send(draft, &reservation);
+  EXPECT_TRUE(status.ok()) << status.error_message();
+}
+
 TEST_F(DecodeServiceTest, FingerprintMismatchDoesNotRevealTheNodesFingerprint) {
   Start({.slots = 1, .pages = 64});
   v1::ReserveRequest request = ReserveRequest("r1", 10, 5);

@@ -59,6 +59,26 @@ TEST(SpeculationFor, TheRequestOverridesTheNode) {
   EXPECT_EQ(SpeculationFor(sampling, node, true)->drafter, Drafter::kDraft);
 }
 
+TEST(ProposeByLookup, SearchesTheLastWindowOfTheContextOnly) {
+  const SpeculativeConfig config{.drafter = Drafter::kNgram, .tokens = 3};
+  // The suffix (8, 9) and what followed it, then filler (ids 10..) that repeats no pair.
+  std::vector<int32_t> context = {8, 9, 5, 6, 7};
+  auto propose = [&](std::vector<int32_t> ctx) {
+    Speculation s{.drafter = Drafter::kNgram, .max_tokens = 3};
+    DraftJob job{.context = &ctx, .speculation = &s, .tokens = 3};
+    ProposeByLookup(config, job);
+    return s.draft;
+  };
+  std::vector<int32_t> near = context;
+  for (int32_t i = 0; i < 100; ++i) near.push_back(10 + i);
+  near.insert(near.end(), {8, 9});
+  EXPECT_EQ(propose(near), (std::vector<int32_t>{5, 6, 7}));
+  std::vector<int32_t> far = context;
+  for (int32_t i = 0; static_cast<size_t>(i) < kLookupWindow; ++i) far.push_back(10 + i);
+  far.insert(far.end(), {8, 9});
+  EXPECT_TRUE(propose(far).empty()) << "a match before the window is not searched";
+}
+
 TEST(CostFit, FindsTheLineThroughStepsThatOtherWorkSlowed) {
   CostFit fit;
   std::mt19937_64 rng(1);

@@ -166,7 +166,9 @@ class DraftModel {
   std::unique_ptr<model::Engine> engine_;
 };
 
-// Prompt lookup's proposal for one job (ProposeByLookup over its context).
+// Prompt lookup's proposal for one job: ProposeByLookup over the last kLookupWindow tokens of
+// its context, which bounds the scan every step makes on the decode loop.
+inline constexpr size_t kLookupWindow = 8192;
 void ProposeByLookup(const SpeculativeConfig& config, DraftJob& job);
 
 }  // namespace baton::decode_node
