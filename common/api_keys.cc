@@ -6,6 +6,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "baton/common/wire_bounds.h"
 
@@ -31,6 +32,45 @@ bool ValidTenant(const std::string& tenant) {
   return true;
 }
 
+constexpr int64_t kMaxWeight = 1000;
+
+// An entry's value: a tenant, or a mapping {tenant: NAME, weight: N}. Errors name the entry.
+struct Entry {
+  std::string tenant;
+  int64_t weight = 1;
+};
+absl::StatusOr<Entry> ParseEntry(const YAML::Node& value, const std::string& where) {
+  if (value.IsScalar()) return Entry{value.Scalar()};
+  if (!value.IsMap()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, " must map a key (string) to a tenant (string) or to {tenant, weight}"));
+  }
+  Entry entry;
+  bool named = false;
+  const std::string weights = absl::StrCat("a whole number from 1 to ", kMaxWeight);
+  for (const auto& field : value) {
+    const std::string name = field.first.IsScalar() ? field.first.Scalar() : "";
+    if (name == "tenant") {
+      if (!field.second.IsScalar()) {
+        return absl::InvalidArgumentError(absl::StrCat(where, ": tenant must be a string"));
+      }
+      entry.tenant = field.second.Scalar();
+      named = true;
+    } else if (name == "weight") {
+      if (!field.second.IsScalar() || !absl::SimpleAtoi(field.second.Scalar(), &entry.weight) ||
+          entry.weight < 1 || entry.weight > kMaxWeight) {
+        return absl::InvalidArgumentError(absl::StrCat(where, ": weight must be ", weights));
+      }
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": unknown field '", name.substr(0, 32),
+                                                     "' (allowed: tenant, a string; weight, ",
+                                                     weights, ")"));
+    }
+  }
+  if (!named) return absl::InvalidArgumentError(absl::StrCat(where, ": tenant is missing"));
+  return entry;
+}
+
 }  // namespace
 
 absl::StatusOr<ApiKeys> ApiKeys::Load(const std::string& path) {
@@ -51,14 +91,18 @@ absl::StatusOr<ApiKeys> ApiKeys::Parse(const std::string& yaml, const std::strin
         absl::StrCat("--api-keys ", path, ": must be a non-empty mapping from key to tenant"));
   }
   ApiKeys keys;
+  std::map<std::string, int64_t> weights;  // every tenant's, 1 included
   int entry = 0;
   for (const auto& item : root) {
     ++entry;
-    if (!item.first.IsScalar() || !item.second.IsScalar()) {
+    const std::string where = absl::StrCat("--api-keys ", path, ": entry ", entry);
+    if (!item.first.IsScalar()) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "--api-keys ", path, ": entry ", entry, " must map a key (string) to a tenant (string)"));
+          where, " must map a key (string) to a tenant (string) or to {tenant, weight}"));
     }
-    const std::string key = item.first.Scalar(), tenant = item.second.Scalar();
+    absl::StatusOr<Entry> parsed = ParseEntry(item.second, where);
+    if (!parsed.ok()) return parsed.status();
+    const std::string key = item.first.Scalar(), tenant = parsed->tenant;
     if (!ValidKey(key)) {
       return absl::InvalidArgumentError(
           absl::StrCat("--api-keys ", path, ": entry ", entry, " (tenant '",
@@ -74,6 +118,16 @@ absl::StatusOr<ApiKeys> ApiKeys::Parse(const std::string& yaml, const std::strin
       return absl::InvalidArgumentError(
           absl::StrCat("--api-keys ", path, ": entry ", entry, " repeats an earlier key"));
     }
+    // A share is the tenant's, not a key's: its keys must agree on the weight.
+    const auto known = weights.emplace(tenant, parsed->weight).first;
+    if (known->second != parsed->weight) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ": weight ", parsed->weight, " differs from the weight ", known->second,
+          " an earlier key gives tenant '", tenant, "' (every key of a tenant gives the same)"));
+    }
+  }
+  for (const auto& [tenant, weight] : weights) {
+    if (weight != 1) keys.weights_.emplace(tenant, weight);
   }
   return keys;
 }

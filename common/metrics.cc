@@ -11,6 +11,8 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "baton/common/connection_slots.h"
+#include "baton/common/hash.h"
 #include "baton/common/listen.h"
 #include "baton/common/parse.h"
 #include "prometheus/text_serializer.h"
@@ -131,13 +133,13 @@ namespace {
 // One scrape: read the request (bounded), answer it, close.
 class MetricsSession : public std::enable_shared_from_this<MetricsSession> {
  public:
-  MetricsSession(tcp::socket socket, std::shared_ptr<std::atomic<int>> open)
-      : stream_(std::move(socket)), open_(std::move(open)) {}
-  ~MetricsSession() { --*open_; }
+  MetricsSession(tcp::socket socket, std::shared_ptr<ConnectionSlots> slots, std::string group)
+      : stream_(std::move(socket)), slots_(std::move(slots)), group_(std::move(group)) {}
+  ~MetricsSession() { slots_->Leave(group_); }
   void Run() {
     parser_.header_limit(8 << 10);
     parser_.body_limit(8 << 10);
-    stream_.expires_after(std::chrono::seconds(10));
+    stream_.expires_after(std::chrono::seconds(2));
     http::async_read(stream_, buffer_, parser_,
                      [self = shared_from_this()](beast::error_code ec, size_t) {
                        if (!ec) self->Answer();
@@ -158,6 +160,7 @@ class MetricsSession : public std::enable_shared_from_this<MetricsSession> {
       response_.result(http::status::not_found);
       response_.body() = "only /metrics is served here\n";
     } else {
+      slots_->Trust(group_);
       response_.result(http::status::ok);
       response_.set(http::field::content_type, "text/plain; version=0.0.4; charset=utf-8");
       if (request.method() == http::verb::get) {
@@ -165,6 +168,8 @@ class MetricsSession : public std::enable_shared_from_this<MetricsSession> {
       }
     }
     response_.prepare_payload();
+    // The short deadline is for the request; a large page to a slow scraper gets longer.
+    stream_.expires_after(std::chrono::seconds(10));
     http::async_write(stream_, response_, [self = shared_from_this()](beast::error_code, size_t) {
       beast::error_code ignored;
       self->stream_.socket().shutdown(tcp::socket::shutdown_send, ignored);
@@ -175,16 +180,18 @@ class MetricsSession : public std::enable_shared_from_this<MetricsSession> {
   beast::flat_buffer buffer_;
   http::request_parser<http::string_body> parser_;
   http::response<http::string_body> response_;
-  std::shared_ptr<std::atomic<int>> open_;
+  std::shared_ptr<ConnectionSlots> slots_;
+  std::string group_;
 };
 
 }  // namespace
 
 struct MetricsServer::Impl {
-  static constexpr int kMaxOpen = 64;  // scrapes served at once; more are closed as they come
   net::io_context ioc{1};
   tcp::acceptor acceptor{ioc};
-  std::shared_ptr<std::atomic<int>> open = std::make_shared<std::atomic<int>>(0);
+  // Connections served at once; more are closed as they come (metrics.h).
+  std::shared_ptr<ConnectionSlots> slots = std::make_shared<ConnectionSlots>(
+      ConnectionCaps{.max_connections = 64, .max_per_client = 8, .reserved = 16});
   std::thread thread;
 
   ~Impl() {
@@ -194,10 +201,14 @@ struct MetricsServer::Impl {
   void Accept() {
     acceptor.async_accept([this](beast::error_code ec, tcp::socket socket) {
       if (ec == net::error::operation_aborted) return;
-      if (!ec && open->fetch_add(1) < kMaxOpen) {
-        std::make_shared<MetricsSession>(std::move(socket), open)->Run();
-      } else if (!ec) {
-        --*open;
+      if (!ec) {
+        beast::error_code peer_error;
+        const tcp::endpoint peer = socket.remote_endpoint(peer_error);
+        std::string group = ClientGroup(peer_error ? "" : peer.address().to_string(),
+                                        ConnectionCaps{}.ipv4_prefix_length);
+        if (slots->Admit(group)) {
+          std::make_shared<MetricsSession>(std::move(socket), slots, std::move(group))->Run();
+        }
       }
       Accept();
     });
@@ -231,6 +242,12 @@ absl::StatusOr<MetricsServer> StartMetricsServer(const std::string& host, int po
   impl->thread = std::thread([impl] { impl->ioc.run(); });
   server.address = JoinHostPort(host, impl->acceptor.local_endpoint().port());
   return server;
+}
+
+std::string TenantLabel(const std::string& tenant, bool names) {
+  if (names || tenant.empty()) return tenant;
+  const std::string tag = "baton tenant label\n" + tenant;
+  return "t-" + HexDigest(Sha256Of(tag.data(), tag.size())).substr(0, 12);
 }
 
 std::string OutcomeLabel(int grpc_code) {

@@ -9,6 +9,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -179,8 +181,12 @@ absl::Status MakeCertificateAuthority(const std::string& dir) {
   return WriteKeyAndCert(CaKeyDir(dir), dir, "ca", key.get(), cert->get());
 }
 
-absl::Status IssueCertificate(const std::string& dir, const std::string& role,
-                              const std::string& uri, int days) {
+namespace {
+
+// A certificate for `uri` (the role's SPIFFE id unless given) signed by the CA in `dir`,
+// written to `out_dir`/<name>.crt and .key.
+absl::Status Issue(const fs::path& dir, const fs::path& out_dir, const std::string& name,
+                   const std::string& role, const std::string& uri, int days) {
   absl::StatusOr<std::pair<Key, Cert>> ca = ReadCa(dir);
   if (!ca.ok()) return ca.status();
   Key key(EVP_EC_gen("P-256"));
@@ -205,7 +211,40 @@ absl::Status IssueCertificate(const std::string& dir, const std::string& role,
   if (X509_sign(cert->get(), ca->first.get(), EVP_sha256()) == 0) {
     return OpenSslError(absl::StrCat("sign the ", role, " certificate"));
   }
-  return WriteKeyAndCert(dir, dir, role, key.get(), cert->get());
+  return WriteKeyAndCert(out_dir, out_dir, name, key.get(), cert->get());
+}
+
+fs::path NodeDir(const fs::path& dir) { return dir / "nodes"; }
+
+}  // namespace
+
+absl::Status IssueCertificate(const std::string& dir, const std::string& role,
+                              const std::string& uri, int days) {
+  return Issue(dir, dir, role, role, uri, days);
+}
+
+absl::Status IssueNodeCertificate(const std::string& dir, const std::string& role,
+                                  const std::string& instance, int days) {
+  const bool valid =
+      !instance.empty() && instance.size() <= 63 &&
+      std::all_of(instance.begin(), instance.end(), [](char c) {
+        return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-';
+      });
+  if (!valid) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("instance: '", instance,
+                     "' must be 1 to 63 letters, digits, '.', '_' or '-' (a node's name)"));
+  }
+  std::error_code error;
+  fs::create_directories(NodeDir(dir), error);
+  if (error || ::chmod(NodeDir(dir).c_str(), 0700) != 0) {
+    return absl::UnavailableError(absl::StrCat("cannot create ", NodeDir(dir).string()));
+  }
+  return Issue(dir, NodeDir(dir), instance, role, security::NodeUri(role, instance), days);
+}
+
+std::string NodeCertificateStem(const std::string& dir, const std::string& instance) {
+  return (NodeDir(dir) / instance).string();
 }
 
 absl::Status EnsureLocalPki(const std::string& dir, const std::vector<std::string>& roles) {

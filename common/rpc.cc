@@ -18,6 +18,7 @@
 #include "baton/common/metrics.h"
 #include "baton/common/parse.h"
 #include "baton/common/security.h"
+#include "grpcpp/generic/async_generic_service.h"
 #include "grpcpp/health_check_service_interface.h"
 
 namespace baton {
@@ -44,7 +45,9 @@ absl::StatusOr<StartedServer> StartServer(grpc::ServerBuilder& builder,
                                           const ServerOptions& options,
                                           std::shared_ptr<grpc::ServerCredentials> credentials) {
   grpc::EnableDefaultHealthCheckService(true);
-  builder.SetMaxReceiveMessageSize(security::kMaxMessageBytes);
+  builder.SetMaxReceiveMessageSize(options.max_receive_message_bytes > 0
+                                       ? options.max_receive_message_bytes
+                                       : security::kMaxMessageBytes);
   builder.SetMaxSendMessageSize(security::kMaxMessageBytes);
   grpc::ResourceQuota quota(absl::StrCat("baton:", options.port));
   quota.SetMaxThreads(options.max_rpc_threads);
@@ -369,9 +372,16 @@ int ServeUntilShutdown(const std::string& binary, grpc::ServerBuilder& builder,
       }
     }
   }
+  // The health server serves grpc.health.v1 and nothing else. gRPC refuses to start a server
+  // with no service of its own ("at least one of the completion queues must be frequently
+  // polled"): the default health service is only added at start, after that check. A generic
+  // service that answers every other method UNIMPLEMENTED gives it one. It is declared before
+  // the server so that it outlives it.
+  grpc::CallbackGenericService health_only;
   absl::StatusOr<StartedServer> health_started;
   if (options.health_port >= 0) {
     grpc::ServerBuilder health_builder;
+    health_builder.RegisterCallbackGenericService(&health_only);
     ServerOptions health_options;
     health_options.host = options.host;
     health_options.port = options.health_port;

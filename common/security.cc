@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
+#include "baton/common/api_keys.h"
 #include "baton/common/log.h"
 #include "grpc/grpc_security_constants.h"
 #include "grpcpp/security/tls_certificate_provider.h"
@@ -171,13 +172,15 @@ std::shared_ptr<grpc::ServerCredentials> InternalServerCredentials() {
 }
 
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ClientApiCredentials(
-    const std::string& cert_file, const std::string& key_file, const std::string& client_ca_file) {
+    const std::string& cert_file, const std::string& key_file, const std::string& client_ca_file,
+    bool api_key_check) {
   if (cert_file.empty() && key_file.empty()) {
     if (!client_ca_file.empty()) {
       return absl::InvalidArgumentError(
           "--client-tls-ca: needs --client-tls-cert and --client-tls-key");
     }
-    return grpc::InsecureServerCredentials();
+    return api_key_check ? grpc::XdsServerCredentials(grpc::InsecureServerCredentials())
+                         : grpc::InsecureServerCredentials();
   }
   if (absl::Status s = Readable(cert_file, "--client-tls-cert"); !s.ok()) return s;
   if (absl::Status s = Readable(key_file, "--client-tls-key"); !s.ok()) return s;
@@ -197,6 +200,44 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ClientApiCredentials(
     options.set_cert_request_type(GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
   }
   return grpc::experimental::TlsServerCredentials(options);
+}
+
+namespace {
+
+// ApiKeyCheck's processor. Checking a key is a SHA-256 and a map lookup, so it runs on the
+// transport's thread (not blocking) rather than on a thread pool of its own.
+class ApiKeyProcessor final : public grpc::AuthMetadataProcessor {
+ public:
+  ApiKeyProcessor(std::shared_ptr<const ApiKeys> keys, RefusalFn refused)
+      : keys_(std::move(keys)), refused_(std::move(refused)) {}
+  bool IsBlocking() const override { return false; }
+  grpc::Status Process(const InputMetadata& metadata, grpc::AuthContext* /*connection*/,
+                       OutputMetadata* /*consumed*/, OutputMetadata* /*response*/) override {
+    const auto path = metadata.find(":path");
+    const absl::string_view method =
+        path == metadata.end() ? "" : absl::string_view(path->second.data(), path->second.size());
+    if (absl::StartsWith(method, "/grpc.health.v1.Health/")) return grpc::Status::OK;
+    const auto header = metadata.find("authorization");
+    std::optional<std::string_view> authorization;
+    if (header != metadata.end()) {
+      authorization.emplace(header->second.data(), header->second.size());
+    }
+    absl::StatusOr<std::string> tenant = keys_->Authenticate(authorization);
+    if (tenant.ok()) return grpc::Status::OK;
+    if (refused_) refused_(method, tenant.status());
+    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, std::string(tenant.status().message()));
+  }
+
+ private:
+  std::shared_ptr<const ApiKeys> keys_;
+  RefusalFn refused_;
+};
+
+}  // namespace
+
+std::shared_ptr<grpc::AuthMetadataProcessor> ApiKeyCheck(std::shared_ptr<const ApiKeys> keys,
+                                                         RefusalFn refused) {
+  return std::make_shared<ApiKeyProcessor>(std::move(keys), std::move(refused));
 }
 
 grpc::ChannelArguments ChannelArguments() {
@@ -237,6 +278,17 @@ std::shared_ptr<grpc::Channel> InternalChannel(const std::string& address, Role 
 }
 
 std::optional<Role> RoleOfUri(absl::string_view uri) { return RoleOf(uri); }
+
+std::string InstanceOfUri(absl::string_view uri) {
+  if (!RoleOf(uri).has_value()) return "";
+  absl::ConsumePrefix(&uri, kSpiffePrefix);
+  const size_t slash = uri.find('/');
+  return slash == absl::string_view::npos ? "" : std::string(uri.substr(slash + 1));
+}
+
+std::string NodeUri(absl::string_view role, absl::string_view instance) {
+  return absl::StrCat(kSpiffePrefix, role, "/", instance);
+}
 
 std::string PeerIdentity(const grpc::ServerContextBase& context) {
   const std::shared_ptr<const grpc::AuthContext> auth = context.auth_context();

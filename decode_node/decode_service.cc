@@ -769,15 +769,20 @@ void DecodeService::DecodeLoop() {
       if (job.speculation->drafter == Drafter::kDraft) by_model.push_back(job);
     }
     if (!by_model.empty()) {
-      int64_t rounds = 0, rows = 0;
+      ProposeStats drafted;
       const auto draft_start = Clock::now();
-      if (absl::Status s = options_.draft_model->Propose(by_model, &rounds, &rows); !s.ok()) {
+      // The draft model takes in new prompts a piece per step, as replay does.
+      if (absl::Status s =
+              options_.draft_model->Propose(by_model, options_.draft_rows_per_step, &drafted);
+          !s.ok()) {
         // The target's step goes on undrafted; the requests stop drafting with the model.
         log::Warn("draft model step failed", {{"error", std::string(s.message())}});
-      } else if (rounds > 0) {
-        // A round's cost per request drafting in it (the first round feeds a row or two more).
+      } else if (drafted.rounds > 0 && drafted.context_rows == 0) {
+        // A round's cost per request drafting in it (the first round feeds a row or two more);
+        // a step that also took in context says nothing about a round.
         const double seconds = std::chrono::duration<double>(Clock::now() - draft_start).count();
-        costs_.AddDraftRound(seconds / rounds, std::max<int64_t>(1, rows / rounds));
+        costs_.AddDraftRound(seconds / drafted.rounds,
+                             std::max<int64_t>(1, drafted.rows / drafted.rounds));
       }
     }
     const int64_t V = model_.config().vocab_size;

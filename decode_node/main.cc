@@ -21,6 +21,11 @@ void AddDecodeFlags(CLI::App& app, baton::decode_node::DecodeOptions& options) {
                  "while streams are decoding (default 8; a step with none decoding takes up to "
                  "512)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  app.add_option("--draft-rows-per-step", options.draft_rows_per_step,
+                 "Speculative decoding with a draft model: prompt rows the draft model takes in "
+                 "per decode step, over all requests (default 64); a longer prompt is taken in "
+                 "over several steps and drafts once it has caught up")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   app.add_option("--max-batch", options.max_batch, "Requests per decode step")
       ->check(CLI::Range(1, 1 << 16));
   app.add_option("--max-waiting", options.max_waiting,
@@ -66,7 +71,8 @@ int main(int argc, char** argv) {
       "--speculative", speculative,
       "Speculative decoding: off, ngram (prompt lookup over the prompt and the tokens so "
       "far) or draft:DIR (a draft model with the same tokenizer, run beside the model); "
-      "a request may choose otherwise (default off)");
+      "a request may choose among what this enables (off enables neither, ngram prompt lookup, "
+      "draft:DIR both) and is refused asking for more (default off)");
   int64_t speculative_tokens = 0;
   app.add_option("--speculative-tokens", speculative_tokens,
                  "Tokens drafted per step at most, adapted per request to its acceptance (0: the "

@@ -175,18 +175,27 @@ int64_t Speculation::Plan(const DraftCosts& costs, int64_t batch, int64_t limit)
 absl::StatusOr<Speculation> SpeculationFor(const v1::SamplingParams& sampling,
                                            const SpeculativeConfig& node, bool has_draft_model) {
   Speculation s;
+  // A request chooses among the methods the operator enabled, never beyond them: `off` enables
+  // none, `ngram` prompt lookup, `draft:DIR` both (prompt lookup needs nothing provisioned).
+  const bool speculating = node.drafter != Drafter::kOff;
   switch (sampling.speculative()) {
     case v1::SPECULATIVE_OFF:
       s.drafter = Drafter::kOff;
       break;
     case v1::SPECULATIVE_NGRAM:
+      if (!speculating) {
+        return absl::FailedPreconditionError(
+            "sampling.speculative: NGRAM, but this decode node runs --speculative off (its "
+            "operator turned speculative decoding off); use OFF or DEFAULT");
+      }
       s.drafter = Drafter::kNgram;
       break;
     case v1::SPECULATIVE_DRAFT:
-      if (!has_draft_model) {
-        return absl::FailedPreconditionError(
+      if (!speculating || !has_draft_model) {
+        return absl::FailedPreconditionError(absl::StrCat(
             "sampling.speculative: DRAFT, but this decode node serves no draft model (it runs "
-            "with --speculative draft:DIR for that); use NGRAM or DEFAULT");
+            "with --speculative draft:DIR for that); use ",
+            speculating ? "NGRAM, OFF or DEFAULT" : "OFF or DEFAULT"));
       }
       s.drafter = Drafter::kDraft;
       break;
@@ -239,127 +248,166 @@ absl::StatusOr<std::unique_ptr<DraftModel>> DraftModel::Load(const std::string& 
   return std::unique_ptr<DraftModel>(new DraftModel(*std::move(engine)));
 }
 
-absl::Status DraftModel::Propose(std::span<DraftJob> jobs, int64_t* rounds_run, int64_t* rows_fed) {
-  model::Engine& engine = *engine_;
-  const ModelConfig& config = engine.config();
-  const int64_t V = config.vocab_size, feed = 1 + config.max_backtrack;
+namespace {
+
+// The context the draft model has not taken in: its last row is the step's input.
+std::span<const int32_t> Unseen(const DraftJob& job) {
+  return std::span<const int32_t>(*job.context).subspan(job.speculation->draft_length);
+}
+
+// The job drafts nothing more for this request (its state is freed).
+void GiveUp(Speculation& s) {
+  s.draft.clear();
+  s.weights.clear();
+  s.draft_state.reset();
+  s.draft_unavailable = true;
+}
+
+}  // namespace
+
+absl::Status DraftModel::Propose(std::span<DraftJob> jobs, int64_t context_rows,
+                                 ProposeStats* stats) {
+  ProposeStats local;
+  ProposeStats& st = stats != nullptr ? *stats : local;
   std::vector<DraftJob*> active;
   for (DraftJob& job : jobs) {
-    Speculation& s = *job.speculation;
-    s.draft.clear();
-    s.weights.clear();
-    // The draft model's own rings take back at most its max_backtrack rows.
-    job.tokens = std::min(job.tokens, config.max_backtrack);
-    const int64_t context = static_cast<int64_t>(job.context->size());
-    if (job.tokens <= 0 || s.draft_unavailable || context < 2) continue;
-    if (context + job.tokens > config.max_position_embeddings) {
-      // Past the draft model's context: the request goes on undrafted.
-      s.draft_unavailable = true;
-      s.draft_state.reset();
+    if (Admit(job)) active.push_back(&job);
+  }
+  int64_t budget = std::max<int64_t>(context_rows, 0);
+  absl::Status status = TakeIn(active, budget, st);
+  if (status.ok()) {
+    // Round 1 feeds the rest of the unseen context: at most the rows one decode item takes.
+    const size_t feed = static_cast<size_t>(1 + engine_->config().max_backtrack);
+    std::erase_if(active, [&](DraftJob* job) {
+      return job->speculation->draft_unavailable || Unseen(*job).size() > feed;
+    });
+    status = Draft(active, st);
+  }
+  if (!status.ok()) {
+    for (DraftJob* job : active) GiveUp(*job->speculation);
+  }
+  return status;
+}
+
+bool DraftModel::Admit(DraftJob& job) {
+  const ModelConfig& config = engine_->config();
+  Speculation& s = *job.speculation;
+  s.draft.clear();
+  s.weights.clear();
+  // The draft model's own rings take back at most its max_backtrack rows.
+  job.tokens = std::min(job.tokens, config.max_backtrack);
+  const int64_t context = static_cast<int64_t>(job.context->size());
+  if (job.tokens <= 0 || s.draft_unavailable || context < 2) return false;
+  if (context + job.tokens > config.max_position_embeddings) {
+    // Past the draft model's context: the request goes on undrafted.
+    GiveUp(s);
+    return false;
+  }
+  if (s.draft_state == nullptr) {
+    absl::StatusOr<std::unique_ptr<model::SequenceState>> state = engine_->NewState();
+    if (!state.ok()) {
+      GiveUp(s);
+      return false;
+    }
+    s.draft_state = *std::move(state);
+    s.draft_length = 0;
+  }
+  return true;
+}
+
+absl::Status DraftModel::TakeIn(std::span<DraftJob* const> jobs, int64_t& budget,
+                                ProposeStats& stats) {
+  const int64_t feed = 1 + engine_->config().max_backtrack;
+  // A fresh state's first piece is one prefill (cheaper per row than decode runs); everything
+  // but the step's input, as far as the budget goes.
+  for (DraftJob* job : jobs) {
+    Speculation& s = *job->speculation;
+    if (s.draft_length > 0 || budget <= 0) continue;
+    const int64_t rows = std::min<int64_t>(budget, static_cast<int64_t>(job->context->size()) - 1);
+    const std::span<const int32_t> piece(job->context->data(), static_cast<size_t>(rows));
+    absl::StatusOr<model::PrefillResult> prefilled =
+        engine_->Prefill(piece, {.mode = model::TruncationMode::kOff}, *s.draft_state);
+    if (!prefilled.ok()) {
+      GiveUp(s);  // this request goes on undrafted; the others still draft
       continue;
     }
-    if (s.draft_state == nullptr) {
-      // The first draft: prefill everything but the step's input.
-      absl::StatusOr<std::unique_ptr<model::SequenceState>> state = engine.NewState();
-      if (!state.ok()) {
-        s.draft_unavailable = true;
-        continue;
-      }
-      const std::span<const int32_t> prompt(job.context->data(), context - 1);
-      absl::StatusOr<model::PrefillResult> prefilled =
-          engine.Prefill(prompt, {.mode = model::TruncationMode::kOff}, **state);
-      if (!prefilled.ok()) {
-        // This request goes on undrafted; the others still draft.
-        s.draft_unavailable = true;
-        continue;
-      }
-      s.draft_state = *std::move(state);
-      s.draft_length = context - 1;
-    }
-    active.push_back(&job);
+    s.draft_length = rows;
+    budget -= rows;
+    stats.context_rows += rows;
   }
+  // The rest in decode runs the rings can take (a prompt longer than the first piece, or a
+  // request that drafted nothing for a while), each leaving the rows its first round feeds.
   std::vector<float> logits;
-  std::vector<model::DecodeItem> items;
-  // Rows fed for each active job: the context it has not seen yet, then its own drafts.
-  auto step = [&](auto rows_of) -> absl::Status {
-    items.clear();
-    std::vector<int64_t> offsets;
-    int64_t total = 0;
-    for (DraftJob* job : active) {
-      const std::span<const int32_t> rows = rows_of(*job);
-      offsets.push_back(total);
-      total += static_cast<int64_t>(rows.size());
-    }
-    logits.resize(std::max<int64_t>(total, 1) * V);
-    size_t i = 0;
-    for (DraftJob* job : active) {
-      const std::span<const int32_t> rows = rows_of(*job);
-      if (!rows.empty()) {
-        items.push_back({.state = job->speculation->draft_state.get(),
-                         .token = rows[0],
-                         .logits = logits.data() + offsets[i] * V,
-                         .draft = rows.subspan(1)});
-      }
-      ++i;
-    }
-    if (items.empty()) return absl::OkStatus();
-    if (rounds_run != nullptr) *rounds_run += 1;
-    if (rows_fed != nullptr) *rows_fed += total;
-    return engine.Decode(items);
-  };
-  auto fail = [&](absl::Status status) {
-    for (DraftJob* job : active) {
-      job->speculation->draft.clear();
-      job->speculation->weights.clear();
-      job->speculation->draft_state.reset();
-      job->speculation->draft_unavailable = true;
-    }
-    return status;
-  };
-  // Catch up (a request that drafted nothing for a while) in runs the rings can take.
-  auto unseen = [&](DraftJob& job) {
-    const int64_t from = job.speculation->draft_length;
-    return std::span<const int32_t>(*job.context).subspan(from);
-  };
-  while (true) {
+  while (budget > 0) {
+    std::vector<std::span<const int32_t>> rows(jobs.size());
     bool behind = false;
-    for (DraftJob* job : active)
-      behind = behind || static_cast<int64_t>(unseen(*job).size()) > feed;
-    if (!behind) break;
-    absl::Status s = step([&](DraftJob& job) {
-      const std::span<const int32_t> rows = unseen(job);
-      // Leave at least one row for the drafting step below.
-      return static_cast<int64_t>(rows.size()) > feed ? rows.first(feed) : rows.first(0);
-    });
-    if (!s.ok()) return fail(s);
-    for (DraftJob* job : active) {
-      job->speculation->draft_length = job->speculation->draft_state->length;
+    for (size_t i = 0; i < jobs.size(); ++i) {
+      const std::span<const int32_t> unseen = Unseen(*jobs[i]);
+      const int64_t left = static_cast<int64_t>(unseen.size());
+      if (jobs[i]->speculation->draft_unavailable || left <= feed || budget <= 0) continue;
+      const int64_t n = std::min({feed, left - 1, budget});
+      rows[i] = unseen.first(static_cast<size_t>(n));
+      budget -= n;
+      stats.context_rows += n;
+      behind = true;
     }
-  }
-  // Round 1 feeds the unseen context (1 or 2 rows) and drafts from its last row; each later
-  // round feeds the previous draft.
-  int64_t rounds = 0;
-  for (DraftJob* job : active) rounds = std::max(rounds, job->tokens);
-  for (int64_t r = 0; r < rounds; ++r) {
-    absl::Status s = step([&](DraftJob& job) -> std::span<const int32_t> {
-      if (job.tokens <= r) return {};
-      if (r == 0) return unseen(job);
-      return std::span<const int32_t>(job.speculation->draft).subspan(r - 1, 1);
-    });
-    if (!s.ok()) return fail(s);
-    int64_t offset = 0;
-    for (DraftJob* job : active) {
-      int64_t rows = 0;
-      if (job->tokens > r) rows = r == 0 ? static_cast<int64_t>(unseen(*job).size()) : 1;
-      if (rows > 0) {
-        const std::span<const float> last(logits.data() + (offset + rows - 1) * V,
-                                          static_cast<size_t>(V));
-        Pick(last, *job, static_cast<uint64_t>(r));
-      }
-      offset += rows;
+    if (!behind) break;
+    if (absl::Status s = Feed(jobs, rows, logits, stats); !s.ok()) return s;
+    for (size_t i = 0; i < jobs.size(); ++i) {
+      if (!rows[i].empty()) jobs[i]->speculation->draft_length += rows[i].size();
     }
   }
   return absl::OkStatus();
+}
+
+absl::Status DraftModel::Draft(std::span<DraftJob* const> jobs, ProposeStats& stats) {
+  const int64_t V = engine_->config().vocab_size;
+  // Round 1 feeds the unseen context (1 or 2 rows, more after a catch-up) and drafts from its
+  // last row; each later round feeds the previous draft.
+  int64_t rounds = 0;
+  for (DraftJob* job : jobs) rounds = std::max(rounds, job->tokens);
+  std::vector<float> logits;
+  for (int64_t r = 0; r < rounds; ++r) {
+    std::vector<std::span<const int32_t>> rows(jobs.size());
+    for (size_t i = 0; i < jobs.size(); ++i) {
+      if (jobs[i]->tokens <= r) continue;
+      rows[i] = r == 0 ? Unseen(*jobs[i])
+                       : std::span<const int32_t>(jobs[i]->speculation->draft).subspan(r - 1, 1);
+    }
+    if (absl::Status s = Feed(jobs, rows, logits, stats); !s.ok()) return s;
+    int64_t offset = 0;
+    for (size_t i = 0; i < jobs.size(); ++i) {
+      const int64_t n = static_cast<int64_t>(rows[i].size());
+      if (n == 0) continue;
+      offset += n;
+      Pick({logits.data() + (offset - 1) * V, static_cast<size_t>(V)}, *jobs[i],
+           static_cast<uint64_t>(r));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DraftModel::Feed(std::span<DraftJob* const> jobs,
+                              std::span<const std::span<const int32_t>> rows,
+                              std::vector<float>& logits, ProposeStats& stats) {
+  const int64_t V = engine_->config().vocab_size;
+  int64_t total = 0;
+  for (const auto& r : rows) total += static_cast<int64_t>(r.size());
+  if (total == 0) return absl::OkStatus();
+  logits.resize(static_cast<size_t>(total * V));
+  std::vector<model::DecodeItem> items;
+  int64_t offset = 0;
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    if (rows[i].empty()) continue;
+    items.push_back({.state = jobs[i]->speculation->draft_state.get(),
+                     .token = rows[i][0],
+                     .logits = logits.data() + offset * V,
+                     .draft = rows[i].subspan(1)});
+    offset += static_cast<int64_t>(rows[i].size());
+  }
+  ++stats.rounds;
+  stats.rows += total;
+  return engine_->Decode(items);
 }
 
 void DraftModel::Settle(Speculation& s, int64_t context_before, int64_t k, int64_t accepted) {

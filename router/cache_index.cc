@@ -144,6 +144,16 @@ size_t CacheIndex::blocks(const std::string& node_id) const {
   return it == nodes_.end() ? 0 : it->second.held[0].size() + it->second.held[1].size();
 }
 
+void CacheIndex::Forget(const std::string& node_id) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  nodes_.erase(node_id);
+}
+
+size_t CacheIndex::nodes() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return nodes_.size();
+}
+
 uint64_t CacheIndex::resyncs() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return resyncs_;

@@ -1,67 +1,47 @@
 #include "baton/router/fair_queue.h"
 
-#include <algorithm>
-#include <limits>
-
 namespace baton::router {
 
 uint64_t FairQueue::Push(const std::string& tenant) {
-  if (!queued_.contains(tenant)) {
-    // Level with the least-admitted tenant already waiting (0 when none is).
-    uint64_t level = queued_.empty() ? 0 : std::numeric_limits<uint64_t>::max();
-    for (const auto& [t, n] : queued_) level = std::min(level, admitted_[t]);
-    admitted_[tenant] = level;
-  }
-  ++queued_[tenant];
   const uint64_t ticket = next_ticket_++;
-  waiting_.push_back({ticket, tenant});
-  dirty_ = true;
+  tenant_of_.emplace(ticket, tenant);
+  auto [it, arrived] = tenants_.try_emplace(tenant);
+  it->second.tickets.insert(ticket);
+  if (arrived) {
+    // Level with the least-admitted tenant already waiting (0 when none is).
+    it->second.admitted = turns_.empty() ? 0 : turns_.begin()->first;
+    turns_.insert(TurnOf(it->second));
+  }
   return ticket;
 }
 
 std::optional<uint64_t> FairQueue::Head() const {
-  if (!dirty_) return head_;
-  dirty_ = false;
-  head_.reset();
-  if (waiting_.empty()) return head_;
-  // The least-admitted waiting tenant's earliest request; between tenants level, the one
-  // that has waited longest.
-  uint64_t least = std::numeric_limits<uint64_t>::max();
-  for (const auto& [t, n] : queued_) least = std::min(least, admitted_.at(t));
-  for (const Waiting& w : waiting_) {
-    if (admitted_.at(w.tenant) == least) {
-      head_ = w.ticket;
-      break;
-    }
-  }
-  return head_;
+  if (turns_.empty()) return std::nullopt;
+  return turns_.begin()->second;
 }
 
 std::optional<uint64_t> FairQueue::Head(const std::set<std::string>& skip) const {
-  if (skip.empty()) return Head();
-  uint64_t least = std::numeric_limits<uint64_t>::max();
-  for (const auto& [t, n] : queued_) {
-    if (!skip.contains(t)) least = std::min(least, admitted_.at(t));
-  }
-  for (const Waiting& w : waiting_) {
-    if (!skip.contains(w.tenant) && admitted_.at(w.tenant) == least) return w.ticket;
+  for (const Turn& turn : turns_) {
+    if (!skip.contains(tenant_of_.at(turn.second))) return turn.second;
   }
   return std::nullopt;
 }
 
 void FairQueue::Remove(uint64_t ticket, bool admitted) {
-  auto it = std::find_if(waiting_.begin(), waiting_.end(),
-                         [&](const Waiting& w) { return w.ticket == ticket; });
-  if (it == waiting_.end()) return;
-  const std::string tenant = it->tenant;
-  waiting_.erase(it);
-  if (admitted) ++admitted_[tenant];
-  if (--queued_[tenant] == 0) {
+  auto found = tenant_of_.find(ticket);
+  if (found == tenant_of_.end()) return;
+  auto it = tenants_.find(found->second);
+  tenant_of_.erase(found);
+  Tenant& tenant = it->second;
+  turns_.erase(TurnOf(tenant));
+  tenant.tickets.erase(ticket);
+  if (admitted) ++tenant.admitted;
+  if (tenant.tickets.empty()) {
     // An idle tenant keeps no share; it is levelled again when it next waits.
-    queued_.erase(tenant);
-    admitted_.erase(tenant);
+    tenants_.erase(it);
+    return;
   }
-  dirty_ = true;
+  turns_.insert(TurnOf(tenant));
 }
 
 }  // namespace baton::router

@@ -80,6 +80,9 @@ void GenerateCall::Retry(const RetryRule& rule, const absl::Status& status) {
   std::string message = absl::StrCat(role, " node ", failed_node_, " lost");
   if (*failure_ == AttemptFailure::kTransferFailed) {
     message = absl::StrCat("StateBlock transfer to decode node ", failed_node_, " failed");
+  } else if (*failure_ == AttemptFailure::kDecodeReportedLost) {
+    message = absl::StrCat("a prefill node reports decode node ", failed_node_,
+                           " lost; it answers the router and stays up");
   } else if (*failure_ == AttemptFailure::kDecodeLostMidStream) {
     absl::StrAppend(&message, " after ", generated_.size(), " tokens");
   }
@@ -385,23 +388,26 @@ absl::Status GenerateCall::Prefill(Attempt& attempt) {
       router_.stubs.Prefill(node)->Prefill(context.get(), prefill, &attempt.prefilled);
   attempt.prefill.slot.Done();
   if (status.ok()) return absl::OkStatus();
-  ReleaseReservation(attempt);
+  const grpc::Status released = ReleaseReservation(attempt);
   // A failure the prefill node attributes to the decode node (its commit could not reach it)
-  // is the decode node's.
+  // is the decode node's, and takes it down only when the router's own call (the release)
+  // does not reach it either.
+  const bool decode_answered = released.error_code() != grpc::StatusCode::UNAVAILABLE &&
+                               released.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED;
   const std::optional<AttemptFailure> failure =
-      ClassifyPrefillFailure(status, router_.stubs.FailedNode(*context));
+      ClassifyPrefillFailure(status, router_.stubs.FailedNode(*context), decode_answered);
   if (!failure.has_value()) return FromGrpcStatus(status);
   return Fail(*failure, *failure == AttemptFailure::kPrefillLost ? node : *attempt.decode,
               FromGrpcStatus(status));
 }
 
-void GenerateCall::ReleaseReservation(Attempt& attempt) {
+grpc::Status GenerateCall::ReleaseReservation(Attempt& attempt) {
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
   v1::ReleaseRequest release;
   release.set_reservation_id(attempt.reservation.reservation_id());
   v1::ReleaseResponse ignored;
-  (void)attempt.decode_stub->Release(&context, release, &ignored);
+  return attempt.decode_stub->Release(&context, release, &ignored);
 }
 
 absl::Status GenerateCall::RelayFirst(Attempt& attempt) {
@@ -457,6 +463,17 @@ absl::Status GenerateCall::RelayStream(Attempt& attempt) {
   v1::DecodeOutput output;
   bool first = router_.options.split == v1::SPLIT_REPLAY_ON_DECODE;
   while (stream->Read(&output)) {
+    if (request_->logprobs() && output.logprobs_size() != output.token_ids_size()) {
+      // Each token is relayed with its logprob by index: a node that sends fewer is faulty,
+      // and its stream is treated as lost (the tokens so far are kept, the rest come from
+      // another decode node).
+      context->TryCancel();
+      (void)stream->Finish();
+      return Fail(AttemptFailure::kDecodeLostMidStream, *attempt.decode,
+                  absl::DataLossError(absl::StrCat(
+                      "DecodeOutput.logprobs: ", output.logprobs_size(), " values for ",
+                      output.token_ids_size(), " token_ids (one per token when asked for)")));
+    }
     drafts_now_ = output.draft_tokens();
     accepted_now_ = output.accepted_draft_tokens();
     v1::GenerateResponse response;

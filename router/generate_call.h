@@ -113,8 +113,9 @@ class GenerateCall {
   void NoteChoice(const Admission::Admitted& admitted);
   // The first token reached the client now.
   void FirstToken();
-  // The decode node's reservation is given back (the attempt ends before its stream).
-  void ReleaseReservation(Attempt& attempt);
+  // The decode node's reservation is given back (the attempt ends before its stream); its
+  // answer (a failure to reach it is the router's own evidence that the node is down).
+  grpc::Status ReleaseReservation(Attempt& attempt);
 
   // Adds one token's text to `response`; true when it completed a stop string.
   bool AddText(int32_t token, v1::GenerateResponse& response);

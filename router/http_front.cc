@@ -7,6 +7,7 @@
 #include "baton/common/log.h"
 #include "baton/common/parse.h"
 #include "baton/common/rpc.h"
+#include "baton/router/tenant_share.h"
 #include "baton/v1/generation.grpc.pb.h"
 
 namespace baton::router {
@@ -27,6 +28,10 @@ void SendError(HttpResponder& responder, const openai::Error& error,
 std::string ServerErrorBody(int status, const std::string& message) {
   if (status == 503) {
     return Dump(openai::ErrorFor(static_cast<int>(grpc::StatusCode::UNAVAILABLE), message).body);
+  }
+  if (status == 401) {  // the API key, checked at the head (HttpFront::Start)
+    return Dump(
+        openai::ErrorFor(static_cast<int>(grpc::StatusCode::UNAUTHENTICATED), message).body);
   }
   openai::Error error = openai::ErrorFor(static_cast<int>(grpc::StatusCode::NOT_FOUND), message);
   error.body["error"]["param"] = status == 413 || status == 415 ? json("body")
@@ -96,6 +101,13 @@ absl::Status HttpFront::Start() {
   server.limits.max_body_bytes = options_.max_body_bytes;
   server.routes = Routes();
   server.error_body = ServerErrorBody;
+  if (api_keys_ != nullptr) {
+    server.authenticate = [keys = api_keys_](const HttpRequest& head) {
+      const std::string* header = head.Header("authorization");
+      return keys->Authenticate(header != nullptr ? std::optional<std::string_view>(*header)
+                                                  : std::nullopt);
+    };
+  }
   server_ = std::make_unique<HttpServer>(std::move(server));
   if (absl::Status s = server_->Start(); !s.ok()) return s;
   address_ = JoinHostPort(options_.host, server_->port());
@@ -136,34 +148,59 @@ void HttpFront::Untrack(grpc::ClientContext* context) {
 bool HttpFront::Authorized(const HttpRequest& request, HttpResponder& responder,
                            std::string* tenant_out) const {
   if (api_keys_ == nullptr) return true;
-  const std::string* header = request.Header("authorization");
-  absl::StatusOr<std::string> tenant = api_keys_->Authenticate(
-      header != nullptr ? std::optional<std::string_view>(*header) : std::nullopt);
-  if (tenant.ok()) {
-    if (tenant_out != nullptr) *tenant_out = *tenant;
-    return true;
+  // The server checked the key at the head (the route's needs_key) and refused it there.
+  if (request.tenant.empty()) {
+    SendError(responder, openai::ErrorFor(static_cast<int>(grpc::StatusCode::UNAUTHENTICATED),
+                                          "no API key checked for this request"));
+    return false;
   }
-  SendError(responder, openai::ErrorFor(tenant.status()));
-  return false;
+  if (tenant_out != nullptr) *tenant_out = request.tenant;
+  return true;
 }
 
 bool HttpFront::TakeTenantShare(const std::string& tenant, HttpResponder& responder) {
-  const int share = options_.max_requests_per_tenant > 0 ? options_.max_requests_per_tenant
-                    : api_keys_ != nullptr               ? std::max(1, options_.threads / 2)
-                                                         : options_.threads;
+  // The tenant's weighted fair part of the threads among the tenants with requests in flight
+  // (tenant_share.h); without keys, every request is the one tenant "".
+  auto weight = [this](const std::string& t) -> int64_t {
+    if (api_keys_ == nullptr) return 1;
+    const auto it = api_keys_->weights().find(t);
+    return it == api_keys_->weights().end() ? 1 : it->second;
+  };
+  ShareInput input{.pool = options_.threads,
+                   .reserve = api_keys_ != nullptr ? NewcomerReserve(options_.threads) : 0,
+                   .weight = weight(tenant),
+                   .active_weight = 0,
+                   .cap = options_.max_requests_per_tenant};
+  int64_t held = 0, in_use = 0;
+  size_t active = 0;
   {
     std::lock_guard<std::mutex> lock(calls_mutex_);
-    int& held = tenant_requests_[tenant];
-    if (held < share) {
-      ++held;
+    const bool newcomer = !tenant_requests_.contains(tenant);
+    active = tenant_requests_.size() + (newcomer ? 1 : 0);
+    input.active_weight = newcomer ? input.weight : 0;
+    for (const auto& [t, n] : tenant_requests_) {
+      input.active_weight += weight(t);
+      in_use += n;
+      if (t == tenant) held = n;
+    }
+    if (MayTake(input, held, in_use)) {
+      ++tenant_requests_[tenant];
       return true;
     }
   }
+  const int64_t share = TenantShare(input);
   SendError(responder,
             openai::ErrorFor(static_cast<int>(grpc::StatusCode::RESOURCE_EXHAUSTED),
-                             absl::StrCat("this tenant holds its share of the HTTP front's "
-                                          "request threads (",
-                                          share, " of ", options_.threads, "); retry")),
+                             held >= share
+                                 ? absl::StrCat("this tenant holds its share of the HTTP front's "
+                                                "request threads (",
+                                                share, " of ", options_.threads, ", shared by ",
+                                                active, " active tenants); retry")
+                                 : absl::StrCat("the HTTP front's request threads are taken but "
+                                                "for the ",
+                                                input.reserve,
+                                                " kept for tenants with no request in flight; "
+                                                "retry")),
             {{"Retry-After", "1"}});
   return false;
 }
@@ -179,19 +216,21 @@ std::vector<HttpRoute> HttpFront::Routes() {
   std::vector<HttpRoute> routes;
   routes.push_back({"GET", "/health", false,
                     [this](const HttpRequest&, HttpResponder& responder) { Health(responder); }});
-  routes.push_back(
-      {"GET", "/v1/models", false, [this](const HttpRequest& request, HttpResponder& responder) {
-         ListModels(request, responder);
-       }});
+  routes.push_back({"GET", "/v1/models", false,
+                    [this](const HttpRequest& request, HttpResponder& responder) {
+                      ListModels(request, responder);
+                    },
+                    /*needs_key=*/true});
   for (const auto& [path, endpoint] :
        {std::pair{"/v1/completions", openai::Endpoint::kCompletions},
         std::pair{"/v1/chat/completions", openai::Endpoint::kChatCompletions}}) {
     // A copy: clang 14 cannot capture a structured binding.
     const openai::Endpoint kind = endpoint;
-    routes.push_back(
-        {"POST", path, true, [this, kind](const HttpRequest& request, HttpResponder& responder) {
-           Generate(kind, request, responder);
-         }});
+    routes.push_back({"POST", path, true,
+                      [this, kind](const HttpRequest& request, HttpResponder& responder) {
+                        Generate(kind, request, responder);
+                      },
+                      /*needs_key=*/true});
   }
   return routes;
 }
@@ -236,6 +275,13 @@ void HttpFront::Generate(openai::Endpoint endpoint, const HttpRequest& http,
   }
   std::unique_ptr<Call> call = StartCall(*std::move(parsed), http, responder);
   if (call == nullptr) return;
+  // A client that goes before its answer cancels the call, as a stream's failed write does;
+  // unregistered before the call goes.
+  responder.OnClientGone([context = &call->context] { context->TryCancel(); });
+  struct Unwatch {
+    HttpResponder& responder;
+    ~Unwatch() { responder.OnClientGone(nullptr); }
+  } unwatch{responder};
   // The first message, or the error, decides the status line: a request refused before
   // its first token (bad field, queue full, no node) gets its HTTP error, streamed or not.
   v1::GenerateResponse message;

@@ -1,5 +1,7 @@
 #include "baton/router/http_server.h"
 
+#include <poll.h>
+
 #include <boost/asio.hpp>
 #include <boost/asio/ssl.hpp>
 #include <boost/beast/core.hpp>
@@ -12,6 +14,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "baton/common/connection_slots.h"
 #include "baton/common/listen.h"
 #include "baton/common/parse.h"
 
@@ -111,7 +114,100 @@ struct Completion {
 
 constexpr std::string_view kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
 
-using Parser = http::request_parser<http::string_body>;
+// http::string_body without its reserve of the declared Content-Length: a body's memory grows
+// only as its bytes arrive, and is charged as it does (BodyLedger), so a length declared and
+// never sent costs nothing.
+struct GrowingBody {
+  using value_type = std::string;
+  static std::uint64_t size(const value_type& body) { return body.size(); }
+  class reader {
+   public:
+    template <bool isRequest, class Fields>
+    reader(http::header<isRequest, Fields>&, value_type& body) : body_(body) {}
+    void init(const boost::optional<std::uint64_t>& length, beast::error_code& ec) {
+      if (length) length_ = *length;
+      ec = {};
+    }
+    // Grows by doubling, but never past a declared length, so that a body's memory ends at its
+    // Content-Length (and under twice its size when chunked).
+    template <class ConstBufferSequence>
+    size_t put(const ConstBufferSequence& buffers, beast::error_code& ec) {
+      const size_t n = net::buffer_size(buffers);
+      const size_t at = body_.size();
+      if (at + n > body_.capacity()) {
+        size_t want = std::max(at + n, 2 * body_.capacity());
+        if (length_.has_value() && *length_ >= at + n) want = std::min<size_t>(want, *length_);
+        body_.reserve(want);
+      }
+      body_.resize(at + n);
+      net::buffer_copy(net::buffer(body_.data() + at, n), buffers);
+      ec = {};
+      return n;
+    }
+    void finish(beast::error_code& ec) { ec = {}; }
+
+   private:
+    value_type& body_;
+    std::optional<uint64_t> length_;
+  };
+};
+
+using Parser = http::request_parser<GrowingBody>;
+
+// Request body memory, charged as the bytes arrive: in all, per tenant (requests with a key)
+// and per client group. The tenant's and the client's bounds take at least one largest body
+// (twice max_body_bytes: a chunked body's memory grows by doubling).
+class BodyLedger {
+ public:
+  explicit BodyLedger(const HttpLimits& limits)
+      : total_max_(limits.body_memory_bytes),
+        tenant_max_(
+            std::max<uint64_t>(limits.body_memory_per_tenant_bytes, 2 * limits.max_body_bytes)),
+        client_max_(
+            std::max<uint64_t>(limits.body_memory_per_client_bytes, 2 * limits.max_body_bytes)) {}
+
+  // False (and nothing charged) when `bytes` more would pass a bound.
+  bool Charge(const std::string& tenant, const std::string& group, uint64_t bytes) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const auto room = [](uint64_t held, uint64_t max) { return max - std::min(held, max); };
+    if (bytes > room(total_, total_max_) || bytes > room(Held(by_client_, group), client_max_) ||
+        (!tenant.empty() && bytes > room(Held(by_tenant_, tenant), tenant_max_))) {
+      return false;
+    }
+    total_ += bytes;
+    by_client_[group] += bytes;
+    if (!tenant.empty()) by_tenant_[tenant] += bytes;
+    return true;
+  }
+  void Release(const std::string& tenant, const std::string& group, uint64_t bytes) {
+    if (bytes == 0) return;
+    std::lock_guard<std::mutex> lock(mutex_);
+    total_ -= bytes;
+    Take(by_client_, group, bytes);
+    if (!tenant.empty()) Take(by_tenant_, tenant, bytes);
+  }
+
+ private:
+  static uint64_t Held(const std::map<std::string, uint64_t>& held, const std::string& key) {
+    const auto it = held.find(key);
+    return it == held.end() ? 0 : it->second;
+  }
+  static void Take(std::map<std::string, uint64_t>& held, const std::string& key, uint64_t bytes) {
+    if (auto it = held.find(key); it != held.end() && (it->second -= bytes) == 0) held.erase(it);
+  }
+
+  const uint64_t total_max_, tenant_max_, client_max_;
+  std::mutex mutex_;
+  uint64_t total_ = 0;
+  std::map<std::string, uint64_t> by_tenant_, by_client_;  // no zeros
+};
+
+ConnectionCaps CapsFor(const HttpLimits& limits) {
+  return {.max_connections = limits.max_connections,
+          .max_per_client = limits.max_connections_per_client,
+          .reserved = limits.max_connections / 8,
+          .ipv4_prefix_length = limits.ipv4_prefix_length};
+}
 
 // The server's bounds on one request's parser.
 void Bound(Parser& parser, const HttpLimits& limits) {
@@ -175,14 +271,12 @@ Refusal CheckHead(const Parser& parser, const HttpServerOptions& options, std::s
   return {};
 }
 
-// The request a handler sees, from a parser that read it whole.
-void TakeRequest(Parser& parser, HttpRequest* request) {
-  auto& req = parser.get();
-  for (const auto& field : req) {
+// The headers of the request a handler sees, from a parser that read its head.
+void TakeHead(Parser& parser, HttpRequest* request) {
+  for (const auto& field : parser.get()) {
     request->headers[absl::AsciiStrToLower(std::string(field.name_string()))] =
         std::string(field.value());
   }
-  request->body = std::move(req.body());
 }
 
 }  // namespace
@@ -227,46 +321,24 @@ ParsedHttpRequest ParseHttpRequest(std::string_view bytes, const HttpServerOptio
     out.message = refusal.message;
     return out;
   }
-  TakeRequest(parser, &out.request);
+  TakeHead(parser, &out.request);
+  out.request.body = std::move(parser.get().body());
   out.complete = true;
   return out;
 }
 
 struct HttpServer::Impl {
   explicit Impl(HttpServerOptions o)
-      : options(std::move(o)), pool(options.limits.handler_threads) {}
+      : options(std::move(o)),
+        slots(CapsFor(options.limits)),
+        bodies(options.limits),
+        pool(options.limits.handler_threads) {}
 
-  // Takes a connection from `client` if the bounds allow it.
-  bool Admit(const std::string& client) {
+  void Leave(const std::string& group, SessionBase* session) {
+    slots.Leave(group);
     std::lock_guard<std::mutex> lock(mutex);
-    int& from_client = per_client[client];
-    if (connections >= options.limits.max_connections ||
-        from_client >= options.limits.max_connections_per_client) {
-      if (from_client == 0) per_client.erase(client);
-      return false;
-    }
-    ++connections;
-    ++from_client;
-    return true;
-  }
-  void Leave(const std::string& client, SessionBase* session) {
-    std::lock_guard<std::mutex> lock(mutex);
-    --connections;
-    if (auto it = per_client.find(client); it != per_client.end() && --it->second == 0) {
-      per_client.erase(it);
-    }
     sessions.erase(session);
   }
-  bool Reserve(uint64_t bytes) {
-    uint64_t held = body_bytes.load();
-    do {
-      if (bytes > options.limits.body_memory_bytes - std::min(held, options.limits.body_memory_bytes)) {
-        return false;
-      }
-    } while (!body_bytes.compare_exchange_weak(held, held + bytes));
-    return true;
-  }
-  void Unreserve(uint64_t bytes) { body_bytes -= bytes; }
   // Waits for a write a blocking handler started; false when it failed or the server stops.
   bool Wait(Completion& completion) {
     std::unique_lock<std::mutex> lock(completion.mutex);
@@ -283,10 +355,9 @@ struct HttpServer::Impl {
   HttpServerOptions options;
   std::atomic<bool> stopping{false};
   std::mutex mutex;
-  int connections = 0;
-  std::map<std::string, int> per_client;
   std::map<SessionBase*, std::weak_ptr<SessionBase>> sessions;
-  std::atomic<uint64_t> body_bytes{0};
+  ConnectionSlots slots;
+  BodyLedger bodies;
   HandlerPool pool;
   std::optional<ssl::context> tls;
   net::io_context ioc;
@@ -299,21 +370,23 @@ namespace {
 template <class Stream>
 class Session final : public SessionBase, public std::enable_shared_from_this<Session<Stream>> {
  public:
-  Session(HttpServer::Impl& server, Stream stream, std::string client)
+  Session(HttpServer::Impl& server, Stream stream, std::string client, std::string group)
       : server_(server),
         stream_(std::move(stream)),
         client_(std::move(client)),
-        buffer_(server.options.limits.max_header_bytes + 8192) {}
+        group_(std::move(group)),
+        buffer_(server.options.limits.max_header_bytes + 8192),
+        watch_timer_(stream_.get_executor()) {}
   ~Session() override {
-    server_.Unreserve(reserved_);
-    server_.Leave(client_, this);
+    server_.bodies.Release(tenant_, group_, charged_);
+    server_.Leave(group_, this);
   }
 
   void Run() {
     if constexpr (std::is_same_v<Stream, beast::tcp_stream>) {
       ReadHeader();
     } else {
-      Socket().expires_after(server_.options.limits.request_timeout);
+      Socket().expires_at(HeadDeadline());
       stream_.async_handshake(ssl::stream_base::server,
                               [self = this->shared_from_this()](beast::error_code ec) {
                                 if (!ec) self->ReadHeader();
@@ -363,18 +436,17 @@ class Session final : public SessionBase, public std::enable_shared_from_this<Se
       if (responded_) return false;
       responded_ = true;
       streaming_ = true;
-      auto res = std::make_shared<http::response<http::empty_body>>(
-          static_cast<http::status>(status), 11);
+      auto res =
+          std::make_shared<http::response<http::empty_body>>(static_cast<http::status>(status), 11);
       res->set(http::field::content_type, content_type);
       for (const auto& [name, value] : headers) res->set(name, value);
       res->keep_alive(keep_alive_);
       res->chunked(true);
       auto serializer = std::make_shared<http::response_serializer<http::empty_body>>(*res);
       return Run([res, serializer](Session& session, std::function<void(bool)> done) {
-        http::async_write_header(session.stream_, *serializer,
-                                 [res, serializer, done](beast::error_code ec, size_t) {
-                                   done(!ec);
-                                 });
+        http::async_write_header(
+            session.stream_, *serializer,
+            [res, serializer, done](beast::error_code ec, size_t) { done(!ec); });
       });
     }
     bool Write(std::string_view data) override {
@@ -404,6 +476,9 @@ class Session final : public SessionBase, public std::enable_shared_from_this<Se
                          });
       });
       if (blocking_) (void)session_->server_.Wait(*completion);
+    }
+    void OnClientGone(std::function<void()> cancel) override {
+      if (blocking_) session_->SetOnClientGone(std::move(cancel));
     }
     // After the handler: a response it never finished is ended (or answered) here.
     void Conclude() {
@@ -443,15 +518,14 @@ class Session final : public SessionBase, public std::enable_shared_from_this<Se
     const HttpLimits& limits = server_.options.limits;
     parser_.emplace();
     Bound(*parser_, limits);
-    // The whole request must arrive by the deadline; between requests a connection may idle
-    // only idle_timeout.
+    // The whole request must arrive by the deadline, a connection's first head by the
+    // (shorter) head deadline; between requests a connection may idle only idle_timeout.
     const auto wait = first_ ? limits.request_timeout : limits.idle_timeout;
     deadline_ = Clock::now() + wait;
-    Socket().expires_after(wait);
-    http::async_read_header(stream_, buffer_, *parser_,
-                            [self = this->shared_from_this()](beast::error_code ec, size_t) {
-                              self->OnHeader(ec);
-                            });
+    Socket().expires_at(first_ ? std::min(deadline_, HeadDeadline()) : deadline_);
+    http::async_read_header(
+        stream_, buffer_, *parser_,
+        [self = this->shared_from_this()](beast::error_code ec, size_t) { self->OnHeader(ec); });
   }
 
   void OnHeader(beast::error_code ec) {
@@ -461,22 +535,15 @@ class Session final : public SessionBase, public std::enable_shared_from_this<Se
       return refusal.status == 0 ? Drop() : Refuse(refusal.status, refusal.message);
     }
     if (!first_) deadline_ = Clock::now() + limits.request_timeout;
-    if (Refusal r = CheckHead(*parser_, server_.options, &method_, &path_, &route_);
+    request_ = std::make_shared<HttpRequest>();
+    request_->client = client_;
+    if (Refusal r =
+            CheckHead(*parser_, server_.options, &request_->method, &request_->path, &route_);
         r.status != 0) {
       return Refuse(r.status, r.message);
     }
+    if (Refusal r = Authenticate(); r.status != 0) return Refuse(r.status, r.message);
     const auto& req = parser_->get();
-    uint64_t need = 0;
-    if (const auto length = parser_->content_length(); length.has_value()) {
-      need = *length;
-    } else if (parser_->chunked()) {
-      need = limits.max_body_bytes;
-    }
-    if (!server_.Reserve(need)) {
-      return Refuse(503, "the server is reading as many request bodies as it takes; retry",
-                    {{"Retry-After", "1"}});
-    }
-    reserved_ = need;
     if (auto expect = req.find(http::field::expect);
         expect != req.end() && beast::iequals(expect->value(), "100-continue")) {
       Socket().expires_at(deadline_);
@@ -490,13 +557,44 @@ class Session final : public SessionBase, public std::enable_shared_from_this<Se
     ReadBody();
   }
 
+  // The head's tenant, when its route needs a key, before any of its body is read or charged
+  // (401 when the key is refused); a group that sent one becomes trusted (connection_slots.h).
+  Refusal Authenticate() {
+    TakeHead(*parser_, request_.get());
+    tenant_.clear();
+    if (!route_->needs_key) return {};
+    if (const auto& authenticate = server_.options.authenticate; authenticate != nullptr) {
+      absl::StatusOr<std::string> tenant = authenticate(*request_);
+      if (!tenant.ok()) return {401, std::string(tenant.status().message())};
+      tenant_ = *std::move(tenant);
+    }
+    request_->tenant = tenant_;
+    server_.slots.Trust(group_);
+    return {};
+  }
+
+  // The body a piece at a time, each piece charged as it arrives.
   void ReadBody() {
     if (parser_->is_done()) return OnBody({});
     Socket().expires_at(deadline_);
-    http::async_read(stream_, buffer_, *parser_,
-                     [self = this->shared_from_this()](beast::error_code ec, size_t) {
-                       self->OnBody(ec);
-                     });
+    http::async_read_some(
+        stream_, buffer_, *parser_,
+        [self = this->shared_from_this()](beast::error_code ec, size_t) { self->OnBodyBytes(ec); });
+  }
+  void OnBodyBytes(beast::error_code ec) {
+    if (ec) return OnBody(ec);
+    // What the body holds (its capacity: the memory it took), beyond what is charged.
+    const uint64_t held = parser_->get().body().capacity();
+    if (held > charged_) {
+      if (!server_.bodies.Charge(tenant_, group_, held - charged_)) {
+        return Refuse(503,
+                      "the server holds as many request bodies as it takes (in all, for this "
+                      "tenant or from this client); retry",
+                      {{"Retry-After", "1"}});
+      }
+      charged_ = held;
+    }
+    ReadBody();
   }
 
   void OnBody(beast::error_code ec) {
@@ -505,14 +603,11 @@ class Session final : public SessionBase, public std::enable_shared_from_this<Se
       return refusal.status == 0 ? Drop() : Refuse(refusal.status, refusal.message);
     }
     Socket().expires_never();  // the handler's writes set their own deadlines
-    auto request = std::make_shared<HttpRequest>();
-    request->method = method_;
-    request->path = path_;
-    request->client = client_;
+    std::shared_ptr<HttpRequest> request = std::move(request_);
+    request->body = std::move(parser_->get().body());
     const auto max_age = server_.options.limits.max_connection_age;
     const bool keep_alive = parser_->get().keep_alive() && !server_.stopping &&
                             (max_age.count() == 0 || Clock::now() - opened_ < max_age);
-    TakeRequest(*parser_, request.get());
     auto self = this->shared_from_this();
     const HttpRoute* route = route_;
     if (!route->blocking) {
@@ -521,20 +616,23 @@ class Session final : public SessionBase, public std::enable_shared_from_this<Se
       responder.Conclude();
       return;
     }
+    StartWatch();
     const bool taken = server_.pool.TrySubmit([self, route, request, keep_alive] {
       Responder responder(self, true, keep_alive);
       route->handler(*request, responder);
+      self->StopWatch();
       responder.Conclude();
     });
     if (!taken) {
+      StopWatch();
       Refuse(503, "every request thread is busy; retry", {{"Retry-After", "1"}});
     }
   }
 
   // The response is written: the next request on this connection, or the end of it.
   void Finish(bool keep_alive) {
-    server_.Unreserve(reserved_);
-    reserved_ = 0;
+    server_.bodies.Release(tenant_, group_, charged_);
+    charged_ = 0;
     if (!keep_alive || server_.stopping) {
       beast::error_code ignored;
       Socket().socket().shutdown(tcp::socket::shutdown_send, ignored);
@@ -570,20 +668,86 @@ class Session final : public SessionBase, public std::enable_shared_from_this<Se
     Socket().socket().shutdown(tcp::socket::shutdown_both, ignored);
     Socket().close();
   }
+  Clock::time_point HeadDeadline() const {
+    return opened_ +
+           std::min(server_.options.limits.head_timeout, server_.options.limits.request_timeout);
+  }
+
+  // While a blocking handler runs nothing reads the connection: a client that closes it (FIN
+  // or reset) is seen by a wait for readability, and the handler's OnClientGone callback runs.
+  // Bytes that are no end (a pipelined request, TLS records) stay for the next read and are
+  // looked at again after a moment. On the strand, but for SetOnClientGone and StopWatch.
+  void StartWatch() {
+    {
+      std::lock_guard<std::mutex> lock(watch_mutex_);
+      watching_ = true;
+      client_gone_ = false;
+      on_gone_ = nullptr;
+    }
+    Watch(++watch_round_);
+  }
+  void Watch(uint64_t round) {
+    Socket().socket().async_wait(
+        tcp::socket::wait_read, [self = this->shared_from_this(), round](beast::error_code ec) {
+          if (ec == net::error::operation_aborted || round != self->watch_round_) return;
+          if (ec || self->PeerClosed()) return self->ClientGone();
+          self->watch_timer_.expires_after(std::chrono::milliseconds(250));
+          self->watch_timer_.async_wait([self, round](beast::error_code ec) {
+            if (!ec && round == self->watch_round_ && self->Watching()) self->Watch(round);
+          });
+        });
+  }
+  bool PeerClosed() {
+    pollfd p{Socket().socket().native_handle(), POLLRDHUP, 0};
+    return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
+  }
+  bool Watching() {
+    std::lock_guard<std::mutex> lock(watch_mutex_);
+    return watching_;
+  }
+  // The callback runs under the lock, so that StopWatch (from the handler thread) returns only
+  // once it has finished, and it never runs after.
+  void ClientGone() {
+    std::lock_guard<std::mutex> lock(watch_mutex_);
+    client_gone_ = true;
+    if (!watching_ || on_gone_ == nullptr) return;
+    std::function<void()> cancel = std::move(on_gone_);
+    on_gone_ = nullptr;
+    cancel();
+  }
+  void SetOnClientGone(std::function<void()> cancel) {
+    std::lock_guard<std::mutex> lock(watch_mutex_);
+    on_gone_ = nullptr;
+    if (!watching_ || cancel == nullptr) return;
+    if (client_gone_) return cancel();
+    on_gone_ = std::move(cancel);
+  }
+  void StopWatch() {
+    std::lock_guard<std::mutex> lock(watch_mutex_);
+    watching_ = false;
+    on_gone_ = nullptr;
+  }
 
   HttpServer::Impl& server_;
   Stream stream_;
-  std::string client_;
+  const std::string client_;
+  const std::string group_;  // ClientGroup of client_
   beast::flat_buffer buffer_;
   std::optional<Parser> parser_;
   const HttpRoute* route_ = nullptr;
-  std::string method_, path_;
-  uint64_t reserved_ = 0;
+  std::shared_ptr<HttpRequest> request_;  // the one being read
+  std::string tenant_;                    // its tenant ("": no key needed, or no keys)
+  uint64_t charged_ = 0;                  // its body's bytes charged to server_.bodies
   bool first_ = true;
   Clock::time_point deadline_;
   const Clock::time_point opened_ = Clock::now();
   size_t lingered_ = 0;
   char scratch_[16384];
+  net::steady_timer watch_timer_;
+  uint64_t watch_round_ = 0;  // the StartWatch whose waits count
+  std::mutex watch_mutex_;
+  bool watching_ = false, client_gone_ = false;
+  std::function<void()> on_gone_;
 };
 
 }  // namespace
@@ -595,18 +759,19 @@ void HttpServer::Impl::Accept() {
       beast::error_code peer_error;
       const tcp::endpoint peer = socket.remote_endpoint(peer_error);
       const std::string client = peer_error ? "" : peer.address().to_string();
-      if (!Admit(client)) {
+      const std::string group = ClientGroup(client, options.limits.ipv4_prefix_length);
+      if (!slots.Admit(group)) {
         socket.close(peer_error);
       } else {
         std::shared_ptr<SessionBase> session;
         if (tls.has_value()) {
           auto s = std::make_shared<Session<beast::ssl_stream<beast::tcp_stream>>>(
-              *this, beast::ssl_stream<beast::tcp_stream>(std::move(socket), *tls), client);
+              *this, beast::ssl_stream<beast::tcp_stream>(std::move(socket), *tls), client, group);
           session = s;
           s->Run();
         } else {
           auto s = std::make_shared<Session<beast::tcp_stream>>(
-              *this, beast::tcp_stream(std::move(socket)), client);
+              *this, beast::tcp_stream(std::move(socket)), client, group);
           session = s;
           s->Run();
         }
@@ -621,7 +786,9 @@ void HttpServer::Impl::Accept() {
 HttpServer::HttpServer(HttpServerOptions options)
     : impl_(std::make_unique<Impl>(std::move(options))) {}
 
-HttpServer::~HttpServer() { Stop(std::chrono::milliseconds(0)); }
+HttpServer::~HttpServer() {
+  Stop(std::chrono::milliseconds(0));
+}
 
 absl::Status HttpServer::Start() {
   Impl& impl = *impl_;

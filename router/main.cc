@@ -31,7 +31,10 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"off", "mask", "compact"}));
   app.add_option("--default-keep", options.default_keep, "Default keep K (0: ring capacity C)");
   app.add_option("--max-tokens-limit", options.max_tokens_limit, "Largest max_tokens accepted");
-  app.add_option("--max-model-len", options.max_model_len, "Largest prompt + max_tokens");
+  app.add_option("--max-model-len", flags.max_model_len,
+                 "Largest prompt + max_tokens (default 0: the model's positions, config.json "
+                 "max_position_embeddings; more than a served model's positions is refused). It "
+                 "also bounds a text prompt's bytes and the client API's message size");
   app.add_option("--transport", flags.transport, "StateBlock transport: ucx or grpc")
       ->check(CLI::IsMember({"ucx", "grpc"}));
   app.add_option("--reservation-timeout-ms", options.reservation_timeout_ms,
@@ -57,14 +60,16 @@ int main(int argc, char** argv) {
                  "(default 1024)")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
   app.add_option("--max-queued-per-tenant", options.max_queued_per_tenant,
-                 "Requests of one tenant (API key) that may wait; beyond, that tenant gets "
-                 "RESOURCE_EXHAUSTED while others are still queued (default: half of "
-                 "--max-queued with API keys)")
+                 "Most requests of one tenant (API key) that may wait, beside its weighted fair "
+                 "part of --max-queued among the active tenants; beyond, that tenant gets "
+                 "RESOURCE_EXHAUSTED while others are still queued (default 0: the fair part "
+                 "alone)")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
   app.add_option("--max-streams-per-tenant", options.max_streams_per_tenant,
-                 "Requests of one tenant (API key) admitted at once, each holding a decode slot; "
-                 "more wait while other tenants' requests go first (default: half of the decode "
-                 "slots the model's live decode nodes report, with API keys)")
+                 "Most requests of one tenant (API key) admitted at once, each holding a decode "
+                 "slot, beside its weighted fair part of the slots the model's live decode nodes "
+                 "report; more wait while other tenants' requests go first (default 0: the fair "
+                 "part alone)")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
   app.add_option("--prefill-slots", options.prefill_slots,
                  "Prefills in flight per prefill node (default 2: one computing, one ready)")
@@ -87,8 +92,9 @@ int main(int argc, char** argv) {
                  "one that finds them all busy gets 503 with Retry-After")
       ->check(CLI::Range(4, 16384));
   app.add_option("--http-max-requests-per-tenant", http.max_requests_per_tenant,
-                 "HTTP requests of one tenant (API key) served at once; beyond, 429 for that "
-                 "tenant while others are served (default: half of --http-threads with API keys)")
+                 "Most HTTP requests of one tenant (API key) served at once, beside its weighted "
+                 "fair part of --http-threads among the tenants with requests in flight; beyond, "
+                 "429 for that tenant while others are served (default 0: the fair part alone)")
       ->check(CLI::Range(0, 16384));
   // Every resource of the HTTP front is bounded before an API key is checked (http_server.h).
   baton::router::HttpLimits& limits = http.limits;
@@ -96,8 +102,13 @@ int main(int argc, char** argv) {
                  "HTTP connections open at once; more are closed as they arrive (default 4096)")
       ->check(CLI::Range(1, 1 << 20));
   app.add_option("--http-max-connections-per-client", limits.max_connections_per_client,
-                 "HTTP connections open at once from one client address (default 256)")
+                 "HTTP connections open at once from one client: an IPv4 address's "
+                 "--http-ipv4-prefix, an IPv6 address's /64 (default 256)")
       ->check(CLI::Range(1, 1 << 20));
+  app.add_option("--http-ipv4-prefix", limits.ipv4_prefix_length,
+                 "IPv4 clients are counted per prefix of this length for the connection caps "
+                 "and body memory (default 32: per address; IPv6 clients always per /64)")
+      ->check(CLI::Range(8, 32));
   app.add_option("--http-max-body-bytes", http.max_body_bytes,
                  "Largest request body, whatever its transfer encoding (default 8 MiB); bodies "
                  "with a Content-Encoding are refused")
@@ -112,6 +123,10 @@ int main(int argc, char** argv) {
   app.add_option("--http-request-timeout-ms", flags.http_request_timeout_ms,
                  "A request's head and body must arrive within this long (default 10000)")
       ->check(CLI::Range(int64_t{100}, int64_t{3600000}));
+  app.add_option("--http-head-timeout-ms", flags.http_head_timeout_ms,
+                 "A new connection's first request head must be complete within this long of "
+                 "its accept, TLS handshake included (default 2000)")
+      ->check(CLI::Range(int64_t{100}, int64_t{3600000}));
   app.add_option("--http-idle-timeout-ms", flags.http_idle_timeout_ms,
                  "A kept-alive connection idle this long between requests is closed (default "
                  "5000)")
@@ -120,6 +135,10 @@ int main(int argc, char** argv) {
                  "A client that takes no part of a response for this long is disconnected "
                  "(default 60000)")
       ->check(CLI::Range(int64_t{100}, int64_t{3600000}));
+  app.add_flag("--metrics-tenant-names", options.metrics_tenant_names,
+               "Label /metrics series with tenant names; by default each tenant is a digest of "
+               "its name (t- and 12 hex digits, stable across restarts), since the page is open "
+               "to whoever reaches the metrics port");
   app.add_option("--served-model-name", http.model.name,
                  "The name --model is served under: what requests ask for (GenerateRequest.model, "
                  "the OpenAI \"model\" field) and what its nodes register with (their own "
@@ -139,6 +158,20 @@ int main(int argc, char** argv) {
                  "A node not heard from for this long gets no new request (default 6500; at "
                  "least three heartbeats plus a 5 s resolver timeout)")
       ->check(CLI::Range(uint32_t{100}, uint32_t{600000}));
+  app.add_option("--node-forget-after-ms", options.node_forget_after_ms,
+                 "A node not heard from for this long is forgotten: its entry, its node_id's "
+                 "binding to its certificate and its cache index (default 0: four --node-expiry-ms, "
+                 "at least 30000; else at least --node-expiry-ms)")
+      ->check(CLI::Range(uint32_t{0}, uint32_t{86400000}));
+  app.add_option("--max-node-ids", options.max_node_ids,
+                 "At most this many node_ids registered at once; a new one past it is refused "
+                 "(default 4096)")
+      ->check(CLI::Range(uint32_t{1}, uint32_t{1000000}));
+  app.add_option("--max-node-ids-per-identity", options.max_node_ids_per_identity,
+                 "At most this many node_ids per certificate identity: what one role-only "
+                 "certificate (spiffe://baton/<role>, shared by a role's pods) may hold; a "
+                 "per-node certificate registers its own node_id only (default 256)")
+      ->check(CLI::Range(uint32_t{1}, uint32_t{1000000}));
   app.add_option("--client-max-connection-age", flags.client_max_connection_age,
                  "Close a client's connection to the client port (gRPC GOAWAY, HTTP "
                  "\"Connection: close\") once it is this old, so that clients spread over "

@@ -1,10 +1,15 @@
 #include "baton/router/node_registry.h"
 
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
+
 #include <algorithm>
 #include <cmath>
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "baton/common/log.h"
 #include "baton/common/metrics.h"
 #include "baton/common/security.h"
@@ -15,6 +20,18 @@ namespace baton::router {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// The IP of a gRPC peer ("ipv4:10.0.0.5:41234", "ipv6:[fd00::5]:41234"); "" for any other.
+std::string PeerHost(const std::string& peer) {
+  absl::string_view rest(peer);
+  if (!absl::ConsumePrefix(&rest, "ipv4:") && !absl::ConsumePrefix(&rest, "ipv6:")) return "";
+  const size_t colon = rest.rfind(':');
+  if (colon == absl::string_view::npos) return "";
+  absl::string_view host = rest.substr(0, colon);
+  absl::ConsumePrefix(&host, "[");
+  absl::ConsumeSuffix(&host, "]");
+  return std::string(host);
+}
 
 // Refused or renamed registrations are logged once per node_id; past this many the memory is
 // cleared (a bound, not a ledger).
@@ -121,7 +138,14 @@ NodeRegistry::NodeRegistry(const std::vector<ServedModel>& models, const Options
       registrations_(metrics::Counter(
           "baton_node_registrations_total",
           "Nodes that joined, by role: new, back with another address or identity, or heard "
-          "from again after they expired or were marked down")) {
+          "from again after they expired or were marked down")),
+      node_ids_(metrics::Gauge("baton_router_node_ids",
+                               "Node ids the router holds, live or not (each is forgotten "
+                               "--node-forget-after-ms after it was last heard from)")
+                    .Add({})),
+      forgotten_(metrics::Counter("baton_router_nodes_forgotten_total",
+                                  "Node ids forgotten after --node-forget-after-ms of silence")
+                     .Add({})) {
   for (const ServedModel& model : models_) config_digests_.push_back(ConfigDigest(model.config));
 }
 
@@ -187,6 +211,27 @@ absl::Status NodeRegistry::Register(const grpc::ServerContextBase& context,
   if (absl::Status s = security::Authorize(context, {*role}, "Registry/Register"); !s.ok()) {
     return s;
   }
+  return RegisterFrom(security::PeerIdentity(context), request, cache_resync,
+                      PeerHost(context.peer()));
+}
+
+std::string NodeRegistry::BindingOf(const std::string& identity, const std::string& peer_host) {
+  if (identity.empty() || !security::InstanceOfUri(identity).empty() || peer_host.empty()) {
+    return identity;
+  }
+  return absl::StrCat(identity, " at ", peer_host);
+}
+
+absl::StatusOr<size_t> NodeRegistry::CheckRequest(const std::string& identity,
+                                                  const v1::RegisterRequest& request) {
+  const std::optional<security::Role> role = CertificateRole(request.role());
+  if (!role) return absl::InvalidArgumentError("role: must be PREFILL, DECODE or KVSTORE");
+  // Register has authorized the role already; a caller of RegisterFrom may not have.
+  if (!identity.empty() && security::RoleOfUri(identity) != role) {
+    return absl::PermissionDeniedError(absl::StrCat("role: the caller's certificate ", identity,
+                                                    " does not name the role ",
+                                                    security::RoleName(*role)));
+  }
   if (absl::Status s = CheckRegistration(request); !s.ok()) return s;
   if (request.has_cache_events() && request.role() != v1::NODE_ROLE_PREFILL) {
     return absl::InvalidArgumentError("cache_events: only a prefill node sends them");
@@ -195,72 +240,143 @@ absl::Status NodeRegistry::Register(const grpc::ServerContextBase& context,
   if (!v1::HeldLayers_IsValid(request.held_layers())) {
     return absl::InvalidArgumentError("held_layers: must be ALL or PRODUCERS");
   }
+  // A certificate of its own names the one node it may speak for: its instance is the node_id.
+  if (const std::string instance = security::InstanceOfUri(identity);
+      !instance.empty() && instance != request.node_id()) {
+    log::Warn("node_id of another instance refused",
+              {{"node", request.node_id()}, {"identity", identity}});
+    return absl::PermissionDeniedError(absl::StrCat(
+        "node_id: '", request.node_id(), "' is not the instance '", instance,
+        "' that the caller's certificate ", identity, " names; a node registers as its instance"));
+  }
   if (absl::Status s = CheckHeldLayers(request, options_.split); !s.ok()) {
     NoteRefused(request, s);
     return s;
   }
-  size_t model = 0;
-  if (request.role() != v1::NODE_ROLE_KVSTORE) {
-    bool renamed = false;
-    absl::StatusOr<size_t> served = ModelOf(request, &renamed);
-    if (!served.ok() || renamed) NoteRefused(request, served.status());
-    if (!served.ok()) return served.status();
-    model = *served;
+  if (request.role() == v1::NODE_ROLE_KVSTORE) return 0;
+  bool renamed = false;
+  absl::StatusOr<size_t> served = ModelOf(request, &renamed);
+  if (!served.ok() || renamed) NoteRefused(request, served.status());
+  return served;
+}
+
+absl::Status NodeRegistry::CheckBindingLocked(const std::string& identity,
+                                              const std::string& binding,
+                                              const std::string& node_id, Clock::time_point now) const {
+  const std::string caller = binding.empty() ? "none (no TLS)" : binding;
+  // A node_id belongs to the identity that first registered it (and, for a role-only
+  // certificate, to the address it registered from): another certificate or another pod
+  // cannot take it over, drain it or speak in its name while it lives. Once it has expired,
+  // its node_id may be registered again (a pod back at another address).
+  if (auto bound = nodes_.find(node_id); bound != nodes_.end()) {
+    if (bound->second->binding == binding) return absl::OkStatus();
+    const RegisteredNode& held = *bound->second;
+    if (held.identity == identity && now - held.last_heard > std::chrono::milliseconds(options_.node_ttl_ms)) return absl::OkStatus();
+    log::Warn("node_id takeover refused", {{"node", node_id}, {"identity", caller}});
+    return absl::PermissionDeniedError(absl::StrCat("node_id: '", node_id,
+                                                    "' is registered to another identity than "
+                                                    "the caller's, ",
+                                                    caller));
   }
-  const std::string identity = security::PeerIdentity(context);
+  if (nodes_.size() >= options_.max_node_ids) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "node_id: '", node_id, "' is refused: the router holds ", nodes_.size(),
+        " node_ids, its bound (--max-node-ids ", options_.max_node_ids,
+        "); silent ones are forgotten after --node-forget-after-ms ", options_.forget_after_ms));
+  }
+  if (auto held = node_ids_by_identity_.find(identity);
+      !identity.empty() && held != node_ids_by_identity_.end() &&
+      held->second >= options_.max_node_ids_per_identity) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "node_id: '", node_id, "' is refused: identity ", identity, " holds ", held->second,
+        " node_ids, the bound per identity (--max-node-ids-per-identity ",
+        options_.max_node_ids_per_identity, ")"));
+  }
+  return absl::OkStatus();
+}
+
+void NodeRegistry::UpdateLocked(const std::string& identity, const std::string& binding,
+                                size_t model, const v1::RegisterRequest& request,
+                                Clock::time_point now) {
+  auto [it, added] = nodes_.try_emplace(request.node_id());
+  if (added) ++node_ids_by_identity_[identity];
+  std::shared_ptr<RegisteredNode>& node = it->second;
+  // An expired node's id taken again from elsewhere (CheckBindingLocked) is a new node.
+  if (node != nullptr && node->binding != binding) node.reset();
+  // Requests in flight read a node's fixed fields without the lock, so a node that comes
+  // back different is a new RegisteredNode; a heartbeat of the same node only refreshes its
+  // load and drain flag. (Its identity never changes: CheckBindingLocked.)
+  if (node == nullptr || node->info.address() != request.address() ||
+      node->info.role() != request.role() ||
+      node->info.model_fingerprint() != request.model_fingerprint() ||
+      node->info.model_name() != request.model_name() ||
+      node->info.ucx_worker_address() != request.ucx_worker_address() ||
+      node->info.held_layers() != request.held_layers() ||
+      node->info.state_format_version() != request.state_format_version()) {
+    node = std::make_shared<RegisteredNode>();
+    node->model = model;
+    // The router sends prompts and state only to a server that proves the registered role.
+    node->channel = security::InternalChannel(request.address(), *CertificateRole(request.role()));
+    node->identity = identity;
+    node->binding = binding;
+    node->info = request;
+    node->draining = request.draining();
+    log::Info("node registered",
+              {{"node", request.node_id()},
+               {"role", v1::NodeRole_Name(request.role())},
+               {"address", request.address()},
+               {"message", absl::StrCat("node ", request.node_id(), " registered")}});
+  } else {
+    *node->info.mutable_load() = request.load();
+    node->info.set_weight_bytes(request.weight_bytes());
+    node->info.set_build_version(request.build_version());
+    if (request.draining() && !node->draining) {
+      log::Info("node draining", {{"node", request.node_id()},
+                                  {"role", v1::NodeRole_Name(request.role())},
+                                  {"message", absl::StrCat("node ", request.node_id(),
+                                                           " is draining: no new requests go "
+                                                           "there")}});
+    }
+    node->draining = request.draining();
+  }
+  // A new node's last_seen is the epoch, as is a marked-down one's.
+  if (!Live(*node, now)) registrations_.Add({{"role", RoleLabel(request.role())}}).Increment();
+  node->last_seen = now;
+  node->last_heard = now;
+}
+
+absl::Status NodeRegistry::RegisterFrom(const std::string& identity,
+                                        const v1::RegisterRequest& request, bool* cache_resync,
+                                        const std::string& peer_host) {
+  const std::string binding = BindingOf(identity, peer_host);
+  absl::StatusOr<size_t> model = CheckRequest(identity, request);
+  if (!model.ok()) return model.status();
+  const Clock::time_point now = Clock::now();
+  std::vector<std::string> forgotten;
+  absl::Status bound;
+  bool role_only = false;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    // A node_id belongs to the identity that first registered it: another certificate
-    // (another pod's, or another role's) cannot take it over and draw its requests.
-    if (auto bound = nodes_.find(request.node_id());
-        bound != nodes_.end() && bound->second->identity != identity) {
-      log::Warn("node_id takeover refused",
-                {{"node", request.node_id()}, {"identity", identity.empty() ? "none" : identity}});
-      return absl::PermissionDeniedError(
-          absl::StrCat("node_id: '", request.node_id(), "' is registered to another identity"));
-    }
-    std::shared_ptr<RegisteredNode>& node = nodes_[request.node_id()];
-    // Requests in flight read a node's fixed fields without the lock, so a node that comes
-    // back different is a new RegisteredNode; a heartbeat of the same node only refreshes its
-    // load and drain flag.
-    if (node == nullptr || node->info.address() != request.address() ||
-        node->info.role() != request.role() ||
-        node->info.model_fingerprint() != request.model_fingerprint() ||
-        node->info.model_name() != request.model_name() ||
-        node->info.ucx_worker_address() != request.ucx_worker_address() ||
-        node->info.held_layers() != request.held_layers() ||
-        node->info.state_format_version() != request.state_format_version() ||
-        node->identity != identity) {
-      node = std::make_shared<RegisteredNode>();
-      node->model = model;
-      // The router sends prompts and state only to a server that proves the registered role.
-      node->channel = security::InternalChannel(request.address(), *role);
-      node->identity = identity;
-      node->info = request;
-      node->draining = request.draining();
-      log::Info("node registered",
-                {{"node", request.node_id()},
-                 {"role", v1::NodeRole_Name(request.role())},
-                 {"address", request.address()},
-                 {"message", absl::StrCat("node ", request.node_id(), " registered")}});
-    } else {
-      *node->info.mutable_load() = request.load();
-      node->info.set_weight_bytes(request.weight_bytes());
-      node->info.set_build_version(request.build_version());
-      if (request.draining() && !node->draining) {
-        log::Info("node draining",
-                  {{"node", request.node_id()},
-                   {"role", v1::NodeRole_Name(request.role())},
-                   {"message", absl::StrCat("node ", request.node_id(),
-                                            " is draining: no new requests go there")}});
-      }
-      node->draining = request.draining();
-    }
-    // A new node's last_seen is the epoch, as is a marked-down one's.
-    if (!Live(*node, Clock::now())) {
-      registrations_.Add({{"role", RoleLabel(request.role())}}).Increment();
-    }
-    node->last_seen = Clock::now();
+    role_only = !identity.empty() && security::InstanceOfUri(identity).empty() &&
+                role_only_noted_.insert(identity).second;
+    if (now - last_forget_ >= std::chrono::seconds(1)) forgotten = ForgetLocked(now);
+    bound = CheckBindingLocked(identity, binding, request.node_id(), now);
+    if (bound.ok()) UpdateLocked(identity, binding, *model, request, now);
+    node_ids_.Set(static_cast<double>(nodes_.size()));
+  }
+  Forgot(forgotten);
+  if (role_only) {
+    log::Warn("role-only certificate",
+              {{"identity", identity},
+               {"message", absl::StrCat("nodes register with the role-only certificate ", identity,
+                                        ": their node_ids are bound to the role, not to one node; "
+                                        "issue one certificate per node, "
+                                        "spiffe://baton/<role>/<node_id> (docs/deploy.md)")}});
+  }
+  if (!bound.ok()) {
+    // A takeover is logged at each attempt (CheckBindingLocked); a cap once per node_id.
+    if (absl::IsResourceExhausted(bound)) NoteRefused(request, bound);
+    return bound;
   }
   if (request.has_cache_events() &&
       !cache_index_.Apply(request.node_id(), request.cache_events()) && cache_resync != nullptr) {
@@ -268,6 +384,64 @@ absl::Status NodeRegistry::Register(const grpc::ServerContextBase& context,
   }
   if (on_change_) on_change_();
   return absl::OkStatus();
+}
+
+std::vector<std::string> NodeRegistry::ForgetLocked(Clock::time_point now) {
+  last_forget_ = now;
+  std::vector<std::string> forgotten;
+  for (auto it = nodes_.begin(); it != nodes_.end();) {
+    if (now - it->second->last_heard <= std::chrono::milliseconds(options_.forget_after_ms)) {
+      ++it;
+      continue;
+    }
+    // A request holding the node keeps its RegisteredNode (a shared_ptr) until it ends.
+    auto held = node_ids_by_identity_.find(it->second->identity);
+    if (held != node_ids_by_identity_.end() && --held->second == 0) {
+      node_ids_by_identity_.erase(held);
+    }
+    // Its cache index goes under the lock, so that a node registering again with the same
+    // node_id meanwhile never has its fresh index taken away.
+    cache_index_.Forget(it->first);
+    forgotten.push_back(it->first);
+    it = nodes_.erase(it);
+  }
+  return forgotten;
+}
+
+void NodeRegistry::Forgot(const std::vector<std::string>& node_ids) {
+  if (node_ids.empty()) return;
+  std::string named;
+  for (size_t i = 0; i < node_ids.size(); ++i) {
+    // The first few by name: a bound on the line, not a ledger.
+    if (i < 8) absl::StrAppend(&named, i == 0 ? "" : ", ", node_ids[i]);
+  }
+  if (node_ids.size() > 8) absl::StrAppend(&named, ", ...");
+  forgotten_.Increment(static_cast<double>(node_ids.size()));
+#if defined(__GLIBC__)
+  // A node's cache index is many small blocks, freed into malloc's arenas, which glibc keeps
+  // unless asked: a router that forgot nodes gives their memory back (at most once a second).
+  malloc_trim(0);
+#endif
+  log::Info("nodes forgotten",
+            {{"nodes", node_ids.size()},
+             {"message", absl::StrCat("forgot ", node_ids.size(), " node(s) not heard from for ",
+                                      options_.forget_after_ms, " ms: ", named)}});
+}
+
+size_t NodeRegistry::ForgetExpired(Clock::time_point now) {
+  std::vector<std::string> forgotten;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    forgotten = ForgetLocked(now);
+    node_ids_.Set(static_cast<double>(nodes_.size()));
+  }
+  Forgot(forgotten);
+  return forgotten.size();
+}
+
+size_t NodeRegistry::NodeIds() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return nodes_.size();
 }
 
 std::string NodeRegistry::PairingKey(const v1::RegisterRequest& node) {

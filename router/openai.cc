@@ -347,25 +347,32 @@ absl::Status CompletionPrompt(const json& body, v1::GenerateRequest& g) {
 
 // The prompt: a completion's "prompt" (its text is encoded by the router, GenerateCall), or
 // the chat "messages" encoded here (router/prompt.h), whose template may end each turn with a
-// stop id, added to `stop_ids`.
+// stop id, added to `stop_ids`. A text past CheckPromptBytes is refused before tokenizing (and
+// before the client server's receive limit, derived from the same bound, would refuse it).
 absl::Status Prompt(const json& body, Endpoint endpoint, const text::Tokenizer& tokenizer,
-                    v1::GenerateRequest& g, std::vector<int32_t>& stop_ids) {
-  if (endpoint == Endpoint::kCompletions) return CompletionPrompt(body, g);
+                    uint32_t max_model_len, v1::GenerateRequest& g,
+                    std::vector<int32_t>& stop_ids) {
+  if (endpoint == Endpoint::kCompletions) {
+    if (absl::Status s = CompletionPrompt(body, g); !s.ok()) return s;
+    return CheckPromptBytes("prompt", g.prompt_text().size(), max_model_len);
+  }
   absl::StatusOr<bool> add_generation_prompt = Bool(body, "add_generation_prompt", true);
   if (!add_generation_prompt.ok()) return add_generation_prompt.status();
   absl::StatusOr<std::vector<ChatMessage>> messages = Messages(body);
   if (!messages.ok()) return messages.status();
   absl::StatusOr<ChatPrompt> prompt =
-      EncodeChatPrompt(tokenizer, *messages, *add_generation_prompt);
+      EncodeChatPrompt(tokenizer, *messages, *add_generation_prompt, max_model_len);
   if (!prompt.ok()) return prompt.status();
   for (int32_t id : prompt->ids) g.add_prompt_token_ids(id);
   stop_ids.insert(stop_ids.end(), prompt->stop_ids.begin(), prompt->stop_ids.end());
   return absl::OkStatus();
 }
 
-// max_tokens (max_completion_tokens for chat, when max_tokens is absent). OpenAI's default is
-// 16 for completions; chat runs to the context limit (as vLLM does), capped by the router's
-// max_tokens_limit.
+// max_tokens (max_completion_tokens for chat, when max_tokens is absent). Absent, it comes from
+// the room the prompt leaves in the context (max_model_len, bounded by the model's positions),
+// so that the default is never refused: OpenAI's 16 for completions when that fits, and for
+// chat the whole room (as vLLM does), capped by the router's max_tokens_limit. A prompt that
+// leaves no room gets 1, and the router's refusal names the context limit.
 absl::Status MaxTokens(const json& body, Endpoint endpoint, const ServedModel& model,
                        int prompt_tokens, v1::SamplingParams& s) {
   const char* max_key =
@@ -377,13 +384,14 @@ absl::Status MaxTokens(const json& body, Endpoint endpoint, const ServedModel& m
   if (!max_tokens.ok()) return max_tokens.status();
   if (max_tokens->has_value()) {
     s.set_max_tokens(static_cast<uint32_t>(**max_tokens));
-  } else if (endpoint == Endpoint::kCompletions) {
-    s.set_max_tokens(16);
-  } else {
-    const int64_t room = int64_t{model.max_model_len} - prompt_tokens;
-    s.set_max_tokens(
-        static_cast<uint32_t>(std::clamp<int64_t>(room, 1, int64_t{model.max_tokens_limit})));
+    return absl::OkStatus();
   }
+  const int64_t context = model.max_positions > 0
+                              ? std::min<int64_t>(model.max_model_len, model.max_positions)
+                              : int64_t{model.max_model_len};
+  const int64_t room = context - prompt_tokens;
+  const int64_t cap = endpoint == Endpoint::kCompletions ? 16 : int64_t{model.max_tokens_limit};
+  s.set_max_tokens(static_cast<uint32_t>(std::clamp<int64_t>(room, 1, std::max<int64_t>(1, cap))));
   return absl::OkStatus();
 }
 
@@ -564,7 +572,8 @@ absl::StatusOr<Request> ParseRequest(Endpoint endpoint, std::string_view body_te
   g.set_model(model.name);
   if (absl::Status status = RefuseUnsupported(*body, endpoint); !status.ok()) return status;
   std::vector<int32_t> stop_ids;  // the chat template's
-  if (absl::Status status = Prompt(*body, endpoint, tokenizer, g, stop_ids); !status.ok()) {
+  if (absl::Status status = Prompt(*body, endpoint, tokenizer, model.max_model_len, g, stop_ids);
+      !status.ok()) {
     return status;
   }
   if (absl::Status status = MaxTokens(*body, endpoint, model, g.prompt_token_ids_size(), s);

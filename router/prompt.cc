@@ -5,7 +5,6 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
-#include "baton/common/wire_bounds.h"
 #include "baton/text/chat_template.h"
 #include "nlohmann/json.hpp"
 
@@ -168,11 +167,20 @@ class ContentEscapes {
 
 }  // namespace
 
+absl::Status CheckPromptBytes(absl::string_view field, uint64_t bytes, uint32_t max_model_len) {
+  const uint64_t max_bytes = uint64_t{kPromptTextBytesPerToken} * max_model_len;
+  if (bytes <= max_bytes) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      field, ": ", bytes, " bytes; at most ", max_bytes, " bytes (", kPromptTextBytesPerToken,
+      " a token of the router's --max-model-len ", max_model_len, "), refused before tokenizing"));
+}
+
 absl::StatusOr<std::vector<int32_t>> EncodeTextPrompt(const text::Tokenizer& tokenizer,
                                                       const std::string& text,
                                                       uint32_t max_model_len) {
-  const uint64_t max_bytes = uint64_t{kPromptTextBytesPerToken} * max_model_len;
-  if (absl::Status s = CheckBytes("prompt_text", text, max_bytes); !s.ok()) return s;
+  if (absl::Status s = CheckPromptBytes("prompt_text", text.size(), max_model_len); !s.ok()) {
+    return s;
+  }
   std::vector<int32_t> ids = tokenizer.Encode(text, tokenizer.add_bos());
   if (ids.empty()) {
     return absl::InvalidArgumentError("prompt_text: the text encodes to no tokens; send some text");
@@ -182,7 +190,10 @@ absl::StatusOr<std::vector<int32_t>> EncodeTextPrompt(const text::Tokenizer& tok
 
 absl::StatusOr<ChatPrompt> EncodeChatPrompt(const text::Tokenizer& tokenizer,
                                             std::span<const ChatMessage> messages,
-                                            bool add_generation_prompt) {
+                                            bool add_generation_prompt, uint32_t max_model_len) {
+  uint64_t bytes = 0;
+  for (const ChatMessage& m : messages) bytes += m.role.size() + m.content.size();
+  if (absl::Status s = CheckPromptBytes("messages", bytes, max_model_len); !s.ok()) return s;
   nlohmann::json rendered_messages = nlohmann::json::array();
   ContentEscapes escapes(tokenizer);
   for (const ChatMessage& m : messages) {

@@ -14,17 +14,22 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "baton/text/tokenizer.h"
 
 namespace baton::router {
 
-// prompt_text may hold at most this many bytes per token of --max-model-len: room for any
-// real text, and a bound on what one request can make the tokenizer read.
+// A prompt's text may hold at most this many bytes per token of --max-model-len: room for any
+// real text, and a bound on what one request can make the tokenizer read. The client API's
+// receive limit is derived from it (router_main.h ClientLimits).
 inline constexpr uint32_t kPromptTextBytesPerToken = 64;
 
-// The ids of a text prompt. INVALID_ARGUMENT naming prompt_text for a text of more than
-// kPromptTextBytesPerToken bytes per token of `max_model_len` (checked before the tokenizer
-// reads it), or one that encodes to no tokens.
+// OK when `bytes` of prompt text are within kPromptTextBytesPerToken * `max_model_len`; else
+// INVALID_ARGUMENT naming `field`, the bound and --max-model-len. Called before any tokenizing.
+absl::Status CheckPromptBytes(absl::string_view field, uint64_t bytes, uint32_t max_model_len);
+
+// The ids of a text prompt. INVALID_ARGUMENT naming prompt_text for a text past
+// CheckPromptBytes (checked before the tokenizer reads it), or one that encodes to no tokens.
 absl::StatusOr<std::vector<int32_t>> EncodeTextPrompt(const text::Tokenizer& tokenizer,
                                                       const std::string& text,
                                                       uint32_t max_model_len);
@@ -43,10 +48,11 @@ struct ChatPrompt {
 };
 
 // The ids of `messages` rendered with the model's template, with the assistant's turn opened
-// when `add_generation_prompt`. Errors name "messages": FAILED_PRECONDITION when the model's
-// template cannot be rendered, INVALID_ARGUMENT when it refuses these messages.
+// when `add_generation_prompt`. Errors name "messages": INVALID_ARGUMENT when the messages'
+// roles and contents together are past CheckPromptBytes (checked before rendering) or the
+// template refuses them, FAILED_PRECONDITION when the model's template cannot be rendered.
 absl::StatusOr<ChatPrompt> EncodeChatPrompt(const text::Tokenizer& tokenizer,
                                             std::span<const ChatMessage> messages,
-                                            bool add_generation_prompt);
+                                            bool add_generation_prompt, uint32_t max_model_len);
 
 }  // namespace baton::router

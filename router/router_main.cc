@@ -14,6 +14,7 @@
 #include "baton/common/stream_watch.h"
 #include "baton/kvstore/hit_policy.h"
 #include "baton/text/tokenizer.h"
+#include "prompt.h"
 
 namespace baton::router {
 namespace {
@@ -122,8 +123,9 @@ absl::Status AddExtraModels(const std::vector<std::string>& specs, RouterOptions
     absl::StatusOr<ServedModel> extra = LoadExtraModel(spec, options, http.port >= 0);
     if (!extra.ok()) return extra.status();
     if (http.port >= 0) {
-      http.more_models.push_back(
-          {{extra->name, options.max_tokens_limit, options.max_model_len}, extra->tokenizer});
+      http.more_models.push_back({{extra->name, options.max_tokens_limit, options.max_model_len,
+                                   extra->config.max_position_embeddings},
+                                  extra->tokenizer});
     }
     options.more_models.push_back(*std::move(extra));
   }
@@ -134,6 +136,7 @@ absl::Status AddExtraModels(const std::vector<std::string>& specs, RouterOptions
 // host, the TLS files and the token limits.
 void SetHttpOptions(const RouterFlags& flags, const RouterOptions& options, HttpOptions& http) {
   http.limits.request_timeout = std::chrono::milliseconds(flags.http_request_timeout_ms);
+  http.limits.head_timeout = std::chrono::milliseconds(flags.http_head_timeout_ms);
   http.limits.idle_timeout = std::chrono::milliseconds(flags.http_idle_timeout_ms);
   http.limits.write_timeout = std::chrono::milliseconds(flags.http_write_timeout_ms);
   if (http.port < 0) return;
@@ -144,6 +147,9 @@ void SetHttpOptions(const RouterFlags& flags, const RouterOptions& options, Http
   http.tls_client_ca = flags.client_ca;
   http.model.max_tokens_limit = options.max_tokens_limit;
   http.model.max_model_len = options.max_model_len;
+  for (openai::ModelEntry& entry : http.more_models) {
+    entry.model.max_model_len = options.max_model_len;
+  }
 }
 
 // The flags' values checked and made into what the servers need, in the order the errors are
@@ -161,6 +167,11 @@ absl::StatusOr<RouterSetup> Setup(const RouterFlags& flags) {
         "--node-expiry-ms: ", options.node_ttl_ms, " is below ",
         MinNodeExpiryMs(options.heartbeat_ms), " (three --heartbeat-ms of ", options.heartbeat_ms,
         " plus a ", kResolverTimeoutMs, " ms resolver timeout)"));
+  }
+  if (options.node_forget_after_ms != 0 && options.node_forget_after_ms < options.node_ttl_ms) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--node-forget-after-ms: ", options.node_forget_after_ms, " is below --node-expiry-ms ",
+        options.node_ttl_ms, ": a node is forgotten only after it expired"));
   }
   absl::StatusOr<std::chrono::milliseconds> age = ParseDurationFlag(
       "--client-max-connection-age", flags.client_max_connection_age, "; 0: never");
@@ -187,7 +198,8 @@ absl::StatusOr<RouterSetup> Setup(const RouterFlags& flags) {
     options.api_keys = std::make_shared<const ApiKeys>(*std::move(keys));
   }
   absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
-      security::ClientApiCredentials(flags.client_cert, flags.client_key, flags.client_ca);
+      security::ClientApiCredentials(flags.client_cert, flags.client_key, flags.client_ca,
+                                     /*api_key_check=*/options.api_keys != nullptr);
   if (!credentials.ok()) return credentials.status();
   setup.client_credentials = *std::move(credentials);
   options.hit_cap = *kvstore::ParseHitCap(flags.hit_cap, "--hit-cap");  // the flag checked it
@@ -200,7 +212,13 @@ absl::StatusOr<RouterSetup> Setup(const RouterFlags& flags) {
   if (name.empty()) name = DefaultServedModelName(flags.model_dir);
   options.model_name = name;
   if (absl::Status s = AddExtraModels(flags.extra_models, options, setup.http); !s.ok()) return s;
+  std::vector<ServedModel> served = {{options.model_name, setup.config, nullptr}};
+  served.insert(served.end(), options.more_models.begin(), options.more_models.end());
+  absl::StatusOr<uint32_t> max_model_len = ResolveMaxModelLen(flags.max_model_len, served);
+  if (!max_model_len.ok()) return max_model_len.status();
+  options.max_model_len = *max_model_len;
   SetHttpOptions(flags, options, setup.http);
+  setup.http.model.max_positions = setup.config.max_position_embeddings;
   return setup;
 }
 
@@ -227,7 +245,19 @@ int Serve(const RouterFlags& flags, const RouterSetup& setup) {
   ServerOptions internal = flags.server_flags.server;
   internal.port = flags.internal_port;
   internal.ready_file = flags.internal_ready_file;
-  ClientEndpoint client{&client_builder, flags.server_flags.server, setup.client_credentials};
+  ServerOptions client_options = flags.server_flags.server;
+  const ClientApiLimits limits =
+      ClientLimits(setup.options.max_model_len, client_options.rpc_memory_bytes);
+  client_options.max_receive_message_bytes = limits.max_receive_message_bytes;
+  client_options.rpc_memory_bytes = limits.rpc_memory_bytes;
+  log::Info("client API limits", {{"max_model_len", setup.options.max_model_len},
+                                  {"max_receive_message_bytes", limits.max_receive_message_bytes},
+                                  {"rpc_memory_bytes", limits.rpc_memory_bytes}});
+  // Keys are checked from each call's metadata before its message is read.
+  if (setup.options.api_keys != nullptr) {
+    setup.client_credentials->SetAuthMetadataProcessor(service.ApiKeyCheck());
+  }
+  ClientEndpoint client{&client_builder, client_options, setup.client_credentials};
   std::unique_ptr<HttpFront> http_front;
   if (setup.http.port >= 0) {
     client.on_serving = [&](grpc::Server& server) {
@@ -248,6 +278,31 @@ int Serve(const RouterFlags& flags, const RouterSetup& setup) {
 }
 
 }  // namespace
+
+absl::StatusOr<uint32_t> ResolveMaxModelLen(uint32_t configured,
+                                            const std::vector<ServedModel>& models) {
+  if (models.empty()) return absl::InvalidArgumentError("--model: no model is served");
+  if (configured == 0) return static_cast<uint32_t>(models.front().config.max_position_embeddings);
+  for (const ServedModel& model : models) {
+    const int64_t positions = model.config.max_position_embeddings;
+    if (int64_t{configured} > positions) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--max-model-len: ", configured, " exceeds the ", positions, " positions of the model '",
+          model.name, "' (max_position_embeddings in its config.json); give at most ", positions,
+          ", or 0 for the model's positions"));
+    }
+  }
+  return configured;
+}
+
+ClientApiLimits ClientLimits(uint32_t max_model_len, int64_t rpc_memory_bytes) {
+  const int64_t request =
+      int64_t{kPromptTextBytesPerToken} * max_model_len + kClientRequestFieldsBytes;
+  const int64_t receive =
+      std::clamp<int64_t>(request, kMinClientMessageBytes, security::kMaxMessageBytes);
+  const int64_t memory = std::min(rpc_memory_bytes, std::max(16 * receive, int64_t{64} << 20));
+  return {static_cast<int>(receive), memory};
+}
 
 int RunRouter(const RouterFlags& flags) {
   absl::StatusOr<RouterSetup> setup = Setup(flags);

@@ -9,6 +9,7 @@
 #include "baton/common/log.h"
 #include "baton/common/metrics.h"
 #include "baton/common/rpc.h"
+#include "baton/common/security.h"
 #include "baton/common/wire_bounds.h"
 #include "generate_call.h"
 #include "router_metrics.h"
@@ -33,6 +34,12 @@ std::vector<ServedModel> ModelsOf(const ModelConfig& config, const RouterOptions
 
 }  // namespace
 
+uint32_t ForgetAfterMs(const RouterOptions& options) {
+  if (options.node_forget_after_ms != 0) return options.node_forget_after_ms;
+  const uint64_t four_expiries = uint64_t{4} * options.node_ttl_ms;
+  return static_cast<uint32_t>(std::max<uint64_t>(30000, four_expiries));
+}
+
 RouterService::RouterService(const ModelConfig& config, const RouterOptions& options)
     : models_(ModelsOf(config, options)),
       options_(options),
@@ -41,14 +48,20 @@ RouterService::RouterService(const ModelConfig& config, const RouterOptions& opt
       registry_(models_, {.heartbeat_ms = options.heartbeat_ms,
                           .node_ttl_ms = options.node_ttl_ms,
                           .require_kvstore = options.require_kvstore,
-                          .split = options.split}),
+                          .split = options.split,
+                          .forget_after_ms = ForgetAfterMs(options),
+                          .max_node_ids = options.max_node_ids,
+                          .max_node_ids_per_identity = options.max_node_ids_per_identity}),
       admission_(registry_, models_,
                  {.max_queued = options.max_queued,
                   .max_queued_per_tenant = options.max_queued_per_tenant,
                   .max_streams_per_tenant = options.max_streams_per_tenant,
                   .prefill_slots = options.prefill_slots,
                   .node_ttl_ms = options.node_ttl_ms,
-                  .api_keys = options.api_keys != nullptr}),
+                  .api_keys = options.api_keys != nullptr,
+                  .tenant_weights = options.api_keys != nullptr
+                                        ? options.api_keys->weights()
+                                        : std::map<std::string, int64_t>{}}),
       stubs_(options.stubs != nullptr ? options.stubs : GrpcNodeStubs()) {
   registry_.OnChange([this] { admission_.Notify(); });
   // Live nodes by role, the queue and the tenants' streams, read at scrape time.
@@ -68,7 +81,8 @@ RouterService::RouterService(const ModelConfig& config, const RouterOptions& opt
     }
     // One series per tenant of the API keys file (its names are the bound on the labels).
     for (const auto& [tenant, n] : admission_.StreamsByTenant()) {
-      streams.push_back({{{"tenant", tenant}}, n});
+      streams.push_back(
+          {{{"tenant", metrics::TenantLabel(tenant, options_.metrics_tenant_names)}}, n});
     }
     return std::vector<prometheus::MetricFamily>{
         metrics::GaugeFamily("baton_router_tenant_streams",
@@ -114,14 +128,31 @@ grpc::Status RouterService::Register(grpc::ServerContext* context,
   return grpc::Status::OK;
 }
 
+std::shared_ptr<grpc::AuthMetadataProcessor> RouterService::ApiKeyCheck() {
+  if (options_.api_keys == nullptr) return nullptr;
+  return security::ApiKeyCheck(
+      options_.api_keys, [this](absl::string_view method, const absl::Status& refusal) {
+        // baton_requests_total counts Generate calls, as Serve does.
+        if (method == "/baton.v1.Generation/Generate") {
+          metrics_->requests
+              .Add({{"outcome", metrics::OutcomeLabel(grpc::StatusCode::UNAUTHENTICATED)}})
+              .Increment();
+        }
+        log::Warn("request refused",
+                  {{"method", std::string(method)}, {"error", std::string(refusal.message())}});
+      });
+}
+
+absl::StatusOr<std::string> RouterService::Tenant(const grpc::ServerContext& context) const {
+  if (options_.api_keys == nullptr) return "";
+  return options_.api_keys->Authenticate(context);
+}
+
 grpc::Status RouterService::ListModels(grpc::ServerContext* context,
                                        const v1::ListModelsRequest* /*request*/,
                                        v1::ListModelsResponse* reply) {
-  if (options_.api_keys != nullptr) {
-    if (absl::StatusOr<std::string> tenant = options_.api_keys->Authenticate(*context);
-        !tenant.ok()) {
-      return ToGrpcStatus(tenant.status());
-    }
+  if (absl::StatusOr<std::string> tenant = Tenant(*context); !tenant.ok()) {
+    return ToGrpcStatus(tenant.status());
   }
   const std::vector<std::set<std::string>> served = registry_.ServedFingerprints();
   const std::vector<NodeRegistry::WeightBytes> bytes = registry_.ResidentWeightBytes();
@@ -213,6 +244,14 @@ absl::StatusOr<RouterService::Effective> ValidateRequest(const v1::GenerateReque
   if (absl::Status st = CheckBytes("cache_salt", r.cache_salt(), kMaxCacheSaltBytes); !st.ok()) {
     return st;
   }
+  // A keyed tenant's chain root hashes its name's length (uint32 LE, whose last byte is 0 for
+  // any name this router accepts) between the fingerprint and the salt; a keyless root hashes
+  // the salt right after the fingerprint (kvstore/chain.h). A salt without NUL bytes can
+  // therefore never spell a keyed tenant's root, on a store that keyless and keyed routers
+  // share, and the keys stay as they are (stores written by earlier builds keep their hits).
+  if (r.cache_salt().find('\0') != std::string::npos) {
+    return invalid("cache_salt: must not contain a NUL byte");
+  }
   const auto& s = r.sampling();
   if (s.max_tokens() == 0 || s.max_tokens() > options.max_tokens_limit) {
     return invalid(absl::StrCat("sampling.max_tokens: ", s.max_tokens(), " must lie in [1, ",
@@ -278,16 +317,14 @@ grpc::Status RouterService::Serve(grpc::ServerContext* context, const v1::Genera
   auto outcome = [&](grpc::StatusCode code) {
     metrics_->requests.Add({{"outcome", metrics::OutcomeLabel(code)}}).Increment();
   };
-  if (options_.api_keys != nullptr) {
-    absl::StatusOr<std::string> tenant = options_.api_keys->Authenticate(*context);
-    if (!tenant.ok()) {
-      outcome(grpc::StatusCode::UNAUTHENTICATED);
-      log::Warn("request refused",
-                {{"peer", context->peer()}, {"error", std::string(tenant.status().message())}});
-      return ToGrpcStatus(tenant.status());
-    }
-    trace.hold.tenant = *std::move(tenant);
+  absl::StatusOr<std::string> tenant = Tenant(*context);
+  if (!tenant.ok()) {
+    outcome(grpc::StatusCode::UNAUTHENTICATED);
+    log::Warn("request refused",
+              {{"peer", context->peer()}, {"error", std::string(tenant.status().message())}});
+    return ToGrpcStatus(tenant.status());
   }
+  trace.hold.tenant = *std::move(tenant);
   trace.id = request.request_id().empty() ? NewRequestId() : request.request_id();
   {
     std::lock_guard<std::mutex> lock(mutex_);

@@ -38,12 +38,16 @@ const RetryRule& RetryRuleFor(AttemptFailure failure) {
 }
 
 std::optional<AttemptFailure> ClassifyPrefillFailure(const grpc::Status& status,
-                                                     const std::string& failed_node) {
+                                                     const std::string& failed_node,
+                                                     bool decode_answered) {
   const bool decode_failed = failed_node == "decode";
   if (decode_failed && status.error_code() == grpc::StatusCode::ABORTED) {
     return AttemptFailure::kTransferFailed;
   }
-  if (decode_failed && NodeLost(status)) return AttemptFailure::kDecodeLostBeforeCommit;
+  if (decode_failed && NodeLost(status)) {
+    return decode_answered ? AttemptFailure::kDecodeReportedLost
+                           : AttemptFailure::kDecodeLostBeforeCommit;
+  }
   if (NodeLost(status)) return AttemptFailure::kPrefillLost;
   return std::nullopt;
 }

@@ -139,6 +139,8 @@ v1::RegionSource Exposure::Source(v1::Transport transport) const {
     source.set_ucx_worker_address(pool_->worker()->address());
     source.set_rkey(buffer_->ucx_memory->packed_rkey());
     source.set_address(buffer_->ucx_memory->address());
+    source.set_exposed_address(buffer_->ucx_memory->address());
+    source.set_exposed_bytes(buffer_->ucx_memory->length());
   }
   return source;
 }

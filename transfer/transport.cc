@@ -76,6 +76,38 @@ uint64_t StagingBytes(const RegionSizes& sizes) {
   return sizes.producer_swa + sizes.consumer_swa + sizes.boundary_rows + sizes.block_kv;
 }
 
+absl::Status CheckUcxSource(const v1::RegionSource& source, const RegionSizes& sizes) {
+  if (source.ucx_worker_address().empty() ||
+      source.ucx_worker_address().size() > kMaxUcxWorkerAddressBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("source.ucx_worker_address: must be 1 to ",
+                                                   kMaxUcxWorkerAddressBytes, " bytes"));
+  }
+  if (source.rkey().empty() || source.rkey().size() > kMaxRkeyBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("source.rkey: must be 1 to ", kMaxRkeyBytes, " bytes"));
+  }
+  const uint64_t total = StagingBytes(sizes);
+  const uint64_t begin = source.exposed_address(), bytes = source.exposed_bytes();
+  if (bytes == 0 || !CheckedAdd<uint64_t>(begin, bytes).has_value()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "source.exposed_bytes: ", bytes, " at exposed_address ", begin,
+        " must name the memory the key covers, 1 byte or more without wrapping 64 bits (a "
+        "prefill node older than this decode node names none: upgrade prefill nodes first)"));
+  }
+  if (!CheckedAdd<uint64_t>(source.address(), total).has_value()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("source.address: ", source.address(), " + ", total, " bytes wraps 64 bits"));
+  }
+  // Inside [begin, begin + bytes), compared without forming a sum that could wrap.
+  const uint64_t address = source.address();
+  if (address < begin || address - begin > bytes || total > bytes - (address - begin)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("source.address: ", total, " bytes of staging memory at ", address,
+                     " lie outside the memory the key covers, [", begin, ", ", begin + bytes, ")"));
+  }
+  return absl::OkStatus();
+}
+
 namespace {
 
 constexpr v1::Region kRegions[] = {v1::REGION_PRODUCER_SWA, v1::REGION_CONSUMER_SWA,
@@ -97,20 +129,7 @@ class UcxTransport final : public Transport {
   absl::Status Read(const v1::RegionSource& source, const std::string& prefill_address,
                     const RegionSpans& into, Clock::time_point deadline,
                     const std::function<bool()>& stop) override {
-    if (source.ucx_worker_address().empty() ||
-        source.ucx_worker_address().size() > kMaxUcxWorkerAddressBytes) {
-      return absl::InvalidArgumentError(absl::StrCat("source.ucx_worker_address: must be 1 to ",
-                                                     kMaxUcxWorkerAddressBytes, " bytes"));
-    }
-    if (source.rkey().empty() || source.rkey().size() > kMaxRkeyBytes) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("source.rkey: must be 1 to ", kMaxRkeyBytes, " bytes"));
-    }
-    const uint64_t total = StagingBytes(into.sizes);
-    if (!CheckedAdd<uint64_t>(source.address(), total).has_value()) {
-      return absl::InvalidArgumentError(absl::StrCat("source.address: ", source.address(), " + ",
-                                                     total, " bytes wraps 64 bits"));
-    }
+    if (absl::Status s = CheckUcxSource(source, into.sizes); !s.ok()) return s;
     auto peer = Peer(source.ucx_worker_address());
     if (!peer.ok()) return peer.status();
     auto rkey = Key(**peer, source.rkey());

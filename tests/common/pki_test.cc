@@ -104,6 +104,25 @@ TEST(PkiTest, EachRoleCertificateCarriesOnlyWhatItsRoleNeeds) {
   EXPECT_EQ(UsesOf(dir / "prefill-7.crt").names, "URI:spiffe://baton/prefill/7,");
 }
 
+// One certificate per node names it (spiffe://baton/<role>/<instance>) under nodes/, with its
+// role's uses and a private key; an instance that is no SPIFFE path segment is refused by name.
+TEST(PkiTest, ANodeCertificateNamesItsNode) {
+  const fs::path dir = fs::path(testing::ProcessTempDir()) / "nodes";
+  ASSERT_TRUE(EnsureLocalPki(dir.string(), LocalRoles()).ok());
+  ASSERT_TRUE(IssueNodeCertificate(dir.string(), "prefill", "prefill-1").ok());
+  const std::string stem = NodeCertificateStem(dir.string(), "prefill-1");
+  EXPECT_EQ(stem, (dir / "nodes" / "prefill-1").string());
+  const CertificateUses node = UsesOf(stem + ".crt");
+  EXPECT_TRUE(node.server && node.client);
+  EXPECT_EQ(node.names, "URI:spiffe://baton/prefill/prefill-1,");
+  EXPECT_EQ(ModeOf(stem + ".key"), 0600u);
+  for (const char* bad : {"", "a/b", "pod name", "../ca"}) {
+    const absl::Status refused = IssueNodeCertificate(dir.string(), "prefill", bad);
+    EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_THAT(refused.message(), ::testing::HasSubstr("instance: '")) << bad;
+  }
+}
+
 TEST(PkiTest, AnEarlierLayoutsCaKeyMovesApartAndTheCaIsKept) {
   const fs::path dir = fs::path(testing::ProcessTempDir()) / "old";
   ASSERT_TRUE(EnsureLocalPki(dir.string(), {"router"}).ok());

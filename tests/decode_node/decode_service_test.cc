@@ -344,6 +344,35 @@ TEST_F(DecodeServiceTest, UcxReadsComeOnlyFromTheWorkerTheReservationNames) {
   EXPECT_EQ(Stats().reservations(), 1u);
 }
 
+// A UCX Commit naming staging memory outside what its key covers (here just past its end, where
+// a shared-memory get would copy from this process's own memory or fault) is refused by name
+// before anything is read, and the node stays up: the next commit is served.
+TEST_F(DecodeServiceTest, AUcxCommitOutsideItsExposureIsRefusedAndTheNodeStaysUp) {
+  Start({.slots = 2, .pages = 64}, /*ucx=*/true);
+  auto exposer = transfer::UcxWorker::Create();
+  ASSERT_TRUE(exposer.ok());
+  ucx_exposer_ = *std::move(exposer);
+  ucx_staging_ = std::make_unique<transfer::StagingPool>(ucx_exposer_.get(), 0);
+  auto reserve = [&](const std::string& id) {
+    v1::ReserveRequest request = ReserveRequest(id, 20, 5);
+    request.set_prefill_ucx_worker_address(ucx_exposer_->address());
+    v1::Reservation reservation;
+    EXPECT_TRUE(Send(request, &reservation).ok());
+    return reservation;
+  };
+  v1::CommitRequest forged = Expose(reserve("r1"), 20, ucx_staging_.get());
+  const v1::RegionSource& exposed = forged.source();
+  forged.mutable_source()->set_address(exposed.exposed_address() + exposed.exposed_bytes());
+  grpc::Status status = Commit(forged);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << status.error_message();
+  EXPECT_THAT(status.error_message(), HasSubstr("source.address"));
+  EXPECT_THAT(status.error_message(), HasSubstr("outside the memory the key covers"));
+  EXPECT_TRUE(Drained());
+  status = Commit(Expose(reserve("r2"), 20, ucx_staging_.get()));
+  EXPECT_TRUE(status.ok()) << status.error_message();
+  EXPECT_EQ(Stats().reservations(), 1u);
+}
+
 // The reproducer: a reservation that expires before its transfer is done is freed, and the
 // prefill node's bytes, arriving later, never land in it (nor in whoever gets it next).
 TEST_F(DecodeServiceTest, ReservationExpiringDuringItsTransferNeverReceivesAByte) {
@@ -568,9 +597,22 @@ TEST_F(DecodeServiceTest, SpeculationInputsAreRefusedByName) {
   EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
   EXPECT_THAT(status.error_message(), HasSubstr("sampling.speculative: DRAFT"));
   EXPECT_EQ(service_->Load().free_slots(), 1u);
-  // The same with prompt lookup is served.
+  // Prompt lookup, on this node that runs --speculative off: refused too (issue 48).
   draft.mutable_sampling()->set_speculative(v1::SPECULATIVE_NGRAM);
   status = Send(draft, &reservation);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(status.error_message(), HasSubstr("sampling.speculative: NGRAM"));
+  EXPECT_EQ(service_->Load().free_slots(), 1u);
+}
+
+// On a node that runs prompt lookup, a request may ask for it.
+TEST_F(DecodeServiceTest, PromptLookupIsServedWhereTheOperatorEnabledIt) {
+  Start({.slots = 1, .pages = 64, .speculative = {.drafter = Drafter::kNgram, .tokens = 2}});
+  v1::ReserveRequest lookup = ReserveRequest("lookup", 3, 5);
+  for (int32_t id : {1, 2, 3}) lookup.add_prompt_token_ids(id);
+  lookup.mutable_sampling()->set_speculative(v1::SPECULATIVE_NGRAM);
+  v1::Reservation reservation;
+  const grpc::Status status = Send(lookup, &reservation);
   EXPECT_TRUE(status.ok()) << status.error_message();
 }
 

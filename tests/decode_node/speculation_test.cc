@@ -49,7 +49,7 @@ TEST(SpeculationFor, TheRequestOverridesTheNode) {
   EXPECT_EQ(SpeculationFor(sampling, node, false)->drafter, Drafter::kOff);
   sampling.set_speculative(v1::SPECULATIVE_NGRAM);
   sampling.set_speculative_tokens(2);
-  s = SpeculationFor(sampling, {.drafter = Drafter::kOff, .tokens = 5}, false);
+  s = SpeculationFor(sampling, {.drafter = Drafter::kDraft, .tokens = 5}, true);
   EXPECT_EQ(s->drafter, Drafter::kNgram);
   EXPECT_EQ(s->max_tokens, 2);
   sampling.set_speculative(v1::SPECULATIVE_DRAFT);
@@ -57,6 +57,28 @@ TEST(SpeculationFor, TheRequestOverridesTheNode) {
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(refused.status().message().find("sampling.speculative"), std::string::npos);
   EXPECT_EQ(SpeculationFor(sampling, node, true)->drafter, Drafter::kDraft);
+}
+
+// Where the operator turned speculative decoding off, a request cannot turn it on: either
+// method is refused by name (even with a draft model loaded), and off or the default is served.
+TEST(SpeculationFor, ARequestCannotEnableWhatTheOperatorTurnedOff) {
+  const SpeculativeConfig off{.drafter = Drafter::kOff, .tokens = 5};
+  v1::SamplingParams sampling;
+  for (v1::Speculative method : {v1::SPECULATIVE_NGRAM, v1::SPECULATIVE_DRAFT}) {
+    sampling.set_speculative(method);
+    for (bool has_draft_model : {false, true}) {
+      auto refused = SpeculationFor(sampling, off, has_draft_model);
+      EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition)
+          << v1::Speculative_Name(method);
+      EXPECT_NE(refused.status().message().find("sampling.speculative"), std::string::npos);
+    }
+  }
+  for (v1::Speculative method : {v1::SPECULATIVE_OFF, v1::SPECULATIVE_DEFAULT}) {
+    sampling.set_speculative(method);
+    auto served = SpeculationFor(sampling, off, false);
+    ASSERT_TRUE(served.ok()) << served.status();
+    EXPECT_EQ(served->drafter, Drafter::kOff);
+  }
 }
 
 TEST(ProposeByLookup, SearchesTheLastWindowOfTheContextOnly) {
@@ -154,7 +176,7 @@ TEST(DraftModel, ItsStateFollowsTheAcceptedTokens) {
   int64_t accepted_total = 0, drafted_total = 0;
   for (int step = 0; step < 12; ++step) {
     DraftJob job{.context = &context, .speculation = &s, .tokens = 1 + step % 5};
-    ASSERT_TRUE((*draft)->Propose({&job, 1}).ok());
+    ASSERT_TRUE((*draft)->Propose({&job, 1}, int64_t{1} << 20).ok());
     ASSERT_EQ(static_cast<int64_t>(s.draft.size()), job.tokens);
     std::vector<int32_t> proposal = s.draft;
     if (step == 5) proposal[0] = (proposal[0] + 1) % V;  // a rejection at offset 0
@@ -172,6 +194,48 @@ TEST(DraftModel, ItsStateFollowsTheAcceptedTokens) {
     drafted_total += static_cast<int64_t>(proposal.size());
   }
   EXPECT_EQ(accepted_total, drafted_total - 1);
+}
+
+// A long prompt is taken in a piece per call, never more than the call's budget of rows, and
+// drafting starts once it has caught up. The target drafting for itself shows that the state
+// built piece by piece is exact: every greedy draft is the target's own next token.
+TEST(DraftModel, ALongPromptIsTakenInWithinEachCallsBudget) {
+  const std::string dir = baton::testing::ProcessTempDir() + "/draft_pieces";
+  ASSERT_TRUE(model::MakeModel(*model::PresetConfig("tiny"), 4, dir).ok());
+  auto target = model::LoadEngine(dir);
+  ASSERT_TRUE(target.ok());
+  auto draft = DraftModel::Load(dir, dir, **target, {}, 5);
+  ASSERT_TRUE(draft.ok()) << draft.status();
+  model::Engine& engine = **target;
+  const int64_t V = engine.config().vocab_size;
+  // Past the tiny preset's rings (W = 16), so the pieces wrap them.
+  std::vector<int32_t> context;
+  for (int32_t i = 0; i < 61; ++i) context.push_back(5 + (i * 37) % static_cast<int32_t>(V - 8));
+  Speculation s{.drafter = Drafter::kDraft, .max_tokens = 5, .next = 5};
+  constexpr int64_t kBudget = 7;
+  int64_t calls = 0, taken = 0;
+  DraftJob job;
+  do {
+    ASSERT_LT(calls, 60) << "never caught up";
+    job = {.context = &context, .speculation = &s, .tokens = 3};
+    ProposeStats stats;
+    ASSERT_TRUE((*draft)->Propose({&job, 1}, kBudget, &stats).ok());
+    EXPECT_LE(stats.context_rows, kBudget) << "call " << calls;
+    taken += stats.context_rows;
+    ++calls;
+  } while (s.draft.empty());
+  // All but the rows the first drafting round feeds (at most 1 + max_backtrack) were taken in,
+  // a budget at a time.
+  EXPECT_GE(taken, static_cast<int64_t>(context.size()) - 6);
+  EXPECT_GE(calls, (static_cast<int64_t>(context.size()) - 6) / kBudget);
+  ASSERT_EQ(static_cast<int64_t>(s.draft.size()), job.tokens);
+  model::SequenceState state(engine.state_layout());
+  ASSERT_TRUE(engine.Prefill(std::span(context).first(context.size() - 1), {}, state).ok());
+  std::vector<float> logits((1 + s.draft.size()) * V);
+  const model::DecodeItem item{
+      .state = &state, .token = context.back(), .logits = logits.data(), .draft = s.draft};
+  ASSERT_TRUE(engine.Decode({&item, 1}).ok());
+  EXPECT_EQ(model::VerifyDraft(logits, s.draft, {}, {}, 0).accepted, job.tokens);
 }
 
 }  // namespace

@@ -62,6 +62,11 @@ class OperationsTest : public ::testing::Test {
     return Generate(*stub, Request(prompt, max_tokens), std::chrono::seconds(60));
   }
 
+  // Where the process started as `name` writes its health port's address.
+  std::string HealthFile(const std::string& name) const {
+    return ProcessTempDir() + "/operations_" + name + ".health";
+  }
+
   static inline std::string model_;
   std::unique_ptr<Cluster> cluster_;
   std::string metrics_;
@@ -398,6 +403,45 @@ TEST_F(OperationsTest, ANodeExpiryBelowThreeHeartbeatsAndAResolverTimeoutIsRefus
   EXPECT_THAT(cluster_->Log("router"),
               HasSubstr("--node-expiry-ms: 2000 is below 6500 (three --heartbeat-ms of 500 plus "
                         "a 5000 ms resolver timeout)"));
+}
+
+// Every role's binary serves grpc.health.v1 on --health-port, as the chart's pods are started
+// (the chart sets the health port for every role, and a probe on it gates each pod): each
+// process starts, its health port answers SERVING, and a request is served through them.
+TEST_F(OperationsTest, EveryRoleServesItsHealthPort) {
+  StartRouter({"--health-port", "0", "--health-ready-file", HealthFile("router")});
+  auto health = [&](const std::string& name) {
+    return std::vector<std::string>{"--health-port", "0", "--health-ready-file",
+                                    HealthFile(name)};
+  };
+  ASSERT_FALSE(cluster_->StartPrefill("prefill", health("prefill")).empty())
+      << cluster_->Log("prefill");
+  ASSERT_FALSE(cluster_->StartDecode("decode", health("decode")).empty())
+      << cluster_->Log("decode");
+  const std::string store = ProcessTempDir() + "/operations_health_store";
+  ASSERT_FALSE(cluster_->StartKvstore("kvstore", store, health("kvstore")).empty())
+      << cluster_->Log("kvstore");
+  for (const std::string name : {"router", "prefill", "decode", "kvstore"}) {
+    const std::string address = ReadAddress(HealthFile(name));
+    ASSERT_FALSE(address.empty()) << name << ": no health address";
+    auto stub = grpc::health::v1::Health::NewStub(
+        grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+    EXPECT_TRUE(Eventually(
+        [&] {
+          grpc::ClientContext context;
+          context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(1));
+          grpc::health::v1::HealthCheckRequest request;
+          grpc::health::v1::HealthCheckResponse response;
+          return stub->Check(&context, request, &response).ok() &&
+                 response.status() == grpc::health::v1::HealthCheckResponse::SERVING;
+        },
+        std::chrono::seconds(30)))
+        << name << "'s health port " << address << " does not answer SERVING";
+  }
+  ASSERT_TRUE(cluster_->WaitForHealth(true));
+  const Outcome served = Run({1, 2, 3, 4, 5, 6, 7, 8});
+  EXPECT_TRUE(served.status.ok()) << served.status.error_message();
+  EXPECT_EQ(served.tokens.size(), 4u);
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 #include <limits>
 
 #include "baton/common/checksum.h"
+#include "baton/common/wire_bounds.h"
 #include "baton/kvstore/chain.h"
 #include "baton/kvstore/hit_policy.h"
 #include "gmock/gmock.h"
@@ -73,6 +74,22 @@ TEST(ChainKeysTest, TenantsNeverShareKeysWhateverTheSalt) {
   EXPECT_NE(ChainKeys("fp", "tenant-", "a", tokens, 16)[0], a[0]);
   EXPECT_NE(ChainKeys("fp", "", "tenant-a", tokens, 16)[0], a[0]);
   EXPECT_EQ(ChainKeys("fp", "tenant-a", "", tokens, 16), a);
+}
+
+// Why the router refuses a cache_salt with a NUL byte: a keyless router's root hashes the salt
+// right after the fingerprint, where a keyed tenant's hashes its name's length (uint32 LE) and
+// name, so such a salt would reach the tenant's keys on a store both share. Every tenant
+// length the router accepts (at most kMaxTenantBytes) has a 0 byte in its prefix, so a salt
+// without one never can, and the keys themselves never change.
+TEST(ChainKeysTest, ASaltWithANulByteCouldSpellAKeyedRoot) {
+  const auto tokens = Tokens(32);
+  const std::string tenant = "tenant-a";
+  const auto keyed = ChainKeys("fp", tenant, "s", tokens, 16);
+  const std::string spelled =
+      std::string(1, static_cast<char>(tenant.size())) + std::string(3, '\0') + tenant + "s";
+  EXPECT_EQ(ChainKeys("fp", "", spelled, tokens, 16), keyed);
+  EXPECT_NE(spelled.find('\0'), std::string::npos);
+  static_assert(kMaxTenantBytes < (uint64_t{1} << 24), "a tenant's length prefix has a 0 byte");
 }
 
 class PrefixStoreTest : public ::testing::Test {

@@ -57,6 +57,25 @@ TEST(OpenAiTest, TheModelFieldPicksOneOfSeveralServedModels) {
   EXPECT_THAT(r.status().message(), HasSubstr("'baton-small', 'baton-green'"));
 }
 
+// Issue 48 item 8: a prompt's text holds at most 64 bytes a token of max_model_len (2048 here:
+// 131072 bytes); past it, a completion's prompt and a chat's messages are refused, naming the
+// bound, before anything is tokenized.
+TEST(OpenAiTest, APromptTextPastMaxModelLenIsRefusedBeforeTokenizing) {
+  const std::string past((128 << 10) + 1, 'a');
+  absl::StatusOr<Request> r = Parse(Endpoint::kCompletions, {{"prompt", past}});
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(r.status().message(),
+              HasSubstr("prompt: 131073 bytes; at most 131072 bytes (64 a token of the router's "
+                        "--max-model-len 2048), refused before tokenizing"));
+  r = Parse(Endpoint::kChatCompletions, {{"messages", {{{"role", "user"}, {"content", past}}}}});
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(r.status().message(), HasSubstr("messages: 131077 bytes; at most 131072 bytes"));
+  r = Parse(Endpoint::kCompletions, {{"prompt", std::string(128 << 10, 'a')}});
+  EXPECT_TRUE(r.ok()) << r.status();
+}
+
 TEST(OpenAiTest, ACompletionBodyBecomesAGenerateRequest) {
   absl::StatusOr<Request> r =
       Parse(Endpoint::kCompletions, {{"model", "baton-small"},
@@ -126,6 +145,36 @@ TEST(OpenAiTest, ChatMessagesRenderThroughTheChatTemplate) {
   r = Parse(Endpoint::kChatCompletions, {{"messages", {{{"role", "user"}, {"content", "Hi"}}}}});
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->generate.sampling().max_tokens(), 512u);
+}
+
+// Without max_tokens the default comes from the room the prompt leaves: the context is
+// max_model_len bounded by the model's positions, so a 512-position model under the default
+// --max-model-len of 32,768 gets a default it can serve.
+TEST(OpenAiTest, DefaultMaxTokensComeFromTheRoomThePromptLeaves) {
+  const std::shared_ptr<const text::Tokenizer> tokenizer(std::shared_ptr<const text::Tokenizer>(),
+                                                         &Tok());
+  const ServedModel small{
+      .name = "small", .max_tokens_limit = 4096, .max_model_len = 32768, .max_positions = 512};
+  const std::vector<ModelEntry> models = {{small, tokenizer}};
+  std::vector<int32_t> prompt(500, 100);
+  absl::StatusOr<Request> r =
+      ParseRequest(Endpoint::kCompletions, json{{"prompt", prompt}}.dump(), models);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->generate.sampling().max_tokens(), 12u);  // 512 - 500, under OpenAI's 16
+  prompt.resize(100);
+  r = ParseRequest(Endpoint::kCompletions, json{{"prompt", prompt}}.dump(), models);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->generate.sampling().max_tokens(), 16u);
+  r = ParseRequest(Endpoint::kChatCompletions,
+                   json{{"messages", {{{"role", "user"}, {"content", "Hi"}}}}}.dump(), models);
+  ASSERT_TRUE(r.ok()) << r.status();
+  const uint32_t chat_prompt = static_cast<uint32_t>(r->generate.prompt_token_ids_size());
+  EXPECT_EQ(r->generate.sampling().max_tokens(), 512u - chat_prompt);
+  // A prompt that fills the context leaves 1, which the router refuses naming the limit.
+  prompt.resize(600);
+  r = ParseRequest(Endpoint::kCompletions, json{{"prompt", prompt}}.dump(), models);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->generate.sampling().max_tokens(), 1u);
 }
 
 // A message's content (and role) is text: a message carrying every special token of the

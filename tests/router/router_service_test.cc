@@ -293,6 +293,13 @@ TEST_F(RouterServiceTest, ValidateRefusesBeforeAnyNodeIsAsked) {
   request.set_model("another");
   status = Generate(request, writer);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::NOT_FOUND);
+  // A salt with a NUL byte could spell a keyed tenant's chain root on a shared store
+  // (ChainKeysTest.ASaltWithANulByteCouldSpellAKeyedRoot): refused by name.
+  request = Request();
+  request.set_cache_salt(std::string("\x08\0\0\0tenant-a", 12));
+  status = Generate(request, writer);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(status.error_message(), HasSubstr("cache_salt: must not contain a NUL byte"));
   EXPECT_TRUE(writer.responses.empty());
 }
 
@@ -602,6 +609,35 @@ TEST_F(RouterServiceTest, ADecodeNodeLostBeforeItsCommitIsAvoided) {
   EXPECT_THAT(writer.Tokens(), ElementsAre(7, 8));
 }
 
+// A prefill node's baton-failed-node trailer takes the decode node down only when the router
+// cannot reach it either (its Release of the reservation fails): one prefill node's word alone
+// makes this request do without the node, and leaves it live for the others.
+TEST_F(RouterServiceTest, APrefillNodesWordAloneDoesNotTakeADecodeNodeDown) {
+  options_.node_ttl_ms = 60000;  // a marked-down node would stay down for the test
+  for (const bool answers : {true, false}) {
+    SCOPED_TRACE(answers ? "the decode node answers the router" : "nor does it answer the router");
+    router_.reset();
+    nodes_ = std::make_shared<FakeNodes>();
+    EXPECT_CALL(Prefill("p1"), Prefill(_, _, _))
+        .WillOnce(Invoke(
+            [&](grpc::ClientContext* context, const v1::PrefillRequest&, v1::PrefillResponse*) {
+              return nodes_->BlameDecode(
+                  context, grpc::Status(grpc::StatusCode::UNAVAILABLE, "commit failed"));
+            }))
+        .WillOnce(FirstToken(7));
+    auto& blamed = Decode("d1");
+    if (!answers) {
+      ON_CALL(blamed, Release(_, _, _))
+          .WillByDefault(Return(grpc::Status(grpc::StatusCode::UNAVAILABLE, "refused")));
+    }
+    Decode("d2", {Output({8}, v1::FINISH_REASON_LENGTH)});
+    FakeWriter writer;
+    ASSERT_TRUE(Generate(Request(), writer).ok());
+    EXPECT_THAT(writer.Tokens(), ElementsAre(7, 8));
+    EXPECT_EQ(Router().registry().LiveByRole().at("decode"), answers ? 2 : 1);
+  }
+}
+
 TEST_F(RouterServiceTest, APrefillNodeLostIsAvoided) {
   options_.node_ttl_ms = 60000;
   EXPECT_CALL(Prefill("p1"), Prefill(_, _, _))
@@ -639,6 +675,28 @@ TEST_F(RouterServiceTest, ADecodeNodeLostMidStreamIsReplacedWithoutRepeatingATok
   EXPECT_EQ(reserve_seen.prompt_tokens(), 10u);
   EXPECT_EQ(reserve_seen.completed_tokens(), 2u);
   EXPECT_EQ(writer.responses.back().usage().completion_tokens(), 4u);
+}
+
+// A decode node whose output carries fewer logprobs than tokens is faulty: nothing of that
+// output reaches the client (the router would have indexed past the logprobs), and the rest
+// comes from another decode node, as after a lost stream.
+TEST_F(RouterServiceTest, ADecodeOutputShortOfLogprobsFailsTheAttemptByName) {
+  options_.node_ttl_ms = 60000;
+  EXPECT_CALL(Prefill("p1"), Prefill(_, _, _)).WillOnce(FirstToken(7)).WillOnce(FirstToken(9));
+  v1::DecodeOutput short_of_logprobs = Output({8, 11});
+  short_of_logprobs.mutable_logprobs()->RemoveLast();
+  auto& d1 = Decode("d1", {Output({8}), short_of_logprobs});
+  EXPECT_CALL(d1, Reserve(_, _, _)).Times(1);
+  Decode("d2", {Output({10}, v1::FINISH_REASON_LENGTH)});
+  v1::GenerateRequest request = Request(8, 4);
+  request.set_logprobs(true);
+  FakeWriter writer;
+  const grpc::Status status = Generate(request, writer);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  EXPECT_THAT(writer.Tokens(), ElementsAre(7, 8, 9, 10));
+  for (const auto& response : writer.responses) {
+    EXPECT_EQ(response.logprobs_size(), response.token_ids_size());
+  }
 }
 
 // Every attempt loses its decode node: the request gives up after kMaxAttempts.

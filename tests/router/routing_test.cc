@@ -207,19 +207,27 @@ TEST(ClassifyPrefillFailureTest, EachFailureGoesToItsRetry) {
   const grpc::Status invalid(grpc::StatusCode::INVALID_ARGUMENT, "s_valid");
   const grpc::Status deadline(grpc::StatusCode::DEADLINE_EXCEEDED, "late");
   // The decode node's read failed: the transfer again, twice at most.
-  EXPECT_EQ(ClassifyPrefillFailure(aborted, "decode"), AttemptFailure::kTransferFailed);
+  EXPECT_EQ(ClassifyPrefillFailure(aborted, "decode", true), AttemptFailure::kTransferFailed);
   EXPECT_EQ(RetryRuleFor(AttemptFailure::kTransferFailed).budget, 2);
   EXPECT_EQ(RetryRuleFor(AttemptFailure::kTransferFailed).avoid, Avoid::kNone);
-  // The prefill node could not reach the decode node: that decode node is lost.
-  EXPECT_EQ(ClassifyPrefillFailure(unavailable, "decode"), AttemptFailure::kDecodeLostBeforeCommit);
+  // The prefill node could not reach the decode node, nor could the router: that decode node is
+  // lost.
+  EXPECT_EQ(ClassifyPrefillFailure(unavailable, "decode", false),
+            AttemptFailure::kDecodeLostBeforeCommit);
   EXPECT_EQ(RetryRuleFor(AttemptFailure::kDecodeLostBeforeCommit).avoid, Avoid::kDecodeNode);
+  EXPECT_TRUE(RetryRuleFor(AttemptFailure::kDecodeLostBeforeCommit).mark_down);
+  // The prefill node's word alone: this request does without the decode node, which stays up.
+  EXPECT_EQ(ClassifyPrefillFailure(unavailable, "decode", true),
+            AttemptFailure::kDecodeReportedLost);
+  EXPECT_EQ(RetryRuleFor(AttemptFailure::kDecodeReportedLost).avoid, Avoid::kDecodeNode);
+  EXPECT_FALSE(RetryRuleFor(AttemptFailure::kDecodeReportedLost).mark_down);
   // No attribution: the prefill node itself did not answer.
-  EXPECT_EQ(ClassifyPrefillFailure(unavailable, ""), AttemptFailure::kPrefillLost);
+  EXPECT_EQ(ClassifyPrefillFailure(unavailable, "", true), AttemptFailure::kPrefillLost);
   EXPECT_EQ(RetryRuleFor(AttemptFailure::kPrefillLost).avoid, Avoid::kPrefillNode);
   // The request's own errors are not retried, attributed or not.
-  EXPECT_EQ(ClassifyPrefillFailure(invalid, ""), std::nullopt);
-  EXPECT_EQ(ClassifyPrefillFailure(deadline, "decode"), std::nullopt);
-  EXPECT_EQ(ClassifyPrefillFailure(aborted, ""), std::nullopt);
+  EXPECT_EQ(ClassifyPrefillFailure(invalid, "", true), std::nullopt);
+  EXPECT_EQ(ClassifyPrefillFailure(deadline, "decode", false), std::nullopt);
+  EXPECT_EQ(ClassifyPrefillFailure(aborted, "", true), std::nullopt);
 }
 
 // The policy is a table with one rule per failure, each within the request's attempts.
@@ -227,7 +235,8 @@ TEST(RetryPolicyTest, OneRuleForEveryFailure) {
   for (AttemptFailure failure :
        {AttemptFailure::kDecodeUnreachable, AttemptFailure::kNoDecodeForWeights,
         AttemptFailure::kTransferFailed, AttemptFailure::kDecodeLostBeforeCommit,
-        AttemptFailure::kPrefillLost, AttemptFailure::kDecodeLostMidStream}) {
+        AttemptFailure::kDecodeReportedLost, AttemptFailure::kPrefillLost,
+        AttemptFailure::kDecodeLostMidStream}) {
     int rules = 0;
     for (const RetryRule& rule : kRetryPolicy) rules += rule.failure == failure ? 1 : 0;
     EXPECT_EQ(rules, 1) << static_cast<int>(failure);

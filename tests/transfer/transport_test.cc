@@ -264,6 +264,56 @@ TEST_F(TransportTest, UcxSourceFieldsOutsideTheirBoundsAreRefused) {
   EXPECT_TRUE(into.Untouched());
 }
 
+// The reproducer of issue 48's UCX item: a Commit naming staging memory outside what its key
+// covers is refused by name before any get (under shared memory a get is a plain copy from the
+// attached segment, which UCX does not check against the key, so it would read this process's
+// own memory or crash it): past the exposure's end, across it, before its start, more than it
+// holds, an exposure that wraps 64 bits, an address whose end wraps, and no exposure named.
+// This process, the reader, stays up with its destination untouched, and reads the real
+// exposure afterwards.
+TEST_F(TransportTest, UcxReadsOutsideWhatTheKeyCoversAreRefusedByName) {
+  auto reader = UcxWorker::Create();
+  ASSERT_TRUE(reader.ok());
+  std::unique_ptr<Transport> ucx = MakeUcxTransport(**reader);
+  const v1::RegionSource good = exposure_->Source(v1::TRANSPORT_UCX);
+  const uint64_t begin = good.exposed_address(), bytes = good.exposed_bytes();
+  const uint64_t total = StagingBytes(sizes_);
+  ASSERT_EQ(good.address(), begin);
+  ASSERT_GE(bytes, total);
+  const uint64_t top = ~uint64_t{0};
+  struct Case {
+    const char* name;
+    std::function<void(v1::RegionSource&)> forge;
+    const char* field;
+  };
+  const std::vector<Case> cases = {
+      {"past the end", [&](auto& s) { s.set_address(begin + bytes); }, "source.address"},
+      {"across the end", [&](auto& s) { s.set_address(begin + bytes - total + 1); },
+       "source.address"},
+      {"before the start", [&](auto& s) { s.set_address(begin - 4096); }, "source.address"},
+      {"more than it holds", [&](auto& s) { s.set_exposed_bytes(total - 1); }, "source.address"},
+      {"an exposure that wraps",
+       [&](auto& s) {
+         s.set_exposed_address(top - 100);
+         s.set_address(top - 50);
+       },
+       "source.exposed_bytes"},
+      {"an end that wraps", [&](auto& s) { s.set_address(top - 100); }, "wraps 64 bits"},
+      {"no exposure named", [&](auto& s) { s.clear_exposed_bytes(); }, "source.exposed_bytes"},
+  };
+  Destination into(sizes_);
+  for (const Case& c : cases) {
+    v1::RegionSource source = good;
+    c.forge(source);
+    const absl::Status status = ucx->Read(source, "", into.spans, In(1000));
+    EXPECT_TRUE(absl::IsInvalidArgument(status)) << c.name << ": " << status;
+    EXPECT_THAT(status.message(), HasSubstr(c.field)) << c.name;
+    EXPECT_TRUE(into.Untouched()) << c.name;
+  }
+  ASSERT_TRUE(ucx->Read(good, "", into.spans, In(10000)).ok());
+  ExpectSame(into);
+}
+
 // Over TCP a get needs the prefill worker's progress; without it the read stalls. A read past
 // its deadline, or abandoned, force-closes its endpoint and waits for the cancelled gets:
 // when the prefill worker resumes, nothing of the late answer reaches the destination.

@@ -2,6 +2,8 @@
 
 #include <utility>
 
+#include "baton/common/pki.h"
+
 namespace baton::launcher {
 
 std::string InstanceName(const std::string& role, int i) {
@@ -101,7 +103,7 @@ void ChildCommands::AppendModelFlags(std::vector<std::string>& args) const {
 
 ChildCommand ChildCommands::Make(const std::string& name, const std::string& role,
                                  std::vector<std::string> args) const {
-  const std::vector<std::string> identity = IdentityFlags(role);
+  const std::vector<std::string> identity = IdentityFlags(name, role);
   args.insert(args.end(), identity.begin(), identity.end());
   args.insert(args.end(),
               {"--metrics-port", "0", "--metrics-ready-file", layout_.MetricsFile(name),
@@ -110,13 +112,16 @@ ChildCommand ChildCommands::Make(const std::string& name, const std::string& rol
   return {name, layout_.Program("baton-" + role), std::move(args), layout_.ReadyFile(name)};
 }
 
-// Mutual TLS inside the cluster with the role's certificate.
-std::vector<std::string> ChildCommands::IdentityFlags(const std::string& role) const {
+// Mutual TLS inside the cluster: the router with its role's certificate, each node with its
+// own (MakeClusterPki), whose instance is the node_id it registers.
+std::vector<std::string> ChildCommands::IdentityFlags(const std::string& name,
+                                                      const std::string& role) const {
   if (options_.insecure_internal) return {"--insecure-internal"};
   const std::filesystem::path tls = layout_.tls();
-  return {"--tls-ca",   (tls / "ca.crt").string(),
-          "--tls-cert", (tls / (role + ".crt")).string(),
-          "--tls-key",  (tls / (role + ".key")).string()};
+  const std::string stem =
+      role == "router" ? (tls / role).string() : pki::NodeCertificateStem(tls.string(), name);
+  return {"--tls-ca",   (tls / "ca.crt").string(), "--tls-cert", stem + ".crt", "--tls-key",
+          stem + ".key"};
 }
 
 }  // namespace baton::launcher

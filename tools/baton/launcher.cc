@@ -78,6 +78,18 @@ absl::Status StartNodes(const ChildCommands& commands, const LaunchOptions& opti
   return absl::OkStatus();
 }
 
+// The nodes StartNodes starts, each with a certificate of its own.
+std::vector<NodeName> NodeNames(const LaunchOptions& options) {
+  std::vector<NodeName> nodes = {{"kvstore", "kvstore"}};
+  for (int i = 0; i < options.decode_nodes; ++i) {
+    nodes.push_back({"decode", InstanceName("decode", i)});
+  }
+  for (int i = 0; i < options.prefill_nodes; ++i) {
+    nodes.push_back({"prefill", InstanceName("prefill", i)});
+  }
+  return nodes;
+}
+
 // How `baton up` reaches the router's client API: plaintext, or TLS trusting the cluster's CA.
 std::shared_ptr<grpc::ChannelCredentials> ClientCredentials(const LaunchOptions& options,
                                                             const Layout& layout) {
@@ -148,7 +160,7 @@ absl::Status StartCluster(const LaunchOptions& options, Supervisor& children) {
   if (!layout.ok()) return layout.status();
   absl::StatusOr<ServedModel> model = ResolveModel(options, *layout);
   if (!model.ok()) return model.status();
-  if (absl::Status s = MakeClusterPki(*layout); !s.ok()) return s;
+  if (absl::Status s = MakeClusterPki(*layout, NodeNames(options)); !s.ok()) return s;
   ClearRunFiles(*layout);
   WarnIfTheCacheIsShared(options);
 

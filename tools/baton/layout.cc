@@ -44,11 +44,16 @@ void ClearRunFiles(const Layout& layout) {
   }
 }
 
-absl::Status MakeClusterPki(const Layout& layout) {
+absl::Status MakeClusterPki(const Layout& layout, const std::vector<NodeName>& nodes) {
   const std::string tls = layout.tls().string();
-  if (absl::Status s = pki::EnsureLocalPki(tls, pki::LocalRoles()); !s.ok()) {
+  absl::Status made = pki::EnsureLocalPki(tls, pki::LocalRoles());
+  // Issued at every start: cheap, and always signed by the CA that is there now.
+  for (size_t i = 0; made.ok() && i < nodes.size(); ++i) {
+    made = pki::IssueNodeCertificate(tls, nodes[i].role, nodes[i].name);
+  }
+  if (!made.ok()) {
     return absl::AbortedError(
-        absl::StrCat("cannot make the certificates in ", tls, ": ", s.message()));
+        absl::StrCat("cannot make the certificates in ", tls, ": ", made.message()));
   }
   return absl::OkStatus();
 }

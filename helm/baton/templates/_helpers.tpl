@@ -356,7 +356,10 @@ that renewed files reach the pod. defaultMode 0440 (288): readable by the pod's 
 {{- define "baton.volumes" -}}
 {{- $root := .root -}}
 {{- with $root -}}
-{{- if .Values.tls.enabled }}
+{{- if include "baton.tlsCsi" (dict "root" . "role" $.role) }}
+- name: tls
+  {{- include "baton.tlsCsiVolume" (dict "root" . "role" $.role) | nindent 2 }}
+{{- else if .Values.tls.enabled }}
 - name: tls
   secret:
     secretName: {{ include "baton.tlsSecret" (dict "root" . "role" $.role) }}

@@ -55,3 +55,48 @@ spec:
       protocol: TCP
 {{- include "baton.pdb" (dict "root" $root "role" $role "pdb" $values.pdb "values" $values) }}
 {{- end -}}
+
+
+{{/* The issuer of the chart's certificates, as JSON {name, kind, group}: tls.certManager.issuerRef,
+else the chart's own CA Issuer "<fullname>-ca" (certificates.yaml). */}}
+{{- define "baton.certIssuer" -}}
+{{- $ref := .Values.tls.certManager.issuerRef -}}
+{{- if $ref.name -}}
+{{- toJson (dict "name" $ref.name "kind" (default "Issuer" $ref.kind) "group" (default "cert-manager.io" $ref.group)) -}}
+{{- else -}}
+{{- toJson (dict "name" (printf "%s-ca" (include "baton.fullname" .)) "kind" "Issuer" "group" "cert-manager.io") -}}
+{{- end -}}
+{{- end -}}
+
+{{/* "true" when a role's pods get a certificate of their own from cert-manager's csi-driver
+(tls.certManager.csiDriver): prefill and decode pods, with TLS and cert-manager on and no
+tls.existingSecrets entry for the role. Call with (dict "root" $ "role" "prefill"). */}}
+{{- define "baton.tlsCsi" -}}
+{{- $tls := .root.Values.tls -}}
+{{- if and $tls.enabled $tls.certManager.csiDriver (has .role (list "prefill" "decode")) (not (index $tls.existingSecrets .role)) (include "baton.certManager" .root) -}}
+true
+{{- end -}}
+{{- end -}}
+
+{{/* The csi-driver volume of a node pod: a certificate issued for this pod alone, whose URI SAN
+spiffe://baton/<role>/<pod name> is the node_id the pod registers (--node-id=$(POD_NAME)), with
+the CA beside it (tls.crt, tls.key, ca.crt, like the Secret it replaces). The driver renews it in
+place. Call with (dict "root" $ "role" "prefill"). */}}
+{{- define "baton.tlsCsiVolume" -}}
+{{- $root := .root -}}
+{{- $cm := $root.Values.tls.certManager -}}
+{{- $issuer := include "baton.certIssuer" $root | fromJson -}}
+csi:
+  driver: csi.cert-manager.io
+  readOnly: true
+  volumeAttributes:
+    csi.cert-manager.io/issuer-name: {{ $issuer.name | quote }}
+    csi.cert-manager.io/issuer-kind: {{ $issuer.kind | quote }}
+    csi.cert-manager.io/issuer-group: {{ $issuer.group | quote }}
+    csi.cert-manager.io/uri-sans: {{ printf "spiffe://baton/%s/${POD_NAME}" .role | quote }}
+    csi.cert-manager.io/duration: {{ $cm.duration | quote }}
+    csi.cert-manager.io/renew-before: {{ $cm.renewBefore | quote }}
+    csi.cert-manager.io/key-usages: "digital signature,server auth,client auth"
+    csi.cert-manager.io/key-encoding: PKCS8
+    csi.cert-manager.io/fs-group: {{ $root.Values.podSecurityContext.fsGroup | int64 | quote }}
+{{- end -}}

@@ -1,14 +1,19 @@
-// Client API keys (the router's --api-keys FILE): a YAML mapping from key to tenant name,
+// Client API keys (the router's --api-keys FILE): a YAML mapping from key to tenant name, or
+// to the tenant and its weight,
 //
 //   "k3y-for-team-a-0123456789": team-a
-//   "another-key-for-team-b-xyz": team-b
+//   "another-key-for-team-b-xyz": {tenant: team-b, weight: 3}
 //
+// A tenant's weight (1 to 1000, default 1; every key of a tenant gives the same) sets its part
+// of the router's pools beside the other active tenants (router/tenant_share.h): the admission
+// queue, the decode streams and the HTTP front's request threads.
 // Clients send `authorization: Bearer <key>`. The tenant a key maps to becomes part of every
 // prefix-cache chain key of that client's requests (kvstore/chain.h), so tenants never share
 // cached state and cached_tokens tells no tenant about another's prompts. Keys are held only
 // as SHA-256 digests. Immutable after Load; safe to share between threads.
 #pragma once
 
+#include <cstdint>
 #include <map>
 #include <optional>
 #include <string>
@@ -35,9 +40,12 @@ class ApiKeys {
   absl::StatusOr<std::string> Authenticate(std::optional<std::string_view> authorization) const;
 
   size_t size() const { return tenants_.size(); }
+  // The tenants whose weight is not 1, with their weights.
+  const std::map<std::string, int64_t>& weights() const { return weights_; }
 
  private:
   std::map<Sha256Digest, std::string> tenants_;  // by SHA-256 of the key
+  std::map<std::string, int64_t> weights_;       // by tenant; absent: 1
 };
 
 }  // namespace baton

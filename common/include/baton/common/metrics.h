@@ -67,7 +67,10 @@ std::shared_ptr<Collector> AddCollector(Collector::Fn fn);
 // host "::" every IPv6 and IPv4 address, IPv4's alone where the kernel has no IPv6) and sets
 // baton_build_info{binary, version} to 1. The server (Boost.Beast: Debian's civetweb, which
 // prometheus-cpp's exposer serves on, is built without IPv6) answers each scrape on its own
-// connection, a bounded number at once, and serves until destroyed.
+// connection and serves until destroyed. Anyone who reaches the port may connect, so its
+// slots are shared out as the HTTP front's are (connection_slots.h): 64 in all, 8 per client
+// (an IPv4 address, an IPv6 /64), the last 16 for clients that have scraped in the last ten
+// minutes, and a request must be complete within 2 s of the accept.
 struct MetricsServer {
   struct Impl;
   std::unique_ptr<Impl> impl;
@@ -79,6 +82,12 @@ struct MetricsServer {
 };
 absl::StatusOr<MetricsServer> StartMetricsServer(const std::string& host, int port,
                                                  const std::string& binary);
+
+// The value of a `tenant` label: with `names` the tenant's name, else (the default: the page
+// is open to whoever reaches the port) "t-" and the first 12 hex digits of the SHA-256 of the
+// name, the same in every process and across restarts. It hides the names from readers of the
+// page; it does not keep a guessed name from being checked.
+std::string TenantLabel(const std::string& tenant, bool names);
 
 // The lower-case name of a gRPC status code ("ok", "cancelled", "resource_exhausted", ...),
 // the `outcome` label of request counters.

@@ -7,8 +7,12 @@
 // check each other's SPIFFE ids, not host names). So no node's key can pose as the router's
 // client endpoint.
 //
+// One certificate per node (IssueNodeCertificate) names its node too,
+// spiffe://baton/<role>/<instance>: the router binds a node_id to it (router/node_registry.h).
+//
 // Files in `dir`: ca.crt and <role>.crt + <role>.key; the CA's key in `dir`/ca/ca.key (the
-// folder 0700), apart from the role keys. Keys are created 0600 (O_CREAT | O_EXCL with the
+// folder 0700), apart from the role keys; node certificates in `dir`/nodes/<instance>.crt +
+// .key. Keys are created 0600 (O_CREAT | O_EXCL with the
 // mode, then renamed into place). In Kubernetes the same layout comes from cert-manager instead
 // (docs/deploy.md).
 #pragma once
@@ -27,6 +31,14 @@ absl::Status MakeCertificateAuthority(const std::string& dir);
 // role's SPIFFE id unless given). `days` of validity, starting an hour ago.
 absl::Status IssueCertificate(const std::string& dir, const std::string& role,
                               const std::string& uri = "", int days = 365);
+
+// Issues nodes/<instance>.crt/.key in `dir` for spiffe://baton/<role>/<instance>, signed by
+// the CA in `dir`, replacing any there. INVALID_ARGUMENT naming `instance` unless it is 1 to 63
+// letters, digits, '.', '_' or '-' (a SPIFFE path segment, and a pod's name).
+absl::Status IssueNodeCertificate(const std::string& dir, const std::string& role,
+                                  const std::string& instance, int days = 365);
+// `dir`/nodes/<instance>: the stem of a node certificate's .crt and .key.
+std::string NodeCertificateStem(const std::string& dir, const std::string& instance);
 
 // The CA and one certificate per role of `roles`, unless `dir` already holds a CA and all of
 // them (a restart keeps the certificates its clients were given).

@@ -50,6 +50,10 @@ struct ServerOptions {
   // refused with RESOURCE_EXHAUSTED, never queued without bound) and buffer memory.
   int max_rpc_threads = 2048;
   int64_t rpc_memory_bytes = int64_t{1} << 30;
+  // The largest message a caller may send; 0: the bound every server shares
+  // (security::kMaxMessageBytes). The router's client server takes one derived from
+  // --max-model-len (router_main.h ClientApiLimits).
+  int max_receive_message_bytes = 0;
   // On SIGTERM or SIGINT the process drains (see ServeUntilShutdown) for at most this long.
   std::chrono::milliseconds drain_timeout{30000};
   // A node resolves the router names it registers with again this often, in the background

@@ -14,6 +14,7 @@
 // insecure: in-process unit tests use that.
 #pragma once
 
+#include <functional>
 #include <initializer_list>
 #include <memory>
 #include <optional>
@@ -23,9 +24,13 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "grpcpp/grpcpp.h"
+#include "grpcpp/security/auth_metadata_processor.h"
 
 namespace CLI {
 class App;
+}
+namespace baton {
+class ApiKeys;
 }
 
 namespace baton::security {
@@ -40,6 +45,11 @@ inline std::string RoleUri(Role role) {
 }
 // The role a SPIFFE id names (spiffe://baton/<role>[/<instance>]); nullopt for any other.
 std::optional<Role> RoleOfUri(absl::string_view uri);
+// The instance a per-node SPIFFE id names (spiffe://baton/<role>/<instance>: everything after
+// the role's segment); "" for a role-only id or any other.
+std::string InstanceOfUri(absl::string_view uri);
+// spiffe://baton/<role>/<instance>: the identity of one node (`baton up`, the chart).
+std::string NodeUri(absl::string_view role, absl::string_view instance);
 
 // gRPC message bounds, set explicitly on every server and channel. The largest message is a
 // gRPC-transport region chunk or a store block (a few MiB); a prompt of max_model_len token
@@ -79,9 +89,29 @@ inline std::shared_ptr<grpc::Channel> InternalChannel(const std::string& address
 
 // Credentials of the router's client API: TLS with `cert_file`/`key_file` (re-read when they
 // change), requiring client certificates from `client_ca_file` when that is given; plaintext
-// when no certificate is given.
+// when no certificate is given. With `api_key_check`, the credentials can take an
+// ApiKeyCheck (ServerCredentials::SetAuthMetadataProcessor), plaintext too: gRPC runs such a
+// check only on secure credentials (1.51's plaintext credentials abort on one), so plaintext is
+// then XdsServerCredentials over plaintext, which, with no xDS configured (no XdsServerBuilder),
+// serves exactly as its plaintext fallback does.
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ClientApiCredentials(
-    const std::string& cert_file, const std::string& key_file, const std::string& client_ca_file);
+    const std::string& cert_file, const std::string& key_file, const std::string& client_ca_file,
+    bool api_key_check = false);
+
+// Says that a call was refused: the method (":path") and the refusal.
+using RefusalFn = std::function<void(absl::string_view method, const absl::Status& refusal)>;
+// An AuthMetadataProcessor for the client server's credentials that checks each call's API key
+// (`authorization: Bearer <key>`) from its metadata, before any message of the call is read: a
+// call without a valid key is refused UNAUTHENTICATED, having cost its headers only (gRPC
+// reads a whole message, up to the receive limit, before a handler could look at the key).
+// grpc.health.v1 passes without a key. `refused` (may be null) hears of each refusal.
+//
+// The handler still takes the tenant from the key itself (ApiKeys::Authenticate, a SHA-256): in
+// gRPC 1.51 the AuthContext a processor writes to is the connection's, shared by all its calls
+// and never trimmed, so a property set per call would grow without bound and give every call
+// of the connection every tenant seen on it.
+std::shared_ptr<grpc::AuthMetadataProcessor> ApiKeyCheck(std::shared_ptr<const ApiKeys> keys,
+                                                         RefusalFn refused);
 
 // Channel arguments every baton channel uses (message bounds).
 grpc::ChannelArguments ChannelArguments();

@@ -53,6 +53,11 @@ struct DecodeOptions {
   // 8 rows keep 8 streams' step within 1.5x on the small preset at L = 2K,
   // bench/replay_step_bench.cc). A step with no stream decoding replays up to 512.
   int64_t replay_rows_per_step = 8;
+  // Speculative decoding with a draft model: prompt rows the draft model takes in per step, over
+  // all requests (--draft-rows-per-step). A long prompt is taken in a piece per step, so the
+  // streams' steps stay short (the draft model is meant to be several times smaller than the
+  // target, so its budget is several times replay's); the request drafts once it has caught up.
+  int64_t draft_rows_per_step = 64;
   int64_t max_waiting = 64;           // Reserve calls that may wait for memory at once
   int64_t attach_timeout_ms = 30000;  // committed but no stream attached
   bool use_ucx = true;

@@ -123,8 +123,10 @@ struct Speculation {
 
 inline constexpr int64_t kProbeSteps = 24;
 
-// The request's drafter: the sampling params' override, else the node's. FAILED_PRECONDITION
-// naming the field for DRAFT on a node without a draft model.
+// The request's drafter and K: the sampling params' overrides, else the node's. A request
+// cannot enable a method the operator did not:
+// FAILED_PRECONDITION naming sampling.speculative for NGRAM or DRAFT on a node that runs
+// --speculative off, and for DRAFT on a node without a draft model (as the router relays it).
 absl::StatusOr<Speculation> SpeculationFor(const v1::SamplingParams& sampling,
                                            const SpeculativeConfig& node, bool has_draft_model);
 
@@ -138,6 +140,14 @@ struct DraftJob {
   uint64_t step = 0;  // completion index of the step's first emitted token
 };
 
+// What one DraftModel::Propose call ran: batched draft-model steps (`rounds`) and the rows
+// they fed, and the context rows it took in (prefill and catch-up, within its budget).
+struct ProposeStats {
+  int64_t rounds = 0;
+  int64_t rows = 0;
+  int64_t context_rows = 0;
+};
+
 class DraftModel {
  public:
   // INVALID_ARGUMENT naming --speculative when the model cannot draft for `target` (loaded
@@ -149,12 +159,14 @@ class DraftModel {
                                                           int64_t tokens);
 
   // Fills each job's speculation->draft (and weights, when sampled) with up to job.tokens
-  // tokens: the draft model catches up with the context (a prefill the first time), then runs
-  // one batched step per drafted token. A job whose request the draft model cannot hold gets no
-  // draft. An engine failure is returned; the drafts are then empty. `rounds` and `rows` get
-  // the drafting rounds run and the rows they fed (for DraftCosts).
-  absl::Status Propose(std::span<DraftJob> jobs, int64_t* rounds = nullptr,
-                       int64_t* rows = nullptr);
+  // tokens. First the draft model takes in the context it has not seen (a prefill the first
+  // time, then decode runs), at most `context_rows` rows over all jobs: the decode loop's
+  // per-step budget, so that a long prompt is taken in over several steps, as replay is, and
+  // never stalls every stream at once. A job still behind after that, or whose request the
+  // draft model cannot hold, gets no draft this time. Then one batched step per drafted
+  // token. An engine failure is returned; the drafts are then empty.
+  absl::Status Propose(std::span<DraftJob> jobs, int64_t context_rows,
+                       ProposeStats* stats = nullptr);
 
   // After verification: the draft state keeps the positions whose tokens the target accepted.
   static void Settle(Speculation& speculation, int64_t context_before, int64_t k, int64_t accepted);
@@ -163,6 +175,17 @@ class DraftModel {
 
  private:
   explicit DraftModel(std::unique_ptr<model::Engine> engine) : engine_(std::move(engine)) {}
+  // Readies one job's draft state; false when the job drafts nothing this call.
+  bool Admit(DraftJob& job);
+  // Takes in up to `budget` rows of the jobs' unseen context, leaving to each the rows its
+  // first drafting round feeds; spends `budget`.
+  absl::Status TakeIn(std::span<DraftJob* const> jobs, int64_t& budget, ProposeStats& stats);
+  // The drafting rounds of jobs that have taken in their context.
+  absl::Status Draft(std::span<DraftJob* const> jobs, ProposeStats& stats);
+  // One batched decode step of the draft model feeding rows[i] to jobs[i] (none: skipped);
+  // logits [total rows, V] in order.
+  absl::Status Feed(std::span<DraftJob* const> jobs, std::span<const std::span<const int32_t>> rows,
+                    std::vector<float>& logits, ProposeStats& stats);
   std::unique_ptr<model::Engine> engine_;
 };
 

@@ -6,15 +6,22 @@
 //
 // Promises:
 // - Past the queue's bound, or past a tenant's share of it, a request is refused at once with
-//   RESOURCE_EXHAUSTED and a retry hint; it never waits unbounded.
+//   RESOURCE_EXHAUSTED and a retry hint; it never waits unbounded. A request that finds the
+//   queue full while its tenant holds less than its share takes the place of the newest
+//   request of the tenant furthest over its share, which is refused the same way.
 // - A tenant holds at most its share of the decode slots (StreamHold) from its first admission
 //   until ReleaseStream; a tenant at its share waits, and its turn passes to the others.
+// - Both shares are tenant_share.h's: with API keys, each active tenant's weighted fair part of
+//   the queue and of the live decode slots, never under one, with a reserve for newcomers, so
+//   no number of flooding tenants shuts another out.
 // - A retry after a lost node does not queue behind new requests.
 // - A prefill slot taken is given back exactly once (PrefillSlot).
 //
 // Threading: every method is safe from any thread. Admission's mutex is taken before the
 // registry's (never the other way), and the registry's changes reach waiting requests through
-// Notify().
+// Notify(). A waiting request sleeps until it is woken as the head of its queue's turn order
+// (or as a retry) after something it depends on changed; otherwise it only looks at its own
+// call's cancellation and deadline now and then, so waiting costs O(1) per request.
 #pragma once
 
 #include <chrono>
@@ -23,6 +30,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -75,11 +83,13 @@ class Admission {
  public:
   struct Options {
     int64_t max_queued = 1024;
-    int64_t max_queued_per_tenant = 0;   // 0: half of max_queued with API keys, all without
-    int64_t max_streams_per_tenant = 0;  // 0: half the live decode slots with keys, no bound
+    // Ceilings on one tenant's share (0: none) beside its fair share (tenant_share.h).
+    int64_t max_queued_per_tenant = 0;
+    int64_t max_streams_per_tenant = 0;
     int64_t prefill_slots = 2;
     uint32_t node_ttl_ms = 6500;
-    bool api_keys = false;  // requests carry tenants (the shares' defaults depend on it)
+    bool api_keys = false;  // requests carry tenants (without, one tenant holds every pool)
+    std::map<std::string, int64_t> tenant_weights;  // ApiKeys::weights(); absent: 1
   };
   // `registry` and `models` outlive the admission.
   Admission(NodeRegistry& registry, const std::vector<ServedModel>& models, const Options& options);
@@ -118,20 +128,45 @@ class Admission {
 
  private:
   friend class PrefillSlot;
+  // One waiting request: woken (`woken` set, then `wake` notified) when it may have its turn,
+  // or when another tenant's request took its place in the queue (`refused`).
+  struct Waiter {
+    std::condition_variable wake;
+    bool woken = false;
+    absl::Status refused;
+    int64_t retry_after_ms = 0;
+  };
+  // A waiting request's entry among the waiters, taken out (and its ticket out of the queue,
+  // not admitted) when it leaves. mutex_ held throughout.
+  class Waiting;
   void SlotDone(RegisteredNode& node, std::chrono::steady_clock::duration took,
                 double predicted_ms);
-  // How many requests of one tenant may be admitted at once for `model`. mutex_ held.
-  int64_t StreamShare(size_t model) const;
-  // The refusal of a request that cannot queue, or OK when it may. mutex_ held.
-  absl::Status CheckQueueRoom(const FairQueue& queue, const std::string& tenant, int64_t live,
-                              int64_t* retry_after_ms) const;
+  // The rest of this file's methods: mutex_ held.
+  int64_t Weight(const std::string& tenant) const;
+  // The tenants active for `model`: holding decode streams or waiting in its queue.
+  std::set<std::string> ActiveTenants(size_t model) const;
+  // Of `tenants`, those that may not take a decode stream of `model` now (tenant_share.h).
+  std::set<std::string> StreamsFull(size_t model, const std::set<std::string>& tenants) const;
+  // The refusal of a request that cannot queue, or OK when it may (after taking the place of
+  // the newest request of the tenant furthest over its share, when the queue is full).
+  absl::Status MakeQueueRoom(size_t model, const std::string& tenant, int64_t live,
+                             int64_t* retry_after_ms);
+  // Wakes the request whose turn it is in `model`'s queue, and every retry waiting.
+  void WakeTurn(size_t model);
+  // Sleeps until woken, until `recheck`, or until the call is cancelled or past its deadline.
+  absl::Status Sleep(const grpc::ServerContextBase& context, std::unique_lock<std::mutex>& lock,
+                     Waiter& waiter, std::chrono::steady_clock::time_point recheck);
+  // Takes the policy's first node of `choice` (which has one with a free slot).
+  Admitted TakeSlot(const NodeRegistry::PrefillChoice& choice, const Ask& ask);
 
   NodeRegistry& registry_;
   const std::vector<ServedModel>& models_;
   Options options_;
   mutable std::mutex mutex_;
-  std::condition_variable changed_;  // a slot was freed, the queue moved, a node registered
-  std::vector<FairQueue> queues_;    // the requests waiting for admission, per model
+  std::vector<FairQueue> queues_;  // the requests waiting for admission, per model
+  // Per model, the waiters of the queued requests by ticket, and the retries' (not queued).
+  std::vector<std::map<uint64_t, Waiter*>> waiters_;
+  std::vector<std::set<Waiter*>> retries_;
   // Per model, admitted requests not yet finished, by tenant (no zeros).
   std::vector<std::map<std::string, int64_t>> streams_;
   double prefill_ms_average_ = 100;  // moving average of a prefill's time, for retry hints

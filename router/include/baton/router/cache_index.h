@@ -40,8 +40,12 @@ class CacheIndex {
   // The leading blocks of `chain` whose block KV `node_id` holds, and their SWA rows.
   kvstore::ChainLookup Lookup(const std::string& node_id,
                               std::span<const Sha256Digest> chain) const;
+  // Drops what is known of `node_id` (a node the registry forgot).
+  void Forget(const std::string& node_id);
   // Blocks (both regions) known for `node_id`.
   size_t blocks(const std::string& node_id) const;
+  // Nodes with an entry.
+  size_t nodes() const;
   uint64_t resyncs() const;
 
  private:

@@ -3,15 +3,17 @@
 // floods the queue delays its own requests, not everyone's. A tenant that starts waiting
 // begins level with the least-admitted tenant already waiting (start-time fair queuing), so
 // being idle banks no credit. Without API keys every request has the tenant "" and the queue
-// is plain FIFO. Not thread-safe: the router holds its mutex around every call.
+// is plain FIFO. Head, Push and Remove cost O(log n) in the requests waiting (Head with `skip`
+// adds a step per tenant skipped): no call scans the queue. Not
+// thread-safe: the router holds its mutex around every call.
 #pragma once
 
 #include <cstdint>
-#include <deque>
 #include <map>
 #include <optional>
 #include <set>
 #include <string>
+#include <utility>
 
 namespace baton::router {
 
@@ -27,25 +29,39 @@ class FairQueue {
   // Takes `ticket` out: admitted (counted for its tenant's share) or not (it left the queue:
   // cancelled, expired, refused).
   void Remove(uint64_t ticket, bool admitted);
-  size_t size() const { return waiting_.size(); }
+  size_t size() const { return tenant_of_.size(); }
   // Requests of `tenant` waiting.
   int64_t waiting(const std::string& tenant) const {
-    auto it = queued_.find(tenant);
-    return it == queued_.end() ? 0 : it->second;
+    auto it = tenants_.find(tenant);
+    return it == tenants_.end() ? 0 : static_cast<int64_t>(it->second.tickets.size());
   }
-  bool empty() const { return waiting_.empty(); }
+  bool empty() const { return tenant_of_.empty(); }
+  // `tenant`'s request that has waited least (nullopt when it has none waiting).
+  std::optional<uint64_t> Newest(const std::string& tenant) const {
+    auto it = tenants_.find(tenant);
+    if (it == tenants_.end()) return std::nullopt;
+    return *it->second.tickets.rbegin();
+  }
+  // Calls `visit(tenant)` for each tenant with a request waiting.
+  template <typename Visit>
+  void ForEachTenant(Visit visit) const {
+    for (const auto& [tenant, waiting] : tenants_) visit(tenant);
+  }
 
  private:
-  struct Waiting {
-    uint64_t ticket;
-    std::string tenant;
+  struct Tenant {
+    std::set<uint64_t> tickets;  // waiting, in arrival order (tickets only grow)
+    uint64_t admitted = 0;       // levelled on arrival
   };
-  std::deque<Waiting> waiting_;                // arrival order
-  std::map<std::string, int64_t> queued_;      // waiting requests per tenant (no zeros)
-  std::map<std::string, uint64_t> admitted_;   // per waiting tenant, levelled on arrival
+  // A tenant's place in the turn order: (admitted, its oldest ticket). The least admitted goes
+  // first, and between tenants level the one whose oldest request has waited longest.
+  using Turn = std::pair<uint64_t, uint64_t>;
+  static Turn TurnOf(const Tenant& tenant) { return {tenant.admitted, *tenant.tickets.begin()}; }
+
+  std::map<std::string, Tenant> tenants_;      // tenants with requests waiting
+  std::map<uint64_t, std::string> tenant_of_;  // every waiting ticket's tenant
+  std::set<Turn> turns_;                       // one per waiting tenant
   uint64_t next_ticket_ = 0;
-  mutable std::optional<uint64_t> head_;       // cached Head(), recomputed when dirty
-  mutable bool dirty_ = true;
 };
 
 }  // namespace baton::router

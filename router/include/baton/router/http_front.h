@@ -7,8 +7,10 @@
 // HTTP is served by HttpServer (http_server.h: Boost.Beast, event-driven), which bounds every
 // resource before a request reaches a handler here: connections overall and per client, head
 // and body sizes whatever the encoding, request bodies in memory, whole-request, idle and
-// write deadlines. Health and model lists are answered on the I/O threads; a Generate call and
-// its stream hold one of at most --http-threads handler threads for their life.
+// write deadlines. The API key of /v1/* is checked on the request's head (the server's
+// authenticate hook), before any of its body is read. Health and model lists are answered on
+// the I/O threads; a Generate call and its stream hold one of at most --http-threads handler
+// threads for their life, and a client that closes its connection cancels its call.
 //
 // Start/Stop from one thread; the handlers run concurrently.
 #pragma once
@@ -41,8 +43,10 @@ struct HttpOptions {
   std::string tls_cert, tls_key, tls_client_ca;
   int threads = 512;                        // concurrent requests (each stream holds one)
   size_t max_body_bytes = size_t{8} << 20;  // larger bodies get 413
-  // A tenant's share of `threads`: one tenant (API key) with this many requests in flight gets
-  // 429 while others are served (0: half of `threads` with API keys, all without).
+  // With API keys, each tenant with requests in flight may hold its weighted fair part of
+  // `threads` (router/tenant_share.h), never under one, with a reserve for newcomers; past it,
+  // 429 for that tenant while others are served. This ceiling bounds any one tenant's part
+  // besides (0: none).
   int max_requests_per_tenant = 0;
   // Connection, head, memory and time bounds (HttpLimits; threads and max_body_bytes above
   // override its handler_threads and max_body_bytes).
@@ -73,7 +77,8 @@ class HttpFront {
   // The API key check of /v1/* (when keys are set); false after answering 401.
   bool Authorized(const HttpRequest& request, HttpResponder& responder,
                   std::string* tenant = nullptr) const;
-  // Takes one of `tenant`'s request threads; false (after answering 429) past its share.
+  // Takes one of `tenant`'s request threads; false (after answering 429) past its share
+  // (tenant_share.h) among the tenants with requests in flight.
   bool TakeTenantShare(const std::string& tenant, HttpResponder& responder);
   void ReturnTenantShare(const std::string& tenant);
   // GET /health: 200 while the router is SERVING, else 503.

@@ -1,22 +1,33 @@
 // The HTTP/1.1 server under the router's OpenAI-compatible front: Boost.Beast on Boost.Asio,
 // event-driven (a few I/O threads serve every connection), with every resource bounded before
-// a request reaches a handler, and so before any API key is checked:
+// a request reaches a handler, and nothing at all spent on a request's body before its API key
+// is checked:
 //
 // - connections: at most `max_connections` in all and `max_connections_per_client` from one
-//   client address; more are closed as they are accepted;
-// - a request's head (request line and headers together) at most `max_header_bytes` (431);
+//   client group (an IPv4 address's /`ipv4_prefix_length`, an IPv6 address's /64:
+//   common/connection_slots.h); the last eighth of `max_connections` goes only to groups that
+//   have sent a complete request with a valid key (any complete /v1 request without keys)
+//   in the last ten minutes; more are closed as they are accepted;
+// - a request's head (request line and headers together) at most `max_header_bytes` (431),
+//   and a connection's first head must be complete within `head_timeout` of its accept;
+// - the key: a route that needs one has its request's head passed to `authenticate` before
+//   any of its body is read or charged; a refusal is answered 401 and the connection closed;
 // - its body at most `max_body_bytes` whatever its transfer encoding, counted as it arrives
 //   (413 as soon as the length says so, or the chunks pass it); request bodies with a
 //   Content-Encoding are refused (415), so nothing is ever decompressed;
-// - all the request bodies being read or handled at once at most `body_memory_bytes` (503 with
-//   Retry-After beyond: a request reserves its Content-Length, or `max_body_bytes` when chunked,
-//   before its body is read);
+// - request body memory, charged as the bytes arrive (the declared length is never
+//   reserved), at most `body_memory_bytes` in all, `body_memory_per_tenant_bytes` per tenant
+//   (with keys) and `body_memory_per_client_bytes` per client group; past any of them the
+//   request gets 503 with Retry-After. What a request was charged is given back once its
+//   response is written;
 // - the whole request (head and body) must arrive within `request_timeout` of its first byte
 //   being awaited, a kept-alive connection may sit idle `idle_timeout` between requests, and a
 //   client must take each piece of a response within `write_timeout`; past any of them the
 //   connection is closed;
 // - handlers that block (a Generate call and its stream) run on at most `handler_threads`
-//   threads; a request that finds them all busy gets 503 with Retry-After.
+//   threads; a request that finds them all busy gets 503 with Retry-After. While one runs,
+//   the connection is watched: a client that closes it (FIN or reset) has the handler's
+//   OnClientGone callback run, which cancels the work.
 //
 // Slow clients therefore hold a socket and a few KiB each, never a thread.
 #pragma once
@@ -36,6 +47,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 
 namespace baton::router {
 
@@ -43,11 +55,19 @@ struct HttpLimits {
   size_t max_body_bytes = size_t{8} << 20;
   size_t max_header_bytes = size_t{16} << 10;
   std::chrono::milliseconds request_timeout{10000};
+  // From accept (and TLS handshake) to a complete first request head; the shorter of this
+  // and request_timeout applies.
+  std::chrono::milliseconds head_timeout{2000};
   std::chrono::milliseconds idle_timeout{5000};
   std::chrono::milliseconds write_timeout{60000};
   int max_connections = 4096;
-  int max_connections_per_client = 256;
+  int max_connections_per_client = 256;  // per client group
+  int ipv4_prefix_length = 32;           // IPv4 clients are grouped by this prefix (IPv6: /64)
   uint64_t body_memory_bytes = uint64_t{256} << 20;
+  // Each at least twice max_body_bytes in effect, so that one largest body always fits (a
+  // chunked body's memory grows by doubling).
+  uint64_t body_memory_per_tenant_bytes = uint64_t{64} << 20;
+  uint64_t body_memory_per_client_bytes = uint64_t{32} << 20;
   int handler_threads = 512;
   int io_threads = 2;
   // A kept-alive connection older than this is closed after its current response
@@ -58,10 +78,11 @@ struct HttpLimits {
 
 struct HttpRequest {
   std::string method;
-  std::string path;  // the target without its query
+  std::string path;                            // the target without its query
   std::map<std::string, std::string> headers;  // lower-case names
   std::string body;
   std::string client;  // the peer's address
+  std::string tenant;  // what `authenticate` returned for a route that needs a key ("": none)
   const std::string* Header(const std::string& lower_case_name) const {
     auto it = headers.find(lower_case_name);
     return it == headers.end() ? nullptr : &it->second;
@@ -82,6 +103,10 @@ class HttpResponder {
   virtual bool Start(int status, std::string_view content_type, const HttpHeaders& headers) = 0;
   virtual bool Write(std::string_view data) = 0;
   virtual void End() = 0;
+  // From a blocking handler: `cancel` runs (on an I/O thread, at most once, at once if the
+  // client has already gone) when the client closes the connection while the handler runs;
+  // null unregisters it, after which it never runs. Used to stop work nobody will read.
+  virtual void OnClientGone(std::function<void()> cancel) {}
 };
 
 using HttpHandler = std::function<void(const HttpRequest&, HttpResponder&)>;
@@ -92,6 +117,8 @@ struct HttpRoute {
   // answers that cost nothing (health, model lists, refusals).
   bool blocking = false;
   HttpHandler handler;
+  // Needs HttpServerOptions::authenticate's approval of its head before the body is read.
+  bool needs_key = false;
 };
 
 struct HttpServerOptions {
@@ -105,6 +132,10 @@ struct HttpServerOptions {
   // The body of an error the server answers itself (404, 405, 413, 415, 431, 503), in the
   // front's format, from the status and a message naming what was wrong.
   std::function<std::string(int status, const std::string& message)> error_body;
+  // For routes with needs_key: the tenant of a request's head (its Authorization header), or
+  // the error answered with 401 (its message is the body's). Null: every request is let in
+  // with tenant "".
+  std::function<absl::StatusOr<std::string>(const HttpRequest& head)> authenticate;
 };
 
 // What a connection makes of the bytes of one request before any handler runs, without a

@@ -4,7 +4,13 @@
 //
 // Promises:
 // - A node registers only as the role its certificate names, and a node_id stays bound to the
-//   identity that first registered it: another certificate cannot take it over.
+//   identity that first registered it: another certificate cannot take it over, drain it or
+//   send cache events in its name. A per-node certificate (spiffe://baton/<role>/<instance>)
+//   registers only the node_id that equals its instance; a role-only one (spiffe://baton/<role>,
+//   an older PKI shared by a role's pods) binds its node_ids to the role, with a warning.
+// - A node_id not heard from for Options::forget_after_ms is forgotten (its entry, binding and
+//   cache index), within a second more; node_ids are bounded in all and per identity, and a
+//   new one past either bound is refused by name.
 // - A node's address, identity, fingerprint and channel never change in place: a node that
 //   comes back different is a new RegisteredNode, so a request holding the old one keeps a
 //   consistent view without the lock.
@@ -35,6 +41,7 @@
 #include "grpcpp/grpcpp.h"
 #include "prometheus/counter.h"
 #include "prometheus/family.h"
+#include "prometheus/gauge.h"
 
 namespace baton::router {
 
@@ -58,12 +65,17 @@ absl::StatusOr<size_t> ResolveServedModel(const std::vector<ServedModel>& models
 // lock; every other field is fixed once the node is registered.
 struct RegisteredNode {
   v1::RegisterRequest info;
-  std::chrono::steady_clock::time_point last_seen;
+  std::chrono::steady_clock::time_point last_seen;   // the epoch once marked down
+  std::chrono::steady_clock::time_point last_heard;  // its last registration (for forgetting)
   int64_t inflight = 0;    // requests this router sent there and has not finished
   int64_t prefilling = 0;  // of those, prefills not yet answered (prefill nodes)
   double pending_ms = 0;   // the predicted service time of those prefills (their queue)
   std::shared_ptr<grpc::Channel> channel;
   std::string identity;   // the certificate identity it registered with ("" without TLS)
+  // What its node_id is bound to: the identity, and for a role-only certificate (one that
+  // every pod of the role carries) also the peer's IP, so that one pod cannot speak for another
+  // from elsewhere (NodeRegistry::BindingOf).
+  std::string binding;
   bool draining = false;  // its last registration said so: it gets no new request
   size_t model = 0;       // its index in the served models (prefill and decode nodes)
 
@@ -104,6 +116,14 @@ class NodeRegistry {
     // The router's split: a prefill node must hold the layers it runs there (all, or the
     // producers only under replay-on-decode), a decode node every layer.
     v1::Split split = v1::SPLIT_PREFILL_ALL;
+    // A node not heard from for this long is forgotten (--node-forget-after-ms; at least
+    // node_ttl_ms): pods that went away leave nothing behind.
+    uint32_t forget_after_ms = 30000;
+    // At most this many node_ids (--max-node-ids), and per certificate identity
+    // (--max-node-ids-per-identity: what one role-only certificate may hold; a per-node one
+    // holds its own node_id only). Not applied per identity without TLS, where there is none.
+    size_t max_node_ids = 4096;
+    size_t max_node_ids_per_identity = 256;
   };
   // `models` outlives the registry.
   NodeRegistry(const std::vector<ServedModel>& models, const Options& options);
@@ -116,6 +136,21 @@ class NodeRegistry {
   // follow the last batch and the node must send a snapshot.
   absl::Status Register(const grpc::ServerContextBase& context, const v1::RegisterRequest& request,
                         bool* cache_resync = nullptr);
+  // Register for a caller already authorized for the request's role, whose certificate
+  // identity is `identity` ("" without TLS). PERMISSION_DENIED naming the node_id and
+  // `identity` when the node_id is another identity's or not the certificate's instance;
+  // RESOURCE_EXHAUSTED naming the node_id and the bound past a cap on node_ids.
+  // `peer_host` is the caller's IP: a role-only certificate's node_id is bound to it too.
+  absl::Status RegisterFrom(const std::string& identity, const v1::RegisterRequest& request,
+                            bool* cache_resync = nullptr, const std::string& peer_host = "");
+  // What a node_id registered by `identity` from `peer_host` is bound to: a per-node
+  // certificate's identity alone (it names the node); a role-only one's with the peer's IP.
+  static std::string BindingOf(const std::string& identity, const std::string& peer_host);
+  // Forgets the nodes not heard from for forget_after_ms before `now` (Register does this at
+  // most once a second); how many. Tests call it with a later `now`.
+  size_t ForgetExpired(std::chrono::steady_clock::time_point now);
+  // The node_ids the registry holds, live or not.
+  size_t NodeIds() const;
   // Called, without the registry's lock, after a registration or a freed prefill slot: what
   // waits for a node (admission) looks again.
   void OnChange(std::function<void()> on_change) { on_change_ = std::move(on_change); }
@@ -193,6 +228,22 @@ class NodeRegistry {
   // `renamed` when a router of one model takes a node of another name.
   absl::StatusOr<size_t> ModelOf(const v1::RegisterRequest& request, bool* renamed) const;
   void NoteRefused(const v1::RegisterRequest& request, const absl::Status& refused);
+  // The checks that need no lock: fields, cache events, layers, model (its index), and the
+  // certificate's instance against the node_id.
+  absl::StatusOr<size_t> CheckRequest(const std::string& identity,
+                                      const v1::RegisterRequest& request);
+  // May `identity` (bound as `binding`) register `node_id` now: bound to it, new within the
+  // caps, or taking over a node_id whose node has expired. Under mutex_.
+  absl::Status CheckBindingLocked(const std::string& identity, const std::string& binding,
+                                  const std::string& node_id,
+                                  std::chrono::steady_clock::time_point now) const;
+  // Adds or refreshes the node. Under mutex_.
+  void UpdateLocked(const std::string& identity, const std::string& binding, size_t model,
+                    const v1::RegisterRequest& request, std::chrono::steady_clock::time_point now);
+  // Takes the expired nodes out of nodes_ (under mutex_); their ids.
+  std::vector<std::string> ForgetLocked(std::chrono::steady_clock::time_point now);
+  // Counts and logs them, and gives their memory back; without the lock.
+  void Forgot(const std::vector<std::string>& node_ids);
 
   const std::vector<ServedModel>& models_;
   std::vector<std::string> config_digests_;  // ConfigDigest of each served model
@@ -201,6 +252,11 @@ class NodeRegistry {
   prometheus::Family<prometheus::Counter>& registrations_;
   mutable std::mutex mutex_;
   std::map<std::string, std::shared_ptr<RegisteredNode>> nodes_;
+  std::map<std::string, size_t> node_ids_by_identity_;  // of nodes_, per identity
+  std::chrono::steady_clock::time_point last_forget_;   // the last ForgetLocked
+  std::set<std::string> role_only_noted_;               // role-only identities already warned of
+  prometheus::Gauge& node_ids_;
+  prometheus::Counter& forgotten_;
   std::set<std::string> refused_nodes_;  // refused (or renamed) registrations already logged
   mutable bool kvstore_seen_ = false;    // a kvstore has registered since start
   CacheIndex cache_index_;

@@ -36,6 +36,9 @@ struct ServedModel {
   std::string name;                  // GET /v1/models and the "model" field
   uint32_t max_tokens_limit = 4096;  // the router's --max-tokens-limit
   uint32_t max_model_len = 32768;    // the router's --max-model-len
+  // The model's positions (config.json max_position_embeddings), which bound the context
+  // whatever max_model_len says; 0: no bound beyond max_model_len.
+  int64_t max_positions = 0;
 };
 
 // A served model with its tokenizer (never null).

@@ -35,8 +35,12 @@ struct RouterFlags {
   std::string client_max_connection_age = "0";
   std::string client_max_connection_age_grace = "0";
   std::vector<std::string> extra_models;           // NAME=DIR each
+  // --max-model-len: prompt + max_tokens at most; 0 (unset): --model's positions
+  // (ResolveMaxModelLen makes it RouterOptions::max_model_len).
+  uint32_t max_model_len = 0;
   // The HTTP front's deadlines, in milliseconds (HttpLimits holds them as durations).
   int64_t http_request_timeout_ms = HttpLimits{}.request_timeout.count();
+  int64_t http_head_timeout_ms = HttpLimits{}.head_timeout.count();
   int64_t http_idle_timeout_ms = HttpLimits{}.idle_timeout.count();
   int64_t http_write_timeout_ms = HttpLimits{}.write_timeout.count();
   RouterOptions options;         // the fields flags set as they are
@@ -50,6 +54,32 @@ inline constexpr int64_t kResolverTimeoutMs = 5000;
 inline int64_t MinNodeExpiryMs(int64_t heartbeat_ms) {
   return 3 * heartbeat_ms + kResolverTimeoutMs;
 }
+
+// --max-model-len against the served models' positions (config.json max_position_embeddings),
+// `models` the --model first: 0 (unset) is the first model's positions; a value above any served
+// model's positions is refused naming the flag, the value, the model and its positions.
+absl::StatusOr<uint32_t> ResolveMaxModelLen(uint32_t configured,
+                                            const std::vector<ServedModel>& models);
+
+// What the client server (the Generation API's port) takes in: gRPC's receive limit, and the
+// memory of the server's own resource quota. An API key is checked before any message is
+// read (security.h ApiKeyCheck); these bound what a keyed caller can make the router hold.
+struct ClientApiLimits {
+  int max_receive_message_bytes;
+  int64_t rpc_memory_bytes;
+};
+// The receive limit is the largest valid GenerateRequest at `max_model_len`:
+//   kPromptTextBytesPerToken (64) * max_model_len      the prompt as text (prompt_text's bound;
+//                                                      token ids take at most 6 bytes each)
+//   + kClientRequestFieldsBytes (16 KiB)               every other field at its bound
+//                                                      (request_id, cache_salt, model, stop...)
+// at least kMinClientMessageBytes (1 MiB) and at most security::kMaxMessageBytes (64 MiB). The
+// memory quota is 16 such messages, at least 64 MiB and at most `rpc_memory_bytes`
+// (--rpc-memory-bytes): gRPC 1.51 reads a message whole before it checks its size, so without
+// API keys (no check before the message) the quota is what bounds oversized calls.
+inline constexpr int64_t kClientRequestFieldsBytes = int64_t{16} << 10;
+inline constexpr int64_t kMinClientMessageBytes = int64_t{1} << 20;
+ClientApiLimits ClientLimits(uint32_t max_model_len, int64_t rpc_memory_bytes);
 
 // Starts the router and serves until SIGTERM or SIGINT (common/rpc.h ServeUntilShutdown);
 // returns the process's exit status. Call once logging is set up (ParseServerFlags).

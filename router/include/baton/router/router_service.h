@@ -52,7 +52,8 @@ struct RouterOptions {
   v1::TruncationMode default_mode = v1::TRUNCATION_MODE_COMPACT;
   int64_t default_keep = 0;  // 0: the ring capacity C
   uint32_t max_tokens_limit = 4096;
-  uint32_t max_model_len = 32768;  // prompt + max_tokens
+  // prompt + max_tokens; the router's is --max-model-len as ResolveMaxModelLen made it.
+  uint32_t max_model_len = 32768;
   v1::Transport transport = v1::TRANSPORT_UCX;
   uint32_t reservation_timeout_ms = 30000;
   // How often nodes register again (what they are told), and how long a node not heard from
@@ -60,6 +61,13 @@ struct RouterOptions {
   // router_main.h), so that a slow DNS answer on a node's side never drops it.
   uint32_t heartbeat_ms = 500;
   uint32_t node_ttl_ms = 6500;
+  // A node not heard from for this long is forgotten, and the bounds on node_ids in all and
+  // per certificate identity (NodeRegistry::Options). A forget time of 0 is four node
+  // expiries and at least 30 s (ForgetAfterMs), so that no --node-expiry-ms the chart allows
+  // (up to 600 s) makes the default refuse to start.
+  uint32_t node_forget_after_ms = 0;
+  uint32_t max_node_ids = 4096;
+  uint32_t max_node_ids_per_identity = 256;
   kvstore::HitCap hit_cap = kvstore::HitCap::kRing;
   // Which prefill node takes a request (--prefill-policy): the least loaded, the one whose
   // local block cache holds the longest prefix, or the one of least predicted time to first
@@ -76,14 +84,13 @@ struct RouterOptions {
   // reservation is taken only then, so none expires in a queue. Past the bound: RESOURCE_EXHAUSTED
   // at once, with a retry hint (common/rpc.h kRetryAfterKey).
   int64_t max_queued = 1024;
-  // A tenant's share of that queue: a tenant with this many waiting gets RESOURCE_EXHAUSTED
-  // while others are still queued (0: half of max_queued with API keys, all of it without,
-  // where every request is the one tenant "").
+  // Tenants' shares (admission.h, tenant_share.h): with API keys, each active tenant may hold
+  // its weighted fair part of the queue and of the decode slots the model's live decode nodes
+  // report (requests past the queue, prefilling or streaming), never under one; past its share
+  // of the queue it gets RESOURCE_EXHAUSTED while others are still queued, and past its share
+  // of the decode slots it waits while other tenants' requests go first. These ceilings bound
+  // any one tenant's share besides (0: none; without keys, every request is the one tenant "").
   int64_t max_queued_per_tenant = 0;
-  // A tenant's share of the decode slots: at most this many of its requests are past the queue
-  // (prefilling or streaming) at once; more wait their turn, which passes to other tenants
-  // (0: half of the slots the model's live decode nodes report with API keys, no bound
-  // without).
   int64_t max_streams_per_tenant = 0;
   int64_t prefill_slots = 2;
   // The model's tokenizer (text/tokenizer.h); null: requests and responses are token ids only.
@@ -97,6 +104,9 @@ struct RouterOptions {
   std::vector<ServedModel> more_models;
   // Client API keys (key -> tenant); null: the client API takes no key and the tenant is empty.
   std::shared_ptr<const ApiKeys> api_keys;
+  // /metrics' tenant labels are the tenants' names (--metrics-tenant-names); by default a
+  // digest of each (metrics::TenantLabel), since the page is open to whoever reaches it.
+  bool metrics_tenant_names = false;
   // A client that takes no message for this long has its stream cancelled, and the decode
   // slot behind it freed (common/stream_watch.h); 0 disables.
   std::chrono::milliseconds stream_idle_timeout{60000};
@@ -111,6 +121,10 @@ struct RouterOptions {
 using ResponseWriter = grpc::ServerWriterInterface<v1::GenerateResponse>;
 
 struct RouterMetrics;
+
+// The forget time the registry uses: options.node_forget_after_ms, or when that is 0, four
+// node expiries and at least 30 s.
+uint32_t ForgetAfterMs(const RouterOptions& options);
 
 class RouterService final : public v1::Generation::Service, public v1::Registry::Service {
  public:
@@ -136,6 +150,9 @@ class RouterService final : public v1::Generation::Service, public v1::Registry:
   // A prefill and a decode node are live (and a kvstore has registered, with
   // --require-kvstore): what grpc.health.v1 and the HTTP front's /health report.
   bool Serving() const;
+  // The client server's check of API keys (security.h ApiKeyCheck: before any message of a call
+  // is read), whose refusals count and log as refused requests; null without API keys.
+  std::shared_ptr<grpc::AuthMetadataProcessor> ApiKeyCheck();
   // The models served, the constructor's first (GET /v1/models).
   const std::vector<ServedModel>& Models() const { return models_; }
   // The registry of nodes, with its view of the prefill nodes' block caches.
@@ -158,6 +175,10 @@ class RouterService final : public v1::Generation::Service, public v1::Registry:
   absl::StatusOr<size_t> ResolveModel(const std::string& name) const;
 
  private:
+  // The tenant of the caller's API key, from the call's metadata (security.h ApiKeyCheck says
+  // why not from the auth context); "" without API keys.
+  absl::StatusOr<std::string> Tenant(const grpc::ServerContext& context) const;
+
   std::vector<ServedModel> models_;  // [0]: the constructor's
   RouterOptions options_;
   std::unique_ptr<RouterMetrics> metrics_;

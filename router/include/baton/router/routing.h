@@ -46,7 +46,9 @@ enum class AttemptFailure {
   kDecodeUnreachable,       // Reserve: the decode node did not answer
   kNoDecodeForWeights,      // the admitted prefill node's weights lost their last decode node
   kTransferFailed,          // the decode node's read of the StateBlock failed
-  kDecodeLostBeforeCommit,  // the prefill node could not reach the decode node
+  kDecodeLostBeforeCommit,  // the prefill node could not reach the decode node, nor could the
+                            // router
+  kDecodeReportedLost,      // the prefill node says so, but the decode node answers the router
   kPrefillLost,             // the prefill node did not answer
   kDecodeLostMidStream,     // the decode node's stream broke: prompt + streamed tokens again
 };
@@ -80,6 +82,12 @@ inline constexpr RetryRule kRetryPolicy[] = {
      "StateBlock transfer failed; retrying"},
     {AttemptFailure::kDecodeLostBeforeCommit, Avoid::kDecodeNode, true, kMaxAttempts, "decode_lost",
      "decode node lost before its commit; retrying on another"},
+    // One prefill node's word (its baton-failed-node trailer) does not take a decode node down
+    // for every request: this request does without it, the others keep it.
+    {AttemptFailure::kDecodeReportedLost, Avoid::kDecodeNode, false, kMaxAttempts,
+     "decode_reported_lost",
+     "a prefill node reports the decode node lost, but it answers the router; retrying on "
+     "another, the node stays up"},
     {AttemptFailure::kPrefillLost, Avoid::kPrefillNode, true, kMaxAttempts, "prefill_lost",
      "prefill node lost; retrying on another"},
     // Re-prefill prompt + the tokens streamed so far on another decode node, keeping s_keep
@@ -91,8 +99,12 @@ inline constexpr RetryRule kRetryPolicy[] = {
 const RetryRule& RetryRuleFor(AttemptFailure failure);
 
 // What a failed PrefillNode.Prefill call means: `failed_node` is the call's baton-failed-node
-// trailer ("" when absent). nullopt: the request's own error.
+// trailer ("" when absent), `decode_answered` whether the decode node answered the router's
+// own call after it (the reservation's release): a prefill node's claim that the decode node
+// is lost counts only when the router cannot reach it either. nullopt: the request's own
+// error.
 std::optional<AttemptFailure> ClassifyPrefillFailure(const grpc::Status& status,
-                                                     const std::string& failed_node);
+                                                     const std::string& failed_node,
+                                                     bool decode_answered);
 
 }  // namespace baton::router

@@ -61,6 +61,18 @@ void ForEachPiece(const RegionSpans& spans, v1::Region region, uint64_t offset, 
 uint64_t StagingOffset(const RegionSizes& sizes, v1::Region region);
 uint64_t StagingBytes(const RegionSizes& sizes);
 
+// The UCX fields of `source` checked before anything is read: the worker address and packed
+// key within their bounds, and the staging memory it names (StagingBytes(sizes) bytes from
+// source.address, sizes being the reader's own) inside what the key covers, [exposed_address,
+// exposed_address + exposed_bytes), all in 64 bits without wrapping. INVALID_ARGUMENT naming
+// the field otherwise. Under shared memory a get is a plain copy from the attached segment that
+// UCX does not check against the key, so an address outside it would read the reader's own
+// memory (or crash it). The exposure is the peer's word: what makes a peer's word about its
+// key safe to take is the transport (the NIC checks keys under RDMA; shared memory and CMA
+// reach only processes of the reader's own user), and this check keeps a Commit from naming
+// anything but what it says the key covers.
+absl::Status CheckUcxSource(const v1::RegionSource& source, const RegionSizes& sizes);
+
 // A transport's name in metrics labels and logs: "grpc" or "ucx".
 const char* TransportLabel(v1::Transport transport);
 

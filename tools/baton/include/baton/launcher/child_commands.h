@@ -1,6 +1,7 @@
 // The command line of each process `baton up` starts: baton-router, baton-kvstore, and the
 // baton-decode and baton-prefill nodes, on loopback. Every child gets, after its own flags:
-// mutual TLS inside the cluster with its role's certificate (or --insecure-internal), its
+// mutual TLS inside the cluster with its own certificate (a node's names it,
+// spiffe://baton/<role>/<name>; the router's its role) or --insecure-internal, its
 // metrics on any free port (the address written to run/<name>.metrics), the log format, its
 // ready file run/<name>.addr, and --config when given (the flags set here win over the file).
 // The router and every node serve the model under one name (ServedModel::name_flags).
@@ -51,7 +52,7 @@ class ChildCommands {
   // the certificate.
   ChildCommand Make(const std::string& name, const std::string& role,
                     std::vector<std::string> args) const;
-  std::vector<std::string> IdentityFlags(const std::string& role) const;
+  std::vector<std::string> IdentityFlags(const std::string& name, const std::string& role) const;
 
   const LaunchOptions& options_;
   const Layout& layout_;

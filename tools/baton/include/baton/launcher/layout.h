@@ -2,7 +2,8 @@
 // tokenizer) and the files it keeps under --data-dir:
 //   run/<name>.addr     a child's address, written by the child once it serves (its ready file)
 //   run/<name>.metrics  a child's Prometheus address
-//   tls/                the cluster's throwaway CA and role certificates (baton/common/pki.h)
+//   tls/                the cluster's throwaway CA and role certificates, and in tls/nodes/
+//                       one certificate per node (baton/common/pki.h)
 //   kvstore/            the prefix store's RocksDB
 //   model[-<preset>]/   a generated preset
 #pragma once
@@ -44,9 +45,16 @@ absl::StatusOr<Layout> MakeLayout(const std::string& data_dir);
 // Removes an earlier run's ready and metrics files, so that every wait reads this run's.
 void ClearRunFiles(const Layout& layout);
 
+// A node `baton up` starts: its role and its name (the node_id it registers, and its
+// certificate's instance: spiffe://baton/<role>/<name>).
+struct NodeName {
+  std::string role, name;
+};
+
 // The cluster's CA and one certificate per role under tls/; an earlier run's are kept when
-// complete, so that clients given its CA still trust the router. ABORTED naming the folder
-// when they cannot be made.
-absl::Status MakeClusterPki(const Layout& layout);
+// complete, so that clients given its CA still trust the router. Then a new certificate for
+// each of `nodes` under tls/nodes/, so that no node can speak for another. ABORTED naming the
+// folder when they cannot be made.
+absl::Status MakeClusterPki(const Layout& layout, const std::vector<NodeName>& nodes);
 
 }  // namespace baton::launcher

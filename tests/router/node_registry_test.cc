@@ -1,0 +1,194 @@
+// The router's node registry (router/node_registry.h) on its own: a node_id bound to the
+// certificate identity that registered it (registrations, drains and cache events from another
+// refused), the per-node certificate's instance as the only node_id it may register, node_ids
+// forgotten after their silence, and the bounds on node_ids in all and per identity.
+#include "baton/router/node_registry.h"
+
+#include <chrono>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "baton/common/hash.h"
+#include "baton/kvstore/chain.h"
+#include "baton/model/model_factory.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace baton::router {
+namespace {
+
+using ::testing::HasSubstr;
+using Clock = std::chrono::steady_clock;
+
+constexpr char kPodA[] = "spiffe://baton/prefill/prefill-a";
+constexpr char kPodB[] = "spiffe://baton/prefill/prefill-b";
+constexpr char kPrefillRole[] = "spiffe://baton/prefill";
+
+v1::RegisterRequest Registration(const std::string& id, bool draining = false) {
+  v1::RegisterRequest request;
+  request.set_node_id(id);
+  request.set_role(v1::NODE_ROLE_PREFILL);
+  request.set_address(id + ".invalid:1");
+  request.set_model_fingerprint("weights-a");
+  request.set_draining(draining);
+  return request;
+}
+
+// A snapshot saying the node holds one block (both regions).
+v1::RegisterRequest WithOneBlock(v1::RegisterRequest request, uint64_t sequence = 1) {
+  v1::CacheEventBatch& batch = *request.mutable_cache_events();
+  batch.set_sequence(sequence);
+  batch.set_snapshot(true);
+  Sha256Digest key{};
+  key[0] = 1;
+  for (v1::StoreRegion group : {v1::STORE_REGION_BLOCK_KV, v1::STORE_REGION_PRODUCER_SWA}) {
+    v1::BlockStored& stored = *batch.add_events()->mutable_block_stored();
+    stored.add_block_hashes(kvstore::KeyBytes(key));
+    stored.set_cache_group(group);
+    stored.set_medium("cpu");
+  }
+  return request;
+}
+
+class NodeRegistryTest : public ::testing::Test {
+ protected:
+  NodeRegistryTest() : models_{{"", *model::PresetConfig("tiny"), nullptr}} {}
+  NodeRegistry& Registry() {
+    if (registry_ == nullptr) registry_ = std::make_unique<NodeRegistry>(models_, options_);
+    return *registry_;
+  }
+  std::vector<ServedModel> models_;
+  NodeRegistry::Options options_;
+  std::unique_ptr<NodeRegistry> registry_;
+};
+
+// One pod's certificate cannot re-register, drain or send cache events for another's node_id,
+// and the refusal names the node_id and the caller's identity.
+TEST_F(NodeRegistryTest, AnotherPodCannotSpeakForANode) {
+  ASSERT_TRUE(Registry().RegisterFrom(kPodA, WithOneBlock(Registration("prefill-a"))).ok());
+  ASSERT_TRUE(Registry().RegisterFrom(kPodB, Registration("prefill-b")).ok());
+  v1::RegisterRequest moved = Registration("prefill-a");
+  moved.set_address("127.0.0.1:1");  // a dead address
+  for (const v1::RegisterRequest& attempt : {moved, Registration("prefill-a", /*draining=*/true),
+                                             WithOneBlock(Registration("prefill-a"), 2)}) {
+    const absl::Status refused = Registry().RegisterFrom(kPodB, attempt);
+    EXPECT_EQ(refused.code(), absl::StatusCode::kPermissionDenied);
+    EXPECT_THAT(refused.message(), HasSubstr("node_id: 'prefill-a'"));
+    EXPECT_THAT(refused.message(), HasSubstr(kPodB));
+  }
+  // prefill-a keeps its address, stays undrained, and its cache index is its own (the refused
+  // batch 2 would have replaced batch 1; its next batch still follows batch 1).
+  NodeLease a = Registry().Pick(v1::NODE_ROLE_PREFILL, {"prefill-b"});
+  ASSERT_TRUE(static_cast<bool>(a));
+  EXPECT_EQ(a->id(), "prefill-a");
+  EXPECT_EQ(a->info.address(), "prefill-a.invalid:1");
+  EXPECT_FALSE(a->draining);
+  bool resync = false;
+  v1::RegisterRequest next = Registration("prefill-a");
+  next.mutable_cache_events()->set_sequence(2);
+  ASSERT_TRUE(Registry().RegisterFrom(kPodA, next, &resync).ok());
+  EXPECT_FALSE(resync);
+  EXPECT_EQ(Registry().cache_index().blocks("prefill-a"), 2u);
+}
+
+// A per-node certificate registers only the node_id its instance names, even a free one.
+TEST_F(NodeRegistryTest, APerNodeCertificateRegistersItsInstanceOnly) {
+  const absl::Status other = Registry().RegisterFrom(kPodA, Registration("prefill-c"));
+  EXPECT_EQ(other.code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(other.message(), HasSubstr("node_id: 'prefill-c' is not the instance 'prefill-a'"));
+  EXPECT_EQ(Registry().NodeIds(), 0u);
+  // A role-only certificate (an older PKI) keeps the role-only binding: any node_id, bound to
+  // that certificate, which a pod's own certificate cannot then take.
+  ASSERT_TRUE(Registry().RegisterFrom(kPrefillRole, Registration("prefill-a")).ok());
+  EXPECT_EQ(Registry().RegisterFrom(kPodA, Registration("prefill-a")).code(),
+            absl::StatusCode::kPermissionDenied);
+}
+
+// A role-only certificate (every pod of the role carries it, as the chart's shared Secret
+// does) binds a node_id to the address it registered from as well: a pod at another address
+// cannot re-register it, drain it or speak in its name while it lives; once it has expired,
+// a pod back at another address may take its node_id again.
+TEST_F(NodeRegistryTest, ARoleOnlyCertificateBindsTheNodeIdToItsPeer) {
+  options_.node_ttl_ms = 1000;
+  ASSERT_TRUE(Registry()
+                  .RegisterFrom(kPrefillRole, WithOneBlock(Registration("prefill-a")), nullptr,
+                                "10.0.0.5")
+                  .ok());
+  const absl::Status taken =
+      Registry().RegisterFrom(kPrefillRole, Registration("prefill-a", true), nullptr, "10.0.0.6");
+  EXPECT_EQ(taken.code(), absl::StatusCode::kPermissionDenied) << taken;
+  EXPECT_THAT(taken.message(), HasSubstr("10.0.0.6"));
+  {
+    NodeLease a = Registry().Pick(v1::NODE_ROLE_PREFILL, {});
+    ASSERT_TRUE(static_cast<bool>(a));
+    EXPECT_FALSE(a->draining);
+  }
+  // The pod itself keeps its heartbeats.
+  EXPECT_TRUE(
+      Registry().RegisterFrom(kPrefillRole, Registration("prefill-a"), nullptr, "10.0.0.5").ok());
+  EXPECT_EQ(NodeRegistry::BindingOf(kPodA, "10.0.0.5"), kPodA);
+  // Silent past its expiry: its node_id may be registered from elsewhere.
+  const Clock::time_point deadline = Clock::now() + std::chrono::seconds(20);
+  absl::Status back;
+  do {
+    back = Registry().RegisterFrom(kPrefillRole, Registration("prefill-a"), nullptr, "10.0.0.6");
+  } while (!back.ok() && Clock::now() < deadline &&
+           (std::this_thread::sleep_for(std::chrono::milliseconds(50)), true));
+  EXPECT_TRUE(back.ok()) << back;
+  EXPECT_EQ(Registry().RegisterFrom(kPrefillRole, Registration("prefill-a"), nullptr, "10.0.0.5")
+                .code(),
+            absl::StatusCode::kPermissionDenied);
+}
+
+// A node_id not heard from for forget_after_ms goes, with its cache index and its binding.
+TEST_F(NodeRegistryTest, ASilentNodeIsForgottenWithItsCacheIndex) {
+  options_.node_ttl_ms = 1000;
+  options_.forget_after_ms = 3000;
+  const Clock::time_point start = Clock::now();
+  ASSERT_TRUE(Registry().RegisterFrom(kPrefillRole, WithOneBlock(Registration("p1"))).ok());
+  ASSERT_TRUE(Registry().RegisterFrom(kPrefillRole, Registration("p2")).ok());
+  EXPECT_EQ(Registry().cache_index().nodes(), 1u);
+  // Expired (past the TTL) but not yet forgotten.
+  EXPECT_EQ(Registry().ForgetExpired(start + std::chrono::milliseconds(2000)), 0u);
+  EXPECT_EQ(Registry().NodeIds(), 2u);
+  EXPECT_EQ(Registry().ForgetExpired(start + std::chrono::milliseconds(4000)), 2u);
+  EXPECT_EQ(Registry().NodeIds(), 0u);
+  EXPECT_EQ(Registry().cache_index().nodes(), 0u);
+  EXPECT_EQ(Registry().cache_index().blocks("p1"), 0u);
+  // Its node_id is free again.
+  EXPECT_TRUE(Registry().RegisterFrom(kPodA, Registration("prefill-a")).ok());
+}
+
+// node_ids are bounded per identity and in all; past either a new one is refused by name, a
+// registered one keeps its heartbeats, and a forgotten one makes room.
+TEST_F(NodeRegistryTest, NodeIdsAreBoundedPerIdentityAndInAll) {
+  options_.max_node_ids = 3;
+  options_.max_node_ids_per_identity = 2;
+  options_.forget_after_ms = 1000;
+  const Clock::time_point start = Clock::now();
+  ASSERT_TRUE(Registry().RegisterFrom(kPrefillRole, Registration("x1")).ok());
+  ASSERT_TRUE(Registry().RegisterFrom(kPrefillRole, Registration("x2")).ok());
+  const absl::Status per_identity = Registry().RegisterFrom(kPrefillRole, Registration("x3"));
+  EXPECT_EQ(per_identity.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(per_identity.message(), HasSubstr("node_id: 'x3'"));
+  EXPECT_THAT(per_identity.message(), HasSubstr("--max-node-ids-per-identity 2"));
+  const std::string decode_role = "spiffe://baton/decode";
+  v1::RegisterRequest d1 = Registration("d1"), d2 = Registration("d2");
+  d1.set_role(v1::NODE_ROLE_DECODE);
+  d2.set_role(v1::NODE_ROLE_DECODE);
+  ASSERT_TRUE(Registry().RegisterFrom(decode_role, d1).ok());
+  const absl::Status in_all = Registry().RegisterFrom(decode_role, d2);
+  EXPECT_EQ(in_all.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(in_all.message(), HasSubstr("node_id: 'd2'"));
+  EXPECT_THAT(in_all.message(), HasSubstr("--max-node-ids 3"));
+  EXPECT_TRUE(Registry().RegisterFrom(kPrefillRole, Registration("x1")).ok());  // a heartbeat
+  EXPECT_EQ(Registry().NodeIds(), 3u);
+  EXPECT_EQ(Registry().ForgetExpired(start + std::chrono::seconds(5)), 3u);
+  EXPECT_TRUE(Registry().RegisterFrom(kPrefillRole, Registration("x3")).ok());
+  EXPECT_TRUE(Registry().RegisterFrom(decode_role, d2).ok());
+}
+
+}  // namespace
+}  // namespace baton::router
