@@ -156,17 +156,31 @@ TEST(SpeculationPlan, DraftsWhatPaysForItself) {
   EXPECT_GE(unpriced.Plan(dear_rows, 1, 5), 1);
 }
 
+// A tiny model drafting for itself through DraftModel (the draft's weights are the target's),
+// so every greedy draft is the target's own next token.
+struct SelfDrafting {
+  void Make(const std::string& dir) {
+    ASSERT_TRUE(model::MakeModel(*model::PresetConfig("tiny"), 4, dir).ok());
+    auto loaded = model::LoadEngine(dir);
+    ASSERT_TRUE(loaded.ok());
+    target = *std::move(loaded);
+    auto drafting = DraftModel::Load(dir, dir, *target, {}, 5);
+    ASSERT_TRUE(drafting.ok()) << drafting.status();
+    draft = *std::move(drafting);
+  }
+  std::unique_ptr<model::Engine> target;
+  std::unique_ptr<DraftModel> draft;
+};
+
 // The target drafting for itself through DraftModel: the draft state follows what was accepted,
 // so every greedy draft is the target's own next token and stands, over several steps and a
 // rejection forced by hand.
 TEST(DraftModel, ItsStateFollowsTheAcceptedTokens) {
   const std::string dir = baton::testing::ProcessTempDir() + "/draft_self";
-  ASSERT_TRUE(model::MakeModel(*model::PresetConfig("tiny"), 4, dir).ok());
-  auto target = model::LoadEngine(dir);
-  ASSERT_TRUE(target.ok());
-  auto draft = DraftModel::Load(dir, dir, **target, {}, 5);
-  ASSERT_TRUE(draft.ok()) << draft.status();
-  model::Engine& engine = **target;
+  SelfDrafting self;
+  ASSERT_NO_FATAL_FAILURE(self.Make(dir));
+  model::Engine& engine = *self.target;
+  DraftModel* const draft = self.draft.get();
   const int64_t V = engine.config().vocab_size;
   std::vector<int32_t> context = {5, 9, 14, 2, 77, 31, 8};
   model::SequenceState state(engine.state_layout());
@@ -176,7 +190,7 @@ TEST(DraftModel, ItsStateFollowsTheAcceptedTokens) {
   int64_t accepted_total = 0, drafted_total = 0;
   for (int step = 0; step < 12; ++step) {
     DraftJob job{.context = &context, .speculation = &s, .tokens = 1 + step % 5};
-    ASSERT_TRUE((*draft)->Propose({&job, 1}, int64_t{1} << 20).ok());
+    ASSERT_TRUE(draft->Propose({&job, 1}, int64_t{1} << 20).ok());
     ASSERT_EQ(static_cast<int64_t>(s.draft.size()), job.tokens);
     std::vector<int32_t> proposal = s.draft;
     if (step == 5) proposal[0] = (proposal[0] + 1) % V;  // a rejection at offset 0
@@ -201,12 +215,10 @@ TEST(DraftModel, ItsStateFollowsTheAcceptedTokens) {
 // built piece by piece is exact: every greedy draft is the target's own next token.
 TEST(DraftModel, ALongPromptIsTakenInWithinEachCallsBudget) {
   const std::string dir = baton::testing::ProcessTempDir() + "/draft_pieces";
-  ASSERT_TRUE(model::MakeModel(*model::PresetConfig("tiny"), 4, dir).ok());
-  auto target = model::LoadEngine(dir);
-  ASSERT_TRUE(target.ok());
-  auto draft = DraftModel::Load(dir, dir, **target, {}, 5);
-  ASSERT_TRUE(draft.ok()) << draft.status();
-  model::Engine& engine = **target;
+  SelfDrafting self;
+  ASSERT_NO_FATAL_FAILURE(self.Make(dir));
+  model::Engine& engine = *self.target;
+  DraftModel* const draft = self.draft.get();
   const int64_t V = engine.config().vocab_size;
   // Past the tiny preset's rings (W = 16), so the pieces wrap them.
   std::vector<int32_t> context;
@@ -219,7 +231,7 @@ TEST(DraftModel, ALongPromptIsTakenInWithinEachCallsBudget) {
     ASSERT_LT(calls, 60) << "never caught up";
     job = {.context = &context, .speculation = &s, .tokens = 3};
     ProposeStats stats;
-    ASSERT_TRUE((*draft)->Propose({&job, 1}, kBudget, &stats).ok());
+    ASSERT_TRUE(draft->Propose({&job, 1}, kBudget, &stats).ok());
     EXPECT_LE(stats.context_rows, kBudget) << "call " << calls;
     taken += stats.context_rows;
     ++calls;

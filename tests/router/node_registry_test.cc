@@ -6,7 +6,6 @@
 
 #include <chrono>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -15,6 +14,7 @@
 #include "baton/model/model_factory.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "testing/eventually.h"
 
 namespace baton::router {
 namespace {
@@ -130,13 +130,15 @@ TEST_F(NodeRegistryTest, ARoleOnlyCertificateBindsTheNodeIdToItsPeer) {
       Registry().RegisterFrom(kPrefillRole, Registration("prefill-a"), nullptr, "10.0.0.5").ok());
   EXPECT_EQ(NodeRegistry::BindingOf(kPodA, "10.0.0.5"), kPodA);
   // Silent past its expiry: its node_id may be registered from elsewhere.
-  const Clock::time_point deadline = Clock::now() + std::chrono::seconds(20);
   absl::Status back;
-  do {
-    back = Registry().RegisterFrom(kPrefillRole, Registration("prefill-a"), nullptr, "10.0.0.6");
-  } while (!back.ok() && Clock::now() < deadline &&
-           (std::this_thread::sleep_for(std::chrono::milliseconds(50)), true));
-  EXPECT_TRUE(back.ok()) << back;
+  EXPECT_TRUE(testing::Eventually(
+      [&] {
+        back = Registry().RegisterFrom(kPrefillRole, Registration("prefill-a"), nullptr,
+                                       "10.0.0.6");
+        return back.ok();
+      },
+      std::chrono::seconds(20), std::chrono::milliseconds(50)))
+      << back;
   EXPECT_EQ(Registry().RegisterFrom(kPrefillRole, Registration("prefill-a"), nullptr, "10.0.0.5")
                 .code(),
             absl::StatusCode::kPermissionDenied);
