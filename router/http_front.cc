@@ -1,5 +1,6 @@
 #include "baton/router/http_front.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 
@@ -97,7 +98,9 @@ absl::Status HttpFront::Start() {
   server.tls_key = options_.tls_key;
   server.tls_client_ca = options_.tls_client_ca;
   server.limits = options_.limits;
-  server.limits.handler_threads = options_.threads;
+  // Tenant shares hold the requests in flight to `threads`; the few more cover the moment
+  // between a handler returning its share and its thread coming free.
+  server.limits.handler_threads = options_.threads + std::max(2, options_.threads / 16);
   server.limits.max_body_bytes = options_.max_body_bytes;
   server.routes = Routes();
   server.error_body = ServerErrorBody;
@@ -226,11 +229,18 @@ std::vector<HttpRoute> HttpFront::Routes() {
         std::pair{"/v1/chat/completions", openai::Endpoint::kChatCompletions}}) {
     // A copy: clang 14 cannot capture a structured binding.
     const openai::Endpoint kind = endpoint;
+    // The tenant's share of the handler threads is taken before a thread is asked for, so
+    // that tenants over their share are refused (429) without holding one.
     routes.push_back({"POST", path, true,
                       [this, kind](const HttpRequest& request, HttpResponder& responder) {
                         Generate(kind, request, responder);
                       },
-                      /*needs_key=*/true});
+                      /*needs_key=*/true,
+                      [this](const HttpRequest& request, HttpResponder& responder) {
+                        return Authorized(request, responder) &&
+                               TakeTenantShare(request.tenant, responder);
+                      },
+                      [this](const HttpRequest& request) { ReturnTenantShare(request.tenant); }});
   }
   return routes;
 }
@@ -260,14 +270,8 @@ void HttpFront::ListModels(const HttpRequest& request, HttpResponder& responder)
 
 void HttpFront::Generate(openai::Endpoint endpoint, const HttpRequest& http,
                          HttpResponder& responder) {
-  std::string tenant;
-  if (!Authorized(http, responder, &tenant)) return;
-  if (!TakeTenantShare(tenant, responder)) return;
-  struct Share {
-    HttpFront& front;
-    const std::string& tenant;
-    ~Share() { front.ReturnTenantShare(tenant); }
-  } share{*this, tenant};
+  // The route's admit checked the key and took the tenant's share of the threads.
+  if (!Authorized(http, responder)) return;
   absl::StatusOr<openai::Request> parsed = openai::ParseRequest(endpoint, http.body, models_);
   if (!parsed.ok()) {
     SendError(responder, openai::ErrorFor(parsed.status()));

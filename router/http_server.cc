@@ -616,14 +616,23 @@ class Session final : public SessionBase, public std::enable_shared_from_this<Se
       responder.Conclude();
       return;
     }
+    if (route->admit) {
+      Responder responder(self, false, keep_alive);
+      if (!route->admit(*request, responder)) {
+        responder.Conclude();
+        return;
+      }
+    }
     StartWatch();
     const bool taken = server_.pool.TrySubmit([self, route, request, keep_alive] {
       Responder responder(self, true, keep_alive);
       route->handler(*request, responder);
+      if (route->release) route->release(*request);
       self->StopWatch();
       responder.Conclude();
     });
     if (!taken) {
+      if (route->release) route->release(*request);
       StopWatch();
       Refuse(503, "every request thread is busy; retry", {{"Retry-After", "1"}});
     }

@@ -345,8 +345,8 @@ absl::Status CompletionPrompt(const json& body, v1::GenerateRequest& g) {
   return absl::OkStatus();
 }
 
-// The prompt: a completion's "prompt" (its text is encoded by the router, GenerateCall), or
-// the chat "messages" encoded here (router/prompt.h), whose template may end each turn with a
+// The prompt: a completion's "prompt" (its text encoded here, as GenerateCall would), or the
+// chat "messages" encoded here (router/prompt.h), whose template may end each turn with a
 // stop id, added to `stop_ids`. A text past CheckPromptBytes is refused before tokenizing (and
 // before the client server's receive limit, derived from the same bound, would refuse it).
 absl::Status Prompt(const json& body, Endpoint endpoint, const text::Tokenizer& tokenizer,
@@ -354,7 +354,19 @@ absl::Status Prompt(const json& body, Endpoint endpoint, const text::Tokenizer& 
                     std::vector<int32_t>& stop_ids) {
   if (endpoint == Endpoint::kCompletions) {
     if (absl::Status s = CompletionPrompt(body, g); !s.ok()) return s;
-    return CheckPromptBytes("prompt", g.prompt_text().size(), max_model_len);
+    if (g.prompt_text().empty()) return absl::OkStatus();
+    if (absl::Status s = CheckPromptBytes("prompt", g.prompt_text().size(), max_model_len);
+        !s.ok()) {
+      return s;
+    }
+    // Encoded here rather than by the router, so that max_tokens' default knows the room the
+    // prompt leaves (MaxTokens); the same encoding GenerateCall would make.
+    absl::StatusOr<std::vector<int32_t>> ids =
+        EncodeTextPrompt(tokenizer, g.prompt_text(), max_model_len);
+    if (!ids.ok()) return ids.status();
+    g.clear_prompt_text();
+    for (int32_t id : *ids) g.add_prompt_token_ids(id);
+    return absl::OkStatus();
   }
   absl::StatusOr<bool> add_generation_prompt = Bool(body, "add_generation_prompt", true);
   if (!add_generation_prompt.ok()) return add_generation_prompt.status();

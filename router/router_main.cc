@@ -5,6 +5,7 @@
 #include <memory>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "baton/common/ced_rules.h"
 #include "baton/common/log.h"
@@ -17,6 +18,14 @@
 #include "prompt.h"
 
 namespace baton::router {
+
+bool KeysInPlainTextOffLoopback(const std::string& host, bool keys, bool tls) {
+  if (!keys || tls) return false;
+  const bool loopback = host == "localhost" || host == "::1" || host == "[::1]" ||
+                        absl::StartsWith(host, "127.");
+  return !loopback;
+}
+
 namespace {
 
 // What the servers are made from, built from the flags before any of them starts.
@@ -196,6 +205,13 @@ absl::StatusOr<RouterSetup> Setup(const RouterFlags& flags) {
     absl::StatusOr<ApiKeys> keys = ApiKeys::Load(flags.api_keys_file);
     if (!keys.ok()) return keys.status();
     options.api_keys = std::make_shared<const ApiKeys>(*std::move(keys));
+  }
+  if (const std::string& host = flags.server_flags.server.host;
+      KeysInPlainTextOffLoopback(host, options.api_keys != nullptr, !flags.client_cert.empty())) {
+    log::Warn(
+        "API keys cross the network in plain text: the client ports listen beyond loopback "
+        "without TLS; set --client-cert and --client-key, or keep a TLS proxy in front",
+        {{"host", host.empty() ? std::string("(every address)") : host}});
   }
   absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
       security::ClientApiCredentials(flags.client_cert, flags.client_key, flags.client_ca,

@@ -134,6 +134,18 @@ class UcxTransport final : public Transport {
     if (!peer.ok()) return peer.status();
     auto rkey = Key(**peer, source.rkey());
     if (!rkey.ok()) return rkey.status();
+    // Under shared memory the key's segment is attached here, and a get would be a copy from
+    // it that UCX does not bound: copy from what the key attached, checked, instead.
+    absl::StatusOr<const char*> local = (*rkey)->Local(source.address(), StagingBytes(into.sizes));
+    if (!local.ok()) return local.status();
+    if (*local != nullptr) {
+      for (v1::Region region : kRegions) {
+        const char* from = *local + StagingOffset(into.sizes, region);
+        ForEachPiece(into, region, 0, into.sizes.bytes(region),
+                     [&](char* to, uint64_t n, uint64_t offset) { std::memcpy(to, from + offset, n); });
+      }
+      return absl::OkStatus();
+    }
     UcxEndpoint& endpoint = *(*peer)->endpoint;
     std::vector<void*> pending;
     absl::Status status;

@@ -1,9 +1,13 @@
 #include "baton/transfer/ucx.h"
 
+#include <sys/stat.h>
 #include <ucp/api/ucp.h>
 
+#include <algorithm>
+#include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <thread>
 
 #include "absl/algorithm/container.h"
@@ -20,21 +24,69 @@ absl::Status UcxError(const char* what, ucs_status_t status) {
   return absl::UnavailableError(absl::StrCat("UCX ", what, ": ", ucs_status_string(status)));
 }
 
-// UCX_TLS names whose memory keys are enforced (see UcxTransports), UCX 1.13's aliases among
-// them: sm, shm and mm are the shared-memory transports, ib the verbs ones.
+// UCX_TLS names whose reads are bounded by more than the peer's word (see UcxTransports), UCX
+// 1.13's aliases among them: mm is the shared-memory transports that attach segments, ib the
+// verbs ones.
 constexpr absl::string_view kKeyedTransports[] = {
-    "sm",       "shm",     "mm",        "posix",     "sysv",     "xpmem",   "cma",
-    "knem",     "self",    "ib",        "rc",        "rc_v",     "rc_x",    "rc_verbs",
-    "rc_mlx5",  "dc",      "dc_x",      "dc_mlx5",   "ud",       "ud_v",    "ud_x",
-    "ud_verbs", "ud_mlx5", "cuda_copy", "cuda_ipc",  "gdr_copy", "cuda",
+    "mm",       "posix",    "sysv",     "xpmem",   "knem",      "self",     "ib",
+    "rc",       "rc_v",     "rc_x",     "rc_verbs", "rc_mlx5",  "dc",       "dc_x",
+    "dc_mlx5",  "ud",       "ud_v",     "ud_x",    "ud_verbs",  "ud_mlx5",  "cuda_copy",
+    "cuda_ipc", "gdr_copy", "cuda",
 };
+// Aliases that include CMA, read as the shared-memory transports without it.
+constexpr absl::string_view kSharedMemoryAliases[] = {"sm", "shm"};
+
+// Shared mappings ('s' in /proc/self/maps) attach and detach only under this lock in this
+// file (key unpacks, allocations, endpoints), so that the mappings that appear across an
+// unpack are that key's.
+std::mutex& AttachMutex() {
+  static std::mutex mutex;
+  return mutex;
+}
+
+struct Mapping {
+  uint64_t begin = 0, end = 0, offset = 0, inode = 0;
+  bool operator==(const Mapping&) const = default;
+};
+
+std::vector<Mapping> SharedMappings() {
+  std::vector<Mapping> mappings;
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  while (std::getline(maps, line)) {
+    Mapping m;
+    char perms[8] = {};
+    unsigned major = 0, minor = 0;
+    if (std::sscanf(line.c_str(), "%" SCNx64 "-%" SCNx64 " %7s %" SCNx64 " %x:%x %" SCNu64,
+                    &m.begin, &m.end, perms, &m.offset, &major, &minor, &m.inode) != 7) {
+      continue;
+    }
+    if (perms[0] == 'r' && perms[3] == 's') mappings.push_back(m);
+  }
+  return mappings;
+}
+
+// The readable part of a fresh mapping: a mapping may run past the end of the file or segment
+// behind it (its length came from the peer's key), and touching that part faults.
+UcxRemoteKey::Segment Readable(const Mapping& m) {
+  char path[64];
+  std::snprintf(path, sizeof(path), "/proc/self/map_files/%" PRIx64 "-%" PRIx64, m.begin, m.end);
+  struct stat st {};
+  uint64_t end = m.end;
+  if (stat(path, &st) == 0) {
+    const uint64_t size = static_cast<uint64_t>(std::max<off_t>(st.st_size, 0));
+    const uint64_t backed = size > m.offset ? size - m.offset : 0;
+    end = m.begin + std::min(m.end - m.begin, backed);
+  }
+  return {m.begin, end};
+}
 
 }  // namespace
 
 absl::StatusOr<std::string> UcxTransports(const char* env, bool allow_unprotected_tcp) {
   const std::string value = env == nullptr ? "" : env;
   if (allow_unprotected_tcp) return value.empty() ? std::string("all") : value;
-  if (value.empty()) return std::string(kDefaultUcxTransports);
+  if (value.empty()) return UcxTransports(kDefaultUcxTransports, false);
   const std::string allowed = absl::StrJoin(kKeyedTransports, ", ");
   if (value[0] == '^') {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -43,20 +95,32 @@ absl::StatusOr<std::string> UcxTransports(const char* env, bool allow_unprotecte
         "memory; list the transports to use (", allowed,
         "), or pass --ucx-allow-unprotected-tcp for a network you trust"));
   }
+  std::vector<std::string> names;
   for (absl::string_view name : absl::StrSplit(value, ',', absl::SkipEmpty())) {
     const std::string lower = absl::AsciiStrToLower(absl::StripAsciiWhitespace(name));
-    if (absl::c_linear_search(kKeyedTransports, lower)) continue;
+    if (absl::c_linear_search(kSharedMemoryAliases, lower)) {
+      names.push_back("mm");
+      continue;
+    }
+    if (absl::c_linear_search(kKeyedTransports, lower)) {
+      names.push_back(lower);
+      continue;
+    }
     const bool tcp = lower == "tcp" || lower == "all";
+    const bool cma = lower == "cma";
     return absl::InvalidArgumentError(absl::StrCat(
         "UCX_TLS=", value, ": '", name, "' ",
         tcp ? "serves RMA over TCP in software, checking neither the registered region nor the "
               "key, so any peer that reaches the port reads and writes this process's memory"
-            : "is not a transport whose memory keys baton knows to be enforced",
-        "; allowed: ", allowed,
+        : cma ? "reads from whichever process and address the peer names (its worker address "
+                "carries the pid), so a peer could make this node read its own memory; "
+                "shared memory without it is mm (what sm and shm are taken as)"
+              : "is not a transport whose memory keys baton knows to be enforced",
+        "; allowed: sm, shm, ", allowed,
         " (across hosts without RDMA, use the gRPC transport: --transport grpc on the router), "
         "or pass --ucx-allow-unprotected-tcp for a network you trust"));
   }
-  return value;
+  return absl::StrJoin(names, ",");
 }
 
 std::optional<int> RefuseUnsafeUcx(const char* binary, bool allow_unprotected_tcp) {
@@ -124,10 +188,12 @@ absl::StatusOr<std::unique_ptr<UcxMemory>> UcxWorker::Allocate(uint64_t length) 
   params.length = length;
   params.flags = UCP_MEM_MAP_ALLOCATE;
   ucp_mem_h memh = nullptr;
+  std::unique_lock<std::mutex> attaching(AttachMutex());
   if (ucs_status_t s = ucp_mem_map(static_cast<ucp_context_h>(context_), &params, &memh);
       s != UCS_OK) {
     return UcxError("mem_map", s);
   }
+  attaching.unlock();
   memory->context_ = context_;
   memory->memh_ = memh;
   ucp_mem_attr_t attr{};
@@ -172,6 +238,7 @@ absl::StatusOr<std::unique_ptr<UcxEndpoint>> UcxWorker::Connect(
     params.err_handler.arg = nullptr;
   }
   ucp_ep_h ep = nullptr;
+  std::lock_guard<std::mutex> attaching(AttachMutex());
   if (ucs_status_t s = ucp_ep_create(static_cast<ucp_worker_h>(worker_), &params, &ep);
       s != UCS_OK) {
     return UcxError("ep_create", s);
@@ -247,12 +314,45 @@ absl::StatusOr<std::unique_ptr<UcxRemoteKey>> UcxEndpoint::Unpack(const std::str
   std::string padded = packed_rkey;  // as for the worker address in Connect
   padded.resize(packed_rkey.size() + kWirePadBytes, '\0');
   ucp_rkey_h rkey = nullptr;
+  // A shared-memory key attaches the peer's segment (a fresh mapping on every unpack); what
+  // appears across the unpack is what the key may be read through (UcxRemoteKey::Local).
+  std::lock_guard<std::mutex> attaching(AttachMutex());
+  const std::vector<Mapping> before = SharedMappings();
   if (ucs_status_t s = ucp_ep_rkey_unpack(static_cast<ucp_ep_h>(ep_), padded.data(), &rkey);
       s != UCS_OK) {
     return UcxError("rkey_unpack", s);
   }
   key->rkey_ = rkey;
+  for (const Mapping& m : SharedMappings()) {
+    if (!absl::c_linear_search(before, m)) key->attached_.push_back(Readable(m));
+  }
   return key;
+}
+
+absl::StatusOr<const char*> UcxRemoteKey::Local(uint64_t remote_address, uint64_t length) const {
+  void* local = nullptr;
+  const ucs_status_t status =
+      ucp_rkey_ptr(static_cast<ucp_rkey_h>(rkey_), remote_address, &local);
+  if (status == UCS_ERR_UNREACHABLE) return nullptr;  // no local view: the transport bounds gets
+  if (status != UCS_OK) {
+    return absl::InvalidArgumentError(absl::StrCat("source.address: ", remote_address,
+                                                   " is not in the key's memory (UCX rkey_ptr: ",
+                                                   ucs_status_string(status), ")"));
+  }
+  if (attached_.empty()) {
+    return absl::InvalidArgumentError(
+        "source.rkey: attaches no memory of the peer's (a transport that maps nothing, as self)");
+  }
+  const uint64_t begin = reinterpret_cast<uint64_t>(local);
+  for (const Segment& segment : attached_) {
+    // Inside [segment.begin, segment.end), compared without forming a sum that could wrap.
+    if (begin >= segment.begin && begin <= segment.end && length <= segment.end - begin) {
+      return static_cast<const char*>(local);
+    }
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "source.address: ", length, " bytes at ", remote_address,
+      " lie outside the memory the key attached (", attached_.size(), " segment(s))"));
 }
 
 absl::Status UcxEndpoint::Get(void* local, uint64_t length, uint64_t remote_address,

@@ -95,7 +95,10 @@ TEST(OpenAiTest, ACompletionBodyBecomesAGenerateRequest) {
                                      {"some_future_field", 1}});
   ASSERT_TRUE(r.ok()) << r.status();
   const v1::GenerateRequest& g = r->generate;
-  EXPECT_EQ(g.prompt_text(), "The jury said");
+  // The text is encoded here, as the router would (bos first: the tokenizer's add_bos_token).
+  EXPECT_TRUE(g.prompt_text().empty());
+  const std::vector<int32_t> jury = Tok().Encode("The jury said", Tok().add_bos());
+  EXPECT_THAT(g.prompt_token_ids(), ::testing::ElementsAreArray(jury));
   EXPECT_EQ(g.sampling().max_tokens(), 7u);
   EXPECT_FLOAT_EQ(g.sampling().temperature(), 0.5f);
   EXPECT_FLOAT_EQ(g.sampling().top_p(), 0.9f);
@@ -170,6 +173,14 @@ TEST(OpenAiTest, DefaultMaxTokensComeFromTheRoomThePromptLeaves) {
   ASSERT_TRUE(r.ok()) << r.status();
   const uint32_t chat_prompt = static_cast<uint32_t>(r->generate.prompt_token_ids_size());
   EXPECT_EQ(r->generate.sampling().max_tokens(), 512u - chat_prompt);
+  // A text prompt counts by its tokens too: one that leaves fewer than 16 gets what is left.
+  std::string text;
+  while (Tok().Encode(text, Tok().add_bos()).size() < 505) text += "The jury said ";
+  const uint32_t text_tokens = static_cast<uint32_t>(Tok().Encode(text, Tok().add_bos()).size());
+  ASSERT_LT(text_tokens, 512u);
+  r = ParseRequest(Endpoint::kCompletions, json{{"prompt", text}}.dump(), models);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->generate.sampling().max_tokens(), 512u - text_tokens);
   // A prompt that fills the context leaves 1, which the router refuses naming the limit.
   prompt.resize(600);
   r = ParseRequest(Endpoint::kCompletions, json{{"prompt", prompt}}.dump(), models);

@@ -135,5 +135,19 @@ TEST(ForgetAfterMsTest, UnsetIsFourExpiriesAndAtLeastThirtySeconds) {
   EXPECT_EQ(ForgetAfterMs(options), 700000u);
 }
 
+// Bearer keys on a port beyond loopback without TLS are worth a warning at start; keys over
+// TLS, a loopback host, or no keys at all are not.
+TEST(KeysInPlainTextTest, OnlyKeysWithoutTlsBeyondLoopbackAreFlagged) {
+  EXPECT_TRUE(KeysInPlainTextOffLoopback("", true, false));  // every address
+  EXPECT_TRUE(KeysInPlainTextOffLoopback("0.0.0.0", true, false));
+  EXPECT_TRUE(KeysInPlainTextOffLoopback("10.1.2.3", true, false));
+  EXPECT_TRUE(KeysInPlainTextOffLoopback("::", true, false));
+  EXPECT_FALSE(KeysInPlainTextOffLoopback("0.0.0.0", true, true));
+  EXPECT_FALSE(KeysInPlainTextOffLoopback("0.0.0.0", false, false));
+  for (const char* loopback : {"127.0.0.1", "127.0.0.7", "localhost", "::1", "[::1]"}) {
+    EXPECT_FALSE(KeysInPlainTextOffLoopback(loopback, true, false)) << loopback;
+  }
+}
+
 }  // namespace
 }  // namespace baton::router

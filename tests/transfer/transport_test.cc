@@ -314,6 +314,44 @@ TEST_F(TransportTest, UcxReadsOutsideWhatTheKeyCoversAreRefusedByName) {
   ExpectSame(into);
 }
 
+// The same Commit from a peer that lies consistently: its exposure names far more than the key
+// covers, so CheckUcxSource passes, and the address lies outside the staging segment (past its
+// end, before its start, and in this process's own heap). The reader bounds the read by the
+// segment that unpacking the key attached and refuses each by name; it stays up with its
+// destination untouched, and reads the real exposure afterwards.
+TEST_F(TransportTest, UcxReadsOutsideWhatTheKeyAttachedAreRefusedWhateverTheExposureSays) {
+  auto reader = UcxWorker::Create();
+  ASSERT_TRUE(reader.ok());
+  std::unique_ptr<Transport> ucx = MakeUcxTransport(**reader);
+  const v1::RegionSource good = exposure_->Source(v1::TRANSPORT_UCX);
+  const uint64_t begin = good.exposed_address(), bytes = good.exposed_bytes();
+  const auto secret = std::make_unique<std::string>(4096, 's');
+  const uint64_t heap = reinterpret_cast<uint64_t>(secret->data());
+  struct Case {
+    const char* name;
+    uint64_t address;
+  };
+  const std::vector<Case> cases = {
+      {"past the segment's end", begin + bytes + 4096},
+      {"before the segment's start", begin - (uint64_t{1} << 24)},
+      {"this process's heap", heap},
+  };
+  Destination into(sizes_);
+  for (const Case& c : cases) {
+    v1::RegionSource source = good;
+    source.set_address(c.address);
+    source.set_exposed_address(std::min(c.address, begin));
+    source.set_exposed_bytes(uint64_t{1} << 40);
+    ASSERT_TRUE(CheckUcxSource(source, sizes_).ok()) << c.name;  // the lie passes the first check
+    const absl::Status status = ucx->Read(source, "", into.spans, In(1000));
+    EXPECT_TRUE(absl::IsInvalidArgument(status)) << c.name << ": " << status;
+    EXPECT_THAT(status.message(), HasSubstr("outside the memory the key attached")) << c.name;
+    EXPECT_TRUE(into.Untouched()) << c.name;
+  }
+  ASSERT_TRUE(ucx->Read(good, "", into.spans, In(10000)).ok());
+  ExpectSame(into);
+}
+
 // Over TCP a get needs the prefill worker's progress; without it the read stalls. A read past
 // its deadline, or abandoned, force-closes its endpoint and waits for the cancelled gets:
 // when the prefill worker resumes, nothing of the late answer reaches the destination.

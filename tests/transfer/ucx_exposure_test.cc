@@ -4,8 +4,9 @@
 // `attack` side makes plain ucp calls to get and put that secret, outside what was exposed.
 //
 // - Every UCX_TLS baton accepts keeps an outsider out: the attack, run as another user (the
-//   boundary shared memory and CMA rely on), neither reads nor writes the secret.
-// - Every UCX_TLS that can serve RMA over TCP is refused before a worker exists: by the probe
+//   boundary shared memory relies on), neither reads nor writes the secret.
+// - Every UCX_TLS that can serve RMA over TCP, or CMA (which reads whatever pid the peer names),
+//   is refused before a worker exists: by the probe
 //   (baton's policy) and by the real baton-prefill and baton-decode binaries, exit 2 naming
 //   UCX_TLS.
 // - The control: with --ucx-allow-unprotected-tcp the same attack over TCP does read and
@@ -111,8 +112,8 @@ std::string SecretOf(const Outcome&) { return "baton-secret-" + std::to_string(g
 
 TEST(UcxExposureTest, EveryAcceptedTransportKeepsAnotherUserOutOfTheNodesMemory) {
   if (geteuid() != 0) GTEST_SKIP() << "needs root to run the attack as another user";
-  // Unset is baton's default (sm,self); each shared-memory transport alone; CMA.
-  for (const std::string tls : {"", "sm,self", "shm,self", "posix,cma,self", "sysv,cma,self"}) {
+  // Unset is baton's default (sm,self, taken as mm,self); each shared-memory transport alone.
+  for (const std::string tls : {"", "sm,self", "shm,self", "mm,self", "posix,self", "sysv,self"}) {
     const Outcome outcome = Attack(tls, false, "nobody");
     SCOPED_TRACE("UCX_TLS=" + tls + "\nattack:\n" + outcome.attack_output + "expose:\n" +
                  outcome.expose_output);
@@ -123,8 +124,9 @@ TEST(UcxExposureTest, EveryAcceptedTransportKeepsAnotherUserOutOfTheNodesMemory)
   }
 }
 
-TEST(UcxExposureTest, TransportsThatServeRmaOverTcpAreRefusedBeforeAWorkerExists) {
-  for (const std::string tls : {"tcp", "tcp,self", "sm,tcp", "all", "^cma", "SM,Tcp", "rdmacm,sm"}) {
+TEST(UcxExposureTest, TransportsThatServeRmaOverTcpOrCmaAreRefusedBeforeAWorkerExists) {
+  for (const std::string tls :
+       {"tcp", "tcp,self", "sm,tcp", "all", "^cma", "SM,Tcp", "rdmacm,sm", "cma", "sysv,CMA,self"}) {
     const Outcome outcome = Attack(tls, false, "");
     SCOPED_TRACE("UCX_TLS=" + tls);
     EXPECT_EQ(outcome.expose_status, 2) << outcome.expose_output;

@@ -119,6 +119,12 @@ struct HttpRoute {
   HttpHandler handler;
   // Needs HttpServerOptions::authenticate's approval of its head before the body is read.
   bool needs_key = false;
+  // For blocking routes: run on the I/O thread once the body is in, before a handler thread is
+  // asked for; false when it answered the request itself (a refusal that costs nothing), and
+  // then nothing else runs. `release` runs once the handler of an admitted request returns
+  // (or when no thread took it).
+  std::function<bool(const HttpRequest&, HttpResponder&)> admit;
+  std::function<void(const HttpRequest&)> release;
 };
 
 struct HttpServerOptions {

@@ -55,6 +55,11 @@ inline int64_t MinNodeExpiryMs(int64_t heartbeat_ms) {
   return 3 * heartbeat_ms + kResolverTimeoutMs;
 }
 
+// Whether API keys would cross the network in plain text: keys configured, no TLS on the client
+// ports (--client-cert), and a --host other than loopback (empty is every address). The
+// router starts anyway (a proxy in front may terminate TLS) and warns, naming the host.
+bool KeysInPlainTextOffLoopback(const std::string& host, bool keys, bool tls);
+
 // --max-model-len against the served models' positions (config.json max_position_embeddings),
 // `models` the --model first: 0 (unset) is the first model's positions; a value above any served
 // model's positions is refused naming the flag, the value, the model and its positions.

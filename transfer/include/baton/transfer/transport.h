@@ -65,12 +65,12 @@ uint64_t StagingBytes(const RegionSizes& sizes);
 // key within their bounds, and the staging memory it names (StagingBytes(sizes) bytes from
 // source.address, sizes being the reader's own) inside what the key covers, [exposed_address,
 // exposed_address + exposed_bytes), all in 64 bits without wrapping. INVALID_ARGUMENT naming
-// the field otherwise. Under shared memory a get is a plain copy from the attached segment that
-// UCX does not check against the key, so an address outside it would read the reader's own
-// memory (or crash it). The exposure is the peer's word: what makes a peer's word about its
-// key safe to take is the transport (the NIC checks keys under RDMA; shared memory and CMA
-// reach only processes of the reader's own user), and this check keeps a Commit from naming
-// anything but what it says the key covers.
+// the field otherwise. This keeps a Commit from naming anything but what it says the key
+// covers; the peer's word is then checked against the key itself: under shared memory a get
+// would be a plain copy from the attached segment that UCX does not bound, so the reader
+// copies from the segments that unpacking the key attached, and refuses an address outside
+// them by name (UcxRemoteKey::Local); under RDMA and knem the NIC or kernel checks each get
+// against the key's region.
 absl::Status CheckUcxSource(const v1::RegionSource& source, const RegionSizes& sizes);
 
 // A transport's name in metrics labels and logs: "grpc" or "ucx".
@@ -88,8 +88,9 @@ class Transport {
                             const std::function<bool()>& stop = nullptr) = 0;
 };
 
-// UCX RMA get through `worker` (which must outlive the transport): one endpoint per prefill
-// worker, the request's key unpacked per read. A read past its deadline force-closes its
+// UCX RMA through `worker` (which must outlive the transport): one endpoint per prefill worker,
+// the request's key unpacked per read (and kept a while); a copy from the key's attached
+// segment under shared memory, gets elsewhere. A read past its deadline force-closes its
 // endpoint and waits for the cancelled gets before it returns.
 std::unique_ptr<Transport> MakeUcxTransport(UcxWorker& worker);
 

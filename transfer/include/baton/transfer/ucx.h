@@ -30,17 +30,22 @@ class UcxWorker;
 // UCX 1.13 serves RMA over TCP in software: a get or put names a remote address and the target
 // copies from or to it without checking it against the registered region or the key, so a
 // worker with a TCP transport lets any peer that reaches its port read and write the whole
-// process. Keys are enforced by shared memory and CMA (reachable only by processes that may
-// already read the node's memory: its own user's), `self`, and RDMA verbs (rc, dc, ud and
-// their variants), where the NIC checks the key; those, and their aliases sm, shm, mm and ib,
-// are what a node accepts, with GPU copies (cuda_copy, cuda_ipc, gdr_copy) beside them.
+// process. A node accepts only transports where each read is bounded by something other than
+// the peer's word: the attached segment of a shared-memory key (posix, sysv, xpmem; checked by
+// the reader, UcxRemoteKey::Local), the kernel's region under knem, `self`, and RDMA verbs (rc,
+// dc, ud and their variants), where the NIC checks the key; those, and their aliases mm and ib,
+// with GPU copies (cuda_copy, cuda_ipc, gdr_copy) beside them. CMA is refused: it reads from
+// whichever process and address the peer names (its worker address carries the pid), so a
+// peer could make a node read its own memory. UCX's aliases sm and shm, which include CMA, are
+// taken as mm.
 //
 // UcxTransports returns the UCX_TLS list a worker is created with, given the environment's
 // UCX_TLS (`env`, null when unset): unset or empty gives kDefaultUcxTransports; a list of
-// accepted transports is taken as it is; anything that may include TCP ("tcp", "all", an
-// exclusion list "^...", a name UCX may add later) is INVALID_ARGUMENT naming UCX_TLS and why,
-// unless `allow_unprotected_tcp` (--ucx-allow-unprotected-tcp, for a network the operator
-// trusts), which takes `env` as it is ("all" when unset).
+// accepted transports is taken with sm and shm read as mm; anything that may include TCP or
+// CMA ("tcp", "all", "cma", an exclusion list "^...", a name UCX may add later) is
+// INVALID_ARGUMENT naming UCX_TLS and why, unless `allow_unprotected_tcp`
+// (--ucx-allow-unprotected-tcp, for a network the operator trusts), which takes `env` as it is
+// ("all" when unset).
 inline constexpr const char* kDefaultUcxTransports = "sm,self";
 inline constexpr const char* kUcxAllowUnprotectedTcpHelp =
     "Accept a UCX_TLS that includes TCP (or leaves the choice to UCX). UCX 1.13 serves RMA over "
@@ -90,10 +95,28 @@ class UcxRemoteKey {
  public:
   ~UcxRemoteKey();
 
+  // Where [remote_address, remote_address + length) of the peer lies in this process, for a
+  // key whose transport attaches the peer's memory (shared memory: a get is a plain copy from
+  // the attached segment, which UCX does not check against the key, so the reader must). A
+  // pointer to it when it lies inside one of the segments that unpacking this key attached,
+  // up to the end of what backs the segment (a mapping may be longer than its file);
+  // INVALID_ARGUMENT naming source.address or source.rkey when it does not, or when the key
+  // attached nothing (its transport maps
+  // nothing, as `self`). nullptr when the key has
+  // no local view: its transport (RDMA, knem, or TCP where allowed) bounds each get itself.
+  absl::StatusOr<const char*> Local(uint64_t remote_address, uint64_t length) const;
+
+  // A shared mapping that unpacking the key created: [begin, end) is readable.
+  struct Segment {
+    uint64_t begin = 0, end = 0;
+  };
+  const std::vector<Segment>& attached() const { return attached_; }
+
  private:
   friend class UcxEndpoint;
   UcxRemoteKey() = default;
   void* rkey_ = nullptr;
+  std::vector<Segment> attached_;
 };
 
 // An endpoint to a remote worker.
