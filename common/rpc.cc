@@ -4,6 +4,7 @@
 #include <netdb.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <chrono>
 #include <fstream>
 #include <iostream>
@@ -210,11 +211,13 @@ std::vector<std::string> RouterResolver::Addresses(
 }
 
 Heartbeat::Heartbeat(std::string routers, v1::RegisterRequest node, LoadFn load, CacheFeed cache,
-                     std::chrono::milliseconds resolve_interval)
+                     std::chrono::milliseconds resolve_interval,
+                     std::function<void(bool accepted)> accepted)
     : resolver_(std::move(routers), resolve_interval),
       node_(std::move(node)),
       load_(std::move(load)),
       cache_(std::move(cache)),
+      accepted_(std::move(accepted)),
       thread_([this] { Run(); }) {}
 
 Heartbeat::~Heartbeat() {
@@ -239,6 +242,8 @@ void Heartbeat::Run() {
   std::map<std::string, std::unique_ptr<v1::Registry::Stub>> stubs;  // by resolved address
   std::chrono::milliseconds period(200);
   std::set<std::string> refusals_logged;  // routers whose refusal was logged
+  bool taken = false;    // what `accepted_` was last told
+  int untaken_rounds = 0;  // rounds in a row that no router accepted
   std::unique_lock<std::mutex> lock(mutex_);
   while (!stop_ && !drain_sent_) {
     const bool draining = draining_;
@@ -300,6 +305,17 @@ void Heartbeat::Run() {
       }
     }
     if (resync && cache_.resync) cache_.resync();
+    const bool any_ok = std::any_of(calls.begin(), calls.end(),
+                                    [](const auto& call) { return call->status.ok(); });
+    untaken_rounds = any_ok ? 0 : untaken_rounds + 1;
+    if (accepted_ && !draining && (any_ok ? !taken : taken && untaken_rounds >= 3)) {
+      taken = any_ok;
+      log::Info("readiness", {{"serving", taken},
+                              {"message", taken ? "a router accepted this node"
+                                                : "no router has accepted this node for three "
+                                                  "heartbeats"}});
+      accepted_(taken);
+    }
     lock.lock();
     // The draining registration is sent again while a router let its deadline pass, until
     // Drain's bound: a router that missed it would keep sending work until the node's TTL.
@@ -421,9 +437,19 @@ int ServeUntilShutdown(const std::string& binary, grpc::ServerBuilder& builder,
     registration.node.set_address(options.advertise_host.empty()
                                       ? started->address
                                       : JoinHostPort(options.advertise_host, port));
-    heartbeat =
-        std::make_unique<Heartbeat>(registration.router, registration.node, registration.load,
-                                    registration.cache, options.router_resolve_interval);
+    // Prefill and decode nodes are ready only while a router takes them (see the header).
+    const bool gated = registration.node.role() == v1::NODE_ROLE_PREFILL ||
+                       registration.node.role() == v1::NODE_ROLE_DECODE;
+    auto set_ready = [servers](bool serving) {
+      for (grpc::Server* server : servers) {
+        server->GetHealthCheckService()->SetServingStatus("", serving);
+      }
+    };
+    if (gated) set_ready(false);
+    heartbeat = std::make_unique<Heartbeat>(
+        registration.router, registration.node, registration.load, registration.cache,
+        options.router_resolve_interval,
+        gated ? std::function<void(bool)>(set_ready) : std::function<void(bool)>());
   }
   const int signal = WaitForShutdownSignal();
   const auto deadline = std::chrono::steady_clock::now() + options.drain_timeout;

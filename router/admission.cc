@@ -117,8 +117,7 @@ void Admission::SlotDone(RegisteredNode& node, Clock::duration took, double pred
 }
 
 int64_t Admission::Weight(const std::string& tenant) const {
-  auto it = options_.tenant_weights.find(tenant);
-  return it == options_.tenant_weights.end() ? 1 : it->second;
+  return options_.tenant_weight ? options_.tenant_weight(tenant) : 1;
 }
 
 std::set<std::string> Admission::ActiveTenants(size_t model) const {

@@ -166,8 +166,7 @@ bool HttpFront::TakeTenantShare(const std::string& tenant, HttpResponder& respon
   // (tenant_share.h); without keys, every request is the one tenant "".
   auto weight = [this](const std::string& t) -> int64_t {
     if (api_keys_ == nullptr) return 1;
-    const auto it = api_keys_->weights().find(t);
-    return it == api_keys_->weights().end() ? 1 : it->second;
+    return api_keys_->WeightOf(t);
   };
   ShareInput input{.pool = options_.threads,
                    .reserve = api_keys_ != nullptr ? NewcomerReserve(options_.threads) : 0,

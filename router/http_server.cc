@@ -1,6 +1,7 @@
 #include "baton/router/http_server.h"
 
 #include <poll.h>
+#include <sys/stat.h>
 
 #include <boost/asio.hpp>
 #include <boost/asio/ssl.hpp>
@@ -16,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "baton/common/connection_slots.h"
 #include "baton/common/listen.h"
+#include "baton/common/log.h"
 #include "baton/common/parse.h"
 
 namespace baton::router {
@@ -359,7 +361,15 @@ struct HttpServer::Impl {
   ConnectionSlots slots;
   BodyLedger bodies;
   HandlerPool pool;
-  std::optional<ssl::context> tls;
+  // HTTPS: the context new connections get, made again from the files when they change
+  // (a renewed certificate is served without a restart); TlsContext() checks at most once a
+  // second. Connections keep the context they were accepted with.
+  std::shared_ptr<ssl::context> TlsContext();
+  bool https = false;
+  std::mutex tls_mutex;
+  std::shared_ptr<ssl::context> tls;
+  std::string tls_stamp;
+  std::chrono::steady_clock::time_point tls_checked;
   net::io_context ioc;
   std::optional<tcp::acceptor> acceptor;
   std::vector<std::thread> io_threads;
@@ -370,8 +380,10 @@ namespace {
 template <class Stream>
 class Session final : public SessionBase, public std::enable_shared_from_this<Session<Stream>> {
  public:
-  Session(HttpServer::Impl& server, Stream stream, std::string client, std::string group)
+  Session(HttpServer::Impl& server, Stream stream, std::string client, std::string group,
+          std::shared_ptr<ssl::context> tls = nullptr)
       : server_(server),
+        tls_(std::move(tls)),
         stream_(std::move(stream)),
         client_(std::move(client)),
         group_(std::move(group)),
@@ -738,6 +750,7 @@ class Session final : public SessionBase, public std::enable_shared_from_this<Se
   }
 
   HttpServer::Impl& server_;
+  std::shared_ptr<ssl::context> tls_;  // the context stream_ was made with, kept while it lives
   Stream stream_;
   const std::string client_;
   const std::string group_;  // ClientGroup of client_
@@ -773,9 +786,11 @@ void HttpServer::Impl::Accept() {
         socket.close(peer_error);
       } else {
         std::shared_ptr<SessionBase> session;
-        if (tls.has_value()) {
+        if (https) {
+          std::shared_ptr<ssl::context> context = TlsContext();
           auto s = std::make_shared<Session<beast::ssl_stream<beast::tcp_stream>>>(
-              *this, beast::ssl_stream<beast::tcp_stream>(std::move(socket), *tls), client, group);
+              *this, beast::ssl_stream<beast::tcp_stream>(std::move(socket), *context), client,
+              group, context);
           session = s;
           s->Run();
         } else {
@@ -792,6 +807,68 @@ void HttpServer::Impl::Accept() {
   });
 }
 
+namespace {
+
+// The server's TLS context from its PEM files.
+absl::StatusOr<std::shared_ptr<ssl::context>> MakeTlsContext(const HttpServerOptions& options) {
+  beast::error_code ec;
+  auto context = std::make_shared<ssl::context>(ssl::context::tls_server);
+  context->set_options(ssl::context::default_workarounds | ssl::context::no_sslv2 |
+                       ssl::context::no_sslv3 | ssl::context::no_tlsv1 |
+                       ssl::context::no_tlsv1_1);
+  context->use_certificate_chain_file(options.tls_cert, ec);
+  if (!ec) context->use_private_key_file(options.tls_key, ssl::context::pem, ec);
+  if (!ec && !options.tls_client_ca.empty()) {
+    context->load_verify_file(options.tls_client_ca, ec);
+    context->set_verify_mode(ssl::verify_peer | ssl::verify_fail_if_no_peer_cert);
+  }
+  if (ec) {
+    return absl::InvalidArgumentError(absl::StrCat("--http-port: cannot serve HTTPS with ",
+                                                   options.tls_cert, " and ", options.tls_key,
+                                                   ": ", ec.message()));
+  }
+  return context;
+}
+
+// What identifies the TLS files' contents cheaply: each file's inode, size and modification
+// time (a Secret volume swaps its files by renaming a directory, a cert-manager CSI volume
+// rewrites them, an operator copies new ones over).
+std::string TlsStamp(const HttpServerOptions& options) {
+  std::string stamp;
+  for (const std::string* file : {&options.tls_cert, &options.tls_key, &options.tls_client_ca}) {
+    struct stat st {};
+    if (file->empty() || ::stat(file->c_str(), &st) != 0) {
+      stamp += "-;";
+      continue;
+    }
+    absl::StrAppend(&stamp, st.st_ino, ",", st.st_size, ",", st.st_mtim.tv_sec, ".",
+                    st.st_mtim.tv_nsec, ";");
+  }
+  return stamp;
+}
+
+}  // namespace
+
+std::shared_ptr<ssl::context> HttpServer::Impl::TlsContext() {
+  std::lock_guard<std::mutex> lock(tls_mutex);
+  const auto now = std::chrono::steady_clock::now();
+  if (now - tls_checked < std::chrono::seconds(1)) return tls;
+  tls_checked = now;
+  const std::string stamp = TlsStamp(options);
+  if (stamp == tls_stamp) return tls;
+  // A renewal may be caught half-written: keep serving the old context and try again later.
+  absl::StatusOr<std::shared_ptr<ssl::context>> fresh = MakeTlsContext(options);
+  if (!fresh.ok()) {
+    log::Warn("HTTPS certificate not reloaded; serving the previous one",
+              {{"error", std::string(fresh.status().message())}});
+    return tls;
+  }
+  tls = *std::move(fresh);
+  tls_stamp = stamp;
+  log::Info("HTTPS certificate reloaded", {{"cert", options.tls_cert}});
+  return tls;
+}
+
 HttpServer::HttpServer(HttpServerOptions options)
     : impl_(std::make_unique<Impl>(std::move(options))) {}
 
@@ -803,22 +880,12 @@ absl::Status HttpServer::Start() {
   Impl& impl = *impl_;
   const HttpServerOptions& options = impl.options;
   if (!options.tls_cert.empty()) {
-    beast::error_code ec;
-    impl.tls.emplace(ssl::context::tls_server);
-    impl.tls->set_options(ssl::context::default_workarounds | ssl::context::no_sslv2 |
-                          ssl::context::no_sslv3 | ssl::context::no_tlsv1 |
-                          ssl::context::no_tlsv1_1);
-    impl.tls->use_certificate_chain_file(options.tls_cert, ec);
-    if (!ec) impl.tls->use_private_key_file(options.tls_key, ssl::context::pem, ec);
-    if (!ec && !options.tls_client_ca.empty()) {
-      impl.tls->load_verify_file(options.tls_client_ca, ec);
-      impl.tls->set_verify_mode(ssl::verify_peer | ssl::verify_fail_if_no_peer_cert);
-    }
-    if (ec) {
-      return absl::InvalidArgumentError(absl::StrCat("--http-port: cannot serve HTTPS with ",
-                                                     options.tls_cert, " and ", options.tls_key,
-                                                     ": ", ec.message()));
-    }
+    absl::StatusOr<std::shared_ptr<ssl::context>> context = MakeTlsContext(options);
+    if (!context.ok()) return context.status();
+    impl.https = true;
+    impl.tls = *std::move(context);
+    impl.tls_stamp = TlsStamp(options);
+    impl.tls_checked = std::chrono::steady_clock::now();
   }
   beast::error_code ec;
   const net::ip::address address = net::ip::make_address(options.host, ec);

@@ -59,9 +59,13 @@ RouterService::RouterService(const ModelConfig& config, const RouterOptions& opt
                   .prefill_slots = options.prefill_slots,
                   .node_ttl_ms = options.node_ttl_ms,
                   .api_keys = options.api_keys != nullptr,
-                  .tenant_weights = options.api_keys != nullptr
-                                        ? options.api_keys->weights()
-                                        : std::map<std::string, int64_t>{}}),
+                  .tenant_weight =
+                      options.api_keys != nullptr
+                          ? std::function<int64_t(const std::string&)>(
+                                [keys = options.api_keys](const std::string& tenant) {
+                                  return keys->WeightOf(tenant);
+                                })
+                          : nullptr}),
       stubs_(options.stubs != nullptr ? options.stubs : GrpcNodeStubs()) {
   registry_.OnChange([this] { admission_.Notify(); });
   // Live nodes by role, the queue and the tenants' streams, read at scrape time.

@@ -9,6 +9,7 @@ build_dir="${BATON_BUILD_DIR:-$root/build}"
 packages=(
   build-essential cmake ninja-build pkg-config git
   ccache  # compiler output reused between builds and clones on one machine (CMakeLists.txt)
+  lld  # the linker of every executable (CMakeLists.txt): links several times faster than ld
   libgrpc++-dev protobuf-compiler-grpc protobuf-compiler libprotobuf-dev
   librocksdb-dev libucx-dev ucx-utils libabsl-dev
   libgtest-dev libgmock-dev libbenchmark-dev

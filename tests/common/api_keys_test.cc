@@ -4,6 +4,8 @@
 
 #include <string>
 
+#include "absl/strings/ascii.h"
+
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -28,6 +30,26 @@ TEST(ApiKeysTest, KeysMapToTenantsWithOrWithoutAWeight) {
   EXPECT_EQ(*keys->Authenticate("Bearer key-of-team-c-0123456789"), "team-c");
   // Only weights other than the default are listed.
   EXPECT_EQ(keys->weights(), (std::map<std::string, int64_t>{{"team-b", 3}}));
+}
+
+// A key given as its SHA-256 authenticates the key itself, and is not a key of its own text;
+// a digest of the wrong length or with a non-hex digit is refused, naming the entry.
+TEST(ApiKeysTest, AKeyMayBeGivenAsItsSha256) {
+  const std::string digest = HexDigest(Sha256Of("hashed-key-0123456789", 21));
+  absl::StatusOr<ApiKeys> keys = ApiKeys::Parse(
+      "\"sha256:" + absl::AsciiStrToUpper(digest) + "\": team-h\nplain-key-0123456789: team-p\n",
+      "keys.yaml");
+  ASSERT_TRUE(keys.ok()) << keys.status();
+  EXPECT_EQ(*keys->Authenticate("Bearer hashed-key-0123456789"), "team-h");
+  EXPECT_FALSE(keys->Authenticate("Bearer sha256:" + digest).ok());
+  EXPECT_EQ(*keys->Authenticate("Bearer plain-key-0123456789"), "team-p");
+  for (const std::string bad : {"sha256:" + digest.substr(1), "sha256:" + digest.substr(1) + "g"}) {
+    EXPECT_THAT(ApiKeys::Parse("ok-key-0123456789abc: a\n\"" + bad + "\": team-h\n", "keys.yaml")
+                    .status()
+                    .message(),
+                AllOf(HasSubstr("entry 2"), HasSubstr("64 hex digits")))
+        << bad;
+  }
 }
 
 TEST(ApiKeysTest, BadWeightsAndFieldsAreRefusedByEntryAndName) {

@@ -5,6 +5,7 @@
 // client port is plaintext.
 #pragma once
 
+#include <algorithm>
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
@@ -176,8 +177,11 @@ class Cluster {
     const std::vector<std::string> tls = TlsFlags(role);
     extra.insert(extra.begin(), tls.begin(), tls.end());
     auto model = model_for_.find(name);
+    if (std::find(extra.begin(), extra.end(), "--router") == extra.end()) {
+      extra.insert(extra.begin(), {"--router", router_internal_});
+    }
     extra.insert(extra.begin(), {"--model", model == model_for_.end() ? model_dir_ : model->second,
-                                 "--router", router_internal_, "--node-id", name});
+                                 "--node-id", name});
     return Start(name, program, extra);
   }
   // The node started as `name` serves the model in `dir` instead of the cluster's.

@@ -289,11 +289,18 @@ TEST_F(ClusterTest, EveryServerSpeaksHealthAndTheRouterTracksItsNodes) {
                                              {prefill, client_cert},
                                              {decode, client_cert}}) {
     auto health = grpc::health::v1::Health::NewStub(grpc::CreateChannel(address, credentials));
-    grpc::ClientContext context;
-    grpc::health::v1::HealthCheckResponse response;
-    ASSERT_TRUE(health->Check(&context, grpc::health::v1::HealthCheckRequest(), &response).ok())
+    // A node turns ready a moment after the router takes its registration (its heartbeat
+    // reads the answer), so the nodes are asked until they say SERVING.
+    EXPECT_TRUE(Eventually(
+        [&] {
+          grpc::ClientContext context;
+          grpc::health::v1::HealthCheckResponse response;
+          return health->Check(&context, grpc::health::v1::HealthCheckRequest(), &response)
+                     .ok() &&
+                 response.status() == grpc::health::v1::HealthCheckResponse::SERVING;
+        },
+        std::chrono::seconds(10)))
         << address;
-    EXPECT_EQ(response.status(), grpc::health::v1::HealthCheckResponse::SERVING) << address;
     if (address != router) EXPECT_EQ(ReflectionServiceList(address, credentials), "") << address;
   }
   // Without a decode node the router stops reporting SERVING, and says so again once one

@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "baton/common/hash.h"
 #include "baton/model/model_factory.h"
 #include "baton/text/tokenizer.h"
 #include "baton_up.h"
@@ -338,6 +339,119 @@ TEST(HttpTest, WithClientTlsTheApiIsServedOverHttpsOnly) {
   // Plaintext gets no HTTP answer; neither does a client that does not trust the CA.
   EXPECT_EQ(Http("GET", "http://" + base.substr(8) + "/models", "", {}, 10).status, 0);
   EXPECT_EQ(Http("GET", base + "/models", "", {}, 10).status, 0);
+}
+
+// Issue 49 item 2: the HTTPS front serves a renewed certificate without a restart. The router
+// starts with a certificate of serial 1001; the files are replaced (renamed over, as a
+// Secret's are) by one of serial 2002, and new connections get it, with the router's pid
+// unchanged. A half-replaced pair (the new key beside the old certificate) is not taken: the
+// old certificate is served until the pair matches.
+TEST(HttpTest, TheHttpsFrontServesARenewedCertificateWithoutARestart) {
+  const fs::path dir = fs::path(testing::ProcessTempDir()) / "https_renewal";
+  fs::create_directories(dir);
+  const std::string d = ShellQuote(dir.string());
+  auto issue = [&](const std::string& serial, const std::string& name) {
+    return RunShell("cd " + d + " && openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 "
+                    "-nodes -subj /CN=localhost -keyout " + name + ".key -out " + name +
+                    ".csr 2>&1 && printf 'subjectAltName=DNS:localhost,IP:127.0.0.1\n' > ext &&"
+                    " openssl x509 -req -in " + name + ".csr -CA ca.crt -CAkey ca.key -set_serial " +
+                    serial + " -days 1 -extfile ext -out " + name + ".crt 2>&1")
+               .exit == 0;
+  };
+  ASSERT_EQ(RunShell("cd " + d + " && openssl req -x509 -newkey ec -pkeyopt "
+                     "ec_paramgen_curve:P-256 -nodes -days 1 -subj /CN=ca -keyout ca.key -out "
+                     "ca.crt 2>&1").exit, 0);
+  ASSERT_TRUE(issue("0x1001", "first"));
+  ASSERT_TRUE(issue("0x2002", "second"));
+  fs::copy_file(dir / "first.crt", dir / "tls.crt");
+  fs::copy_file(dir / "first.key", dir / "tls.key");
+  Cluster cluster(TextModel());
+  const std::string http_ready = cluster.dir() + "/router-https.addr";
+  ASSERT_FALSE(cluster
+                   .StartRouter({"--http-port", "0", "--http-ready-file", http_ready,
+                                 "--client-tls-cert", (dir / "tls.crt").string(),
+                                 "--client-tls-key", (dir / "tls.key").string()})
+                   .empty());
+  std::string http;
+  std::ifstream(http_ready) >> http;
+  ASSERT_FALSE(http.empty());
+  auto served_serial = [&] {
+    return RunShell("openssl s_client -connect " + ShellQuote(http) +
+                    " </dev/null 2>/dev/null | openssl x509 -noout -serial 2>/dev/null")
+        .out;
+  };
+  EXPECT_EQ(served_serial(), "serial=1001\n");
+  // The new key alone: the pair does not match, so the old certificate stays served.
+  fs::copy_file(dir / "second.key", dir / "tls.key.new");
+  fs::rename(dir / "tls.key.new", dir / "tls.key");
+  EXPECT_TRUE(testing::Eventually(
+      [&] {
+        served_serial();  // a new connection is what looks at the files
+        return cluster.Log("router").find("not reloaded") != std::string::npos;
+      },
+      std::chrono::seconds(15)))
+      << cluster.Log("router");
+  EXPECT_EQ(served_serial(), "serial=1001\n");
+  fs::copy_file(dir / "second.crt", dir / "tls.crt.new");
+  fs::rename(dir / "tls.crt.new", dir / "tls.crt");
+  EXPECT_TRUE(testing::Eventually([&] { return served_serial() == "serial=2002\n"; },
+                                  std::chrono::seconds(15)))
+      << served_serial() << cluster.Log("router");
+}
+
+// Issue 49 item 2: API keys follow their file. A key revoked from the file (replaced as a
+// Secret's is) is refused without a restart, a key added is taken, a key given only as its
+// SHA-256 works like the key itself, and a file that no longer parses leaves the keys before
+// it in force. Over the gRPC port too: the revoked key's call is refused there.
+TEST(HttpTest, ARevokedKeyIsRefusedWithoutARestart) {
+  const fs::path dir = fs::path(testing::ProcessTempDir()) / "key_reload";
+  fs::create_directories(dir);
+  const std::string keys = (dir / "keys.yaml").string();
+  auto write_keys = [&](const std::string& text) {
+    std::ofstream(keys + ".new") << text;
+    fs::rename(keys + ".new", keys);
+  };
+  const std::string hashed = HexDigest(Sha256Of("hashed-key-0123456789", 21));
+  write_keys("old-key-0123456789: team-a\n\"sha256:" + hashed + "\": team-c\n");
+  Cluster cluster(TextModel());
+  const std::string http_ready = cluster.dir() + "/router-keys.addr";
+  ASSERT_FALSE(cluster.StartRouter({"--http-port", "0", "--http-ready-file", http_ready,
+                                    "--api-keys", keys})
+                   .empty());
+  std::string http;
+  std::ifstream(http_ready) >> http;
+  const std::string models = "http://" + http + "/v1/models";
+  auto status = [&](const std::string& key) {
+    return Http("GET", models, "", {"Authorization: Bearer " + key}, 10).status;
+  };
+  EXPECT_EQ(status("old-key-0123456789"), 200);
+  EXPECT_EQ(status("hashed-key-0123456789"), 200);
+  EXPECT_EQ(status("new-key-0123456789"), 401);
+  write_keys("new-key-0123456789: team-b\n\"sha256:" + hashed + "\": team-c\n");
+  EXPECT_TRUE(testing::Eventually([&] { return status("old-key-0123456789") == 401; },
+                                  std::chrono::seconds(15)))
+      << cluster.Log("router");
+  EXPECT_EQ(status("new-key-0123456789"), 200);
+  EXPECT_EQ(status("hashed-key-0123456789"), 200);
+  {
+    auto stub = cluster.Client();
+    grpc::ClientContext context;
+    context.AddMetadata("authorization", "Bearer old-key-0123456789");
+    v1::ListModelsResponse reply;
+    EXPECT_EQ(stub->ListModels(&context, v1::ListModelsRequest(), &reply).error_code(),
+              grpc::StatusCode::UNAUTHENTICATED);
+  }
+  // A broken file: logged, and the keys before it stay.
+  write_keys("new-key-0123456789: [not a tenant\n");
+  EXPECT_TRUE(testing::Eventually(
+      [&] {
+        status("new-key-0123456789");
+        return cluster.Log("router").find("API keys not reloaded") != std::string::npos;
+      },
+      std::chrono::seconds(15)))
+      << cluster.Log("router");
+  EXPECT_EQ(status("new-key-0123456789"), 200);
+  EXPECT_EQ(status("old-key-0123456789"), 401);
 }
 
 TEST(HttpTest, NoNodesIs503AndAFullQueueIs429WithARetryHint) {

@@ -444,5 +444,68 @@ TEST_F(OperationsTest, EveryRoleServesItsHealthPort) {
   EXPECT_EQ(served.tokens.size(), 4u);
 }
 
+// Issue 49 item 1: a prefill or decode node is ready only while a router takes it. Both
+// register with a router that refuses them (it serves another model name) and with a second
+// address where no router runs yet: they stay NOT_SERVING after the refusal, so a rollout
+// would not count them as available. Once a router that accepts them starts on that address
+// they turn SERVING, and when it is gone (and the other still refuses) NOT_SERVING again.
+TEST_F(OperationsTest, ANodeIsReadyOnlyWhileARouterAcceptsIt) {
+  // The refusing router serves a model of another config (fewer positions), so the nodes'
+  // config digest differs from its model's.
+  ModelConfig config = *model::PresetConfig("tiny");
+  config.max_position_embeddings /= 2;
+  const std::string other = ProcessTempDir() + "/operations_tiny_other";
+  ASSERT_TRUE(model::MakeModel(config, 17, other).ok());
+  cluster_ = std::make_unique<Cluster>(model_);
+  std::vector<std::string> args = TlsFlags("router");
+  const std::string refusing_ready = cluster_->dir() + "/refusing-internal.addr";
+  args.insert(args.end(), {"--model", other, "--internal-ready-file", refusing_ready});
+  ASSERT_FALSE(cluster_->Start("refusing", BATON_ROUTER_PATH, args).empty())
+      << cluster_->Log("refusing");
+  const int second = FreePort();
+  const std::string routers = ReadAddress(refusing_ready) + ",127.0.0.1:" + std::to_string(second);
+  const std::vector<std::string> roles = {"prefill", "decode"};
+  for (const std::string& role : roles) {
+    const std::vector<std::string> flags = {"--router", routers, "--health-port", "0",
+                                            "--health-ready-file", HealthFile("gated-" + role)};
+    const std::string address = role == "prefill" ? cluster_->StartPrefill(role, flags)
+                                                  : cluster_->StartDecode(role, flags);
+    ASSERT_FALSE(address.empty()) << cluster_->Log(role);
+  }
+  auto status = [&](const std::string& role) {
+    auto stub = grpc::health::v1::Health::NewStub(grpc::CreateChannel(
+        ReadAddress(HealthFile("gated-" + role)), grpc::InsecureChannelCredentials()));
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(1));
+    grpc::health::v1::HealthCheckResponse response;
+    if (!stub->Check(&context, grpc::health::v1::HealthCheckRequest(), &response).ok()) {
+      return grpc::health::v1::HealthCheckResponse::UNKNOWN;
+    }
+    return response.status();
+  };
+  for (const std::string& role : roles) {
+    ASSERT_TRUE(Eventually(
+        [&] { return cluster_->Log(role).find("registration refused") != std::string::npos; },
+        std::chrono::seconds(30)))
+        << cluster_->Log(role);
+    EXPECT_EQ(status(role), grpc::health::v1::HealthCheckResponse::NOT_SERVING) << role;
+  }
+  ASSERT_FALSE(
+      cluster_->StartRouter({"--internal-port", std::to_string(second)}, "accepting").empty());
+  for (const std::string& role : roles) {
+    EXPECT_TRUE(Eventually(
+        [&] { return status(role) == grpc::health::v1::HealthCheckResponse::SERVING; },
+        std::chrono::seconds(30)))
+        << role << ": " << cluster_->Log(role);
+  }
+  cluster_->Kill("accepting");
+  for (const std::string& role : roles) {
+    EXPECT_TRUE(Eventually(
+        [&] { return status(role) == grpc::health::v1::HealthCheckResponse::NOT_SERVING; },
+        std::chrono::seconds(30)))
+        << role;
+  }
+}
+
 }  // namespace
 }  // namespace baton::testing

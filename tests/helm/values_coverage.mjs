@@ -62,7 +62,9 @@ const PREREQUISITES = {
   "model.source.job.enabled": () => ({ model: { builtin: "", volume: { claimName: "weights" }, source: SOURCE } }),
   "model.generateSizeLimit": () => ({ model: { generate: "small" } }),
   "model.generateResources": () => ({ model: { generate: "small" } }),
-  "ucx.profile": () => ({ config: { router: { transport: "ucx" } } }),
+  // UCX between pods needs the rdma profile, or TCP allowed (the chart refuses ucx on tcp).
+  "ucx.profile": () => ({ config: { router: { transport: "ucx" } }, ucx: { allowUnprotectedTcp: true } }),
+  "config.router.transport": () => ({ ucx: { allowUnprotectedTcp: true } }),
   "ucx.rdma.": () => ({ config: { router: { transport: "ucx" } }, ucx: { profile: "rdma" } }),
   "router.service.type": () => ({ router: { exposeWithoutAuth: true } }),
   "router.service.externalTrafficPolicy": () => ({ router: { exposeWithoutAuth: true, service: { type: "LoadBalancer" } } }),
@@ -149,6 +151,7 @@ const MUTATIONS = {
   "router.gateway.annotations": { "example.com/team": "serving" },
   "router.gateway.grpc.hostnames": ["grpc.example.com"],
   "router.gateway.http.hostnames": ["api.example.com"],
+  "router.gateway.http.requestTimeout": "10m",
   "extraObjects": [{ apiVersion: "v1", kind: "ConfigMap", metadata: { name: "extra" }, data: { a: "b" } }],
   "*.extraVolumes": [{ name: "scratch", emptyDir: {} }],
   "*.extraVolumeMounts": [{ name: "tmp", mountPath: "/scratch" }],

@@ -28,6 +28,7 @@ Command AddReportCommand(CLI::App& app);
 Command AddFetchModelCommand(CLI::App& app);
 Command AddModelsCommand(CLI::App& app);
 Command AddEvalCommand(CLI::App& app);
+Command AddHealthCommand(CLI::App& app);
 
 inline constexpr int kExitOk = 0;
 inline constexpr int kExitFailure = 1;

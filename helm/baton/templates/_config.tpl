@@ -64,6 +64,16 @@ router:
   node-expiry-ms: {{ index $c.router "node-expiry-ms" | int64 }}
   client-max-connection-age: {{ index $c.router "client-max-connection-age" | toString | quote }}
   client-max-connection-age-grace: {{ index $c.router "client-max-connection-age-grace" | toString | quote }}
+  http-threads: {{ index $c.router "http-threads" | int64 }}
+  http-max-requests-per-tenant: {{ index $c.router "http-max-requests-per-tenant" | int64 }}
+  http-max-connections: {{ index $c.router "http-max-connections" | int64 }}
+  http-max-connections-per-client: {{ index $c.router "http-max-connections-per-client" | int64 }}
+  http-ipv4-prefix: {{ index $c.router "http-ipv4-prefix" | int64 }}
+  http-head-timeout-ms: {{ index $c.router "http-head-timeout-ms" | int64 }}
+  metrics-tenant-names: {{ index $c.router "metrics-tenant-names" }}
+  node-forget-after-ms: {{ index $c.router "node-forget-after-ms" | int64 }}
+  max-node-ids: {{ index $c.router "max-node-ids" | int64 }}
+  max-node-ids-per-identity: {{ index $c.router "max-node-ids-per-identity" | int64 }}
   # The prefix store never gates readiness: without it requests run cold (DESIGN section 6).
   require-kvstore: false
   {{- with include "baton.servedModelName" . }}

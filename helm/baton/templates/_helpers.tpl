@@ -260,6 +260,11 @@ securityContext:
 its own section) changes; call with (dict "root" $ "role" "decode" "values" .Values.decode). */}}
 {{- define "baton.podAnnotations" -}}
 checksum/config: {{ include "baton.configChecksum" . }}
+{{- /* The pod's emptyDirs hold only what it rebuilds at start (scratch files, a generated or
+downloaded model): the cluster-autoscaler may evict it to remove a node. */}}
+{{- $kind := include "baton.modelKind" .root }}
+{{- $modelScratch := or (eq $kind "generate") (and (ne $kind "builtin") (eq .root.Values.model.volume.type "emptyDir")) }}
+cluster-autoscaler.kubernetes.io/safe-to-evict-local-volumes: {{ ternary "tmp,model" "tmp" $modelScratch | quote }}
 {{- with .values.podAnnotations }}
 {{ toYaml . }}
 {{- end }}
@@ -591,6 +596,11 @@ spec:
   minAvailable: {{ include "baton.intOrPercent" .pdb.minAvailable }}
   {{- else }}
   maxUnavailable: {{ include "baton.intOrPercent" .pdb.maxUnavailable }}
+  {{- end }}
+  {{- if semverCompare ">=1.26-0" .root.Capabilities.KubeVersion.Version }}
+  # A pod that is not Ready protects nothing: evicting it never blocks a node drain (with the
+  # default, routers NotReady for want of nodes would hang every drain of their nodes).
+  unhealthyPodEvictionPolicy: AlwaysAllow
   {{- end }}
   selector:
     matchLabels:

@@ -30,9 +30,18 @@ the network is trusted; say so before a pod crash-loops. */ -}}
 {{- $ucxTls := include "baton.ucxTls" . -}}
 {{- range $name := splitList "," (lower $ucxTls) -}}
 {{- if or (eq $name "tcp") (eq $name "all") (hasPrefix "^" $name) -}}
-{{- fail (printf "ucx.tls: %q lets UCX serve RMA over TCP in software, where any peer that reaches a node's port reads and writes its memory; list transports whose keys are enforced (sm, posix, sysv, cma, self, rc, dc, ud, ib), use config.router.transport grpc with config.prefill.no-ucx and config.decode.no-ucx, or set ucx.allowUnprotectedTcp for a trusted network" $ucxTls) -}}
+{{- fail (printf "ucx.tls: %q lets UCX serve RMA over TCP in software, where any peer that reaches a node's port reads and writes its memory; list transports whose reads are bounded (sm, mm, posix, sysv, knem, self, rc, dc, ud, ib), use config.router.transport grpc with config.prefill.no-ucx and config.decode.no-ucx, or set ucx.allowUnprotectedTcp for a trusted network" $ucxTls) -}}
+{{- end -}}
+{{- if eq (trim $name) "cma" -}}
+{{- fail (printf "ucx.tls: %q names cma, which reads from whichever process and address the peer names, so a peer could make a node read its own memory; the nodes refuse it (sm and shm are taken as mm, without it): list sm, mm, posix, sysv, knem, self, rc, dc, ud or ib" $ucxTls) -}}
 {{- end -}}
 {{- end -}}
+{{- end -}}
+
+{{- /* Under the tcp profile UCX has shared memory alone (TCP is refused), and each pod has its
+own IPC namespace: no prefill pod's memory reaches a decode pod. */ -}}
+{{- if and (eq $router.transport "ucx") (eq .Values.ucx.profile "tcp") (not .Values.ucx.allowUnprotectedTcp) -}}
+{{- fail "config.router.transport: ucx with ucx.profile tcp cannot move a StateBlock between pods (UCX has only shared memory there, which no other pod shares, and TCP is refused); use transport grpc on a TCP pod network, or ucx.profile rdma on an RDMA one" -}}
 {{- end -}}
 
 {{- /* The rdma profile asks every prefill and decode pod for RDMA devices, which only UCX
@@ -103,12 +112,16 @@ internal port). */ -}}
 {{- end -}}
 {{- end -}}
 
-{{- /* The store's budget must fit its volume. */ -}}
+{{- /* The store's budget must fit its volume, with room beside it for RocksDB's write-ahead
+log and compaction output: at most 80% of it. */ -}}
 {{- if .Values.kvstore.enabled -}}
 {{- $budget := index .Values.config.kvstore "budget-bytes" | int64 -}}
 {{- $size := include "baton.quantityBytes" .Values.kvstore.persistence.size | int64 -}}
 {{- if gt $budget $size -}}
 {{- fail (printf "config.kvstore.budget-bytes: %d exceeds kvstore.persistence.size %s (%d bytes); the store would fill its volume" $budget .Values.kvstore.persistence.size $size) -}}
+{{- end -}}
+{{- if gt (mul $budget 5) (mul $size 4) -}}
+{{- fail (printf "config.kvstore.budget-bytes: %d is more than 80%% of kvstore.persistence.size %s (%d bytes); RocksDB needs room beside the data for its write-ahead log and compactions" $budget .Values.kvstore.persistence.size $size) -}}
 {{- end -}}
 {{- end -}}
 {{- include "baton.validateModelSource" . -}}
@@ -261,6 +274,9 @@ internal port). */ -}}
 {{- end -}}
 {{- if and .grpcHost (eq .grpcHost .httpHost) -}}
 {{- fail "router.ingress.httpHost: equals grpcHost; the gRPC and HTTP Ingresses route the same path \"/\" and need different hosts" -}}
+{{- end -}}
+{{- if and $.Values.router.apiKeys.secretName (not .tls) -}}
+{{- fail "router.ingress.tls: the Ingresses would carry API keys (bearer tokens) in clear; list IngressTLS objects for their hosts" -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}

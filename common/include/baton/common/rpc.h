@@ -130,8 +130,12 @@ class Heartbeat {
     std::function<v1::CacheEventBatch()> take;
     std::function<void()> resync;
   };
+  // `accepted`, when given, is told whether some router takes this node: true once one
+  // accepts a registration, false again after three rounds in a row that none accepted
+  // (refused, unreachable or silent); never called after Drain.
   Heartbeat(std::string routers, v1::RegisterRequest node, LoadFn load, CacheFeed cache = {},
-            std::chrono::milliseconds resolve_interval = std::chrono::milliseconds(5000));
+            std::chrono::milliseconds resolve_interval = std::chrono::milliseconds(5000),
+            std::function<void(bool accepted)> accepted = nullptr);
   ~Heartbeat();
 
   // Sends the routers a registration marked draining (again, until each has taken it or
@@ -144,6 +148,7 @@ class Heartbeat {
   v1::RegisterRequest node_;
   LoadFn load_;
   CacheFeed cache_;
+  std::function<void(bool)> accepted_;
   std::mutex mutex_;
   std::condition_variable wake_;
   bool stop_ = false;
@@ -161,7 +166,11 @@ class Heartbeat {
 // options.drain_timeout away; it refuses new work and returns once what the process holds is
 // finished or the deadline has passed. Then `on_stopping` runs and the servers shut down
 // (cancelling whatever is left). With a `client` endpoint, that server starts too and is the
-// one printed. `on_started` runs once the servers are up, with a setter of health statuses on
+// one printed. A prefill or decode node is ready only while a router takes it: readiness is
+// NOT_SERVING from the start until a router accepts its registration, and again once none has
+// for three heartbeats (Heartbeat's `accepted`), so that a pod every router refuses (another
+// model, config digest, split or CA; a port the network blocks) never counts as available
+// in a rollout. `on_started` runs once the servers are up, with a setter of health statuses on
 // all of them (the health port included). Returns the process exit status.
 struct Registration {
   std::string router;  // comma-separated routers (see ResolveRouters); empty: do not register

@@ -89,7 +89,8 @@ class Admission {
     int64_t prefill_slots = 2;
     uint32_t node_ttl_ms = 6500;
     bool api_keys = false;  // requests carry tenants (without, one tenant holds every pool)
-    std::map<std::string, int64_t> tenant_weights;  // ApiKeys::weights(); absent: 1
+    // A tenant's weight (ApiKeys::WeightOf, which follows the key file); null: every weight 1.
+    std::function<int64_t(const std::string&)> tenant_weight;
   };
   // `registry` and `models` outlive the admission.
   Admission(NodeRegistry& registry, const std::vector<ServedModel>& models, const Options& options);
