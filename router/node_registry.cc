@@ -674,6 +674,25 @@ std::vector<NodeRegistry::VersionCount> NodeRegistry::LiveByVersion() const {
   return out;
 }
 
+std::vector<NodeRegistry::ModelCount> NodeRegistry::LiveByModel() const {
+  std::map<std::tuple<std::string, std::string, std::string>, double> counts;
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto now = Clock::now();
+  for (const auto& [id, node] : nodes_) {
+    const v1::NodeRole role = node->info.role();
+    if (!Live(*node, now) || (role != v1::NODE_ROLE_PREFILL && role != v1::NODE_ROLE_DECODE)) {
+      continue;
+    }
+    const std::string& model = node->model < models_.size() ? models_[node->model].name : "";
+    counts[{model, node->info.model_fingerprint(), RoleLabel(role)}] += 1;
+  }
+  std::vector<ModelCount> out;
+  for (const auto& [key, n] : counts) {
+    out.push_back({std::get<0>(key), std::get<1>(key), std::get<2>(key), n});
+  }
+  return out;
+}
+
 std::map<std::string, double> NodeRegistry::LiveByRole() const {
   std::map<std::string, double> live = {{"prefill", 0}, {"decode", 0}, {"kvstore", 0}};
   std::lock_guard<std::mutex> lock(mutex_);

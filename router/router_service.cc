@@ -83,6 +83,13 @@ RouterService::RouterService(const ModelConfig& config, const RouterOptions& opt
                           v.nodes});
       if (v.role != "kvstore") formats.insert(v.state_format);
     }
+    // The weights each model's live nodes serve: prefill and decode nodes pair only on the
+    // same fingerprint, so a model whose two pools share none serves nothing (model skew).
+    std::vector<std::pair<std::map<std::string, std::string>, double>> by_model;
+    for (const NodeRegistry::ModelCount& m : registry_.LiveByModel()) {
+      by_model.push_back(
+          {{{"model", m.model}, {"fingerprint", m.fingerprint}, {"role", m.role}}, m.nodes});
+    }
     // One series per tenant of the API keys file (its names are the bound on the labels).
     for (const auto& [tenant, n] : admission_.StreamsByTenant()) {
       streams.push_back(
@@ -97,6 +104,10 @@ RouterService::RouterService(const ModelConfig& config, const RouterOptions& opt
         metrics::GaugeFamily("baton_router_nodes_by_version",
                              "Live nodes by role, build version and StateBlock format version",
                              versions),
+        metrics::GaugeFamily("baton_router_nodes_by_model",
+                             "Live prefill and decode nodes by served model, weights "
+                             "fingerprint and role",
+                             by_model),
         metrics::GaugeFamily("baton_router_version_skew",
                              "1 while live prefill and decode nodes report more than one "
                              "StateBlock format (nodes of different formats do not pair)",

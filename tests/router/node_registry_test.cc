@@ -163,6 +163,30 @@ TEST_F(NodeRegistryTest, ASilentNodeIsForgottenWithItsCacheIndex) {
   EXPECT_TRUE(Registry().RegisterFrom(kPodA, Registration("prefill-a")).ok());
 }
 
+// Model skew shows per served model, fingerprint and role (baton_router_nodes_by_model): two
+// prefill nodes on weights-a and a decode node on weights-b are three nodes in two
+// fingerprints that no pair shares; a store is not counted.
+TEST_F(NodeRegistryTest, LiveNodesAreCountedByModelFingerprintAndRole) {
+  models_[0].name = "baton";
+  ASSERT_TRUE(Registry().RegisterFrom(kPrefillRole, Registration("p1")).ok());
+  ASSERT_TRUE(Registry().RegisterFrom(kPrefillRole, Registration("p2")).ok());
+  v1::RegisterRequest decode = Registration("d1");
+  decode.set_role(v1::NODE_ROLE_DECODE);
+  decode.set_model_fingerprint("weights-b");
+  ASSERT_TRUE(Registry().RegisterFrom("spiffe://baton/decode", decode).ok());
+  v1::RegisterRequest store = Registration("kvstore");
+  store.set_role(v1::NODE_ROLE_KVSTORE);
+  store.set_model_fingerprint("");
+  ASSERT_TRUE(Registry().RegisterFrom("spiffe://baton/kvstore/kvstore", store).ok());
+  std::vector<std::tuple<std::string, std::string, std::string, double>> counts;
+  for (const NodeRegistry::ModelCount& m : Registry().LiveByModel()) {
+    counts.emplace_back(m.model, m.fingerprint, m.role, m.nodes);
+  }
+  EXPECT_THAT(counts, ::testing::UnorderedElementsAre(
+                          std::make_tuple("baton", "weights-a", "prefill", 2.0),
+                          std::make_tuple("baton", "weights-b", "decode", 1.0)));
+}
+
 // node_ids are bounded per identity and in all; past either a new one is refused by name, a
 // registered one keeps its heartbeats, and a forgotten one makes room.
 TEST_F(NodeRegistryTest, NodeIdsAreBoundedPerIdentityAndInAll) {

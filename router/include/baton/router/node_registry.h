@@ -214,6 +214,14 @@ class NodeRegistry {
     double nodes = 0;
   };
   std::vector<VersionCount> LiveByVersion() const;
+  // Live prefill and decode nodes by served model, weights fingerprint and role, for
+  // baton_router_nodes_by_model (model skew: a model whose prefill and decode nodes share no
+  // fingerprint serves nothing).
+  struct ModelCount {
+    std::string model, fingerprint, role;
+    double nodes = 0;
+  };
+  std::vector<ModelCount> LiveByModel() const;
 
   static const char* RoleLabel(v1::NodeRole role);
   // What a prefill and a decode node pair on (DESIGN section 6): the same weights and the
