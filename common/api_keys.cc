@@ -1,6 +1,5 @@
 #include "baton/common/api_keys.h"
 
-#include <sys/stat.h>
 #include <yaml-cpp/yaml.h>
 
 #include <fstream>
@@ -9,6 +8,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "baton/common/file_stamp.h"
 #include "baton/common/log.h"
 #include "baton/common/wire_bounds.h"
 
@@ -52,14 +52,6 @@ std::optional<Sha256Digest> HashedKey(const std::string& key) {
     digest[i] = static_cast<uint8_t>(byte);
   }
   return digest;
-}
-
-// What identifies the file's contents cheaply (a Secret volume swaps its files by renaming a
-// directory; an operator may copy a new file over): inode, size, modification time.
-std::string FileStamp(const std::string& path) {
-  struct stat st {};
-  if (::stat(path.c_str(), &st) != 0) return "-";
-  return absl::StrCat(st.st_ino, ",", st.st_size, ",", st.st_mtim.tv_sec, ".", st.st_mtim.tv_nsec);
 }
 
 absl::StatusOr<std::string> ReadFile(const std::string& path) {

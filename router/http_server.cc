@@ -1,7 +1,6 @@
 #include "baton/router/http_server.h"
 
 #include <poll.h>
-#include <sys/stat.h>
 
 #include <boost/asio.hpp>
 #include <boost/asio/ssl.hpp>
@@ -16,6 +15,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "baton/common/connection_slots.h"
+#include "baton/common/file_stamp.h"
 #include "baton/common/listen.h"
 #include "baton/common/log.h"
 #include "baton/common/parse.h"
@@ -830,21 +830,10 @@ absl::StatusOr<std::shared_ptr<ssl::context>> MakeTlsContext(const HttpServerOpt
   return context;
 }
 
-// What identifies the TLS files' contents cheaply: each file's inode, size and modification
-// time (a Secret volume swaps its files by renaming a directory, a cert-manager CSI volume
-// rewrites them, an operator copies new ones over).
+// The three TLS files' stamps together (file_stamp.h).
 std::string TlsStamp(const HttpServerOptions& options) {
-  std::string stamp;
-  for (const std::string* file : {&options.tls_cert, &options.tls_key, &options.tls_client_ca}) {
-    struct stat st {};
-    if (file->empty() || ::stat(file->c_str(), &st) != 0) {
-      stamp += "-;";
-      continue;
-    }
-    absl::StrAppend(&stamp, st.st_ino, ",", st.st_size, ",", st.st_mtim.tv_sec, ".",
-                    st.st_mtim.tv_nsec, ";");
-  }
-  return stamp;
+  return absl::StrCat(FileStamp(options.tls_cert), ";", FileStamp(options.tls_key), ";",
+                      FileStamp(options.tls_client_ca));
 }
 
 }  // namespace
