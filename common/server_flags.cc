@@ -2,7 +2,9 @@
 
 #include <iostream>
 
+#include "baton/common/cert_expiry.h"
 #include "baton/common/config_file.h"
+#include "baton/common/model_files.h"
 #include "baton/common/stream_watch.h"
 
 namespace baton {
@@ -56,6 +58,7 @@ void AddServerFlags(CLI::App& app, ServerFlags& flags) {
          "use the latest answer and never wait on DNS; default 5000)")
       ->check(CLI::Range(int64_t{100}, int64_t{600000}))
       ->default_str("5000");
+  AddModelFileFlag(app, flags.model_files);
   log::AddLogFlags(app, flags.log);
   security::AddTlsFlags(app, flags.tls);
 }
@@ -78,11 +81,34 @@ std::optional<int> ParseServerFlags(CLI::App& app, int argc, char** argv, const 
     std::cerr << binary << ": error: " << s.message() << "\n";
     return 2;
   }
+  for (const std::string& file : flags.model_files) {
+    if (absl::StatusOr<ModelFile> parsed = ParseModelFile(file, "--model-file"); !parsed.ok()) {
+      std::cerr << binary << ": error: " << parsed.status().message() << "\n";
+      return 2;
+    }
+  }
   if (check_only) {
     std::cout << "# " << binary << ": configuration ok\n" << app.config_to_str(false, false);
     return 0;
   }
   log::Init(binary, flags.log);
+  // The expiry of the internal certificate, for as long as the process runs.
+  if (!flags.tls.insecure && !flags.tls.cert_file.empty()) {
+    static const std::shared_ptr<metrics::Collector> expiry =
+        ExportCertificateExpiry({{"internal", flags.tls.cert_file}});
+  }
+  // Every server takes --model; the weights it names must be the release's before anything
+  // loads them.
+  if (const CLI::Option* model = app.get_option_no_throw("--model");
+      model != nullptr && model->count() > 0) {
+    if (absl::Status s = CheckModelFiles(model->as<std::string>(), flags.model_files); !s.ok()) {
+      log::Error("cannot start", {{"error", std::string(s.message())}});
+      return 2;
+    }
+  } else if (!flags.model_files.empty()) {
+    log::Error("cannot start", {{"error", "--model-file: this binary reads no --model directory"}});
+    return 2;
+  }
   return std::nullopt;
 }
 

@@ -5,8 +5,10 @@
 #include "CLI/CLI.hpp"
 #include "baton/common/stream_watch.h"
 #include "baton/decode_node/decode_service.h"
+#include "baton/decode_node/state_pool.h"
 #include "baton/node/node_main.h"
 #include "baton/transfer/transport.h"
+#include "baton/transfer/ucx.h"
 
 namespace {
 
@@ -120,6 +122,17 @@ int main(int argc, char** argv) {
   }
   options.use_ucx = !flags.no_ucx;
   options.ucx_allow_unprotected_tcp = flags.ucx_allow_unprotected_tcp;
+  // UCX over RDMA pins the whole pool: a memlock limit below it is refused here, by name,
+  // instead of every request failing once the registration does.
+  if (options.use_ucx) {
+    if (std::optional<int> exit = baton::transfer::RefuseUnlockableUcxMemory(
+            flags.ucx_allow_unprotected_tcp,
+            baton::decode_node::StatePool::BytesFor(start.engine->state_layout(), options.slots,
+                                                    options.pages),
+            "the decode pool (--slots, --pages)")) {
+      return *exit;
+    }
+  }
   baton::decode_node::DecodeService service(*start.engine, options);
   if (!service.status().ok()) {
     baton::log::Error("cannot start", {{"error", std::string(service.status().message())}});

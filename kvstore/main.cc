@@ -17,6 +17,13 @@ int main(int argc, char** argv) {
       ->required();
   app.add_option("--data-dir", data_dir, "RocksDB folder")->required();
   app.add_option("--budget-bytes", budget, "Bytes of stored values at most (0: unlimited)");
+  std::string weights_sha256;
+  app.add_option("--weights-sha256", weights_sha256,
+                 "SHA-256 of the model's model.safetensors (64 hex digits): the store's "
+                 "fingerprint is then made from config.json and this digest, and the weights "
+                 "need not be in --model (the store reads no tensor; the chart fetches only "
+                 "config.json for it). It must be the served weights' digest: the store registers "
+                 "its fingerprint (baton_router_nodes_by_model shows a skew)");
   bool sync_writes = false;
   app.add_flag("--sync-writes", sync_writes,
                "fsync the write-ahead log at every write and delete: acknowledged blocks survive "
@@ -26,7 +33,7 @@ int main(int argc, char** argv) {
   if (auto exit = baton::ParseServerFlags(app, argc, argv, "baton-kvstore", "kvstore", flags)) {
     return *exit;
   }
-  auto fingerprint = baton::model::ModelFingerprint(model_dir);
+  auto fingerprint = baton::model::ModelFingerprint(model_dir, weights_sha256);
   // The model's layout fixes the size of every value the store accepts.
   auto config = baton::LoadModelConfig(model_dir + "/config.json");
   for (const absl::Status& s : {fingerprint.status(), config.status()}) {

@@ -1,9 +1,13 @@
 #include "baton/model/weights.h"
 
+#include <algorithm>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <set>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -172,9 +176,23 @@ absl::StatusOr<CedWeights> LoadCedWeights(const std::string& model_dir, HeldLaye
   return w;
 }
 
-absl::StatusOr<std::string> ModelFingerprint(const std::string& model_dir) {
+absl::StatusOr<std::string> ModelFingerprint(const std::string& model_dir,
+                                             const std::string& weights_sha256) {
   absl::StatusOr<ModelConfig> config = LoadModelConfig(model_dir + "/config.json");
   if (!config.ok()) return config.status();
+  if (!weights_sha256.empty()) {
+    if (weights_sha256.size() != 2 * sizeof(Sha256Digest) ||
+        !std::all_of(weights_sha256.begin(), weights_sha256.end(),
+                     [](char c) { return absl::ascii_isxdigit(static_cast<unsigned char>(c)); })) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--weights-sha256: '", weights_sha256,
+          "' is not a SHA-256 (64 hex digits, as sha256sum model.safetensors prints it)"));
+    }
+    const std::string bytes = absl::HexStringToBytes(weights_sha256);
+    Sha256Digest digest;
+    std::memcpy(digest.data(), bytes.data(), digest.size());
+    return Fingerprint(*config, digest);
+  }
   absl::StatusOr<Sha256Digest> digest = FileDigest(model_dir + "/model.safetensors");
   if (!digest.ok()) return digest.status();
   return Fingerprint(*config, *digest);

@@ -77,7 +77,8 @@ NodeStart StartNode(CLI::App& app, int argc, char** argv, const std::string& bin
     return {.exit = 2};
   }
   log::Info("model loaded", {{"split", std::string(model::SplitName(*split))},
-                             {"weight_bytes", (*engine)->weight_bytes()}});
+                             {"weight_bytes", (*engine)->weight_bytes()},
+                             {"fingerprint", (*engine)->fingerprint()}});
   return {.engine = *std::move(engine), .split = *split};
 }
 

@@ -3,6 +3,7 @@
 #include "CLI/CLI.hpp"
 #include "baton/node/node_main.h"
 #include "baton/prefill_node/prefill_service.h"
+#include "baton/transfer/ucx.h"
 
 namespace {
 
@@ -52,6 +53,15 @@ int main(int argc, char** argv) {
   options.use_ucx = !flags.no_ucx;
   options.split = start.split;
   options.ucx_allow_unprotected_tcp = flags.ucx_allow_unprotected_tcp;
+  // UCX over RDMA pins the staging memory kept for reuse (and each request's while it waits
+  // for its reader): a memlock limit below the cache is refused here, by name.
+  if (options.use_ucx) {
+    if (std::optional<int> exit = baton::transfer::RefuseUnlockableUcxMemory(
+            flags.ucx_allow_unprotected_tcp, options.staging_cache_bytes,
+            "the staging cache (--staging-cache-bytes)")) {
+      return *exit;
+    }
+  }
   baton::prefill_node::PrefillService service(*start.engine, options);
   baton::node::NodeHooks hooks = baton::node::HooksOf(service);
   // Decode nodes read this node's staging memory by UCX from this worker only.

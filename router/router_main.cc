@@ -7,6 +7,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "baton/common/cert_expiry.h"
 #include "baton/common/ced_rules.h"
 #include "baton/common/log.h"
 #include "baton/common/model_config.h"
@@ -218,6 +219,11 @@ absl::StatusOr<RouterSetup> Setup(const RouterFlags& flags) {
                                      /*api_key_check=*/options.api_keys != nullptr);
   if (!credentials.ok()) return credentials.status();
   setup.client_credentials = *std::move(credentials);
+  // The client-facing certificate's expiry (gRPC client API and HTTPS front alike).
+  if (!flags.client_cert.empty()) {
+    static const std::shared_ptr<metrics::Collector> expiry =
+        ExportCertificateExpiry({{"client", flags.client_cert}});
+  }
   options.hit_cap = *kvstore::ParseHitCap(flags.hit_cap, "--hit-cap");  // the flag checked it
   options.prefill_policy = *kvstore::ParseRoutingPolicy(flags.prefill_policy,
                                                         "--prefill-policy");  // the flag checked it

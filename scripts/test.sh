@@ -28,7 +28,26 @@ seed_test_costs() {
   fi
 }
 seed_test_costs "$build_dir" "$root/tests/ctest_costs/gcc.txt"
-ctest_run() { ctest --test-dir "$build_dir" --output-on-failure -j "${BATON_JOBS:-2}" "$@"; }
+# A failed test's output is printed where it ends, among hundreds of others; it is printed again
+# at the very end (its last lines), where a CI log's tail shows it.
+repeat_failures() {
+  local log="$build_dir/Testing/Temporary/LastTest.log"
+  local failed="$build_dir/Testing/Temporary/LastTestsFailed.log"
+  [[ -f "$log" && -f "$failed" ]] || return 0
+  echo "=== the failed tests' last output lines (all of it above and in $log) ==="
+  local name
+  while IFS=: read -r _ name; do
+    echo "--- $name"
+    awk -v name="$name" '$0 ~ "^[0-9]+/[0-9]+ Test: " && substr($0, index($0, "Test: ") + 6) == name {on = 1; next}
+      on && /^<end of output>/ {exit} on' "$log" | tail -n 40
+  done <"$failed"
+}
+ctest_run() {
+  ctest --test-dir "$build_dir" --output-on-failure -j "${BATON_JOBS:-2}" "$@" && return 0
+  local status=$?
+  repeat_failures
+  return "$status"
+}
 if (($# == 0)); then
   ctest_run -LE extended
   bash "$root/scripts/sanitize.sh"

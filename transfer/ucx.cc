@@ -1,5 +1,7 @@
 #include "baton/transfer/ucx.h"
 
+#include <linux/capability.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <ucp/api/ucp.h>
 
@@ -7,15 +9,19 @@
 #include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <thread>
 
 #include "absl/algorithm/container.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "baton/common/log.h"
 
 namespace baton::transfer {
 namespace {
@@ -129,6 +135,66 @@ std::optional<int> RefuseUnsafeUcx(const char* binary, bool allow_unprotected_tc
   if (transports.ok()) return std::nullopt;
   std::fprintf(stderr, "%s: error: %s\n", binary, std::string(transports.status().message()).c_str());
   return 2;
+}
+
+LockedMemory LockedMemoryOf(const std::string& transports) {
+  LockedMemory memory;
+  for (absl::string_view name : absl::StrSplit(transports, ',', absl::SkipEmpty())) {
+    memory.rdma |= name == "ib" || absl::StartsWith(name, "rc") || absl::StartsWith(name, "ud") ||
+                   absl::StartsWith(name, "dc");
+    if (name == "all") {
+      std::error_code ec;
+      const std::filesystem::path devices = "/sys/class/infiniband";
+      memory.rdma |= std::filesystem::is_directory(devices, ec) &&
+                     std::filesystem::directory_iterator(devices, ec) !=
+                         std::filesystem::directory_iterator();
+    }
+  }
+  rlimit limit{};
+  memory.limit = getrlimit(RLIMIT_MEMLOCK, &limit) != 0 ? 0
+                 : limit.rlim_cur == RLIM_INFINITY      ? UINT64_MAX
+                                                        : static_cast<uint64_t>(limit.rlim_cur);
+  std::ifstream status("/proc/self/status");
+  for (std::string line; std::getline(status, line);) {
+    uint64_t effective = 0;
+    if (absl::StartsWith(line, "CapEff:") &&
+        absl::SimpleHexAtoi(absl::StripAsciiWhitespace(line.substr(7)), &effective)) {
+      memory.ipc_lock = (effective >> CAP_IPC_LOCK) & 1;
+    }
+  }
+  return memory;
+}
+
+absl::Status CheckLockedMemory(const LockedMemory& memory, uint64_t needed_bytes,
+                               const std::string& what) {
+  if (!memory.rdma || memory.ipc_lock || memory.limit >= needed_bytes) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "UCX over RDMA pins ", what, ": ", needed_bytes, " bytes, but RLIMIT_MEMLOCK is ",
+      memory.limit, " bytes and CAP_IPC_LOCK is not in the effective set; raise the limit ",
+      "(ulimit -l unlimited, or the container runtime's default memlock) or run with "
+      "CAP_IPC_LOCK effective (in a container: uid 0 with only IPC_LOCK added, the chart's "
+      "rdma.runAsRoot; a non-root uid never gets an added capability), or use UCX over shared "
+      "memory or the gRPC transport"));
+}
+
+std::optional<int> RefuseUnlockableUcxMemory(bool allow_unprotected_tcp, uint64_t needed_bytes,
+                                             const std::string& what) {
+  absl::StatusOr<std::string> transports =
+      UcxTransports(std::getenv("UCX_TLS"), allow_unprotected_tcp);
+  if (!transports.ok()) return std::nullopt;  // RefuseUnsafeUcx names it
+  const LockedMemory memory = LockedMemoryOf(*transports);
+  if (!memory.rdma) return std::nullopt;
+  log::Info("locked memory", {{"transports", *transports},
+                              {"memlock_limit", memory.limit == UINT64_MAX
+                                                    ? std::string("unlimited")
+                                                    : std::to_string(memory.limit)},
+                              {"cap_ipc_lock", memory.ipc_lock},
+                              {"needed_bytes", needed_bytes}});
+  if (absl::Status s = CheckLockedMemory(memory, needed_bytes, what); !s.ok()) {
+    log::Error("cannot start", {{"error", std::string(s.message())}});
+    return 2;
+  }
+  return std::nullopt;
 }
 
 absl::StatusOr<std::unique_ptr<UcxWorker>> UcxWorker::Create(const UcxOptions& options) {

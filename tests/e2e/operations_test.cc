@@ -9,9 +9,12 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <filesystem>
+#include <fstream>
 #include <random>
 #include <thread>
 
+#include "baton/common/cert_expiry.h"
 #include "baton/common/model_config.h"
 #include "baton/common/security.h"
 #include "baton/model/model_factory.h"
@@ -505,6 +508,47 @@ TEST_F(OperationsTest, ANodeIsReadyOnlyWhileARouterAcceptsIt) {
         std::chrono::seconds(30)))
         << role;
   }
+}
+
+// Issue 49 item 3: when the certificate a process serves with expires, as a metric read from
+// its file at each scrape (so a renewal shows at the next scrape, and one that never comes shows
+// as the BatonCertificateExpiring alert). The router's
+// baton_certificate_expiry_timestamp_seconds{kind="internal"} is its --tls-cert's notAfter; a
+// file that no longer parses turns baton_certificate_unreadable to 1 and drops the expiry, and a
+// certificate put back restores both.
+TEST_F(OperationsTest, TheCertificatesExpiryIsScrapedFromItsFile) {
+  const std::string pki = ProcessTempDir() + "/operations_pki_copy";
+  std::filesystem::remove_all(pki);
+  std::filesystem::create_directories(pki);
+  for (const char* name : {"ca.crt", "router.crt", "router.key"}) {
+    std::filesystem::copy_file(TestPki() + "/" + name, pki + "/" + name);
+  }
+  cluster_ = std::make_unique<Cluster>(model_);
+  std::vector<std::string> args = TlsFlags("router", pki);
+  const std::string metrics_file = cluster_->dir() + "/router.metrics";
+  args.insert(args.end(), {"--model", model_, "--internal-ready-file",
+                           cluster_->dir() + "/router-internal.addr", "--metrics-port", "0",
+                           "--metrics-ready-file", metrics_file});
+  ASSERT_FALSE(cluster_->Start("router", BATON_ROUTER_PATH, args).empty())
+      << cluster_->Log("router");
+  metrics_ = ReadAddress(metrics_file);
+  const std::string cert = pki + "/router.crt";
+  const absl::StatusOr<int64_t> not_after = CertificateNotAfter(cert);
+  ASSERT_TRUE(not_after.ok()) << not_after.status();
+  const std::map<std::string, std::string> internal = {{"kind", "internal"}};
+  EXPECT_EQ(RouterSample("baton_certificate_expiry_timestamp_seconds", internal),
+            static_cast<double>(*not_after));
+  EXPECT_EQ(RouterSample("baton_certificate_unreadable", internal), 0);
+
+  std::ifstream in(cert);
+  const std::string pem((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::ofstream(cert, std::ios::trunc) << "not a certificate\n";
+  EXPECT_EQ(RouterSample("baton_certificate_unreadable", internal), 1);
+  EXPECT_EQ(RouterSample("baton_certificate_expiry_timestamp_seconds", internal), -1);  // absent
+  std::ofstream(cert, std::ios::trunc) << pem;
+  EXPECT_EQ(RouterSample("baton_certificate_unreadable", internal), 0);
+  EXPECT_EQ(RouterSample("baton_certificate_expiry_timestamp_seconds", internal),
+            static_cast<double>(*not_after));
 }
 
 }  // namespace

@@ -40,7 +40,30 @@ function binaryPath(name) {
   return path.join(buildDir, where, name);
 }
 
+// Ports for the pods' listeners. They stay free for a few seconds before the pods bind them, and
+// the suite beside this test makes thousands of outgoing connections meanwhile, each taking a
+// port of the kernel's ephemeral range: so these come from below that range, where only
+// listeners that name their port live, each checked free and none given twice.
+const ephemeralLow = Number(
+  fs.readFileSync("/proc/sys/net/ipv4/ip_local_port_range", "utf8").trim().split(/\s+/)[0]);
+const given = new Set();
+function canListen(port) {
+  return new Promise((resolve) => {
+    const server = net.createServer();
+    server.once("error", () => resolve(false));
+    server.listen(port, "127.0.0.1", () => server.close(() => resolve(true)));
+  });
+}
 async function freePort() {
+  const low = 10000, high = ephemeralLow - 1;
+  for (let attempt = 0; high - low >= 1000 && attempt < 200; attempt++) {
+    const port = low + Math.floor(Math.random() * (high - low + 1));
+    if (!given.has(port) && await canListen(port)) {
+      given.add(port);
+      return port;
+    }
+  }
+  // No room below the ephemeral range here: the kernel's choice.
   return new Promise((resolve, reject) => {
     const server = net.createServer();
     server.once("error", reject);

@@ -13,7 +13,11 @@
 #   6. every value values.schema.json accepts changes what the chart renders: no field is
 #      accepted and then dropped (values_coverage.mjs);
 #   7. a change to config.<role> changes the config checksum of that role's pods only (so an
-#      upgrade rolls only them), and one to config.common every role's.
+#      upgrade rolls only them), and one to config.common every role's;
+#   8. the ServiceAccount values (serviceAccountName wins, then serviceAccount.create and name;
+#      the model Job's hook account), image.digest (repository@digest, tag ignored) and the
+#      BackendTrafficPolicy (rendered only when enabled and gateway.envoyproxy.io/v1alpha1 is
+#      served) give the accounts, images and objects they promise.
 #
 # Autoscalers may scale only on metrics the binaries export: the names are collected from the
 # sources (every "baton_..." string literal under common/, router/, prefill_node/, decode_node/
@@ -258,6 +262,80 @@ for change in router:config.router.max-queued=7 prefill:config.prefill.token-bud
     fail "--set ${change#*:} changes the config checksum of '$rolled', expected '$expected'"
   fi
 done
+
+# --- 8: the values that pick accounts, images and opt-in objects ------------------------------
+# One line per render: the ServiceAccounts it creates, the accounts its pods run as, how many
+# BackendTrafficPolicies it holds and the images of its containers, each list sorted.
+render_summary() {
+  "$helm" template baton "$chart" --namespace baton --kube-version "$kube_version" "$@" 2>&1 |
+    awk '/^kind: / {kind = $2; named = 0; if (kind == "BackendTrafficPolicy") policies++}
+         /^  name: / && !named {named = 1; if (kind == "ServiceAccount") created[$2] = 1}
+         /^ *serviceAccountName: / {gsub(/"/, "", $2); runs[$2] = 1}
+         /^ *image: / {images[$2] = 1}
+         /^Error:/ {print; exit 1}
+         function sorted(set,   k, n, i, j, t, out) {
+           n = 0; for (k in set) keys[++n] = k
+           for (i = 2; i <= n; i++) for (j = i; j > 1 && keys[j - 1] > keys[j]; j--) {
+             t = keys[j]; keys[j] = keys[j - 1]; keys[j - 1] = t }
+           out = ""; for (i = 1; i <= n; i++) out = out (i > 1 ? " " : "") keys[i]
+           delete keys; return out
+         }
+         END {printf "ServiceAccounts [%s], pods run as [%s], %d BackendTrafficPolicy, images [%s]\n",
+                     sorted(created), sorted(runs), policies, sorted(images)}'
+}
+digest="sha256:$(printf '0123456789abcdef%.0s' 1 2 3 4)"
+cm=(--api-versions cert-manager.io/v1)
+eg=(--api-versions gateway.envoyproxy.io/v1alpha1)
+while IFS='|' read -r expected args; do
+  read -ra args <<<"$args"
+  actual="$(render_summary "${args[@]}" || true)"
+  case_name="${args[*]//$chart\//}"
+  if [[ "$actual" == "$expected" ]]; then
+    pass "$case_name: $actual"
+  else
+    fail "$case_name: $actual, expected $expected"
+  fi
+done <<EOF
+ServiceAccounts [baton], pods run as [baton], 0 BackendTrafficPolicy, images [baton:7.7.7]|${cm[*]} --set image.tag=7.7.7
+ServiceAccounts [], pods run as [legacy], 0 BackendTrafficPolicy, images [baton:7.7.7]|${cm[*]} --set image.tag=7.7.7 --set serviceAccountName=legacy
+ServiceAccounts [], pods run as [default], 0 BackendTrafficPolicy, images [baton:7.7.7]|${cm[*]} --set image.tag=7.7.7 --set serviceAccount.create=false
+ServiceAccounts [], pods run as [shared], 0 BackendTrafficPolicy, images [baton:7.7.7]|${cm[*]} --set image.tag=7.7.7 --set serviceAccount.create=false --set serviceAccount.name=shared
+ServiceAccounts [pods], pods run as [pods], 0 BackendTrafficPolicy, images [baton:7.7.7]|${cm[*]} --set image.tag=7.7.7 --set serviceAccount.name=pods
+ServiceAccounts [baton baton-fetch-model], pods run as [baton baton-fetch-model], 0 BackendTrafficPolicy, images [registry.example.com/baton:0.1.0-cuda]|${cm[*]} -f $chart/ci/gpu-values.yaml
+ServiceAccounts [baton], pods run as [baton], 0 BackendTrafficPolicy, images [baton@$digest]|${cm[*]} --set image.tag=7.7.7 --set image.digest=$digest
+ServiceAccounts [baton], pods run as [baton], 1 BackendTrafficPolicy, images [baton:7.7.7]|${cm[*]} ${eg[*]} --set image.tag=7.7.7 -f $chart/ci/edge-values.yaml
+ServiceAccounts [baton], pods run as [baton], 0 BackendTrafficPolicy, images [baton:7.7.7]|${cm[*]} --set image.tag=7.7.7 -f $chart/ci/edge-values.yaml
+ServiceAccounts [baton], pods run as [baton], 0 BackendTrafficPolicy, images [baton:7.7.7]|${cm[*]} ${eg[*]} --set image.tag=7.7.7
+EOF
+
+# --- 9: a downloaded model's directory is named by its files ----------------------------------
+# For the two values files with model.source: every fetch-model --dest and common.model is
+# /models/<digest>/baton, <digest> the SHA-256 of the files' "NAME=SHA256" lines in name order
+# (computed here from the values file, not by the chart), so other weights land beside the old
+# ones; and the hook Job (gpu-values) runs on rollback too.
+for values in model-source-values gpu-values; do
+  rendered="$work/$values-digest.yaml"
+  "$helm" template baton "$chart" --namespace baton --kube-version "$kube_version" \
+    --api-versions cert-manager.io/v1 -f "$chart/ci/$values.yaml" >"$rendered" 2>&1
+  lines="$(node -e '
+    const YAML = require(process.argv[1] + "/yaml");
+    const files = YAML.parse(require("fs").readFileSync(process.argv[2], "utf8")).model.source.files;
+    process.stdout.write(Object.keys(files).sort().map((n) => `${n}=${files[n]}\n`).join(""));' \
+    "$validator/node_modules" "$chart/ci/$values.yaml")"
+  dir="/models/$(printf '%s\n' "$lines" | sha256sum | cut -d' ' -f1)/baton"
+  dests="$(grep -o -- '--dest=[^"]*' "$rendered" | sort -u | xargs)"
+  models="$(grep -E '^ +model: /' "$rendered" | awk '{print $2}' | sort -u | xargs)"
+  if [[ "$dests" == "--dest=$dir" && "$models" == "$dir" ]]; then
+    pass "$values: the model is fetched into and read from $dir"
+  else
+    fail "$values: fetch-model $dests and common.model $models, expected $dir"
+  fi
+done
+if grep -q 'helm.sh/hook: pre-install,pre-upgrade,pre-rollback' "$work/gpu-values-digest.yaml"; then
+  pass "gpu-values: the model Job is a pre-rollback hook too"
+else
+  fail "gpu-values: the model Job does not run on helm rollback"
+fi
 
 # --- 6: no value is dropped ------------------------------------------------------------------
 if wait "$coverage_pid"; then

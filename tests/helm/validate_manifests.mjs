@@ -9,8 +9,9 @@
 //     @kubernetes-models/prometheus-operator for ServiceMonitor, @kubernetes-models/cert-manager
 //     for Certificate and Issuer, @kubernetes-models/keda for ScaledObject,
 //     @kubernetes-models/gateway-api for GRPCRoute and HTTPRoute, generated from the Gateway
-//     API project's CRDs): types, required fields, enums, formats. A kind without a schema is
-//     an error.
+//     API project's CRDs; Envoy Gateway's BackendTrafficPolicy, which no package models, from
+//     envoy-gateway-backendtrafficpolicy.schema.json beside this file, a closed subset of its
+//     CRD): types, required fields, enums, formats. A kind without a schema is an error.
 //  2. unknown fields, which the OpenAPI schemas let through but the API server drops or
 //     refuses: the field names come from the same packages' type declarations (.d.ts).
 //  3. references between objects: selectors that select nothing, Service target ports and
@@ -23,13 +24,20 @@
 //     would undo the autoscaler), that share a workload, with min above max, or on metrics the
 //     binaries do not export; PodDisruptionBudgets that protect nothing (every pod may go) or
 //     block every eviction (no pod may go); a preStop sleep the grace period does not cover;
-//     Ingress and Gateway API route backends that are no Service port of the manifests.
+//     Ingress and Gateway API route backends that are no Service port of the manifests; a
+//     BackendTrafficPolicy whose target is no route of the manifests.
 //  4. baton's config file (a ConfigMap key "baton.yaml"): sections and keys the binaries
 //     accept (their long flag names), so that a typo cannot reach a pod.
+//  5. the chart's pods (label app.kubernetes.io/part-of: baton): each names its ServiceAccount
+//     and mounts no token, as does every ServiceAccount of the chart; when the chart renders
+//     its own account, every pod runs as it except the pre-install/upgrade/rollback hooks, which
+//     run before the release's objects exist, so a hook pod may only use an account that is a
+//     hook of each of its phases with a lower weight; and every container that runs a baton
+//     binary runs one image, a digest reference (NAME@sha256:<64 hex>) carrying no tag.
 import { readFileSync, existsSync } from "node:fs";
 import { createRequire } from "node:module";
 import { dirname, join, resolve } from "node:path";
-import { pathToFileURL } from "node:url";
+import { fileURLToPath, pathToFileURL } from "node:url";
 
 const args = process.argv.slice(2);
 const option = (name) => {
@@ -50,12 +58,13 @@ const files = args;
 // The metric names the binaries export, or null when not given.
 const exportedMetrics = metricsOption === undefined ? null
   : new Set(readFileSync(metricsOption, "utf8").split("\n").map((l) => l.trim()).filter(Boolean));
-const YAML = createRequire(join(modules, "noop.js"))("yaml");
+const requireModule = createRequire(join(modules, "noop.js"));
+const YAML = requireModule("yaml");
 
 // The keys each section of baton.yaml may hold: the binaries' long flag names.
 const BATON_CONFIG_KEYS = {
   common: ["model", "host", "metrics-host", "metrics-port", "health-port", "log-format", "log-level",
-           "router", "tls-ca", "tls-cert", "tls-key", "insecure-internal"],
+           "router", "tls-ca", "tls-cert", "tls-key", "insecure-internal", "model-file"],
   router: ["port", "internal-port", "client-tls-cert", "client-tls-key", "client-tls-ca", "api-keys",
            "default-mode", "default-keep", "max-tokens-limit", "max-model-len", "transport",
            "reservation-timeout-ms", "hit-cap", "prefill-policy", "split", "lookup-timeout-ms", "require-kvstore", "max-queued",
@@ -63,15 +72,19 @@ const BATON_CONFIG_KEYS = {
            "served-model-name", "drain-timeout", "heartbeat-ms", "node-expiry-ms", "client-max-connection-age",
            "client-max-connection-age-grace", "http-max-requests-per-tenant", "http-max-connections",
            "http-max-connections-per-client", "http-ipv4-prefix", "http-head-timeout-ms",
-           "metrics-tenant-names", "node-forget-after-ms", "max-node-ids", "max-node-ids-per-identity"],
+           "metrics-tenant-names", "node-forget-after-ms", "max-node-ids", "max-node-ids-per-identity",
+           "model-file"],
   prefill: ["port", "node-id", "router-resolve-ms", "token-budget", "no-ucx", "ucx-allow-unprotected-tcp", "kvstore", "commit-timeout-ms", "device",
-            "weights", "drain-timeout", "served-model-name", "split", "block-cache-bytes"],
+            "weights", "drain-timeout", "served-model-name", "split", "block-cache-bytes", "model-file"],
   decode: ["port", "node-id", "router-resolve-ms", "slots", "pages", "max-batch", "replay-rows-per-step", "speculative",
            "speculative-tokens", "speculative-policy", "max-waiting", "no-ucx",
            "ucx-peer-errors", "ucx-allow-unprotected-tcp", "stream-idle-timeout", "device", "weights", "drain-timeout",
-           "served-model-name"],
-  kvstore: ["port", "router-resolve-ms", "data-dir", "budget-bytes", "sync-writes", "drain-timeout"],
+           "served-model-name", "model-file"],
+  kvstore: ["port", "router-resolve-ms", "data-dir", "budget-bytes", "sync-writes", "drain-timeout",
+            "model-file", "weights-sha256"],
 };
+// Keys that take a list of values (a repeatable flag).
+const BATON_LIST_KEYS = ["model-file"];
 
 // Where a kind's model lives: kubernetes-models/<group>/<version>/<Kind>.js ("v1" for the core
 // group), CRDs in their own packages.
@@ -175,7 +188,27 @@ function checkObject(value, decl, path, errors) {
 }
 
 // --- Schema validation ----------------------------------------------------------------------
+// Kinds no package models, by "apiVersion kind": a JSON schema file beside this script.
+const LOCAL_SCHEMAS = {
+  "gateway.envoyproxy.io/v1alpha1 BackendTrafficPolicy": "envoy-gateway-backendtrafficpolicy.schema.json",
+};
+const localValidators = new Map();
+
+function checkLocalSchema(object, schemaFile) {
+  if (!localValidators.has(schemaFile)) {
+    const Ajv = requireModule("ajv").default;
+    const schema = JSON.parse(readFileSync(join(dirname(fileURLToPath(import.meta.url)), schemaFile), "utf8"));
+    localValidators.set(schemaFile, new Ajv({ allErrors: true }).compile(schema));
+  }
+  const validate = localValidators.get(schemaFile);
+  if (validate(object)) return [];
+  return validate.errors.map((e) => `schema: ${e.instancePath || "/"} ${e.message}` +
+    (e.params?.additionalProperty ? `: ${e.params.additionalProperty} (unknown field)` : ""));
+}
+
 async function checkSchema(object) {
+  const local = LOCAL_SCHEMAS[`${object.apiVersion} ${object.kind}`];
+  if (local) return checkLocalSchema(object, local);
   const file = modelPath(object.apiVersion, object.kind);
   if (!existsSync(file)) return [`no schema for ${object.apiVersion} ${object.kind}`];
   const module = await import(pathToFileURL(file).href);
@@ -359,6 +392,18 @@ function checkReferences(objects, report) {
     }
   }
 
+  // Envoy Gateway policies attach to routes of the manifests (a policy on a missing route does
+  // nothing, silently).
+  for (const o of objects.filter((x) => x.kind === "BackendTrafficPolicy")) {
+    for (const [i, ref] of (o.spec?.targetRefs ?? []).entries()) {
+      const found = objects.some((r) => r.kind === ref.kind && r.metadata?.name === ref.name &&
+                                        String(r.apiVersion).startsWith(`${ref.group}/`));
+      if (!found) report(o, `spec.targetRefs[${i}]: no ${ref.group} ${ref.kind} named ${ref.name}`);
+    }
+  }
+
+  checkChartPods(objects, pods, report);
+
   for (const o of objects.filter((x) => x.kind === "ServiceMonitor")) {
     const selected = services.filter((s) => matches(o.spec?.selector?.matchLabels, s.metadata?.labels));
     if (selected.length === 0) report(o, "spec.selector: selects no Service");
@@ -366,6 +411,49 @@ function checkReferences(objects, report) {
       if (e.port && !selected.some((s) => (s.spec?.ports ?? []).some((p) => p.name === e.port))) {
         report(o, `endpoint port ${e.port}: no selected Service has a port of that name`);
       }
+    }
+  }
+}
+
+// --- The chart's own pods ---------------------------------------------------------------------
+const PRE_HOOKS = ["pre-install", "pre-upgrade", "pre-rollback"];
+const hookPhases = (o) => String(o.metadata?.annotations?.["helm.sh/hook"] ?? "").split(",")
+  .map((p) => p.trim()).filter(Boolean);
+const hookWeight = (o) => Number(o.metadata?.annotations?.["helm.sh/hook-weight"] ?? 0);
+const ofChart = (labels) => labels?.["app.kubernetes.io/part-of"] === "baton";
+const DIGEST_REFERENCE = /^[^@]+@sha256:[0-9a-f]{64}$/;
+
+// ServiceAccounts and images of the pods labelled app.kubernetes.io/part-of: baton (see 5 at
+// the top). baton never calls the Kubernetes API, so no account or pod mounts a token. A Helm
+// pre-install hook runs before the release's objects are created: a hook pod running as the
+// release's account would wait for an account that comes only after it, and the install hangs.
+function checkChartPods(objects, pods, report) {
+  const accounts = objects.filter((o) => o.kind === "ServiceAccount");
+  for (const a of accounts.filter((x) => ofChart(x.metadata?.labels))) {
+    if (a.automountServiceAccountToken !== false) report(a, "automountServiceAccountToken: not false, though baton never calls the Kubernetes API");
+  }
+  const own = accounts.find((a) => ofChart(a.metadata?.labels) && hookPhases(a).length === 0);
+  let image = null;  // the first baton container's image and where it was seen
+  for (const pod of pods.filter((p) => ofChart(p.labels))) {
+    const o = pod.owner;
+    const name = pod.spec.serviceAccountName;
+    if (!name) report(o, "spec.serviceAccountName: not set, so the pod runs as whatever the namespace's \"default\" is");
+    if (pod.spec.automountServiceAccountToken !== false) report(o, "spec.automountServiceAccountToken: not false, though baton never calls the Kubernetes API");
+    const phases = hookPhases(o).filter((p) => PRE_HOOKS.includes(p));
+    const account = accounts.find((a) => a.metadata?.name === name);
+    if (phases.length === 0) {
+      if (own && name && name !== own.metadata?.name) report(o, `spec.serviceAccountName: ${name}, not the chart's ServiceAccount ${own.metadata?.name}`);
+    } else if (account && (!phases.every((p) => hookPhases(account).includes(p)) || hookWeight(account) >= hookWeight(o))) {
+      report(o, `spec.serviceAccountName: ${name} is not a ${phases.join(",")} hook of a lower weight than this one, so it does not exist yet when the hook runs`);
+    }
+    for (const c of containersOf(pod.spec)) {
+      if (!String(c.command?.[0] ?? "").startsWith("/usr/local/bin/")) continue;
+      const ref = String(c.image ?? "");
+      if (ref.includes("@") && (!DIGEST_REFERENCE.test(ref) || /:[^/]*@/.test(ref))) {
+        report(o, `container ${c.name}: image ${ref} is not NAME@sha256:<64 hex digits> (a digest reference carries no tag)`);
+      }
+      if (!image) image = { ref, where: `${o.kind}/${o.metadata?.name}` };
+      else if (ref !== image.ref) report(o, `container ${c.name}: image ${ref} is not ${image.ref}, the image of ${image.where}`);
     }
   }
 }
@@ -463,8 +551,34 @@ function checkBatonConfig(configMap, report) {
     }
     for (const [key, value] of Object.entries(values ?? {})) {
       if (!allowed.includes(key)) report(configMap, `baton.yaml: ${section}.${key} is not a flag of that section`);
-      else if (value === null || typeof value === "object") report(configMap, `baton.yaml: ${section}.${key} must be a scalar`);
+      else if (BATON_LIST_KEYS.includes(key)) {
+        if (!Array.isArray(value) || value.some((v) => typeof v !== "string")) {
+          report(configMap, `baton.yaml: ${section}.${key} must be a list of strings`);
+        }
+      } else if (value === null || typeof value === "object") report(configMap, `baton.yaml: ${section}.${key} must be a scalar`);
     }
+  }
+  // A downloaded model lives in the directory its files' digests name, and each role checks
+  // the files it fetched (issue 49: a rollback must not serve the weights an upgrade left).
+  const model = String(config?.common?.model ?? "");
+  const sourced = /^\/models\/[0-9a-f]{64}\/baton$/.test(model);
+  for (const section of ["router", "prefill", "decode", "kvstore"]) {
+    const files = config?.[section]?.["model-file"];
+    if (files === undefined) {
+      if (sourced) report(configMap, `baton.yaml: ${section}.model-file: missing for the downloaded model ${model}`);
+      continue;
+    }
+    if (!sourced) report(configMap, `baton.yaml: ${section}.model-file without a downloaded model (common.model ${model})`);
+    for (const file of files ?? []) {
+      if (!/^[^/=]+=[0-9a-f]{64}$/.test(file)) report(configMap, `baton.yaml: ${section}.model-file: ${file} is not NAME=SHA256`);
+    }
+    if (!(files ?? []).some((f) => f.startsWith("config.json="))) {
+      report(configMap, `baton.yaml: ${section}.model-file does not check config.json`);
+    }
+  }
+  if (sourced && !config?.kvstore?.["model-file"]?.some((f) => f.startsWith("model.safetensors=")) &&
+      !/^[0-9a-f]{64}$/.test(String(config?.kvstore?.["weights-sha256"] ?? ""))) {
+    report(configMap, "baton.yaml: kvstore: neither fetches model.safetensors nor names its digest (weights-sha256)");
   }
 }
 

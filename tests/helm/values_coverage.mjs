@@ -6,13 +6,15 @@
 // Walks values.schema.json down to its leaves (a property without sub-properties: a scalar, a
 // list, a map or a free-form object such as a Kubernetes Affinity), gives each leaf a valid
 // value other than its default (MUTATIONS below, else one derived from the leaf's type), and
-// renders the chart with `helm template` twice: with the leaf's prerequisites alone
-// (PREREQUISITES: the values under which the leaf matters, e.g. autoscaling.enabled for the
-// autoscaler's fields) and with the leaf changed as well. It fails naming every leaf whose
-// change leaves the output identical, every leaf it has no value for, and every changed value
-// the chart refuses. A leaf that only ever affects what the chart accepts (model.ringCapacity,
-// which checks config.router.default-keep; router.exposeWithoutAuth, which accepts an exposed
-// router without client authentication) is listed in REFUSALS with values under which the
+// renders the chart with `helm template` (as if cert-manager and Envoy Gateway were installed:
+// --api-versions for both, so the objects of their APIs render) twice: with the leaf's
+// prerequisites alone (PREREQUISITES: the values under which the leaf matters, e.g.
+// autoscaling.enabled for the autoscaler's fields) and with the leaf changed as well. It fails
+// naming every leaf whose change leaves the output identical, every leaf it has no value for,
+// and every changed value the chart refuses. A leaf that only ever affects what the chart
+// accepts (model.ringCapacity, which checks config.router.default-keep;
+// router.exposeWithoutAuth, which accepts an exposed router without client authentication;
+// image.flavor, which accepts GPU pods) is listed in REFUSALS with values under which the
 // change must turn an accepted render into a refused one.
 import { execFile } from "node:child_process";
 import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
@@ -49,8 +51,9 @@ const PREREQUISITES = {
   "*.autoscaling.enabled": () => ({}),
   "*.pdb.": (role) => ({ [role]: { replicas: 3 } }),
   "*.pdb.maxUnavailable": (role) => ({ [role]: { replicas: 3, pdb: { minAvailable: "", maxUnavailable: 1 } } }),
-  "gpu.": () => ({ prefill: { gpus: 1, resources: GUARANTEED } }),
-  "*.gpus": (role) => ({ [role]: { resources: GUARANTEED } }),
+  // GPU pods need the CUDA build of the image.
+  "gpu.": () => ({ image: { flavor: "cuda" }, prefill: { gpus: 1, resources: GUARANTEED } }),
+  "*.gpus": (role) => ({ image: { flavor: "cuda" }, [role]: { resources: GUARANTEED } }),
   "model.volume.": () => ({ model: { builtin: "", volume: { claimName: "weights" } } }),
   "model.volume.path": () => ({ model: { builtin: "", volume: { type: "hostPath", path: "/srv/models/a" } } }),
   "model.volume.type": () => ({ model: { builtin: "", volume: { claimName: "weights", path: "/srv/models/a" } } }),
@@ -73,6 +76,8 @@ const PREREQUISITES = {
   "router.ingress.enabled": () => ({ router: { exposeWithoutAuth: true, ingress: { grpcHost: "grpc.example.com" } } }),
   "router.gateway.": () => ({ router: { exposeWithoutAuth: true, gateway: { enabled: true, parentRefs: [{ name: "edge" }] } } }),
   "router.gateway.enabled": () => ({ router: { exposeWithoutAuth: true, gateway: { parentRefs: [{ name: "edge" }] } } }),
+  "router.gateway.envoyGateway.backendTrafficPolicy.": () => ({ router: { exposeWithoutAuth: true, gateway: { enabled: true, parentRefs: [{ name: "edge" }], envoyGateway: { backendTrafficPolicy: { enabled: true } } } } }),
+  "router.gateway.envoyGateway.backendTrafficPolicy.enabled": () => ({ router: { exposeWithoutAuth: true, gateway: { enabled: true, parentRefs: [{ name: "edge" }] } } }),
   "metrics.serviceMonitor.": () => ({ metrics: { serviceMonitor: { enabled: true } } }),
   "router.clientTls.requireClientCert": () => ({ router: { clientTls: { secretName: "public-tls" } } }),
   "router.apiKeys.secretName": () => ({ tests: { apiKey: { secretName: "test-key" } } }),
@@ -97,8 +102,11 @@ const MUTATIONS = {
   "fullnameOverride": "ced",
   "clusterDomain": "example.internal",
   "serviceAccountName": "baton",
+  "serviceAccount.name": "baton-pods",
+  "serviceAccount.annotations": { "example.com/owner": "serving" },
   "image.repository": "registry.example.com/baton",
   "image.tag": "9.9.9",
+  "image.digest": `sha256:${SHA}`,
   "imagePullSecrets": [{ name: "registry" }],
   "extraEnv": [{ name: "UCX_LOG_LEVEL", value: "warn" }],
   "podSecurityContext": { runAsNonRoot: true, runAsUser: 20002 },
@@ -152,6 +160,7 @@ const MUTATIONS = {
   "router.gateway.grpc.hostnames": ["grpc.example.com"],
   "router.gateway.http.hostnames": ["api.example.com"],
   "router.gateway.http.requestTimeout": "10m",
+  "router.gateway.envoyGateway.backendTrafficPolicy.requestTimeout": "1h",
   "extraObjects": [{ apiVersion: "v1", kind: "ConfigMap", metadata: { name: "extra" }, data: { a: "b" } }],
   "*.extraVolumes": [{ name: "scratch", emptyDir: {} }],
   "*.extraVolumeMounts": [{ name: "tmp", mountPath: "/scratch" }],
@@ -225,6 +234,10 @@ const REFUSALS = {
   "router.exposeWithoutAuth": {
     values: { router: { exposeWithoutAuth: true, service: { type: "LoadBalancer" } } },
     change: false,
+  },
+  "image.flavor": {
+    values: { image: { flavor: "cuda" }, decode: { gpus: 1, resources: GUARANTEED } },
+    change: "cpu",
   },
 };
 
@@ -327,7 +340,8 @@ function render(values) {
   writeFileSync(file, JSON.stringify(values));
   return new Promise((done) => {
     execFile(helm, ["template", "baton", chart, "--namespace", "baton", "--kube-version", "1.30.0",
-                    "--api-versions", "cert-manager.io/v1", "-f", file],
+                    "--api-versions", "cert-manager.io/v1", "--api-versions", "gateway.envoyproxy.io/v1alpha1",
+                    "-f", file],
              { maxBuffer: 64 << 20 }, (error, stdout, stderr) => {
       done(error ? { error: (stderr || error.message).trim().split("\n").slice(-1)[0] } : { output: stdout });
     });

@@ -8,6 +8,8 @@
 #include <fstream>
 #include <sstream>
 
+#include "absl/strings/ascii.h"
+#include "baton/common/hash.h"
 #include "baton/model/engine_factory.h"
 #include "baton/model/model_factory.h"
 #include "baton/model/safetensors.h"
@@ -131,6 +133,36 @@ TEST_F(WeightsTest, FingerprintFollowsTheConfig) {
   auto after = LoadCedWeights(dir_);
   ASSERT_TRUE(before.ok() && after.ok());
   EXPECT_NE(before->fingerprint, after->fingerprint);
+}
+
+// The store's fingerprint from config.json and the weights' recorded digest (--weights-sha256)
+// is the one the nodes compute from the file, without the file; another digest is another
+// fingerprint, and a malformed one is refused by name.
+TEST_F(WeightsTest, AFingerprintFromTheWeightsDigestNeedsNoWeights) {
+  auto loaded = LoadCedWeights(dir_);
+  ASSERT_TRUE(loaded.ok());
+  const std::string bytes = ReadFile(weights_path());
+  const Sha256Digest digest = Sha256Of(bytes.data(), bytes.size());
+  const std::string hex = HexDigest(digest);
+  const std::string config_only = dir_ + "_config_only";
+  std::filesystem::create_directories(config_only);
+  std::filesystem::copy_file(config_path(), config_only + "/config.json",
+                             std::filesystem::copy_options::overwrite_existing);
+  EXPECT_FALSE(ModelFingerprint(config_only).ok());  // without the digest it needs the file
+  EXPECT_EQ(ModelFingerprint(dir_).value_or(""), loaded->fingerprint);
+  EXPECT_EQ(ModelFingerprint(config_only, hex).value_or(""), loaded->fingerprint);
+  EXPECT_EQ(ModelFingerprint(config_only, absl::AsciiStrToUpper(hex)).value_or(""),
+            loaded->fingerprint);
+  std::string other = hex;
+  other[0] = other[0] == '0' ? '1' : '0';
+  auto changed = ModelFingerprint(config_only, other);
+  ASSERT_TRUE(changed.ok());
+  EXPECT_NE(*changed, loaded->fingerprint);
+  for (const std::string bad : {hex.substr(1), hex + "0", "g" + hex.substr(1)}) {
+    auto refused = ModelFingerprint(config_only, bad);
+    ASSERT_FALSE(refused.ok()) << bad;
+    EXPECT_THAT(refused.status().message(), HasSubstr("--weights-sha256"));
+  }
 }
 
 TEST_F(WeightsTest, MissingTensorIsNamed) {

@@ -6,6 +6,7 @@
 // DEST as it was and no temporary directory. Waits poll with a deadline; nothing asserts time.
 #include <fcntl.h>
 #include <openssl/evp.h>
+#include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -19,6 +20,8 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <regex>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -215,18 +218,17 @@ struct ProcessResult {
   std::string err;
 };
 
-// One `batonctl fetch-model` process, its stdout and stderr in files of its own, its environment
+// One process (argv[0] its program), its stdout and stderr in files of its own, its environment
 // exactly `env` plus PATH: no proxy settings or credentials leak in from the test's.
-class FetchProcess {
+class ChildProcess {
  public:
-  FetchProcess(const fs::path& dir, const std::vector<std::string>& args,
+  ChildProcess(const fs::path& dir, const std::vector<std::string>& argv_text_in,
                const std::vector<std::string>& env) {
     static int count = 0;
-    const std::string tag = "fetch_" + std::to_string(++count);
+    const std::string tag = "process_" + std::to_string(++count);
     out_ = dir / (tag + ".out");
     err_ = dir / (tag + ".err");
-    std::vector<std::string> argv_text = {BATONCTL_PATH, "fetch-model"};
-    argv_text.insert(argv_text.end(), args.begin(), args.end());
+    std::vector<std::string> argv_text = argv_text_in;
     std::vector<std::string> env_text = {"PATH=/usr/bin:/bin"};
     env_text.insert(env_text.end(), env.begin(), env.end());
     std::vector<char*> argv, envp;
@@ -238,18 +240,38 @@ class FetchProcess {
     posix_spawn_file_actions_init(&actions);
     posix_spawn_file_actions_addopen(&actions, 1, out_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     posix_spawn_file_actions_addopen(&actions, 2, err_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (posix_spawn(&pid_, BATONCTL_PATH, &actions, nullptr, argv.data(), envp.data()) != 0) {
+    if (posix_spawn(&pid_, argv_text[0].c_str(), &actions, nullptr, argv.data(), envp.data()) !=
+        0) {
       pid_ = -1;
     }
     posix_spawn_file_actions_destroy(&actions);
   }
+  ~ChildProcess() {
+    if (pid_ > 0 && !exited_ && kill(pid_, SIGKILL) == 0) waitpid(pid_, nullptr, 0);
+  }
   std::string Stderr() const { return ReadFile(err_); }
+  // True once the process has exited (its status then in Wait()).
+  bool Exited() {
+    if (pid_ <= 0 || exited_) return true;
+    int status = 0;
+    if (waitpid(pid_, &status, WNOHANG) != pid_) return false;
+    exited_ = true;
+    exit_status_ = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    return true;
+  }
+  void Stop() {
+    if (pid_ > 0 && !exited_) kill(pid_, SIGKILL);
+  }
   ProcessResult Wait() {
     ProcessResult run;
     int status = 0;
-    if (pid_ > 0 && waitpid(pid_, &status, 0) == pid_ && WIFEXITED(status)) {
+    if (exited_) {
+      run.exit_status = exit_status_;
+    } else if (pid_ > 0 && waitpid(pid_, &status, 0) == pid_ && WIFEXITED(status)) {
       run.exit_status = WEXITSTATUS(status);
     }
+    exited_ = true;
+    exit_status_ = run.exit_status;
     run.out = ReadFile(out_);
     run.err = ReadFile(err_);
     return run;
@@ -257,7 +279,24 @@ class FetchProcess {
 
  private:
   pid_t pid_ = -1;
+  bool exited_ = false;
+  int exit_status_ = -1;
   fs::path out_, err_;
+};
+
+// `batonctl fetch-model ARGS`.
+class FetchProcess : public ChildProcess {
+ public:
+  FetchProcess(const fs::path& dir, const std::vector<std::string>& args,
+               const std::vector<std::string>& env)
+      : ChildProcess(dir, WithCommand(args), env) {}
+
+ private:
+  static std::vector<std::string> WithCommand(const std::vector<std::string>& args) {
+    std::vector<std::string> argv = {BATONCTL_PATH, "fetch-model"};
+    argv.insert(argv.end(), args.begin(), args.end());
+    return argv;
+  }
 };
 
 class FetchModelTest : public ::testing::Test {
@@ -623,6 +662,105 @@ TEST_F(FetchModelTest, BadFlagsExitTwoNamingTheFlag) {
   }
   EXPECT_EQ(server_.TotalRequests(), 0);
   EXPECT_THAT(VolumeEntries(), ElementsAre());
+}
+
+// Issue 49 item 4: `helm rollback` after an upgrade to new weights. The chart fetches each
+// release's files into a directory named by their digest (/models/<digest>/baton), and every
+// role checks its `--model-file` list against the fetch marker at start. Release 1's pods,
+// started again after release 2 was fetched, load release 1's weights (the decode node's
+// fingerprint is release 1's, not release 2's). In the old layout, where the upgrade replaced
+// the one directory in place, release 1's pods refuse to start, naming the file and both
+// digests, instead of serving release 2's weights under release 1's name.
+TEST_F(FetchModelTest, ARollbackServesThePreviousWeightsOrRefusesToStart) {
+  using Files = std::vector<std::pair<std::string, std::string>>;
+  // Two releases: one config, other weights (another seed), as a fine-tune would ship.
+  std::vector<Files> releases;
+  for (const std::string seed : {"1", "2"}) {
+    const fs::path made = dir_ / ("made-" + seed);
+    ProcessResult make = ChildProcess(dir_,
+                                      {BATONCTL_PATH, "make-model", "--preset", "tiny", "--seed",
+                                       seed, "--out", made.string()},
+                                      {})
+                             .Wait();
+    ASSERT_EQ(make.exit_status, 0) << make.err;
+    Files files;
+    for (const char* name : {"config.json", "model.safetensors"}) {
+      files.emplace_back(name, ReadFile(made / name));
+    }
+    server_.AddModel("/releases/" + seed, files);
+    releases.push_back(std::move(files));
+  }
+  ASSERT_NE(releases[0][1].second, releases[1][1].second);
+  // baton.modelDigest: SHA-256 of "NAME=SHA256\n" per file, in name order.
+  auto digest_dir = [&](const Files& files) {
+    std::string lines;
+    for (const auto& [name, body] : files) lines += name + "=" + Sha256Hex(body) + "\n";
+    return dir_ / "volume" / Sha256Hex(lines) / "baton";
+  };
+  auto fetch = [&](size_t release, const fs::path& dest) {
+    const ProcessResult run = Fetch(Args(
+        server_.Url() + "/releases/" + std::to_string(release + 1), releases[release], dest));
+    EXPECT_EQ(run.exit_status, 0) << run.err;
+  };
+  // A decode node on `model` checking `release`'s files: its fingerprint once it serves, or
+  // "exit N: stderr" when it stops first.
+  auto start_decode = [&](const fs::path& model, size_t release) -> std::string {
+    const std::string ready = (dir_ / "decode.ready").string();
+    fs::remove(ready);
+    std::vector<std::string> argv = {BATON_DECODE_PATH, "--model", model.string(),
+                                     "--insecure-internal", "--no-ucx", "--port", "0",
+                                     "--metrics-port", "-1", "--log-format", "json",
+                                     "--ready-file", ready};
+    for (const auto& [name, body] : releases[release]) {
+      argv.insert(argv.end(), {"--model-file", name + "=" + Sha256Hex(body)});
+    }
+    ChildProcess decode(dir_, argv, {});
+    EXPECT_TRUE(EventuallyThat(
+        [&] { return fs::exists(ready) || decode.Exited(); }, ::testing::IsTrue(), kDeadline,
+        kPoll));
+    if (decode.Exited()) {
+      const ProcessResult run = decode.Wait();
+      return "exit " + std::to_string(run.exit_status) + ": " + run.err;
+    }
+    std::smatch match;
+    const std::string log = decode.Stderr();
+    decode.Stop();
+    const std::regex fingerprint("\"fingerprint\":\"([0-9a-f]+)\"");
+    return std::regex_search(log, match, fingerprint) ? match[1].str() : "no fingerprint: " + log;
+  };
+
+  // Install release 1, upgrade to release 2: two directories.
+  fetch(0, digest_dir(releases[0]));
+  fetch(1, digest_dir(releases[1]));
+  ASSERT_NE(digest_dir(releases[0]), digest_dir(releases[1]));
+  const std::string second = start_decode(digest_dir(releases[1]), 1);
+  ASSERT_THAT(second, ::testing::MatchesRegex("[0-9a-f]+"));
+  // Roll back: release 1's pods find release 1's weights, as fetched.
+  for (const auto& [name, body] : releases[0]) {
+    EXPECT_EQ(ReadFile(digest_dir(releases[0]) / name), body) << name;
+  }
+  const std::string first = start_decode(digest_dir(releases[0]), 0);
+  ASSERT_THAT(first, ::testing::MatchesRegex("[0-9a-f]+"));
+  EXPECT_NE(first, second);
+
+  // One directory replaced in place by the upgrade: release 1's pods refuse release 2's
+  // weights, naming the file, the digest they expect and the one the directory holds.
+  const fs::path in_place = dir_ / "volume" / "in-place" / "baton";
+  fetch(0, in_place);
+  fetch(1, in_place);
+  const std::string refused = start_decode(in_place, 0);
+  EXPECT_THAT(refused, StartsWith("exit 2: "));
+  EXPECT_THAT(refused, HasSubstr("--model-file model.safetensors=" +
+                                 Sha256Hex(releases[0][1].second)));
+  EXPECT_THAT(refused, HasSubstr("has SHA-256 " + Sha256Hex(releases[1][1].second)));
+  // A file changed after its fetch (another size), and a directory no fetch filled.
+  {
+    std::ofstream grow(in_place / "config.json", std::ios::app);
+    grow << " ";
+  }
+  EXPECT_THAT(start_decode(in_place, 1), HasSubstr("config.json is "));
+  fs::remove(in_place / ".baton-source");
+  EXPECT_THAT(start_decode(in_place, 1), HasSubstr(".baton-source cannot be read"));
 }
 
 }  // namespace

@@ -49,6 +49,7 @@
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "baton/common/model_files.h"
 #include "commands.h"
 #include "nlohmann/json.hpp"
 
@@ -58,8 +59,7 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr char kCommand[] = "fetch-model";
-constexpr char kMarkerName[] = ".baton-source";
-constexpr size_t kMaxNameLength = 255;                  // NAME_MAX of Linux file systems
+constexpr const char* kMarkerName = kModelMarkerName;
 constexpr int64_t kDefaultMaxBytes = int64_t{1} << 40;  // 1 TiB
 constexpr int kMaxRetries = 100;
 constexpr absl::Duration kMaxBackoff = absl::Seconds(30);
@@ -242,32 +242,11 @@ absl::StatusOr<Location> FindLocation(const std::string& source, const std::stri
   return BadFlag("--source", absl::StrCat(forms, "; got '", source, "'"));
 }
 
-// Parses one --file NAME=SHA256.
+// Parses one --file NAME=SHA256 (the rules the roles' --model-file check shares).
 absl::StatusOr<WantedFile> ParseFileFlag(const std::string& text) {
-  const size_t eq = text.rfind('=');  // a name may hold '=', a digest never does
-  if (eq == std::string::npos) {
-    return BadFlag("--file", absl::StrCat("must be NAME=SHA256; got '", text, "'"));
-  }
-  const std::string name = text.substr(0, eq);
-  std::string sha256 = absl::AsciiStrToLower(text.substr(eq + 1));
-  if (name.empty() || name == "." || name == ".." || name.size() > kMaxNameLength ||
-      absl::StrContains(name, "/") || std::any_of(name.begin(), name.end(), [](char c) {
-        return absl::ascii_iscntrl(static_cast<unsigned char>(c));
-      })) {
-    return BadFlag("--file", absl::StrCat("NAME must be a plain file name (no '/', not '.' or "
-                                          "'..', at most ",
-                                          kMaxNameLength, " bytes); got '", text, "'"));
-  }
-  if (name == kMarkerName) {
-    return BadFlag("--file", absl::StrCat("NAME ", kMarkerName, " is reserved for the marker"));
-  }
-  if (sha256.size() != 64 || !std::all_of(sha256.begin(), sha256.end(), [](char c) {
-        return absl::ascii_isxdigit(static_cast<unsigned char>(c));
-      })) {
-    return BadFlag("--file", absl::StrCat("SHA256 must be 64 hex digits; got '",
-                                          text.substr(eq + 1), "' for ", name));
-  }
-  return WantedFile{.name = name, .sha256 = std::move(sha256), .url = "", .shown_url = ""};
+  absl::StatusOr<ModelFile> file = ParseModelFile(text, "--file");
+  if (!file.ok()) return file.status();
+  return WantedFile{.name = file->name, .sha256 = file->sha256, .url = "", .shown_url = ""};
 }
 
 // A duration such as 30s, 10m or 1h30m; a bare number is seconds.

@@ -79,12 +79,18 @@ router:
   {{- with include "baton.servedModelName" . }}
   served-model-name: {{ . | quote }}
   {{- end }}
+  {{- with include "baton.config.modelFiles" (dict "root" . "role" "router") }}
+  {{- . | nindent 2 }}
+  {{- end }}
 {{- end -}}
 
 {{- define "baton.config.prefill" -}}
 {{- $c := .Values.config -}}
 prefill:
   port: {{ $c.prefill.port | int64 }}
+  {{- with include "baton.config.modelFiles" (dict "root" . "role" "prefill") }}
+  {{- . | nindent 2 }}
+  {{- end }}
   {{- include "baton.config.resolve" . | nindent 2 }}
   {{- with include "baton.servedModelName" . }}
   served-model-name: {{ . | quote }}
@@ -108,6 +114,9 @@ prefill:
 {{- $c := .Values.config -}}
 decode:
   port: {{ $c.decode.port | int64 }}
+  {{- with include "baton.config.modelFiles" (dict "root" . "role" "decode") }}
+  {{- . | nindent 2 }}
+  {{- end }}
   {{- include "baton.config.resolve" . | nindent 2 }}
   {{- with include "baton.servedModelName" . }}
   served-model-name: {{ . | quote }}
@@ -134,6 +143,9 @@ decode:
 {{- $c := .Values.config -}}
 kvstore:
   port: {{ $c.kvstore.port | int64 }}
+  {{- with include "baton.config.modelFiles" (dict "root" . "role" "kvstore") }}
+  {{- . | nindent 2 }}
+  {{- end }}
   {{- include "baton.config.resolve" . | nindent 2 }}
   data-dir: /var/lib/baton/kvstore
   budget-bytes: {{ index $c.kvstore "budget-bytes" | int64 }}

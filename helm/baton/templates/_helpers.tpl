@@ -25,8 +25,46 @@ controller-revision-hash label, "<fullname>-kvstore-<10 characters>") stays with
 {{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
 
+{{/* The image of every container that runs baton's binaries: repository@digest when
+image.digest is set (the tag is then ignored, so every pod runs the same bytes whatever the tag
+points to later), else repository:tag (the chart's appVersion when the tag is empty). */}}
 {{- define "baton.image" -}}
+{{- if .Values.image.digest -}}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}
+{{- else -}}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The ServiceAccount the pods run as: serviceAccountName (the chart's first value for it)
+wins; else serviceAccount.name, or <fullname> when the chart creates the account, or the
+namespace's "default" when it does not. */}}
+{{- define "baton.serviceAccountName" -}}
+{{- if .Values.serviceAccountName -}}
+{{- .Values.serviceAccountName -}}
+{{- else if .Values.serviceAccount.create -}}
+{{- default (include "baton.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{/* "true" when the chart creates the pods' ServiceAccount (serviceAccount.create, and no
+serviceAccountName naming another); empty otherwise. */}}
+{{- define "baton.createServiceAccount" -}}
+{{- if and .Values.serviceAccount.create (not .Values.serviceAccountName) -}}true{{- end -}}
+{{- end -}}
+
+{{/* The ServiceAccount of the model Job (model.source.job). The Job is a pre-install hook: it
+runs before the release's own objects exist, so when the chart creates the account the Job gets
+a hook account of its own, <fullname>-fetch-model (serviceaccount.yaml), created before it and
+deleted with it; an account the chart does not create exists already and is used as it is. */}}
+{{- define "baton.jobServiceAccountName" -}}
+{{- if include "baton.createServiceAccount" . -}}
+{{- printf "%s-fetch-model" (include "baton.fullname" .) -}}
+{{- else -}}
+{{- include "baton.serviceAccountName" . -}}
+{{- end -}}
 {{- end -}}
 
 {{/* Labels of every object; call with (dict "root" $ "role" "router"). */}}
@@ -77,12 +115,49 @@ it read-only; empty otherwise. */}}
 {{- if and (eq (include "baton.modelKind" .) "source") .Values.model.source.job.enabled -}}true{{- end -}}
 {{- end -}}
 
-{{/* The model directory every binary reads (common.model). */}}
+{{/* The model directory every binary reads (common.model). A downloaded model (model.source)
+lives in a directory named by its content, /models/<digest>/baton (baton.modelDigest): an upgrade
+to other weights fetches a new directory beside the old one instead of replacing it, so that a
+`helm rollback` points the pods back at the old weights, still on the volume; the directory's own
+name stays "baton", the served name's default. */}}
 {{- define "baton.modelDir" -}}
-{{- if eq (include "baton.modelKind" .) "builtin" -}}
+{{- $kind := include "baton.modelKind" . -}}
+{{- if eq $kind "builtin" -}}
 {{- printf "/usr/local/share/baton/models/%s" .Values.model.builtin -}}
+{{- else if eq $kind "source" -}}
+{{- printf "/models/%s/baton" (include "baton.modelDigest" .) -}}
 {{- else -}}
 /models/baton
+{{- end -}}
+{{- end -}}
+
+{{/* The digest that names a downloaded model: SHA-256 of its model.source.files as lines
+"NAME=SHA256\n" in name order. Two releases with the same files share the directory; any other
+file or digest gives another one. */}}
+{{- define "baton.modelDigest" -}}
+{{- $lines := "" -}}
+{{- range $name, $sha256 := .Values.model.source.files -}}
+{{- $lines = printf "%s%s=%s\n" $lines $name (lower $sha256) -}}
+{{- end -}}
+{{- sha256sum $lines -}}
+{{- end -}}
+
+{{/* The config keys that tie a role to the release's weights: `model-file: [NAME=SHA256, ...]`
+for the files the role fetched (baton.sourceFiles), which the binary checks against the fetch
+marker at start (a rollback onto other weights refuses to start, naming the file), and for a
+store that fetched only config.json, `weights-sha256`, its fingerprint's other half. Nothing
+without model.source. Call with (dict "root" $ "role" "router"); renders at indentation 0. */}}
+{{- define "baton.config.modelFiles" -}}
+{{- if eq (include "baton.modelKind" .root) "source" -}}
+{{- $files := include "baton.sourceFiles" . | fromJson -}}
+model-file:
+{{- range $name, $sha256 := $files }}
+  - {{ printf "%s=%s" $name (lower $sha256) | quote }}
+{{- end }}
+{{- $weights := index .root.Values.model.source.files "model.safetensors" | default "" | toString -}}
+{{- if and (eq .role "kvstore") (not (hasKey $files "model.safetensors")) $weights }}
+weights-sha256: {{ $weights | lower | quote }}
+{{- end }}
 {{- end -}}
 {{- end -}}
 
@@ -98,16 +173,18 @@ baton
 {{- end -}}
 
 {{/* The model.source files a role downloads (a JSON object, name -> sha256): every file,
-except that the router on a per-pod emptyDir takes only what it reads: config.json,
-generation_config.json and the tokenizer's files. On a shared volume every role fetches the
-whole set, since batonctl fetch-model replaces a directory whose file set differs. Call with
-(dict "root" $ "role" "router"). */}}
+except that on a per-pod emptyDir the router takes only what it reads (config.json,
+generation_config.json and the tokenizer's files) and the store only config.json (its
+fingerprint takes the weights' digest from the values, weights-sha256, not from the file). On a
+shared volume every role fetches the whole set, since batonctl fetch-model replaces a directory
+whose file set differs. Call with (dict "root" $ "role" "router"). */}}
 {{- define "baton.sourceFiles" -}}
 {{- $files := .root.Values.model.source.files -}}
-{{- if and (eq .role "router") (eq .root.Values.model.volume.type "emptyDir") -}}
+{{- if and (has .role (list "router" "kvstore")) (eq .root.Values.model.volume.type "emptyDir") -}}
+{{- $pattern := ternary "^(config\\.json|generation_config\\.json|special_tokens_map\\.json|tokenizer.*)$" "^config\\.json$" (eq .role "router") -}}
 {{- $files = dict -}}
 {{- range $name, $sha256 := .root.Values.model.source.files -}}
-{{- if regexMatch "^(config\\.json|generation_config\\.json|special_tokens_map\\.json|tokenizer.*)$" $name -}}
+{{- if regexMatch $pattern $name -}}
 {{- $_ := set $files $name $sha256 -}}
 {{- end -}}
 {{- end -}}
@@ -247,9 +324,7 @@ affinity:
 imagePullSecrets:
   {{- toYaml . | nindent 2 }}
 {{- end }}
-{{- if .Values.serviceAccountName }}
-serviceAccountName: {{ .Values.serviceAccountName | quote }}
-{{- end }}
+serviceAccountName: {{ include "baton.serviceAccountName" . | quote }}
 automountServiceAccountToken: false
 enableServiceLinks: false
 securityContext:
@@ -319,7 +394,7 @@ initContainers:
 {{- end }}
 {{- end -}}
 
-{{/* The fetch-model container (batonctl fetch-model of model.source into /models/baton), less
+{{/* The fetch-model container (batonctl fetch-model of model.source into /models/<digest>/baton), less
 its volumeMounts; call with (dict "root" $ "files" (dict NAME SHA256 ...)). Shared by the pods'
 init container and the hook Job. */}}
 {{- define "baton.fetchModelContainer" -}}
@@ -331,7 +406,7 @@ init container and the hook Job. */}}
     - /usr/local/bin/batonctl
     - fetch-model
     - {{ printf "--source=%s" $source.uri | quote }}
-    - --dest=/models/baton
+    - {{ printf "--dest=%s" (include "baton.modelDir" .root) | quote }}
     {{- range $name, $sha256 := .files }}
     - {{ printf "--file=%s=%s" $name $sha256 | quote }}
     {{- end }}
@@ -670,10 +745,22 @@ node with room for it), and a limit 1Gi above for logs; <role>.resources wins. *
 {{- $_ := set $resources "limits" $limits -}}
 {{- $securityContext := deepCopy $root.Values.securityContext -}}
 {{- if $rdma -}}
-{{- /* UCX registers (pins) the memory it moves: CAP_IPC_LOCK lifts RLIMIT_MEMLOCK. */ -}}
+{{- /* UCX registers (pins) the memory it moves, which RLIMIT_MEMLOCK bounds unless CAP_IPC_LOCK
+is effective. An added capability reaches the effective set only for uid 0: for the image's uid
+10001 it stays inert, so ucx.rdma.runAsRoot runs the container as uid 0 with every capability
+dropped but IPC_LOCK (the binaries check at start and refuse, naming the limit and the
+capability, when neither covers the pool or staging cache). Otherwise the runtime's memlock
+limit must cover them (docs/deploy.md, RDMA networks). */ -}}
 {{- $capabilities := $securityContext.capabilities | default dict -}}
 {{- $_ := set $capabilities "add" (append ($capabilities.add | default list) "IPC_LOCK" | uniq) -}}
 {{- $_ := set $securityContext "capabilities" $capabilities -}}
+{{- if $root.Values.ucx.rdma.runAsRoot -}}
+{{- $_ := set $capabilities "drop" (list "ALL") -}}
+{{- $_ := set $capabilities "add" (list "IPC_LOCK") -}}
+{{- $_ := set $securityContext "runAsUser" 0 -}}
+{{- $_ := set $securityContext "runAsNonRoot" false -}}
+{{- $_ := set $securityContext "allowPrivilegeEscalation" false -}}
+{{- end -}}
 {{- end -}}
 metadata:
   labels:

@@ -177,7 +177,7 @@ log and compaction output: at most 80% of it. */ -}}
 {{- fail "model.source.files: config.json is missing; every role reads it from the model directory" -}}
 {{- end -}}
 {{- if not (hasKey $source.files "model.safetensors") -}}
-{{- fail "model.source.files: model.safetensors is missing; the nodes load it and the store's fingerprint hashes it" -}}
+{{- fail "model.source.files: model.safetensors is missing; the nodes load it and the store's fingerprint is made from its digest" -}}
 {{- end -}}
 {{- else -}}
 {{- if eq $model.volume.type "emptyDir" -}}
@@ -292,8 +292,9 @@ log and compaction output: at most 80% of it. */ -}}
 {{- end -}}
 {{- end -}}
 
-{{/* GPU pools (experimental): one GPU per pod (the schema's bound), and Guaranteed QoS, so the
-kubelet neither throttles the host threads that feed the GPU nor evicts the pod first. */}}
+{{/* GPU pools (experimental): one GPU per pod (the schema's bound), Guaranteed QoS, so the
+kubelet neither throttles the host threads that feed the GPU nor evicts the pod first, and the
+CUDA build of the image (image.flavor). */}}
 {{- define "baton.validateGpu" -}}
 {{- range $role := list "prefill" "decode" -}}
 {{- $values := index $.Values $role -}}
@@ -306,6 +307,19 @@ kubelet neither throttles the host threads that feed the GPU nor evicts the pod 
 {{- if or (not $request) (not $limit) (ne (include "baton.quantityMilli" $request) (include "baton.quantityMilli" $limit)) -}}
 {{- fail (printf "%s.resources.limits.%s: a GPU pod (%s.gpus 1) must be Guaranteed QoS: set resources.requests.%s and resources.limits.%s to the same value (now request %q, limit %q)" $role $resource $role $resource $resource $request $limit) -}}
 {{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- /* The cpu build of the image (BATON_CUDA=OFF) has no CUDA backend: a pod that asks for
+device cuda would hold its GPU and exit at start (the binary cannot load the backend). */ -}}
+{{- if eq .Values.image.flavor "cpu" -}}
+{{- range $role := list "prefill" "decode" -}}
+{{- $values := index $.Values $role -}}
+{{- if gt ($values.gpus | int64) 0 -}}
+{{- fail (printf "image.flavor: %s.gpus 1 runs the model with device cuda, but image.flavor is cpu, the image built without CUDA (BATON_CUDA=OFF); name the CUDA image (docker build --build-arg BATON_CUDA=ON, e.g. image.tag 0.1.0-cuda) and set image.flavor: cuda, or set %s.gpus: 0" $role $role) -}}
+{{- end -}}
+{{- if has "--device=cuda" $values.extraArgs -}}
+{{- fail (printf "image.flavor: %s.extraArgs asks for --device cuda, but image.flavor is cpu, the image built without CUDA (BATON_CUDA=OFF); use the CUDA image with image.flavor: cuda and %s.gpus: 1 (which sets device: cuda), or drop the flag" $role $role) -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}

@@ -30,7 +30,8 @@ inline constexpr const char* kConfigSections[] = {"common", "router", "prefill",
 inline constexpr const char* kCommonConfigKeys[] = {
     "model",     "host",     "metrics-host", "metrics-port",      "log-format",
     "log-level", "router",   "kvstore",      "data-dir",          "transport",
-    "tls-ca",    "tls-cert", "tls-key",      "insecure-internal", "health-port"};
+    "tls-ca",    "tls-cert", "tls-key",      "insecure-internal", "health-port",
+    "model-file"};
 
 // Adds `--config FILE` to `app`, which reads `common` and then `section`. Call after every
 // other option is added and before parsing; `argc`/`argv` are scanned for the file name so

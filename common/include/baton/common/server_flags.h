@@ -4,6 +4,7 @@
 
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "CLI/CLI.hpp"
 #include "baton/common/log.h"
@@ -14,6 +15,9 @@ namespace baton {
 
 struct ServerFlags {
   ServerOptions server;
+  // --model-file NAME=SHA256: the files the release expects in the binary's --model directory
+  // (model_files.h), checked at start.
+  std::vector<std::string> model_files;
   log::LogOptions log;
   security::TlsOptions tls;
 };
@@ -21,7 +25,8 @@ struct ServerFlags {
 void AddServerFlags(CLI::App& app, ServerFlags& flags);
 
 // Adds `--config` (reading `section`) and `--check-config`, parses, sets up logging for
-// `binary` and configures internal TLS (security::Configure; a server refuses to start without
+// `binary`, checks the --model directory against --model-file (not under --check-config, which
+// runs where the model may not be) and configures internal TLS (security::Configure; a server refuses to start without
 // --tls-* files unless --insecure-internal is given). Returns the exit status when the binary
 // should stop now (help; bad flags or config, with the message on stderr; or --check-config, which
 // prints the settings given), nullopt to go on.

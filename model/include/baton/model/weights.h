@@ -84,7 +84,10 @@ absl::StatusOr<CedWeights> LoadCedWeights(const std::string& model_dir,
                                           HeldLayers held = HeldLayers::kAll);
 
 // The fingerprint of a model directory without loading its tensors (for the prefix store).
-absl::StatusOr<std::string> ModelFingerprint(const std::string& model_dir);
+// With `weights_sha256` (64 hex digits, the SHA-256 of model.safetensors as a verified download
+// recorded it) the weights are not read and need not be there: only config.json is.
+absl::StatusOr<std::string> ModelFingerprint(const std::string& model_dir,
+                                             const std::string& weights_sha256 = "");
 
 // Writes config.json and model.safetensors for `weights` (which holds every layer) into
 // `model_dir` (created if absent).

@@ -57,6 +57,29 @@ absl::StatusOr<std::string> UcxTransports(const char* env, bool allow_unprotecte
 // 2 after printing "<binary>: error: <why>" (nothing has started yet).
 std::optional<int> RefuseUnsafeUcx(const char* binary, bool allow_unprotected_tcp);
 
+// Locked memory for UCX over RDMA. Registering memory with an RDMA NIC pins it, which the kernel
+// allows up to RLIMIT_MEMLOCK unless the process holds CAP_IPC_LOCK in its effective set; a
+// container's default limit is 8 MiB (containerd), far below a decode pool or the staging
+// cache, and the capability given to a non-root container never becomes effective. Without
+// this check the registration fails after start and every request fails (the router's ucx
+// transport has no fallback).
+struct LockedMemory {
+  bool rdma = false;         // the transports (UcxTransports' list) include an RDMA one
+  uint64_t limit = 0;        // RLIMIT_MEMLOCK's soft limit; UINT64_MAX when unlimited
+  bool ipc_lock = false;     // CAP_IPC_LOCK in the effective set
+};
+// This process's, for `transports` ("all": RDMA when /sys/class/infiniband lists a device).
+LockedMemory LockedMemoryOf(const std::string& transports);
+// OK unless `memory.rdma` and neither the limit (>= needed_bytes) nor CAP_IPC_LOCK allow
+// pinning `needed_bytes` (`what`, e.g. "the decode pool (--slots, --pages)"); the error names the
+// limit, the capabilities, what is needed and how to give it.
+absl::Status CheckLockedMemory(const LockedMemory& memory, uint64_t needed_bytes,
+                               const std::string& what);
+// A node binary's start-up check: logs the limit and capability when UCX runs over RDMA, and
+// returns exit status 2 after logging "cannot start" when they do not cover `needed_bytes`.
+std::optional<int> RefuseUnlockableUcxMemory(bool allow_unprotected_tcp, uint64_t needed_bytes,
+                                             const std::string& what);
+
 struct UcxOptions {
   // Endpoints with UCP_ERR_HANDLING_MODE_PEER: a dead peer fails their requests instead of the
   // process, and a forced close (a read past its deadline) is within UCX's contract. UCX 1.13's
