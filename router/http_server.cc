@@ -387,10 +387,12 @@ class Session final : public SessionBase, public std::enable_shared_from_this<Se
         stream_(std::move(stream)),
         client_(std::move(client)),
         group_(std::move(group)),
+        proxy_(server.options.limits.trusted_proxies.Contains(client_)),
+        body_group_(group_),
         buffer_(server.options.limits.max_header_bytes + 8192),
         watch_timer_(stream_.get_executor()) {}
   ~Session() override {
-    server_.bodies.Release(tenant_, group_, charged_);
+    server_.bodies.Release(tenant_, body_group_, charged_);
     server_.Leave(group_, this);
   }
 
@@ -573,6 +575,13 @@ class Session final : public SessionBase, public std::enable_shared_from_this<Se
   // (401 when the key is refused); a group that sent one becomes trusted (connection_slots.h).
   Refusal Authenticate() {
     TakeHead(*parser_, request_.get());
+    // Behind a trusted proxy the request is its X-Forwarded-For client's (nothing is charged
+    // yet: the previous request's body memory went back in Finish).
+    if (proxy_) {
+      request_->client = server_.options.limits.trusted_proxies.ClientOf(
+          client_, request_->Header("x-forwarded-for"));
+      body_group_ = ClientGroup(request_->client, server_.options.limits.ipv4_prefix_length);
+    }
     tenant_.clear();
     if (!route_->needs_key) return {};
     if (const auto& authenticate = server_.options.authenticate; authenticate != nullptr) {
@@ -598,7 +607,7 @@ class Session final : public SessionBase, public std::enable_shared_from_this<Se
     // What the body holds (its capacity: the memory it took), beyond what is charged.
     const uint64_t held = parser_->get().body().capacity();
     if (held > charged_) {
-      if (!server_.bodies.Charge(tenant_, group_, held - charged_)) {
+      if (!server_.bodies.Charge(tenant_, body_group_, held - charged_)) {
         return Refuse(503,
                       "the server holds as many request bodies as it takes (in all, for this "
                       "tenant or from this client); retry",
@@ -652,7 +661,7 @@ class Session final : public SessionBase, public std::enable_shared_from_this<Se
 
   // The response is written: the next request on this connection, or the end of it.
   void Finish(bool keep_alive) {
-    server_.bodies.Release(tenant_, group_, charged_);
+    server_.bodies.Release(tenant_, body_group_, charged_);
     charged_ = 0;
     if (!keep_alive || server_.stopping) {
       beast::error_code ignored;
@@ -753,7 +762,10 @@ class Session final : public SessionBase, public std::enable_shared_from_this<Se
   std::shared_ptr<ssl::context> tls_;  // the context stream_ was made with, kept while it lives
   Stream stream_;
   const std::string client_;
-  const std::string group_;  // ClientGroup of client_
+  const std::string group_;  // ClientGroup of client_ ("proxy <address>" for a trusted proxy)
+  const bool proxy_;         // client_ is a trusted proxy
+  std::string body_group_;   // whose body memory the current request is: group_, or its
+                             // X-Forwarded-For client's group behind a trusted proxy
   beast::flat_buffer buffer_;
   std::optional<Parser> parser_;
   const HttpRoute* route_ = nullptr;
@@ -781,8 +793,12 @@ void HttpServer::Impl::Accept() {
       beast::error_code peer_error;
       const tcp::endpoint peer = socket.remote_endpoint(peer_error);
       const std::string client = peer_error ? "" : peer.address().to_string();
-      const std::string group = ClientGroup(client, options.limits.ipv4_prefix_length);
-      if (!slots.Admit(group)) {
+      // A trusted proxy's connection carries many clients: it is a group of its own, held to
+      // the total alone (connection_slots.h).
+      const bool proxy = options.limits.trusted_proxies.Contains(client);
+      const std::string group =
+          proxy ? "proxy " + client : ClientGroup(client, options.limits.ipv4_prefix_length);
+      if (!slots.Admit(group, ConnectionSlots::Clock::now(), proxy)) {
         socket.close(peer_error);
       } else {
         std::shared_ptr<SessionBase> session;

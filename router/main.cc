@@ -105,6 +105,13 @@ int main(int argc, char** argv) {
                  "HTTP connections open at once from one client: an IPv4 address's "
                  "--http-ipv4-prefix, an IPv6 address's /64 (default 256)")
       ->check(CLI::Range(1, 1 << 20));
+  app.add_option("--http-trusted-proxies", flags.http_trusted_proxies,
+                 "Networks of the proxies in front of the HTTP port (an Ingress controller's or "
+                 "a Gateway's pods; e.g. 10.0.0.0/8, fd00::/8; repeatable). A connection from one "
+                 "is held to --http-max-connections alone, and each request on it is its "
+                 "X-Forwarded-For client's (the rightmost address that is not such a proxy) for "
+                 "body memory; from anyone else X-Forwarded-For is ignored (default: none)")
+      ->delimiter(',');
   app.add_option("--http-ipv4-prefix", limits.ipv4_prefix_length,
                  "IPv4 clients are counted per prefix of this length for the connection caps "
                  "and body memory (default 32: per address; IPv6 clients always per /64)")

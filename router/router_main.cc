@@ -193,6 +193,10 @@ absl::StatusOr<RouterSetup> Setup(const RouterFlags& flags) {
   setup.max_connection_age = *age;
   setup.max_connection_age_grace = *grace;
   setup.http.limits.max_connection_age = *age;
+  absl::StatusOr<TrustedProxies> proxies =
+      TrustedProxies::Parse(flags.http_trusted_proxies, "--http-trusted-proxies");
+  if (!proxies.ok()) return proxies.status();
+  setup.http.limits.trusted_proxies = *std::move(proxies);
   absl::StatusOr<ModelConfig> config = LoadModelConfig(flags.model_dir + "/config.json");
   if (!config.ok()) return config.status();
   setup.config = *std::move(config);

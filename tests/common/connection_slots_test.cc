@@ -72,5 +72,58 @@ TEST(ConnectionSlotsTest, TrustExpires) {
   EXPECT_FALSE(slots.Admit("known", t0 + std::chrono::seconds(61)));
 }
 
+// Issue 49 item 7: the proxies in front of the HTTP port. Networks parse in both families (a
+// bad one is refused naming the flag); a dual-stack listener's IPv4-mapped peers match IPv4
+// networks; the client of a forwarded request is the rightmost X-Forwarded-For address that is
+// not a proxy, so addresses a client prepends are never taken; no header, only proxies or
+// garbage in the header leave the proxy itself.
+TEST(TrustedProxiesTest, TheClientIsTheRightmostAddressThatIsNotAProxy) {
+  const absl::StatusOr<TrustedProxies> proxies =
+      TrustedProxies::Parse({"10.244.0.0/16", "192.0.2.7", "fd00::/8"}, "--http-trusted-proxies");
+  ASSERT_TRUE(proxies.ok()) << proxies.status();
+  EXPECT_TRUE(proxies->Contains("10.244.3.9"));
+  EXPECT_TRUE(proxies->Contains("::ffff:10.244.3.9"));
+  EXPECT_TRUE(proxies->Contains("192.0.2.7"));
+  EXPECT_FALSE(proxies->Contains("192.0.2.8"));
+  EXPECT_FALSE(proxies->Contains("10.245.0.1"));
+  EXPECT_TRUE(proxies->Contains("fd12::1"));
+  EXPECT_FALSE(proxies->Contains("2001:db8::1"));
+  EXPECT_FALSE(proxies->Contains("not an address"));
+
+  const std::string peer = "10.244.3.9";
+  auto client = [&](const std::string& header) { return proxies->ClientOf(peer, &header); };
+  EXPECT_EQ(proxies->ClientOf(peer, nullptr), peer);
+  EXPECT_EQ(client("203.0.113.5"), "203.0.113.5");
+  // A client that writes its own header cannot pick its address: the proxy appends the real one.
+  EXPECT_EQ(client("198.51.100.1, 203.0.113.5"), "203.0.113.5");
+  // Through two proxies (an external load balancer, then the Ingress controller).
+  EXPECT_EQ(client("203.0.113.5, 10.244.1.1"), "203.0.113.5");
+  EXPECT_EQ(client(" 2001:db8::7 , fd00::3"), "2001:db8::7");
+  EXPECT_EQ(client("[2001:db8::7]:443"), "2001:db8::7");
+  EXPECT_EQ(client("203.0.113.5:5123"), "203.0.113.5");
+  EXPECT_EQ(client("10.244.1.1, 192.0.2.7"), peer);  // only proxies
+  EXPECT_EQ(client("unknown"), peer);
+  EXPECT_EQ(client("203.0.113.5, garbage"), peer);
+  EXPECT_EQ(client(""), peer);
+
+  for (const std::string bad : {"10.0.0.0/33", "fd00::/129", "10.0.0.0/x", "example.com", ""}) {
+    const absl::StatusOr<TrustedProxies> refused =
+        TrustedProxies::Parse({bad}, "--http-trusted-proxies");
+    ASSERT_FALSE(refused.ok()) << bad;
+    EXPECT_NE(refused.status().message().find("--http-trusted-proxies"), std::string::npos);
+  }
+  EXPECT_TRUE(TrustedProxies::Parse({}, "--http-trusted-proxies")->empty());
+}
+
+TEST(ConnectionSlotsTest, AProxysConnectionsAreHeldToTheTotalAlone) {
+  ConnectionSlots slots({.max_connections = 6, .max_per_client = 2, .reserved = 2});
+  EXPECT_TRUE(slots.Admit("a"));
+  EXPECT_TRUE(slots.Admit("a"));
+  EXPECT_FALSE(slots.Admit("a"));
+  for (int i = 0; i < 4; ++i) EXPECT_TRUE(slots.Admit("proxy p", ConnectionSlots::Clock::now(), true));
+  EXPECT_FALSE(slots.Admit("proxy p", ConnectionSlots::Clock::now(), true));  // the total
+  EXPECT_EQ(slots.open(), 6);
+}
+
 }  // namespace
 }  // namespace baton

@@ -40,6 +40,7 @@ namespace {
 namespace fs = std::filesystem;
 using testing::Cluster;
 using testing::Eventually;
+using testing::EventuallyThat;
 using ::testing::HasSubstr;
 using testing::TextModel;
 using Clock = std::chrono::steady_clock;
@@ -510,6 +511,78 @@ TEST_F(HttpCappedAbuseTest, IdleConnectionsFromSeventeenAddressesLeaveAKnownClie
   EXPECT_EQ(StatusOf(Exchange(port_, "127.0.0.1", Get("/health"), std::chrono::seconds(5))), 503);
   EXPECT_EQ(StatusOf(Exchange(port_, "127.0.0.1", Get("/v1/models", kAlpha))), 200);
   EXPECT_EQ(StatusOf(Exchange(metrics, "127.0.0.1", Get("/metrics"))), 200);
+}
+
+// Issue 49 item 7: behind an Ingress or Gateway every client has the proxy's address. With the
+// proxy's network in --http-trusted-proxies its connections are held to the total alone: 12
+// kept-alive connections from the proxy (127.0.0.9) are all served, while 12 from another
+// single address (127.0.0.10) get their 4 and no more. X-Forwarded-For from a peer that is not
+// a trusted proxy gains it nothing: 127.0.0.10's extra connections claiming other clients are
+// closed as well.
+class HttpTrustedProxyTest : public HttpAbuseTest {
+ protected:
+  HttpTrustedProxyTest() {
+    extra_flags_ = {"--api-keys", KeysFile(), "--http-max-connections-per-client", "4",
+                    "--http-trusted-proxies", "127.0.0.9/32", "--http-head-timeout-ms", "30000"};
+    request_timeout_ms_ = "30000";
+  }
+};
+
+TEST_F(HttpTrustedProxyTest, AProxysConnectionsAreNotHeldToOneClientsShare) {
+  for (const std::string source : {"127.0.0.9", "127.0.0.10"}) {
+    std::vector<std::unique_ptr<Connection>> connections;
+    for (int i = 0; i < 12; ++i) {
+      connections.push_back(std::make_unique<Connection>(port_, source));
+      ASSERT_TRUE(connections.back()->ok()) << source << " " << i;
+    }
+    int served = 0;
+    for (size_t i = 0; i < connections.size(); ++i) {
+      const std::string request = "GET /health HTTP/1.1\r\nHost: x\r\nX-Forwarded-For: 203.0.113." +
+                                  std::to_string(i) + "\r\n\r\n";
+      if (connections[i]->Send(request) &&
+          StatusOf(connections[i]->Receive(std::chrono::milliseconds(500))) != 0) {
+        ++served;
+      }
+    }
+    EXPECT_EQ(served, source == std::string("127.0.0.9") ? 12 : 4) << source;
+  }
+}
+
+// Behind the proxy, request body memory is each X-Forwarded-For client's (32 MiB each by
+// default). One client (203.0.113.1) holding unfinished 8 MiB bodies on eight connections fills
+// its share (the holders past it are refused), so that client's next such body is refused too
+// (sent with another tenant's key, whose own share is empty), while another client
+// (203.0.113.2) through the same proxy, same key, has its body read: a body that is not JSON
+// gets the handler's 400, not the body-memory 503.
+TEST_F(HttpTrustedProxyTest, BehindTheProxyEachForwardedClientHasItsOwnBodyMemory) {
+  const std::string body_refusal = "the server holds as many request bodies as it takes";
+  const std::string bravo = "abuse-test-key-bravo-0123456789";
+  auto head = [](const std::string& client, const std::string& key, size_t length) {
+    return std::string(kPost) + "Authorization: Bearer " + key + "\r\nX-Forwarded-For: " +
+           client + "\r\nContent-Type: application/json\r\nContent-Length: " +
+           std::to_string(length) + "\r\n\r\n";
+  };
+  const size_t big = size_t{8} << 20;
+  std::vector<std::unique_ptr<Connection>> holding;
+  for (int i = 0; i < 8; ++i) {
+    holding.push_back(std::make_unique<Connection>(port_, "127.0.0.9"));
+    ASSERT_TRUE(holding.back()->ok());
+    holding.back()->Send(head("203.0.113.1", kAlpha, big) + std::string(big - 1, ' '));
+  }
+  // A body as large as the holders' (not JSON): its memory grows the way theirs did, so it
+  // fits exactly where another holder would have.
+  auto answer = [&](const std::string& client) {
+    const std::string body(big - 1, 'x');
+    Connection c(port_, "127.0.0.9");
+    c.Send(head(client, bravo, body.size()) + body);
+    return c.Receive(std::chrono::milliseconds(1000));
+  };
+  // Once the router has read what the holders sent, 203.0.113.1's share is full.
+  EXPECT_TRUE(EventuallyThat([&] { return answer("203.0.113.1"); }, HasSubstr(body_refusal),
+                             std::chrono::seconds(20), std::chrono::milliseconds(10)));
+  const std::string other = answer("203.0.113.2");
+  EXPECT_EQ(StatusOf(other), 400) << other;
+  EXPECT_THAT(other, ::testing::Not(HasSubstr(body_refusal)));
 }
 
 // IPv4 clients counted per /24, 8 connections each; the 2 s head deadline applies (heads and

@@ -4,7 +4,8 @@
 // pass the OpenAI front runs over its body (router/openai.h CheckJsonBounds). Properties: a
 // refusal is one of the statuses the server answers with; a complete request's body is within
 // the body limit and its head within the head limit; a body the JSON pass accepts parses into a
-// tree within the pass's bounds (values, array lengths, depth).
+// tree within the pass's bounds (values, array lengths, depth); the client a trusted proxy's
+// X-Forwarded-For names is the proxy or an address of the header that is not a proxy.
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -65,6 +66,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   size_t head = 0;
   for (const auto& [name, value] : parsed.request.headers) head += name.size() + value.size();
   if (head > options.limits.max_header_bytes) std::abort();
+  // Its client as a trusted proxy forwarded it: the proxy itself, or an address of the header
+  // that parses and is not a proxy.
+  static const baton::TrustedProxies proxies =
+      *baton::TrustedProxies::Parse({"127.0.0.0/8", "fd00::/8"}, "fuzz");
+  const std::string* forwarded = parsed.request.Header("x-forwarded-for");
+  const std::string client = proxies.ClientOf("127.0.0.1", forwarded);
+  if (client != "127.0.0.1" &&
+      (forwarded == nullptr || forwarded->find(client) == std::string::npos ||
+       proxies.Contains(client) || baton::ClientGroup(client, 32) == client)) {
+    std::abort();
+  }
   if (!baton::router::openai::CheckJsonBounds(parsed.request.body, kMaxElements).ok()) return 0;
   const nlohmann::json tree = nlohmann::json::parse(parsed.request.body, nullptr, false);
   if (tree.is_discarded()) std::abort();  // the pass accepted what is not JSON

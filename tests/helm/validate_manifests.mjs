@@ -71,7 +71,7 @@ const BATON_CONFIG_KEYS = {
            "prefill-slots", "stream-idle-timeout", "prefill-timeout-ms", "http-port", "http-threads",
            "served-model-name", "drain-timeout", "heartbeat-ms", "node-expiry-ms", "client-max-connection-age",
            "client-max-connection-age-grace", "http-max-requests-per-tenant", "http-max-connections",
-           "http-max-connections-per-client", "http-ipv4-prefix", "http-head-timeout-ms",
+           "http-max-connections-per-client", "http-ipv4-prefix", "http-trusted-proxies", "http-head-timeout-ms",
            "metrics-tenant-names", "node-forget-after-ms", "max-node-ids", "max-node-ids-per-identity",
            "model-file"],
   prefill: ["port", "node-id", "router-resolve-ms", "token-budget", "no-ucx", "ucx-allow-unprotected-tcp", "kvstore", "commit-timeout-ms", "device",
@@ -84,7 +84,7 @@ const BATON_CONFIG_KEYS = {
             "model-file", "weights-sha256"],
 };
 // Keys that take a list of values (a repeatable flag).
-const BATON_LIST_KEYS = ["model-file"];
+const BATON_LIST_KEYS = ["model-file", "http-trusted-proxies"];
 
 // Where a kind's model lives: kubernetes-models/<group>/<version>/<Kind>.js ("v1" for the core
 // group), CRDs in their own packages.

@@ -150,6 +150,7 @@ const MUTATIONS = {
   "ucx.rdma.resourceName": "rdma/hca",
   "ucx.rdma.networks": "rdma-net",
   "router.service.loadBalancerSourceRanges": ["10.0.0.0/8"],
+  "config.router.http-trusted-proxies": ["10.244.0.0/16", "fd00::/8"],
   "router.ingress.className": "nginx",
   "router.ingress.annotations": { "nginx.ingress.kubernetes.io/limit-connections": "100" },
   "router.ingress.grpcHost": "grpc2.example.com",

@@ -69,6 +69,12 @@ router:
   http-max-connections: {{ index $c.router "http-max-connections" | int64 }}
   http-max-connections-per-client: {{ index $c.router "http-max-connections-per-client" | int64 }}
   http-ipv4-prefix: {{ index $c.router "http-ipv4-prefix" | int64 }}
+  {{- with index $c.router "http-trusted-proxies" }}
+  http-trusted-proxies:
+    {{- range . }}
+    - {{ . | quote }}
+    {{- end }}
+  {{- end }}
   http-head-timeout-ms: {{ index $c.router "http-head-timeout-ms" | int64 }}
   metrics-tenant-names: {{ index $c.router "metrics-tenant-names" }}
   node-forget-after-ms: {{ index $c.router "node-forget-after-ms" | int64 }}

@@ -14,11 +14,16 @@
 // Thread-safe. The trusted set is bounded by `max_connections` groups (the oldest go first).
 #pragma once
 
+#include <array>
 #include <chrono>
+#include <cstdint>
 #include <map>
 #include <mutex>
 #include <string>
 #include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
 
 namespace baton {
 
@@ -34,13 +39,42 @@ struct ConnectionCaps {
 // that does not parse is a group of its own (itself).
 std::string ClientGroup(std::string_view address, int ipv4_prefix_length);
 
+// The proxies a front trusts to say who their clients are (an Ingress controller's or a
+// Gateway's pods): networks such as "10.0.0.0/8" or "fd00::/8". Behind a proxy every client
+// has the proxy's address, so counting by address would hold every client to one client's
+// share; a connection from a trusted proxy is instead counted in no client's group, and each
+// request on it is its X-Forwarded-For client's: the rightmost address of the header that is
+// not itself a trusted proxy (the leftmost entries are whatever the client wrote). From any
+// other peer the header is ignored.
+class TrustedProxies {
+ public:
+  // `flag` names the setting in errors; each entry is ADDRESS/PREFIX or a bare address.
+  static absl::StatusOr<TrustedProxies> Parse(const std::vector<std::string>& networks,
+                                              const std::string& flag);
+  bool empty() const { return networks_.empty(); }
+  bool Contains(std::string_view address) const;
+  // The client of a request that `peer` (a trusted proxy) forwarded with `forwarded_for` (the
+  // X-Forwarded-For header, or nullptr): its rightmost address that is not a trusted proxy;
+  // `peer` itself when the header is absent, names only proxies, or its candidate does not
+  // parse as an address.
+  std::string ClientOf(std::string_view peer, const std::string* forwarded_for) const;
+
+ private:
+  struct Network {
+    std::array<uint8_t, 16> bytes{};  // IPv4 as IPv4-mapped IPv6
+    int prefix = 0;                   // of the 128 bits
+  };
+  std::vector<Network> networks_;
+};
+
 class ConnectionSlots {
  public:
   using Clock = std::chrono::steady_clock;
   explicit ConnectionSlots(ConnectionCaps caps) : caps_(caps) {}
 
-  // Takes a slot for a connection from `group`; false (take nothing) when the caps say no.
-  bool Admit(const std::string& group, Clock::time_point now = Clock::now());
+  // Takes a slot for a connection from `group`; false (take nothing) when the caps say no. A
+  // trusted proxy's connection (`proxy`) is held to the total alone: it carries many clients.
+  bool Admit(const std::string& group, Clock::time_point now = Clock::now(), bool proxy = false);
   // Gives back a slot Admit took.
   void Leave(const std::string& group);
   // `group` sent a request its server accepted: it may use the reserved slots until

@@ -48,6 +48,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "baton/common/connection_slots.h"
 
 namespace baton::router {
 
@@ -74,6 +75,9 @@ struct HttpLimits {
   // ("Connection: close"), so that clients spread over routers added since they connected;
   // 0: never.
   std::chrono::milliseconds max_connection_age{0};
+  // Proxies whose X-Forwarded-For names the client (connection_slots.h): their connections
+  // count against max_connections alone, and each request's body memory is its client's.
+  TrustedProxies trusted_proxies;
 };
 
 struct HttpRequest {
@@ -81,7 +85,7 @@ struct HttpRequest {
   std::string path;                            // the target without its query
   std::map<std::string, std::string> headers;  // lower-case names
   std::string body;
-  std::string client;  // the peer's address
+  std::string client;  // the peer's address, or the client a trusted proxy forwarded for
   std::string tenant;  // what `authenticate` returned for a route that needs a key ("": none)
   const std::string* Header(const std::string& lower_case_name) const {
     auto it = headers.find(lower_case_name);

@@ -43,6 +43,7 @@ struct RouterFlags {
   int64_t http_head_timeout_ms = HttpLimits{}.head_timeout.count();
   int64_t http_idle_timeout_ms = HttpLimits{}.idle_timeout.count();
   int64_t http_write_timeout_ms = HttpLimits{}.write_timeout.count();
+  std::vector<std::string> http_trusted_proxies;  // --http-trusted-proxies: networks
   RouterOptions options;         // the fields flags set as they are
   HttpOptions http{.port = -1};  // the fields flags set as they are; port -1: no HTTP front
 };
