@@ -1,7 +1,8 @@
 # baton's container image: the binaries the Helm chart (helm/baton) runs, on Debian 12.
 #
-#   docker build -t baton:0.1.0 .                                   # CPU only
-#   docker build --build-arg BATON_CUDA=ON -t baton:0.1.0-cuda .    # also --device cuda
+#   docker build --target cpu -t baton:0.1.0 .           # CPU only (also the default target)
+#   docker build --target cuda -t baton:0.1.0-cuda .     # also --device cuda
+#   scripts/build_image.sh                               # the same, offline (docs/deploy.md)
 #
 # The build stage runs the repository's own scripts/setup.sh (the Debian -dev packages and the
 # CMake + Ninja build a developer machine gets); the runtime stage holds only the binaries and
@@ -10,85 +11,62 @@
 # baton-kvstore, batonctl, baton (and, with CUDA, libbaton_backend_cuda.so, which the nodes
 # load from beside themselves when --device cuda asks for it).
 #
-# BATON_CUDA=ON adds the CUDA toolkit (nvcc, cudart, cuBLAS) from NVIDIA's Debian 12 apt
-# repository to the build stage and the CUDA runtime and cuBLAS to the runtime stage; the
-# kernels are built for sm_90 (H100, H200) plus PTX that the driver compiles for newer GPUs.
-# The GPU driver (libcuda) comes from the node, through the NVIDIA container toolkit. Stages
-# are picked by name from the argument, so BuildKit (docker's default builder) builds only
-# the ones the image needs.
+# A build context holding prebuilt/ (bin/ and share/ as the build stage lays out /out, made by
+# scripts/build_image.sh --from-build from a Debian 12 host's scripts/setup.sh build, whose
+# libraries are the same packages) takes those binaries instead of compiling them.
+#
+# The cuda target is the cpu image plus the CUDA runtime and cuBLAS from NVIDIA's Debian 12 apt
+# repository and binaries built with the CUDA toolkit; the kernels are built for sm_90 (H100,
+# H200) plus PTX that the driver compiles for newer GPUs. The GPU driver (libcuda) comes from
+# the node, through the NVIDIA container toolkit.
+#
+# BuildKit builds it (Docker's default builder since 23.0; with Debian 12's docker.io 20.10,
+# DOCKER_BUILDKIT=1, which scripts/build_image.sh sets): the build stages mount a CA bundle as a
+# secret, and BuildKit builds only the stages the target needs. Stage names are lowercase, as
+# BuildKit requires; the CPU image's stages come first.
 
-# OFF: the CPU-only image (the default). ON: the CUDA image.
-ARG BATON_CUDA=OFF
 # The CUDA release of NVIDIA's packages (their name suffix): 12-6 is CUDA 12.6.
 ARG CUDA_VERSION=12-6
+# Which image the default target is: cpu or cuda (as the chart's image.flavor names them).
+ARG BATON_FLAVOR=cpu
 
-FROM debian:bookworm-slim AS toolchain-OFF
-
-# NVIDIA's apt repository for Debian 12, which its keyring package signs: the base of both CUDA
-# stages.
-FROM debian:bookworm-slim AS cuda-apt
-ADD https://developer.download.nvidia.com/compute/cuda/repos/debian12/x86_64/cuda-keyring_1.1-1_all.deb /tmp/cuda-keyring.deb
-RUN apt-get update \
- && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends ca-certificates \
- && dpkg -i /tmp/cuda-keyring.deb && rm /tmp/cuda-keyring.deb \
- && rm -rf /var/lib/apt/lists/*
-
-# The CUDA compiler, runtime and cuBLAS headers; /usr/local/cuda/bin/nvcc is where
-# CMakeLists.txt looks.
-FROM cuda-apt AS toolchain-ON
-ARG CUDA_VERSION
-RUN apt-get update \
- && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
-      "cuda-nvcc-${CUDA_VERSION}" "cuda-cudart-dev-${CUDA_VERSION}" "libcublas-dev-${CUDA_VERSION}" \
- && rm -rf /var/lib/apt/lists/* \
- && { [ -e /usr/local/cuda ] || ln -s "$(ls -d /usr/local/cuda-*/ | head -n 1)" /usr/local/cuda; } \
- && /usr/local/cuda/bin/nvcc --version
-
-FROM toolchain-${BATON_CUDA} AS build
-ARG BATON_CUDA
+FROM debian:bookworm-slim AS build
 # Parallel compile jobs (each C++ job takes about 1 GiB of memory).
 ARG BATON_JOBS=4
 WORKDIR /src
 COPY . .
-# OFF builds no CUDA (and says so instead of probing for nvcc); ON requires nvcc.
-RUN BATON_WITH_CUDA="${BATON_CUDA}" BATON_JOBS="${BATON_JOBS}" BATON_BUILD_DIR=/src/build \
-      bash scripts/setup.sh \
- && install -d /out/bin \
- && install -m 0755 \
-      build/router/baton-router \
-      build/prefill_node/baton-prefill \
-      build/decode_node/baton-decode \
-      build/kvstore/baton-kvstore \
-      build/tools/batonctl \
-      build/tools/baton \
-      build/text/libbaton_sentencepiece.so \
-      /out/bin/ \
- && install -d /out/share/baton/tokenizer \
- && install -m 0644 build/tokenizer/tokenizer.model build/tokenizer/tokenizer_config.json \
-      build/tokenizer/generation_config.json /out/share/baton/tokenizer/ \
- && install -d /out/share/baton/models \
- && cp -r models/ced-brown-shared models/ced-brown-replay models/ced-brown-plain models/ced-brown-draft \
-      /out/share/baton/models/ \
- && if [ "${BATON_CUDA}" = ON ]; then \
-      install -m 0755 build/model/cuda/libbaton_backend_cuda.so /out/bin/; \
-    fi \
- && strip --strip-debug /out/bin/*
+# No CUDA here (setup.sh says so instead of probing for nvcc); build-cuda below builds it.
+# setup.sh fetches the tokenizer's corpus from the npm registry over HTTPS: a CA bundle passed
+# as the build secret "ca" (scripts/build_image.sh passes the host's) is trusted for the build
+# and never stored in a layer.
+RUN --mount=type=secret,id=ca,required=false \
+    if [ -d prebuilt ]; then \
+      cp -a prebuilt /out; \
+    else \
+      if [ -s /run/secrets/ca ]; then export NODE_EXTRA_CA_CERTS=/run/secrets/ca \
+        SSL_CERT_FILE=/run/secrets/ca CURL_CA_BUNDLE=/run/secrets/ca; fi; \
+      BATON_WITH_CUDA=OFF BATON_JOBS="${BATON_JOBS}" BATON_BUILD_DIR=/src/build \
+        bash scripts/setup.sh \
+   && install -d /out/bin \
+   && install -m 0755 \
+        build/router/baton-router \
+        build/prefill_node/baton-prefill \
+        build/decode_node/baton-decode \
+        build/kvstore/baton-kvstore \
+        build/tools/batonctl \
+        build/tools/baton \
+        build/text/libbaton_sentencepiece.so \
+        /out/bin/ \
+   && install -d /out/share/baton/tokenizer \
+   && install -m 0644 build/tokenizer/tokenizer.model build/tokenizer/tokenizer_config.json \
+        build/tokenizer/generation_config.json /out/share/baton/tokenizer/ \
+   && install -d /out/share/baton/models \
+   && cp -r models/ced-brown-shared models/ced-brown-replay models/ced-brown-plain \
+        models/ced-brown-draft /out/share/baton/models/ \
+   && strip --strip-debug /out/bin/*; \
+    fi
 
-FROM debian:bookworm-slim AS runtime-OFF
-
-# The CUDA runtime and cuBLAS the CUDA backend loads, from the same repository.
-FROM cuda-apt AS runtime-ON
-ARG CUDA_VERSION
-RUN apt-get update \
- && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
-      "cuda-cudart-${CUDA_VERSION}" "libcublas-${CUDA_VERSION}" \
- && rm -rf /var/lib/apt/lists/* \
- && ls -d /usr/local/cuda-*/targets/x86_64-linux/lib >/etc/ld.so.conf.d/baton-cuda.conf \
- && ldconfig
-# What the NVIDIA container toolkit mounts into a GPU container: the compute driver, no more.
-ENV NVIDIA_DRIVER_CAPABILITIES=compute,utility
-
-FROM runtime-${BATON_CUDA} AS runtime
+FROM debian:bookworm-slim AS cpu
 # The runtime halves of the -dev packages scripts/setup.sh installs (header-only ones, CLI11
 # and nlohmann-json, need nothing): gRPC (with reflection), protobuf, RocksDB, UCX, Abseil,
 # OpenBLAS (OpenMP), OpenSSL, spdlog, prometheus-cpp, xxHash, yaml-cpp, SentencePiece and
@@ -132,3 +110,59 @@ WORKDIR /tmp
 EXPOSE 50051 50052 50053 50054 9400 8000
 # The chart names each container's command; alone, the image prints batonctl's usage.
 CMD ["/usr/local/bin/batonctl", "--help"]
+
+# NVIDIA's apt repository for Debian 12, which its keyring package signs: the base of both CUDA
+# stages.
+FROM debian:bookworm-slim AS cuda-apt
+ADD https://developer.download.nvidia.com/compute/cuda/repos/debian12/x86_64/cuda-keyring_1.1-1_all.deb /tmp/cuda-keyring.deb
+RUN apt-get update \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends ca-certificates \
+ && dpkg -i /tmp/cuda-keyring.deb && rm /tmp/cuda-keyring.deb \
+ && rm -rf /var/lib/apt/lists/*
+
+# The CUDA compiler, runtime and cuBLAS headers (/usr/local/cuda/bin/nvcc is where
+# CMakeLists.txt looks), and the build with them.
+FROM cuda-apt AS build-cuda
+ARG CUDA_VERSION
+ARG BATON_JOBS=4
+RUN apt-get update \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
+      "cuda-nvcc-${CUDA_VERSION}" "cuda-cudart-dev-${CUDA_VERSION}" "libcublas-dev-${CUDA_VERSION}" \
+ && rm -rf /var/lib/apt/lists/* \
+ && { [ -e /usr/local/cuda ] || ln -s "$(ls -d /usr/local/cuda-*/ | head -n 1)" /usr/local/cuda; } \
+ && /usr/local/cuda/bin/nvcc --version
+WORKDIR /src
+COPY . .
+RUN --mount=type=secret,id=ca,required=false \
+    if [ -s /run/secrets/ca ]; then export NODE_EXTRA_CA_CERTS=/run/secrets/ca \
+      SSL_CERT_FILE=/run/secrets/ca CURL_CA_BUNDLE=/run/secrets/ca; fi; \
+    BATON_WITH_CUDA=ON BATON_JOBS="${BATON_JOBS}" BATON_BUILD_DIR=/src/build bash scripts/setup.sh \
+ && install -d /out/bin \
+ && install -m 0755 build/router/baton-router build/prefill_node/baton-prefill \
+      build/decode_node/baton-decode build/kvstore/baton-kvstore build/tools/batonctl \
+      build/tools/baton build/text/libbaton_sentencepiece.so \
+      build/model/cuda/libbaton_backend_cuda.so /out/bin/ \
+ && strip --strip-debug /out/bin/*
+
+# The cpu image with the CUDA runtime and cuBLAS the CUDA backend loads, and the binaries built
+# with CUDA over the CPU ones.
+FROM cpu AS cuda
+ARG CUDA_VERSION
+USER 0:0
+COPY --from=cuda-apt /etc/apt/ /etc/apt/
+COPY --from=cuda-apt /usr/share/keyrings/ /usr/share/keyrings/
+RUN apt-get update \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
+      "cuda-cudart-${CUDA_VERSION}" "libcublas-${CUDA_VERSION}" \
+ && rm -rf /var/lib/apt/lists/* \
+ && ls -d /usr/local/cuda-*/targets/x86_64-linux/lib >/etc/ld.so.conf.d/baton-cuda.conf \
+ && ldconfig
+COPY --from=build-cuda /out/bin/ /usr/local/bin/
+RUN missing="$(ldd /usr/local/bin/* | grep 'not found' | grep -v 'libcuda\.so' || true)"; \
+    if [ -n "$missing" ]; then echo "missing shared libraries:"; echo "$missing"; exit 1; fi
+# What the NVIDIA container toolkit mounts into a GPU container: the compute driver, no more.
+ENV NVIDIA_DRIVER_CAPABILITIES=compute,utility
+USER 10001:10001
+
+# The default target: the image BATON_FLAVOR names (BuildKit builds only its stages).
+FROM ${BATON_FLAVOR} AS image

@@ -26,26 +26,35 @@ std::string Dump(const nlohmann::json& value) {
   return value.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
-void Emit(spdlog::level::level_enum level, absl::string_view event, Fields fields) {
+void Emit(spdlog::level::level_enum level, absl::string_view event, const TraceIds* trace,
+          Fields fields) {
   const std::shared_ptr<spdlog::logger>& logger = Logger();
   if (!logger->should_log(level)) return;
+  const bool json = json_format.load(std::memory_order_relaxed);
   std::string line;
-  if (json_format.load(std::memory_order_relaxed)) {
-    // The pattern opens the object with ts, level and binary; the event and fields close it.
-    line = "\"event\":" + Dump(std::string(event));
-    for (const auto& [key, value] : fields) {
+  auto add = [&](absl::string_view key, const nlohmann::json& value) {
+    if (json) {
       line += "," + Dump(std::string(key)) + ":" + Dump(value);
-    }
-    line += "}";
-  } else {
-    line.assign(event.data(), event.size());
-    for (const auto& [key, value] : fields) {
+    } else {
       line += ' ';
-      line += key;
+      line.append(key.data(), key.size());
       line += '=';
       line += Dump(value);
     }
+  };
+  // The pattern opens a JSON object with ts, level and binary; the event and fields close it.
+  if (json) {
+    line = "\"event\":" + Dump(std::string(event));
+  } else {
+    line.assign(event.data(), event.size());
   }
+  if (trace != nullptr) {
+    add("trace_id", std::string(trace->trace_id));
+    add("span_id", std::string(trace->span_id));
+    if (!trace->parent_span_id.empty()) add("parent_span_id", std::string(trace->parent_span_id));
+  }
+  for (const auto& [key, value] : fields) add(key, value);
+  if (json) line += "}";
   logger->log(level, line);
 }
 
@@ -75,9 +84,26 @@ void Init(const std::string& binary, const LogOptions& options) {
   logger->flush_on(spdlog::level::debug);
 }
 
-void Debug(absl::string_view event, Fields fields) { Emit(spdlog::level::debug, event, fields); }
-void Info(absl::string_view event, Fields fields) { Emit(spdlog::level::info, event, fields); }
-void Warn(absl::string_view event, Fields fields) { Emit(spdlog::level::warn, event, fields); }
-void Error(absl::string_view event, Fields fields) { Emit(spdlog::level::err, event, fields); }
+void Debug(absl::string_view event, Fields fields) {
+  Emit(spdlog::level::debug, event, nullptr, fields);
+}
+void Info(absl::string_view event, Fields fields) {
+  Emit(spdlog::level::info, event, nullptr, fields);
+}
+void Warn(absl::string_view event, Fields fields) {
+  Emit(spdlog::level::warn, event, nullptr, fields);
+}
+void Error(absl::string_view event, Fields fields) {
+  Emit(spdlog::level::err, event, nullptr, fields);
+}
+void Debug(const TraceIds& trace, absl::string_view event, Fields fields) {
+  Emit(spdlog::level::debug, event, &trace, fields);
+}
+void Info(const TraceIds& trace, absl::string_view event, Fields fields) {
+  Emit(spdlog::level::info, event, &trace, fields);
+}
+void Warn(const TraceIds& trace, absl::string_view event, Fields fields) {
+  Emit(spdlog::level::warn, event, &trace, fields);
+}
 
 }  // namespace baton::log

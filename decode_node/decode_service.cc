@@ -188,6 +188,9 @@ struct DecodeService::Request {
   prometheus::Histogram* acceptance = nullptr;  // observes the request's acceptance rate
   std::string id;          // the reservation id (random, chosen here)
   std::string request_id;  // the client's request id, for logs
+  trace::Span span;  // the node's span of the request's trace, a child of the router's Reserve
+  double wait_ms = 0, transfer_ms = 0;  // in the slot queue; reading the StateBlock
+  Clock::time_point reserved_at;
   // Who may use the reservation (certificate identities; empty without mutual TLS): the
   // router that reserved it streams and releases, the prefill node it named pushes and commits.
   std::string router_identity;
@@ -390,12 +393,15 @@ absl::Status DecodeService::TakeReservation(grpc::ServerContext& context,
     return absl::ResourceExhaustedError(absl::StrCat(
         "request needs ", pages, " block-KV pages; the pool has ", pool_->total_pages()));
   }
+  const auto wait_start = Clock::now();
   std::unique_lock<std::mutex> lock(mutex_);
   absl::StatusOr<int64_t> slot = WaitForSlot(context, request.request_id(), pages, lock);
   if (!slot.ok()) return slot.status();
   absl::StatusOr<std::shared_ptr<Request>> r =
       NewRequest(context, request, *slot, pages, positions);
   if (!r.ok()) return r.status();
+  (*r)->reserved_at = Clock::now();
+  (*r)->wait_ms = std::chrono::duration<double, std::milli>((*r)->reserved_at - wait_start).count();
   if (request.prompt_token_ids_size() > 0) {
     (*r)->context.assign(request.prompt_token_ids().begin(), request.prompt_token_ids().end());
     (*r)->speculation = *std::move(speculation);
@@ -412,7 +418,8 @@ absl::StatusOr<int64_t> DecodeService::WaitForSlot(grpc::ServerContext& context,
                                                    const std::string& request_id, int64_t pages,
                                                    std::unique_lock<std::mutex>& lock) {
   if (draining_) {
-    log::Warn("reserve refused: draining", {{"request_id", request_id}});
+    log::Warn(trace::StartServerSpan(context).Ids(), "reserve refused: draining",
+              {{"request_id", request_id}});
     return absl::UnavailableError("the decode node is draining (shutting down): use another");
   }
   std::optional<int64_t> slot = pool_->TryReserve(pages);
@@ -443,6 +450,7 @@ absl::StatusOr<std::shared_ptr<DecodeService::Request>> DecodeService::NewReques
   auto r = std::make_shared<Request>();
   r->id = security::RandomId();
   r->request_id = request.request_id();
+  r->span = trace::StartServerSpan(context);
   r->router_identity = security::PeerIdentity(context);
   r->prefill_identity = request.prefill_identity();
   r->prefill_address = request.prefill_address();
@@ -543,6 +551,7 @@ absl::Status DecodeService::CommitState(grpc::ServerContext& context,
     read = model_.StageIn(model::StateCopies(*r->state, *r->engine_state, h.prompt_len()));
   }
   lock.lock();
+  r->transfer_ms = transfer_seconds * 1000;
   return FinishCommit(r, h, source.transport(), transfer::StagingBytes(into.sizes), std::move(read),
                       transfer_seconds);
 }
@@ -883,17 +892,25 @@ grpc::Status DecodeService::Stream(grpc::ServerContext* context, const v1::Strea
       !s.ok()) {
     return ToGrpcStatus(s);
   }
-  std::string request_id;
-  const grpc::Status status = ToGrpcStatus(RunStream(context, request, writer, &request_id));
+  const auto start = Clock::now();
+  StreamLog line;
+  const grpc::Status status = ToGrpcStatus(RunStream(context, request, writer, &line));
   metrics_->requests.Add({{"outcome", metrics::OutcomeLabel(status.error_code())}}).Increment();
+  if (line.span.trace_id.empty()) line.span = trace::StartServerSpan(*context);  // not found
+  line.stage_ms["stream"] = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
   if (status.ok()) {
-    log::Info("stream finished",
-              {{"request_id", request_id}, {"reservation_id", request->reservation_id()}});
+    log::Info(line.span.Ids(), "stream finished",
+              {{"request_id", line.request_id},
+               {"reservation_id", request->reservation_id()},
+               {"tokens", line.tokens},
+               {"stage_ms", line.stage_ms}});
   } else {
-    log::Warn("stream ended", {{"request_id", request_id},
-                               {"reservation_id", request->reservation_id()},
-                               {"code", metrics::OutcomeLabel(status.error_code())},
-                               {"error", status.error_message()}});
+    log::Warn(line.span.Ids(), "stream ended",
+              {{"request_id", line.request_id},
+               {"reservation_id", request->reservation_id()},
+               {"code", metrics::OutcomeLabel(status.error_code())},
+               {"error", status.error_message()},
+               {"stage_ms", line.stage_ms}});
   }
   return status;
 }
@@ -901,7 +918,7 @@ grpc::Status DecodeService::Stream(grpc::ServerContext* context, const v1::Strea
 absl::Status DecodeService::RunStream(grpc::ServerContext* context,
                                       const v1::StreamRequest* request,
                                       grpc::ServerWriter<v1::DecodeOutput>* writer,
-                                      std::string* request_id) {
+                                      StreamLog* line) {
   std::unique_lock<std::mutex> lock(mutex_);
   std::shared_ptr<Request> r =
       Owned(security::PeerIdentity(*context), request->reservation_id(), Role::kRouter);
@@ -909,7 +926,10 @@ absl::Status DecodeService::RunStream(grpc::ServerContext* context,
     return absl::NotFoundError(
         absl::StrCat("reservation_id: no committed request '", request->reservation_id(), "'"));
   }
-  *request_id = r->request_id;
+  line->request_id = r->request_id;
+  line->span = r->span;
+  line->stage_ms = {{"slot_wait", r->wait_ms}, {"transfer", r->transfer_ms}};
+  if (r->replay_ms >= 0) line->stage_ms["replay"] = r->replay_ms;
   r->attached = true;
   while (true) {
     const bool cancelled =
@@ -932,6 +952,7 @@ absl::Status DecodeService::RunStream(grpc::ServerContext* context,
         r->replay_reported = true;
       }
       r->streamed = r->tokens.size();
+      line->tokens = r->streamed;
       out.set_draft_tokens(r->speculation.drafted);
       out.set_accepted_draft_tokens(r->speculation.accepted);
       if (finished) out.set_finish_reason(r->finish);

@@ -1,11 +1,14 @@
 #include "baton/kvstore/kvstore_service.h"
 
+#include <chrono>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "baton/common/log.h"
 #include "baton/common/metrics.h"
 #include "baton/common/rpc.h"
 #include "baton/common/security.h"
+#include "baton/common/trace.h"
 
 namespace baton::kvstore {
 namespace {
@@ -84,21 +87,62 @@ KvStoreService::KvStoreService(PrefixStore& store, uint64_t max_keys)
   });
 }
 
+namespace {
+
+double MillisSince(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+      .count();
+}
+
+// Logs one call made for a request: at info when its trace is sampled, at debug otherwise
+// (common/trace.h). A failed call is named so, with its code and message.
+void LogCall(const trace::Span& span, absl::string_view event, const absl::Status& status,
+             log::Fields fields) {
+  const bool info = span.context.sampled;
+  if (status.ok()) {
+    info ? log::Info(span.Ids(), event, fields) : log::Debug(span.Ids(), event, fields);
+    return;
+  }
+  const std::string failed = absl::StrCat(event, " failed");
+  const log::Fields why = {{"code", metrics::OutcomeLabel(static_cast<int>(status.code()))},
+                           {"error", std::string(status.message())}};
+  info ? log::Info(span.Ids(), failed, why) : log::Debug(span.Ids(), failed, why);
+}
+
+}  // namespace
+
 grpc::Status KvStoreService::Lookup(grpc::ServerContext* context, const v1::LookupRequest* request,
                                     v1::LookupResponse* reply) {
-  return ToGrpcStatus(LookupChain(*context, *request, *reply));
+  const auto start = std::chrono::steady_clock::now();
+  const trace::Span span = trace::StartServerSpan(*context);
+  const absl::Status status = LookupChain(*context, *request, *reply);
+  LogCall(span, "prefix lookup", status,
+          {{"keys", request->keys_size()},
+           {"block_kv_blocks", reply->block_kv_blocks()},
+           {"ms", MillisSince(start)}});
+  return ToGrpcStatus(status);
 }
 
 grpc::Status KvStoreService::ReadBlocks(grpc::ServerContext* context,
                                         const v1::ReadBlocksRequest* request,
                                         grpc::ServerWriter<v1::StoredBlock>* writer) {
-  return ToGrpcStatus(SendBlocks(*context, *request, *writer));
+  const auto start = std::chrono::steady_clock::now();
+  const trace::Span span = trace::StartServerSpan(*context);
+  const absl::Status status = SendBlocks(*context, *request, *writer);
+  LogCall(span, "blocks read", status,
+          {{"keys", request->keys_size()}, {"ms", MillisSince(start)}});
+  return ToGrpcStatus(status);
 }
 
 grpc::Status KvStoreService::WriteBlocks(grpc::ServerContext* context,
                                          grpc::ServerReader<v1::BlockWrite>* reader,
                                          v1::WriteBlocksResponse* reply) {
-  return ToGrpcStatus(TakeBlocks(*context, *reader, *reply));
+  const auto start = std::chrono::steady_clock::now();
+  const trace::Span span = trace::StartServerSpan(*context);
+  const absl::Status status = TakeBlocks(*context, *reader, *reply);
+  LogCall(span, "blocks written", status,
+          {{"written", reply->written()}, {"ms", MillisSince(start)}});
+  return ToGrpcStatus(status);
 }
 
 absl::Status KvStoreService::LookupChain(const grpc::ServerContext& context,

@@ -67,9 +67,12 @@ PrefillCall::ModelTurn::~ModelTurn() {
 }
 
 PrefillCall::PrefillCall(PrefillService& node, grpc::ServerContext& context,
-                         const v1::PrefillRequest& request, v1::PrefillResponse& reply)
+                         const v1::PrefillRequest& request, v1::PrefillResponse& reply,
+                         const trace::Span& span, std::map<std::string, double>& stage_ms)
     : node_(node),
       context_(context),
+      span_(span),
+      stage_ms_(stage_ms),
       request_(request),
       generate_(request.request()),
       reply_(reply),
@@ -79,9 +82,15 @@ PrefillCall::PrefillCall(PrefillService& node, grpc::ServerContext& context,
       layout_(node.model_.state_layout()) {}
 
 absl::Status PrefillCall::Run() {
-  for (Stage stage : {&PrefillCall::Admit, &PrefillCall::StageMemory, &PrefillCall::LoadPrefix,
-                      &PrefillCall::Compute, &PrefillCall::Commit, &PrefillCall::WriteBack}) {
-    if (absl::Status s = (this->*stage)(); !s.ok()) return s;
+  static constexpr std::pair<Stage, const char*> kStages[] = {
+      {&PrefillCall::Admit, "admit"},     {&PrefillCall::StageMemory, "stage_memory"},
+      {&PrefillCall::LoadPrefix, "load"}, {&PrefillCall::Compute, "compute"},
+      {&PrefillCall::Commit, "commit"},   {&PrefillCall::WriteBack, "write_back"}};
+  for (const auto& [stage, name] : kStages) {
+    const auto start = Clock::now();
+    const absl::Status s = (this->*stage)();
+    stage_ms_[name] += MillisSince(start);
+    if (!s.ok()) return s;
   }
   Respond();
   return absl::OkStatus();
@@ -95,7 +104,7 @@ absl::Status PrefillCall::Admit() {
   {
     std::lock_guard<std::mutex> lock(node_.mutex_);
     if (node_.draining_) {
-      log::Warn("prefill refused: draining", {{"request_id", generate_.request_id()}});
+      log::Warn(span_.Ids(), "prefill refused: draining", {{"request_id", generate_.request_id()}});
       return absl::UnavailableError("the prefill node is draining (shutting down): use another");
     }
     active_.emplace(node_);
@@ -161,14 +170,14 @@ absl::Status PrefillCall::LoadPrefix() {
   keys_ = kvstore::ChainKeys(node_.model_.fingerprint(), request_.tenant(), generate_.cache_salt(),
                              tokens_, layout_.block_size);
   if (request_.s_valid() == 0) return absl::OkStatus();
-  load_ = node_.LoadPrefix(context_, keys_, request_.s_valid(), request_.tenant(),
+  load_ = node_.LoadPrefix(context_, span_, keys_, request_.s_valid(), request_.tenant(),
                            generate_.cache_salt(), *state_);
   if (load_.ok) {
     cached_ = request_.s_valid();
     state_->length = cached_;
     node_.metrics_->loaded_blocks.Increment(static_cast<double>(cached_ / layout_.block_size));
   } else {
-    log::Warn("prefix load failed; computing the hit's blocks",
+    log::Warn(span_.Ids(), "prefix load failed; computing the hit's blocks",
               {{"request_id", generate_.request_id()}, {"s_valid", request_.s_valid()}});
     node_.metrics_->load_failures.Increment();
   }
@@ -249,6 +258,7 @@ absl::Status PrefillCall::Commit() {
   const v1::CommitRequest commit = SealedCommit();
   model_turn_.reset();  // the next request may compute from now on
   auto client = grpc::ClientContext::FromServerContext(context_);
+  trace::Inject(span_, *client);
   // The propagated deadline of the router's call still applies: the earlier of the two wins.
   const auto deadline = std::chrono::system_clock::now() +
                         std::chrono::milliseconds(node_.options_.commit_timeout_ms);
@@ -331,7 +341,7 @@ absl::Status PrefillCall::WriteBack() {
     write.set_payload(std::move(payload));
   }
   node_.metrics_->written_blocks.Increment(static_cast<double>(writes.size() / 2));
-  node_.QueueWriteBack(std::move(writes));
+  node_.QueueWriteBack(std::move(writes), span_);
   return absl::OkStatus();
 }
 
@@ -349,12 +359,11 @@ void PrefillCall::Respond() {
   reply_.set_prefill_ms(prefill_ms_);
   reply_.set_transfer_ms(MillisSince(transfer_start_));
   const double load_ms = load_.local_ms + load_.store_ms;
-  log::Debug("prefill stages", {{"request_id", generate_.request_id()},
-                                {"wait_ms", wait_ms_},
-                                {"local_load_ms", load_.local_ms},
-                                {"store_load_ms", load_.store_ms},
-                                {"compute_ms", compute_ms_},
-                                {"total_ms", MillisSince(start_)}});
+  // Parts of the stages, for the node's log line: the wait for the model (in compute) and the
+  // load's two tiers.
+  stage_ms_["model_wait"] = wait_ms_;
+  stage_ms_["load_local"] = load_.local_ms;
+  stage_ms_["load_store"] = load_.store_ms;
   node_.Observe({.prompt_len = prompt_len_,
                  .computed_rows = prompt_len_ - cached_,
                  .replayed_rows = replay_on_decode_ ? 0 : result_.consumer_rows,

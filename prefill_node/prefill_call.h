@@ -17,6 +17,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <span>
@@ -24,6 +25,7 @@
 
 #include "absl/status/status.h"
 #include "baton/common/hash.h"
+#include "baton/common/trace.h"
 #include "baton/model/engine.h"
 #include "baton/model/sampling.h"
 #include "baton/model/truncation.h"
@@ -37,8 +39,11 @@ namespace baton::prefill_node {
 
 class PrefillCall {
  public:
+  // `span` is the node's span of the request's trace (carried on its calls to the store and
+  // the decode node); `stage_ms` receives each stage's milliseconds, for the node's log line.
   PrefillCall(PrefillService& node, grpc::ServerContext& context, const v1::PrefillRequest& request,
-              v1::PrefillResponse& reply);
+              v1::PrefillResponse& reply, const trace::Span& span,
+              std::map<std::string, double>& stage_ms);
   PrefillCall(const PrefillCall&) = delete;
   PrefillCall& operator=(const PrefillCall&) = delete;
 
@@ -112,6 +117,8 @@ class PrefillCall {
 
   PrefillService& node_;
   grpc::ServerContext& context_;
+  const trace::Span& span_;
+  std::map<std::string, double>& stage_ms_;
   const v1::PrefillRequest& request_;
   const v1::GenerateRequest& generate_;  // request_.request()
   v1::PrefillResponse& reply_;

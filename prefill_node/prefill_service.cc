@@ -146,6 +146,7 @@ PrefillService::~PrefillService() {
 }
 
 PrefillService::PrefixLoad PrefillService::LoadPrefix(grpc::ServerContext& caller,
+                                                      const trace::Span& span,
                                                       const std::vector<Sha256Digest>& keys,
                                                       int64_t hit_tokens, const std::string& tenant,
                                                       const std::string& salt,
@@ -186,6 +187,7 @@ PrefillService::PrefixLoad PrefillService::LoadPrefix(grpc::ServerContext& calle
     // The caller's cancellation and deadline carry over; the earlier deadline wins.
     auto context = grpc::ClientContext::FromServerContext(caller);
     context->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    trace::Inject(span, *context);
     auto reader = kvstore_->ReadBlocks(context.get(), request);
     v1::StoredBlock block;
     size_t i = 0;
@@ -290,7 +292,7 @@ absl::StatusOr<model::PrefillResult> PrefillService::ComputePrefill(
   return result;
 }
 
-void PrefillService::QueueWriteBack(std::vector<v1::BlockWrite> writes) {
+void PrefillService::QueueWriteBack(std::vector<v1::BlockWrite> writes, const trace::Span& span) {
   if (writes.empty()) return;
   const uint64_t bytes = PayloadBytes(writes);
   {
@@ -301,7 +303,7 @@ void PrefillService::QueueWriteBack(std::vector<v1::BlockWrite> writes) {
       return;
     }
     write_queue_bytes_ += bytes;
-    write_queue_.push_back(std::move(writes));
+    write_queue_.push_back({std::move(writes), span});
   }
   write_ready_.notify_one();
 }
@@ -311,11 +313,13 @@ void PrefillService::WriteBackLoop() {
   while (true) {
     write_ready_.wait(lock, [this] { return stop_writer_ || !write_queue_.empty(); });
     if (write_queue_.empty()) return;
-    std::vector<v1::BlockWrite> writes = std::move(write_queue_.front());
+    QueuedWrites queued = std::move(write_queue_.front());
     write_queue_.pop_front();
     lock.unlock();
+    const std::vector<v1::BlockWrite>& writes = queued.writes;
     grpc::ClientContext context;
     context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    trace::Inject(queued.span, context);
     v1::WriteBlocksResponse written;
     auto writer = kvstore_->WriteBlocks(&context, &written);
     for (const v1::BlockWrite& w : writes) {
@@ -323,7 +327,7 @@ void PrefillService::WriteBackLoop() {
     }
     writer->WritesDone();
     if (grpc::Status s = writer->Finish(); !s.ok()) {
-      log::Warn("prefix-store write failed", {{"error", s.error_message()}});
+      log::Warn(queued.span.Ids(), "prefix-store write failed", {{"error", s.error_message()}});
       metrics_->write_failures.Increment();
     }
     lock.lock();
@@ -386,25 +390,33 @@ absl::Status PrefillService::Serve(grpc::ServerContext& context, const v1::Prefi
     return s;
   }
   const auto start = Clock::now();
+  const trace::Span span = trace::StartServerSpan(context);
+  std::map<std::string, double> stage_ms;
   // The call has let go of all it held (prefill_call.h) before it is counted and logged.
-  const absl::Status status = PrefillCall(*this, context, request, reply).Run();
+  const absl::Status status = PrefillCall(*this, context, request, reply, span, stage_ms).Run();
   const std::string outcome = metrics::OutcomeLabel(static_cast<int>(status.code()));
   metrics_->requests.Add({{"outcome", outcome}}).Increment();
   metrics_->seconds.Observe(MillisSince(start) / 1000);
   const std::string& id = request.request().request_id();
   if (status.ok()) {
     metrics_->tokens.Increment(request.request().prompt_token_ids_size());
-    log::Info("prefill done", {{"request_id", id},
-                               {"prompt_tokens", request.request().prompt_token_ids_size()},
-                               {"cached_tokens", reply.usage().cached_tokens()},
-                               {"replayed_rows", reply.usage().replayed_rows()},
-                               {"local_cached_tokens", reply.usage().local_cached_tokens()},
-                               {"load_ms", reply.load_ms()},
-                               {"prefill_ms", reply.prefill_ms()},
-                               {"transfer_ms", reply.transfer_ms()}});
+    log::Info(span.Ids(), "prefill done",
+              {{"request_id", id},
+               {"prompt_tokens", request.request().prompt_token_ids_size()},
+               {"cached_tokens", reply.usage().cached_tokens()},
+               {"replayed_rows", reply.usage().replayed_rows()},
+               {"local_cached_tokens", reply.usage().local_cached_tokens()},
+               {"load_ms", reply.load_ms()},
+               {"prefill_ms", reply.prefill_ms()},
+               {"transfer_ms", reply.transfer_ms()},
+               {"ms", MillisSince(start)},
+               {"stage_ms", stage_ms}});
   } else {
-    log::Warn("prefill failed",
-              {{"request_id", id}, {"code", outcome}, {"error", std::string(status.message())}});
+    log::Warn(span.Ids(), "prefill failed",
+              {{"request_id", id},
+               {"code", outcome},
+               {"error", std::string(status.message())},
+               {"stage_ms", stage_ms}});
   }
   return status;
 }

@@ -12,13 +12,20 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// A client context that carries the caller's cancellation and deadline, capped at `cap`.
+// A client context that carries the caller's cancellation and deadline, capped at `cap`, and
+// the request's trace.
 std::unique_ptr<grpc::ClientContext> Propagated(grpc::ServerContext* server,
-                                                std::chrono::milliseconds cap) {
+                                                std::chrono::milliseconds cap,
+                                                const trace::Span& span) {
   auto client = grpc::ClientContext::FromServerContext(*server);
   const auto capped = std::chrono::system_clock::now() + cap;
   if (server->deadline() > capped) client->set_deadline(capped);
+  trace::Inject(span, *client);
   return client;
+}
+
+double MillisSince(Clock::time_point start) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
 }
 
 double Seconds(Clock::duration d) {
@@ -37,8 +44,12 @@ GenerateCall::GenerateCall(const RouterParts& router, grpc::ServerContext* conte
     : router_(router), context_(context), request_(&request), writer_(writer), trace_(trace) {}
 
 absl::Status GenerateCall::Run() {
+  auto start = Clock::now();
   if (absl::Status s = Resolve(); !s.ok()) return s;
+  trace_.stage_ms["resolve"] += MillisSince(start);
+  start = Clock::now();
   if (absl::Status s = Validate(); !s.ok()) return s;
+  trace_.stage_ms["validate"] += MillisSince(start);
   for (int attempt = 0; attempt < kMaxAttempts; ++attempt) {
     failure_.reset();
     absl::Status status = RunAttempt(attempt);
@@ -54,10 +65,18 @@ absl::Status GenerateCall::RunAttempt(int index) {
   Attempt attempt;
   attempt.index = index;
   attempt.g = static_cast<uint32_t>(generated_.size());
-  for (Stage stage :
-       {&GenerateCall::Admit, &GenerateCall::Reserve, &GenerateCall::LookUpPrefix,
-        &GenerateCall::Prefill, &GenerateCall::RelayFirst, &GenerateCall::RelayStream}) {
-    if (absl::Status s = (this->*stage)(attempt); !s.ok() || finished_) return s;
+  static constexpr std::pair<Stage, const char*> kStages[] = {
+      {&GenerateCall::Admit, "admit"},
+      {&GenerateCall::Reserve, "reserve"},
+      {&GenerateCall::LookUpPrefix, "lookup"},
+      {&GenerateCall::Prefill, "prefill"},
+      {&GenerateCall::RelayFirst, "first_token"},
+      {&GenerateCall::RelayStream, "stream"}};
+  for (const auto& [stage, name] : kStages) {
+    const auto start = Clock::now();
+    const absl::Status s = (this->*stage)(attempt);
+    trace_.stage_ms[name] += MillisSince(start);
+    if (!s.ok() || finished_) return s;
   }
   return absl::OkStatus();
 }
@@ -86,11 +105,12 @@ void GenerateCall::Retry(const RetryRule& rule, const absl::Status& status) {
   } else if (*failure_ == AttemptFailure::kDecodeLostMidStream) {
     absl::StrAppend(&message, " after ", generated_.size(), " tokens");
   }
-  log::Warn(rule.log, {{"request_id", trace_.id},
-                       {"node", failed_node_},
-                       {"error", std::string(status.message())},
-                       {"tokens", generated_.size()},
-                       {"message", message}});
+  log::Warn(trace_.span.Ids(), rule.log,
+            {{"request_id", trace_.id},
+             {"node", failed_node_},
+             {"error", std::string(status.message())},
+             {"tokens", generated_.size()},
+             {"message", message}});
 }
 
 // A text prompt becomes token ids here (router/prompt.h), so that everything past this point
@@ -195,10 +215,11 @@ const GenerateCall::PrefixView& GenerateCall::ViewFor(const std::string& fingerp
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() +
                        std::chrono::milliseconds(router_.options.lookup_timeout_ms));
+  trace::Inject(trace_.span, context);
   v1::LookupResponse found;
   router_.metrics.prefix_queries.Increment();
   if (grpc::Status s = router_.stubs.KvStore(*store)->Lookup(&context, lookup, &found); !s.ok()) {
-    log::Warn("prefix lookup failed; the store's blocks are not counted",
+    log::Warn(trace_.span.Ids(), "prefix lookup failed; the store's blocks are not counted",
               {{"error", s.error_message()}});
     router_.metrics.prefix_query_failures.Increment();
     return view;  // the store never fails a request
@@ -266,22 +287,23 @@ void GenerateCall::NoteChoice(const Admission::Admitted& admitted) {
     runner_up_ms = CostOn(*admitted.runner_up, other).total_ms();
     runner_up_local = other.local_blocks;
   }
-  log::Debug("prefill node chosen", {{"request_id", trace_.id},
-                                     {"policy", kvstore::RoutingPolicyName(policy)},
-                                     {"node", admitted.chosen.node->id()},
-                                     {"predicted_ttft_ms", cost.total_ms()},
-                                     {"queue_ms", cost.queue_ms},
-                                     {"load_ms", cost.load_ms},
-                                     {"compute_ms", cost.compute_ms},
-                                     {"replay_ms", cost.replay_ms},
-                                     {"fixed_ms", cost.fixed_ms},
-                                     {"hit_blocks", hit.hit_blocks},
-                                     {"local_blocks", hit.local_blocks},
-                                     {"computed_rows", cost.computed_rows},
-                                     {"replayed_rows", cost.replayed_rows},
-                                     {"runner_up", runner_up},
-                                     {"runner_up_predicted_ttft_ms", runner_up_ms},
-                                     {"runner_up_local_blocks", runner_up_local}});
+  log::Debug(trace_.span.Ids(), "prefill node chosen",
+             {{"request_id", trace_.id},
+              {"policy", kvstore::RoutingPolicyName(policy)},
+              {"node", admitted.chosen.node->id()},
+              {"predicted_ttft_ms", cost.total_ms()},
+              {"queue_ms", cost.queue_ms},
+              {"load_ms", cost.load_ms},
+              {"compute_ms", cost.compute_ms},
+              {"replay_ms", cost.replay_ms},
+              {"fixed_ms", cost.fixed_ms},
+              {"hit_blocks", hit.hit_blocks},
+              {"local_blocks", hit.local_blocks},
+              {"computed_rows", cost.computed_rows},
+              {"replayed_rows", cost.replayed_rows},
+              {"runner_up", runner_up},
+              {"runner_up_predicted_ttft_ms", runner_up_ms},
+              {"runner_up_local_blocks", runner_up_local}});
 }
 
 void GenerateCall::FirstToken() {
@@ -335,8 +357,8 @@ absl::Status GenerateCall::Reserve(Attempt& attempt) {
     reserve.set_boundary_rows(
         static_cast<uint32_t>(effective_.mode == v1::TRUNCATION_MODE_OFF ? L : std::min(L, keep)));
   }
-  auto context =
-      Propagated(context_, std::chrono::milliseconds(router_.options.reservation_timeout_ms));
+  auto context = Propagated(
+      context_, std::chrono::milliseconds(router_.options.reservation_timeout_ms), trace_.span);
   const grpc::Status status =
       attempt.decode_stub->Reserve(context.get(), reserve, &attempt.reservation);
   if (status.ok()) return absl::OkStatus();
@@ -382,8 +404,8 @@ absl::Status GenerateCall::Prefill(Attempt& attempt) {
   prefill.set_split(router_.options.split);
 
   const RegisteredNode& node = *attempt.prefill.node;
-  auto context =
-      Propagated(context_, std::chrono::milliseconds(router_.options.prefill_timeout_ms));
+  auto context = Propagated(context_, std::chrono::milliseconds(router_.options.prefill_timeout_ms),
+                            trace_.span);
   const grpc::Status status =
       router_.stubs.Prefill(node)->Prefill(context.get(), prefill, &attempt.prefilled);
   attempt.prefill.slot.Done();
@@ -404,6 +426,7 @@ absl::Status GenerateCall::Prefill(Attempt& attempt) {
 grpc::Status GenerateCall::ReleaseReservation(Attempt& attempt) {
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  trace::Inject(trace_.span, context);
   v1::ReleaseRequest release;
   release.set_reservation_id(attempt.reservation.reservation_id());
   v1::ReleaseResponse ignored;
@@ -453,6 +476,7 @@ absl::Status GenerateCall::RelayFirst(Attempt& attempt) {
 
 absl::Status GenerateCall::RelayStream(Attempt& attempt) {
   auto context = grpc::ClientContext::FromServerContext(*context_);
+  trace::Inject(trace_.span, *context);
   v1::StreamRequest open;
   open.set_reservation_id(attempt.reservation.reservation_id());
   auto stream = attempt.decode_stub->Stream(context.get(), open);

@@ -23,6 +23,7 @@
 #include "absl/status/status.h"
 #include "baton/common/hash.h"
 #include "baton/common/stream_watch.h"
+#include "baton/common/trace.h"
 #include "baton/kvstore/ttft_model.h"
 #include "baton/router/admission.h"
 #include "baton/router/node_registry.h"
@@ -48,6 +49,7 @@ struct RouterParts {
 // What one request did, for its metrics and log lines.
 struct RequestTrace {
   std::string id;
+  trace::Span span;  // the router's span of the request's W3C trace; every node call carries it
   StreamHold hold;  // its tenant, served model and place in the tenant's share
   std::chrono::steady_clock::time_point start;
   std::optional<std::chrono::steady_clock::time_point> last_token;
@@ -55,6 +57,8 @@ struct RequestTrace {
   int64_t prompt_tokens = 0;  // once encoded (a text prompt's ids)
   std::string prefill_node;   // the nodes of the last attempt, for the log line
   std::string decode_node;
+  // Milliseconds in each stage, summed over attempts ("resolve", "admit", ... "stream").
+  std::map<std::string, double> stage_ms;
 };
 
 class GenerateCall {

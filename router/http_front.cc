@@ -8,6 +8,7 @@
 #include "baton/common/log.h"
 #include "baton/common/parse.h"
 #include "baton/common/rpc.h"
+#include "baton/common/trace.h"
 #include "baton/router/tenant_share.h"
 #include "baton/v1/generation.grpc.pb.h"
 
@@ -312,6 +313,13 @@ std::unique_ptr<HttpFront::Call> HttpFront::StartCall(openai::Request request,
   if (const std::string* header = http.Header("authorization");
       api_keys_ != nullptr && header != nullptr) {
     call->context.AddMetadata("authorization", *header);
+  }
+  // The client's trace goes on when its traceparent is well formed; the router starts one
+  // otherwise (common/trace.h).
+  if (const std::string* header = http.Header(trace::kTraceparent); header != nullptr) {
+    if (std::optional<trace::SpanContext> parent = trace::Parse(*header)) {
+      call->context.AddMetadata(trace::kTraceparent, parent->Header());
+    }
   }
   const int64_t created = std::chrono::duration_cast<std::chrono::seconds>(
                               std::chrono::system_clock::now().time_since_epoch())

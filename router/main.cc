@@ -55,6 +55,11 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"least-loaded", "longest-prefix", "predicted-ttft"}));
   app.add_option("--lookup-timeout-ms", options.lookup_timeout_ms,
                  "Prefix-store lookups slower than this run the request cold");
+  app.add_option("--trace-sample-ratio", options.trace_sample_ratio,
+                 "Fraction of the traces the router starts (requests without a traceparent) "
+                 "that are sampled: the prefix store logs their calls at info, the others at "
+                 "debug; a client's traceparent keeps its own sampled flag (default 1)")
+      ->check(CLI::Range(0.0, 1.0));
   app.add_option("--max-queued", options.max_queued,
                  "Requests that may wait for a prefill slot; beyond, RESOURCE_EXHAUSTED at once "
                  "(default 1024)")

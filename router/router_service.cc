@@ -329,13 +329,17 @@ grpc::Status RouterService::Serve(grpc::ServerContext* context, const v1::Genera
                                   ResponseWriter* writer) {
   RequestTrace trace;
   trace.start = Clock::now();
+  // The client's trace when it sent a well-formed traceparent, else a new one; the client
+  // learns its trace from the response's initial metadata.
+  trace.span = trace::StartSpan(trace::FromCall(*context), options_.trace_sample_ratio);
+  context->AddInitialMetadata(trace::kTraceparent, trace.span.context.Header());
   auto outcome = [&](grpc::StatusCode code) {
     metrics_->requests.Add({{"outcome", metrics::OutcomeLabel(code)}}).Increment();
   };
   absl::StatusOr<std::string> tenant = Tenant(*context);
   if (!tenant.ok()) {
     outcome(grpc::StatusCode::UNAUTHENTICATED);
-    log::Warn("request refused",
+    log::Warn(trace.span.Ids(), "request refused",
               {{"peer", context->peer()}, {"error", std::string(tenant.status().message())}});
     return ToGrpcStatus(tenant.status());
   }
@@ -365,18 +369,22 @@ grpc::Status RouterService::Serve(grpc::ServerContext* context, const v1::Genera
   metrics_->e2e.Observe(std::chrono::duration<double>(Clock::now() - trace.start).count());
   const double ms = std::chrono::duration<double, std::milli>(Clock::now() - trace.start).count();
   if (status.ok()) {
-    log::Info("request finished", {{"request_id", trace.id},
-                                   {"prompt_tokens", trace.prompt_tokens},
-                                   {"tokens", trace.tokens},
-                                   {"prefill_node", trace.prefill_node},
-                                   {"decode_node", trace.decode_node},
-                                   {"ms", ms}});
+    log::Info(trace.span.Ids(), "request finished",
+              {{"request_id", trace.id},
+               {"prompt_tokens", trace.prompt_tokens},
+               {"tokens", trace.tokens},
+               {"prefill_node", trace.prefill_node},
+               {"decode_node", trace.decode_node},
+               {"ms", ms},
+               {"stage_ms", trace.stage_ms}});
   } else {
-    log::Warn("request failed", {{"request_id", trace.id},
-                                 {"code", metrics::OutcomeLabel(status.error_code())},
-                                 {"error", status.error_message()},
-                                 {"tokens", trace.tokens},
-                                 {"ms", ms}});
+    log::Warn(trace.span.Ids(), "request failed",
+              {{"request_id", trace.id},
+               {"code", metrics::OutcomeLabel(status.error_code())},
+               {"error", status.error_message()},
+               {"tokens", trace.tokens},
+               {"ms", ms},
+               {"stage_ms", trace.stage_ms}});
   }
   return status;
 }

@@ -11,21 +11,26 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <regex>
+#include <set>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "baton/common/hash.h"
+#include "baton/common/trace.h"
 #include "baton/model/model_factory.h"
 #include "baton/text/tokenizer.h"
 #include "baton_up.h"
 #include "cluster.h"
-#include "text_model.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "test_dir.h"
+#include "text_model.h"
 
 namespace baton {
 namespace {
@@ -34,8 +39,9 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 using testing::BatonUp;
 using testing::Cluster;
-using testing::TextModel;
+using testing::EventuallyThat;
 using ::testing::HasSubstr;
+using testing::TextModel;
 
 struct HttpResult {
   long status = 0;  // 0: no response
@@ -530,6 +536,166 @@ TEST(HttpTest, TwoHundredFiftySixConcurrentSseStreamsComplete) {
     complete += ok;
   }
   EXPECT_EQ(complete, kStreams);
+}
+
+// The JSON log events of `log` whose trace_id is `trace_id`, as "<binary>: <event>" -> event.
+std::multimap<std::string, json> TraceEvents(const std::string& log, const std::string& trace_id) {
+  std::multimap<std::string, json> events;
+  std::istringstream lines(log);
+  std::string line;
+  while (std::getline(lines, line)) {
+    if (line.empty() || line[0] != '{') continue;
+    const json event = json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (!event.is_object() || event.value("trace_id", "") != trace_id) continue;
+    events.emplace(event.value("binary", "") + ": " + event.value("event", ""), event);
+  }
+  return events;
+}
+
+// The traceparent a gRPC call's response started with (the router's span of its trace).
+struct Traced {
+  grpc::Status status;
+  std::string traceparent;
+};
+Traced GenerateTraced(v1::Generation::Stub& stub, const v1::GenerateRequest& request,
+                      const std::string& traceparent) {
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120));
+  if (!traceparent.empty()) context.AddMetadata("traceparent", traceparent);
+  auto reader = stub.Generate(&context, request);
+  v1::GenerateResponse response;
+  while (reader->Read(&response)) {
+  }
+  Traced traced{reader->Finish(), ""};
+  const auto& metadata = context.GetServerInitialMetadata();
+  if (auto it = metadata.find("traceparent"); it != metadata.end()) {
+    traced.traceparent.assign(it->second.data(), it->second.size());
+  }
+  return traced;
+}
+
+// One request's W3C trace across the four roles' JSON logs: the client's traceparent (gRPC
+// metadata or an HTTP header) is taken; the router, the prefill and decode nodes and the
+// prefix store each log the request under its trace id, each span the child of its caller's
+// (the store's lookup and the decode node's stream under the router's span, the store's
+// write-back under the prefill node's), with the stages' timings. Without a traceparent the
+// router starts a trace and returns it to the client; a malformed one is replaced, never
+// passed on; an unsampled trace keeps the store's lines at debug.
+TEST(HttpTest, ATracedRequestIsFollowedThroughAllFourRolesLogs) {
+  BatonUp up(fs::path(testing::ProcessTempDir()) / "traced", TextModel(), {"--log-format", "json"});
+  ASSERT_TRUE(up.WaitUntilUp()) << up.log();
+  auto stub = v1::Generation::NewStub(
+      grpc::CreateChannel(up.Address("router.addr"), grpc::InsecureChannelCredentials()));
+  v1::GenerateRequest request;
+  for (int i = 0; i < 100; ++i) request.add_prompt_token_ids(3 + (i * 37) % 4000);
+  request.mutable_sampling()->set_max_tokens(4);
+  request.mutable_sampling()->set_ignore_eos(true);
+
+  // Each role's event about a trace, once the write-back (after the first token) is logged.
+  auto follow = [&](const std::string& trace_id) {
+    std::multimap<std::string, json> events;
+    EventuallyThat(
+        [&] {
+          events = TraceEvents(up.log(), trace_id);
+          return events.count("baton-kvstore: blocks written");
+        },
+        ::testing::Ge(1u), std::chrono::seconds(30), std::chrono::milliseconds(50));
+    return events;
+  };
+  auto one = [](const std::multimap<std::string, json>& events, const std::string& name) {
+    EXPECT_EQ(events.count(name), 1u) << name;
+    return events.count(name) > 0 ? events.find(name)->second : json::object();
+  };
+
+  // gRPC, with the client's trace.
+  const std::string trace_id = "4bf92f3577b34da6a3ce929d0e0e4736";
+  const std::string client_span = "00f067aa0ba902b7";
+  request.set_request_id("traced-grpc");
+  const Traced traced =
+      GenerateTraced(*stub, request, "00-" + trace_id + "-" + client_span + "-01");
+  ASSERT_TRUE(traced.status.ok()) << traced.status.error_message();
+  std::multimap<std::string, json> events = follow(trace_id);
+  const json router = one(events, "baton-router: request finished");
+  EXPECT_EQ(router["parent_span_id"], client_span);
+  EXPECT_EQ(router["request_id"], "traced-grpc");
+  const std::string router_span = router.value("span_id", "");
+  EXPECT_EQ(traced.traceparent, "00-" + trace_id + "-" + router_span + "-01");
+  for (const char* stage :
+       {"resolve", "validate", "admit", "reserve", "lookup", "prefill", "first_token", "stream"}) {
+    EXPECT_TRUE(router["stage_ms"].contains(stage)) << stage << ": " << router.dump();
+  }
+  const json prefill = one(events, "baton-prefill: prefill done");
+  EXPECT_EQ(prefill["parent_span_id"], router_span);
+  EXPECT_EQ(prefill["request_id"], "traced-grpc");
+  for (const char* stage : {"admit", "load", "compute", "commit", "write_back"}) {
+    EXPECT_TRUE(prefill["stage_ms"].contains(stage)) << stage << ": " << prefill.dump();
+  }
+  const json decode = one(events, "baton-decode: stream finished");
+  EXPECT_EQ(decode["parent_span_id"], router_span);
+  EXPECT_EQ(decode["request_id"], "traced-grpc#0");
+  EXPECT_TRUE(decode["stage_ms"].contains("transfer")) << decode.dump();
+  EXPECT_TRUE(decode["stage_ms"].contains("stream")) << decode.dump();
+  EXPECT_EQ(one(events, "baton-kvstore: prefix lookup")["parent_span_id"], router_span);
+  EXPECT_EQ(events.find("baton-kvstore: blocks written")->second["parent_span_id"],
+            prefill["span_id"]);
+  // Each role's span is its own.
+  EXPECT_EQ((std::set<std::string>{router_span, prefill.value("span_id", ""),
+                                   decode.value("span_id", ""), client_span})
+                .size(),
+            4u);
+
+  // HTTP, with the client's trace in the header.
+  const std::string base = BaseUrl(up);
+  ASSERT_FALSE(base.empty()) << up.log();
+  std::string prompt;
+  for (int i = 0; i < 8; ++i) prompt += "The jury said the city was well run. ";
+  const std::string http_trace = "0af7651916cd43dd8448eb211c80319c";
+  const HttpResult http = Http(
+      "POST", base + "/completions",
+      json{{"prompt", prompt}, {"max_tokens", 3}, {"ignore_eos", true}}.dump(),
+      {"Content-Type: application/json", "traceparent: 00-" + http_trace + "-b7ad6b7169203331-01"});
+  ASSERT_EQ(http.status, 200) << http.body;
+  events = follow(http_trace);
+  EXPECT_EQ(one(events, "baton-router: request finished")["parent_span_id"], "b7ad6b7169203331");
+  one(events, "baton-prefill: prefill done");
+  one(events, "baton-decode: stream finished");
+  one(events, "baton-kvstore: prefix lookup");
+
+  // No traceparent: the router starts the trace and the client learns it.
+  request.set_request_id("untraced");
+  const Traced started = GenerateTraced(*stub, request, "");
+  ASSERT_TRUE(started.status.ok());
+  const std::optional<trace::SpanContext> root = trace::Parse(started.traceparent);
+  ASSERT_TRUE(root.has_value()) << started.traceparent;
+  events = follow(root->TraceId());
+  EXPECT_FALSE(one(events, "baton-router: request finished").contains("parent_span_id"));
+  one(events, "baton-decode: stream finished");
+
+  // A malformed traceparent is not passed on: the request gets a new trace.
+  const std::string bad_trace = "7E57AB1E7E57AB1E7E57AB1E7E57AB1E";  // uppercase
+  request.set_request_id("badly-traced");
+  const Traced replaced =
+      GenerateTraced(*stub, request, "00-" + bad_trace + "-" + client_span + "-01");
+  ASSERT_TRUE(replaced.status.ok());
+  const std::optional<trace::SpanContext> fresh = trace::Parse(replaced.traceparent);
+  ASSERT_TRUE(fresh.has_value());
+  EXPECT_NE(fresh->TraceId(), absl::AsciiStrToLower(bad_trace));
+  one(follow(fresh->TraceId()), "baton-router: request finished");
+  EXPECT_EQ(up.log().find(bad_trace), std::string::npos);
+  EXPECT_EQ(up.log().find(absl::AsciiStrToLower(bad_trace)), std::string::npos);
+
+  // Unsampled: the router's, prefill's and decode's request lines are written, the store's
+  // lookup is not (it logs at debug). The lookup comes before the request's last token.
+  const std::string quiet_trace = "5bf92f3577b34da6a3ce929d0e0e4737";
+  request.set_request_id("unsampled");
+  ASSERT_TRUE(
+      GenerateTraced(*stub, request, "00-" + quiet_trace + "-" + client_span + "-00").status.ok());
+  EventuallyThat(
+      [&] { return TraceEvents(up.log(), quiet_trace).count("baton-router: request finished"); },
+      ::testing::Eq(1u), std::chrono::seconds(30), std::chrono::milliseconds(50));
+  events = TraceEvents(up.log(), quiet_trace);
+  EXPECT_EQ(events.count("baton-decode: stream finished"), 1u);
+  EXPECT_EQ(events.count("baton-kvstore: prefix lookup"), 0u);
 }
 
 }  // namespace

@@ -19,6 +19,11 @@
 // A release this machine cannot run says why in plan.skip: CUDA pods, RDMA transports, a model
 // downloaded from the network.
 //
+// With CHART_RUN_IMAGE set (an image name), the pods run as containers of that image instead:
+// paths stay as the pods see them, and each step lists its volumes as mounts ([mountPath,
+// local folder, readOnly]) for `docker run -v`; ports and addresses are rewritten the same way,
+// since the containers share the host's network.
+//
 //   node chart_run.mjs NODE_MODULES RENDERED.yaml OUT BUILD_DIR REPO_ROOT
 // NODE_MODULES holds this folder's package.json dependencies (chart_test.sh installs them).
 import fs from "node:fs";
@@ -27,6 +32,7 @@ import net from "node:net";
 import path from "node:path";
 
 const [modules, rendered, out, buildDir, repoRoot] = process.argv.slice(2);
+const image = process.env.CHART_RUN_IMAGE ?? "";
 const YAML = createRequire(path.resolve(modules, "noop.js"))("yaml");
 const docs = YAML.parseAllDocuments(fs.readFileSync(rendered, "utf8"))
   .map((d) => d.toJS())
@@ -81,7 +87,8 @@ const certificates = Object.fromEntries(
 // Hook Jobs (the model Job) run to completion first, then the pods.
 const workloads = [...byKind("Job"), ...byKind("StatefulSet"), ...byKind("Deployment")];
 const component = (o) => o.metadata.labels?.["app.kubernetes.io/component"] ?? o.metadata.name;
-const plan = { skip: "", roles: [], certs: [], ports: {}, apiKey: "chart-run-key-0123456789" };
+const plan = { skip: "", roles: [], certs: [], ports: {}, apiKey: "chart-run-key-0123456789",
+               image };
 
 // Ports: each role's listening ports in baton.yaml, fresh per pod for the common ones.
 const config = YAML.parse(configMaps[Object.keys(configMaps).find((n) => n.endsWith("-config"))]
@@ -148,16 +155,24 @@ const mountMapOf = (pod, dir, container) => {
       throw new Error(`${pod.podName}: volume ${m.name} of a kind this test does not map`);
     }
     fs.mkdirSync(local, { recursive: true });
-    map.push([m.mountPath.replace(/\/?$/, "/"), local + "/"]);
+    map.push([m.mountPath.replace(/\/?$/, "/"), local + "/", Boolean(m.readOnly)]);
   }
   return map;
 };
-// A path as this pod sees it, on this machine: its mounts first, then the image's files.
-function mapPath(value, map) {
+// Where a path of the pod's volumes lies on this machine (other paths as they are).
+function localPath(value, map) {
   for (const [prefix, local] of map) {
     if (value === prefix.slice(0, -1)) return local.slice(0, -1);
     if (value.startsWith(prefix)) return local + value.slice(prefix.length);
   }
+  return value;
+}
+// A path as this pod's process sees it: in a container of the image, the pod's own; as a process
+// here, its mounts first, then the image's files.
+function mapPath(value, map) {
+  if (image) return value;
+  const mapped = localPath(value, map);
+  if (mapped !== value) return mapped;
   if (value.startsWith("/usr/local/bin/")) return binaryPath(value.slice("/usr/local/bin/".length));
   const models = "/usr/local/share/baton/models/";
   if (value.startsWith(models)) return path.join(repoRoot, "models", value.slice(models.length));
@@ -229,7 +244,10 @@ function step(pod, container, map) {
     if (m && m[1] === "--addr=") return m[1] + localAddress(m[2]);
     return m ? m[1] + mapPath(m[2], map) : mapPath(a, map);
   });
-  return { argv, env };
+  // baton.yaml's file on this machine, from the path the pod gives it.
+  const configFile = [...(container.command ?? []), ...(container.args ?? [])].map(expand)
+    .find((a) => a.startsWith("--config="))?.slice("--config=".length);
+  return { argv, env, mounts: map, config: configFile && localPath(configFile, map) };
 }
 
 for (const w of workloads) {
@@ -266,7 +284,9 @@ for (const w of workloads) {
       }
     }
     // The API key file the router reads, holding the key the test client sends.
-    const keys = podConfig(pod, map, role).router?.["api-keys"];
+    // (A process here reads it where podConfig put it; a container, at the pod's path.)
+    const keysPath = podConfig(pod, map, role).router?.["api-keys"];
+    const keys = keysPath && (image ? localPath(keysPath, map) : keysPath);
     if (role === "router" && keys && !fs.existsSync(keys)) {
       fs.mkdirSync(path.dirname(keys), { recursive: true });
       fs.writeFileSync(keys, `${plan.apiKey}: chart-run\n`, { mode: 0o600 });

@@ -13,6 +13,13 @@
 #
 #   chart_run_test.sh BUILD_DIR [VALUES.yaml...]     (default: "" for the chart's defaults, then
 #                                                     every helm/baton/ci/*.yaml)
+#
+# CHART_RUN_IMAGE=IMAGE runs each pod's containers as containers of IMAGE instead (Debian's
+# Docker; tests/image/image_test.sh builds the image): the chart's arguments and env, the pod's
+# volumes bind-mounted at their paths (read-only where the chart says), user 10001, a read-only
+# root filesystem, every capability dropped, no new privileges, and the host's network (the
+# ports and addresses rewritten as for processes). Each role's time from its container's start
+# to SERVING is printed.
 # Needs helm and the validator's packages under BUILD_DIR/helm-cache (the helm_chart test
 # fetches them); without them it exits $BATON_SKIP_CODE (ctest: 77, skipped).
 set -uo pipefail
@@ -25,6 +32,12 @@ chart="$root/helm/baton"
 helm="$build/helm-cache/helm-v3.17.2/helm"
 modules="$build/helm-cache/validator/node_modules"
 skip_code="${BATON_SKIP_CODE:-0}"
+image="${CHART_RUN_IMAGE:-}"
+docker=/usr/bin/docker
+if [[ -n "$image" ]] && ! "$docker" image inspect "$image" >/dev/null 2>&1; then
+  echo "SKIP: CHART_RUN_IMAGE=$image: no such image in a running Docker engine"
+  exit "$skip_code"
+fi
 if [[ ! -x "$helm" || ! -d "$modules/yaml" ]] || ! command -v node >/dev/null ||
   ! command -v openssl >/dev/null; then
   echo "SKIP: needs helm and the validator's packages in $build/helm-cache (the helm_chart test" \
@@ -39,6 +52,7 @@ fi
 
 work="$(mktemp -d)"
 pids=()
+containers=()
 stop_all() {
   for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null; done
   # Each gets its drain: wait for them with a deadline, then kill what is left.
@@ -49,6 +63,9 @@ stop_all() {
     wait "$pid" 2>/dev/null
   done
   pids=()
+  # A container outlives a killed `docker run`: removed here, whatever its state.
+  if ((${#containers[@]} > 0)); then "$docker" rm -f "${containers[@]}" >/dev/null 2>&1; fi
+  containers=()
 }
 # CHART_RUN_KEEP=1 keeps the work folder (each release's render, plan, logs) for a look.
 trap 'stop_all; if [[ -n "${CHART_RUN_KEEP:-}" ]]; then echo "kept $work"; else rm -rf "$work"; fi' EXIT
@@ -84,13 +101,47 @@ make_certs() {
 plan() { node -e 'const p = require(process.argv[1]); const v = eval(process.argv[2]);
   for (const x of [].concat(v)) console.log(typeof x === "string" ? x : JSON.stringify(x));' "$1" "$2"; }
 
-# Runs one step of the plan (argv and env as JSON) with env -i and the step's env.
+# Where a path of a step's pod lies on this machine (its volumes' mounts mapped).
+local_path() {
+  node -e '
+    const [step, p] = [JSON.parse(process.argv[1]), process.argv[2]];
+    let out = p;
+    for (const [mount, local] of step.mounts) {
+      if (p === mount.slice(0, -1)) { out = local.slice(0, -1); break; }
+      if (p.startsWith(mount)) { out = local + p.slice(mount.length); break; }
+    }
+    console.log(out);' "$1" "$2"
+}
+
+# Runs one step of the plan (argv and env as JSON) with env -i and the step's env; with
+# CHART_RUN_IMAGE, as a container of the image, the way the chart's pod runs it.
 run_step() {
   local step="$1" log="$2" background="$3"
   local -a argv env_args
   mapfile -t argv < <(node -e 'for (const a of JSON.parse(process.argv[1]).argv) console.log(a)' "$step")
   mapfile -t env_args < <(node -e '
     for (const [k, v] of Object.entries(JSON.parse(process.argv[1]).env)) console.log(k + "=" + v)' "$step")
+  if [[ -n "$image" ]]; then
+    local name="chart-run-$$-${#containers[@]}-$RANDOM"
+    local -a run=(run --rm --name "$name" --network host --user 10001:10001 --read-only
+      --cap-drop ALL --security-opt no-new-privileges --workdir /tmp)
+    mapfile -t mounts < <(node -e '
+      for (const [mount, local, ro] of JSON.parse(process.argv[1]).mounts)
+        console.log(`--volume=${local.slice(0, -1)}:${mount.slice(0, -1)}${ro ? ":ro" : ""}`);' "$step")
+    run+=("${mounts[@]}")
+    # The pod's writable /tmp: an emptyDir the chart mounts there, else a tmpfs.
+    printf '%s\n' "${mounts[@]}" | grep -q ':/tmp\(:ro\)\?$' || run+=(--tmpfs /tmp)
+    for e in "${env_args[@]}"; do run+=(--env "$e"); done
+    run+=(--entrypoint "${argv[0]}" "$image" "${argv[@]:1}")
+    containers+=("$name")
+    if [[ "$background" == 1 ]]; then
+      "$docker" "${run[@]}" >>"$log" 2>&1 &
+      pids+=($!)
+    else
+      timeout 300 "$docker" "${run[@]}" >>"$log" 2>&1
+    fi
+    return
+  fi
   if [[ "$background" == 1 ]]; then
     env -i PATH=/usr/bin:/bin HOME="$work" "${env_args[@]}" "${argv[@]}" >>"$log" 2>&1 &
     pids+=($!)
@@ -135,7 +186,11 @@ for file in "${values[@]}"; do
     failed=$((failed + 1))
     continue
   fi
-  problem=""
+  # The containers run as the image's user, 10001: the pods' volumes are theirs, as the
+  # kubelet's fsGroup makes them.
+  [[ -z "$image" ]] || chown -R 10001:10001 "$out"
+  problem="" generated=""
+  declare -A role_started=()
   roles="$(plan "$out/plan.json" 'p.roles.length')"
   for ((i = 0; i < roles; i++)); do
     [[ -z "$problem" ]] || break
@@ -143,11 +198,16 @@ for file in "${values[@]}"; do
     job="$(plan "$out/plan.json" "p.roles[$i].job")"
     steps="$(plan "$out/plan.json" "p.roles[$i].steps.length")"
     # Weights the operator puts on a volume: this tree's default model stands in for them.
-    config="$(plan "$out/plan.json" "p.roles[$i].steps.at(-1).argv.find((a) => a.startsWith('--config='))?.slice(9) ?? ''")"
+    config="$(plan "$out/plan.json" "p.roles[$i].steps.at(-1).config ?? ''")"
     model="$(sed -n 's/^  model: //p' "$config" 2>/dev/null | head -1)"
+    # In a container, the model's path is the pod's: where it lies here.
+    if [[ -n "$image" && -n "$model" ]]; then
+      model="$(local_path "$(plan "$out/plan.json" "p.roles[$i].steps.at(-1)")" "$model")"
+    fi
     if [[ "$job" == false && -n "$model" && ! -e "$model/config.json" && "$model" == "$out"/* ]] &&
       [[ "$model" == "$out"/hostpath/* || "$model" == "$out"/pvc/* ]]; then
       mkdir -p "$model" && cp -r "$root/models/ced-brown-shared/." "$model/"
+      [[ -z "$image" ]] || chown -R 10001:10001 "$model"
       # Values written for a longer model than the stand-in: the router would rightly refuse
       # them (--max-model-len above the model's positions), which says nothing of the chart.
       positions="$(node -e 'console.log(require(process.argv[1]).max_position_embeddings)' \
@@ -160,19 +220,36 @@ for file in "${values[@]}"; do
     for ((s = 0; s < steps && ${#problem} == 0; s++)); do
       step="$(plan "$out/plan.json" "p.roles[$i].steps[$s]")"
       if [[ "$job" == false && $s -eq $((steps - 1)) ]]; then
+        role_started[$role]="$(date +%s.%N)"
         run_step "$step" "$out/$role.log" 1
       elif ! run_step "$step" "$out/$role.log" 0; then
         problem="$role: step $s failed: $(tail -5 "$out/$role.log")"
       fi
     done
   done
+  # Every pod's health port, asked at once: each answer's time, from its pod's start, is the
+  # pod's time to SERVING.
+  health_pids=() serving=""
   for ((i = 0; i < roles; i++)); do
     [[ -z "$problem" ]] || break
     [[ "$(plan "$out/plan.json" "p.roles[$i].job")" == true ]] && continue
     role="$(plan "$out/plan.json" "p.roles[$i].name")"
     port="$(plan "$out/plan.json" "p.roles[$i].healthPort")"
-    if ! health="$("$build/tools/batonctl" health --addr "127.0.0.1:$port" --wait-ms 90000)"; then
+    ( answer="$("$build/tools/batonctl" health --addr "127.0.0.1:$port" --wait-ms 90000)"
+      echo "$? $(date +%s.%N) $port $answer" >"$out/$role.health" ) &
+    health_pids+=($!)
+  done
+  for pid in "${health_pids[@]}"; do wait "$pid"; done
+  for ((i = 0; i < roles; i++)); do
+    [[ -z "$problem" ]] || break
+    [[ "$(plan "$out/plan.json" "p.roles[$i].job")" == true ]] && continue
+    role="$(plan "$out/plan.json" "p.roles[$i].name")"
+    read -r rc at port health <"$out/$role.health"
+    if [[ "$rc" != 0 ]]; then
       problem="$role: health port $port answers '$health', not SERVING: $(tail -5 "$out/$role.log")"
+    else
+      serving+="${serving:+, }$role $(awk -v a="$at" -v b="${role_started[$role]}" \
+        'BEGIN { printf "%.1f", a - b }') s"
     fi
   done
   if [[ -z "$problem" ]]; then
@@ -181,6 +258,30 @@ for file in "${values[@]}"; do
       problem="the chart renders no helm test pod"
     elif ! run_step "$test_step" "$out/test.log" 0 || ! grep -q "finish" "$out/test.log"; then
       problem="the helm test pod's request was not served: $(tail -5 "$out/test.log")"
+    fi
+  fi
+  # Text through the router's OpenAI API, where it serves one to clients without their own
+  # certificate: the URL its log announces, the chart's CA, the key the router was given.
+  url=""
+  if [[ -z "$problem" ]]; then
+    router_log="$out/$(plan "$out/plan.json" 'p.roles.find((r) => r.component === "router").name').log"
+    router_config="$(plan "$out/plan.json" 'p.roles.find((r) => r.component === "router").steps.at(-1).config')"
+    url="$(grep -oE 'https?://[0-9.]+:[0-9]+/v1' "$router_log" | head -1)"
+  fi
+  if [[ -n "$url" ]] && ! grep -q '^  client-tls-ca:' "$router_config"; then
+    auth=()
+    grep -q '^  api-keys:' "$router_config" && auth=(-H "Authorization: Bearer $(plan "$out/plan.json" 'p.apiKey')")
+    model="$(curl -sS --cacert "$out/ca.crt" "${auth[@]}" "$url/models" |
+      node -e 'let t = ""; process.stdin.on("data", (d) => t += d).on("end", () =>
+        console.log(JSON.parse(t).data[0].id))' 2>/dev/null)"
+    text="$(curl -sS --cacert "$out/ca.crt" "${auth[@]}" -H 'Content-Type: application/json' \
+      -d "{\"model\": \"$model\", \"prompt\": \"The jury said\", \"max_tokens\": 8, \"temperature\": 0}" \
+      "$url/completions" | node -e 'let t = ""; process.stdin.on("data", (d) => t += d).on("end", () =>
+        console.log(JSON.stringify(JSON.parse(t).choices[0].text)))' 2>/dev/null)"
+    if [[ -z "$text" || "$text" == '""' ]]; then
+      problem="the router's OpenAI API at $url generated no text for model '$model'"
+    else
+      generated="; generated $text"
     fi
   fi
   stop_all
@@ -192,7 +293,7 @@ for file in "${values[@]}"; do
     failed=$((failed + 1))
   else
     echo "ok: $name: $roles pods SERVING on their health ports and the helm test pod served" \
-      "($((SECONDS - started)) s)"
+      "($((SECONDS - started)) s${image:+, as containers of $image}; to SERVING: $serving$generated)"
     passed=$((passed + 1))
   fi
 done

@@ -67,7 +67,7 @@ const BATON_CONFIG_KEYS = {
            "router", "tls-ca", "tls-cert", "tls-key", "insecure-internal", "model-file"],
   router: ["port", "internal-port", "client-tls-cert", "client-tls-key", "client-tls-ca", "api-keys",
            "default-mode", "default-keep", "max-tokens-limit", "max-model-len", "transport",
-           "reservation-timeout-ms", "hit-cap", "prefill-policy", "split", "lookup-timeout-ms", "require-kvstore", "max-queued",
+           "reservation-timeout-ms", "hit-cap", "prefill-policy", "split", "lookup-timeout-ms", "trace-sample-ratio", "require-kvstore", "max-queued",
            "prefill-slots", "stream-idle-timeout", "prefill-timeout-ms", "http-port", "http-threads",
            "served-model-name", "drain-timeout", "heartbeat-ms", "node-expiry-ms", "client-max-connection-age",
            "client-max-connection-age-grace", "http-max-requests-per-tenant", "http-max-connections",

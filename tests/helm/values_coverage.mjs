@@ -101,6 +101,7 @@ const MUTATIONS = {
   "nameOverride": "ced",
   "fullnameOverride": "ced",
   "clusterDomain": "example.internal",
+  "config.router.trace-sample-ratio": 0.25,
   "serviceAccountName": "baton",
   "serviceAccount.name": "baton-pods",
   "serviceAccount.annotations": { "example.com/owner": "serving" },

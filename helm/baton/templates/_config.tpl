@@ -55,6 +55,7 @@ router:
   prefill-policy: {{ index $c.router "prefill-policy" }}
   split: {{ $c.router.split }}
   lookup-timeout-ms: {{ index $c.router "lookup-timeout-ms" | int64 }}
+  trace-sample-ratio: {{ index $c.router "trace-sample-ratio" }}
   max-queued: {{ index $c.router "max-queued" | int64 }}
   prefill-slots: {{ index $c.router "prefill-slots" | int64 }}
   stream-idle-timeout: {{ index $c.router "stream-idle-timeout" | toString | quote }}

@@ -25,6 +25,7 @@
 
 #include "baton/common/security.h"
 #include "baton/common/stream_watch.h"
+#include "baton/common/trace.h"
 #include "baton/common/watchdog.h"
 #include "baton/decode_node/speculation.h"
 #include "baton/decode_node/state_pool.h"
@@ -158,9 +159,15 @@ class DecodeService final : public v1::DecodeNode::Service {
   absl::Status FinishCommit(const std::shared_ptr<Request>& r, const v1::StateHeader& header,
                             v1::Transport transport, uint64_t bytes, absl::Status read,
                             double transfer_seconds);
+  // What a stream's log line says of its request, set once the request is found.
+  struct StreamLog {
+    std::string request_id;
+    trace::Span span;                        // the span the Reserve call started
+    std::map<std::string, double> stage_ms;  // slot_wait, transfer, replay, stream
+    size_t tokens = 0;                       // streamed by this node
+  };
   absl::Status RunStream(grpc::ServerContext* context, const v1::StreamRequest* request,
-                         grpc::ServerWriter<v1::DecodeOutput>* writer,
-                         std::string* request_id);  // set once the request is found
+                         grpc::ServerWriter<v1::DecodeOutput>* writer, StreamLog* line);
 
   // The address in the engine's copy of the pool of a pool address (the same address on a
   // host-memory engine).

@@ -20,6 +20,7 @@
 
 #include "absl/status/status.h"
 #include "baton/common/hash.h"
+#include "baton/common/trace.h"
 #include "baton/common/watchdog.h"
 #include "baton/kvstore/block_cache.h"
 #include "baton/kvstore/ttft_model.h"
@@ -118,8 +119,9 @@ class PrefillService final
     uint64_t local_bytes = 0, store_bytes = 0;
     double local_ms = 0, store_ms = 0;
   };
-  PrefixLoad LoadPrefix(grpc::ServerContext& caller, const std::vector<Sha256Digest>& keys,
-                        int64_t hit_tokens, const std::string& tenant, const std::string& salt,
+  PrefixLoad LoadPrefix(grpc::ServerContext& caller, const trace::Span& span,
+                        const std::vector<Sha256Digest>& keys, int64_t hit_tokens,
+                        const std::string& tenant, const std::string& salt,
                         model::SequenceState& state);
   // One served prefill's times, folded into the rates the node reports (moving averages).
   struct Observed {
@@ -138,7 +140,7 @@ class PrefillService final
                                                       model::SequenceState& state);
   // Queues the prompt's new full blocks for the store; a background thread writes them, so
   // the first token never waits for the store.
-  void QueueWriteBack(std::vector<v1::BlockWrite> writes);
+  void QueueWriteBack(std::vector<v1::BlockWrite> writes, const trace::Span& span);
   void WriteBackLoop();
   void UcxProgressLoop();
 
@@ -169,7 +171,12 @@ class PrefillService final
   RateSums compute_sums_, local_sums_, store_sums_;
   std::mutex write_mutex_;
   std::condition_variable write_ready_;
-  std::deque<std::vector<v1::BlockWrite>> write_queue_;
+  // Each request's writes, with its trace (the store logs the write under it).
+  struct QueuedWrites {
+    std::vector<v1::BlockWrite> writes;
+    trace::Span span;
+  };
+  std::deque<QueuedWrites> write_queue_;
   uint64_t write_queue_bytes_ = 0;  // payload bytes in write_queue_
   bool stop_writer_ = false;
   std::thread writer_;

@@ -77,6 +77,9 @@ struct RouterOptions {
   // nodes that hold the layers it needs (all, or the producers only under replay-on-decode).
   v1::Split split = v1::SPLIT_PREFILL_ALL;
   uint32_t lookup_timeout_ms = 200;  // a slower prefix store means a cold request
+  // The sampled share of the traces the router starts (common/trace.h); a client's traceparent
+  // keeps its own flag.
+  double trace_sample_ratio = 1.0;
   bool require_kvstore = false;      // first SERVING also waits for a kvstore to register
   // Admission: requests wait in one queue of at most `max_queued` (first come, first served
   // within a tenant, fair across tenants: fair_queue.h) until a prefill node has a free slot
