@@ -250,6 +250,31 @@ function step(pod, container, map) {
   return { argv, env, mounts: map, config: configFile && localPath(configFile, map) };
 }
 
+// The model's download source: chart_run_test.sh serves the stand-in model over HTTPS on a
+// local port (model_server.mjs) with a certificate of this run's CA, and renders the chart with
+// the stand-in's digests in model.source.files. A fetch-model step's endpoint (or https source)
+// becomes that server, and it trusts the CA (--ca-file, mounted for a container).
+async function fromModelServer(s) {
+  if (!plan.modelServer) {
+    const dir = path.join(out, "model-server");
+    plan.modelServer = { port: await freePort(), dir: issue(dir, [], []) };
+  }
+  const origin = `https://127.0.0.1:${plan.modelServer.port}`;
+  const source = s.argv.find((a) => a.startsWith("--source="))?.slice("--source=".length) ?? "";
+  s.argv = s.argv.filter((a) => !a.startsWith("--endpoint="));
+  if (/^https?:\/\//.test(source)) {
+    s.argv = s.argv.map((a) => a.startsWith("--source=") ? `--source=${origin}${new URL(source).pathname}` : a);
+  } else {
+    s.argv.push(`--endpoint=${origin}`);
+  }
+  let ca = path.join(plan.modelServer.dir, "ca.crt");
+  if (image) {
+    s.mounts.push(["/etc/chart-run-model-ca/", plan.modelServer.dir + "/", true]);
+    ca = "/etc/chart-run-model-ca/ca.crt";
+  }
+  s.argv.push(`--ca-file=${ca}`);
+}
+
 for (const w of workloads) {
   const role = component(w);
   const pod = { ...w.spec.template, volumeClaimTemplates: w.spec.volumeClaimTemplates,
@@ -264,8 +289,9 @@ for (const w of workloads) {
   for (const container of [...(pod.spec.initContainers ?? []), main[0]]) {
     const map = mountMapOf(pod, dir, container);
     const s = step(pod, container, map);
-    if (s.argv.some((a) => /^--?(uri|url)=?/.test(a)) || s.argv.includes("fetch-model")) {
-      plan.skip ||= `${pod.podName}: ${container.name} downloads the model (${s.argv.join(" ")})`;
+    if (s.argv.includes("fetch-model")) await fromModelServer(s);
+    if (s.argv.some((a) => /^--?(uri|url)=?/.test(a))) {
+      plan.skip ||= `${pod.podName}: ${container.name} downloads from a URL (${s.argv.join(" ")})`;
     }
     if (/(^|,)(rc|ud|dc|ib)[a-z_0-9]*(,|$)/.test(s.env.UCX_TLS ?? "")) {
       plan.skip ||= `${pod.podName}: UCX_TLS=${s.env.UCX_TLS} needs RDMA devices`;

@@ -7,9 +7,11 @@
 # grpc.health.v1 (`batonctl health`, as the kubelet's gRPC probe asks), and the chart's own
 # `helm test` pod (batonctl generate through the router) must be served.
 #
-# Where the release needs what this machine lacks (a CUDA device, RDMA, a model downloaded from
-# the network) it is reported as skipped, naming why; a volume the operator fills with weights
-# (hostPath, a shared claim) gets this tree's models/ced-brown-shared, as the operator would.
+# Where the release needs what this machine lacks (a CUDA device, RDMA) it is reported as
+# skipped, naming why; a volume the operator fills with weights (hostPath, a shared claim) gets
+# this tree's models/ced-brown-shared, as the operator would, and weights the release downloads
+# (model.source) come from model_server.mjs, which serves that model over HTTPS here, the chart
+# rendered with its files' real digests.
 #
 #   chart_run_test.sh BUILD_DIR [VALUES.yaml...]     (default: "" for the chart's defaults, then
 #                                                     every helm/baton/ci/*.yaml)
@@ -163,8 +165,28 @@ for file in "${values[@]}"; do
     api=()
     for v in ${line#\# api-versions:}; do api+=(--api-versions "$v"); done
   fi
-  if ! "$helm" template t "$chart" ${file:+-f "$file"} "${api[@]}" >"$out/rendered.yaml" \
-    2>"$out/helm.log"; then
+  # Weights the release downloads (model.source): the stand-in model's files, served here by
+  # model_server.mjs, with their real digests in place of the values file's.
+  standin=()
+  if [[ -n "$file" ]]; then
+    node -e '
+      const YAML = require(process.argv[1] + "/yaml");
+      const crypto = require("crypto"), fs = require("fs"), path = require("path");
+      const files = YAML.parse(fs.readFileSync(process.argv[2], "utf8"))?.model?.source?.files;
+      if (!files) process.exit(0);
+      const digest = (n) => crypto.createHash("sha256")
+        .update(fs.readFileSync(path.join(process.argv[3], n))).digest("hex");
+      const standin = Object.fromEntries(Object.keys(files).map((n) => [n, digest(n)]));
+      fs.writeFileSync(process.argv[4], YAML.stringify({ model: { source: { files: standin } } }));
+    ' "$modules" "$file" "$root/models/ced-brown-shared" "$out/standin.yaml" || {
+      echo "FAIL: $name: cannot read model.source.files"
+      failed=$((failed + 1))
+      continue
+    }
+    [[ -s "$out/standin.yaml" ]] && standin=(-f "$out/standin.yaml")
+  fi
+  if ! "$helm" template t "$chart" ${file:+-f "$file"} "${standin[@]}" "${api[@]}" \
+    >"$out/rendered.yaml" 2>"$out/helm.log"; then
     echo "FAIL: $name: helm template: $(cat "$out/helm.log")"
     failed=$((failed + 1))
     continue
@@ -185,6 +207,14 @@ for file in "${values[@]}"; do
     echo "FAIL: $name: cannot make the certificates with openssl"
     failed=$((failed + 1))
     continue
+  fi
+  server_port="$(plan "$out/plan.json" 'p.modelServer?.port ?? ""')"
+  if [[ -n "$server_port" ]]; then
+    : >"$out/model-server.log"
+    node "$here/model_server.mjs" "$server_port" "$(plan "$out/plan.json" 'p.modelServer.dir')" \
+      "$root/models/ced-brown-shared" >"$out/model-server.log" 2>&1 &
+    pids+=($!)
+    for _ in $(seq 100); do grep -q serving "$out/model-server.log" && break; sleep 0.1; done
   fi
   # The containers run as the image's user, 10001: the pods' volumes are theirs, as the
   # kubelet's fsGroup makes them.
