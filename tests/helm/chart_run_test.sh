@@ -238,13 +238,20 @@ for file in "${values[@]}"; do
       [[ "$model" == "$out"/hostpath/* || "$model" == "$out"/pvc/* ]]; then
       mkdir -p "$model" && cp -r "$root/models/ced-brown-shared/." "$model/"
       [[ -z "$image" ]] || chown -R 10001:10001 "$model"
-      # Values written for a longer model than the stand-in: the router would rightly refuse
-      # them (--max-model-len above the model's positions), which says nothing of the chart.
-      positions="$(node -e 'console.log(require(process.argv[1]).max_position_embeddings)' \
-        "$model/config.json")"
+      # Values written for a longer model than the trained stand-in (512 positions): the small
+      # preset, generated with the default tokenizer (131,072 positions, W = 128) stands in.
+      positions() {
+        node -e 'console.log(require(process.argv[1]).max_position_embeddings)' "$model/config.json"
+      }
       wanted="$(sed -n 's/^  max-model-len: //p' "$config" | head -1)"
-      if ((${wanted:-0} > positions)); then
-        problem="skip: max-model-len $wanted is for the operator's model; the stand-in has $positions positions"
+      if ((${wanted:-0} > $(positions))); then
+        rm -rf "$model"
+        "$build/tools/batonctl" make-model --preset small --tokenizer "$build/tokenizer" \
+          --out "$model" >/dev/null 2>&1 || problem="cannot make the small preset in $model"
+        [[ -z "$image" ]] || chown -R 10001:10001 "$model"
+      fi
+      if [[ -z "$problem" ]] && ((${wanted:-0} > $(positions))); then
+        problem="skip: max-model-len $wanted is for the operator's model; the stand-in has $(positions) positions"
       fi
     fi
     for ((s = 0; s < steps && ${#problem} == 0; s++)); do
