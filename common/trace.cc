@@ -112,7 +112,7 @@ std::optional<SpanContext> FromCall(const grpc::ServerContextBase& context) {
 }
 
 Span StartServerSpan(const grpc::ServerContextBase& context) {
-  return StartSpan(FromCall(context));
+  return StartSpan(FromCall(context), /*root_sample_ratio=*/0.0);
 }
 
 void Inject(const Span& span, grpc::ClientContext& context) {

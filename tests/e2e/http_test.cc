@@ -580,9 +580,14 @@ Traced GenerateTraced(v1::Generation::Stub& stub, const v1::GenerateRequest& req
 // (the store's lookup and the decode node's stream under the router's span, the store's
 // write-back under the prefill node's), with the stages' timings. Without a traceparent the
 // router starts a trace and returns it to the client; a malformed one is replaced, never
-// passed on; an unsampled trace keeps the store's lines at debug.
+// passed on; an unsampled trace's store lines are written at debug, a sampled one's at info.
 TEST(HttpTest, ATracedRequestIsFollowedThroughAllFourRolesLogs) {
-  BatonUp up(fs::path(testing::ProcessTempDir()) / "traced", TextModel(), {"--log-format", "json"});
+  // Every component logs at debug (the config file baton up hands them), so that a line the
+  // store writes at debug is seen.
+  const std::string config = testing::ProcessTempDir() + "/traced.yaml";
+  std::ofstream(config) << "common:\n  log-level: debug\n";
+  BatonUp up(fs::path(testing::ProcessTempDir()) / "traced", TextModel(),
+             {"--log-format", "json", "--config", config});
   ASSERT_TRUE(up.WaitUntilUp()) << up.log();
   auto stub = v1::Generation::NewStub(
       grpc::CreateChannel(up.Address("router.addr"), grpc::InsecureChannelCredentials()));
@@ -591,37 +596,49 @@ TEST(HttpTest, ATracedRequestIsFollowedThroughAllFourRolesLogs) {
   request.mutable_sampling()->set_max_tokens(4);
   request.mutable_sampling()->set_ignore_eos(true);
 
-  // Each role's event about a trace, once the write-back (after the first token) is logged.
-  auto follow = [&](const std::string& trace_id) {
+  // A trace's events once each of `names` is logged (the decode node logs its line after the
+  // router's; the store's write-back comes after the first token).
+  auto follow = [&](const std::string& trace_id, const std::vector<std::string>& names) {
     std::multimap<std::string, json> events;
-    EventuallyThat(
+    const ::testing::AssertionResult logged = EventuallyThat(
         [&] {
           events = TraceEvents(up.log(), trace_id);
-          return events.count("baton-kvstore: blocks written");
+          return std::all_of(names.begin(), names.end(),
+                             [&](const std::string& n) { return events.count(n) > 0; });
         },
-        ::testing::Ge(1u), std::chrono::seconds(30), std::chrono::milliseconds(50));
+        ::testing::IsTrue(), std::chrono::seconds(30), std::chrono::milliseconds(50));
+    EXPECT_TRUE(logged) << "trace " << trace_id << " lacks one of its events:\n" << up.log();
     return events;
   };
   auto one = [](const std::multimap<std::string, json>& events, const std::string& name) {
     EXPECT_EQ(events.count(name), 1u) << name;
     return events.count(name) > 0 ? events.find(name)->second : json::object();
   };
+  const std::vector<std::string> kRequestLines = {"baton-router: request finished",
+                                                  "baton-prefill: prefill done",
+                                                  "baton-decode: stream finished",
+                                                  "baton-kvstore: prefix lookup"};
+  auto with_write_back = [&] {
+    std::vector<std::string> names = kRequestLines;
+    names.push_back("baton-kvstore: blocks written");
+    return names;
+  };
 
-  // gRPC, with the client's trace.
+  // gRPC, with the client's sampled trace.
   const std::string trace_id = "4bf92f3577b34da6a3ce929d0e0e4736";
   const std::string client_span = "00f067aa0ba902b7";
   request.set_request_id("traced-grpc");
   const Traced traced =
       GenerateTraced(*stub, request, "00-" + trace_id + "-" + client_span + "-01");
   ASSERT_TRUE(traced.status.ok()) << traced.status.error_message();
-  std::multimap<std::string, json> events = follow(trace_id);
+  std::multimap<std::string, json> events = follow(trace_id, with_write_back());
   const json router = one(events, "baton-router: request finished");
   EXPECT_EQ(router["parent_span_id"], client_span);
   EXPECT_EQ(router["request_id"], "traced-grpc");
   const std::string router_span = router.value("span_id", "");
   EXPECT_EQ(traced.traceparent, "00-" + trace_id + "-" + router_span + "-01");
-  for (const char* stage :
-       {"resolve", "validate", "admit", "reserve", "lookup", "prefill", "first_token", "stream"}) {
+  for (const char* stage : {"resolve", "validate", "admit", "reserve", "lookup", "prefill",
+                            "first_token", "stream"}) {
     EXPECT_TRUE(router["stage_ms"].contains(stage)) << stage << ": " << router.dump();
   }
   const json prefill = one(events, "baton-prefill: prefill done");
@@ -635,7 +652,10 @@ TEST(HttpTest, ATracedRequestIsFollowedThroughAllFourRolesLogs) {
   EXPECT_EQ(decode["request_id"], "traced-grpc#0");
   EXPECT_TRUE(decode["stage_ms"].contains("transfer")) << decode.dump();
   EXPECT_TRUE(decode["stage_ms"].contains("stream")) << decode.dump();
-  EXPECT_EQ(one(events, "baton-kvstore: prefix lookup")["parent_span_id"], router_span);
+  const json lookup = one(events, "baton-kvstore: prefix lookup");
+  EXPECT_EQ(lookup["parent_span_id"], router_span);
+  EXPECT_EQ(lookup["level"], "info");  // sampled
+  ASSERT_GT(events.count("baton-kvstore: blocks written"), 0u);
   EXPECT_EQ(events.find("baton-kvstore: blocks written")->second["parent_span_id"],
             prefill["span_id"]);
   // Each role's span is its own.
@@ -650,12 +670,13 @@ TEST(HttpTest, ATracedRequestIsFollowedThroughAllFourRolesLogs) {
   std::string prompt;
   for (int i = 0; i < 8; ++i) prompt += "The jury said the city was well run. ";
   const std::string http_trace = "0af7651916cd43dd8448eb211c80319c";
-  const HttpResult http = Http(
-      "POST", base + "/completions",
-      json{{"prompt", prompt}, {"max_tokens", 3}, {"ignore_eos", true}}.dump(),
-      {"Content-Type: application/json", "traceparent: 00-" + http_trace + "-b7ad6b7169203331-01"});
+  const HttpResult http =
+      Http("POST", base + "/completions",
+           json{{"prompt", prompt}, {"max_tokens", 3}, {"ignore_eos", true}}.dump(),
+           {"Content-Type: application/json",
+            "traceparent: 00-" + http_trace + "-b7ad6b7169203331-01"});
   ASSERT_EQ(http.status, 200) << http.body;
-  events = follow(http_trace);
+  events = follow(http_trace, kRequestLines);
   EXPECT_EQ(one(events, "baton-router: request finished")["parent_span_id"], "b7ad6b7169203331");
   one(events, "baton-prefill: prefill done");
   one(events, "baton-decode: stream finished");
@@ -667,9 +688,8 @@ TEST(HttpTest, ATracedRequestIsFollowedThroughAllFourRolesLogs) {
   ASSERT_TRUE(started.status.ok());
   const std::optional<trace::SpanContext> root = trace::Parse(started.traceparent);
   ASSERT_TRUE(root.has_value()) << started.traceparent;
-  events = follow(root->TraceId());
+  events = follow(root->TraceId(), kRequestLines);
   EXPECT_FALSE(one(events, "baton-router: request finished").contains("parent_span_id"));
-  one(events, "baton-decode: stream finished");
 
   // A malformed traceparent is not passed on: the request gets a new trace.
   const std::string bad_trace = "7E57AB1E7E57AB1E7E57AB1E7E57AB1E";  // uppercase
@@ -680,22 +700,21 @@ TEST(HttpTest, ATracedRequestIsFollowedThroughAllFourRolesLogs) {
   const std::optional<trace::SpanContext> fresh = trace::Parse(replaced.traceparent);
   ASSERT_TRUE(fresh.has_value());
   EXPECT_NE(fresh->TraceId(), absl::AsciiStrToLower(bad_trace));
-  one(follow(fresh->TraceId()), "baton-router: request finished");
+  events = follow(fresh->TraceId(), kRequestLines);
+  EXPECT_EQ(one(events, "baton-router: request finished")["request_id"], "badly-traced");
   EXPECT_EQ(up.log().find(bad_trace), std::string::npos);
   EXPECT_EQ(up.log().find(absl::AsciiStrToLower(bad_trace)), std::string::npos);
 
-  // Unsampled: the router's, prefill's and decode's request lines are written, the store's
-  // lookup is not (it logs at debug). The lookup comes before the request's last token.
+  // Unsampled: the same lines, the store's at debug.
   const std::string quiet_trace = "5bf92f3577b34da6a3ce929d0e0e4737";
   request.set_request_id("unsampled");
-  ASSERT_TRUE(
-      GenerateTraced(*stub, request, "00-" + quiet_trace + "-" + client_span + "-00").status.ok());
-  EventuallyThat(
-      [&] { return TraceEvents(up.log(), quiet_trace).count("baton-router: request finished"); },
-      ::testing::Eq(1u), std::chrono::seconds(30), std::chrono::milliseconds(50));
-  events = TraceEvents(up.log(), quiet_trace);
-  EXPECT_EQ(events.count("baton-decode: stream finished"), 1u);
-  EXPECT_EQ(events.count("baton-kvstore: prefix lookup"), 0u);
+  const Traced quiet =
+      GenerateTraced(*stub, request, "00-" + quiet_trace + "-" + client_span + "-00");
+  ASSERT_TRUE(quiet.status.ok());
+  EXPECT_EQ(quiet.traceparent.substr(quiet.traceparent.size() - 3), "-00");
+  events = follow(quiet_trace, kRequestLines);
+  EXPECT_EQ(one(events, "baton-kvstore: prefix lookup")["level"], "debug");
+  EXPECT_EQ(one(events, "baton-router: request finished")["level"], "info");
 }
 
 }  // namespace

@@ -132,7 +132,9 @@ run_step() {
         console.log(`--volume=${local.slice(0, -1)}:${mount.slice(0, -1)}${ro ? ":ro" : ""}`);' "$step")
     run+=("${mounts[@]}")
     # The pod's writable /tmp: an emptyDir the chart mounts there, else a tmpfs.
-    printf '%s\n' "${mounts[@]}" | grep -q ':/tmp\(:ro\)\?$' || run+=(--tmpfs /tmp)
+    local tmp_mounted=0 m
+    for m in "${mounts[@]}"; do [[ "$m" == *:/tmp || "$m" == *:/tmp:ro ]] && tmp_mounted=1; done
+    ((tmp_mounted)) || run+=(--tmpfs /tmp)
     for e in "${env_args[@]}"; do run+=(--env "$e"); done
     run+=(--entrypoint "${argv[0]}" "$image" "${argv[@]:1}")
     containers+=("$name")
@@ -303,7 +305,10 @@ for file in "${values[@]}"; do
   if [[ -z "$problem" ]]; then
     router_log="$out/$(plan "$out/plan.json" 'p.roles.find((r) => r.component === "router").name').log"
     router_config="$(plan "$out/plan.json" 'p.roles.find((r) => r.component === "router").steps.at(-1).config')"
-    url="$(grep -oE 'https?://[0-9.]+:[0-9]+/v1' "$router_log" | head -1)"
+    url="$(grep -oE 'https?://[0-9.]+:[0-9]+/v1' "$router_log" | head -1 || true)"
+    if [[ -z "$url" ]] && grep -q '^  http-port:' "$router_config"; then
+      problem="the router has an http-port but announced no OpenAI API: $(tail -5 "$router_log")"
+    fi
   fi
   if [[ -n "$url" ]] && ! grep -q '^  client-tls-ca:' "$router_config"; then
     auth=()

@@ -70,7 +70,9 @@ Span StartSpan(const std::optional<SpanContext>& parent, double root_sample_rati
 // The caller's context from a server call's metadata (nullopt when absent or malformed).
 std::optional<SpanContext> FromCall(const grpc::ServerContextBase& context);
 
-// A server call's span: a child of the caller's context, or a new sampled root.
+// An internal server call's span: a child of the caller's context, or, for a call that brings
+// none (a peer that does not trace), a new unsampled root: only the router samples the traces
+// it starts.
 Span StartServerSpan(const grpc::ServerContextBase& context);
 
 // Adds `span`'s traceparent to a call this role makes for the request.
