@@ -56,28 +56,18 @@ started=$SECONDS
 if [[ ! -x /usr/sbin/dockerd || ! -x /usr/bin/docker || ! -x /usr/sbin/debootstrap ]]; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends docker.io debootstrap
 fi
-docker=/usr/bin/docker
-
-started_dockerd=""
+source "$root/scripts/dockerd.sh"
 cleanup() {
-  if [[ -n "$started_dockerd" && "$keep_dockerd" == 0 ]]; then
-    kill -TERM "$started_dockerd" 2>/dev/null || true
-    for _ in $(seq 100); do kill -0 "$started_dockerd" 2>/dev/null || break; sleep 0.1; done
-  fi
+  [[ "$keep_dockerd" == 1 ]] || stop_dockerd
   [[ -z "${base_dir:-}" ]] || rm -rf "$base_dir"
   [[ -z "${context:-}" ]] || rm -rf "$context"
 }
 trap cleanup EXIT
-if ! "$docker" info >/dev/null 2>&1; then
-  log="${TMPDIR:-/tmp}/baton-dockerd.log"
-  /usr/sbin/dockerd --bridge=none --iptables=false >"$log" 2>&1 &
-  started_dockerd=$!
-  for _ in $(seq 300); do "$docker" info >/dev/null 2>&1 && break; sleep 0.1; done
-  if ! "$docker" info >/dev/null 2>&1; then
-    echo "build_image.sh: dockerd did not start; its log ($log):" >&2
-    tail -20 "$log" >&2
-    exit 1
-  fi
+log="${TMPDIR:-/tmp}/baton-dockerd.log"
+if ! ensure_dockerd "$log"; then
+  echo "build_image.sh: dockerd did not start; its log ($log):" >&2
+  tail -20 "$log" >&2
+  exit 1
 fi
 
 # The base: Debian 12's minimal system, as debian:bookworm-slim holds it (no documentation, no

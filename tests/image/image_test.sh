@@ -19,7 +19,6 @@ build="$(cd "$1" && pwd)"
 shift
 skip_code="${BATON_SKIP_CODE:-0}"
 tag="baton:image-test"
-docker=/usr/bin/docker
 
 if [[ ! -x /usr/sbin/dockerd || ! -x /usr/sbin/debootstrap ]]; then
   if [[ "$(id -u)" != 0 ]] || ! DEBIAN_FRONTEND=noninteractive apt-get install -y \
@@ -28,21 +27,11 @@ if [[ ! -x /usr/sbin/dockerd || ! -x /usr/sbin/debootstrap ]]; then
     exit "$skip_code"
   fi
 fi
-started_dockerd=""
-stop_dockerd() {
-  [[ -n "$started_dockerd" ]] || return 0
-  kill -TERM "$started_dockerd" 2>/dev/null
-  for _ in $(seq 200); do kill -0 "$started_dockerd" 2>/dev/null || break; sleep 0.1; done
-}
+source "$root/scripts/dockerd.sh"
 trap stop_dockerd EXIT
-if ! "$docker" info >/dev/null 2>&1; then
-  /usr/sbin/dockerd --bridge=none --iptables=false >"${TMPDIR:-/tmp}/image-test-dockerd.log" 2>&1 &
-  started_dockerd=$!
-  for _ in $(seq 300); do "$docker" info >/dev/null 2>&1 && break; sleep 0.1; done
-  if ! "$docker" info >/dev/null 2>&1; then
-    echo "FAIL: dockerd did not start: $(tail -5 "${TMPDIR:-/tmp}/image-test-dockerd.log")"
-    exit 1
-  fi
+if ! ensure_dockerd "${TMPDIR:-/tmp}/image-test-dockerd.log"; then
+  echo "FAIL: dockerd did not start: $(tail -5 "${TMPDIR:-/tmp}/image-test-dockerd.log")"
+  exit 1
 fi
 
 if ! bash "$root/scripts/build_image.sh" --from-build "$build" --tag "$tag" \
