@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "absl/random/random.h"
+#include "absl/strings/escaping.h"
 
 namespace baton::trace {
 namespace {
@@ -32,13 +33,8 @@ bool ReadId(std::string_view hex, std::array<uint8_t, N>& out) {
 
 template <size_t N>
 std::string Hex(const std::array<uint8_t, N>& bytes) {
-  static constexpr char kDigits[] = "0123456789abcdef";
-  std::string out(2 * N, '0');
-  for (size_t i = 0; i < N; ++i) {
-    out[2 * i] = kDigits[bytes[i] >> 4];
-    out[2 * i + 1] = kDigits[bytes[i] & 0xf];
-  }
-  return out;
+  return absl::BytesToHexString(
+      absl::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()));
 }
 
 absl::BitGen& Random() {
