@@ -190,7 +190,6 @@ struct DecodeService::Request {
   std::string request_id;  // the client's request id, for logs
   trace::Span span;  // the node's span of the request's trace, a child of the router's Reserve
   double wait_ms = 0, transfer_ms = 0;  // in the slot queue; reading the StateBlock
-  Clock::time_point reserved_at;
   // Who may use the reservation (certificate identities; empty without mutual TLS): the
   // router that reserved it streams and releases, the prefill node it named pushes and commits.
   std::string router_identity;
@@ -400,8 +399,7 @@ absl::Status DecodeService::TakeReservation(grpc::ServerContext& context,
   absl::StatusOr<std::shared_ptr<Request>> r =
       NewRequest(context, request, *slot, pages, positions);
   if (!r.ok()) return r.status();
-  (*r)->reserved_at = Clock::now();
-  (*r)->wait_ms = std::chrono::duration<double, std::milli>((*r)->reserved_at - wait_start).count();
+  (*r)->wait_ms = std::chrono::duration<double, std::milli>(Clock::now() - wait_start).count();
   if (request.prompt_token_ids_size() > 0) {
     (*r)->context.assign(request.prompt_token_ids().begin(), request.prompt_token_ids().end());
     (*r)->speculation = *std::move(speculation);
