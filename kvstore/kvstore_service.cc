@@ -61,6 +61,13 @@ KvStoreService::KvStoreService(PrefixStore& store, uint64_t max_keys)
         metrics::CounterFamily("baton_store_lookup_blocks_total",
                                "Leading blocks with block KV found by lookups",
                                one(lookup_blocks_.load())),
+        metrics::CounterFamily("baton_store_probes_total",
+                               "Probes served (a fleet's lookups: the keys this node owns)",
+                               one(probes_.load())),
+        metrics::CounterFamily("baton_store_probe_keys_total", "Keys asked by probes, by result",
+                               {{{{"result", "held"}}, static_cast<double>(probe_found_.load())},
+                                {{{"result", "absent"}},
+                                 static_cast<double>(probe_keys_.load() - probe_found_.load())}}),
         metrics::CounterFamily("baton_store_reads_total", "Block reads, by result",
                                {{{{"result", "hit"}}, static_cast<double>(c.hits)},
                                 {{{"result", "miss"}}, static_cast<double>(c.misses)}}),
@@ -125,6 +132,16 @@ grpc::Status KvStoreService::Lookup(grpc::ServerContext* context, const v1::Look
   return ToGrpcStatus(status);
 }
 
+grpc::Status KvStoreService::Probe(grpc::ServerContext* context, const v1::ProbeRequest* request,
+                                   v1::ProbeResponse* reply) {
+  const auto start = std::chrono::steady_clock::now();
+  const trace::Span span = trace::StartServerSpan(*context);
+  const absl::Status status = ProbeKeys(*context, *request, *reply);
+  const double ms = MillisSince(start);
+  LogCall(span, "prefix probe", status, ms, {{"keys", request->keys_size()}, {"ms", ms}});
+  return ToGrpcStatus(status);
+}
+
 grpc::Status KvStoreService::ReadBlocks(grpc::ServerContext* context,
                                         const v1::ReadBlocksRequest* request,
                                         grpc::ServerWriter<v1::StoredBlock>* writer) {
@@ -167,6 +184,33 @@ absl::Status KvStoreService::LookupChain(const grpc::ServerContext& context,
   lookup_blocks_ += lookup.block_kv_blocks;
   reply.set_block_kv_blocks(static_cast<uint32_t>(lookup.block_kv_blocks));
   for (bool present : lookup.swa_present) reply.add_swa_present(present);
+  return absl::OkStatus();
+}
+
+absl::Status KvStoreService::ProbeKeys(const grpc::ServerContext& context,
+                                       const v1::ProbeRequest& request, v1::ProbeResponse& reply) {
+  if (absl::Status s =
+          security::Authorize(context, {Role::kRouter, Role::kPrefill}, "KvStore/Probe");
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = CheckKeyCount(request.keys_size(), max_keys_); !s.ok()) return s;
+  std::vector<Sha256Digest> keys;
+  keys.reserve(request.keys_size());
+  for (const std::string& bytes : request.keys()) {
+    absl::StatusOr<Sha256Digest> key = KeyFrom(bytes, "keys");
+    if (!key.ok()) return key.status();
+    keys.push_back(*key);
+  }
+  uint64_t found = 0;
+  for (const PrefixStore::Presence& held : store_.Probe(keys)) {
+    reply.add_block_kv(held.block_kv);
+    reply.add_producer_swa(held.producer_swa);
+    found += held.block_kv ? 1 : 0;
+  }
+  ++probes_;
+  probe_keys_ += keys.size();
+  probe_found_ += found;
   return absl::OkStatus();
 }
 

@@ -30,6 +30,11 @@ int main(int argc, char** argv) {
                "a machine crash, not only a process crash");
   baton::AddServerFlags(app, flags);
   app.add_option("--router", router, "Router address to register with");
+  std::string node_id = "kvstore";
+  app.add_option("--node-id", node_id,
+                 "Name reported to the router; placement weighs it (kvstore/placement.h), so a "
+                 "restarted store node keeps its name to keep its values (the chart: the pod's "
+                 "name)");
   if (auto exit = baton::ParseServerFlags(app, argc, argv, "baton-kvstore", "kvstore", flags)) {
     return *exit;
   }
@@ -60,6 +65,6 @@ int main(int argc, char** argv) {
   builder.RegisterService(&service);
   return baton::ServeUntilShutdown(
       "baton-kvstore", builder, flags.server,
-      baton::NodeRegistration(router, "kvstore", baton::v1::NODE_ROLE_KVSTORE, *fingerprint,
+      baton::NodeRegistration(router, node_id, baton::v1::NODE_ROLE_KVSTORE, *fingerprint,
                               [] { return baton::v1::LoadReport(); }));
 }

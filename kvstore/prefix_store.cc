@@ -159,6 +159,17 @@ ChainLookup PrefixStore::Lookup(const std::vector<Sha256Digest>& chain) {
   return index_.Lookup(chain);
 }
 
+std::vector<PrefixStore::Presence> PrefixStore::Probe(std::span<const Sha256Digest> keys) {
+  std::vector<Presence> held(keys.size());
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (size_t i = keys.size(); i-- > 0;) {
+    held[i] = {index_.Contains(keys[i], Region::kBlockKv),
+               index_.Contains(keys[i], Region::kProducerSwa)};
+    if (held[i].block_kv || held[i].producer_swa) index_.Touch(keys[i]);
+  }
+  return held;
+}
+
 absl::StatusOr<std::string> PrefixStore::Read(const Sha256Digest& key, Region region) {
   std::string value;
   const rocksdb::Status status = db_->Get(
@@ -203,11 +214,6 @@ absl::Status PrefixStore::Write(const Sha256Digest& key, const std::optional<Sha
         absl::StrCat("payload: float ", *bad, " is NaN or Inf; stored rows must be finite"));
   }
   std::lock_guard<std::mutex> lock(mutex_);
-  if (parent.has_value() && !index_.Contains(*parent, Region::kBlockKv) &&
-      !index_.Contains(*parent, Region::kProducerSwa)) {
-    return absl::FailedPreconditionError(
-        "parent: not in the store; write the chain from its root (empty parent) on");
-  }
   if (index_.Contains(key, region)) {
     index_.Touch(key);  // already stored (blocks are immutable for a given key)
     return absl::OkStatus();

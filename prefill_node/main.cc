@@ -11,7 +11,13 @@ namespace {
 void AddPrefillFlags(CLI::App& app, baton::prefill_node::PrefillOptions& options) {
   app.add_option("--token-budget", options.token_budget, "Rows per prefill chunk")
       ->check(CLI::Range(1, 1 << 24));
-  app.add_option("--kvstore", options.kvstore_address, "Prefix store (baton-kvstore) address");
+  app.add_option("--kvstore", options.kvstore_address,
+                 "Prefix store (baton-kvstore) address for requests that name no store nodes "
+                 "(a router with live store nodes sends them with each request)");
+  app.add_option("--store-read-min-ms", options.store_read_min_ms,
+                 "A hit's store reads end at its predicted compute time (then it is computed), "
+                 "and no sooner than this (default 50)")
+      ->check(CLI::Range(int64_t{1}, int64_t{600000}));
   app.add_option("--write-back-bytes", options.write_back_bytes,
                  "Block payload bytes waiting for the prefix store at most (default 256 MiB)")
       ->check(CLI::Range(uint64_t{1} << 20, uint64_t{1} << 40));

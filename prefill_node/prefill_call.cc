@@ -10,6 +10,7 @@
 #include "baton/kvstore/hit_policy.h"
 #include "baton/transfer/transport.h"
 #include "prefill_metrics.h"
+#include "store_fleet.h"
 
 namespace baton::prefill_node {
 namespace {
@@ -166,11 +167,12 @@ absl::Status PrefillCall::StageMemory() {
 // prefill computes producers and block KV over [0, H) itself, which gives the same result
 // (DESIGN section 3, s_valid).
 absl::Status PrefillCall::LoadPrefix() {
-  if (node_.kvstore_ == nullptr && node_.cache_ == nullptr) return absl::OkStatus();
+  route_ = node_.stores_->RouteFor(request_.stores());
+  if (route_.empty() && node_.cache_ == nullptr) return absl::OkStatus();
   keys_ = kvstore::ChainKeys(node_.model_.fingerprint(), request_.tenant(), generate_.cache_salt(),
                              tokens_, layout_.block_size);
   if (request_.s_valid() == 0) return absl::OkStatus();
-  load_ = node_.LoadPrefix(context_, span_, keys_, request_.s_valid(), request_.tenant(),
+  load_ = node_.LoadPrefix(context_, span_, route_, keys_, request_.s_valid(), request_.tenant(),
                            generate_.cache_salt(), *state_);
   if (load_.ok) {
     cached_ = request_.s_valid();
@@ -218,7 +220,7 @@ model::PrefillOptions PrefillCall::ModelOptions() {
     node_.watchdog_->Beat();
     return context_.IsCancelled();
   };
-  if (node_.kvstore_ != nullptr || node_.cache_ != nullptr) {
+  if (!route_.empty() || node_.cache_ != nullptr) {
     // Producer rows of the blocks computed here, for the store and the local cache.
     producer_rows_.resize(layout_.producer_layers * 2 * prompt_len_ * layout_.kv_dim);
     options.on_producer_rows = [this](int64_t l, int64_t q_start, int64_t rows, const float* k,
@@ -319,7 +321,7 @@ absl::Status PrefillCall::CommitFailed(const grpc::Status& status,
 // written back after the first token is on its way.
 // They go to the local block cache at once and to the store's write-back queue.
 absl::Status PrefillCall::WriteBack() {
-  if (node_.kvstore_ == nullptr && node_.cache_ == nullptr) return absl::OkStatus();
+  if (route_.empty() && node_.cache_ == nullptr) return absl::OkStatus();
   std::vector<v1::BlockWrite> writes;
   for (const kvstore::WriteBackStep& step :
        kvstore::WriteBackSteps(cached_ / layout_.block_size, static_cast<int64_t>(keys_.size()))) {
@@ -333,7 +335,7 @@ absl::Status PrefillCall::WriteBack() {
       node_.cache_->Put(keys_[step.block], parent, step.region, payload, request_.tenant(),
                         generate_.cache_salt());
     }
-    if (node_.kvstore_ == nullptr) continue;
+    if (route_.empty()) continue;
     v1::BlockWrite& write = writes.emplace_back();
     write.set_key(kvstore::KeyBytes(keys_[step.block]));
     if (parent.has_value()) write.set_parent(kvstore::KeyBytes(*parent));
@@ -341,7 +343,7 @@ absl::Status PrefillCall::WriteBack() {
     write.set_payload(std::move(payload));
   }
   node_.metrics_->written_blocks.Increment(static_cast<double>(writes.size() / 2));
-  node_.QueueWriteBack(std::move(writes), span_);
+  node_.QueueWriteBack(std::move(writes), span_, std::move(route_));
   return absl::OkStatus();
 }
 

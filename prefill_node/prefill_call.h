@@ -139,6 +139,7 @@ class PrefillCall {
   std::optional<model::SequenceState> state_;
 
   // LoadPrefix: the prompt's chain keys (with a prefix store) and the tokens loaded.
+  StoreFleetRoute route_;  // the store nodes of this request (LoadPrefix on)
   std::vector<Sha256Digest> keys_;
   int64_t cached_ = 0;
   PrefillService::PrefixLoad load_;

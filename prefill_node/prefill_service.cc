@@ -11,10 +11,12 @@
 #include "baton/common/security.h"
 #include "baton/common/wire_bounds.h"
 #include "baton/kvstore/chain.h"
+#include "baton/kvstore/fleet.h"
 #include "baton/kvstore/hit_policy.h"
 #include "baton/transfer/state_block.h"
 #include "prefill_call.h"
 #include "prefill_metrics.h"
+#include "store_fleet.h"
 
 namespace baton::prefill_node {
 namespace {
@@ -38,7 +40,8 @@ absl::Status ValidatePrefillRequest(const v1::PrefillRequest& request, const Mod
         CheckBytes("decode_address", request.decode_address(), kMaxAddressBytes),
         CheckSequenceLength("request.prompt_token_ids", generate.prompt_token_ids_size(), 0,
                             config),
-        CheckSampling("request.sampling", generate.sampling(), config)}) {
+        CheckSampling("request.sampling", generate.sampling(), config),
+        kvstore::CheckStoreFleet(request.stores(), "stores")}) {
     if (!s.ok()) return s;
   }
   if (request.s_valid() > static_cast<uint64_t>(generate.prompt_token_ids_size())) {
@@ -65,11 +68,9 @@ PrefillService::PrefillService(model::Engine& model, const PrefillOptions& optio
                             sizeof(float) * layout.stored_swa_block_floats()),
         layout.block_size, options.block_cache_bytes);
   }
-  if (!options.kvstore_address.empty()) {
-    kvstore_ = v1::KvStore::NewStub(
-        security::InternalChannel(options.kvstore_address, security::Role::kKvstore));
-    writer_ = std::thread([this] { WriteBackLoop(); });
-  }
+  // Any request may name store nodes (the router's fleet), so the writer always runs.
+  stores_ = std::make_unique<StoreFleetClient>(options.kvstore_address);
+  writer_ = std::thread([this] { WriteBackLoop(); });
   if (options.use_ucx) {
     auto worker =
         transfer::UcxWorker::Create({.allow_unprotected_tcp = options.ucx_allow_unprotected_tcp});
@@ -115,6 +116,12 @@ PrefillService::PrefillService(model::Engine& model, const PrefillOptions& optio
          {{{"rate", "store_per_mib"}}, rates.store_ms_per_mib()},
          {{{"rate", "fixed"}}, rates.fixed_ms()}}));
     for (prometheus::MetricFamily& family : std::vector<prometheus::MetricFamily>{
+             gauge("baton_prefill_store_breaker_open",
+                   "Store nodes this node skips now after repeated failed or slow calls",
+                   static_cast<double>(stores_->breaker().open())),
+             metrics::CounterFamily("baton_prefill_store_breaker_trips_total",
+                                    "Times a store node's breaker opened on this node",
+                                    {{{}, static_cast<double>(stores_->breaker().trips())}}),
              gauge("baton_prefill_exposures",
                    "Computed states exposed for their decode node's read (commits in flight)",
                    static_cast<double>(exposures_.size())),
@@ -145,20 +152,18 @@ PrefillService::~PrefillService() {
   if (writer_.joinable()) writer_.join();
 }
 
-PrefillService::PrefixLoad PrefillService::LoadPrefix(grpc::ServerContext& caller,
-                                                      const trace::Span& span,
-                                                      const std::vector<Sha256Digest>& keys,
-                                                      int64_t hit_tokens, const std::string& tenant,
-                                                      const std::string& salt,
-                                                      model::SequenceState& state) {
+PrefillService::PrefixLoad PrefillService::LoadPrefix(
+    grpc::ServerContext& caller, const trace::Span& span, const StoreFleetRoute& route,
+    const std::vector<Sha256Digest>& keys, int64_t hit_tokens, const std::string& tenant,
+    const std::string& salt, model::SequenceState& state) {
   const model::StateLayout& layout = state.layout();
   const int64_t B = layout.block_size, C = layout.ring_capacity;
   const int64_t h = hit_tokens / B;
   PrefixLoad load;
-  if ((kvstore_ == nullptr && cache_ == nullptr) || h == 0 ||
-      static_cast<int64_t>(keys.size()) < h) {
+  if ((route.empty() && cache_ == nullptr) || h == 0 || static_cast<int64_t>(keys.size()) < h) {
     return load;
   }
+  const auto deadline = ReadDeadline(hit_tokens);
   const kvstore::HitReads reads = kvstore::ReadsForHit(h, model_.config().sliding_window, B);
   // Blocks [first, end) of `region`: the local cache's first, then one store read for the rest.
   auto read = [&](int64_t first, int64_t end, kvstore::Region region, uint64_t bytes,
@@ -178,36 +183,21 @@ PrefillService::PrefixLoad PrefillService::LoadPrefix(grpc::ServerContext& calle
     }
     load.local_ms += MillisSince(local_start);
     if (missing.empty()) return true;
-    if (kvstore_ == nullptr) return false;
+    if (route.empty()) return false;
     const auto store_start = Clock::now();
-    v1::ReadBlocksRequest request;
-    for (int64_t b : missing) request.add_keys(kvstore::KeyBytes(keys[b]));
-    request.set_region(region == kvstore::Region::kBlockKv ? v1::STORE_REGION_BLOCK_KV
-                                                           : v1::STORE_REGION_PRODUCER_SWA);
-    // The caller's cancellation and deadline carry over; the earlier deadline wins.
-    auto context = grpc::ClientContext::FromServerContext(caller);
-    context->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
-    trace::Inject(span, *context);
-    auto reader = kvstore_->ReadBlocks(context.get(), request);
-    v1::StoredBlock block;
-    size_t i = 0;
-    bool ok = true;
-    while (reader->Read(&block)) {
-      if (i >= missing.size() || !block.found() || block.payload().size() != bytes) ok = false;
-      if (ok) {
-        const int64_t b = missing[i];
-        use(b, block.payload());
-        load.store_bytes += block.payload().size();
-        // The block is kept near the compute for the next prompt that shares it.
-        if (cache_ != nullptr) {
-          cache_->Put(keys[b], b > 0 ? std::optional<Sha256Digest>(keys[b - 1]) : std::nullopt,
-                      region, block.payload(), tenant, salt);
-        }
-      }
-      ++i;
-    }
+    const bool read = stores_->Read(
+        route, caller, span, keys, missing, region, bytes, deadline,
+        [&](int64_t b, const std::string& payload) {
+          use(b, payload);
+          load.store_bytes += payload.size();
+          // The block is kept near the compute for the next prompt that shares it.
+          if (cache_ != nullptr) {
+            cache_->Put(keys[b], b > 0 ? std::optional<Sha256Digest>(keys[b - 1]) : std::nullopt,
+                        region, payload, tenant, salt);
+          }
+        });
     load.store_ms += MillisSince(store_start);
-    return reader->Finish().ok() && ok && i == missing.size();
+    return read;
   };
   const uint64_t page_bytes = sizeof(float) * layout.page_floats();
   const bool kv = read(
@@ -292,8 +282,26 @@ absl::StatusOr<model::PrefillResult> PrefillService::ComputePrefill(
   return result;
 }
 
-void PrefillService::QueueWriteBack(std::vector<v1::BlockWrite> writes, const trace::Span& span) {
-  if (writes.empty()) return;
+std::chrono::system_clock::time_point PrefillService::ReadDeadline(int64_t hit_tokens) const {
+  kvstore::PrefillRates rates;
+  {
+    std::lock_guard<std::mutex> lock(rates_mutex_);
+    rates = rates_;
+  }
+  const double ms_per_gflop = rates.compute_ms_per_gflop > 0
+                                  ? rates.compute_ms_per_gflop
+                                  : kvstore::DefaultPrefillRates().compute_ms_per_gflop;
+  const double compute_ms =
+      kvstore::EstimatePrefillWork(model_.config(), hit_tokens, 0, hit_tokens).computed_gflop *
+      ms_per_gflop;
+  const double ms = std::max(compute_ms, static_cast<double>(options_.store_read_min_ms));
+  return std::chrono::system_clock::now() +
+         std::chrono::microseconds(static_cast<int64_t>(std::min(ms, 600000.0) * 1000));
+}
+
+void PrefillService::QueueWriteBack(std::vector<v1::BlockWrite> writes, const trace::Span& span,
+                                    StoreFleetRoute route) {
+  if (writes.empty() || route.empty()) return;
   const uint64_t bytes = PayloadBytes(writes);
   {
     std::lock_guard<std::mutex> lock(write_mutex_);
@@ -303,7 +311,7 @@ void PrefillService::QueueWriteBack(std::vector<v1::BlockWrite> writes, const tr
       return;
     }
     write_queue_bytes_ += bytes;
-    write_queue_.push_back({std::move(writes), span});
+    write_queue_.push_back({std::move(writes), span, std::move(route)});
   }
   write_ready_.notify_one();
 }
@@ -317,17 +325,8 @@ void PrefillService::WriteBackLoop() {
     write_queue_.pop_front();
     lock.unlock();
     const std::vector<v1::BlockWrite>& writes = queued.writes;
-    grpc::ClientContext context;
-    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
-    trace::Inject(queued.span, context);
-    v1::WriteBlocksResponse written;
-    auto writer = kvstore_->WriteBlocks(&context, &written);
-    for (const v1::BlockWrite& w : writes) {
-      if (!writer->Write(w)) break;
-    }
-    writer->WritesDone();
-    if (grpc::Status s = writer->Finish(); !s.ok()) {
-      log::Warn(queued.span.Ids(), "prefix-store write failed", {{"error", s.error_message()}});
+    for (const std::string& node : stores_->Write(queued.route, writes, queued.span)) {
+      log::Warn(queued.span.Ids(), "prefix-store write failed", {{"store", node}});
       metrics_->write_failures.Increment();
     }
     lock.lock();

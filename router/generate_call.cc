@@ -1,9 +1,14 @@
 #include "generate_call.h"
 
+#include <algorithm>
+#include <set>
+#include <thread>
+
 #include "absl/strings/str_cat.h"
 #include "baton/common/log.h"
 #include "baton/common/rpc.h"
 #include "baton/kvstore/chain.h"
+#include "baton/kvstore/fleet.h"
 #include "baton/kvstore/hit_policy.h"
 #include "prompt.h"
 
@@ -208,26 +213,98 @@ const GenerateCall::PrefixView& GenerateCall::ViewFor(const std::string& fingerp
   }
   if (!look_up_store || view.looked_up) return view;
   view.looked_up = true;
-  NodeLease store = router_.registry.Pick(v1::NODE_ROLE_KVSTORE, {});
-  if (!store) return view;
-  v1::LookupRequest lookup;
-  for (const Sha256Digest& key : view.keys) lookup.add_keys(kvstore::KeyBytes(key));
-  grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() +
-                       std::chrono::milliseconds(router_.options.lookup_timeout_ms));
-  trace::Inject(trace_.span, context);
-  v1::LookupResponse found;
+  if (Stores().nodes.empty()) return view;
   router_.metrics.prefix_queries.Increment();
-  if (grpc::Status s = router_.stubs.KvStore(*store)->Lookup(&context, lookup, &found); !s.ok()) {
-    log::Warn(trace_.span.Ids(), "prefix lookup failed; the store's blocks are not counted",
-              {{"error", s.error_message()}});
-    router_.metrics.prefix_query_failures.Increment();
-    return view;  // the store never fails a request
-  }
-  view.store.block_kv_blocks =
-      std::min<int64_t>(found.block_kv_blocks(), static_cast<int64_t>(view.keys.size()));
-  view.store.swa_present.assign(found.swa_present().begin(), found.swa_present().end());
+  view.store = ProbeOwners(view.keys);
   return view;
+}
+
+const GenerateCall::StoreSet& GenerateCall::Stores() {
+  if (stores_.has_value()) return *stores_;
+  StoreSet& set = stores_.emplace();
+  set.nodes = router_.registry.LiveStores();
+  for (const auto& node : set.nodes) {
+    set.ids.push_back(node->id());
+    v1::StoreNode& entry = *set.fleet.add_nodes();
+    entry.set_node_id(node->id());
+    entry.set_address(node->info.address());
+  }
+  if (!set.nodes.empty()) {
+    set.fleet.set_replication(static_cast<uint32_t>(std::clamp<size_t>(
+        static_cast<size_t>(router_.options.kvstore_replication), 1, set.nodes.size())));
+  }
+  return set;
+}
+
+kvstore::ChainLookup GenerateCall::ProbeOwners(const std::vector<Sha256Digest>& keys) {
+  const StoreSet& set = *stores_;
+  const std::vector<std::vector<size_t>> owned =
+      kvstore::KeysByOwner(keys, set.ids, static_cast<int>(set.fleet.replication()));
+  // One probe per owner with keys, skipping the owners whose breaker is open.
+  struct Probe {
+    size_t node;
+    v1::ProbeResponse response;
+    grpc::Status status;
+  };
+  std::vector<Probe> probes;
+  for (size_t n = 0; n < owned.size(); ++n) {
+    if (!owned[n].empty() && router_.store_breaker.Allow(set.ids[n])) probes.push_back({n, {}, {}});
+  }
+  const auto deadline = std::chrono::system_clock::now() +
+                        std::chrono::milliseconds(router_.options.lookup_timeout_ms);
+  auto run = [&](Probe& probe) {
+    v1::ProbeRequest request;
+    for (size_t k : owned[probe.node]) request.add_keys(kvstore::KeyBytes(keys[k]));
+    grpc::ClientContext context;
+    context.set_deadline(deadline);
+    trace::Inject(trace_.span, context);
+    probe.status =
+        router_.stubs.KvStore(*set.nodes[probe.node])->Probe(&context, request, &probe.response);
+  };
+  // The owners are asked at once: the first on this thread, the others on their own.
+  std::vector<std::thread> others;
+  for (size_t i = 1; i < probes.size(); ++i) others.emplace_back(run, std::ref(probes[i]));
+  if (!probes.empty()) run(probes[0]);
+  for (std::thread& t : others) t.join();
+
+  std::vector<kvstore::OwnerProbe> answers;
+  bool failed = false;
+  std::set<size_t> silent;  // owners asked that did not answer, or that were not asked
+  for (size_t n = 0; n < owned.size(); ++n) {
+    if (!owned[n].empty()) silent.insert(n);
+  }
+  for (const Probe& probe : probes) {
+    const std::string& id = set.ids[probe.node];
+    // A probe cut short by the client going away says nothing of the store node.
+    if (probe.status.error_code() != grpc::StatusCode::CANCELLED) {
+      router_.store_breaker.Record(id, probe.status.ok());
+    }
+    if (!probe.status.ok()) {
+      failed = true;
+      log::Warn(trace_.span.Ids(), "prefix probe failed; the node's blocks are not counted",
+                {{"store", id}, {"error", probe.status.error_message()}});
+      continue;
+    }
+    answers.push_back({owned[probe.node], &probe.response});
+    silent.erase(probe.node);
+  }
+  // The prefill is sent the nodes that answered (and those that own none of the prompt's keys):
+  // its reads then never wait on an owner the lookup just found failing or skipped, and every
+  // value stays with its other owners, which rank as high without it.
+  if (!silent.empty()) {
+    v1::StoreFleet answered;
+    for (int n = 0; n < set.fleet.nodes_size(); ++n) {
+      if (!silent.contains(static_cast<size_t>(n))) *answered.add_nodes() = set.fleet.nodes(n);
+    }
+    answered.set_replication(
+        answered.nodes_size() == 0
+            ? 0
+            : std::min<uint32_t>(set.fleet.replication(),
+                                 static_cast<uint32_t>(answered.nodes_size())));
+    prefill_fleet_ = std::move(answered);
+  }
+  if (failed) router_.metrics.prefix_query_failures.Increment();  // the store never fails a request
+  return kvstore::MergeProbes(keys.size(), answers);
 }
 
 kvstore::HitPolicyInput GenerateCall::HitInput() const {
@@ -402,6 +479,7 @@ absl::Status GenerateCall::Prefill(Attempt& attempt) {
   prefill.set_decode_identity(attempt.decode->identity);
   prefill.set_s_valid(s_valid_.value_or(0));
   prefill.set_split(router_.options.split);
+  *prefill.mutable_stores() = prefill_fleet_.has_value() ? *prefill_fleet_ : Stores().fleet;
 
   const RegisteredNode& node = *attempt.prefill.node;
   auto context = Propagated(context_, std::chrono::milliseconds(router_.options.prefill_timeout_ms),

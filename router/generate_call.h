@@ -44,6 +44,7 @@ struct RouterParts {
   NodeStubs& stubs;
   RouterMetrics& metrics;
   StreamWatch& idle_watch;
+  kvstore::StoreBreaker& store_breaker;
 };
 
 // What one request did, for its metrics and log lines.
@@ -105,6 +106,18 @@ class GenerateCall {
     bool looked_up = false;  // the store was asked (or there is none to ask)
   };
   const PrefixView& ViewFor(const std::string& fingerprint, bool look_up_store);
+  // The prefix store's live nodes and the replication, taken from the registry once per
+  // request: the lookup asks their owners, and every prefill of the request carries them.
+  struct StoreSet {
+    std::vector<std::shared_ptr<RegisteredNode>> nodes;  // by node_id
+    std::vector<std::string> ids;
+    v1::StoreFleet fleet;
+  };
+  const StoreSet& Stores();
+  // The owners' probes of `keys`, in parallel under --lookup-timeout-ms, folded into what the
+  // hit policy takes; an owner that fails counts as holding none of its keys, and is left out
+  // of the store set the prefill is sent.
+  kvstore::ChainLookup ProbeOwners(const std::vector<Sha256Digest>& keys);
   kvstore::HitPolicyInput HitInput() const;
   // The hit and predicted cost of this request on a prefill node (the node's local blocks
   // from the router's cache index, the store's from ViewFor).
@@ -153,6 +166,9 @@ class GenerateCall {
   std::string fingerprint_;
   std::map<AttemptFailure, int> retries_;
   std::map<std::string, PrefixView> views_;  // by fingerprint
+  std::optional<StoreSet> stores_;
+  // The store nodes the prefill is sent when the lookup found some silent (ProbeOwners).
+  std::optional<v1::StoreFleet> prefill_fleet_;
   double predicted_ttft_ms_ = 0;
   v1::Usage usage_;
   // Speculative decoding's counts: of decode streams that ended, and of the current one.

@@ -55,6 +55,11 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"least-loaded", "longest-prefix", "predicted-ttft"}));
   app.add_option("--lookup-timeout-ms", options.lookup_timeout_ms,
                  "Prefix-store lookups slower than this run the request cold");
+  app.add_option("--kvstore-replication", options.kvstore_replication,
+                 "Owners of each prefix-store value among the live store nodes (DESIGN section "
+                 "5): with R >= 2, losing a store node loses no hit. More than the live nodes "
+                 "means all of them")
+      ->check(CLI::Range(1, 16));
   app.add_option("--trace-sample-ratio", options.trace_sample_ratio,
                  "Fraction of the traces the router starts (requests without a traceparent) "
                  "that are sampled: the prefix store logs their calls at info, the others at "

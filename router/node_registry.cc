@@ -693,6 +693,18 @@ std::vector<NodeRegistry::ModelCount> NodeRegistry::LiveByModel() const {
   return out;
 }
 
+std::vector<std::shared_ptr<RegisteredNode>> NodeRegistry::LiveStores() const {
+  std::vector<std::shared_ptr<RegisteredNode>> stores;
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto now = Clock::now();
+  for (const auto& [id, node] : nodes_) {  // a std::map: by node_id
+    if (node->info.role() == v1::NODE_ROLE_KVSTORE && !node->draining && Live(*node, now)) {
+      stores.push_back(node);
+    }
+  }
+  return stores;
+}
+
 std::map<std::string, double> NodeRegistry::LiveByRole() const {
   std::map<std::string, double> live = {{"prefill", 0}, {"decode", 0}, {"kvstore", 0}};
   std::lock_guard<std::mutex> lock(mutex_);

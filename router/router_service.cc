@@ -59,19 +59,20 @@ RouterService::RouterService(const ModelConfig& config, const RouterOptions& opt
                   .prefill_slots = options.prefill_slots,
                   .node_ttl_ms = options.node_ttl_ms,
                   .api_keys = options.api_keys != nullptr,
-                  .tenant_weight =
-                      options.api_keys != nullptr
-                          ? std::function<int64_t(const std::string&)>(
-                                [keys = options.api_keys](const std::string& tenant) {
-                                  return keys->WeightOf(tenant);
-                                })
-                          : nullptr}),
-      stubs_(options.stubs != nullptr ? options.stubs : GrpcNodeStubs()) {
+                  .tenant_weight = options.api_keys != nullptr
+                                       ? std::function<int64_t(const std::string&)>(
+                                             [keys = options.api_keys](const std::string& tenant) {
+                                               return keys->WeightOf(tenant);
+                                             })
+                                       : nullptr}),
+      stubs_(options.stubs != nullptr ? options.stubs : GrpcNodeStubs()),
+      store_breaker_(std::make_unique<kvstore::StoreBreaker>()) {
   registry_.OnChange([this] { admission_.Notify(); });
   // Live nodes by role, the queue and the tenants' streams, read at scrape time.
   nodes_collector_ = metrics::AddCollector([this] {
     std::vector<std::pair<std::map<std::string, std::string>, double>> live, streams;
-    for (const auto& [role, n] : registry_.LiveByRole()) live.push_back({{{"role", role}}, n});
+    const std::map<std::string, double> by_role = registry_.LiveByRole();
+    for (const auto& [role, n] : by_role) live.push_back({{{"role", role}}, n});
     // Builds and StateBlock formats of the live nodes: a format change mid-rollout shows as
     // two formats at once, whose nodes do not pair with each other's.
     std::vector<std::pair<std::map<std::string, std::string>, double>> versions;
@@ -95,7 +96,21 @@ RouterService::RouterService(const ModelConfig& config, const RouterOptions& opt
       streams.push_back(
           {{{"tenant", metrics::TenantLabel(tenant, options_.metrics_tenant_names)}}, n});
     }
+    const double stores = by_role.at("kvstore");
     return std::vector<prometheus::MetricFamily>{
+        metrics::GaugeFamily("baton_kvstore_nodes",
+                             "Live prefix-store nodes (the fleet's live set, DESIGN section 5)",
+                             {{{}, stores}}),
+        metrics::GaugeFamily("baton_kvstore_replication",
+                             "Owners of each stored value (--kvstore-replication); fewer live "
+                             "store nodes than this lose hits with every node lost",
+                             {{{}, static_cast<double>(options_.kvstore_replication)}}),
+        metrics::GaugeFamily("baton_router_store_breaker_open",
+                             "Store nodes skipped now after repeated failed or slow probes",
+                             {{{}, static_cast<double>(store_breaker_->open())}}),
+        metrics::CounterFamily("baton_router_store_breaker_trips_total",
+                               "Times a store node's breaker opened",
+                               {{{}, static_cast<double>(store_breaker_->trips())}}),
         metrics::GaugeFamily("baton_router_tenant_streams",
                              "Admitted requests not yet finished (prefilling or streaming), by "
                              "tenant",
@@ -355,8 +370,8 @@ grpc::Status RouterService::Serve(grpc::ServerContext* context, const v1::Genera
     ++open_calls_;
   }
   metrics_->running.Increment();
-  const RouterParts parts{options_, models_,   registry_,   admission_,
-                          *stubs_,  *metrics_, *idle_watch_};
+  const RouterParts parts{options_, models_,   registry_,    admission_,
+                          *stubs_,  *metrics_, *idle_watch_, *store_breaker_};
   const grpc::Status status =
       ToGrpcStatus(GenerateCall(parts, context, request, writer, trace).Run());
   admission_.ReleaseStream(trace.hold);

@@ -220,11 +220,10 @@ function podConfig(pod, map, role) {
   c.common["metrics-port"] = pod.metricsPort;
   c.common["health-port"] = pod.healthPort;
   c.common.router = localAddress(c.common.router);
-  for (const [key, port] of Object.entries(ports)) {
+  for (const [key, port] of Object.entries({ ...ports, ...(pod.ports ?? {}) })) {
     const [section, name] = key.split(".");
     if (c[section]) c[section][name] = port;
   }
-  if (c.prefill?.kvstore) c.prefill.kvstore = localAddress(c.prefill.kvstore);
   return c;
 }
 
@@ -275,10 +274,20 @@ async function fromModelServer(s) {
   s.argv.push(`--ca-file=${ca}`);
 }
 
+// Each pod of a workload: one, except for a store fleet's StatefulSet (kvstore.replicas), whose
+// pods each get their own gRPC port here (in a cluster each has its own network namespace).
+const pods = [];
 for (const w of workloads) {
   const role = component(w);
+  const replicas = role === "kvstore" ? (w.spec.replicas ?? 1) : 1;
+  for (let i = 0; i < replicas; i++) {
+    const own = i === 0 ? {} : { "kvstore.port": await freePort() };
+    pods.push({ w, role, podName: `${w.metadata.name}-${i}`, ports: own });
+  }
+}
+for (const { w, role, podName, ports: own } of pods) {
   const pod = { ...w.spec.template, volumeClaimTemplates: w.spec.volumeClaimTemplates,
-                podName: `${w.metadata.name}-0`, metricsPort: await freePort(),
+                podName, ports: own, metricsPort: await freePort(),
                 healthPort: await freePort() };
   const dir = path.join(out, pod.podName);
   const steps = [];

@@ -337,6 +337,61 @@ else
   fail "gpu-values: the model Job does not run on helm rollback"
 fi
 
+# --- 10: the store as a fleet ----------------------------------------------------------------
+# store-fleet-values: three store pods that register under their pod names, each value on two
+# of them (the routers' kvstore-replication), a disruption budget and a zone spread for them,
+# the role's certificate shared (the routers bind each pod's node_id to its IP), and prefill
+# nodes that name no store pod (the routers send the live set with each request).
+rendered="$work/store-fleet.yaml"
+"$helm" template baton "$chart" --namespace baton --kube-version "$kube_version" \
+  --api-versions cert-manager.io/v1 -f "$chart/ci/store-fleet-values.yaml" >"$rendered" 2>&1
+fleet="$(node -e '
+  const YAML = require(process.argv[1] + "/yaml");
+  const docs = YAML.parseAllDocuments(require("fs").readFileSync(process.argv[2], "utf8"))
+    .map((d) => d.toJSON()).filter(Boolean);
+  const of = (kind, name) => docs.find((d) => d.kind === kind && d.metadata.name === name);
+  const sts = of("StatefulSet", "baton-kvstore");
+  const pdb = of("PodDisruptionBudget", "baton-kvstore");
+  const config = YAML.parse(of("ConfigMap", "baton-config").data["baton.yaml"]);
+  const args = sts.spec.template.spec.containers[0].args;
+  const spread = sts.spec.template.spec.topologySpreadConstraints ?? [];
+  const cert = of("Certificate", "baton-kvstore-tls");
+  console.log([
+    `replicas ${sts.spec.replicas}`,
+    `node-id ${args.includes("--node-id=$(POD_NAME)")}`,
+    `pdb maxUnavailable ${pdb?.spec.maxUnavailable}`,
+    `spread ${spread.map((c) => c.topologyKey + "/" + c.labelSelector?.matchLabels?.["app.kubernetes.io/component"]).join(",")}`,
+    `router kvstore-replication ${config.router["kvstore-replication"]}`,
+    `prefill kvstore ${config.prefill.kvstore ?? "none"}`,
+    `san ${cert.spec.uris.join(",")}`,
+  ].join("; "));' "$validator/node_modules" "$rendered" 2>&1)"
+expected="replicas 3; node-id true; pdb maxUnavailable 1; spread topology.kubernetes.io/zone/kvstore; router kvstore-replication 2; prefill kvstore none; san spiffe://baton/kvstore"
+if [[ "$fleet" == "$expected" ]]; then
+  pass "store-fleet-values: $fleet"
+else
+  fail "store-fleet-values: $fleet, expected $expected"
+fi
+# One store pod keeps its own identity and no budget; an existing claim replaces the template.
+rendered="$work/store-claim.yaml"
+"$helm" template baton "$chart" --namespace baton --kube-version "$kube_version" \
+  --api-versions cert-manager.io/v1 --set kvstore.persistence.existingClaim=store-data >"$rendered" 2>&1
+single="$(node -e '
+  const YAML = require(process.argv[1] + "/yaml");
+  const docs = YAML.parseAllDocuments(require("fs").readFileSync(process.argv[2], "utf8"))
+    .map((d) => d.toJSON()).filter(Boolean);
+  const sts = docs.find((d) => d.kind === "StatefulSet" && d.metadata.name === "baton-kvstore");
+  const data = sts.spec.template.spec.volumes.find((v) => v.name === "data");
+  const pdb = docs.some((d) => d.kind === "PodDisruptionBudget" && d.metadata.name === "baton-kvstore");
+  const cert = docs.find((d) => d.kind === "Certificate" && d.metadata.name === "baton-kvstore-tls");
+  console.log(`claim ${data?.persistentVolumeClaim?.claimName}; templates ${(sts.spec.volumeClaimTemplates ?? []).length}; pdb ${pdb}; san ${cert.spec.uris.join(",")}`);' \
+  "$validator/node_modules" "$rendered" 2>&1)"
+expected="claim store-data; templates 0; pdb false; san spiffe://baton/kvstore/kvstore"
+if [[ "$single" == "$expected" ]]; then
+  pass "kvstore.persistence.existingClaim: $single"
+else
+  fail "kvstore.persistence.existingClaim: $single, expected $expected"
+fi
+
 # --- 6: no value is dropped ------------------------------------------------------------------
 if wait "$coverage_pid"; then
   pass "every schema value changes the rendered chart ($(tail -n 1 "$work/coverage.log"))"

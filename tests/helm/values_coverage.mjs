@@ -50,6 +50,8 @@ const PREREQUISITES = {
   "*.autoscaling.keda.": (role) => ({ [role]: { autoscaling: { enabled: true, kind: "keda", keda: { serverAddress: PROMETHEUS } } } }),
   "*.autoscaling.enabled": () => ({}),
   "*.pdb.": (role) => ({ [role]: { replicas: 3 } }),
+  // Two owners per value need two store pods.
+  "config.kvstore.replication": () => ({ kvstore: { replicas: 3 } }),
   "*.pdb.maxUnavailable": (role) => ({ [role]: { replicas: 3, pdb: { minAvailable: "", maxUnavailable: 1 } } }),
   // GPU pods need the CUDA build of the image.
   "gpu.": () => ({ image: { flavor: "cuda" }, prefill: { gpus: 1, resources: GUARANTEED } }),
@@ -145,6 +147,8 @@ const MUTATIONS = {
   "config.decode.drain-timeout": "300s",
   "config.kvstore.port": 50154,
   "config.kvstore.budget-bytes": 4294967296,
+  "config.kvstore.replication": 2,
+  "kvstore.replicas": 3,
   "config.router.heartbeat-ms": 400,
   "config.router.client-max-connection-age": "5m",
   "config.router.client-max-connection-age-grace": "10m",
@@ -192,6 +196,9 @@ const MUTATIONS = {
   "kvstore.persistence.size": "20Gi",
   "kvstore.persistence.storageClass": "fast-ssd",
   "kvstore.persistence.accessModes": ["ReadWriteOncePod"],
+  "kvstore.persistence.existingClaim": "store-data",
+  // The store's default spreads over zones already: spread over hosts instead.
+  "kvstore.topologySpreadConstraints": [{ maxSkew: 1, topologyKey: "kubernetes.io/hostname", whenUnsatisfiable: "DoNotSchedule" }],
   "router.service.port": 443,
   "router.service.httpPort": 80,
   "router.service.annotations": { "service.beta.kubernetes.io/aws-load-balancer-type": "nlb" },

@@ -81,12 +81,42 @@ TEST_F(KvStoreServiceTest, MoreKeysThanAChainHasAreRefused) {
   EXPECT_TRUE(stub_->Lookup(&again, lookup, &found).ok());
 }
 
+// A fleet's lookup: per key, whatever the chain's other blocks; a bad key or too many keys is
+// refused by name, and a refused probe answers nothing.
+TEST_F(KvStoreServiceTest, ProbeAnswersPerKeyAndRefusesBadKeysByName) {
+  const auto chain = ChainKeys("fp", "", "", std::vector<int32_t>(16 * kMaxKeys, 7), 16);
+  // Blocks 1 and 3 only (0 and 2 live on other nodes).
+  ASSERT_TRUE(
+      Write({Block(chain[1], KeyBytes(chain[0])), Block(chain[3], KeyBytes(chain[2]))}).ok());
+  v1::ProbeRequest probe;
+  for (const Sha256Digest& key : chain) probe.add_keys(KeyBytes(key));
+  grpc::ClientContext context;
+  v1::ProbeResponse held;
+  ASSERT_TRUE(stub_->Probe(&context, probe, &held).ok());
+  EXPECT_THAT(held.block_kv(), ::testing::ElementsAre(false, true, false, true));
+  EXPECT_THAT(held.producer_swa(), ::testing::ElementsAre(false, false, false, false));
+
+  v1::ProbeRequest bad = probe;
+  bad.set_keys(2, "short");
+  v1::ProbeRequest many = probe;
+  many.add_keys(KeyBytes(chain[0]));
+  for (const auto& [request, message] :
+       {std::pair{bad, "keys: a chain key is 32 bytes, got 5"},
+        std::pair{many, "keys: 5 keys; a chain of this model has at most 4"}}) {
+    grpc::ClientContext again;
+    v1::ProbeResponse none;
+    const grpc::Status status = stub_->Probe(&again, request, &none);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << message;
+    EXPECT_THAT(status.error_message(), HasSubstr(message));
+    EXPECT_EQ(none.block_kv_size(), 0);
+  }
+}
+
 TEST_F(KvStoreServiceTest, RefusedWritesStoreNothing) {
   const auto chain = ChainKeys("fp", "", "", std::vector<int32_t>(32, 7), 16);
   for (const auto& [write, message] :
        {std::pair{Block(chain[0], KeyBytes(chain[0])), "parent: equals the key"},
-        std::pair{Block(chain[0], "", kPayload + 4), "payload: 68 bytes"},
-        std::pair{Block(chain[1], KeyBytes(chain[0])), "parent: not in the store"}}) {
+        std::pair{Block(chain[0], "", kPayload + 4), "payload: 68 bytes"}}) {
     const grpc::Status status = Write({write});
     EXPECT_NE(status.error_code(), grpc::StatusCode::OK) << message;
     EXPECT_THAT(status.error_message(), HasSubstr(message));

@@ -207,7 +207,6 @@ TEST_F(PrefixStoreTest, WritesThatBreakTheChainOrTheLayoutAreRefusedAndStoreNoth
   };
   const Case cases[] = {
       {chain[1], good, absl::StatusCode::kInvalidArgument, "parent: equals the key"},
-      {chain[0], good, absl::StatusCode::kFailedPrecondition, "parent: not in the store"},
       {std::nullopt, std::string(kPayload - 4, 'k'), absl::StatusCode::kInvalidArgument,
        "payload: 996 bytes; a block_kv value of this model is exactly 1000 bytes"},
       {std::nullopt, std::string(kPayload + 4, 'k'), absl::StatusCode::kInvalidArgument,
@@ -307,6 +306,58 @@ TEST_F(PrefixStoreTest, BudgetEvictsLeavesFirstAndSwaBeforeBlockKv) {
   const ChainLookup old = store->Lookup(old_chain);
   EXPECT_EQ(old.block_kv_blocks, 3);
   EXPECT_EQ(old.swa_present, std::vector<bool>({true, true, false}));
+}
+
+// A fleet node holds the blocks it owns, whose parents are usually on other nodes: a write
+// whose parent is not held here is kept, and its link counts once the parent arrives (the
+// parent is then no leaf, so it outlives its child).
+TEST_F(PrefixStoreTest, AWriteWhoseParentIsElsewhereIsKeptAndLinkedWhenTheParentArrives) {
+  const auto chain = ChainKeys("fp", "", "", Tokens(48), 16);  // 3 blocks
+  auto store = Open(/*budget=*/2 * 1089 + 50);
+  ASSERT_TRUE(store->Write(chain[2], chain[1], Region::kBlockKv, std::string(kPayload, 'c')).ok());
+  EXPECT_TRUE(store->Read(chain[2], Region::kBlockKv).ok());
+  EXPECT_EQ(store->Lookup(chain).block_kv_blocks, 0);  // nothing reads past a missing block
+  ASSERT_TRUE(store->Write(chain[1], chain[0], Region::kBlockKv, std::string(kPayload, 'b')).ok());
+  // Block 1 is block 2's parent, so not a leaf: a third value evicts block 2, the leaf, though
+  // block 1 was written after it.
+  ASSERT_TRUE(
+      store->Write(chain[0], std::nullopt, Region::kBlockKv, std::string(kPayload, 'a')).ok());
+  EXPECT_EQ(store->counters().evictions, 1u);
+  EXPECT_EQ(store->Lookup(chain).block_kv_blocks, 2);
+  EXPECT_FALSE(store->Read(chain[2], Region::kBlockKv).ok());
+}
+
+// Probe answers per key and per region, and touches what it finds from the chain's end back,
+// so that where every held block is a leaf (their children on other nodes) the budget takes a
+// chain from its end, never its first block while later ones stay.
+TEST_F(PrefixStoreTest, ProbeIsPerKeyAndKeepsAChainsFirstBlocksLongest) {
+  const auto chain = ChainKeys("fp", "", "", Tokens(48), 16);  // 3 blocks
+  const auto other = ChainKeys("fp", "", "", Tokens(16, 5), 16);
+  const auto third = ChainKeys("fp", "", "", Tokens(16, 9), 16);
+  auto store = Open(/*budget=*/3 * 1089 + 50);
+  // Blocks 0 and 2 here, both leaves (block 1 lives elsewhere); block 0 first, so the older.
+  ASSERT_TRUE(
+      store->Write(chain[0], std::nullopt, Region::kBlockKv, std::string(kPayload, 'a')).ok());
+  ASSERT_TRUE(store->Write(chain[2], chain[1], Region::kBlockKv, std::string(kPayload, 'c')).ok());
+  ASSERT_TRUE(
+      store->Write(chain[2], chain[1], Region::kProducerSwa, std::string(kPayload, 's')).ok());
+  const std::vector<PrefixStore::Presence> held = store->Probe(chain);
+  ASSERT_EQ(held.size(), 3u);
+  EXPECT_TRUE(held[0].block_kv);
+  EXPECT_FALSE(held[0].producer_swa);
+  EXPECT_FALSE(held[1].block_kv || held[1].producer_swa);
+  EXPECT_TRUE(held[2].block_kv && held[2].producer_swa);
+  // The probe used block 2, then block 0: block 0 is now the more recent leaf, and a value
+  // past the budget takes block 2's values (SWA rows first), not block 0.
+  ASSERT_TRUE(
+      store->Write(other[0], std::nullopt, Region::kBlockKv, std::string(kPayload, 'o')).ok());
+  EXPECT_EQ(store->counters().evictions, 1u);
+  ASSERT_TRUE(
+      store->Write(third[0], std::nullopt, Region::kBlockKv, std::string(kPayload, 't')).ok());
+  EXPECT_EQ(store->counters().evictions, 2u);
+  const std::vector<PrefixStore::Presence> after = store->Probe(chain);
+  EXPECT_TRUE(after[0].block_kv);
+  EXPECT_FALSE(after[2].block_kv || after[2].producer_swa);
 }
 
 TEST_F(PrefixStoreTest, EvictedSwaRowsOfTheLastNeededBlockBackOffExactlyOneBlock) {

@@ -15,6 +15,7 @@
 #include "baton/kvstore/block_cache.h"
 #include "baton/kvstore/chain.h"
 #include "baton/kvstore/hit_policy.h"
+#include "baton/kvstore/placement.h"
 #include "baton/model/model_factory.h"
 #include "baton/router/routing.h"
 #include "baton/v1/kvstore_mock.grpc.pb.h"
@@ -130,6 +131,22 @@ class RouterServiceTest : public ::testing::Test {
     return *router_;
   }
 
+  // The hit policy's blocks for a prompt of `prompt_len` tokens whose whole chain the store
+  // holds, under the router's default truncation.
+  int64_t HitBlocksWhenAllHeld(int prompt_len) const {
+    const int64_t n = prompt_len / config_.kv_block_size;
+    kvstore::ChainLookup all;
+    all.block_kv_blocks = n;
+    all.swa_present.assign(n, true);
+    return kvstore::HitBlocks({.prompt_len = prompt_len,
+                               .keep = config_.ring_capacity(),
+                               .truncation_on = true,
+                               .ring_capacity = config_.ring_capacity(),
+                               .window = config_.sliding_window,
+                               .block_size = config_.kv_block_size,
+                               .cap = options_.hit_cap},
+                              all);
+  }
   // Registers a node of `role` (holding `held`, speaking StateBlock format `format`) and gives
   // its fake; the registration's status.
   grpc::Status Register(const std::string& id, v1::NodeRole role, uint32_t format = 2,
@@ -350,12 +367,14 @@ TEST_F(RouterServiceTest, LookUpPrefixGivesThePrefillNodeTheHit) {
   nodes_->kvstore["s1"] = std::make_shared<NiceMock<v1::MockKvStoreStub>>();
   ASSERT_TRUE(Register("s1", v1::NODE_ROLE_KVSTORE).ok());
   int keys = 0;
-  EXPECT_CALL(*nodes_->kvstore["s1"], Lookup(_, _, _))
+  EXPECT_CALL(*nodes_->kvstore["s1"], Probe(_, _, _))
       .WillOnce(Invoke(
-          [&](grpc::ClientContext*, const v1::LookupRequest& request, v1::LookupResponse* found) {
+          [&](grpc::ClientContext*, const v1::ProbeRequest& request, v1::ProbeResponse* found) {
             keys = request.keys_size();
-            found->set_block_kv_blocks(request.keys_size());
-            for (int i = 0; i < request.keys_size(); ++i) found->add_swa_present(true);
+            for (int i = 0; i < request.keys_size(); ++i) {
+              found->add_block_kv(true);
+              found->add_producer_swa(true);
+            }
             return grpc::Status::OK;
           }));
   v1::PrefillRequest seen;
@@ -364,17 +383,7 @@ TEST_F(RouterServiceTest, LookUpPrefixGivesThePrefillNodeTheHit) {
   FakeWriter writer;
   ASSERT_TRUE(Generate(Request(prompt_len), writer).ok());
   EXPECT_EQ(keys, prompt_len / config_.kv_block_size);
-  kvstore::ChainLookup all;
-  all.block_kv_blocks = keys;
-  all.swa_present.assign(keys, true);
-  const int64_t blocks = kvstore::HitBlocks({.prompt_len = prompt_len,
-                                             .keep = config_.ring_capacity(),
-                                             .truncation_on = true,
-                                             .ring_capacity = config_.ring_capacity(),
-                                             .window = config_.sliding_window,
-                                             .block_size = config_.kv_block_size,
-                                             .cap = options_.hit_cap},
-                                            all);
+  const int64_t blocks = HitBlocksWhenAllHeld(prompt_len);
   ASSERT_GT(blocks, 0);
   EXPECT_EQ(int64_t{seen.s_valid()}, blocks * config_.kv_block_size);
 }
@@ -509,10 +518,68 @@ TEST_F(RouterServiceTest, BadCacheEventsAreRefusedByName) {
             grpc::StatusCode::INVALID_ARGUMENT);
 }
 
+// A fleet of three store nodes with two owners per value: each node is asked once, for
+// exactly the keys it owns; a key counts as held when any owner holds it, so one failing owner
+// costs no hit; and the prefill carries the nodes that answered, and R.
+TEST_F(RouterServiceTest, AFleetIsProbedByOwnerAndTheSetTravelsWithThePrefill) {
+  options_.kvstore_replication = 2;
+  const std::vector<std::string> ids = {"s1", "s2", "s3"};
+  for (const std::string& id : ids) {
+    nodes_->kvstore[id] = std::make_shared<NiceMock<v1::MockKvStoreStub>>();
+    ASSERT_TRUE(Register(id, v1::NODE_ROLE_KVSTORE).ok());
+  }
+  const int prompt_len = 6 * config_.kv_block_size;
+  const v1::GenerateRequest request = Request(prompt_len);
+  const std::vector<int32_t> tokens(request.prompt_token_ids().begin(),
+                                    request.prompt_token_ids().end());
+  const std::vector<Sha256Digest> chain =
+      kvstore::ChainKeys("weights-a", "", "", tokens, config_.kv_block_size);
+  std::mutex mutex;
+  std::map<std::string, std::vector<std::string>> asked;
+  for (const std::string& id : ids) {
+    EXPECT_CALL(*nodes_->kvstore[id], Probe(_, _, _))
+        .WillOnce(Invoke(
+            [&, id](grpc::ClientContext*, const v1::ProbeRequest& probe, v1::ProbeResponse* found) {
+              std::lock_guard<std::mutex> lock(mutex);
+              asked[id].assign(probe.keys().begin(), probe.keys().end());
+              if (id == "s2") return grpc::Status(grpc::StatusCode::UNAVAILABLE, "down");
+              for (int i = 0; i < probe.keys_size(); ++i) {
+                found->add_block_kv(true);
+                found->add_producer_swa(true);
+              }
+              return grpc::Status::OK;
+            }));
+  }
+  v1::PrefillRequest seen;
+  EXPECT_CALL(Prefill("p1"), Prefill(_, _, _)).WillOnce(FirstToken(7, &seen));
+  Decode("d1", {Output({8}, v1::FINISH_REASON_LENGTH)});
+  FakeWriter writer;
+  ASSERT_TRUE(Generate(request, writer).ok());
+  for (size_t n = 0; n < ids.size(); ++n) {
+    std::vector<std::string> owned;
+    for (const Sha256Digest& key : chain) {
+      for (size_t owner : kvstore::Owners(key, ids, 2)) {
+        if (owner == n) owned.push_back(kvstore::KeyBytes(key));
+      }
+    }
+    EXPECT_EQ(asked[ids[n]], owned) << ids[n];
+  }
+  // Every key has an owner besides s2: the whole chain is held.
+  const int64_t blocks = HitBlocksWhenAllHeld(prompt_len);
+  ASSERT_GT(blocks, 0);
+  EXPECT_EQ(int64_t{seen.s_valid()}, blocks * config_.kv_block_size);
+  // s2 did not answer: the prefill reads from and writes to the others only.
+  ASSERT_EQ(seen.stores().nodes_size(), 2);
+  EXPECT_EQ(seen.stores().nodes(0).node_id(), "s1");
+  EXPECT_EQ(seen.stores().nodes(0).address(), "s1.invalid:1");
+  EXPECT_EQ(seen.stores().nodes(1).node_id(), "s3");
+  EXPECT_EQ(seen.stores().replication(), 2u);
+}
+
 TEST_F(RouterServiceTest, AFailingPrefixStoreMeansACold) {
   nodes_->kvstore["s1"] = std::make_shared<NiceMock<v1::MockKvStoreStub>>();
   ASSERT_TRUE(Register("s1", v1::NODE_ROLE_KVSTORE).ok());
-  EXPECT_CALL(*nodes_->kvstore["s1"], Lookup(_, _, _))
+  EXPECT_CALL(*nodes_->kvstore["s1"], Probe(_, _, _))
       .WillOnce(Return(grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "slow")));
   v1::PrefillRequest seen;
   EXPECT_CALL(Prefill("p1"), Prefill(_, _, _)).WillOnce(FirstToken(7, &seen));

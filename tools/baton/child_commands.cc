@@ -22,6 +22,8 @@ ChildCommand ChildCommands::Router() const {
                                    "--prefill-policy",
                                    options_.prefill_policy,
                                    "--require-kvstore",
+                                   "--kvstore-replication",
+                                   std::to_string(options_.kvstore_replication),
                                    "--internal-ready-file",
                                    layout_.ReadyFile(kRouterInternal)};
   if (options_.client_tls) {
@@ -38,10 +40,11 @@ ChildCommand ChildCommands::Router() const {
   return Make("router", "router", std::move(args));
 }
 
-ChildCommand ChildCommands::Kvstore(const std::string& router_internal) const {
-  return Make("kvstore", "kvstore",
-              {"--model", model_.dir, "--router", router_internal, "--data-dir",
-               (layout_.data_dir / "kvstore").string(), "--budget-bytes",
+ChildCommand ChildCommands::Kvstore(int i, const std::string& router_internal) const {
+  const std::string name = InstanceName("kvstore", i);
+  return Make(name, "kvstore",
+              {"--model", model_.dir, "--router", router_internal, "--node-id", name, "--data-dir",
+               (layout_.data_dir / name).string(), "--budget-bytes",
                std::to_string(options_.kvstore_budget)});
 }
 

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "baton/launcher/child_commands.h"
 #include "baton/launcher/layout.h"
@@ -30,8 +31,7 @@ struct Addresses {
   std::string router;    // the client API
   std::string internal;  // the router's internal API
   std::string http;      // the router's OpenAI API; empty when it serves none
-  std::string kvstore;
-  std::vector<std::string> decode, prefill;  // in node order: "decode", "decode-1", ...
+  std::vector<std::string> kvstore, decode, prefill;  // in node order: "decode", "decode-1", ...
 };
 
 // Stores the address of a child that started in `out`.
@@ -55,11 +55,16 @@ absl::Status StartRouter(const ChildCommands& commands, const Layout& layout, bo
   return Keep(children.AwaitLastChild(layout.ReadyFile(kRouterHttp), "--http-port"), a.http);
 }
 
-// The kvstore, then the decode nodes, then the prefill nodes (which name the kvstore).
+// The store nodes, then the decode nodes, then the prefill nodes (which name the first store
+// node for requests that carry no store set; the router sends the live set with each one).
 absl::Status StartNodes(const ChildCommands& commands, const LaunchOptions& options,
                         Supervisor& children, Addresses& a) {
-  if (absl::Status s = Keep(children.Start(commands.Kvstore(a.internal)), a.kvstore); !s.ok()) {
-    return s;
+  for (int i = 0; i < options.kvstore_nodes; ++i) {
+    if (absl::Status s =
+            Keep(children.Start(commands.Kvstore(i, a.internal)), a.kvstore.emplace_back());
+        !s.ok()) {
+      return s;
+    }
   }
   for (int i = 0; i < options.decode_nodes; ++i) {
     if (absl::Status s =
@@ -69,7 +74,7 @@ absl::Status StartNodes(const ChildCommands& commands, const LaunchOptions& opti
     }
   }
   for (int i = 0; i < options.prefill_nodes; ++i) {
-    if (absl::Status s = Keep(children.Start(commands.Prefill(i, a.internal, a.kvstore)),
+    if (absl::Status s = Keep(children.Start(commands.Prefill(i, a.internal, a.kvstore.front())),
                               a.prefill.emplace_back());
         !s.ok()) {
       return s;
@@ -80,7 +85,10 @@ absl::Status StartNodes(const ChildCommands& commands, const LaunchOptions& opti
 
 // The nodes StartNodes starts, each with a certificate of its own.
 std::vector<NodeName> NodeNames(const LaunchOptions& options) {
-  std::vector<NodeName> nodes = {{"kvstore", "kvstore"}};
+  std::vector<NodeName> nodes;
+  for (int i = 0; i < options.kvstore_nodes; ++i) {
+    nodes.push_back({"kvstore", InstanceName("kvstore", i)});
+  }
   for (int i = 0; i < options.decode_nodes; ++i) {
     nodes.push_back({"decode", InstanceName("decode", i)});
   }
@@ -137,7 +145,8 @@ void PrintReady(const LaunchOptions& options, const Layout& layout, const Addres
                 const Supervisor& children) {
   std::cout << "baton up: router at " << a.router << (options.client_tls ? " (TLS)" : "")
             << " (internal " << a.internal << ", prefill " << absl::StrJoin(a.prefill, " ")
-            << ", decode " << absl::StrJoin(a.decode, " ") << ", kvstore " << a.kvstore << ")";
+            << ", decode " << absl::StrJoin(a.decode, " ") << ", kvstore "
+            << absl::StrJoin(a.kvstore, " ") << ")";
   if (!a.http.empty()) {
     std::cout << "; OpenAI API at " << (options.client_tls ? "https://" : "http://") << a.http
               << "/v1";
@@ -156,6 +165,11 @@ void PrintReady(const LaunchOptions& options, const Layout& layout, const Addres
 
 absl::Status StartCluster(const LaunchOptions& options, Supervisor& children) {
   if (absl::Status s = CheckDevice(options); !s.ok()) return s;
+  if (options.kvstore_replication > options.kvstore_nodes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--kvstore-replication: ", options.kvstore_replication, " owners per value need at least ",
+        options.kvstore_replication, " store nodes; --kvstore-nodes is ", options.kvstore_nodes));
+  }
   absl::StatusOr<Layout> layout = MakeLayout(options.data_dir);
   if (!layout.ok()) return layout.status();
   absl::StatusOr<ServedModel> model = ResolveModel(options, *layout);

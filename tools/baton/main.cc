@@ -85,10 +85,18 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 16));
   up->add_option("--decode-nodes", options.decode_nodes, "baton-decode processes to run (1 to 16)")
       ->check(CLI::Range(1, 16));
+  up->add_option("--kvstore-nodes", options.kvstore_nodes,
+                 "baton-kvstore processes to run (1 to 16): the prefix store as a fleet named "
+                 "kvstore, kvstore-1, ..., each under <data-dir>/<name>")
+      ->check(CLI::Range(1, 16));
+  up->add_option("--kvstore-replication", options.kvstore_replication,
+                 "Owners of each stored value among the store nodes (1 to --kvstore-nodes): with "
+                 "2 or more, losing a store node loses no hit")
+      ->check(CLI::Range(1, 16));
   up->add_flag("--no-restart", options.no_restart,
                "Stop everything when a component exits, instead of starting it again");
   up->add_option("--kvstore-budget-bytes", options.kvstore_budget,
-                 "Prefix-store budget under <data-dir>/kvstore (default 8 GiB)");
+                 "Each prefix-store node's budget under <data-dir>/kvstore[-i] (default 8 GiB)");
   up->add_option("--block-cache-bytes", options.block_cache_bytes,
                  "Each prefill node's local block cache, looked in before the prefix store "
                  "(default 512 MiB; 0: none)")

@@ -83,6 +83,7 @@ router:
   max-node-ids-per-identity: {{ index $c.router "max-node-ids-per-identity" | int64 }}
   # The prefix store never gates readiness: without it requests run cold (DESIGN section 6).
   require-kvstore: false
+  kvstore-replication: {{ $c.kvstore.replication | int64 }}
   {{- with include "baton.servedModelName" . }}
   served-model-name: {{ . | quote }}
   {{- end }}
@@ -112,9 +113,7 @@ prefill:
   block-cache-bytes: {{ index $c.prefill "block-cache-bytes" | int64 }}
   split: {{ $c.router.split }}
   drain-timeout: {{ index $c.prefill "drain-timeout" | quote }}
-  {{- if .Values.kvstore.enabled }}
-  kvstore: {{ include "baton.kvstoreAddress" . }}
-  {{- end }}
+  {{- /* No kvstore address: the routers send the live store pods with each request. */}}
 {{- end -}}
 
 {{- define "baton.config.decode" -}}

@@ -91,12 +91,6 @@ of the pod's search domains (ndots:5). */}}
 {{- printf "%s-router-internal.%s.svc.%s.:%d" (include "baton.fullname" .) .Release.Namespace .Values.clusterDomain (int64 (index .Values.config.router "internal-port")) -}}
 {{- end -}}
 
-{{/* The prefix store's address for prefill nodes: its StatefulSet pod through the headless
-Service, fully qualified like the router's. */}}
-{{- define "baton.kvstoreAddress" -}}
-{{- $fullname := include "baton.fullname" . -}}
-{{- printf "%s-kvstore-0.%s-kvstore.%s.svc.%s.:%d" $fullname $fullname .Release.Namespace .Values.clusterDomain (int64 .Values.config.kvstore.port) -}}
-{{- end -}}
 
 {{/* Where the model comes from: "generate" (model.generate, an init container makes it),
 "builtin" (model.builtin, in the image), "source" (model.source downloads it into model.volume)
@@ -488,6 +482,11 @@ that renewed files reach the pod. defaultMode 0440 (288): readable by the pod's 
     path: {{ .Values.model.volume.path }}
     type: Directory
 {{- end }}
+{{- end }}
+{{- if and (eq $.role "kvstore") .Values.kvstore.persistence.existingClaim }}
+- name: data
+  persistentVolumeClaim:
+    claimName: {{ .Values.kvstore.persistence.existingClaim }}
 {{- end }}
 {{- with (index .Values $.role).extraVolumes }}
 {{ tpl (toYaml .) $root }}

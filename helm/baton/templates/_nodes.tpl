@@ -73,7 +73,8 @@ else the chart's own CA Issuer "<fullname>-ca" (certificates.yaml). */}}
 tls.existingSecrets entry for the role. Call with (dict "root" $ "role" "prefill"). */}}
 {{- define "baton.tlsCsi" -}}
 {{- $tls := .root.Values.tls -}}
-{{- if and $tls.enabled $tls.certManager.csiDriver (has .role (list "prefill" "decode")) (not (index $tls.existingSecrets .role)) (include "baton.certManager" .root) -}}
+{{- $pods := or (has .role (list "prefill" "decode")) (and (eq .role "kvstore") (gt (int64 .root.Values.kvstore.replicas) 1)) -}}
+{{- if and $tls.enabled $tls.certManager.csiDriver $pods (not (index $tls.existingSecrets .role)) (include "baton.certManager" .root) -}}
 true
 {{- end -}}
 {{- end -}}
@@ -99,4 +100,15 @@ csi:
     csi.cert-manager.io/key-usages: "digital signature,server auth,client auth"
     csi.cert-manager.io/key-encoding: PKCS8
     csi.cert-manager.io/fs-group: {{ $root.Values.podSecurityContext.fsGroup | int64 | quote }}
+{{- end -}}
+
+{{/* The store pods' arguments, as a JSON list: with one pod it registers as "kvstore" (its
+certificate's instance, spiffe://baton/kvstore/kvstore); in a fleet each registers under its pod
+name, which placement weighs, and which a restarted pod keeps. */}}
+{{- define "baton.kvstoreArgs" -}}
+{{- if gt (int64 .Values.kvstore.replicas) 1 -}}
+{{- toJson (list "--advertise-host=$(POD_IP)" "--node-id=$(POD_NAME)") -}}
+{{- else -}}
+{{- toJson (list "--advertise-host=$(POD_IP)") -}}
+{{- end -}}
 {{- end -}}

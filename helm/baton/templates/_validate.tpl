@@ -123,6 +123,14 @@ log and compaction output: at most 80% of it. */ -}}
 {{- if gt (mul $budget 5) (mul $size 4) -}}
 {{- fail (printf "config.kvstore.budget-bytes: %d is more than 80%% of kvstore.persistence.size %s (%d bytes); RocksDB needs room beside the data for its write-ahead log and compactions" $budget .Values.kvstore.persistence.size $size) -}}
 {{- end -}}
+{{- /* Each value has R owners among the store pods: R cannot exceed them. */ -}}
+{{- $replicas := .Values.kvstore.replicas | int64 -}}
+{{- if gt (.Values.config.kvstore.replication | int64) $replicas -}}
+{{- fail (printf "config.kvstore.replication: %d owners per value need at least %d store pods; kvstore.replicas is %d" (.Values.config.kvstore.replication | int64) (.Values.config.kvstore.replication | int64) $replicas) -}}
+{{- end -}}
+{{- if and .Values.kvstore.persistence.existingClaim (gt $replicas 1) -}}
+{{- fail (printf "kvstore.persistence.existingClaim: one claim is one pod's volume; kvstore.replicas is %d (use 1, or leave existingClaim empty for a claim per pod)" $replicas) -}}
+{{- end -}}
 {{- end -}}
 {{- include "baton.validateModelSource" . -}}
 {{- include "baton.validateRollout" . -}}

@@ -11,8 +11,12 @@
 //
 // Writes are checked before anything is stored: a payload is exactly one block of its region
 // for the model (StoreOptions), holds only finite floats, and names a parent that differs from
-// its key and is in the store (or no parent: a chain root). A value that were its own parent
-// would be a node that is never a leaf, hence never evicted.
+// its key (or no parent: a chain root). A value that were its own parent would be a node that
+// is never a leaf, hence never evicted. The parent need not be held here: in a fleet each node
+// holds the values it owns (kvstore/placement.h), and a block's parent is usually another
+// node's; the link is recorded, and counts (for eviction) once the parent is held here too.
+// Nothing reads past a missing block: a lookup's hit ends at the first block without its
+// block KV (docs/architecture.md, "The store as a fleet").
 //
 // Budget: when the stored bytes (values with their headers) pass `budget_bytes`, the least
 // recently used chain leaf loses its producer SWA rows first, then its block KV (which may
@@ -25,6 +29,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -74,11 +79,19 @@ class PrefixStore {
 
   // Leading blocks of `chain` whose block KV is present; touches them for LRU.
   ChainLookup Lookup(const std::vector<Sha256Digest>& chain);
+  // Which of `keys` (one chain's, in chain order) are held, per region. The held ones are
+  // touched from the last to the first: of one chain's blocks on this node the earlier ones
+  // are then the more recently used, so eviction takes a chain from its end even where its
+  // blocks' children live on other nodes (and so every block here is a leaf).
+  struct Presence {
+    bool block_kv = false, producer_swa = false;
+  };
+  std::vector<Presence> Probe(std::span<const Sha256Digest> keys);
   // The payload, or NOT_FOUND (absent, or dropped after failing its checks).
   absl::StatusOr<std::string> Read(const Sha256Digest& key, Region region);
   // `parent` is the previous block's key (nullopt for block 0). Evicts to stay in budget.
   // INVALID_ARGUMENT for a payload of the wrong size or with NaN/Inf, or a parent equal to the
-  // key; FAILED_PRECONDITION for a parent not in the store. A refused write stores nothing.
+  // key. A refused write stores nothing.
   absl::Status Write(const Sha256Digest& key, const std::optional<Sha256Digest>& parent,
                      Region region, const std::string& payload);
   StoreCounters counters() const;

@@ -34,13 +34,29 @@
 
 namespace baton::prefill_node {
 
+class StoreFleetClient;
+
+// The prefix store nodes one request reads from and writes to (prefill_node/store_fleet.h):
+// the fleet the router sent with it, or the node's --kvstore as a fleet of one; empty: none.
+struct StoreFleetRoute {
+  std::vector<std::string> ids;
+  std::vector<std::shared_ptr<v1::KvStore::StubInterface>> stubs;
+  int replication = 0;
+  bool empty() const { return ids.empty(); }
+};
+
 struct PrefillOptions {
   int64_t token_budget = 512;  // rows per prefill chunk
   bool use_ucx = true;
   // Accept a UCX_TLS with TCP, which lets any peer reaching the port read and write this
   // process's memory (transfer::UcxTransports; --ucx-allow-unprotected-tcp).
   bool ucx_allow_unprotected_tcp = false;
-  std::string kvstore_address;  // empty: no prefix store
+  // The prefix store of a request that names no fleet (--kvstore; empty: none). A request
+  // from a router that knows the live store nodes carries them, and their owners are used.
+  std::string kvstore_address;
+  // A hit's reads from the store end when computing its blocks would have been done: at the
+  // predicted compute time of the hit's rows, and no sooner than this (--store-read-min-ms).
+  int64_t store_read_min_ms = 50;
   // Payload bytes waiting for the store at most; a prompt whose blocks do not fit is not
   // written back (the store is behind, and memory stays bounded).
   uint64_t write_back_bytes = uint64_t{256} << 20;
@@ -111,8 +127,8 @@ class PrefillService final
   // Loads the hit's blocks [0, H / B), each from the local block cache when it holds it and
   // from the prefix store otherwise (and then kept in the cache): block KV into the pages,
   // producer SWA rows of [H - W + 1, H) into the producer rings. `ok` false on any miss (the
-  // caller computes the hit instead). The store reads end with `caller`'s call (cancelled or
-  // past its deadline) and within 5 s.
+  // caller computes the hit instead). The store reads go to the blocks' owners on `route`;
+  // they end with `caller`'s call (cancelled or past its deadline) and by ReadDeadline.
   struct PrefixLoad {
     bool ok = false;
     int64_t local_blocks = 0;  // blocks whose block KV came from the local cache
@@ -120,8 +136,8 @@ class PrefillService final
     double local_ms = 0, store_ms = 0;
   };
   PrefixLoad LoadPrefix(grpc::ServerContext& caller, const trace::Span& span,
-                        const std::vector<Sha256Digest>& keys, int64_t hit_tokens,
-                        const std::string& tenant, const std::string& salt,
+                        const StoreFleetRoute& route, const std::vector<Sha256Digest>& keys,
+                        int64_t hit_tokens, const std::string& tenant, const std::string& salt,
                         model::SequenceState& state);
   // One served prefill's times, folded into the rates the node reports (moving averages).
   struct Observed {
@@ -140,7 +156,11 @@ class PrefillService final
                                                       model::SequenceState& state);
   // Queues the prompt's new full blocks for the store; a background thread writes them, so
   // the first token never waits for the store.
-  void QueueWriteBack(std::vector<v1::BlockWrite> writes, const trace::Span& span);
+  void QueueWriteBack(std::vector<v1::BlockWrite> writes, const trace::Span& span,
+                      StoreFleetRoute route);
+  // When a hit of `hit_tokens` rows must be read by: its predicted compute time on this node,
+  // and at least --store-read-min-ms, from now.
+  std::chrono::system_clock::time_point ReadDeadline(int64_t hit_tokens) const;
   void WriteBackLoop();
   void UcxProgressLoop();
 
@@ -160,7 +180,7 @@ class PrefillService final
   std::unique_ptr<transfer::StagingPool> staging_;
   transfer::ExposureTable exposures_;
   std::map<std::string, std::unique_ptr<v1::DecodeNode::Stub>> decode_stubs_;
-  std::unique_ptr<v1::KvStore::Stub> kvstore_;
+  std::unique_ptr<StoreFleetClient> stores_;
   std::unique_ptr<kvstore::BlockCache> cache_;  // null without --block-cache-bytes
   mutable std::mutex rates_mutex_;
   kvstore::PrefillRates rates_;  // 0 where nothing was measured yet
@@ -175,6 +195,7 @@ class PrefillService final
   struct QueuedWrites {
     std::vector<v1::BlockWrite> writes;
     trace::Span span;
+    StoreFleetRoute route;
   };
   std::deque<QueuedWrites> write_queue_;
   uint64_t write_queue_bytes_ = 0;  // payload bytes in write_queue_

@@ -204,6 +204,9 @@ class NodeRegistry {
   bool Serving() const;
   // Per served model, the fingerprints that a live prefill and a live decode node both serve.
   std::vector<std::set<std::string>> ServedFingerprints() const;
+  // The live store nodes that are not draining, by node_id: the prefix store's live set
+  // (DESIGN section 5), the one set every placement of a request is computed over.
+  std::vector<std::shared_ptr<RegisteredNode>> LiveStores() const;
   // Live nodes by role label ("prefill", "decode", "kvstore"), for baton_nodes.
   std::map<std::string, double> LiveByRole() const;
   // Live nodes by role, build and StateBlock format, for baton_router_nodes_by_version and

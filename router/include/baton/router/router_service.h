@@ -33,6 +33,7 @@
 #include "baton/common/model_config.h"
 #include "baton/common/rpc.h"
 #include "baton/common/stream_watch.h"
+#include "baton/kvstore/fleet.h"
 #include "baton/kvstore/hit_policy.h"
 #include "baton/kvstore/ttft_model.h"
 #include "baton/router/admission.h"
@@ -77,6 +78,10 @@ struct RouterOptions {
   // nodes that hold the layers it needs (all, or the producers only under replay-on-decode).
   v1::Split split = v1::SPLIT_PREFILL_ALL;
   uint32_t lookup_timeout_ms = 200;  // a slower prefix store means a cold request
+  // Owners of each stored value among the live store nodes (--kvstore-replication; DESIGN
+  // section 5): the lookup asks them all, and the prefill node reads from any and writes to
+  // all. More than the live nodes means every node.
+  int kvstore_replication = 1;
   // The sampled share of the traces the router starts (common/trace.h); a client's traceparent
   // keeps its own flag.
   double trace_sample_ratio = 1.0;
@@ -189,6 +194,8 @@ class RouterService final : public v1::Generation::Service, public v1::Registry:
   NodeRegistry registry_;
   Admission admission_;
   std::shared_ptr<NodeStubs> stubs_;
+  // Store nodes whose probes keep failing or timing out are skipped for a while.
+  std::unique_ptr<kvstore::StoreBreaker> store_breaker_;
   mutable std::mutex mutex_;  // what follows
   bool stop_ = false;
   bool draining_ = false;   // Drain was called

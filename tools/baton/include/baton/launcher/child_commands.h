@@ -40,7 +40,8 @@ class ChildCommands {
 
   ChildCommand Router() const;
   // `router_internal`: the router's internal address.
-  ChildCommand Kvstore(const std::string& router_internal) const;
+  // Store node `i`: "kvstore", "kvstore-1", ..., under <data-dir>/<its name>.
+  ChildCommand Kvstore(int i, const std::string& router_internal) const;
   ChildCommand Decode(int i, const std::string& router_internal) const;
   ChildCommand Prefill(int i, const std::string& router_internal, const std::string& kvstore) const;
 

@@ -37,7 +37,9 @@ struct LaunchOptions {
   std::string weights = "fp32";  // --weights: fp32 or bf16 (cpu only)
   std::string cuda_prefill_attention;  // --cuda-prefill-attention: simple or gemm ("": the nodes'
                                        // default, which reads BATON_CUDA_PREFILL_ATTENTION)
-  uint64_t kvstore_budget = uint64_t{8} << 30;  // --kvstore-budget-bytes
+  int kvstore_nodes = 1;               // --kvstore-nodes (1 to 16): kvstore, kvstore-1, ...
+  int kvstore_replication = 1;         // --kvstore-replication (1 to --kvstore-nodes): the router's
+  uint64_t kvstore_budget = uint64_t{8} << 30;       // --kvstore-budget-bytes, each store node's
   uint64_t block_cache_bytes = uint64_t{512} << 20;  // --block-cache-bytes: each prefill node's
   std::string prefill_policy = "predicted-ttft";     // --prefill-policy: the router's
 

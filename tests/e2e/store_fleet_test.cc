@@ -1,0 +1,145 @@
+// The prefix store as a fleet (DESIGN section 5) under `baton up --kvstore-nodes 3
+// --kvstore-replication 2`: a repeated 2,000-token prompt hits at the cap with the forward
+// pass's tokens; its values lie on all three nodes, two copies each; a store node that stops
+// answering (SIGSTOP) or is killed (SIGKILL) costs no hit and no token, the router's breaker
+// skips the frozen one, and the killed one is restarted and rejoins the live set.
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "baton/common/model_config.h"
+#include "baton/model/model_factory.h"
+#include "baton_up.h"
+#include "client.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "scrape.h"
+#include "test_dir.h"
+#include "testing/eventually.h"
+
+namespace baton::testing {
+namespace {
+
+const std::vector<std::string> kStores = {"kvstore", "kvstore-1", "kvstore-2"};
+
+class StoreFleetTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    model_ = ProcessTempDir() + "/fleet_small";
+    ASSERT_TRUE(model::MakeModel(*model::PresetConfig("small"), 9, model_).ok());
+  }
+  // Block-KV values a store node holds (its own /metrics).
+  static double Values(const BatonUp& up, const std::string& node) {
+    return Sample(Scrape(up.Address(node + ".metrics")), "baton_store_values",
+                  {{"region", "block_kv"}})
+        .value_or(-1);
+  }
+  static double RouterSample(const BatonUp& up, const std::string& name) {
+    return Sample(Scrape(up.Address("router.metrics")), name, {}).value_or(-1);
+  }
+
+  static std::string model_;
+};
+std::string StoreFleetTest::model_;
+
+TEST_F(StoreFleetTest, HitsSpreadOverTheOwnersAndSurviveAStoreNodeLost) {
+  const std::filesystem::path dir = ProcessTempDir() + "/store_fleet";
+  // No local block cache: every hit is read from the store nodes.
+  BatonUp up(dir, model_,
+             {"--kvstore-nodes", "3", "--kvstore-replication", "2", "--block-cache-bytes", "0"});
+  ASSERT_TRUE(up.WaitUntilUp()) << up.log();
+  const ModelConfig config = *LoadModelConfig(model_ + "/config.json");
+  const int64_t L = 2000, B = config.kv_block_size, C = config.ring_capacity();
+  std::mt19937_64 rng(83);
+  const std::vector<int32_t> prompt = RandomPrompt(rng, L, config.vocab_size);
+  auto stub = v1::Generation::NewStub(
+      grpc::CreateChannel(up.Address("router.addr"), grpc::InsecureChannelCredentials()));
+  auto run = [&] {
+    const Outcome outcome = Generate(*stub, Request(prompt, 6));
+    EXPECT_TRUE(outcome.status.ok()) << outcome.status.error_message();
+    return outcome;
+  };
+  const std::vector<int32_t> forward = ForwardTokens(model_, prompt, "compact", C, 6);
+  const Outcome cold = run();
+  EXPECT_EQ(cold.usage.cached_tokens(), 0u);
+  EXPECT_EQ(cold.tokens, forward);
+
+  // The write-back puts each of the prompt's L / B blocks on its two owners.
+  const double copies = 2.0 * static_cast<double>(L / B);
+  auto total = [&] {
+    double sum = 0;
+    for (const std::string& node : kStores) sum += Values(up, node);
+    return sum;
+  };
+  ASSERT_TRUE(EventuallyThat(total, ::testing::Eq(copies))) << up.log();
+  for (const std::string& node : kStores) {
+    EXPECT_GT(Values(up, node), 0) << node << " holds none of the prompt's blocks";
+    EXPECT_LT(Values(up, node), static_cast<double>(L / B)) << node << " holds them all";
+  }
+  const uint32_t cap = static_cast<uint32_t>((L - C) / B * B);
+  const Outcome hit = run();
+  EXPECT_EQ(hit.usage.cached_tokens(), cap);
+  EXPECT_EQ(hit.tokens, forward);
+
+  // A store node that stops answering: its keys' other owners serve the hit, and after a few
+  // probes that time out the router's breaker skips it.
+  const pid_t frozen = up.Child("kvstore-1");
+  ASSERT_GT(frozen, 0);
+  ASSERT_EQ(kill(frozen, SIGSTOP), 0);
+  for (int i = 0; i < 4; ++i) {
+    const Outcome during = run();
+    EXPECT_EQ(during.usage.cached_tokens(), cap) << "request " << i << " with kvstore-1 frozen";
+    EXPECT_EQ(during.tokens, forward);
+  }
+  EXPECT_GE(RouterSample(up, "baton_router_store_breaker_trips_total"), 1);
+  EXPECT_EQ(RouterSample(up, "baton_router_store_breaker_open"), 1);
+  ASSERT_EQ(kill(frozen, SIGCONT), 0);
+  // Once its breaker's while is over, one probe tries the node again, and it is back.
+  ASSERT_TRUE(EventuallyThat(
+      [&] {
+        run();
+        return RouterSample(up, "baton_router_store_breaker_open");
+      },
+      ::testing::Eq(0.0), std::chrono::seconds(30), std::chrono::milliseconds(500)));
+
+  // A store node killed: still every hit, and baton up starts it again; it rejoins the set
+  // with the values it held (RocksDB's write-ahead log).
+  const pid_t killed = up.Child("kvstore-2");
+  ASSERT_GT(killed, 0);
+  const double held = Values(up, "kvstore-2");
+  ASSERT_GT(held, 0);
+  ASSERT_EQ(kill(killed, SIGKILL), 0);
+  const Outcome after = run();
+  EXPECT_EQ(after.usage.cached_tokens(), cap);
+  EXPECT_EQ(after.tokens, forward);
+  ASSERT_TRUE(EventuallyThat([&] { return up.Child("kvstore-2"); },
+                             ::testing::AllOf(::testing::Gt(0), ::testing::Ne(killed)),
+                             std::chrono::seconds(30)));
+  EXPECT_TRUE(EventuallyThat([&] { return RouterSample(up, "baton_kvstore_nodes"); },
+                             ::testing::Eq(3.0), std::chrono::seconds(30)));
+  EXPECT_EQ(RouterSample(up, "baton_kvstore_replication"), 2);
+  EXPECT_TRUE(EventuallyThat([&] { return Values(up, "kvstore-2"); }, ::testing::Eq(held)));
+}
+
+TEST_F(StoreFleetTest, ReplicationAboveTheStoreNodesIsRefusedByName) {
+  const std::string err = ProcessTempDir() + "/fleet_bad.err";
+  const int status =
+      std::system((std::string(BATON_PATH) + " up --port 0 --http-port -1 " + "--data-dir " +
+                   ProcessTempDir() + "/fleet_bad --model " + model_ +
+                   " --kvstore-nodes 2 --kvstore-replication 3 " + "> /dev/null 2> " + err)
+                      .c_str());
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 2);
+  EXPECT_THAT(ReadFile(err), ::testing::HasSubstr("--kvstore-replication: 3 owners per value "
+                                                  "need at least 3 store nodes; "
+                                                  "--kvstore-nodes is 2"));
+}
+
+}  // namespace
+}  // namespace baton::testing
