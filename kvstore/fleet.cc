@@ -129,6 +129,13 @@ void StoreBreaker::Cancel(const std::string& node_id) {
   if (it != nodes_.end()) it->second.trial = false;
 }
 
+bool StoreBreaker::IsOpen(const std::string& node_id, Clock::time_point now) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = nodes_.find(node_id);
+  return it != nodes_.end() && it->second.failures >= options_.failures_to_open &&
+         now < it->second.open_until;
+}
+
 size_t StoreBreaker::open(Clock::time_point now) const {
   std::lock_guard<std::mutex> lock(mutex_);
   return static_cast<size_t>(std::count_if(nodes_.begin(), nodes_.end(), [&](const auto& entry) {

@@ -1,5 +1,6 @@
 #include "baton/kvstore/kvstore_service.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 
@@ -9,6 +10,7 @@
 #include "baton/common/rpc.h"
 #include "baton/common/security.h"
 #include "baton/common/trace.h"
+#include "baton/common/wire_bounds.h"
 
 namespace baton::kvstore {
 namespace {
@@ -56,14 +58,13 @@ KvStoreService::KvStoreService(PrefixStore& store, uint64_t max_keys)
       return std::vector<std::pair<std::map<std::string, std::string>, double>>{{{}, value}};
     };
     return std::vector<prometheus::MetricFamily>{
-        metrics::CounterFamily("baton_store_lookups_total", "Chain lookups served",
+        metrics::CounterFamily("baton_store_lookups_total",
+                               "Lookups served: whole chains (Lookup), and a fleet's per-key "
+                               "probes of the keys this node owns (Probe)",
                                one(lookups_.load())),
         metrics::CounterFamily("baton_store_lookup_blocks_total",
                                "Leading blocks with block KV found by lookups",
                                one(lookup_blocks_.load())),
-        metrics::CounterFamily("baton_store_probes_total",
-                               "Probes served (a fleet's lookups: the keys this node owns)",
-                               one(probes_.load())),
         metrics::CounterFamily("baton_store_probe_keys_total", "Keys asked by probes, by result",
                                {{{{"result", "held"}}, static_cast<double>(probe_found_.load())},
                                 {{{"result", "absent"}},
@@ -138,7 +139,10 @@ grpc::Status KvStoreService::Probe(grpc::ServerContext* context, const v1::Probe
   const trace::Span span = trace::StartServerSpan(*context);
   const absl::Status status = ProbeKeys(*context, *request, *reply);
   const double ms = MillisSince(start);
-  LogCall(span, "prefix probe", status, ms, {{"keys", request->keys_size()}, {"ms", ms}});
+  // The fleet's lookup: logged as the whole-chain one is (the event name is the log contract).
+  const int64_t held = std::count(reply->block_kv().begin(), reply->block_kv().end(), true);
+  LogCall(span, "prefix lookup", status, ms,
+          {{"keys", request->keys_size()}, {"held", held}, {"ms", ms}});
   return ToGrpcStatus(status);
 }
 
@@ -208,7 +212,7 @@ absl::Status KvStoreService::ProbeKeys(const grpc::ServerContext& context,
     reply.add_producer_swa(held.producer_swa);
     found += held.block_kv ? 1 : 0;
   }
-  ++probes_;
+  ++lookups_;
   probe_keys_ += keys.size();
   probe_found_ += found;
   return absl::OkStatus();
@@ -224,12 +228,17 @@ absl::Status KvStoreService::SendBlocks(const grpc::ServerContext& context,
   absl::StatusOr<Region> region = RegionFrom(request.region());
   if (!region.ok()) return region.status();
   if (absl::Status s = CheckKeyCount(request.keys_size(), max_keys_); !s.ok()) return s;
+  if (absl::Status s =
+          CheckBytes("model_fingerprint", request.model_fingerprint(), kMaxFingerprintBytes);
+      !s.ok()) {
+    return s;
+  }
   for (const std::string& bytes : request.keys()) {
     absl::StatusOr<Sha256Digest> key = KeyFrom(bytes, "keys");
     if (!key.ok()) return key.status();
     v1::StoredBlock block;
     block.set_key(bytes);
-    absl::StatusOr<std::string> payload = store_.Read(*key, *region);
+    absl::StatusOr<std::string> payload = store_.Read(*key, *region, request.model_fingerprint());
     block.set_found(payload.ok());
     if (payload.ok()) *block.mutable_payload() = *std::move(payload);
     if (!writer.Write(block)) return absl::CancelledError("reader gone");
@@ -265,7 +274,12 @@ absl::Status KvStoreService::Write(const v1::BlockWrite& write) {
   }
   absl::StatusOr<Region> region = RegionFrom(write.region());
   if (!region.ok()) return region.status();
-  return store_.Write(*key, parent, *region, write.payload());
+  if (absl::Status s =
+          CheckBytes("model_fingerprint", write.model_fingerprint(), kMaxFingerprintBytes);
+      !s.ok()) {
+    return s;
+  }
+  return store_.Write(*key, parent, *region, write.payload(), write.model_fingerprint());
 }
 
 grpc::Status KvStoreService::Stats(grpc::ServerContext* context,

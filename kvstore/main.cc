@@ -13,7 +13,10 @@ int main(int argc, char** argv) {
   std::string model_dir, router, data_dir;
   baton::ServerFlags flags;
   uint64_t budget = 0;
-  app.add_option("--model", model_dir, "Model directory (values carry its fingerprint)")
+  app.add_option("--model", model_dir,
+                 "Model directory: the size of every value, and the model of calls that name "
+                 "none; values of other models of its shape (a rollout's) are kept and served "
+                 "to their own readers")
       ->required();
   app.add_option("--data-dir", data_dir, "RocksDB folder")->required();
   app.add_option("--budget-bytes", budget, "Bytes of stored values at most (0: unlimited)");

@@ -80,8 +80,10 @@ absl::Status PrefixStore::Rebuild() {
       std::optional<Sha256Digest> parent;
       Sha256Digest key{};
       if (it->key().size() == 32) std::memcpy(key.data(), it->key().data(), 32);
-      if (it->key().size() != 32 || !codec_.Decode(key, static_cast<Region>(region),
-                                                   it->value().ToString(), nullptr, &parent)) {
+      // Any model's value: each read checks its reader's model (see the header comment).
+      if (it->key().size() != 32 ||
+          !codec_.Decode(key, static_cast<Region>(region), it->value().ToString(), nullptr, &parent,
+                         /*any_model=*/true)) {
         corrupt.push_back(it->key().ToString());
         continue;
       }
@@ -130,8 +132,8 @@ absl::Status PrefixStore::Verify() const {
       }
       std::memcpy(key.data(), it->key().data(), 32);
       std::optional<Sha256Digest> parent;
-      if (!codec_.Decode(key, static_cast<Region>(region), it->value().ToString(), nullptr,
-                         &parent)) {
+      if (!codec_.Decode(key, static_cast<Region>(region), it->value().ToString(), nullptr, &parent,
+                         /*any_model=*/true)) {
         return absl::DataLossError(
             absl::StrCat("a value in ", kFamilies[region], " fails its checks"));
       }
@@ -154,6 +156,11 @@ absl::Status PrefixStore::Verify() const {
   return absl::OkStatus();
 }
 
+Sha256Digest PrefixStore::ModelFor(std::string_view model_fingerprint) const {
+  return model_fingerprint.empty() ? codec_.model_digest()
+                                   : ValueCodec::ModelDigest(model_fingerprint);
+}
+
 ChainLookup PrefixStore::Lookup(const std::vector<Sha256Digest>& chain) {
   std::lock_guard<std::mutex> lock(mutex_);
   return index_.Lookup(chain);
@@ -170,7 +177,8 @@ std::vector<PrefixStore::Presence> PrefixStore::Probe(std::span<const Sha256Dige
   return held;
 }
 
-absl::StatusOr<std::string> PrefixStore::Read(const Sha256Digest& key, Region region) {
+absl::StatusOr<std::string> PrefixStore::Read(const Sha256Digest& key, Region region,
+                                              std::string_view model_fingerprint) {
   std::string value;
   const rocksdb::Status status = db_->Get(
       rocksdb::ReadOptions(), handles_[static_cast<int>(region) + 1], KeySlice(key), &value);
@@ -185,12 +193,16 @@ absl::StatusOr<std::string> PrefixStore::Read(const Sha256Digest& key, Region re
   }
   std::string payload;
   std::optional<Sha256Digest> parent;
-  if (!codec_.Decode(key, region, value, &payload, &parent)) {
+  if (!codec_.Decode(key, region, value, &payload, &parent, /*any_model=*/true)) {
     ++counters_.corrupt_values;
     ++counters_.misses;
     Delete(static_cast<int>(region), KeySlice(key));
     index_.Remove(key, region);
     return absl::NotFoundError("stored value failed its checks; dropped");
+  }
+  if (ValueCodec::ModelOf(value) != ModelFor(model_fingerprint)) {
+    ++counters_.misses;  // another model's value: not this reader's, and not corrupt
+    return absl::NotFoundError("stored value is another model's");
   }
   ++counters_.hits;
   counters_.bytes_read += payload.size();
@@ -199,7 +211,8 @@ absl::StatusOr<std::string> PrefixStore::Read(const Sha256Digest& key, Region re
 }
 
 absl::Status PrefixStore::Write(const Sha256Digest& key, const std::optional<Sha256Digest>& parent,
-                                Region region, const std::string& payload) {
+                                Region region, const std::string& payload,
+                                std::string_view model_fingerprint) {
   if (parent == key) {
     return absl::InvalidArgumentError(
         "parent: equals the key; a block's parent is the previous block of its chain");
@@ -214,11 +227,22 @@ absl::Status PrefixStore::Write(const Sha256Digest& key, const std::optional<Sha
         absl::StrCat("payload: float ", *bad, " is NaN or Inf; stored rows must be finite"));
   }
   std::lock_guard<std::mutex> lock(mutex_);
+  const Sha256Digest model = ModelFor(model_fingerprint);
   if (index_.Contains(key, region)) {
-    index_.Touch(key);  // already stored (blocks are immutable for a given key)
+    // Already stored: blocks are immutable for a given key, and a key is one model's (the
+    // chain keys carry the fingerprint), so a write naming another model is refused.
+    std::string held;
+    if (db_->Get(rocksdb::ReadOptions(), handles_[static_cast<int>(region) + 1], KeySlice(key),
+                 &held)
+            .ok() &&
+        ValueCodec::ModelOf(held) != model) {
+      return absl::FailedPreconditionError(
+          "model_fingerprint: the key holds another model's value; a chain key is one model's");
+    }
+    index_.Touch(key);
     return absl::OkStatus();
   }
-  const std::string value = codec_.Encode(key, parent, payload);
+  const std::string value = codec_.Encode(key, parent, payload, model);
   rocksdb::WriteOptions write;
   write.sync = options_.sync_writes;
   if (absl::Status s = FromRocks(

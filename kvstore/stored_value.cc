@@ -45,17 +45,33 @@ ValueCodec::ValueCodec(std::string_view model_fingerprint, uint64_t block_kv_pay
       block_kv_payload_bytes_(block_kv_payload_bytes),
       producer_swa_payload_bytes_(producer_swa_payload_bytes) {}
 
+Sha256Digest ValueCodec::ModelDigest(std::string_view model_fingerprint) {
+  return Sha256Of(model_fingerprint.data(), model_fingerprint.size());
+}
+
+std::optional<Sha256Digest> ValueCodec::ModelOf(std::string_view value) {
+  if (value.size() < kValueHeaderBytes) return std::nullopt;
+  Sha256Digest model;
+  std::memcpy(model.data(), value.data() + 8, 32);
+  return model;
+}
+
 uint64_t ValueCodec::payload_bytes(Region region) const {
   return region == Region::kBlockKv ? block_kv_payload_bytes_ : producer_swa_payload_bytes_;
 }
 
 std::string ValueCodec::Encode(const Sha256Digest& key, const std::optional<Sha256Digest>& parent,
                                std::string_view payload) const {
+  return Encode(key, parent, payload, fingerprint_digest_);
+}
+
+std::string ValueCodec::Encode(const Sha256Digest& key, const std::optional<Sha256Digest>& parent,
+                               std::string_view payload, const Sha256Digest& model) const {
   std::string value;
   value.reserve(kValueHeaderBytes + payload.size());
   value.append(kMagic, 4);
   Append(value, kFormatVersion);
-  value.append(reinterpret_cast<const char*>(fingerprint_digest_.data()), 32);
+  value.append(reinterpret_cast<const char*>(model.data()), 32);
   value.push_back(parent.has_value() ? 1 : 0);
   const Sha256Digest none{};
   const Sha256Digest& p = parent.has_value() ? *parent : none;
@@ -69,12 +85,15 @@ std::string ValueCodec::Encode(const Sha256Digest& key, const std::optional<Sha2
 }
 
 bool ValueCodec::Decode(const Sha256Digest& key, Region region, std::string_view value,
-                        std::string* payload, std::optional<Sha256Digest>* parent) const {
+                        std::string* payload, std::optional<Sha256Digest>* parent,
+                        bool any_model) const {
   if (value.size() < kValueHeaderBytes || std::memcmp(value.data(), kMagic, 4) != 0) return false;
   uint32_t version;
   std::memcpy(&version, value.data() + 4, 4);
   if (version != kFormatVersion) return false;
-  if (std::memcmp(value.data() + 8, fingerprint_digest_.data(), 32) != 0) return false;
+  if (!any_model && std::memcmp(value.data() + 8, fingerprint_digest_.data(), 32) != 0) {
+    return false;
+  }
   // Only what Encode writes: the flag is 0 or 1, and a root's parent field is all zero.
   const uint8_t flag = static_cast<uint8_t>(value[kParentFlagOffset]);
   if (flag > 1) return false;

@@ -341,6 +341,7 @@ absl::Status PrefillCall::WriteBack() {
     if (parent.has_value()) write.set_parent(kvstore::KeyBytes(*parent));
     write.set_region(block_kv ? v1::STORE_REGION_BLOCK_KV : v1::STORE_REGION_PRODUCER_SWA);
     write.set_payload(std::move(payload));
+    write.set_model_fingerprint(node_.model_.fingerprint());
   }
   node_.metrics_->written_blocks.Increment(static_cast<double>(writes.size() / 2));
   node_.QueueWriteBack(std::move(writes), span_, std::move(route_));

@@ -186,7 +186,7 @@ PrefillService::PrefixLoad PrefillService::LoadPrefix(
     if (route.empty()) return false;
     const auto store_start = Clock::now();
     const bool read = stores_->Read(
-        route, caller, span, keys, missing, region, bytes, deadline,
+        route, caller, span, keys, missing, region, model_.fingerprint(), bytes, deadline,
         [&](int64_t b, const std::string& payload) {
           use(b, payload);
           load.store_bytes += payload.size();

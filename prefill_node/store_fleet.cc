@@ -62,7 +62,8 @@ StoreFleetClient::Route StoreFleetClient::RouteFor(const v1::StoreFleet& fleet) 
 bool StoreFleetClient::Read(const Route& route, grpc::ServerContext& caller,
                             const trace::Span& span, std::span<const Sha256Digest> keys,
                             std::span<const int64_t> blocks, kvstore::Region region,
-                            uint64_t payload_bytes, std::chrono::system_clock::time_point deadline,
+                            const std::string& model_fingerprint, uint64_t payload_bytes,
+                            std::chrono::system_clock::time_point deadline,
                             const std::function<void(int64_t, const std::string&)>& use) {
   if (route.empty()) return blocks.empty();
   uint64_t turn;
@@ -112,6 +113,7 @@ bool StoreFleetClient::Read(const Route& route, grpc::ServerContext& caller,
       v1::ReadBlocksRequest request;
       for (size_t i : mine) request.add_keys(kvstore::KeyBytes(keys[blocks[i]]));
       request.set_region(wire_region);
+      request.set_model_fingerprint(model_fingerprint);
       auto context = grpc::ClientContext::FromServerContext(caller);
       if (caller.deadline() > deadline) context->set_deadline(deadline);
       trace::Inject(span, *context);

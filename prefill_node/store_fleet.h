@@ -43,12 +43,13 @@ class StoreFleetClient {
   // The route of a request whose (checked) fleet is `fleet`.
   Route RouteFor(const v1::StoreFleet& fleet);
 
-  // Reads `blocks` (indexes into `keys`) of `region` from their owners, each payload checked to
-  // be `payload_bytes`; `use` gets each block read, on this thread. True when every block was
-  // read. The calls carry `caller`'s cancellation and end by `deadline`.
+  // Reads `blocks` (indexes into `keys`) of `region`, values of `model_fingerprint`, from
+  // their owners, each payload checked to be `payload_bytes`; `use` gets each block read, on
+  // this thread. True when every block was read. The calls carry `caller`'s cancellation and
+  // end by `deadline`.
   bool Read(const Route& route, grpc::ServerContext& caller, const trace::Span& span,
             std::span<const Sha256Digest> keys, std::span<const int64_t> blocks,
-            kvstore::Region region, uint64_t payload_bytes,
+            kvstore::Region region, const std::string& model_fingerprint, uint64_t payload_bytes,
             std::chrono::system_clock::time_point deadline,
             const std::function<void(int64_t, const std::string&)>& use);
 

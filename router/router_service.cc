@@ -2,6 +2,7 @@
 
 #include <random>
 #include <set>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -195,6 +196,38 @@ grpc::Status RouterService::ListModels(grpc::ServerContext* context,
                                                                   : "prefill-all");
     model->set_prefill_weight_bytes(bytes[i].prefill);
     model->set_decode_weight_bytes(bytes[i].decode);
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status RouterService::ListStores(grpc::ServerContext* context,
+                                       const v1::ListStoresRequest* /*request*/,
+                                       v1::ListStoresResponse* reply) {
+  if (absl::StatusOr<std::string> tenant = Tenant(*context); !tenant.ok()) {
+    return ToGrpcStatus(tenant.status());
+  }
+  const std::vector<std::shared_ptr<RegisteredNode>> stores = registry_.LiveStores();
+  reply->set_replication(static_cast<uint32_t>(options_.kvstore_replication));
+  std::vector<v1::StoreStatus> status(stores.size());
+  std::vector<std::thread> asks;
+  const auto deadline = std::chrono::system_clock::now() + std::chrono::seconds(2);
+  for (size_t i = 0; i < stores.size(); ++i) {
+    asks.emplace_back([&, i] {
+      grpc::ClientContext call;
+      call.set_deadline(deadline);
+      const grpc::Status s =
+          stubs_->KvStore(*stores[i])
+              ->Stats(&call, v1::KvStoreStatsRequest(), status[i].mutable_stats());
+      status[i].set_answered(s.ok());
+      if (!s.ok()) status[i].set_error(s.error_message());
+    });
+  }
+  for (std::thread& t : asks) t.join();
+  for (size_t i = 0; i < stores.size(); ++i) {
+    status[i].set_node_id(stores[i]->id());
+    status[i].set_model_fingerprint(stores[i]->info.model_fingerprint());
+    status[i].set_skipped(store_breaker_->IsOpen(stores[i]->id()));
+    *reply->add_stores() = std::move(status[i]);
   }
   return grpc::Status::OK;
 }

@@ -2,7 +2,8 @@
 // --kvstore-replication 2`: a repeated 2,000-token prompt hits at the cap with the forward
 // pass's tokens; its values lie on all three nodes, two copies each; a store node that stops
 // answering (SIGSTOP) or is killed (SIGKILL) costs no hit and no token, the router's breaker
-// skips the frozen one, and the killed one is restarted and rejoins the live set.
+// skips the frozen one, and the killed one is restarted and rejoins the live set; `batonctl
+// stores` lists the set and each node's values.
 #include <signal.h>
 #include <sys/wait.h>
 
@@ -14,12 +15,18 @@
 #include <vector>
 
 #include "baton/common/model_config.h"
+#include "baton/common/pki.h"
+#include "baton/kvstore/chain.h"
+#include "baton/kvstore/placement.h"
 #include "baton/model/model_factory.h"
+#include "baton/model/weights.h"
 #include "baton_up.h"
 #include "client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 #include "scrape.h"
+#include "spawn.h"
 #include "test_dir.h"
 #include "testing/eventually.h"
 
@@ -82,6 +89,23 @@ TEST_F(StoreFleetTest, HitsSpreadOverTheOwnersAndSurviveAStoreNodeLost) {
     EXPECT_GT(Values(up, node), 0) << node << " holds none of the prompt's blocks";
     EXPECT_LT(Values(up, node), static_cast<double>(L / B)) << node << " holds them all";
   }
+  // batonctl stores: the live set, R, and each node's values.
+  auto list = [&] {
+    const Result listed = RunBatonctl("stores --addr " + up.Address("router.addr"));
+    EXPECT_EQ(listed.exit_status, 0) << listed.err;
+    return nlohmann::json::parse(listed.out);
+  };
+  nlohmann::json stores = list();
+  EXPECT_EQ(stores["replication"], 2);
+  ASSERT_EQ(stores["stores"].size(), kStores.size());
+  double listed = 0;
+  for (size_t i = 0; i < kStores.size(); ++i) {
+    const nlohmann::json& store = stores["stores"][i];
+    EXPECT_EQ(store["node_id"], kStores[i]);
+    EXPECT_EQ(store["answered"], true);
+    listed += store["block_kv_values"].get<double>();
+  }
+  EXPECT_EQ(listed, copies);
   const uint32_t cap = static_cast<uint32_t>((L - C) / B * B);
   const Outcome hit = run();
   EXPECT_EQ(hit.usage.cached_tokens(), cap);
@@ -99,6 +123,11 @@ TEST_F(StoreFleetTest, HitsSpreadOverTheOwnersAndSurviveAStoreNodeLost) {
   }
   EXPECT_GE(RouterSample(up, "baton_router_store_breaker_trips_total"), 1);
   EXPECT_EQ(RouterSample(up, "baton_router_store_breaker_open"), 1);
+  stores = list();
+  ASSERT_EQ(stores["stores"].size(), kStores.size());
+  EXPECT_EQ(stores["stores"][1]["answered"], false);
+  EXPECT_EQ(stores["stores"][1]["skipped"], true);
+  EXPECT_EQ(stores["stores"][0]["skipped"], false);
   ASSERT_EQ(kill(frozen, SIGCONT), 0);
   // Once its breaker's while is over, one probe tries the node again, and it is back.
   ASSERT_TRUE(EventuallyThat(
@@ -125,6 +154,102 @@ TEST_F(StoreFleetTest, HitsSpreadOverTheOwnersAndSurviveAStoreNodeLost) {
                              ::testing::Eq(3.0), std::chrono::seconds(30)));
   EXPECT_EQ(RouterSample(up, "baton_kvstore_replication"), 2);
   EXPECT_TRUE(EventuallyThat([&] { return Values(up, "kvstore-2"); }, ::testing::Eq(held)));
+}
+
+// A fourth store node joins a fleet of three (R = 2): the prompt stored before still hits fully
+// (each key keeps one of its two owners), and a new prompt's values land where placement puts
+// them over four nodes: the newcomer takes about a quarter of the copies.
+TEST_F(StoreFleetTest, AFourthStoreNodeJoinsAndTakesItsShare) {
+  const std::filesystem::path dir = ProcessTempDir() + "/store_fleet_join";
+  BatonUp up(dir, model_,
+             {"--kvstore-nodes", "3", "--kvstore-replication", "2", "--block-cache-bytes", "0"});
+  ASSERT_TRUE(up.WaitUntilUp()) << up.log();
+  const ModelConfig config = *LoadModelConfig(model_ + "/config.json");
+  const std::string fingerprint = *model::ModelFingerprint(model_);
+  const int64_t L = 2000, B = config.kv_block_size, C = config.ring_capacity();
+  const uint32_t cap = static_cast<uint32_t>((L - C) / B * B);
+  std::mt19937_64 rng(89);
+  auto stub = v1::Generation::NewStub(
+      grpc::CreateChannel(up.Address("router.addr"), grpc::InsecureChannelCredentials()));
+  auto run = [&](const std::vector<int32_t>& prompt) {
+    const Outcome outcome = Generate(*stub, Request(prompt, 4));
+    EXPECT_TRUE(outcome.status.ok()) << outcome.status.error_message();
+    return outcome;
+  };
+  std::vector<std::string> stores = kStores;
+  auto total = [&] {
+    double sum = 0;
+    for (const std::string& node : stores) sum += Values(up, node);
+    return sum;
+  };
+  const std::vector<int32_t> before = RandomPrompt(rng, L, config.vocab_size);
+  const Outcome cold = run(before);
+  ASSERT_TRUE(EventuallyThat(total, ::testing::Eq(2.0 * static_cast<double>(L / B))));
+
+  // kvstore-3, started by hand as an operator would: its own certificate from the cluster's CA.
+  const std::string tls = (dir / "tls").string();
+  ASSERT_TRUE(pki::IssueNodeCertificate(tls, "kvstore", "kvstore-3").ok());
+  const std::string stem = pki::NodeCertificateStem(tls, "kvstore-3");
+  const pid_t joined = Spawn({BATON_KVSTORE_PATH,
+                              "--model",
+                              model_,
+                              "--router",
+                              up.Address("router-internal.addr"),
+                              "--node-id",
+                              "kvstore-3",
+                              "--data-dir",
+                              (dir / "kvstore-3").string(),
+                              "--tls-ca",
+                              tls + "/ca.crt",
+                              "--tls-cert",
+                              stem + ".crt",
+                              "--tls-key",
+                              stem + ".key",
+                              "--port",
+                              "0",
+                              "--metrics-port",
+                              "0",
+                              "--metrics-ready-file",
+                              (dir / "run" / "kvstore-3.metrics").string(),
+                              "--ready-file",
+                              (dir / "run" / "kvstore-3.addr").string()},
+                             (dir / "kvstore-3.log").string());
+  ASSERT_GT(joined, 0);
+  stores.push_back("kvstore-3");
+  EXPECT_TRUE(EventuallyThat([&] { return RouterSample(up, "baton_kvstore_nodes"); },
+                             ::testing::Eq(4.0), std::chrono::seconds(30)));
+  const Outcome again = run(before);
+  EXPECT_EQ(again.usage.cached_tokens(), cap);
+  EXPECT_EQ(again.tokens, cold.tokens);
+
+  // The copies kvstore-3 owns among `keys` [first, end), by placement over the four nodes.
+  auto owned_by_newcomer = [&](const std::vector<Sha256Digest>& keys, size_t first) {
+    double n = 0;
+    for (size_t b = first; b < keys.size(); ++b) {
+      for (size_t owner : kvstore::Owners(keys[b], stores, 2)) n += owner == 3 ? 1 : 0;
+    }
+    return n;
+  };
+  // The hit wrote back the blocks past its cap; a new prompt writes all of its blocks, each
+  // to its two owners over the four nodes.
+  const std::vector<int32_t> after = RandomPrompt(rng, L, config.vocab_size);
+  const std::vector<Sha256Digest> keys =
+      kvstore::ChainKeys(fingerprint, "", "", after, config.kv_block_size);
+  const double expected = owned_by_newcomer(keys, 0);
+  run(after);
+  EXPECT_TRUE(EventuallyThat(
+      [&] { return Values(up, "kvstore-3"); },
+      ::testing::Eq(expected + owned_by_newcomer(kvstore::ChainKeys(fingerprint, "", "", before,
+                                                                    config.kv_block_size),
+                                                 static_cast<size_t>(cap / B)))));
+  // About a quarter of the copies (2 of 4 owners' slots per key, one of them the newcomer's
+  // half the time): between an eighth and three eighths for 31 keys.
+  const double copies = 2.0 * static_cast<double>(keys.size());
+  EXPECT_GT(expected, copies / 8);
+  EXPECT_LT(expected, copies * 3 / 8);
+  kill(joined, SIGTERM);
+  int status;
+  waitpid(joined, &status, 0);
 }
 
 TEST_F(StoreFleetTest, ReplicationAboveTheStoreNodesIsRefusedByName) {

@@ -125,7 +125,9 @@ TEST(FleetTest, TheBreakerOpensAfterFailuresInARowAndLetsOneTrialThrough) {
   EXPECT_EQ(breaker.open(t0), 0u);
   breaker.Record("a", false, t0);
   EXPECT_FALSE(breaker.Allow("a", t0));
+  EXPECT_TRUE(breaker.IsOpen("a", t0));
   EXPECT_TRUE(breaker.Allow("b", t0));  // per node
+  EXPECT_FALSE(breaker.IsOpen("b", t0));
   EXPECT_EQ(breaker.open(t0), 1u);
   EXPECT_EQ(breaker.trips(), 1u);
   // Past open_for one call goes through; others wait for its result.

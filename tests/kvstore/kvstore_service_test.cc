@@ -59,6 +59,11 @@ class KvStoreServiceTest : public ::testing::Test {
     return w;
   }
 
+  static v1::BlockWrite WithModel(v1::BlockWrite write, const std::string& model) {
+    write.set_model_fingerprint(model);
+    return write;
+  }
+
   std::unique_ptr<PrefixStore> store_;
   std::unique_ptr<KvStoreService> service_;
   std::unique_ptr<grpc::Server> server_;
@@ -116,7 +121,9 @@ TEST_F(KvStoreServiceTest, RefusedWritesStoreNothing) {
   const auto chain = ChainKeys("fp", "", "", std::vector<int32_t>(32, 7), 16);
   for (const auto& [write, message] :
        {std::pair{Block(chain[0], KeyBytes(chain[0])), "parent: equals the key"},
-        std::pair{Block(chain[0], "", kPayload + 4), "payload: 68 bytes"}}) {
+        std::pair{Block(chain[0], "", kPayload + 4), "payload: 68 bytes"},
+        std::pair{WithModel(Block(chain[0], ""), std::string(129, 'f')),
+                  "model_fingerprint: 129 bytes"}}) {
     const grpc::Status status = Write({write});
     EXPECT_NE(status.error_code(), grpc::StatusCode::OK) << message;
     EXPECT_THAT(status.error_message(), HasSubstr(message));

@@ -360,6 +360,43 @@ TEST_F(PrefixStoreTest, ProbeIsPerKeyAndKeepsAChainsFirstBlocksLongest) {
   EXPECT_FALSE(after[2].block_kv || after[2].producer_swa);
 }
 
+// Two models' values side by side (a blue/green rollout): a read gets only its own model's
+// values; another model's value is a miss that stays (not corrupt); both share one budget,
+// evicted by recency; and both survive a reopen by a store whose own model is a third.
+TEST_F(PrefixStoreTest, SeveralModelsShareTheStoreAndItsBudget) {
+  const Sha256Digest blue = ChainKeys("blue", "", "", Tokens(16), 16)[0];
+  const Sha256Digest green = ChainKeys("green", "", "", Tokens(16), 16)[0];
+  const Sha256Digest green_2 = ChainKeys("green", "", "", Tokens(16, 3), 16)[0];
+  const std::string payload(kPayload, 'p');
+  {
+    auto store = Open(/*budget=*/3 * 1089 + 50);  // its own model: "fp"
+    ASSERT_TRUE(store->Write(blue, std::nullopt, Region::kBlockKv, payload, "blue").ok());
+    ASSERT_TRUE(store->Write(green, std::nullopt, Region::kBlockKv, payload, "green").ok());
+    EXPECT_TRUE(store->Read(blue, Region::kBlockKv, "blue").ok());  // blue is now the newer
+    EXPECT_EQ(store->Read(blue, Region::kBlockKv, "green").status().code(),
+              absl::StatusCode::kNotFound);
+    EXPECT_EQ(store->Read(blue, Region::kBlockKv).status().code(), absl::StatusCode::kNotFound);
+    EXPECT_TRUE(store->Read(blue, Region::kBlockKv, "blue").ok());  // still there
+    EXPECT_EQ(store->counters().corrupt_values, 0u);
+    // A key is one model's: another model's write of it is refused, its own is taken again.
+    EXPECT_EQ(store->Write(blue, std::nullopt, Region::kBlockKv, payload, "green").code(),
+              absl::StatusCode::kFailedPrecondition);
+    EXPECT_TRUE(store->Write(blue, std::nullopt, Region::kBlockKv, payload, "blue").ok());
+    // A third value and one more: the budget takes the least recently used, green's.
+    ASSERT_TRUE(store->Write(green_2, std::nullopt, Region::kBlockKv, payload, "green").ok());
+    ASSERT_TRUE(store->Write(blue, std::nullopt, Region::kProducerSwa, payload, "blue").ok());
+    EXPECT_EQ(store->counters().evictions, 1u);
+    EXPECT_FALSE(store->Read(green, Region::kBlockKv, "green").ok());
+    EXPECT_TRUE(store->Read(green_2, Region::kBlockKv, "green").ok());
+  }
+  auto reopened = Open();
+  EXPECT_TRUE(reopened->Read(blue, Region::kBlockKv, "blue").ok());
+  EXPECT_TRUE(reopened->Read(blue, Region::kProducerSwa, "blue").ok());
+  EXPECT_TRUE(reopened->Read(green_2, Region::kBlockKv, "green").ok());
+  EXPECT_EQ(reopened->counters().corrupt_values, 0u);
+  EXPECT_TRUE(reopened->Verify().ok());
+}
+
 TEST_F(PrefixStoreTest, EvictedSwaRowsOfTheLastNeededBlockBackOffExactlyOneBlock) {
   const auto chain = ChainKeys("fp", "", "", Tokens(80), 16);  // 5 blocks
   const HitPolicyInput input{.prompt_len = 110,

@@ -27,6 +27,7 @@ Command AddSimulateCommand(CLI::App& app);
 Command AddReportCommand(CLI::App& app);
 Command AddFetchModelCommand(CLI::App& app);
 Command AddModelsCommand(CLI::App& app);
+Command AddStoresCommand(CLI::App& app);
 Command AddEvalCommand(CLI::App& app);
 Command AddHealthCommand(CLI::App& app);
 

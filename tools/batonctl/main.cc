@@ -29,7 +29,8 @@ int main(int argc, char** argv) {
       AddPlanCommand(app),        AddMakeModelCommand(app), AddForwardCommand(app),
       AddGenerateCommand(app),    AddReplayCommand(app),    AddSimulateCommand(app),
       AddApproxErrorCommand(app), AddReportCommand(app),    AddFetchModelCommand(app),
-      AddModelsCommand(app),      AddEvalCommand(app),      AddHealthCommand(app)};
+      AddModelsCommand(app),      AddStoresCommand(app),    AddEvalCommand(app),
+      AddHealthCommand(app)};
   std::string names;
   bool known = false;
   for (const Command& command : commands) {

@@ -84,6 +84,8 @@ class StoreBreaker {
   void Record(const std::string& node_id, bool ok, Clock::time_point now = Clock::now());
   // The call Allow let through was not made after all: a half-open trial is free again.
   void Cancel(const std::string& node_id);
+  // Is `node_id` skipped now (open, before its trial)? No side effect.
+  bool IsOpen(const std::string& node_id, Clock::time_point now = Clock::now()) const;
   // How many nodes are open (skipped) now, and how many times one opened since the start.
   size_t open(Clock::time_point now = Clock::now()) const;
   uint64_t trips() const;

@@ -50,7 +50,6 @@ class KvStoreService final : public v1::KvStore::Service {
   uint64_t max_keys_;
   std::atomic<uint64_t> lookups_{0};
   std::atomic<uint64_t> lookup_blocks_{0};
-  std::atomic<uint64_t> probes_{0};
   std::atomic<uint64_t> probe_keys_{0};
   std::atomic<uint64_t> probe_found_{0};
   std::shared_ptr<prometheus::Collectable> collector_;

@@ -5,7 +5,15 @@
 // Every value carries a format version, the model fingerprint, its parent's key and an XXH3
 // checksum of its key and every other byte of the value; a value that fails any check (also:
 // a payload of the wrong size for its region, or one holding NaN or Inf as float32) is
-// counted, deleted and reported as a miss. Writes go through the write-ahead log, so the store
+// counted, deleted and reported as a miss.
+//
+// Several models' values lie side by side (a blue/green rollout shares the store): a write
+// names its model's fingerprint and a read its reader's, and a value is served only to a
+// reader of the model it was written for (another model's is a miss, and stays). Chain keys
+// carry the fingerprint already, so the models never share a key. All models share one shape
+// (StoreOptions' payload sizes: a rollout changes weights, not the config) and one budget,
+// evicted across them by recency. StoreOptions::model_fingerprint is the model of a read or
+// write that names none. Writes go through the write-ahead log, so the store
 // survives restarts; the index used for eviction (PrefixIndex) is rebuilt from the values at
 // Open.
 //
@@ -31,6 +39,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -48,7 +57,7 @@ namespace baton::kvstore {
 
 struct StoreOptions {
   std::string path;
-  std::string model_fingerprint;  // hex; values of another model are treated as corrupt
+  std::string model_fingerprint;  // hex; the model of reads and writes that name none
   uint64_t budget_bytes = 0;      // 0: unlimited
   // Payload of one block, per region (model::StateLayout: page_floats() and
   // stored_swa_block_floats() floats); both required, multiples of 4 (float32).
@@ -87,13 +96,18 @@ class PrefixStore {
     bool block_kv = false, producer_swa = false;
   };
   std::vector<Presence> Probe(std::span<const Sha256Digest> keys);
-  // The payload, or NOT_FOUND (absent, or dropped after failing its checks).
-  absl::StatusOr<std::string> Read(const Sha256Digest& key, Region region);
-  // `parent` is the previous block's key (nullopt for block 0). Evicts to stay in budget.
+  // The payload, or NOT_FOUND (absent, another model's, or dropped after failing its checks).
+  // `model_fingerprint`: the reader's model ("": StoreOptions::model_fingerprint).
+  absl::StatusOr<std::string> Read(const Sha256Digest& key, Region region,
+                                   std::string_view model_fingerprint = {});
+  // `parent` is the previous block's key (nullopt for block 0); `model_fingerprint` the
+  // value's model ("": StoreOptions::model_fingerprint). Evicts to stay in budget.
   // INVALID_ARGUMENT for a payload of the wrong size or with NaN/Inf, or a parent equal to the
-  // key. A refused write stores nothing.
+  // key; FAILED_PRECONDITION for a key that holds another model's value. A refused write
+  // stores nothing.
   absl::Status Write(const Sha256Digest& key, const std::optional<Sha256Digest>& parent,
-                     Region region, const std::string& payload);
+                     Region region, const std::string& payload,
+                     std::string_view model_fingerprint = {});
   StoreCounters counters() const;
   uint64_t budget_bytes() const { return options_.budget_bytes; }
   // Compares the in-memory index with what RocksDB holds (every value of either is in the
@@ -106,6 +120,8 @@ class PrefixStore {
   absl::Status Rebuild();
   // Evicts from the index and deletes from RocksDB until within budget; caller holds mutex_.
   void EvictToBudget();
+  // The header digest of `model_fingerprint`'s values ("": StoreOptions::model_fingerprint).
+  Sha256Digest ModelFor(std::string_view model_fingerprint) const;
   // Deletes a value from RocksDB; a failure is logged and counted. Caller holds mutex_.
   void Delete(int region, const rocksdb::Slice& key);
 

@@ -34,7 +34,8 @@ constexpr uint64_t StoredValueBytes(uint64_t payload_bytes) {
 // Index of the first float32 of `payload` that is NaN or Inf, or nullopt when all are finite.
 std::optional<size_t> FirstNonFinite(std::string_view payload);
 
-// The values of one model. Immutable; thread-safe.
+// The values of one model's shape: its payload sizes, and the model whose values it makes and
+// takes by default. Immutable; thread-safe.
 class ValueCodec {
  public:
   // Payload sizes of one block per region (model::StateLayout: page_floats() and
@@ -42,13 +43,24 @@ class ValueCodec {
   ValueCodec(std::string_view model_fingerprint, uint64_t block_kv_payload_bytes,
              uint64_t producer_swa_payload_bytes);
 
+  // What a value's header carries for `model_fingerprint`.
+  static Sha256Digest ModelDigest(std::string_view model_fingerprint);
+  // The model digest in `value`'s header; nullopt when it is too short to have one.
+  static std::optional<Sha256Digest> ModelOf(std::string_view value);
+
   uint64_t payload_bytes(Region region) const;
+  const Sha256Digest& model_digest() const { return fingerprint_digest_; }
+  // A value of this codec's model, or of `model` (a digest from ModelDigest).
   std::string Encode(const Sha256Digest& key, const std::optional<Sha256Digest>& parent,
                      std::string_view payload) const;
+  std::string Encode(const Sha256Digest& key, const std::optional<Sha256Digest>& parent,
+                     std::string_view payload, const Sha256Digest& model) const;
   // Checks the value stored under (key, region); on success sets its parent and, when
-  // `payload` is given, its payload. False when any check fails.
+  // `payload` is given, its payload. False when any check fails. The value must be of this
+  // codec's model, or with `any_model` of any (a store holding several models' values checks
+  // each read against its reader's model instead).
   bool Decode(const Sha256Digest& key, Region region, std::string_view value, std::string* payload,
-              std::optional<Sha256Digest>* parent) const;
+              std::optional<Sha256Digest>* parent, bool any_model = false) const;
 
  private:
   Sha256Digest fingerprint_digest_;

@@ -149,6 +149,10 @@ class RouterService final : public v1::Generation::Service, public v1::Registry:
   // The models served, each with the weights that can serve it now (API key as Generate).
   grpc::Status ListModels(grpc::ServerContext* context, const v1::ListModelsRequest* request,
                           v1::ListModelsResponse* reply) override;
+  // The live store nodes, each with its KvStore/Stats (asked in parallel, within 2 s; a node
+  // that does not answer is listed with its error). API key as Generate.
+  grpc::Status ListStores(grpc::ServerContext* context, const v1::ListStoresRequest* request,
+                          v1::ListStoresResponse* reply) override;
 
   // Sets grpc.health.v1 for "" and "baton.v1.Generation" (through `health`, on every server of
   // the process) as nodes come and go, until StopHealth (which must come before the servers are
