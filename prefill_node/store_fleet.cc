@@ -120,15 +120,23 @@ bool StoreFleetClient::Read(const Route& route, grpc::ServerContext& caller,
       auto reader = route.stubs[node]->ReadBlocks(context.get(), request);
       v1::StoredBlock block;
       size_t n = 0;
+      bool excess = false;
       while (reader->Read(&block)) {
+        if (n >= mine.size()) {  // more answers than blocks asked: the call is cut
+          excess = true;
+          context->TryCancel();
+          break;
+        }
         // Each answer is the block asked at its place; anything else is not used.
-        if (n < mine.size() && block.found() && block.payload().size() == payload_bytes &&
+        if (block.found() && block.payload().size() == payload_bytes &&
             block.key() == request.keys(static_cast<int>(n))) {
           got[mine[n]] = std::move(*block.mutable_payload());
         }
         ++n;
       }
       statuses[c] = reader->Finish();
+      // The node's fault, not the caller's cancellation.
+      if (excess) statuses[c] = grpc::Status(grpc::StatusCode::DATA_LOSS, "more blocks than asked");
     });
     pending.clear();
     for (size_t c = 0; c < calls.size(); ++c) {
