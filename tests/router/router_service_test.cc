@@ -131,6 +131,14 @@ class RouterServiceTest : public ::testing::Test {
     return *router_;
   }
 
+  // A store node's answer that it holds both regions of every key it was asked.
+  static grpc::Status HoldAll(const v1::ProbeRequest& probe, v1::ProbeResponse* found) {
+    for (int i = 0; i < probe.keys_size(); ++i) {
+      found->add_block_kv(true);
+      found->add_producer_swa(true);
+    }
+    return grpc::Status::OK;
+  }
   // The hit policy's blocks for a prompt of `prompt_len` tokens whose whole chain the store
   // holds, under the router's default truncation.
   int64_t HitBlocksWhenAllHeld(int prompt_len) const {
@@ -371,11 +379,7 @@ TEST_F(RouterServiceTest, LookUpPrefixGivesThePrefillNodeTheHit) {
       .WillOnce(Invoke(
           [&](grpc::ClientContext*, const v1::ProbeRequest& request, v1::ProbeResponse* found) {
             keys = request.keys_size();
-            for (int i = 0; i < request.keys_size(); ++i) {
-              found->add_block_kv(true);
-              found->add_producer_swa(true);
-            }
-            return grpc::Status::OK;
+            return HoldAll(request, found);
           }));
   v1::PrefillRequest seen;
   EXPECT_CALL(Prefill("p1"), Prefill(_, _, _)).WillOnce(FirstToken(7, &seen));
@@ -543,11 +547,7 @@ TEST_F(RouterServiceTest, AFleetIsProbedByOwnerAndTheSetTravelsWithThePrefill) {
               std::lock_guard<std::mutex> lock(mutex);
               asked[id].assign(probe.keys().begin(), probe.keys().end());
               if (id == "s2") return grpc::Status(grpc::StatusCode::UNAVAILABLE, "down");
-              for (int i = 0; i < probe.keys_size(); ++i) {
-                found->add_block_kv(true);
-                found->add_producer_swa(true);
-              }
-              return grpc::Status::OK;
+              return HoldAll(probe, found);
             }));
   }
   v1::PrefillRequest seen;
