@@ -226,28 +226,21 @@ absl::Status Admission::Sleep(const grpc::ServerContextBase& context,
 }
 
 Admission::Admitted Admission::TakeSlot(const NodeRegistry::PrefillChoice& choice, const Ask& ask) {
-  // The policy's first among the nodes with a free slot (the least loaded first on ties).
-  size_t first = 0, second = choice.open.size();
-  std::vector<PrefillScore> scores;
-  if (ask.score) {
-    for (const NodeRegistry::PrefillCandidate& candidate : choice.open) {
-      scores.push_back(ask.score(candidate));
-    }
-    for (size_t i = 1; i < scores.size(); ++i) {
-      if (scores[i].rank < scores[first].rank) first = i;
-    }
+  std::vector<kvstore::PrefillNodeView> views;
+  views.reserve(choice.open.size());
+  for (const NodeRegistry::PrefillCandidate& candidate : choice.open) {
+    views.push_back({.prefilling = candidate.prefilling,
+                     .reported_queued = candidate.reported_queued,
+                     .queue_ms = candidate.pending_ms,
+                     .rates = kvstore::RatesOrDefaults(candidate.rates),
+                     .tiers = ask.tiers ? ask.tiers(*candidate.node) : kvstore::TierLookups{}});
   }
-  for (size_t i = 0; i < choice.open.size(); ++i) {
-    if (i != first && (second == choice.open.size() ||
-                       (!scores.empty() && scores[i].rank < scores[second].rank))) {
-      second = i;
-    }
-  }
-  const double service_ms = scores.empty() ? 0 : scores[first].service_ms;
-  Admitted admitted{registry_.TakePrefillSlot(choice.open[first].node, service_ms),
-                    PrefillSlot(this, choice.open[first].node, service_ms), choice.open[first],
-                    std::nullopt, first == 0};
-  if (second < choice.open.size()) admitted.runner_up = choice.open[second];
+  const kvstore::Placement placement = kvstore::PlacePrefill(views, ask.placement);
+  const NodeRegistry::PrefillCandidate& chosen = choice.open[placement.chosen];
+  const double service_ms = placement.plan.cost.service_ms();
+  Admitted admitted{registry_.TakePrefillSlot(chosen.node, service_ms),
+                    PrefillSlot(this, chosen.node, service_ms), chosen, std::nullopt, placement};
+  if (placement.runner_up >= 0) admitted.runner_up = choice.open[placement.runner_up];
   return admitted;
 }
 
@@ -282,7 +275,7 @@ absl::StatusOr<Admission::Admitted> Admission::Admit(const grpc::ServerContextBa
     const bool at_share = !hold.held && full.contains(hold.tenant);
     const std::optional<uint64_t> head = queue.Head(full);
     const bool turn = !at_share && (ask.retry || !head.has_value() || head == waiting.ticket());
-    if (choice.best != nullptr && turn) {
+    if (!choice.open.empty() && turn) {
       if (!hold.held) {
         ++streams_[model][hold.tenant];
         hold.held = true;

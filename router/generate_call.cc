@@ -174,7 +174,7 @@ absl::Status GenerateCall::Admit(Attempt& attempt) {
                      .lost_decode = lost_decode_};
   if (router_.options.prefill_policy != PrefillPolicy::kLeastLoaded) {
     // The store is asked here, before the wait, once per weights the nodes may serve: the
-    // ranking itself runs under admission's lock and calls out to nothing.
+    // placement itself runs under admission's lock and calls out to nothing.
     const bool look_up = effective_.mode != v1::TRUNCATION_MODE_OFF;
     if (!fingerprint_.empty()) {
       ViewFor(fingerprint_, look_up);
@@ -183,10 +183,12 @@ absl::Status GenerateCall::Admit(Attempt& attempt) {
       for (const std::string& fingerprint : served[trace_.hold.model])
         ViewFor(fingerprint, look_up);
     }
-    ask.score = [this](const NodeRegistry::PrefillCandidate& candidate) {
-      return Score(candidate);
-    };
   }
+  ask.placement = {.policy = router_.options.prefill_policy,
+                   .hit = HitInput(),
+                   .payload = kvstore::BlockPayloadBytes(model_->config),
+                   .config = &model_->config};
+  ask.tiers = [this](const RegisteredNode& node) { return TiersOn(node); };
   absl::StatusOr<Admission::Admitted> admitted =
       router_.admission.Admit(*context_, ask, trace_.hold, &retry_after_ms);
   if (!admitted.ok()) {
@@ -318,52 +320,34 @@ kvstore::HitPolicyInput GenerateCall::HitInput() const {
           .cap = router_.options.hit_cap};
 }
 
-kvstore::TieredHit GenerateCall::HitOn(const RegisteredNode& node) {
+kvstore::TierLookups GenerateCall::TiersOn(const RegisteredNode& node) {
   const PrefixView& view = ViewFor(node.info.model_fingerprint(), /*look_up_store=*/false);
-  const kvstore::TierLookups tiers{
-      .local = router_.registry.cache_index().Lookup(node.id(), view.keys), .store = view.store};
-  return kvstore::PlanTieredHit(HitInput(), tiers, kvstore::BlockPayloadBytes(model_->config));
+  return {.local = router_.registry.cache_index().Lookup(node.id(), view.keys),
+          .store = view.store};
 }
 
-kvstore::PrefillCost GenerateCall::CostOn(const NodeRegistry::PrefillCandidate& candidate,
-                                          const kvstore::TieredHit& hit) {
-  return kvstore::PredictPrefill(kvstore::RatesOrDefaults(candidate.rates), candidate.pending_ms,
-                                 HitInput(), hit, model_->config);
-}
-
-PrefillScore GenerateCall::Score(const NodeRegistry::PrefillCandidate& candidate) {
-  const kvstore::TieredHit hit = HitOn(*candidate.node);
-  const kvstore::PrefillCost cost = CostOn(candidate, hit);
-  if (router_.options.prefill_policy == PrefillPolicy::kLongestPrefix) {
-    // The most blocks from the node's own cache; ties go to the least loaded.
-    return {.rank = -static_cast<double>(hit.local_blocks), .service_ms = cost.service_ms()};
-  }
-  return {.rank = cost.total_ms(), .service_ms = cost.service_ms()};
+kvstore::TieredHit GenerateCall::HitOn(const RegisteredNode& node) {
+  return kvstore::PlanTieredHit(HitInput(), TiersOn(node),
+                                kvstore::BlockPayloadBytes(model_->config));
 }
 
 void GenerateCall::NoteChoice(const Admission::Admitted& admitted) {
   const PrefillPolicy policy = router_.options.prefill_policy;
-  const kvstore::TieredHit hit = HitOn(*admitted.chosen.node);
-  const kvstore::PrefillCost cost = CostOn(admitted.chosen, hit);
+  const kvstore::TieredHit& hit = admitted.placement.plan.hit;
+  const kvstore::PrefillCost& cost = admitted.placement.plan.cost;
   predicted_ttft_ms_ = cost.total_ms();
   router_.metrics.predicted_ttft.Observe(cost.total_ms() / 1000);
   // Whether the policy moved the request off the least loaded node.
-  const char* reason = admitted.least_loaded                     ? "least_loaded"
+  const char* reason = admitted.placement.least_loaded           ? "least_loaded"
                        : policy == PrefillPolicy::kLongestPrefix ? "prefix"
                                                                  : "predicted_ttft";
   router_.metrics.prefill_choices
       .Add({{"policy", kvstore::RoutingPolicyName(policy)}, {"reason", reason}})
       .Increment();
   // The runner-up: the next best node with a free slot ("" when there was none).
-  std::string runner_up;
-  double runner_up_ms = 0;
-  int64_t runner_up_local = 0;
-  if (admitted.runner_up.has_value()) {
-    runner_up = admitted.runner_up->node->id();
-    const kvstore::TieredHit other = HitOn(*admitted.runner_up->node);
-    runner_up_ms = CostOn(*admitted.runner_up, other).total_ms();
-    runner_up_local = other.local_blocks;
-  }
+  const std::string runner_up =
+      admitted.runner_up.has_value() ? admitted.runner_up->node->id() : std::string();
+  const kvstore::NodePlan& other = admitted.placement.runner_up_plan;
   log::Debug(trace_.span.Ids(), "prefill node chosen",
              {{"request_id", trace_.id},
               {"policy", kvstore::RoutingPolicyName(policy)},
@@ -379,8 +363,8 @@ void GenerateCall::NoteChoice(const Admission::Admitted& admitted) {
               {"computed_rows", cost.computed_rows},
               {"replayed_rows", cost.replayed_rows},
               {"runner_up", runner_up},
-              {"runner_up_predicted_ttft_ms", runner_up_ms},
-              {"runner_up_local_blocks", runner_up_local}});
+              {"runner_up_predicted_ttft_ms", other.cost.total_ms()},
+              {"runner_up_local_blocks", other.hit.local_blocks}});
 }
 
 void GenerateCall::FirstToken() {

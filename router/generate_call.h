@@ -119,13 +119,10 @@ class GenerateCall {
   // of the store set the prefill is sent.
   kvstore::ChainLookup ProbeOwners(const std::vector<Sha256Digest>& keys);
   kvstore::HitPolicyInput HitInput() const;
-  // The hit and predicted cost of this request on a prefill node (the node's local blocks
-  // from the router's cache index, the store's from ViewFor).
+  // This request's chain in a prefill node's local cache (the router's cache index) and in
+  // the store (ViewFor), and the hit over both.
+  kvstore::TierLookups TiersOn(const RegisteredNode& node);
   kvstore::TieredHit HitOn(const RegisteredNode& node);
-  kvstore::PrefillCost CostOn(const NodeRegistry::PrefillCandidate& candidate,
-                              const kvstore::TieredHit& hit);
-  // The policy's ranking of a candidate (Admission::Ask::score).
-  PrefillScore Score(const NodeRegistry::PrefillCandidate& candidate);
   // Logs and counts the admission's choice, its inputs and the runner-up.
   void NoteChoice(const Admission::Admitted& admitted);
   // The first token reached the client now.

@@ -499,14 +499,8 @@ NodeRegistry::PrefillChoice NodeRegistry::ChoosePrefill(size_t model,
     choice.open.push_back({.node = node,
                            .prefilling = node->prefilling,
                            .pending_ms = node->pending_ms,
+                           .reported_queued = node->info.load().queued_requests(),
                            .rates = node->info.load().rates()});
-    // Fewest prefills in flight, then the least reported queue.
-    const std::shared_ptr<RegisteredNode>& best = choice.best;
-    if (best == nullptr || node->prefilling < best->prefilling ||
-        (node->prefilling == best->prefilling &&
-         node->info.load().queued_requests() < best->info.load().queued_requests())) {
-      choice.best = node;
-    }
   }
   // A node that has measured nothing yet (just started) is priced like its peers: each rate
   // it lacks is the mean of the live nodes that have it (the cost model's priors only when
@@ -539,13 +533,6 @@ NodeRegistry::PrefillChoice NodeRegistry::ChoosePrefill(size_t model,
     r.set_store_ms_per_mib(values[2]);
     r.set_fixed_ms(values[3]);
   }
-  // `best` first, the rest by the same order.
-  std::stable_sort(choice.open.begin(), choice.open.end(),
-                   [](const PrefillCandidate& a, const PrefillCandidate& b) {
-                     if (a.prefilling != b.prefilling) return a.prefilling < b.prefilling;
-                     return a.node->info.load().queued_requests() <
-                            b.node->info.load().queued_requests();
-                   });
   return choice;
 }
 

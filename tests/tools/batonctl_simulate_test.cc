@@ -265,6 +265,29 @@ TEST(BatonctlSimulateTest, PoliciesRunTheTraceThroughACluster) {
   EXPECT_EQ(out["results"][0]["local_cached_tokens"], 0);
   EXPECT_GT(out["results"][0]["store_cached_tokens"].get<int64_t>(), 0);
   EXPECT_GT(out["results"][3]["local_cached_tokens"].get<int64_t>(), 0);
+  // One store node by default: it serves every lookup (one a request), at some rate.
+  const nlohmann::json& store = out["results"][0]["store"];
+  EXPECT_EQ(store["nodes"], 1);
+  EXPECT_EQ(store["replication"], 1);
+  ASSERT_EQ(store["per_node"].size(), 1u);
+  EXPECT_EQ(store["per_node"][0]["node"], "kvstore");
+  EXPECT_GT(store["per_node"][0]["lookups_per_s"].get<double>(), 0);
+  EXPECT_DOUBLE_EQ(store["busiest"]["writes_per_s"].get<double>(),
+                   store["per_node"][0]["writes_per_s"].get<double>());
+
+  // A fleet of three with two owners a value: each node's rates, the writes doubled in all.
+  const nlohmann::json fleet =
+      Simulate("--trace " + CapTrace() + " --trace-block 8 --model-config " + TinyConfig() +
+               " --policy least-loaded --store-nodes 3 --store-replication 2 --rates "
+               "compute_ms_per_gflop=2,fixed_ms=1 --time-scale 1000");
+  const nlohmann::json& three = fleet["results"][0]["store"];
+  ASSERT_EQ(three["per_node"].size(), 3u);
+  EXPECT_EQ(three["per_node"][2]["node"], "kvstore-2");
+  double writes = 0;
+  for (const nlohmann::json& node : three["per_node"]) {
+    writes += node["writes_per_s"].get<double>();
+  }
+  EXPECT_NEAR(writes, 2 * store["per_node"][0]["writes_per_s"].get<double>(), 1e-6 * writes);
 
   for (const auto& [args, message] : std::vector<std::pair<std::string, std::string>>{
            {"--policy fastest --model-config " + TinyConfig(), "--policy: 'fastest'"},
@@ -274,7 +297,12 @@ TEST(BatonctlSimulateTest, PoliciesRunTheTraceThroughACluster) {
            {"--policy least-loaded --model-config " + TinyConfig() + " --rates speed=3",
             "--rates: 'speed' is unknown"},
            {"--policy least-loaded --model-config " + TinyConfig() + " --block-cache-bytes 3XB",
-            "--block-cache-bytes: '3XB'"}}) {
+            "--block-cache-bytes: '3XB'"},
+           {"--policy least-loaded --model-config " + TinyConfig() + " --store-nodes 0",
+            "--store-nodes: 0 must lie in [1, 256]"},
+           {"--policy least-loaded --model-config " + TinyConfig() +
+                " --store-nodes 2 --store-replication 3",
+            "--store-replication: 3 must lie in [1, --store-nodes 2]"}}) {
     const Result r = RunBatonctl("simulate --trace " + CapTrace() + " --trace-block 8 " + args);
     EXPECT_EQ(r.exit_status, 2) << args;
     EXPECT_THAT(r.err, HasSubstr(message)) << args;

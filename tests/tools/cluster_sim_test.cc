@@ -106,6 +106,52 @@ TEST(ClusterSimTest, ACacheTooSmallForABlockHoldsNothing) {
   EXPECT_GT(r.store_hit_tokens, 0);
 }
 
+// The store fleet's load: every value written back goes to each of its R owners, every value
+// a hit reads from the store comes from exactly one, and each request's lookup probes each
+// owner of its keys once; rendezvous placement spreads all three over the nodes.
+TEST(ClusterSimTest, StoreOperationsFollowTheFleetsPlacement) {
+  const auto workload = Workload(40, 4, 200);
+  ClusterOptions one = Options(RoutePolicy::kLeastLoaded, 0);
+  ClusterOptions fleet = one;
+  fleet.store_nodes = 4;
+  fleet.store_replication = 2;
+  const ClusterResult single = SimulateCluster(workload, one);
+  const ClusterResult spread = SimulateCluster(workload, fleet);
+  ASSERT_EQ(single.store_ops.size(), 1u);
+  EXPECT_EQ(single.store_ids[0], "kvstore");
+  ASSERT_EQ(spread.store_ops.size(), 4u);
+  EXPECT_EQ(spread.store_ids[3], "kvstore-3");
+  // The placement does not change the hits.
+  EXPECT_EQ(spread.store_hit_tokens, single.store_hit_tokens);
+  const StoreNodeOps& alone = single.store_ops[0];
+  // One lookup per request; with 20 blocks a prompt, every one of the 4 nodes owns some keys.
+  EXPECT_EQ(alone.lookups, 40);
+  EXPECT_EQ(alone.probe_keys, 40 * (kL / kB));
+  StoreNodeOps total;
+  for (const StoreNodeOps& ops : spread.store_ops) {
+    total.lookups += ops.lookups;
+    total.probe_keys += ops.probe_keys;
+    total.reads += ops.reads;
+    total.writes += ops.writes;
+    total.write_bytes += ops.write_bytes;
+    // Each node takes part of every kind of work, and less than all of it.
+    EXPECT_GT(ops.reads, 0);
+    EXPECT_LT(ops.reads, alone.reads);
+    EXPECT_GT(ops.writes, 0);
+    EXPECT_LT(ops.writes, 2 * alone.writes);
+  }
+  EXPECT_EQ(total.lookups, 4 * 40);
+  EXPECT_EQ(total.probe_keys, 2 * alone.probe_keys);  // every key asked of both its owners
+  EXPECT_EQ(total.reads, alone.reads);                // one owner serves each read
+  EXPECT_EQ(total.writes, 2 * alone.writes);          // every owner takes each write
+  EXPECT_EQ(total.write_bytes, 2 * alone.write_bytes);
+  // Four prefixes of 20 blocks written whole once each (both regions); each of the 36 repeats
+  // hits at the ring cap and writes back the blocks after it.
+  const int64_t capped = (kL - kC) / kB;
+  EXPECT_EQ(alone.writes, 4 * 2 * (kL / kB) + 36 * 2 * (kL / kB - capped));
+  EXPECT_GT(alone.reads, 0);
+}
+
 TEST(ClusterSimTest, FlagsAreParsedOrRefusedByName) {
   EXPECT_THAT(*ParseRoutePolicies("least-loaded,predicted-ttft"),
               ::testing::ElementsAre(RoutePolicy::kLeastLoaded, RoutePolicy::kPredictedTtft));

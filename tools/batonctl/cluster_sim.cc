@@ -9,6 +9,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "baton/kvstore/fleet.h"
+#include "baton/kvstore/placement.h"
 #include "baton/kvstore/prefix_index.h"
 #include "baton/kvstore/stored_value.h"
 
@@ -31,6 +33,7 @@ kvstore::ChainLookup Peek(const kvstore::PrefixIndex& index,
 
 struct Node {
   kvstore::PrefixIndex cache;
+  uint64_t read_turn = 0;  // which owner its next store read starts from
   int64_t prefilling = 0;
   double pending_ms = 0;  // predicted service of the prefills in flight
   double busy_until = 0;  // one computes at a time
@@ -98,26 +101,31 @@ ClusterResult SimulateCluster(const std::vector<ClusterRequest>& requests,
   std::vector<size_t> node_of(requests.size());
   std::vector<double> service_of(requests.size());
   std::vector<int64_t> hit_of(requests.size());
+  // The store fleet's node names, as `baton up` gives them.
+  for (int64_t n = 0; n < std::max<int64_t>(1, o.store_nodes); ++n) {
+    result.store_ids.push_back(n == 0 ? std::string("kvstore") : absl::StrCat("kvstore-", n));
+  }
+  result.store_ops.assign(result.store_ids.size(), {});
+  const int replication = static_cast<int>(
+      std::clamp<int64_t>(o.store_replication, 1, static_cast<int64_t>(result.store_ids.size())));
   std::priority_queue<Event, std::vector<Event>, std::greater<>> events;
   for (size_t i = 0; i < requests.size(); ++i) events.push({requests[i].arrival_ms, 1, i});
   std::deque<size_t> waiting;  // admission's queue, first come first served
   double first_arrival = std::numeric_limits<double>::max(), last_end = 0;
 
-  // The blocks [from, to) of `chain` written to `index` (block KV then SWA per block).
-  auto write = [&](kvstore::PrefixIndex& index, const std::vector<Sha256Digest>& chain,
-                   int64_t from, int64_t to, uint64_t budget) {
-    for (int64_t b = from; b < to; ++b) {
-      const std::optional<Sha256Digest> parent =
-          b > 0 ? std::optional<Sha256Digest>(chain[b - 1]) : std::nullopt;
-      for (const auto& [region, bytes] :
-           {std::pair{Region::kBlockKv, kv_value}, std::pair{Region::kProducerSwa, swa_value}}) {
-        if (index.Contains(chain[b], region)) {
-          index.Touch(chain[b]);
-        } else {
-          index.Add(chain[b], parent, region, bytes);
-          index.EvictToBudget(budget, {});
-        }
+  // `steps` of `chain` put in `index`: a value present is touched, a new one added.
+  auto put = [&](kvstore::PrefixIndex& index, const std::vector<Sha256Digest>& chain,
+                 const std::vector<kvstore::WriteBackStep>& steps, uint64_t budget) {
+    for (const kvstore::WriteBackStep& step : steps) {
+      const Sha256Digest& key = chain[step.block];
+      if (index.Contains(key, step.region)) {
+        index.Touch(key);
+        continue;
       }
+      const std::optional<Sha256Digest> parent =
+          step.parent >= 0 ? std::optional<Sha256Digest>(chain[step.parent]) : std::nullopt;
+      index.Add(key, parent, step.region, step.region == Region::kBlockKv ? kv_value : swa_value);
+      index.EvictToBudget(budget, {});
     }
   };
 
@@ -125,39 +133,27 @@ ClusterResult SimulateCluster(const std::vector<ClusterRequest>& requests,
     while (!waiting.empty()) {
       const size_t r = waiting.front();
       const ClusterRequest& request = requests[r];
-      kvstore::HitPolicyInput hit = o.hit;
-      hit.prompt_len = request.prompt_len;
       const kvstore::ChainLookup in_store = Peek(store, request.chain);
-      // The nodes with a free slot, least loaded first (then by index), as ChoosePrefill ranks.
+      // The nodes with a free slot, in index order, as the router's registry lists them.
       std::vector<size_t> open;
+      std::vector<kvstore::PrefillNodeView> views;
       for (size_t n = 0; n < nodes.size(); ++n) {
-        if (nodes[n].prefilling < o.slots) open.push_back(n);
+        if (nodes[n].prefilling >= o.slots) continue;
+        open.push_back(n);
+        views.push_back(
+            {.prefilling = nodes[n].prefilling,
+             .reported_queued = std::max<int64_t>(0, nodes[n].prefilling - 1),
+             .queue_ms = nodes[n].pending_ms,
+             .rates = o.rates,
+             .tiers = {.local = Peek(nodes[n].cache, request.chain), .store = in_store}});
       }
       if (open.empty()) return;
-      std::stable_sort(open.begin(), open.end(), [&](size_t a, size_t b) {
-        return nodes[a].prefilling < nodes[b].prefilling;
-      });
-      size_t chosen = open[0];
-      double best = 0;
-      kvstore::TieredHit chosen_hit;
-      kvstore::PrefillCost chosen_cost;
-      for (size_t k = 0; k < open.size(); ++k) {
-        const size_t n = open[k];
-        const kvstore::TieredHit tiered = kvstore::PlanTieredHit(
-            hit, {.local = Peek(nodes[n].cache, request.chain), .store = in_store}, o.payload);
-        const kvstore::PrefillCost cost =
-            kvstore::PredictPrefill(o.rates, nodes[n].pending_ms, hit, tiered, o.config);
-        const double rank = o.policy == RoutePolicy::kLongestPrefix
-                                ? -static_cast<double>(tiered.local_blocks)
-                            : o.policy == RoutePolicy::kPredictedTtft ? cost.total_ms()
-                                                                      : 0;
-        if (k == 0 || rank < best) {
-          best = rank;
-          chosen = n;
-          chosen_hit = tiered;
-          chosen_cost = cost;
-        }
-      }
+      kvstore::PlacementRequest place{
+          .policy = o.policy, .hit = o.hit, .payload = o.payload, .config = &o.config};
+      place.hit.prompt_len = request.prompt_len;
+      const kvstore::Placement placement = kvstore::PlacePrefill(views, place);
+      const size_t chosen = open[static_cast<size_t>(placement.chosen)];
+      const kvstore::TieredHit& chosen_hit = placement.plan.hit;
       waiting.pop_front();
       Node& node = nodes[chosen];
       // The hit's reads: the store's blocks are used (touched) and kept in the node's cache.
@@ -165,10 +161,32 @@ ClusterResult SimulateCluster(const std::vector<ClusterRequest>& requests,
       const std::vector<Sha256Digest> hit_chain(request.chain.begin(), request.chain.begin() + h);
       node.cache.Lookup(hit_chain);
       store.Lookup(hit_chain);
-      if (o.block_cache_bytes > 0) write(node.cache, request.chain, 0, h, o.block_cache_bytes);
+      // The router's lookup: one probe per owner of some of the prompt's keys.
+      const std::vector<std::vector<size_t>> owned =
+          kvstore::KeysByOwner(request.chain, result.store_ids, replication);
+      for (size_t s = 0; s < owned.size(); ++s) {
+        if (owned[s].empty()) continue;
+        ++result.store_ops[s].lookups;
+        result.store_ops[s].probe_keys += static_cast<int64_t>(owned[s].size());
+      }
+      // The values the hit reads that the node's cache lacks come from one owner each.
+      const std::vector<kvstore::WriteBackStep> kept = kvstore::CacheKeptReads(h, o.hit.window, B);
+      const uint64_t turn = node.read_turn++;
+      for (const kvstore::WriteBackStep& step : kept) {
+        if (o.block_cache_bytes > 0 &&
+            node.cache.Contains(request.chain[step.block], step.region)) {
+          continue;
+        }
+        const size_t owner =
+            kvstore::ReadOrder(request.chain[step.block], result.store_ids, replication, turn)[0];
+        ++result.store_ops[owner].reads;
+        result.store_ops[owner].read_bytes +=
+            step.region == Region::kBlockKv ? o.payload.block_kv : o.payload.swa;
+      }
+      if (o.block_cache_bytes > 0) put(node.cache, request.chain, kept, o.block_cache_bytes);
       result.local_hit_tokens += chosen_hit.local_blocks * B;
       result.store_hit_tokens += (h - chosen_hit.local_blocks) * B;
-      const double service = chosen_cost.service_ms();
+      const double service = placement.plan.cost.service_ms();
       const double end = std::max(now, node.busy_until) + service;
       node.busy_until = end;
       node.pending_ms += service;
@@ -178,6 +196,13 @@ ClusterResult SimulateCluster(const std::vector<ClusterRequest>& requests,
       hit_of[r] = h;
       ++result.requests_per_node[chosen];
       result.ttft_ms[r] = end - request.arrival_ms;
+      if (o.record_steps) {
+        result.steps.push_back({.kind = ClusterStep::kPlaced,
+                                .request = r,
+                                .node = static_cast<int64_t>(chosen),
+                                .hit_blocks = h,
+                                .store = in_store});
+      }
       events.push({end, 0, r});
     }
   };
@@ -195,12 +220,25 @@ ClusterResult SimulateCluster(const std::vector<ClusterRequest>& requests,
       --node.prefilling;
       node.pending_ms =
           node.prefilling == 0 ? 0 : std::max(0.0, node.pending_ms - service_of[event.request]);
-      const int64_t full = static_cast<int64_t>(request.chain.size());
-      if (o.block_cache_bytes > 0) {
-        write(node.cache, request.chain, hit_of[event.request], full, o.block_cache_bytes);
+      const std::vector<kvstore::WriteBackStep> computed = kvstore::WriteBackSteps(
+          hit_of[event.request], static_cast<int64_t>(request.chain.size()));
+      if (o.block_cache_bytes > 0) put(node.cache, request.chain, computed, o.block_cache_bytes);
+      put(store, request.chain, computed, o.store_budget.value_or(unlimited));
+      for (const kvstore::WriteBackStep& step : computed) {
+        for (size_t owner :
+             kvstore::Owners(request.chain[step.block], result.store_ids, replication)) {
+          ++result.store_ops[owner].writes;
+          result.store_ops[owner].write_bytes +=
+              step.region == Region::kBlockKv ? o.payload.block_kv : o.payload.swa;
+        }
       }
-      write(store, request.chain, hit_of[event.request], full, o.store_budget.value_or(unlimited));
       last_end = std::max(last_end, event.time);
+      if (o.record_steps) {
+        result.steps.push_back({.kind = ClusterStep::kEnded,
+                                .request = event.request,
+                                .node = static_cast<int64_t>(node_of[event.request]),
+                                .hit_blocks = hit_of[event.request]});
+      }
     }
     dispatch(event.time);
   }

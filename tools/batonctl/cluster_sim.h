@@ -5,14 +5,15 @@
 // prefill nodes before deploying.
 //
 // What it models, as serving does: admission holds a request until a node has a free slot
-// (`slots` prefills in flight a node, one computing at a time, in order); the policy ranks
-// the nodes with a free slot (least-loaded: fewest in flight; longest-prefix: most blocks in
-// the node's local cache; predicted-ttft: the least predicted TTFT, queue = the predicted
-// service of the node's prefills in flight); the hit is DESIGN section 5's policy over both
-// tiers; a prefill takes the cost model's service time; blocks read from the store are kept in
-// the node's cache when the prefill starts, and the blocks it computes go to its cache and the
-// store when it ends (PrefixIndex with each budget: LRU over chain leaves). Each request's
-// TTFT is its prefill's end less its arrival.
+// (`slots` prefills in flight a node, one computing at a time, in order); the node it goes to
+// is the router's own choice, kvstore::PlacePrefill, over the same views the router has (each
+// node's prefills in flight, its queue of waiting requests as a heartbeat reports it, the
+// predicted service of its prefills in flight, its rates, its local cache's and the store's
+// lookups of the prompt); the hit is DESIGN section 5's policy over both tiers; a prefill
+// takes the cost model's service time; what the hit read is kept in the node's cache when the
+// prefill starts (kvstore::CacheKeptReads, as the prefill node keeps it), and the blocks it
+// computes go to its cache and the store when it ends (PrefixIndex with each budget: LRU over
+// chain leaves). Each request's TTFT is its prefill's end less its arrival.
 //
 // What it leaves out: the decode side, and contention between nodes sharing cores (the
 // measured rates fold in what a real run had of it).
@@ -29,6 +30,7 @@
 #include "absl/strings/string_view.h"
 #include "baton/common/hash.h"
 #include "baton/kvstore/hit_policy.h"
+#include "baton/kvstore/prefill_placement.h"
 #include "baton/kvstore/ttft_model.h"
 
 namespace baton::tools {
@@ -57,6 +59,34 @@ struct ClusterOptions {
   kvstore::BlockBytes payload;           // per block and region
   ModelConfig config;                    // the model's shapes (the work of each prefill)
   kvstore::PrefillRates rates = kvstore::DefaultPrefillRates();
+  bool record_steps = false;  // ClusterResult::steps
+  // The prefix store as a fleet (DESIGN section 5): its nodes, named as `baton up` names them
+  // (kvstore, kvstore-1, ...), and each value's owners (kvstore/placement.h).
+  int64_t store_nodes = 1;
+  int64_t store_replication = 1;
+};
+
+// What one store node served over a simulation, as the fleet's rules send it: a lookup probes
+// every owner of some of the prompt's keys once (KeysByOwner); a value the hit reads from the
+// store comes from one of its owners, rotated per read as a prefill node rotates them
+// (ReadOrder); a value written back goes to every owner.
+struct StoreNodeOps {
+  int64_t lookups = 0;     // probes
+  int64_t probe_keys = 0;  // keys asked in them
+  int64_t reads = 0;       // values read
+  int64_t writes = 0;      // values written
+  uint64_t read_bytes = 0;
+  uint64_t write_bytes = 0;
+};
+
+// One step of a simulation, in the order it happened: a request placed on a node (with the
+// store's lookup of its chain then, and the hit), or its prefill ending there.
+struct ClusterStep {
+  enum Kind { kPlaced, kEnded } kind = kPlaced;
+  size_t request = 0;
+  int64_t node = 0;
+  int64_t hit_blocks = 0;
+  kvstore::ChainLookup store;  // kPlaced
 };
 
 struct ClusterResult {
@@ -66,6 +96,9 @@ struct ClusterResult {
   int64_t store_hit_tokens = 0;
   double makespan_ms = 0;  // first arrival to last prefill's end
   std::vector<int64_t> requests_per_node;
+  std::vector<ClusterStep> steps;  // with ClusterOptions::record_steps
+  std::vector<std::string> store_ids;
+  std::vector<StoreNodeOps> store_ops;  // per store node, as store_ids
 };
 
 ClusterResult SimulateCluster(const std::vector<ClusterRequest>& requests,

@@ -34,6 +34,7 @@
 #include "baton/common/model_config.h"
 #include "baton/common/parse.h"
 #include "baton/kvstore/chain.h"
+#include "baton/kvstore/fleet.h"
 #include "baton/kvstore/hit_policy.h"
 #include "baton/kvstore/prefix_index.h"
 #include "baton/kvstore/prefix_store.h"
@@ -80,6 +81,8 @@ struct SimulateOptions {
   std::string block_cache_bytes = "0";
   std::string rates;
   double time_scale = 1.0;
+  int64_t store_nodes = 1;
+  int64_t store_replication = 1;
 };
 
 struct Setting {
@@ -464,6 +467,39 @@ double NearestRank(std::vector<double> values, double q) {
   return values[std::max<size_t>(rank, 1) - 1];
 }
 
+// Each store node's operations per second over the run (its makespan), and the busiest node's
+// of each, so that an SRE sees what one store pod must serve.
+nlohmann::json StoreJson(const ClusterResult& r, int64_t replication) {
+  const double seconds = r.makespan_ms / 1000;
+  const auto per_s = [seconds](double count) { return seconds > 0 ? count / seconds : 0.0; };
+  constexpr double kMiB = 1024.0 * 1024.0;
+  nlohmann::json nodes = nlohmann::json::array();
+  nlohmann::json busiest = {{"lookups_per_s", 0.0},   {"probe_keys_per_s", 0.0},
+                            {"reads_per_s", 0.0},     {"read_mib_per_s", 0.0},
+                            {"writes_per_s", 0.0},    {"write_mib_per_s", 0.0},
+                            {"operations_per_s", 0.0}};
+  for (size_t n = 0; n < r.store_ops.size(); ++n) {
+    const StoreNodeOps& ops = r.store_ops[n];
+    const nlohmann::json node = {
+        {"node", r.store_ids[n]},
+        {"lookups_per_s", per_s(static_cast<double>(ops.lookups))},
+        {"probe_keys_per_s", per_s(static_cast<double>(ops.probe_keys))},
+        {"reads_per_s", per_s(static_cast<double>(ops.reads))},
+        {"read_mib_per_s", per_s(static_cast<double>(ops.read_bytes) / kMiB)},
+        {"writes_per_s", per_s(static_cast<double>(ops.writes))},
+        {"write_mib_per_s", per_s(static_cast<double>(ops.write_bytes) / kMiB)},
+        {"operations_per_s", per_s(static_cast<double>(ops.lookups + ops.reads + ops.writes))}};
+    for (auto& [key, value] : busiest.items()) {
+      value = std::max(value.get<double>(), node[key].get<double>());
+    }
+    nodes.push_back(node);
+  }
+  return {{"nodes", static_cast<int64_t>(r.store_ops.size())},
+          {"replication", replication},
+          {"per_node", std::move(nodes)},
+          {"busiest", std::move(busiest)}};
+}
+
 // `batonctl simulate --policy ...`: every setting x cache budget x policy through the cluster
 // simulation, one row each.
 int RunCluster(const SimulateOptions& o, const std::vector<Setting>& settings,
@@ -485,6 +521,17 @@ int RunCluster(const SimulateOptions& o, const std::vector<Setting>& settings,
     return ReportError(
         "simulate",
         FlagError("--prefill-slots", absl::StrCat(o.prefill_slots, " must lie in [1, 1024]")));
+  }
+  if (o.store_nodes < 1 || o.store_nodes > static_cast<int64_t>(kvstore::kMaxStoreNodes)) {
+    return ReportError("simulate",
+                       FlagError("--store-nodes", absl::StrCat(o.store_nodes, " must lie in [1, ",
+                                                               kvstore::kMaxStoreNodes, "]")));
+  }
+  if (o.store_replication < 1 || o.store_replication > o.store_nodes) {
+    return ReportError(
+        "simulate", FlagError("--store-replication",
+                              absl::StrCat(o.store_replication, " must lie in [1, --store-nodes ",
+                                           o.store_nodes, "]")));
   }
   if (!(o.time_scale >= 0) || !std::isfinite(o.time_scale)) {
     return ReportError("simulate", FlagError("--time-scale", "must be finite and >= 0"));
@@ -518,7 +565,9 @@ int RunCluster(const SimulateOptions& o, const std::vector<Setting>& settings,
                                              .cap = s.hit_cap},
                                      .payload = kvstore::BlockPayloadBytes(sized),
                                      .config = sized,
-                                     .rates = *rates};
+                                     .rates = *rates,
+                                     .store_nodes = o.store_nodes,
+                                     .store_replication = o.store_replication};
         const ClusterResult r = SimulateCluster(cluster, options);
         double sum = 0;
         for (double t : r.ttft_ms) sum += t;
@@ -542,6 +591,7 @@ int RunCluster(const SimulateOptions& o, const std::vector<Setting>& settings,
                {"p90", NearestRank(r.ttft_ms, 90)},
                {"p99", NearestRank(r.ttft_ms, 99)},
                {"mean", mean}}},
+             {"store", StoreJson(r, o.store_replication)},
              {"makespan_ms", r.makespan_ms},
              {"requests_per_s", r.makespan_ms > 0
                                     ? static_cast<double>(r.ttft_ms.size()) / (r.makespan_ms / 1000)
@@ -561,17 +611,22 @@ int RunCluster(const SimulateOptions& o, const std::vector<Setting>& settings,
               << "\n";
     return kExitOk;
   }
-  std::cout << absl::StrFormat("%-15s %6s %12s %10s %10s %10s %10s %12s %12s %8s\n", "policy",
-                               "nodes", "cache", "ttft_p50", "ttft_p90", "ttft_p99", "ttft_mean",
-                               "local_tok", "store_tok", "req/s");
+  std::cout << absl::StrFormat("%-15s %6s %12s %10s %10s %10s %10s %12s %12s %8s %14s %14s %14s\n",
+                               "policy", "nodes", "cache", "ttft_p50", "ttft_p90", "ttft_p99",
+                               "ttft_mean", "local_tok", "store_tok", "req/s", "store_lookup/s",
+                               "store_read/s", "store_write/s");
   for (const nlohmann::json& row : results) {
+    // The busiest store node's rates (the store's JSON has every node's).
+    const nlohmann::json& busiest = row["store"]["busiest"];
     std::cout << absl::StrFormat(
-        "%-15s %6d %12s %10.1f %10.1f %10.1f %10.1f %12d %12d %8.2f\n",
+        "%-15s %6d %12s %10.1f %10.1f %10.1f %10.1f %12d %12d %8.2f %14.1f %14.1f %14.1f\n",
         row["policy"].get<std::string>(), row["prefill_nodes"].get<int64_t>(),
         HumanBytes(row["block_cache_bytes"].get<uint64_t>()), row["ttft_ms"]["p50"].get<double>(),
         row["ttft_ms"]["p90"].get<double>(), row["ttft_ms"]["p99"].get<double>(),
         row["ttft_ms"]["mean"].get<double>(), row["local_cached_tokens"].get<int64_t>(),
-        row["store_cached_tokens"].get<int64_t>(), row["requests_per_s"].get<double>());
+        row["store_cached_tokens"].get<int64_t>(), row["requests_per_s"].get<double>(),
+        busiest["lookups_per_s"].get<double>(), busiest["reads_per_s"].get<double>(),
+        busiest["writes_per_s"].get<double>());
   }
   return kExitOk;
 }
@@ -714,6 +769,12 @@ Command AddSimulateCommand(CLI::App& app) {
                       "The nodes' rates in ms, name=value comma-separated (compute_ms_per_gflop, "
                       "local_ms_per_mib, store_ms_per_mib, fixed_ms), e.g. "
                       "from a run's baton_prefill_rate_ms; the rest take the router's priors");
+  command->add_option("--store-nodes", o->store_nodes,
+                      "Store nodes of the simulated cluster, as baton up's --kvstore-nodes "
+                      "(default 1); the results give each one's operations per second");
+  command->add_option("--store-replication", o->store_replication,
+                      "Owners of each stored value, as the router's --kvstore-replication "
+                      "(default 1; at most --store-nodes)");
   command->add_option("--time-scale", o->time_scale,
                       "Arrivals at the trace's timestamps times this, as `batonctl replay` sends "
                       "them (default 1)");

@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "baton/kvstore/prefill_placement.h"
 #include "baton/router/fair_queue.h"
 #include "baton/router/node_registry.h"
 #include "grpcpp/grpcpp.h"
@@ -71,14 +72,6 @@ class PrefillSlot {
   std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
 };
 
-// How a routing policy ranks a prefill node for one request (lower first), and the service
-// time it predicts there (counted in the node's queue while the prefill is in flight).
-struct PrefillScore {
-  double rank = 0;
-  double service_ms = 0;
-};
-using PrefillScorer = std::function<PrefillScore(const NodeRegistry::PrefillCandidate&)>;
-
 class Admission {
  public:
   struct Options {
@@ -101,8 +94,11 @@ class Admission {
     std::string fingerprint;               // weights the request is tied to; "" any
     std::vector<std::string> exclude;      // prefill nodes this request gave up on
     std::vector<std::string> lost_decode;  // decode nodes this request gave up on
-    // The policy's ranking of the nodes with a free slot; empty: the least loaded.
-    PrefillScorer score;
+    // What the placement of the request among the nodes with a free slot takes
+    // (kvstore::PlacePrefill): the policy, the hit policy's input and the model.
+    kvstore::PlacementRequest placement;
+    // The request's chain in a candidate's local cache and in the store; null: empty tiers.
+    std::function<kvstore::TierLookups(const RegisteredNode&)> tiers;
   };
   struct Admitted {
     NodeLease node;
@@ -110,7 +106,7 @@ class Admission {
     NodeRegistry::PrefillCandidate chosen;
     // The next best node with a free slot, when there was one (for the request's debug log).
     std::optional<NodeRegistry::PrefillCandidate> runner_up;
-    bool least_loaded = true;  // the chosen node is the least loaded one
+    kvstore::Placement placement;  // the hit and predicted cost on each of the two
   };
   // Waits for a prefill node of `hold.model` with a free slot and takes the slot; `hold`
   // enters its tenant's share on first admission. UNAVAILABLE when no prefill node has been

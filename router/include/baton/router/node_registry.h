@@ -162,19 +162,19 @@ class NodeRegistry {
 
   // What admission asks: the live prefill nodes of served model `model` (of `fingerprint`
   // when not empty, not in `exclude`) whose weights a live decode node not in `lost_decode`
-  // also serves, how many there are, and of those with fewer than `slots` prefills in flight
-  // the one with the fewest (then the least reported queue).
+  // also serves, how many there are, and those of them with fewer than `slots` prefills in
+  // flight (which one a request takes is kvstore::PlacePrefill's choice).
   struct PrefillCandidate {
     std::shared_ptr<RegisteredNode> node;
     // Taken under the registry's lock when the choice was made (they change in place).
     int64_t prefilling = 0;
     double pending_ms = 0;
+    int64_t reported_queued = 0;  // the node's last heartbeat's queued_requests
     v1::PrefillRates rates;
   };
   struct PrefillChoice {
-    std::shared_ptr<RegisteredNode> best;  // null: every live one is full
     int64_t live = 0;
-    // Every live one with a free slot, `best` first, then by the same order.
+    // Every live one with a free slot, by node_id (empty: every live one is full).
     std::vector<PrefillCandidate> open;
   };
   PrefillChoice ChoosePrefill(size_t model, const std::string& fingerprint,

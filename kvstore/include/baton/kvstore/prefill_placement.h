@@ -1,0 +1,70 @@
+// Where a prompt's prefill goes: the router's choice among the prefill nodes with a free slot
+// (DESIGN section 6), as one pure function that the router's admission and `batonctl
+// simulate` both call, so that a capacity plan is the router's own decision and not a copy.
+//
+//   open nodes, ordered least loaded first (prefills in flight, then the node's reported queue,
+//   then the order given: the router's registry by node_id, the simulator's nodes by index)
+//     -> per node: the hit over its local tier and the store (PlanTieredHit) and its predicted
+//        cost (PredictPrefill, with the node's queue of work ahead)
+//     -> the policy's rank (least-loaded: none; longest-prefix: most local blocks;
+//        predicted-ttft: least predicted TTFT); the first of least rank is chosen, the next the
+//        runner-up.
+//
+// And what a node's local block cache keeps of a prefill (CacheKeptReads, WriteBackSteps): the
+// values the hit read, and the values it computed, as the prefill node puts them.
+//
+// Pure functions; safe from any thread.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "baton/common/model_config.h"
+#include "baton/kvstore/hit_policy.h"
+#include "baton/kvstore/ttft_model.h"
+
+namespace baton::kvstore {
+
+// One prefill node with a free slot, as a router sees it when it places a request.
+struct PrefillNodeView {
+  int64_t prefilling = 0;       // prefills this router has in flight there
+  int64_t reported_queued = 0;  // requests the node reports waiting for its model
+  double queue_ms = 0;          // predicted work ahead of a new prefill there
+  PrefillRates rates;           // measured, each missing rate filled (RatesOrDefaults)
+  TierLookups tiers;            // the request's chain in the node's local cache and the store
+};
+
+// What a placement needs of the request.
+struct PlacementRequest {
+  RoutingPolicy policy = RoutingPolicy::kPredictedTtft;
+  HitPolicyInput hit;                   // the prompt's hit policy input
+  BlockBytes payload;                   // per block and region
+  const ModelConfig* config = nullptr;  // null: no cost is predicted (every cost 0)
+};
+
+// A request on one node: its hit, its predicted cost and its rank under the policy.
+struct NodePlan {
+  TieredHit hit;
+  PrefillCost cost;
+  double rank = 0;
+};
+
+struct Placement {
+  int64_t chosen = -1;     // index into the views; -1: none was given
+  int64_t runner_up = -1;  // the next best, -1 when there is no other
+  NodePlan plan;           // on the chosen node
+  NodePlan runner_up_plan;
+  bool least_loaded = true;  // the chosen node is the first in load order
+};
+
+// The node `request` goes to among `open` (every one with a free slot).
+Placement PlacePrefill(std::span<const PrefillNodeView> open, const PlacementRequest& request);
+
+// The values a prefill node's local cache holds after a hit of h blocks read them (each put
+// there when the store gave it, touched when the cache had it), in the order the node reads
+// them: block KV of [0, h), then producer SWA of ReadsForHit's range. The write-back of the
+// blocks it computed follows at the prefill's end (WriteBackSteps).
+std::vector<WriteBackStep> CacheKeptReads(int64_t hit_blocks, int64_t window, int64_t block_size);
+
+}  // namespace baton::kvstore

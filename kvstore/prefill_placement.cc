@@ -1,0 +1,64 @@
+#include "baton/kvstore/prefill_placement.h"
+
+#include <algorithm>
+#include <numeric>
+
+namespace baton::kvstore {
+
+Placement PlacePrefill(std::span<const PrefillNodeView> open, const PlacementRequest& request) {
+  Placement placement;
+  if (open.empty()) return placement;
+  // Load order: fewest prefills in flight, then the least reported queue, then as given.
+  std::vector<size_t> order(open.size());
+  std::iota(order.begin(), order.end(), size_t{0});
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    if (open[a].prefilling != open[b].prefilling) return open[a].prefilling < open[b].prefilling;
+    return open[a].reported_queued < open[b].reported_queued;
+  });
+  auto plan_on = [&](const PrefillNodeView& node) {
+    NodePlan plan;
+    plan.hit = PlanTieredHit(request.hit, node.tiers, request.payload);
+    if (request.config != nullptr) {
+      plan.cost = PredictPrefill(node.rates, node.queue_ms, request.hit, plan.hit, *request.config);
+    }
+    plan.rank = request.policy == RoutingPolicy::kLongestPrefix
+                    ? -static_cast<double>(plan.hit.local_blocks)
+                : request.policy == RoutingPolicy::kPredictedTtft ? plan.cost.total_ms()
+                                                                  : 0;
+    return plan;
+  };
+  std::vector<NodePlan> plans;
+  plans.reserve(order.size());
+  for (size_t i : order) plans.push_back(plan_on(open[i]));
+  // The first of least rank, then the first of least rank among the others.
+  size_t first = 0;
+  for (size_t k = 1; k < plans.size(); ++k) {
+    if (plans[k].rank < plans[first].rank) first = k;
+  }
+  size_t second = plans.size();
+  for (size_t k = 0; k < plans.size(); ++k) {
+    if (k != first && (second == plans.size() || plans[k].rank < plans[second].rank)) second = k;
+  }
+  placement.chosen = static_cast<int64_t>(order[first]);
+  placement.plan = plans[first];
+  placement.least_loaded = first == 0;
+  if (second < plans.size()) {
+    placement.runner_up = static_cast<int64_t>(order[second]);
+    placement.runner_up_plan = plans[second];
+  }
+  return placement;
+}
+
+std::vector<WriteBackStep> CacheKeptReads(int64_t hit_blocks, int64_t window, int64_t block_size) {
+  const HitReads reads = ReadsForHit(hit_blocks, window, block_size);
+  std::vector<WriteBackStep> steps;
+  for (int64_t b = 0; b < reads.block_kv_end; ++b) {
+    steps.push_back({.block = b, .parent = b - 1, .region = Region::kBlockKv});
+  }
+  for (int64_t b = reads.producer_swa_begin; b < reads.producer_swa_end; ++b) {
+    steps.push_back({.block = b, .parent = b - 1, .region = Region::kProducerSwa});
+  }
+  return steps;
+}
+
+}  // namespace baton::kvstore
