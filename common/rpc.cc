@@ -244,6 +244,17 @@ void Heartbeat::Run() {
   std::set<std::string> refusals_logged;  // routers whose refusal was logged
   bool taken = false;    // what `accepted_` was last told
   int untaken_rounds = 0;  // rounds in a row that no router accepted
+  uint32_t routers = 0;    // routers that took the last round (reported with the load)
+  prometheus::Gauge& routers_gauge =
+      metrics::Gauge("baton_node_routers",
+                     "Routers that took this node's last round of registrations (a prefill "
+                     "node's slots are shared among them)")
+          .Add({});
+  prometheus::Counter& rounds =
+      metrics::Counter("baton_node_registration_rounds_total",
+                       "Rounds of registrations (heartbeats) this node has sent its routers, "
+                       "each answered or timed out")
+          .Add({});
   std::unique_lock<std::mutex> lock(mutex_);
   while (!stop_ && !drain_sent_) {
     const bool draining = draining_;
@@ -251,6 +262,7 @@ void Heartbeat::Run() {
     v1::RegisterRequest request = node_;
     request.set_draining(draining);
     *request.mutable_load() = load_();
+    request.mutable_load()->set_routers(routers);
     if (cache_.take) *request.mutable_cache_events() = cache_.take();
     // Every router at once (the callback API), so that routers that do not answer delay
     // the others' heartbeats by one deadline at most, not one each. The addresses are the
@@ -307,6 +319,10 @@ void Heartbeat::Run() {
     if (resync && cache_.resync) cache_.resync();
     const bool any_ok = std::any_of(calls.begin(), calls.end(),
                                     [](const auto& call) { return call->status.ok(); });
+    routers = static_cast<uint32_t>(std::count_if(
+        calls.begin(), calls.end(), [](const auto& call) { return call->status.ok(); }));
+    routers_gauge.Set(routers);
+    rounds.Increment();
     untaken_rounds = any_ok ? 0 : untaken_rounds + 1;
     if (accepted_ && !draining && (any_ok ? !taken : taken && untaken_rounds >= 3)) {
       taken = any_ok;

@@ -111,6 +111,13 @@ struct DecodeService::Metrics {
   prometheus::Histogram& step_seconds =
       metrics::Histogram("baton_decode_step_seconds", "Time of one batched decode step")
           .Add({}, metrics::TokenLatencyBuckets());
+  // The step-cost fit (DraftCosts::target) the node prices drafts with, for capacity plans
+  // (`batonctl simulate --decode-rates step_fixed_ms=..,step_per_row_ms=..`).
+  prometheus::Family<prometheus::Gauge>& step_cost = metrics::Gauge(
+      "baton_decode_step_cost_ms",
+      "The node's fit of a decode step's time: a fixed part and a part per row (0 until fitted)");
+  prometheus::Gauge& step_fixed_ms = step_cost.Add({{"term", "fixed"}});
+  prometheus::Gauge& step_per_row_ms = step_cost.Add({{"term", "per_row"}});
   prometheus::Histogram& batch_size =
       metrics::Histogram("baton_decode_batch_size", "Requests in one decode step")
           .Add({}, prometheus::Histogram::BucketBoundaries{1, 2, 4, 8, 16, 32, 64, 128, 256});
@@ -819,6 +826,10 @@ void DecodeService::DecodeLoop() {
     if (status.ok() && replay.empty() && decode_rows > 0) {
       costs_.AddStep(static_cast<int64_t>(batch.size()), decode_rows,
                      std::chrono::duration<double>(step_end - target_start).count());
+      if (costs_.target.ready()) {
+        metrics_->step_fixed_ms.Set(costs_.target.fixed() * 1e3);
+        metrics_->step_per_row_ms.Set(costs_.target.per_row() * 1e3);
+      }
     }
     metrics_->step_seconds.Observe(std::chrono::duration<double>(step_end - step_start).count());
     metrics_->batch_size.Observe(static_cast<double>(batch.size()));

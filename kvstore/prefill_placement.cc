@@ -49,6 +49,14 @@ Placement PlacePrefill(std::span<const PrefillNodeView> open, const PlacementReq
   return placement;
 }
 
+int64_t RouterSlotShare(int64_t slots, int64_t routers) {
+  return std::max<int64_t>(1, slots / std::max<int64_t>(1, routers));
+}
+
+double QueueAhead(double own_ms, double reported_ms, double own_at_report_ms) {
+  return own_ms + std::max(0.0, reported_ms - own_at_report_ms);
+}
+
 std::vector<WriteBackStep> CacheKeptReads(int64_t hit_blocks, int64_t window, int64_t block_size) {
   const HitReads reads = ReadsForHit(hit_blocks, window, block_size);
   std::vector<WriteBackStep> steps;

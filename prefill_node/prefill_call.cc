@@ -1,5 +1,6 @@
 #include "prefill_call.h"
 
+#include <algorithm>
 #include <cstring>
 #include <span>
 
@@ -22,11 +23,29 @@ constexpr auto kStagingCancelPoll = std::chrono::milliseconds(20);
 
 }  // namespace
 
-PrefillCall::Active::Active(PrefillService& node) : node_(node) {
+PrefillCall::Active::Active(PrefillService& node, double work_ms) : node_(node), work_ms_(work_ms) {
   ++node_.active_;
+  node_.active_peak_ = std::max(node_.active_peak_, node_.active_);
+  node_.held_work_ms_ += work_ms_;
+}
+
+void PrefillCall::Active::Computing() {
+  std::lock_guard<std::mutex> lock(node_.mutex_);
+  computing_ = true;
+  node_.computing_work_ms_ = work_ms_;
+  node_.computing_since_ = Clock::now();
+}
+
+void PrefillCall::Active::Computed() {
+  std::lock_guard<std::mutex> lock(node_.mutex_);
+  node_.held_work_ms_ = std::max(0.0, node_.held_work_ms_ - work_ms_);
+  work_ms_ = 0;
+  if (computing_) node_.computing_work_ms_ = 0;
+  computing_ = false;
 }
 
 PrefillCall::Active::~Active() {
+  Computed();
   std::lock_guard<std::mutex> lock(node_.mutex_);
   if (--node_.active_ == 0) node_.idle_.notify_all();
 }
@@ -102,13 +121,15 @@ absl::Status PrefillCall::Admit() {
   if (!mode.ok()) return mode.status();
   mode_ = *mode;
   if (absl::Status s = ValidatePrefillRequest(request_, node_.model_.config()); !s.ok()) return s;
+  const double work_ms = node_.PredictedWorkMs(prompt_len_, request_.s_valid(), request_.keep(),
+                                               mode_ != model::TruncationMode::kOff);
   {
     std::lock_guard<std::mutex> lock(node_.mutex_);
     if (node_.draining_) {
       log::Warn(span_.Ids(), "prefill refused: draining", {{"request_id", generate_.request_id()}});
       return absl::UnavailableError("the prefill node is draining (shutting down): use another");
     }
-    active_.emplace(node_);
+    active_.emplace(node_, work_ms);
   }
   if (request_.transport() == v1::TRANSPORT_UCX && node_.ucx_ == nullptr) {
     return absl::FailedPreconditionError(
@@ -195,7 +216,9 @@ absl::Status PrefillCall::Compute() {
   wait_ms_ += MillisSince(wait_start);
   if (context_.IsCancelled()) return absl::CancelledError("cancelled");
   const auto compute_start = Clock::now();
+  active_->Computing();
   absl::StatusOr<model::PrefillResult> result = node_.ComputePrefill(tokens_, options, *state_);
+  active_->Computed();
   compute_ms_ = MillisSince(compute_start);
   if (!result.ok()) return result.status();
   result_ = *std::move(result);

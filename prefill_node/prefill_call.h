@@ -56,16 +56,22 @@ class PrefillCall {
   using Stage = absl::Status (PrefillCall::*)();
 
   // The call is one of the node's active requests while this lives. Made under node.mutex_,
-  // held by the caller, by the check that the node is not draining.
+  // held by the caller, by the check that the node is not draining. Its predicted work
+  // (`work_ms`) counts in the node's reported prefill_work_ms until it has been computed.
   class Active {
    public:
-    explicit Active(PrefillService& node);
+    Active(PrefillService& node, double work_ms);
     Active(const Active&) = delete;
     Active& operator=(const Active&) = delete;
     ~Active();
+    // The model took it now; then it has been computed (or failed), its work no longer ahead.
+    void Computing();
+    void Computed();
 
    private:
     PrefillService& node_;
+    double work_ms_;
+    bool computing_ = false;
   };
 
   // One of the node's max_staged_requests staging slots, held while this lives. Made under

@@ -106,7 +106,8 @@ PrefillService::PrefillService(model::Engine& model, const PrefillOptions& optio
                                                 "Values the local block cache evicted",
                                                 {{{}, static_cast<double>(stats.evictions)}}));
     }
-    const v1::PrefillRates rates = Load().rates();
+    const v1::LoadReport load = Load();
+    const v1::PrefillRates& rates = load.rates();
     families.push_back(metrics::GaugeFamily(
         "baton_prefill_rate_ms",
         "The node's measured rates (moving averages) that the router prices requests with: "
@@ -128,6 +129,17 @@ PrefillService::PrefillService(model::Engine& model, const PrefillOptions& optio
              gauge("baton_prefill_running",
                    "Prefills the model is computing now (one at a time: 0 or 1)",
                    computing_.load() ? 1.0 : 0.0),
+             gauge("baton_prefill_requests_active",
+                   "Prefill requests this node holds now (queued, computing or committing)",
+                   static_cast<double>(load.active_requests())),
+             gauge("baton_prefill_requests_active_peak",
+                   "The most prefill requests this node has held at once since it started "
+                   "(at most the routers' --prefill-slots when every router shares it)",
+                   static_cast<double>(ActivePeak())),
+             gauge("baton_prefill_work_ms",
+                   "The predicted work of the prefills this node holds that are not computed "
+                   "yet, in ms (what it reports to the routers as prefill_work_ms)",
+                   load.prefill_work_ms()),
              gauge("baton_prefill_staging_buffers",
                    "Idle staging buffers kept for their reader's next request",
                    static_cast<double>(staging_->held())),
@@ -282,6 +294,25 @@ absl::StatusOr<model::PrefillResult> PrefillService::ComputePrefill(
   return result;
 }
 
+double PrefillService::PredictedWorkMs(int64_t prompt_len, int64_t s_valid, int64_t keep,
+                                       bool truncation_on) const {
+  kvstore::PrefillRates measured;
+  {
+    std::lock_guard<std::mutex> lock(rates_mutex_);
+    measured = rates_;
+  }
+  const ModelConfig& config = model_.config();
+  const kvstore::HitPolicyInput input{.prompt_len = prompt_len,
+                                      .keep = keep,
+                                      .truncation_on = truncation_on,
+                                      .block_size = config.kv_block_size};
+  const kvstore::PrefillCost cost =
+      kvstore::PredictPrefill(kvstore::RatesOrDefaults(kvstore::ToProto(measured, 0)), 0, input,
+                              {.hit_blocks = s_valid / config.kv_block_size}, config);
+  const bool replays_here = options_.split != model::Split::kReplayOnDecode;
+  return cost.compute_ms + (replays_here ? cost.replay_ms : 0) + cost.fixed_ms;
+}
+
 std::chrono::system_clock::time_point PrefillService::ReadDeadline(int64_t hit_tokens) const {
   kvstore::PrefillRates rates;
   {
@@ -346,6 +377,14 @@ v1::LoadReport PrefillService::Load() const {
     std::lock_guard<std::mutex> lock(mutex_);
     load.set_active_requests(static_cast<uint32_t>(active_));
     load.set_queued_requests(static_cast<uint32_t>(queued_));
+    // The one computing has run part of its predicted work already.
+    const double ran =
+        computing_work_ms_ > 0
+            ? std::min(computing_work_ms_,
+                       std::chrono::duration<double, std::milli>(Clock::now() - computing_since_)
+                           .count())
+            : 0;
+    load.set_prefill_work_ms(std::max(0.0, held_work_ms_ - ran));
   }
   {
     std::lock_guard<std::mutex> lock(rates_mutex_);

@@ -82,7 +82,8 @@ int main(int argc, char** argv) {
                  "part alone)")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
   app.add_option("--prefill-slots", options.prefill_slots,
-                 "Prefills in flight per prefill node (default 2: one computing, one ready)")
+                 "Prefills in flight per prefill node, shared by the routers the node registers "
+                 "with (default 2: one computing, one ready)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 10));
   app.add_option("--stream-idle-timeout", flags.stream_idle_timeout,
                  "Cancel a client's stream, and free its decode slot, once the client has taken "

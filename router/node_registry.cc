@@ -14,6 +14,7 @@
 #include "baton/common/metrics.h"
 #include "baton/common/security.h"
 #include "baton/common/wire_bounds.h"
+#include "baton/kvstore/prefill_placement.h"
 #include "baton/router/routing.h"
 
 namespace baton::router {
@@ -51,6 +52,10 @@ std::optional<security::Role> CertificateRole(v1::NodeRole role) {
   }
 }
 
+// Bounds on what a node's load report may say: a day of predicted work, and routers.
+constexpr double kMaxReportedWorkMs = 86400e3;
+constexpr uint32_t kMaxReportedRouters = 1024;
+
 bool Contains(const std::vector<std::string>& ids, const std::string& id) {
   return std::find(ids.begin(), ids.end(), id) != ids.end();
 }
@@ -72,6 +77,16 @@ absl::Status CheckRegistration(const v1::RegisterRequest& request) {
   }
   if (!request.ucx_worker_address().empty() && request.role() != v1::NODE_ROLE_PREFILL) {
     return absl::InvalidArgumentError("ucx_worker_address: only a prefill node registers one");
+  }
+  const v1::LoadReport& load = request.load();
+  if (!(load.prefill_work_ms() >= 0 && load.prefill_work_ms() <= kMaxReportedWorkMs)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "load.prefill_work_ms: ", load.prefill_work_ms(), " must be finite and in [0, ",
+        kMaxReportedWorkMs, "] (milliseconds of predicted work)"));
+  }
+  if (load.routers() > kMaxReportedRouters) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("load.routers: ", load.routers(), " is more than ", kMaxReportedRouters));
   }
   return absl::OkStatus();
 }
@@ -328,6 +343,7 @@ void NodeRegistry::UpdateLocked(const std::string& identity, const std::string& 
                {"message", absl::StrCat("node ", request.node_id(), " registered")}});
   } else {
     *node->info.mutable_load() = request.load();
+    node->pending_at_report_ms = node->pending_ms;
     node->info.set_weight_bytes(request.weight_bytes());
     node->info.set_build_version(request.build_version());
     if (request.draining() && !node->draining) {
@@ -495,12 +511,15 @@ NodeRegistry::PrefillChoice NodeRegistry::ChoosePrefill(size_t model,
       continue;
     }
     ++choice.live;
-    if (node->prefilling >= slots) continue;
-    choice.open.push_back({.node = node,
-                           .prefilling = node->prefilling,
-                           .pending_ms = node->pending_ms,
-                           .reported_queued = node->info.load().queued_requests(),
-                           .rates = node->info.load().rates()});
+    const v1::LoadReport& load = node->info.load();
+    if (node->prefilling >= kvstore::RouterSlotShare(slots, load.routers())) continue;
+    choice.open.push_back(
+        {.node = node,
+         .prefilling = node->prefilling,
+         .pending_ms = kvstore::QueueAhead(node->pending_ms, load.prefill_work_ms(),
+                                           node->pending_at_report_ms),
+         .reported_queued = load.queued_requests(),
+         .rates = load.rates()});
   }
   // A node that has measured nothing yet (just started) is priced like its peers: each rate
   // it lacks is the mean of the live nodes that have it (the cost model's priors only when

@@ -5,6 +5,8 @@
 #include "cluster.h"
 
 #include <atomic>
+#include <fstream>
+#include <iostream>
 #include <map>
 #include <random>
 #include <sstream>
@@ -272,6 +274,76 @@ TEST_F(ClusterTest, NodesRegisterWithEveryRouterInTheList) {
     ASSERT_TRUE(outcome.status.ok()) << router << ": " << outcome.status.error_message();
     EXPECT_EQ(outcome.tokens, expected) << router;
   }
+}
+
+// Two routers share one prefill node: the node tells each that two routers take it, each then
+// holds one of its two slots (--prefill-slots 2), and under a load that keeps both routers'
+// queues full the node never holds more than two prefills at once.
+TEST_F(ClusterTest, TwoRoutersUnderLoadNeverSendANodeMoreThanItsSlots) {
+  Cluster cluster(tiny_);
+  const std::string first = cluster.StartRouter({"--prefill-slots", "2"});
+  ASSERT_FALSE(first.empty());
+  const std::string second = cluster.StartRouter({"--prefill-slots", "2"}, "router-b");
+  ASSERT_FALSE(second.empty());
+  const std::string both =
+      cluster.Address("router-internal") + "," + cluster.Address("router-b-internal");
+  const std::string metrics_ready = cluster.dir() + "/prefill.metrics";
+  ASSERT_FALSE(cluster.StartDecode("decode", {"--router", both, "--slots", "32"}).empty());
+  ASSERT_FALSE(cluster
+                   .StartPrefill("prefill", {"--router", both, "--metrics-port", "0",
+                                             "--metrics-ready-file", metrics_ready})
+                   .empty());
+  std::string metrics;
+  std::ifstream(metrics_ready) >> metrics;
+  ASSERT_FALSE(metrics.empty());
+  // Both routers have taken a round of the node's registrations; the rounds after it tell them
+  // so (once a second round has ended, one that said so has been answered).
+  double round = 0;
+  ASSERT_TRUE(Eventually(
+      [&] {
+        const std::string exposition = Scrape(metrics);
+        round = Sample(exposition, "baton_node_registration_rounds_total").value_or(0);
+        return Sample(exposition, "baton_node_routers").value_or(0) == 2;
+      },
+      std::chrono::seconds(20), std::chrono::milliseconds(50)))
+      << cluster.Log("prefill");
+  ASSERT_TRUE(Eventually(
+      [&] {
+        return Sample(Scrape(metrics), "baton_node_registration_rounds_total").value_or(0) >=
+               round + 2;
+      },
+      std::chrono::seconds(20), std::chrono::milliseconds(50)))
+      << Scrape(metrics);
+  for (const std::string& router : {first, second}) {
+    auto stub =
+        v1::Generation::NewStub(grpc::CreateChannel(router, grpc::InsecureChannelCredentials()));
+    std::mt19937_64 rng(5);
+    // Served by both: each router has the node's report of two routers (a heartbeat later).
+    ASSERT_TRUE(Eventually(
+        [&] { return Generate(*stub, Request(RandomPrompt(rng, 20, 512), 2)).status.ok(); },
+        std::chrono::seconds(20), std::chrono::milliseconds(100)));
+  }
+  const int kPerRouter = 12;
+  std::vector<Outcome> outcomes(2 * kPerRouter);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 2 * kPerRouter; ++i) {
+    threads.emplace_back([&, i] {
+      auto stub = v1::Generation::NewStub(
+          grpc::CreateChannel(i % 2 == 0 ? first : second, grpc::InsecureChannelCredentials()));
+      std::mt19937_64 rng(100 + i);
+      v1::GenerateRequest request = Request(RandomPrompt(rng, 400, 512), 2);
+      request.mutable_truncation()->set_mode(v1::TRUNCATION_MODE_OFF);  // a prefill to wait on
+      outcomes[i] = Generate(*stub, request);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int i = 0; i < 2 * kPerRouter; ++i) {
+    EXPECT_TRUE(outcomes[i].status.ok()) << i << ": " << outcomes[i].status.error_message();
+  }
+  const double peak = Sample(Scrape(metrics), "baton_prefill_requests_active_peak").value_or(-1);
+  std::cout << "[ two routers ] most prefills on the node at once: " << peak << " of 2 slots\n";
+  EXPECT_LE(peak, 2);
+  EXPECT_GE(peak, 2) << "the load should have filled both routers' shares";
 }
 
 // Health on every port: the client port in plaintext, the internal ones to the `client`

@@ -5,6 +5,7 @@
 #include "baton/router/node_registry.h"
 
 #include <chrono>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -214,6 +215,70 @@ TEST_F(NodeRegistryTest, NodeIdsAreBoundedPerIdentityAndInAll) {
   EXPECT_EQ(Registry().ForgetExpired(start + std::chrono::seconds(5)), 3u);
   EXPECT_TRUE(Registry().RegisterFrom(kPrefillRole, Registration("x3")).ok());
   EXPECT_TRUE(Registry().RegisterFrom(decode_role, d2).ok());
+}
+
+// Routers that share a prefill node agree on it through what the node reports: each holds at
+// most its share of the slots (the slots over the routers the node says take it), and prices
+// the node's queue with the other routers' work (what the node reports beyond this router's).
+TEST_F(NodeRegistryTest, APrefillNodesSlotsAndQueueAreSharedWithTheOtherRouters) {
+  v1::RegisterRequest decode = Registration("d1");
+  decode.set_role(v1::NODE_ROLE_DECODE);
+  ASSERT_TRUE(Registry().RegisterFrom("spiffe://baton/decode", decode).ok());
+  v1::RegisterRequest prefill = Registration("p1");
+  ASSERT_TRUE(Registry().RegisterFrom(kPrefillRole, prefill).ok());
+  auto choose = [&] { return Registry().ChoosePrefill(0, "", {}, {}, /*slots=*/2); };
+  ASSERT_EQ(choose().open.size(), 1u);
+  NodeLease first = Registry().TakePrefillSlot(choose().open[0].node, 300);
+  // One router (or none reported yet): this one may hold both slots.
+  EXPECT_EQ(choose().open.size(), 1u);
+  EXPECT_DOUBLE_EQ(choose().open[0].pending_ms, 300);
+  // The node says two routers take it, and that it holds 1,000 ms of work: this router's 300
+  // and 700 of the other's. This router is at its share (one of the two slots).
+  prefill.mutable_load()->set_routers(2);
+  prefill.mutable_load()->set_prefill_work_ms(1000);
+  ASSERT_TRUE(Registry().RegisterFrom(kPrefillRole, prefill).ok());
+  const NodeRegistry::PrefillChoice full = choose();
+  EXPECT_EQ(full.live, 1);
+  EXPECT_TRUE(full.open.empty());
+  // With six slots (three a router) it may take a second, priced behind both routers' work;
+  // a prefill it sends after the report adds its own.
+  auto six = [&] { return Registry().ChoosePrefill(0, "", {}, {}, 6); };
+  ASSERT_EQ(six().open.size(), 1u);
+  EXPECT_DOUBLE_EQ(six().open[0].pending_ms, 1000);
+  NodeLease second = Registry().TakePrefillSlot(six().open[0].node, 200);
+  ASSERT_EQ(six().open.size(), 1u);
+  EXPECT_DOUBLE_EQ(six().open[0].pending_ms, 1200);
+  // Four slots are two a router: this one holds both of its.
+  EXPECT_TRUE(Registry().ChoosePrefill(0, "", {}, {}, 4).open.empty());
+  // Its first prefill ends: the slot is free again, and its work is no longer counted.
+  Registry().PrefillDone(*first.node(), 300);
+  first.Reset();
+  Registry().PrefillDone(*second.node(), 200);
+  second.Reset();
+  ASSERT_EQ(choose().open.size(), 1u);
+  EXPECT_DOUBLE_EQ(choose().open[0].pending_ms, 700);  // the other router's, until a report
+  prefill.mutable_load()->set_prefill_work_ms(0);
+  ASSERT_TRUE(Registry().RegisterFrom(kPrefillRole, prefill).ok());
+  ASSERT_EQ(choose().open.size(), 1u);
+  EXPECT_DOUBLE_EQ(choose().open[0].pending_ms, 0);
+}
+
+// What a node's load report says is bounded: its predicted work and its count of routers.
+TEST_F(NodeRegistryTest, LoadReportsOutOfBoundsAreRefusedByName) {
+  for (const double work : {-1.0, std::numeric_limits<double>::quiet_NaN(),
+                            std::numeric_limits<double>::infinity(), 1e12}) {
+    v1::RegisterRequest request = Registration("p1");
+    request.mutable_load()->set_prefill_work_ms(work);
+    const absl::Status refused = Registry().RegisterFrom(kPrefillRole, request);
+    EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << work;
+    EXPECT_THAT(refused.message(), HasSubstr("load.prefill_work_ms")) << work;
+  }
+  v1::RegisterRequest request = Registration("p1");
+  request.mutable_load()->set_routers(5000);
+  const absl::Status refused = Registry().RegisterFrom(kPrefillRole, request);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(refused.message(), HasSubstr("load.routers: 5000"));
+  EXPECT_EQ(Registry().NodeIds(), 0u);  // nothing registered by a refused report
 }
 
 }  // namespace

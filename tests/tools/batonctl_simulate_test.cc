@@ -26,15 +26,22 @@ std::string WriteFile(const std::string& name, const std::string& text) {
 }
 
 // With --trace-block 8 every hash id is 8 tokens, i.e. two chain blocks of B = 4.
-std::string CapTrace() {
-  return WriteFile(
-      "cap_trace.jsonl",
-      R"({"timestamp": 0, "input_length": 24, "output_length": 1, "hash_ids": [1, 2, 3]}
-{"timestamp": 1, "input_length": 24, "output_length": 1, "hash_ids": [1, 2, 3]}
-{"timestamp": 2, "input_length": 20, "output_length": 1, "hash_ids": [1, 2, 9]}
-{"timestamp": 3, "input_length": 13, "output_length": 1, "hash_ids": [1, 5]}
-{"timestamp": 4, "input_length": 10, "output_length": 1, "hash_ids": [7, 8]}
-)");
+std::string CapTrace(int output_length = 1) {
+  std::string text;
+  for (const char* request : {R"("timestamp": 0, "input_length": 24, "hash_ids": [1, 2, 3])",
+                              R"("timestamp": 1, "input_length": 24, "hash_ids": [1, 2, 3])",
+                              R"("timestamp": 2, "input_length": 20, "hash_ids": [1, 2, 9])",
+                              R"("timestamp": 3, "input_length": 13, "hash_ids": [1, 5])",
+                              R"("timestamp": 4, "input_length": 10, "hash_ids": [7, 8])"}) {
+    text += "{" + std::string(request) + ", \"output_length\": " + std::to_string(output_length) +
+            "}\n";
+  }
+  return WriteFile("cap_trace_" + std::to_string(output_length) + ".jsonl", text);
+}
+
+// The same requests, each asking six tokens (five from decode steps).
+std::string DecodeTrace() {
+  return CapTrace(6);
 }
 
 nlohmann::json Simulate(const std::string& args) {
@@ -288,6 +295,20 @@ TEST(BatonctlSimulateTest, PoliciesRunTheTraceThroughACluster) {
     writes += node["writes_per_s"].get<double>();
   }
   EXPECT_NEAR(writes, 2 * store["per_node"][0]["writes_per_s"].get<double>(), 1e-6 * writes);
+  // Without decode nodes no ITL is predicted; with one, every token after the first has its gap
+  // (each request asks 4 of the trace's 6 tokens), and the SLOs give the goodput.
+  EXPECT_TRUE(out["results"][0]["itl_ms"].is_null());
+  EXPECT_TRUE(out["results"][0]["goodput"].is_null());
+  const nlohmann::json decoded =
+      Simulate("--trace " + DecodeTrace() + " --trace-block 8 --model-config " + TinyConfig() +
+               " --policy least-loaded --decode-nodes 1 --decode-rates step_fixed_ms=3,"
+               "step_per_row_ms=1 --max-output-tokens 4 --ttft-slo-ms 100000 --itl-slo-ms 1000 "
+               "--time-scale 1000");
+  const nlohmann::json& row = decoded["results"][0];
+  EXPECT_GE(row["itl_ms"]["p50"].get<double>(), 4);  // a step of one row: 3 + 1 ms
+  EXPECT_EQ(row["decode"]["nodes"], 1);
+  EXPECT_EQ(row["goodput"]["requests_met"], 5);
+  EXPECT_DOUBLE_EQ(row["goodput"]["share"].get<double>(), 1);
 
   for (const auto& [args, message] : std::vector<std::pair<std::string, std::string>>{
            {"--policy fastest --model-config " + TinyConfig(), "--policy: 'fastest'"},
@@ -300,12 +321,53 @@ TEST(BatonctlSimulateTest, PoliciesRunTheTraceThroughACluster) {
             "--block-cache-bytes: '3XB'"},
            {"--policy least-loaded --model-config " + TinyConfig() + " --store-nodes 0",
             "--store-nodes: 0 must lie in [1, 256]"},
+           {"--policy least-loaded --model-config " + TinyConfig() + " --decode-nodes -1",
+            "--decode-nodes: -1 must lie in [0, 1024]"},
+           {"--policy least-loaded --model-config " + TinyConfig() + " --decode-rates x=1",
+            "--decode-rates: 'x' is unknown"},
+           {"--policy least-loaded --model-config " + TinyConfig() + " --itl-slo-ms -3",
+            "--itl-slo-ms: must be finite and >= 0"},
            {"--policy least-loaded --model-config " + TinyConfig() +
                 " --store-nodes 2 --store-replication 3",
             "--store-replication: 3 must lie in [1, --store-nodes 2]"}}) {
     const Result r = RunBatonctl("simulate --trace " + CapTrace() + " --trace-block 8 " + args);
     EXPECT_EQ(r.exit_status, 2) << args;
     EXPECT_THAT(r.err, HasSubstr(message)) << args;
+  }
+}
+
+// `batonctl capacity` from the command line: a cluster that meets the targets, the points it
+// explored, and bad flags refused by name.
+TEST(BatonctlSimulateTest, CapacityFindsTheFewestNodesForTheTargets) {
+  const Result r = RunBatonctl("capacity --trace " + DecodeTrace() +
+                               " --trace-block 8 --model-config " + TinyConfig() +
+                               " --ttft-p99-ms 100000 --itl-p99-ms 1000 --max-nodes 4 "
+                               "--rates compute_ms_per_gflop=2,fixed_ms=1 --json");
+  ASSERT_EQ(r.exit_status, 0) << r.err;
+  const nlohmann::json out = nlohmann::json::parse(r.out);
+  EXPECT_EQ(out["kind"], "capacity");
+  EXPECT_EQ(out["requests"], 5);
+  // Loose targets: one node of each meets them.
+  EXPECT_EQ(out["best"]["prefill_nodes"], 1);
+  EXPECT_EQ(out["best"]["decode_nodes"], 1);
+  EXPECT_TRUE(out["best"]["meets"].get<bool>());
+  EXPECT_GT(out["best"]["itl_ms"]["p99"].get<double>(), 0);
+  EXPECT_GE(out["explored"].size(), 2u);
+  // Targets nothing meets: no answer, exit 1, the frontier still printed.
+  const Result none =
+      RunBatonctl("capacity --trace " + CapTrace() + " --trace-block 8 --model-config " +
+                  TinyConfig() + " --ttft-p99-ms 0.001 --max-nodes 2 --json");
+  EXPECT_EQ(none.exit_status, 1);
+  EXPECT_TRUE(nlohmann::json::parse(none.out)["best"].is_null());
+  for (const auto& [args, message] : std::vector<std::pair<std::string, std::string>>{
+           {"--ttft-p99-ms 0", "--ttft-p99-ms: must be a finite number > 0"},
+           {"--ttft-p99-ms 10 --max-nodes 0", "--max-nodes: 0 must lie in [1, 1024]"},
+           {"--ttft-p99-ms 10 --policy fastest", "--policy: 'fastest'"},
+           {"--ttft-p99-ms 10 --decode-rates tokens_per_step=0", "--decode-rates"}}) {
+    const Result bad = RunBatonctl("capacity --trace " + CapTrace() +
+                                   " --trace-block 8 --model-config " + TinyConfig() + " " + args);
+    EXPECT_EQ(bad.exit_status, 2) << args;
+    EXPECT_THAT(bad.err, HasSubstr(message)) << args;
   }
 }
 

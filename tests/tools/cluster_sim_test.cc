@@ -8,6 +8,7 @@
 
 #include "baton/kvstore/chain.h"
 #include "baton/model/model_factory.h"
+#include "capacity.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -152,6 +153,90 @@ TEST(ClusterSimTest, StoreOperationsFollowTheFleetsPlacement) {
   EXPECT_GT(alone.reads, 0);
 }
 
+// Decode: each token after the first comes from a decode step whose time is the fitted cost of
+// its rows; a request holds a decode slot from admission to its last token, so a full decode
+// pool holds the next prefill back.
+TEST(ClusterSimTest, DecodeStepsGiveEachTokenItsGap) {
+  ClusterOptions o = Options(RoutePolicy::kLeastLoaded, 0);
+  o.decode_nodes = 1;
+  o.decode_slots = 1;
+  o.decode = {.step_fixed_ms = 10, .step_per_row_ms = 2, .tokens_per_step = 1};
+  std::vector<ClusterRequest> two = Workload(2, 2, 0);  // both at once
+  for (ClusterRequest& r : two) r.output_len = 5;
+  const ClusterResult r = SimulateCluster(two, o);
+  // Alone in its step: 10 + 2 x 1 ms a token, four tokens after the prefill's.
+  ASSERT_EQ(r.itl_ms.size(), 8u);
+  EXPECT_THAT(r.itl_ms, ::testing::Each(::testing::DoubleEq(12)));
+  EXPECT_DOUBLE_EQ(r.tpot_ms[0], 12);
+  EXPECT_DOUBLE_EQ(r.e2e_ms[0], r.ttft_ms[0] + 48);
+  // One slot: the second prefill starts only once the first request's last token is out.
+  EXPECT_GE(r.ttft_ms[1], r.e2e_ms[0]);
+  EXPECT_THAT(r.requests_per_decode_node, ::testing::ElementsAre(2));
+  EXPECT_DOUBLE_EQ(r.decode_busy_ms[0], 2 * 48);
+
+  // Two slots: both decode in one batch (steps of two rows); with two tokens a step, each
+  // step's gap is shared by its two tokens.
+  o.decode_slots = 2;
+  o.decode.tokens_per_step = 2;
+  std::vector<ClusterRequest> together = Workload(2, 1, 0);
+  for (ClusterRequest& q : together) q.output_len = 5;
+  const ClusterResult batched = SimulateCluster(together, o);
+  EXPECT_EQ(batched.itl_ms.size(), 8u);
+  EXPECT_LT(batched.ttft_ms[1], batched.e2e_ms[0]);  // no wait for the slot
+  // A step of both rows takes 14 ms for two tokens each; the request that joined while the
+  // first step ran waited that step out too.
+  EXPECT_THAT(batched.itl_ms, ::testing::Contains(::testing::DoubleEq(7)));
+  for (double gap : batched.itl_ms) EXPECT_LE(gap, (12 + 14) / 2.0 + 1e-9);
+  // A request of one token is done at its prefill.
+  std::vector<ClusterRequest> one = Workload(1, 1, 0);
+  const ClusterResult single = SimulateCluster(one, o);
+  EXPECT_TRUE(single.itl_ms.empty());
+  EXPECT_DOUBLE_EQ(single.e2e_ms[0], single.ttft_ms[0]);
+  EXPECT_DOUBLE_EQ(single.tpot_ms[0], -1);
+}
+
+// The planner's answer meets the targets in the simulation, and one node fewer of either role
+// does not; targets no cluster meets get no answer.
+TEST(ClusterSimTest, CapacityPlanIsTheFewestNodesThatMeetTheTargets) {
+  ClusterOptions base = Options(RoutePolicy::kPredictedTtft, 0);
+  base.decode_slots = 4;
+  base.decode = {.step_fixed_ms = 5, .step_per_row_ms = 2, .tokens_per_step = 1};
+  // Requests far faster than one prefill node serves them, each of 20 tokens.
+  std::vector<ClusterRequest> requests = Workload(60, 6, 5);
+  for (ClusterRequest& r : requests) r.output_len = 20;
+  const ClusterResult one = SimulateCluster(requests, [&] {
+    ClusterOptions o = base;
+    o.prefill_nodes = 1;
+    o.decode_nodes = 1;
+    return o;
+  }());
+  const double cold_ms = one.ttft_ms[0];
+  const CapacityGoal goal{.ttft_p99_ms = 4 * cold_ms, .itl_p99_ms = 20, .max_nodes = 32};
+  const CapacityPlan plan = PlanCapacity(requests, base, goal);
+  ASSERT_TRUE(plan.best.has_value());
+  EXPECT_TRUE(plan.best->meets);
+  EXPECT_LE(plan.best->ttft_p99_ms, goal.ttft_p99_ms);
+  EXPECT_LE(plan.best->itl_p99_ms, goal.itl_p99_ms);
+  EXPECT_GT(plan.best->prefill_nodes, 1);  // one node is too few for this load
+  EXPECT_GT(plan.best->decode_nodes, 1);   // four slots a node are too few for 60 requests
+  auto meets = [&](int64_t prefill, int64_t decode) {
+    ClusterOptions o = base;
+    o.prefill_nodes = prefill;
+    o.decode_nodes = decode;
+    const ClusterResult r = SimulateCluster(requests, o);
+    return NearestRank(r.ttft_ms, 99) <= goal.ttft_p99_ms &&
+           NearestRank(r.itl_ms, 99) <= goal.itl_p99_ms;
+  };
+  EXPECT_TRUE(meets(plan.best->prefill_nodes, plan.best->decode_nodes));
+  EXPECT_FALSE(meets(plan.best->prefill_nodes - 1, plan.best->decode_nodes));
+  EXPECT_FALSE(meets(plan.best->prefill_nodes, plan.best->decode_nodes - 1));
+  // Every point it ran is in the frontier, the answer among them.
+  EXPECT_GT(plan.explored.size(), 3u);
+  const CapacityPlan none =
+      PlanCapacity(requests, base, {.ttft_p99_ms = cold_ms / 2, .itl_p99_ms = 20, .max_nodes = 8});
+  EXPECT_FALSE(none.best.has_value());
+}
+
 TEST(ClusterSimTest, FlagsAreParsedOrRefusedByName) {
   EXPECT_THAT(*ParseRoutePolicies("least-loaded,predicted-ttft"),
               ::testing::ElementsAre(RoutePolicy::kLeastLoaded, RoutePolicy::kPredictedTtft));
@@ -169,6 +254,17 @@ TEST(ClusterSimTest, FlagsAreParsedOrRefusedByName) {
   EXPECT_THAT(std::string(ParseRates("fixed_ms=-1").status().message()),
               ::testing::HasSubstr("finite value >= 0"));
   EXPECT_FALSE(ParseRates("fixed_ms=nan").ok());
+  const absl::StatusOr<DecodeRates> decode =
+      ParseDecodeRates("step_fixed_ms=12.5,tokens_per_step=1.8");
+  ASSERT_TRUE(decode.ok());
+  EXPECT_DOUBLE_EQ(decode->step_fixed_ms, 12.5);
+  EXPECT_DOUBLE_EQ(decode->tokens_per_step, 1.8);
+  EXPECT_DOUBLE_EQ(decode->step_per_row_ms, DecodeRates{}.step_per_row_ms);
+  EXPECT_THAT(std::string(ParseDecodeRates("rows=1").status().message()),
+              ::testing::HasSubstr("--decode-rates: 'rows' is unknown"));
+  EXPECT_THAT(std::string(ParseDecodeRates("tokens_per_step=0.5").status().message()),
+              ::testing::HasSubstr("in [1, 1e6]"));
+  EXPECT_FALSE(ParseDecodeRates("step_fixed_ms=inf").ok());
 }
 
 }  // namespace

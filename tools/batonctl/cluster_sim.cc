@@ -6,9 +6,11 @@
 #include <limits>
 #include <queue>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "baton/kvstore/chain.h"
 #include "baton/kvstore/fleet.h"
 #include "baton/kvstore/placement.h"
 #include "baton/kvstore/prefix_index.h"
@@ -39,10 +41,24 @@ struct Node {
   double busy_until = 0;  // one computes at a time
 };
 
+// A decode node: its slots taken (from admission until the request's last token), the
+// requests in its batch and those whose prefill ended since the step began.
+struct DecodeNode {
+  int64_t held = 0;
+  std::vector<size_t> running;
+  std::vector<size_t> joining;
+  bool stepping = false;
+  double step_ms = 0;  // the step in progress
+  double busy_ms = 0;
+};
+
+// At equal times a prefill ends first, then a decode step, then a request arrives: what frees
+// a slot is seen before what waits for one.
+enum EventKind { kPrefillEnds = 0, kStepEnds = 1, kArrives = 2 };
 struct Event {
   double time = 0;
-  int kind = 0;  // 0: a prefill ends, 1: a request arrives (ends first at equal times)
-  size_t request = 0;
+  int kind = kPrefillEnds;
+  size_t request = 0;  // kStepEnds: the decode node
   bool operator>(const Event& other) const {
     return time != other.time ? time > other.time : kind > other.kind;
   }
@@ -58,6 +74,107 @@ absl::StatusOr<std::vector<RoutePolicy>> ParseRoutePolicies(absl::string_view te
     policies.push_back(*policy);
   }
   return policies;
+}
+
+// "unlimited" or 0 (no budget, as baton-kvstore's --budget-bytes 0), or a byte count with an
+// optional unit: K, M, G, T and KiB..TiB are powers of 1024, KB..TB powers of 1000.
+absl::StatusOr<std::optional<uint64_t>> ParseBudget(absl::string_view item,
+                                                    absl::string_view flag) {
+  const absl::string_view text = absl::StripAsciiWhitespace(item);
+  if (absl::AsciiStrToLower(text) == "unlimited") return std::optional<uint64_t>();
+  size_t split = 0;
+  while (split < text.size() && (absl::ascii_isdigit(text[split]) || text[split] == '.')) ++split;
+  const std::string unit = absl::AsciiStrToLower(text.substr(split));
+  const struct {
+    const char* name;
+    double scale;
+  } units[] = {{"", 1},
+               {"b", 1},
+               {"k", 1024.0},
+               {"kib", 1024.0},
+               {"m", 1048576.0},
+               {"mib", 1048576.0},
+               {"g", 1073741824.0},
+               {"gib", 1073741824.0},
+               {"t", 1099511627776.0},
+               {"tib", 1099511627776.0},
+               {"kb", 1e3},
+               {"mb", 1e6},
+               {"gb", 1e9},
+               {"tb", 1e12}};
+  double number = 0;
+  const double* scale = nullptr;
+  for (const auto& u : units) {
+    if (unit == u.name) scale = &u.scale;
+  }
+  if (split == 0 || scale == nullptr || !absl::SimpleAtod(text.substr(0, split), &number) ||
+      number * *scale >= 1.8e19) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(flag, ": '", text,
+                     "' is not a byte count; allowed: unlimited, 0 (unlimited), or a number "
+                     "with an optional unit (K/M/G/T or KiB..TiB: powers of 1024; KB..TB: "
+                     "powers of 1000)"));
+  }
+  const uint64_t bytes = static_cast<uint64_t>(number * *scale);
+  if (bytes == 0) return std::optional<uint64_t>();
+  return std::optional<uint64_t>(bytes);
+}
+
+double NearestRank(std::vector<double> values, double q) {
+  if (values.empty()) return 0;
+  std::sort(values.begin(), values.end());
+  const size_t rank = static_cast<size_t>(std::ceil(q / 100 * static_cast<double>(values.size())));
+  return values[std::max<size_t>(rank, 1) - 1];
+}
+
+std::vector<ClusterRequest> ClusterRequestsFromTrace(const std::vector<TraceRequest>& trace,
+                                                     const TokenOptions& tokens,
+                                                     const std::string& fingerprint,
+                                                     int64_t block_size, double time_scale,
+                                                     int64_t max_output_tokens) {
+  std::vector<ClusterRequest> cluster;
+  if (trace.empty()) return cluster;
+  double first_ms = trace.front().timestamp_ms;
+  for (const TraceRequest& r : trace) first_ms = std::min(first_ms, r.timestamp_ms);
+  cluster.reserve(trace.size());
+  for (const TraceRequest& r : trace) {
+    const std::vector<int32_t> prompt = TraceTokens(r, tokens);
+    // As `batonctl replay` asks: the trace's output length, capped by max_output_tokens, at
+    // least one token.
+    const int64_t output = std::max<int64_t>(
+        1, max_output_tokens > 0 ? std::min(r.output_length, max_output_tokens) : r.output_length);
+    cluster.push_back({.arrival_ms = (r.timestamp_ms - first_ms) * time_scale,
+                       .prompt_len = static_cast<int64_t>(prompt.size()),
+                       .output_len = output,
+                       .chain = kvstore::ChainKeys(fingerprint, "", "", prompt, block_size)});
+  }
+  return cluster;
+}
+
+absl::StatusOr<DecodeRates> ParseDecodeRates(absl::string_view text) {
+  DecodeRates rates;
+  if (text.empty()) return rates;
+  for (absl::string_view item : absl::StrSplit(text, ',')) {
+    const std::pair<absl::string_view, absl::string_view> kv = absl::StrSplit(item, '=');
+    double value = 0;
+    double* field = kv.first == "step_fixed_ms"     ? &rates.step_fixed_ms
+                    : kv.first == "step_per_row_ms" ? &rates.step_per_row_ms
+                    : kv.first == "tokens_per_step" ? &rates.tokens_per_step
+                                                    : nullptr;
+    if (field == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--decode-rates: '", kv.first,
+                       "' is unknown; allowed: step_fixed_ms, step_per_row_ms, tokens_per_step"));
+    }
+    const double least = field == &rates.tokens_per_step ? 1 : 0;
+    if (!absl::SimpleAtod(kv.second, &value) || !std::isfinite(value) || value < least ||
+        value > 1e6) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--decode-rates: '", item, "' needs a finite value in [", least, ", 1e6]"));
+    }
+    *field = value;
+  }
+  return rates;
 }
 
 absl::StatusOr<kvstore::PrefillRates> ParseRates(absl::string_view text) {
@@ -109,8 +226,39 @@ ClusterResult SimulateCluster(const std::vector<ClusterRequest>& requests,
   const int replication = static_cast<int>(
       std::clamp<int64_t>(o.store_replication, 1, static_cast<int64_t>(result.store_ids.size())));
   std::priority_queue<Event, std::vector<Event>, std::greater<>> events;
-  for (size_t i = 0; i < requests.size(); ++i) events.push({requests[i].arrival_ms, 1, i});
+  for (size_t i = 0; i < requests.size(); ++i) events.push({requests[i].arrival_ms, kArrives, i});
   std::deque<size_t> waiting;  // admission's queue, first come first served
+  const bool with_decode = o.decode_nodes > 0;
+  std::vector<DecodeNode> decoders(static_cast<size_t>(std::max<int64_t>(0, o.decode_nodes)));
+  result.requests_per_decode_node.assign(decoders.size(), 0);
+  std::vector<size_t> decoder_of(requests.size(), 0);
+  std::vector<double> generated(requests.size(), 0);  // tokens, the prefill's first included
+  std::vector<double> last_token_ms(requests.size(), 0);
+  // The decode node `d` takes the requests whose prefill ended into its next step.
+  auto step = [&](size_t d, double now) {
+    DecodeNode& node = decoders[d];
+    node.running.insert(node.running.end(), node.joining.begin(), node.joining.end());
+    node.joining.clear();
+    node.stepping = !node.running.empty();
+    if (!node.stepping) return;
+    node.step_ms = o.decode.step_fixed_ms +
+                   o.decode.step_per_row_ms * static_cast<double>(node.running.size());
+    events.push({now + node.step_ms, kStepEnds, d});
+  };
+  // Request `r` has its last token now: its slot is free.
+  auto finish = [&](size_t r, double now) {
+    const ClusterRequest& request = requests[r];
+    result.e2e_ms[r] = now - request.arrival_ms;
+    if (request.output_len > 1) {
+      result.tpot_ms[r] = (now - (request.arrival_ms + result.ttft_ms[r])) /
+                          static_cast<double>(request.output_len - 1);
+    }
+    --decoders[decoder_of[r]].held;
+  };
+  if (with_decode) {
+    result.e2e_ms.assign(requests.size(), 0);
+    result.tpot_ms.assign(requests.size(), -1);
+  }
   double first_arrival = std::numeric_limits<double>::max(), last_end = 0;
 
   // `steps` of `chain` put in `index`: a value present is touched, a new one added.
@@ -148,6 +296,15 @@ ClusterResult SimulateCluster(const std::vector<ClusterRequest>& requests,
              .tiers = {.local = Peek(nodes[n].cache, request.chain), .store = in_store}});
       }
       if (open.empty()) return;
+      // A decode slot is reserved at admission: the least loaded decode node's (fewest
+      // requests, then the lowest index).
+      size_t decoder = 0;
+      if (with_decode) {
+        for (size_t d = 1; d < decoders.size(); ++d) {
+          if (decoders[d].held < decoders[decoder].held) decoder = d;
+        }
+        if (decoders[decoder].held >= o.decode_slots) return;
+      }
       kvstore::PlacementRequest place{
           .policy = o.policy, .hit = o.hit, .payload = o.payload, .config = &o.config};
       place.hit.prompt_len = request.prompt_len;
@@ -196,6 +353,11 @@ ClusterResult SimulateCluster(const std::vector<ClusterRequest>& requests,
       hit_of[r] = h;
       ++result.requests_per_node[chosen];
       result.ttft_ms[r] = end - request.arrival_ms;
+      if (with_decode) {
+        ++decoders[decoder].held;
+        ++result.requests_per_decode_node[decoder];
+        decoder_of[r] = decoder;
+      }
       if (o.record_steps) {
         result.steps.push_back({.kind = ClusterStep::kPlaced,
                                 .request = r,
@@ -203,15 +365,43 @@ ClusterResult SimulateCluster(const std::vector<ClusterRequest>& requests,
                                 .hit_blocks = h,
                                 .store = in_store});
       }
-      events.push({end, 0, r});
+      events.push({end, kPrefillEnds, r});
     }
   };
 
   while (!events.empty()) {
     const Event event = events.top();
     events.pop();
+    if (event.kind == kStepEnds) {
+      // Every request of the step gains its tokens; each token's gap is an ITL sample.
+      DecodeNode& node = decoders[event.request];
+      node.busy_ms += node.step_ms;
+      std::vector<size_t> staying;
+      for (size_t r : node.running) {
+        const double want = static_cast<double>(requests[r].output_len);
+        const double before = generated[r];
+        generated[r] = std::min(want, before + o.decode.tokens_per_step);
+        const int64_t tokens =
+            static_cast<int64_t>(std::floor(generated[r])) - static_cast<int64_t>(before);
+        const double gap = event.time - last_token_ms[r];
+        for (int64_t t = 0; t < tokens; ++t) {
+          result.itl_ms.push_back(gap / static_cast<double>(tokens));
+        }
+        if (tokens > 0) last_token_ms[r] = event.time;
+        if (generated[r] >= want) {
+          finish(r, event.time);
+        } else {
+          staying.push_back(r);
+        }
+      }
+      node.running = std::move(staying);
+      step(event.request, event.time);
+      last_end = std::max(last_end, event.time);
+      dispatch(event.time);
+      continue;
+    }
     const ClusterRequest& request = requests[event.request];
-    if (event.kind == 1) {
+    if (event.kind == kArrives) {
       first_arrival = std::min(first_arrival, event.time);
       result.prompt_tokens += request.prompt_len;
       waiting.push_back(event.request);
@@ -233,6 +423,19 @@ ClusterResult SimulateCluster(const std::vector<ClusterRequest>& requests,
         }
       }
       last_end = std::max(last_end, event.time);
+      if (with_decode) {
+        // The first token came with the prefill; the rest come from the decode node.
+        const size_t r = event.request;
+        generated[r] = 1;
+        last_token_ms[r] = event.time;
+        DecodeNode& decoder = decoders[decoder_of[r]];
+        if (request.output_len <= 1) {
+          finish(r, event.time);
+        } else {
+          decoder.joining.push_back(r);
+          if (!decoder.stepping) step(decoder_of[r], event.time);
+        }
+      }
       if (o.record_steps) {
         result.steps.push_back({.kind = ClusterStep::kEnded,
                                 .request = event.request,
@@ -243,6 +446,7 @@ ClusterResult SimulateCluster(const std::vector<ClusterRequest>& requests,
     dispatch(event.time);
   }
   result.makespan_ms = last_end - first_arrival;
+  for (const DecodeNode& node : decoders) result.decode_busy_ms.push_back(node.busy_ms);
   return result;
 }
 

@@ -15,8 +15,19 @@
 // computes go to its cache and the store when it ends (PrefixIndex with each budget: LRU over
 // chain leaves). Each request's TTFT is its prefill's end less its arrival.
 //
-// What it leaves out: the decode side, and contention between nodes sharing cores (the
-// measured rates fold in what a real run had of it).
+// Decode, with decode_nodes > 0: a request also needs a decode slot (`decode_slots` a node, the
+// least loaded node's, fewest requests then lowest index, as the router's Pick) before its
+// prefill starts, as the router reserves one at admission; from its prefill's end it joins
+// its decode node's batch at the next step. A decode node steps while it has requests, each
+// step taking the fitted time of its rows (DecodeRates: fixed + per_row x requests, as the
+// node's step-cost fit) and giving every request in it `tokens_per_step` tokens (speculation's
+// measured tokens per step, 1 without it); a request leaves after its output tokens (the first
+// comes from the prefill), freeing its slot. Each token's gap is its ITL sample, the way
+// `batonctl replay` measures it (a step's tokens share its gap).
+//
+// What it leaves out: contention between nodes sharing cores (the measured rates fold in what
+// a real run had of it), and replay rows on the decode node (replay-on-decode prices them in
+// the prefill's cost).
 //
 // Pure; safe from any thread.
 #pragma once
@@ -32,8 +43,15 @@
 #include "baton/kvstore/hit_policy.h"
 #include "baton/kvstore/prefill_placement.h"
 #include "baton/kvstore/ttft_model.h"
+#include "trace.h"
 
 namespace baton::tools {
+
+// "unlimited" or 0 (none: nullopt), or a byte count with an optional unit: K, M, G, T and
+// KiB..TiB are powers of 1024, KB..TB powers of 1000. The error names `flag`.
+absl::StatusOr<std::optional<uint64_t>> ParseBudget(absl::string_view item, absl::string_view flag);
+// Nearest-rank percentile q in [0, 100] (0 when empty), as `batonctl replay` reports them.
+double NearestRank(std::vector<double> values, double q);
 
 using RoutePolicy = kvstore::RoutingPolicy;
 // Comma-separated policy names; the error names --policy and the allowed names.
@@ -46,8 +64,20 @@ absl::StatusOr<kvstore::PrefillRates> ParseRates(absl::string_view text);
 struct ClusterRequest {
   double arrival_ms = 0;
   int64_t prompt_len = 0;
+  int64_t output_len = 1;           // completion tokens (decode_nodes > 0)
   std::vector<Sha256Digest> chain;  // keys of the prompt's full blocks
 };
+
+// A decode step's time by its rows, as a decode node fits it (baton_decode_step_cost_ms), and
+// the tokens a request gains per step.
+struct DecodeRates {
+  double step_fixed_ms = 20;
+  double step_per_row_ms = 1;
+  double tokens_per_step = 1;
+};
+// "name=value,..." over the DecodeRates fields; each finite, step times >= 0 and
+// tokens_per_step >= 1. Names --decode-rates in its errors.
+absl::StatusOr<DecodeRates> ParseDecodeRates(absl::string_view text);
 
 struct ClusterOptions {
   RoutePolicy policy = RoutePolicy::kPredictedTtft;
@@ -64,6 +94,9 @@ struct ClusterOptions {
   // (kvstore, kvstore-1, ...), and each value's owners (kvstore/placement.h).
   int64_t store_nodes = 1;
   int64_t store_replication = 1;
+  int64_t decode_nodes = 0;  // 0: decode is not modelled
+  int64_t decode_slots = 64;
+  DecodeRates decode;
 };
 
 // What one store node served over a simulation, as the fleet's rules send it: a lookup probes
@@ -99,9 +132,26 @@ struct ClusterResult {
   std::vector<ClusterStep> steps;  // with ClusterOptions::record_steps
   std::vector<std::string> store_ids;
   std::vector<StoreNodeOps> store_ops;  // per store node, as store_ids
+  // With decode: every token gap after the first token (ITL samples); per request in trace
+  // order, its mean gap (TPOT; -1 for a request of one token) and its last token's time less
+  // its arrival; and each decode node's busy time.
+  std::vector<double> itl_ms;
+  std::vector<double> tpot_ms;
+  std::vector<double> e2e_ms;
+  std::vector<double> decode_busy_ms;
+  std::vector<int64_t> requests_per_decode_node;
 };
 
 ClusterResult SimulateCluster(const std::vector<ClusterRequest>& requests,
                               const ClusterOptions& options);
+
+// A trace's requests as the simulation takes them: arrivals from the first one times
+// `time_scale`, prompts of TraceTokens with their chain keys on `fingerprint`, and the trace's
+// output lengths capped by `max_output_tokens` (0: no cap), at least one token.
+std::vector<ClusterRequest> ClusterRequestsFromTrace(const std::vector<TraceRequest>& trace,
+                                                     const TokenOptions& tokens,
+                                                     const std::string& fingerprint,
+                                                     int64_t block_size, double time_scale,
+                                                     int64_t max_output_tokens);
 
 }  // namespace baton::tools

@@ -30,6 +30,7 @@ Command AddModelsCommand(CLI::App& app);
 Command AddStoresCommand(CLI::App& app);
 Command AddEvalCommand(CLI::App& app);
 Command AddHealthCommand(CLI::App& app);
+Command AddCapacityCommand(CLI::App& app);
 
 inline constexpr int kExitOk = 0;
 inline constexpr int kExitFailure = 1;

@@ -30,7 +30,7 @@ int main(int argc, char** argv) {
       AddGenerateCommand(app),    AddReplayCommand(app),    AddSimulateCommand(app),
       AddApproxErrorCommand(app), AddReportCommand(app),    AddFetchModelCommand(app),
       AddModelsCommand(app),      AddStoresCommand(app),    AddEvalCommand(app),
-      AddHealthCommand(app)};
+      AddHealthCommand(app),      AddCapacityCommand(app)};
   std::string names;
   bool known = false;
   for (const Command& command : commands) {

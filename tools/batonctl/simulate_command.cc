@@ -83,6 +83,12 @@ struct SimulateOptions {
   double time_scale = 1.0;
   int64_t store_nodes = 1;
   int64_t store_replication = 1;
+  int64_t decode_nodes = 0;
+  int64_t decode_slots = 64;
+  std::string decode_rates;
+  int64_t max_output_tokens = 0;
+  double ttft_slo_ms = 0;
+  double itl_slo_ms = 0;
 };
 
 struct Setting {
@@ -156,50 +162,6 @@ absl::StatusOr<std::vector<HitCap>> ParseHitCaps(const std::string& text) {
     caps.push_back(*cap);
   }
   return caps;
-}
-
-// "unlimited" or 0 (no budget, as baton-kvstore's --budget-bytes 0), or a byte count with an
-// optional unit: K, M, G, T and KiB..TiB are powers of 1024, KB..TB powers of 1000.
-absl::StatusOr<std::optional<uint64_t>> ParseBudget(absl::string_view item,
-                                                    absl::string_view flag) {
-  const absl::string_view text = absl::StripAsciiWhitespace(item);
-  if (absl::AsciiStrToLower(text) == "unlimited") return std::optional<uint64_t>();
-  size_t split = 0;
-  while (split < text.size() && (absl::ascii_isdigit(text[split]) || text[split] == '.')) ++split;
-  const std::string unit = absl::AsciiStrToLower(text.substr(split));
-  const struct {
-    const char* name;
-    double scale;
-  } units[] = {{"", 1},
-               {"b", 1},
-               {"k", 1024.0},
-               {"kib", 1024.0},
-               {"m", 1048576.0},
-               {"mib", 1048576.0},
-               {"g", 1073741824.0},
-               {"gib", 1073741824.0},
-               {"t", 1099511627776.0},
-               {"tib", 1099511627776.0},
-               {"kb", 1e3},
-               {"mb", 1e6},
-               {"gb", 1e9},
-               {"tb", 1e12}};
-  double number = 0;
-  const double* scale = nullptr;
-  for (const auto& u : units) {
-    if (unit == u.name) scale = &u.scale;
-  }
-  if (split == 0 || scale == nullptr || !absl::SimpleAtod(text.substr(0, split), &number) ||
-      number * *scale >= 1.8e19) {
-    return FlagError(flag,
-                     absl::StrCat("'", text,
-                                  "' is not a byte count; allowed: unlimited, 0 (unlimited), or "
-                                  "a number with an optional unit (K/M/G/T or KiB..TiB: powers "
-                                  "of 1024; KB..TB: powers of 1000)"));
-  }
-  const uint64_t bytes = static_cast<uint64_t>(number * *scale);
-  if (bytes == 0) return std::optional<uint64_t>();
-  return std::optional<uint64_t>(bytes);
 }
 
 absl::StatusOr<std::vector<std::optional<uint64_t>>> ParseBudgets(
@@ -459,12 +421,35 @@ void PrintTable(const std::vector<std::pair<Setting, SettingResult>>& rows, bool
   }
 }
 
-// Nearest-rank percentile (0 when empty), as `batonctl replay` reports them.
-double NearestRank(std::vector<double> values, double q) {
-  if (values.empty()) return 0;
-  std::sort(values.begin(), values.end());
-  const size_t rank = static_cast<size_t>(std::ceil(q / 100 * static_cast<double>(values.size())));
-  return values[std::max<size_t>(rank, 1) - 1];
+// p50, p90, p99 and mean, as `batonctl replay` reports its measured ones.
+nlohmann::json Percentiles(const std::vector<double>& values) {
+  double sum = 0;
+  for (double v : values) sum += v;
+  return {{"p50", NearestRank(values, 50)},
+          {"p90", NearestRank(values, 90)},
+          {"p99", NearestRank(values, 99)},
+          {"mean", values.empty() ? 0 : sum / static_cast<double>(values.size())}};
+}
+
+// The share of requests that met the SLOs given (TTFT, and with decode the request's mean
+// token gap), and the requests per second that did; null when no SLO was given.
+nlohmann::json Goodput(const ClusterResult& r, const SimulateOptions& o) {
+  if (o.ttft_slo_ms <= 0 && o.itl_slo_ms <= 0) return nullptr;
+  int64_t met = 0;
+  std::vector<bool> itl_ok(r.ttft_ms.size(), true);
+  for (size_t i = 0; i < r.tpot_ms.size() && o.itl_slo_ms > 0; ++i) {
+    itl_ok[i] = r.tpot_ms[i] <= o.itl_slo_ms;  // -1 for a request of one token
+  }
+  for (size_t i = 0; i < r.ttft_ms.size(); ++i) {
+    if ((o.ttft_slo_ms <= 0 || r.ttft_ms[i] <= o.ttft_slo_ms) && itl_ok[i]) ++met;
+  }
+  const double share = Ratio(static_cast<double>(met), static_cast<double>(r.ttft_ms.size()));
+  return {{"ttft_slo_ms", o.ttft_slo_ms},
+          {"itl_slo_ms", o.itl_slo_ms},
+          {"requests_met", met},
+          {"share", share},
+          {"requests_per_s",
+           r.makespan_ms > 0 ? static_cast<double>(met) / (r.makespan_ms / 1000) : 0}};
 }
 
 // Each store node's operations per second over the run (its makespan), and the busiest node's
@@ -533,21 +518,37 @@ int RunCluster(const SimulateOptions& o, const std::vector<Setting>& settings,
                               absl::StrCat(o.store_replication, " must lie in [1, --store-nodes ",
                                            o.store_nodes, "]")));
   }
+  absl::StatusOr<DecodeRates> decode_rates = ParseDecodeRates(o.decode_rates);
+  if (!decode_rates.ok()) return ReportError("simulate", decode_rates.status());
+  if (o.decode_nodes < 0 || o.decode_nodes > 1024) {
+    return ReportError("simulate",
+                       FlagError("--decode-nodes", absl::StrCat(o.decode_nodes,
+                                                                " must lie in [0, 1024] (0: decode "
+                                                                "is not modelled)")));
+  }
+  if (o.decode_slots < 1 || o.decode_slots > 65536) {
+    return ReportError(
+        "simulate",
+        FlagError("--decode-slots", absl::StrCat(o.decode_slots, " must lie in [1, 65536]")));
+  }
+  if (o.max_output_tokens < 0) {
+    return ReportError(
+        "simulate", FlagError("--max-output-tokens",
+                              absl::StrCat(o.max_output_tokens, " must be >= 0 (0: the trace's)")));
+  }
+  for (const auto& [flag, value] :
+       {std::pair{"--ttft-slo-ms", o.ttft_slo_ms}, std::pair{"--itl-slo-ms", o.itl_slo_ms}}) {
+    if (!(value >= 0) || !std::isfinite(value)) {
+      return ReportError("simulate", FlagError(flag, "must be finite and >= 0 (0: none)"));
+    }
+  }
   if (!(o.time_scale >= 0) || !std::isfinite(o.time_scale)) {
     return ReportError("simulate", FlagError("--time-scale", "must be finite and >= 0"));
   }
-  double first_ms = requests.front().timestamp_ms;
-  for (const TraceRequest& r : requests) first_ms = std::min(first_ms, r.timestamp_ms);
   nlohmann::json results = nlohmann::json::array();
   for (const Setting& s : settings) {
-    std::vector<ClusterRequest> cluster;
-    for (const TraceRequest& r : requests) {
-      const std::vector<int32_t> prompt = TraceTokens(r, tokens);
-      cluster.push_back(
-          {.arrival_ms = (r.timestamp_ms - first_ms) * o.time_scale,
-           .prompt_len = static_cast<int64_t>(prompt.size()),
-           .chain = kvstore::ChainKeys(kSimulatedFingerprint, "", "", prompt, s.block_size)});
-    }
+    const std::vector<ClusterRequest> cluster = ClusterRequestsFromTrace(
+        requests, tokens, kSimulatedFingerprint, s.block_size, o.time_scale, o.max_output_tokens);
     ModelConfig sized = config;
     sized.kv_block_size = s.block_size;
     for (const std::optional<uint64_t>& cache : *caches) {
@@ -567,11 +568,29 @@ int RunCluster(const SimulateOptions& o, const std::vector<Setting>& settings,
                                      .config = sized,
                                      .rates = *rates,
                                      .store_nodes = o.store_nodes,
-                                     .store_replication = o.store_replication};
+                                     .store_replication = o.store_replication,
+                                     .decode_nodes = o.decode_nodes,
+                                     .decode_slots = o.decode_slots,
+                                     .decode = *decode_rates};
         const ClusterResult r = SimulateCluster(cluster, options);
-        double sum = 0;
-        for (double t : r.ttft_ms) sum += t;
-        const double mean = r.ttft_ms.empty() ? 0 : sum / static_cast<double>(r.ttft_ms.size());
+        nlohmann::json row = {
+            {"itl_ms", nullptr}, {"tpot_ms", nullptr}, {"e2e_ms", nullptr}, {"decode", nullptr}};
+        if (o.decode_nodes > 0) {
+          row["itl_ms"] = Percentiles(r.itl_ms);
+          std::vector<double> tpot;  // of the requests of more than one token
+          for (double t : r.tpot_ms) {
+            if (t >= 0) tpot.push_back(t);
+          }
+          row["tpot_ms"] = Percentiles(tpot);
+          row["e2e_ms"] = Percentiles(r.e2e_ms);
+          nlohmann::json busy = nlohmann::json::array();
+          for (double ms : r.decode_busy_ms) busy.push_back(Ratio(ms, r.makespan_ms));
+          row["decode"] = {{"nodes", o.decode_nodes},
+                           {"slots", o.decode_slots},
+                           {"busy_fraction", std::move(busy)},
+                           {"requests_per_node", r.requests_per_decode_node}};
+        }
+        row["goodput"] = Goodput(r, o);
         results.push_back(
             {{"policy", kvstore::RoutingPolicyName(policy)},
              {"prefill_nodes", o.prefill_nodes},
@@ -586,16 +605,13 @@ int RunCluster(const SimulateOptions& o, const std::vector<Setting>& settings,
              {"local_cached_tokens", r.local_hit_tokens},
              {"store_cached_tokens", r.store_hit_tokens},
              {"requests_per_node", r.requests_per_node},
-             {"ttft_ms",
-              {{"p50", NearestRank(r.ttft_ms, 50)},
-               {"p90", NearestRank(r.ttft_ms, 90)},
-               {"p99", NearestRank(r.ttft_ms, 99)},
-               {"mean", mean}}},
+             {"ttft_ms", Percentiles(r.ttft_ms)},
              {"store", StoreJson(r, o.store_replication)},
              {"makespan_ms", r.makespan_ms},
              {"requests_per_s", r.makespan_ms > 0
                                     ? static_cast<double>(r.ttft_ms.size()) / (r.makespan_ms / 1000)
                                     : 0}});
+        results.back().update(row);
       }
     }
   }
@@ -611,22 +627,27 @@ int RunCluster(const SimulateOptions& o, const std::vector<Setting>& settings,
               << "\n";
     return kExitOk;
   }
-  std::cout << absl::StrFormat("%-15s %6s %12s %10s %10s %10s %10s %12s %12s %8s %14s %14s %14s\n",
-                               "policy", "nodes", "cache", "ttft_p50", "ttft_p90", "ttft_p99",
-                               "ttft_mean", "local_tok", "store_tok", "req/s", "store_lookup/s",
-                               "store_read/s", "store_write/s");
+  std::cout << absl::StrFormat(
+      "%-15s %6s %12s %10s %10s %10s %10s %9s %9s %12s %12s %8s %14s %14s %14s\n", "policy",
+      "nodes", "cache", "ttft_p50", "ttft_p90", "ttft_p99", "ttft_mean", "itl_p50", "itl_p99",
+      "local_tok", "store_tok", "req/s", "store_lookup/s", "store_read/s", "store_write/s");
   for (const nlohmann::json& row : results) {
-    // The busiest store node's rates (the store's JSON has every node's).
+    // The busiest store node's rates (the store's JSON has every node's); ITL with decode.
     const nlohmann::json& busiest = row["store"]["busiest"];
+    const auto itl = [&](const char* q) {
+      return row["itl_ms"].is_null() ? std::string("-")
+                                     : absl::StrFormat("%.1f", row["itl_ms"][q].get<double>());
+    };
     std::cout << absl::StrFormat(
-        "%-15s %6d %12s %10.1f %10.1f %10.1f %10.1f %12d %12d %8.2f %14.1f %14.1f %14.1f\n",
+        "%-15s %6d %12s %10.1f %10.1f %10.1f %10.1f %9s %9s %12d %12d %8.2f %14.1f %14.1f "
+        "%14.1f\n",
         row["policy"].get<std::string>(), row["prefill_nodes"].get<int64_t>(),
         HumanBytes(row["block_cache_bytes"].get<uint64_t>()), row["ttft_ms"]["p50"].get<double>(),
         row["ttft_ms"]["p90"].get<double>(), row["ttft_ms"]["p99"].get<double>(),
-        row["ttft_ms"]["mean"].get<double>(), row["local_cached_tokens"].get<int64_t>(),
-        row["store_cached_tokens"].get<int64_t>(), row["requests_per_s"].get<double>(),
-        busiest["lookups_per_s"].get<double>(), busiest["reads_per_s"].get<double>(),
-        busiest["writes_per_s"].get<double>());
+        row["ttft_ms"]["mean"].get<double>(), itl("p50"), itl("p99"),
+        row["local_cached_tokens"].get<int64_t>(), row["store_cached_tokens"].get<int64_t>(),
+        row["requests_per_s"].get<double>(), busiest["lookups_per_s"].get<double>(),
+        busiest["reads_per_s"].get<double>(), busiest["writes_per_s"].get<double>());
   }
   return kExitOk;
 }
@@ -775,6 +796,25 @@ Command AddSimulateCommand(CLI::App& app) {
   command->add_option("--store-replication", o->store_replication,
                       "Owners of each stored value, as the router's --kvstore-replication "
                       "(default 1; at most --store-nodes)");
+  command->add_option("--decode-nodes", o->decode_nodes,
+                      "Decode nodes of the simulated cluster (default 0: decode not modelled); "
+                      "the results then give ITL, TPOT and end-to-end percentiles");
+  command->add_option("--decode-slots", o->decode_slots,
+                      "Requests a decode node holds at once, as baton-decode's --slots "
+                      "(default 64)");
+  command->add_option("--decode-rates", o->decode_rates,
+                      "A decode step's cost, name=value comma-separated (step_fixed_ms, "
+                      "step_per_row_ms: a decode node's baton_decode_step_cost_ms; "
+                      "tokens_per_step: speculation's, >= 1), default 20, 1, 1");
+  command->add_option("--max-output-tokens", o->max_output_tokens,
+                      "Cap each request's completion tokens, as `batonctl replay` does "
+                      "(default 0: the trace's)");
+  command->add_option("--ttft-slo-ms", o->ttft_slo_ms,
+                      "A TTFT target: the results give the share of requests that met it "
+                      "(goodput; default 0: none)");
+  command->add_option("--itl-slo-ms", o->itl_slo_ms,
+                      "A target for each request's mean token gap (TPOT), with --decode-nodes "
+                      "(default 0: none)");
   command->add_option("--time-scale", o->time_scale,
                       "Arrivals at the trace's timestamps times this, as `batonctl replay` sends "
                       "them (default 1)");

@@ -122,7 +122,8 @@ class RouterResolver {
 // background, so routers that come and go are found) now and then every heartbeat, reporting its
 // load, until destroyed. Failures are retried: a router may start later or restart. With `cache`,
 // each registration carries the node's cache events since the last (CacheFeed::take), and a
-// router's cache_resync answer calls CacheFeed::resync.
+// router's cache_resync answer calls CacheFeed::resync. Each load report says how many routers took
+// the last round (LoadReport.routers: a router's share of a prefill node's slots depends on it).
 class Heartbeat {
  public:
   using LoadFn = std::function<v1::LoadReport()>;

@@ -61,6 +61,20 @@ struct Placement {
 // The node `request` goes to among `open` (every one with a free slot).
 Placement PlacePrefill(std::span<const PrefillNodeView> open, const PlacementRequest& request);
 
+// Several routers place prefills on the same nodes (every node registers with every router),
+// each seeing its own requests; two rules make them agree.
+//
+// A router's share of a prefill node's `slots` (--prefill-slots) when the node reports that
+// `routers` routers take its registrations (0: not reported, taken as one): slots / routers,
+// at least one. So the routers together send a node at most `slots` prefills at once whenever
+// slots >= routers (with more routers than slots, each still holds one).
+int64_t RouterSlotShare(int64_t slots, int64_t routers);
+// The work ahead of a new prefill on a node: this router's prefills there now (`own_ms`, their
+// predicted service), and what the node's last report held (`reported_ms`, its
+// prefill_work_ms) beyond what this router had there at that report (`own_at_report_ms`): the
+// other routers' prefills.
+double QueueAhead(double own_ms, double reported_ms, double own_at_report_ms);
+
 // The values a prefill node's local cache holds after a hit of h blocks read them (each put
 // there when the store gave it, touched when the cache had it), in the order the node reads
 // them: block KV of [0, h), then producer SWA of ReadsForHit's range. The write-back of the

@@ -158,6 +158,16 @@ class PrefillService final
   // the first token never waits for the store.
   void QueueWriteBack(std::vector<v1::BlockWrite> writes, const trace::Span& span,
                       StoreFleetRoute route);
+  int64_t ActivePeak() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return active_peak_;
+  }
+  // The predicted time of computing a prompt of `prompt_len` tokens after `s_valid` cached
+  // ones on this node at its measured rates (the router's priors before it has measured): the
+  // rows it computes, the consumer rows it replays (none under replay-on-decode) and its fixed
+  // cost per request, as kvstore::PredictPrefill prices them.
+  double PredictedWorkMs(int64_t prompt_len, int64_t s_valid, int64_t keep,
+                         bool truncation_on) const;
   // When a hit of `hit_tokens` rows must be read by: its predicted compute time on this node,
   // and at least --store-read-min-ms, from now.
   std::chrono::system_clock::time_point ReadDeadline(int64_t hit_tokens) const;
@@ -171,6 +181,12 @@ class PrefillService final
   int64_t active_ = 0;
   int64_t queued_ = 0;  // of those, waiting for the model
   int64_t staged_ = 0;  // of those, holding staging memory (at most max_staged_requests)
+  int64_t active_peak_ = 0;  // the most active_ has been (baton_prefill_requests_active_peak)
+  // The predicted work of the active prefills not yet computed (PredictedWorkMs), and of the
+  // one computing with its start: what Load reports as prefill_work_ms.
+  double held_work_ms_ = 0;
+  double computing_work_ms_ = 0;
+  std::chrono::steady_clock::time_point computing_since_;
   std::condition_variable staging_free_;
   bool draining_ = false;
   std::condition_variable idle_;  // active_ fell to 0

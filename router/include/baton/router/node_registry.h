@@ -70,6 +70,9 @@ struct RegisteredNode {
   int64_t inflight = 0;    // requests this router sent there and has not finished
   int64_t prefilling = 0;  // of those, prefills not yet answered (prefill nodes)
   double pending_ms = 0;   // the predicted service time of those prefills (their queue)
+  // pending_ms when the node's last heartbeat arrived: what of its reported prefill_work_ms
+  // was this router's (kvstore::QueueAhead).
+  double pending_at_report_ms = 0;
   std::shared_ptr<grpc::Channel> channel;
   std::string identity;   // the certificate identity it registered with ("" without TLS)
   // What its node_id is bound to: the identity, and for a role-only certificate (one that
@@ -162,8 +165,11 @@ class NodeRegistry {
 
   // What admission asks: the live prefill nodes of served model `model` (of `fingerprint`
   // when not empty, not in `exclude`) whose weights a live decode node not in `lost_decode`
-  // also serves, how many there are, and those of them with fewer than `slots` prefills in
-  // flight (which one a request takes is kvstore::PlacePrefill's choice).
+  // also serves, how many there are, and those of them where this router holds fewer
+  // prefills than its share of `slots` (kvstore::RouterSlotShare over the routers the node
+  // reports); which one a request takes is kvstore::PlacePrefill's choice. A candidate's
+  // pending_ms is the work ahead there (kvstore::QueueAhead: this router's prefills and the
+  // others' from the node's report).
   struct PrefillCandidate {
     std::shared_ptr<RegisteredNode> node;
     // Taken under the registry's lock when the choice was made (they change in place).

@@ -1,0 +1,46 @@
+// `batonctl capacity`: the cheapest cluster (fewest prefill plus decode nodes) whose simulated
+// TTFT and ITL p99 on a trace meet the SLOs, found by running the cluster simulation
+// (cluster_sim.h, the router's own placement) at the node counts it tries.
+//
+// The search assumes that more nodes of a role never make a request slower. It first finds the
+// fewest decode nodes that meet both SLOs with the most prefill nodes allowed (so prefill is no
+// constraint), then the fewest prefill nodes that meet both with those decode nodes, each by
+// bisection, and finally tries one decode node more with its own fewest prefill nodes, in
+// case more decode slots let fewer prefill nodes meet the TTFT target (a request's decode
+// slot is reserved before its prefill starts). Every point it ran is kept, in order: the
+// frontier it explored.
+//
+// Pure; safe from any thread.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "cluster_sim.h"
+
+namespace baton::tools {
+
+struct CapacityGoal {
+  double ttft_p99_ms = 0;
+  double itl_p99_ms = 0;   // 0: no ITL target (decode nodes still needed for the slots)
+  int64_t max_nodes = 64;  // per role
+};
+
+struct CapacityPoint {
+  int64_t prefill_nodes = 0, decode_nodes = 0;
+  double ttft_p50_ms = 0, ttft_p99_ms = 0, itl_p50_ms = 0, itl_p99_ms = 0;
+  double requests_per_s = 0;
+  bool meets = false;
+};
+
+struct CapacityPlan {
+  std::optional<CapacityPoint> best;  // none: not even max_nodes of each meets the SLOs
+  std::vector<CapacityPoint> explored;
+};
+
+// `base` gives everything but the node counts (its decode_nodes is taken as at least one).
+CapacityPlan PlanCapacity(const std::vector<ClusterRequest>& requests, const ClusterOptions& base,
+                          const CapacityGoal& goal);
+
+}  // namespace baton::tools

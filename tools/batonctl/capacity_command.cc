@@ -1,0 +1,212 @@
+// `batonctl capacity`: how many prefill and decode nodes a workload needs at its TTFT and ITL
+// targets. It runs the trace through the cluster simulation (the router's own placement and
+// cost model, at the rates a running cluster measured) at the node counts capacity.h's search
+// tries, and prints every point it explored with its predicted percentiles, then the cheapest
+// one that meets both targets.
+#include <chrono>
+#include <cmath>
+#include <iostream>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "baton/common/model_config.h"
+#include "baton/kvstore/hit_policy.h"
+#include "capacity.h"
+#include "cluster_sim.h"
+#include "commands.h"
+#include "nlohmann/json.hpp"
+#include "trace.h"
+
+namespace baton::tools {
+namespace {
+
+struct CapacityOptions {
+  std::string trace;
+  std::string model_config;
+  double ttft_p99_ms = 0;
+  double itl_p99_ms = 0;
+  int64_t max_nodes = 64;
+  std::string policy = "predicted-ttft";
+  int64_t prefill_slots = 2;
+  int64_t decode_slots = 64;
+  std::string block_cache_bytes = "0";
+  std::string rates;
+  std::string decode_rates;
+  double time_scale = 1.0;
+  int64_t max_requests = 0;
+  int64_t max_output_tokens = 0;
+  double length_scale = 1.0;
+  int64_t trace_block = kMooncakeTraceBlock;
+  bool json = false;
+};
+
+absl::Status FlagError(absl::string_view flag, absl::string_view what) {
+  return absl::InvalidArgumentError(absl::StrCat(flag, ": ", what));
+}
+
+nlohmann::json PointJson(const CapacityPoint& p) {
+  return {{"prefill_nodes", p.prefill_nodes},
+          {"decode_nodes", p.decode_nodes},
+          {"ttft_ms", {{"p50", p.ttft_p50_ms}, {"p99", p.ttft_p99_ms}}},
+          {"itl_ms", {{"p50", p.itl_p50_ms}, {"p99", p.itl_p99_ms}}},
+          {"requests_per_s", p.requests_per_s},
+          {"meets", p.meets}};
+}
+
+int RunCapacity(const CapacityOptions& o) {
+  const auto start = std::chrono::steady_clock::now();
+  if (!(o.ttft_p99_ms > 0) || !std::isfinite(o.ttft_p99_ms)) {
+    return ReportError("capacity", FlagError("--ttft-p99-ms", "must be a finite number > 0"));
+  }
+  if (!(o.itl_p99_ms >= 0) || !std::isfinite(o.itl_p99_ms)) {
+    return ReportError("capacity",
+                       FlagError("--itl-p99-ms", "must be a finite number >= 0 (0: none)"));
+  }
+  if (o.max_nodes < 1 || o.max_nodes > 1024) {
+    return ReportError(
+        "capacity", FlagError("--max-nodes", absl::StrCat(o.max_nodes, " must lie in [1, 1024]")));
+  }
+  if (o.prefill_slots < 1 || o.prefill_slots > 1024 || o.decode_slots < 1 ||
+      o.decode_slots > 65536) {
+    return ReportError("capacity", FlagError("--prefill-slots and --decode-slots",
+                                             "must lie in [1, 1024] and [1, 65536]"));
+  }
+  if (!(o.time_scale >= 0) || !std::isfinite(o.time_scale) || o.max_requests < 0 ||
+      o.max_output_tokens < 0) {
+    return ReportError("capacity", FlagError("--time-scale, --max-requests and --max-output-tokens",
+                                             "must be finite and >= 0"));
+  }
+  absl::StatusOr<RoutePolicy> policy = kvstore::ParseRoutingPolicy(o.policy, "--policy");
+  if (!policy.ok()) return ReportError("capacity", policy.status());
+  absl::StatusOr<kvstore::PrefillRates> rates = ParseRates(o.rates);
+  if (!rates.ok()) return ReportError("capacity", rates.status());
+  absl::StatusOr<DecodeRates> decode = ParseDecodeRates(o.decode_rates);
+  if (!decode.ok()) return ReportError("capacity", decode.status());
+  absl::StatusOr<std::optional<uint64_t>> cache =
+      ParseBudget(o.block_cache_bytes, "--block-cache-bytes");
+  if (!cache.ok()) return ReportError("capacity", cache.status());
+  absl::StatusOr<ModelConfig> config = LoadModelConfig(o.model_config);
+  if (!config.ok()) {
+    return ReportError("capacity", FlagError("--model-config", config.status().message()));
+  }
+  const TokenOptions tokens{.trace_block = o.trace_block,
+                            .length_scale = o.length_scale,
+                            .vocab_size = config->vocab_size};
+  if (absl::Status s = ValidateTokenOptions(tokens); !s.ok()) {
+    return ReportError("capacity", FlagError("--trace-block and --length-scale", s.message()));
+  }
+  absl::StatusOr<std::vector<TraceRequest>> trace = LoadTrace(o.trace, o.trace_block);
+  if (!trace.ok()) {
+    return ReportError("capacity", FlagError("--trace", trace.status().message()));
+  }
+  if (o.max_requests > 0 && static_cast<size_t>(o.max_requests) < trace->size()) {
+    trace->resize(static_cast<size_t>(o.max_requests));
+  }
+  const int64_t B = config->kv_block_size, C = config->ring_capacity();
+  const std::vector<ClusterRequest> requests = ClusterRequestsFromTrace(
+      *trace, tokens, "batonctl-capacity", B, o.time_scale, o.max_output_tokens);
+  const ClusterOptions base{.policy = *policy,
+                            .slots = o.prefill_slots,
+                            .block_cache_bytes = cache->value_or(0),
+                            .hit = {.keep = C,
+                                    .truncation_on = true,
+                                    .ring_capacity = C,
+                                    .window = config->sliding_window,
+                                    .block_size = B,
+                                    .cap = kvstore::HitCap::kRing},
+                            .payload = kvstore::BlockPayloadBytes(*config),
+                            .config = *config,
+                            .rates = *rates,
+                            .decode_nodes = 1,
+                            .decode_slots = o.decode_slots,
+                            .decode = *decode};
+  const CapacityPlan plan = PlanCapacity(
+      requests, base,
+      {.ttft_p99_ms = o.ttft_p99_ms, .itl_p99_ms = o.itl_p99_ms, .max_nodes = o.max_nodes});
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (o.json) {
+    nlohmann::json explored = nlohmann::json::array();
+    for (const CapacityPoint& p : plan.explored) explored.push_back(PointJson(p));
+    std::cout << nlohmann::json{{"kind", "capacity"},
+                                {"requests", static_cast<int64_t>(requests.size())},
+                                {"ttft_p99_ms", o.ttft_p99_ms},
+                                {"itl_p99_ms", o.itl_p99_ms},
+                                {"policy", o.policy},
+                                {"best", plan.best ? PointJson(*plan.best) : nullptr},
+                                {"explored", std::move(explored)},
+                                {"seconds", seconds}}
+                     .dump()
+              << "\n";
+  } else {
+    std::cout << absl::StrFormat("%8s %7s %10s %10s %9s %9s %8s %6s\n", "prefill", "decode",
+                                 "ttft_p50", "ttft_p99", "itl_p50", "itl_p99", "req/s", "meets");
+    for (const CapacityPoint& p : plan.explored) {
+      std::cout << absl::StrFormat("%8d %7d %10.1f %10.1f %9.1f %9.1f %8.2f %6s\n", p.prefill_nodes,
+                                   p.decode_nodes, p.ttft_p50_ms, p.ttft_p99_ms, p.itl_p50_ms,
+                                   p.itl_p99_ms, p.requests_per_s, p.meets ? "yes" : "no");
+    }
+    if (plan.best) {
+      std::cout << absl::StrFormat(
+          "cheapest: %d prefill + %d decode nodes (TTFT p99 %.1f ms <= %.1f, ITL p99 %.1f ms)"
+          "; %zu requests, %zu points in %.1f s\n",
+          plan.best->prefill_nodes, plan.best->decode_nodes, plan.best->ttft_p99_ms, o.ttft_p99_ms,
+          plan.best->itl_p99_ms, requests.size(), plan.explored.size(), seconds);
+    } else {
+      std::cout << absl::StrFormat(
+          "none: even %d prefill and %d decode nodes miss the targets (see the last row)\n",
+          o.max_nodes, o.max_nodes);
+    }
+  }
+  return plan.best ? kExitOk : kExitFailure;
+}
+
+}  // namespace
+
+Command AddCapacityCommand(CLI::App& app) {
+  auto o = std::make_shared<CapacityOptions>();
+  CLI::App* command = app.add_subcommand(
+      "capacity",
+      "The fewest prefill and decode nodes whose simulated TTFT and ITL p99 on a trace meet "
+      "the targets (the router's own placement and cost model)");
+  command->add_option("--trace", o->trace, "Mooncake-style JSONL trace")->required();
+  command->add_option("--model-config", o->model_config, "The served model's config.json")
+      ->required();
+  command->add_option("--ttft-p99-ms", o->ttft_p99_ms, "TTFT target at p99 (ms)")->required();
+  command->add_option("--itl-p99-ms", o->itl_p99_ms,
+                      "ITL target at p99 (ms; default 0: none, decode nodes still hold slots)");
+  command->add_option("--max-nodes", o->max_nodes,
+                      "The most nodes of each role to consider (default 64, at most 1024)");
+  command->add_option("--policy", o->policy,
+                      "The router's --prefill-policy (least-loaded, longest-prefix, "
+                      "predicted-ttft; default predicted-ttft)");
+  command->add_option("--prefill-slots", o->prefill_slots,
+                      "The router's --prefill-slots (default 2)");
+  command->add_option("--decode-slots", o->decode_slots, "Each decode node's --slots (default 64)");
+  command->add_option("--block-cache-bytes", o->block_cache_bytes,
+                      "Each prefill node's local block cache, as `batonctl simulate` takes it "
+                      "(default 0: none)");
+  command->add_option("--rates", o->rates,
+                      "The prefill nodes' rates, as `batonctl simulate --rates`");
+  command->add_option("--decode-rates", o->decode_rates,
+                      "The decode nodes' step cost, as `batonctl simulate --decode-rates`");
+  command->add_option("--time-scale", o->time_scale,
+                      "Arrivals at the trace's timestamps times this (default 1)");
+  command->add_option("--max-requests", o->max_requests,
+                      "Only the first N requests of the trace (default 0: all)");
+  command->add_option("--max-output-tokens", o->max_output_tokens,
+                      "Cap each request's completion tokens (default 0: the trace's)");
+  command->add_option("--length-scale", o->length_scale,
+                      "Scale prompt lengths and tokens per hash id (default 1)");
+  command->add_option("--trace-block", o->trace_block,
+                      "Tokens per hash id in the trace (default 512, Mooncake's)");
+  command->add_flag("--json", o->json,
+                    "Print one JSON object {\"kind\": \"capacity\", \"best\", \"explored\"}");
+  return {command, [o] { return RunCapacity(*o); }};
+}
+
+}  // namespace baton::tools
