@@ -9,7 +9,10 @@ Placement PlacePrefill(std::span<const PrefillNodeView> open, const PlacementReq
   Placement placement;
   if (open.empty()) return placement;
   // Load order: fewest prefills in flight, then the least reported queue, then as given.
-  std::vector<size_t> order(open.size());
+  // Scratch kept from call to call on this thread (a router places on its serving threads).
+  thread_local std::vector<size_t> order;
+  thread_local std::vector<NodePlan> plans;
+  order.resize(open.size());
   std::iota(order.begin(), order.end(), size_t{0});
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
     if (open[a].prefilling != open[b].prefilling) return open[a].prefilling < open[b].prefilling;
@@ -27,8 +30,7 @@ Placement PlacePrefill(std::span<const PrefillNodeView> open, const PlacementReq
                                                                   : 0;
     return plan;
   };
-  std::vector<NodePlan> plans;
-  plans.reserve(order.size());
+  plans.clear();
   for (size_t i : order) plans.push_back(plan_on(open[i]));
   // The first of least rank, then the first of least rank among the others.
   size_t first = 0;

@@ -335,6 +335,7 @@ void NodeRegistry::UpdateLocked(const std::string& identity, const std::string& 
     node->identity = identity;
     node->binding = binding;
     node->info = request;
+    node->pairing_key = PairingKey(request);
     node->draining = request.draining();
     log::Info("node registered",
               {{"node", request.node_id()},
@@ -500,14 +501,14 @@ NodeRegistry::PrefillChoice NodeRegistry::ChoosePrefill(size_t model,
   for (const auto& [id, node] : nodes_) {
     if (node->info.role() == v1::NODE_ROLE_DECODE && !node->draining && node->model == model &&
         Live(*node, now) && !Contains(lost_decode, id)) {
-      decodable.insert(PairingKey(node->info));
+      decodable.insert(node->pairing_key);
     }
   }
   PrefillChoice choice;
   for (const auto& [id, node] : nodes_) {
     if (node->info.role() != v1::NODE_ROLE_PREFILL || node->draining || node->model != model ||
         (!fingerprint.empty() && node->info.model_fingerprint() != fingerprint) ||
-        !decodable.contains(PairingKey(node->info)) || !Live(*node, now) || Contains(exclude, id)) {
+        !decodable.contains(node->pairing_key) || !Live(*node, now) || Contains(exclude, id)) {
       continue;
     }
     ++choice.live;

@@ -81,6 +81,7 @@ struct RegisteredNode {
   std::string binding;
   bool draining = false;  // its last registration said so: it gets no new request
   size_t model = 0;       // its index in the served models (prefill and decode nodes)
+  std::string pairing_key;  // NodeRegistry::PairingKey(info), fixed with it
 
   const std::string& id() const { return info.node_id(); }
 };

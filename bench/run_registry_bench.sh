@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# The router's registry and admission at 50, 200 and 1,000 prefill nodes (baton_registry_bench,
+# in one process): each node heartbeating twice a second with a cache event batch while 50
+# requests a second are admitted through the router's placement. Prints, per node count, the
+# CPU per heartbeat and per request, the cores the heartbeats take, the admission latency p50
+# and p99, and the memory of the nodes' cache indexes.
+#
+#   [NODES=50,200,1000] [SECONDS_PER_COUNT=5] [BLOCKS_PER_NODE=4096] bench/run_registry_bench.sh
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+build="${BATON_BUILD_DIR:-$root/build}"
+out="$(mktemp)"
+trap 'rm -f "$out"' EXIT
+"$build/bench/baton_registry_bench" --nodes "${NODES:-50,200,1000}" \
+  --seconds "${SECONDS_PER_COUNT:-5}" --blocks-per-node "${BLOCKS_PER_NODE:-4096}" \
+  >"$out" 2>/dev/null
+/usr/bin/python3 - "$out" "${SECONDS_PER_COUNT:-5}" <<'PY'
+import json, sys
+seconds = float(sys.argv[2])
+print(f"{'nodes':>6s} {'hb/s':>7s} {'us/hb':>7s} {'hb cores':>8s} {'us/req':>8s} "
+      f"{'admit p50 ms':>12s} {'p99 ms':>8s} {'index MiB':>9s}")
+for line in open(sys.argv[1]):
+    r = json.loads(line)
+    print(f"{r['nodes']:6d} {r['heartbeats'] / seconds:7.0f} {r['cpu_us_per_heartbeat']:7.1f} "
+          f"{r['heartbeat_cpu_cores']:8.3f} {r['cpu_us_per_request']:8.1f} "
+          f"{r['admit_ms_p50']:12.3f} {r['admit_ms_p99']:8.3f} "
+          f"{r['rss_mib_nodes_and_indexes']:9.1f}"
+          f"   ({r['heartbeats']} of {r['heartbeats_asked']:.0f} heartbeats, "
+          f"{r['requests']} of {r['requests_asked']:.0f} requests)")
+PY
