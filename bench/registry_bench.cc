@@ -107,6 +107,9 @@ struct Options {
   double requests_per_s = 50;
   int64_t blocks_per_node = 4096;
   int64_t events_per_batch = 16;
+  // "holders": the chain walked once for every node (ChainHolders, as the router does);
+  // "per-node": one CacheIndex::Lookup per open node, the way the router looked up before.
+  std::string lookup = "holders";
 };
 
 nlohmann::json RunOne(int64_t nodes, const Options& o) {
@@ -186,8 +189,12 @@ nlohmann::json RunOne(int64_t nodes, const Options& o) {
                                .block_size = config.kv_block_size},
                        .payload = kvstore::BlockPayloadBytes(config),
                        .config = &config};
+      router::ChainHolders local;  // as the router's GenerateCall looks the chain up
+      const bool per_node = o.lookup == "per-node";
       ask.tiers = [&](const router::RegisteredNode& node) {
-        return kvstore::TierLookups{.local = registry.cache_index().Lookup(node.id(), chain)};
+        return kvstore::TierLookups{
+            .local = per_node ? registry.cache_index().Lookup(node.id(), chain)
+                              : local.On(registry.cache_index(), chain, node.id())};
       };
       grpc::ServerContext context;
       router::StreamHold hold;
@@ -208,6 +215,7 @@ nlohmann::json RunOne(int64_t nodes, const Options& o) {
   const double asked_heartbeats = o.heartbeats_per_s * static_cast<double>(nodes) * o.seconds;
   const double asked_requests = o.requests_per_s * o.seconds;
   return {{"nodes", nodes},
+          {"lookup", o.lookup},
           {"heartbeats", heartbeats},
           {"heartbeats_asked", asked_heartbeats},
           {"cpu_us_per_heartbeat", heartbeat_cpu / std::max<int64_t>(1, heartbeats) * 1e6},
@@ -227,6 +235,10 @@ int main(int argc, char** argv) {
   Options o;
   CLI::App app{"The router's registry and admission with many nodes, in process"};
   app.add_option("--nodes", o.nodes, "Prefill node counts, comma-separated (default 50,200,1000)");
+  app.add_option("--lookup", o.lookup,
+                 "How a request's chain is looked up in the nodes' caches: holders (one walk for "
+                 "every node, as the router does) or per-node (one lookup per open node)")
+      ->check(CLI::IsMember({"holders", "per-node"}));
   app.add_option("--seconds", o.seconds, "Seconds of load per count (default 5)");
   app.add_option("--heartbeats-per-s", o.heartbeats_per_s, "Per node (default 2)");
   app.add_option("--requests-per-s", o.requests_per_s, "Requests admitted per second (default 50)");

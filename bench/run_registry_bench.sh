@@ -3,25 +3,30 @@
 # in one process): each node heartbeating twice a second with a cache event batch while 50
 # requests a second are admitted through the router's placement. Prints, per node count, the
 # CPU per heartbeat and per request, the cores the heartbeats take, the admission latency p50
-# and p99, and the memory of the nodes' cache indexes.
+# and p99, and the memory of the nodes' cache indexes; each count twice in one run: with the
+# router's lookup (the chain walked once for every node) and with one lookup per open node (the
+# router's way before; LOOKUPS=holders to skip it).
 #
-#   [NODES=50,200,1000] [SECONDS_PER_COUNT=5] [BLOCKS_PER_NODE=4096] bench/run_registry_bench.sh
+#   [NODES=50,200,1000] [SECONDS_PER_COUNT=5] [BLOCKS_PER_NODE=4096] [LOOKUPS="holders per-node"]
+#   bench/run_registry_bench.sh
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${BATON_BUILD_DIR:-$root/build}"
 out="$(mktemp)"
 trap 'rm -f "$out"' EXIT
-"$build/bench/baton_registry_bench" --nodes "${NODES:-50,200,1000}" \
-  --seconds "${SECONDS_PER_COUNT:-5}" --blocks-per-node "${BLOCKS_PER_NODE:-4096}" \
-  >"$out" 2>/dev/null
+for lookup in ${LOOKUPS:-holders per-node}; do
+  "$build/bench/baton_registry_bench" --nodes "${NODES:-50,200,1000}" --lookup "$lookup" \
+    --seconds "${SECONDS_PER_COUNT:-5}" --blocks-per-node "${BLOCKS_PER_NODE:-4096}" \
+    >>"$out" 2>/dev/null
+done
 /usr/bin/python3 - "$out" "${SECONDS_PER_COUNT:-5}" <<'PY'
 import json, sys
 seconds = float(sys.argv[2])
-print(f"{'nodes':>6s} {'hb/s':>7s} {'us/hb':>7s} {'hb cores':>8s} {'us/req':>8s} "
+print(f"{'lookup':>8s} {'nodes':>6s} {'hb/s':>7s} {'us/hb':>7s} {'hb cores':>8s} {'us/req':>8s} "
       f"{'admit p50 ms':>12s} {'p99 ms':>8s} {'index MiB':>9s}")
 for line in open(sys.argv[1]):
     r = json.loads(line)
-    print(f"{r['nodes']:6d} {r['heartbeats'] / seconds:7.0f} {r['cpu_us_per_heartbeat']:7.1f} "
+    print(f"{r['lookup']:>8s} {r['nodes']:6d} {r['heartbeats'] / seconds:7.0f} {r['cpu_us_per_heartbeat']:7.1f} "
           f"{r['heartbeat_cpu_cores']:8.3f} {r['cpu_us_per_request']:8.1f} "
           f"{r['admit_ms_p50']:12.3f} {r['admit_ms_p99']:8.3f} "
           f"{r['rss_mib_nodes_and_indexes']:9.1f}"

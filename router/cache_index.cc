@@ -1,5 +1,7 @@
 #include "baton/router/cache_index.h"
 
+#include <algorithm>
+#include <bit>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -95,12 +97,110 @@ size_t CacheIndex::DigestHash::operator()(const Sha256Digest& key) const {
   return h;
 }
 
+uint32_t CacheIndex::NewSlot(const std::string* node_id) {
+  uint32_t slot;
+  if (!free_.empty()) {
+    slot = free_.back();
+    free_.pop_back();
+  } else {
+    slot = static_cast<uint32_t>(slot_node_.size());
+    slot_node_.push_back(nullptr);
+  }
+  slot_node_[slot] = node_id;
+  return slot;
+}
+
+CacheIndex::NodeBlocks& CacheIndex::Node(const std::string& node_id) {
+  auto [it, added] = nodes_.try_emplace(node_id);
+  if (added) it->second.slot = NewSlot(&it->first);
+  return it->second;
+}
+
+void CacheIndex::Clear(NodeBlocks& node) {
+  const size_t held = node.held[0] + node.held[1];
+  if (held == 0) return;  // nothing of the slot is anywhere: it stays
+  const std::string* node_id = slot_node_[node.slot];
+  slot_node_[node.slot] = nullptr;
+  retired_.push_back(node.slot);
+  live_entries_ -= held;
+  retired_entries_ += held;
+  node.held[0] = node.held[1] = 0;
+  node.slot = NewSlot(node_id);
+  MaybeSweep();
+}
+
+void CacheIndex::Prune(Slots& slots) {
+  size_t pruned = 0;
+  slots.erase(std::remove_if(slots.begin(), slots.end(),
+                             [&](uint32_t entry) {
+                               if (slot_node_[entry >> 2] != nullptr) return false;
+                               pruned += std::popcount(entry & 3u);
+                               return true;
+                             }),
+              slots.end());
+  retired_entries_ -= std::min(retired_entries_, pruned);
+}
+
+void CacheIndex::MaybeSweep() {
+  // Amortized: a sweep visits every key once, after at least as many entries were retired.
+  if (retired_entries_ < std::max<size_t>(live_entries_, 1 << 16)) return;
+  for (auto it = holders_.begin(); it != holders_.end();) {
+    Prune(it->second);
+    if (it->second.empty()) {
+      holders_.erase(it++);
+    } else {
+      ++it;
+    }
+  }
+  retired_entries_ = 0;
+  free_.insert(free_.end(), retired_.begin(), retired_.end());
+  retired_.clear();
+}
+
+void CacheIndex::Insert(int region, const Sha256Digest& key, NodeBlocks& node) {
+  if (node.held[region] >= kMaxIndexedBlocks) return;
+  const uint32_t bit = 1u << region;
+  Slots& slots = holders_[key];
+  Prune(slots);
+  auto entry =
+      std::find_if(slots.begin(), slots.end(), [&](uint32_t e) { return (e >> 2) == node.slot; });
+  if (entry == slots.end()) {
+    slots.push_back(node.slot << 2 | bit);
+  } else if ((*entry & bit) == 0) {
+    *entry |= bit;
+  } else {
+    return;
+  }
+  ++node.held[region];
+  ++live_entries_;
+}
+
+void CacheIndex::Erase(int region, const Sha256Digest& key, NodeBlocks& node) {
+  auto it = holders_.find(key);
+  if (it == holders_.end()) return;
+  const uint32_t bit = 1u << region;
+  Slots& slots = it->second;
+  Prune(slots);
+  auto entry =
+      std::find_if(slots.begin(), slots.end(), [&](uint32_t e) { return (e >> 2) == node.slot; });
+  if (entry != slots.end() && (*entry & bit) != 0) {
+    *entry &= ~bit;
+    if ((*entry & 3u) == 0) slots.erase(entry);
+    --node.held[region];
+    --live_entries_;
+  }
+  if (slots.empty()) holders_.erase(it);
+}
+
 bool CacheIndex::Apply(const std::string& node_id, const v1::CacheEventBatch& batch) {
   std::lock_guard<std::mutex> lock(mutex_);
-  NodeBlocks& node = nodes_[node_id];
+  NodeBlocks& node = Node(node_id);
+  if (batch.events_size() > 0 || batch.snapshot() || batch.sequence() != node.sequence + 1) {
+    version_.fetch_add(1, std::memory_order_release);
+  }
   if (!batch.snapshot() && (node.sequence == 0 || batch.sequence() != node.sequence + 1)) {
     // A gap: what the node holds is unknown until its snapshot.
-    for (auto& held : node.held) held.clear();
+    Clear(node);
     node.sequence = 0;
     ++resyncs_;
     return false;
@@ -108,16 +208,16 @@ bool CacheIndex::Apply(const std::string& node_id, const v1::CacheEventBatch& ba
   node.sequence = batch.sequence();
   for (const v1::CacheEvent& event : batch.events()) {
     if (event.has_all_blocks_cleared()) {
-      for (auto& held : node.held) held.clear();
+      Clear(node);
     } else if (event.has_block_stored()) {
-      auto& held = node.held[RegionIndex(event.block_stored().cache_group())];
+      const int region = RegionIndex(event.block_stored().cache_group());
       for (const std::string& hash : event.block_stored().block_hashes()) {
-        if (held.size() < kMaxIndexedBlocks) held.insert(Digest(hash));
+        Insert(region, Digest(hash), node);
       }
     } else if (event.has_block_removed()) {
-      auto& held = node.held[RegionIndex(event.block_removed().cache_group())];
+      const int region = RegionIndex(event.block_removed().cache_group());
       for (const std::string& hash : event.block_removed().block_hashes()) {
-        held.erase(Digest(hash));
+        Erase(region, Digest(hash), node);
       }
     }
   }
@@ -128,25 +228,89 @@ kvstore::ChainLookup CacheIndex::Lookup(const std::string& node_id,
                                         std::span<const Sha256Digest> chain) const {
   kvstore::ChainLookup lookup;
   std::lock_guard<std::mutex> lock(mutex_);
-  auto it = nodes_.find(node_id);
-  if (it == nodes_.end()) return lookup;
+  auto node = nodes_.find(node_id);
+  if (node == nodes_.end()) return lookup;
+  const uint32_t slot = node->second.slot;
+  // The regions `slot` holds of `key`, as its entry's bits.
+  auto holds = [&](const Sha256Digest& key) {
+    auto it = holders_.find(key);
+    if (it == holders_.end()) return 0u;
+    for (uint32_t entry : it->second) {
+      if ((entry >> 2) == slot) return entry & 3u;
+    }
+    return 0u;
+  };
   for (const Sha256Digest& key : chain) {
-    if (!it->second.held[0].contains(key)) break;
+    const uint32_t held = holds(key);
+    if ((held & 1u) == 0) break;
     ++lookup.block_kv_blocks;
-    lookup.swa_present.push_back(it->second.held[1].contains(key));
+    lookup.swa_present.push_back((held & 2u) != 0);
   }
   return lookup;
+}
+
+CacheIndex::Holders CacheIndex::LookupHolders(std::span<const Sha256Digest> chain) const {
+  Holders holders;
+  if (chain.empty()) return holders;
+  std::lock_guard<std::mutex> lock(mutex_);
+  // The slots still matching, each with its lookup so far; a slot drops out at its first key
+  // without block KV. Marks are per key, so each key costs its holders plus the slots left.
+  struct Walk {
+    uint32_t slot;
+    kvstore::ChainLookup lookup;
+  };
+  std::vector<Walk> walks;
+  auto first = holders_.find(chain[0]);
+  if (first == holders_.end()) return holders;
+  for (uint32_t entry : first->second) {
+    if ((entry & 1u) != 0 && slot_node_[entry >> 2] != nullptr) walks.push_back({entry >> 2, {}});
+  }
+  std::vector<uint32_t> mark(slot_node_.size(), 0);  // a slot's region bits for the key
+  auto finish = [&](Walk& walk) {
+    holders.emplace(*slot_node_[walk.slot], std::move(walk.lookup));
+  };
+  for (const Sha256Digest& key : chain) {
+    if (walks.empty()) break;
+    auto it = holders_.find(key);
+    if (it != holders_.end()) {
+      for (uint32_t entry : it->second) mark[entry >> 2] = entry & 3u;
+    }
+    size_t kept = 0;
+    for (Walk& walk : walks) {
+      if ((mark[walk.slot] & 1u) == 0) {
+        finish(walk);
+        continue;
+      }
+      ++walk.lookup.block_kv_blocks;
+      walk.lookup.swa_present.push_back((mark[walk.slot] & 2u) != 0);
+      if (&walks[kept] != &walk) walks[kept] = std::move(walk);
+      ++kept;
+    }
+    walks.resize(kept);
+    if (it != holders_.end()) {
+      for (uint32_t entry : it->second) mark[entry >> 2] = 0;
+    }
+  }
+  for (Walk& walk : walks) finish(walk);
+  return holders;
 }
 
 size_t CacheIndex::blocks(const std::string& node_id) const {
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = nodes_.find(node_id);
-  return it == nodes_.end() ? 0 : it->second.held[0].size() + it->second.held[1].size();
+  return it == nodes_.end() ? 0 : it->second.held[0] + it->second.held[1];
 }
 
 void CacheIndex::Forget(const std::string& node_id) {
   std::lock_guard<std::mutex> lock(mutex_);
-  nodes_.erase(node_id);
+  auto it = nodes_.find(node_id);
+  if (it == nodes_.end()) return;
+  version_.fetch_add(1, std::memory_order_release);
+  Clear(it->second);
+  // The node's slot held nothing after Clear: free it with the node.
+  slot_node_[it->second.slot] = nullptr;
+  free_.push_back(it->second.slot);
+  nodes_.erase(it);
 }
 
 size_t CacheIndex::nodes() const {
@@ -157,6 +321,18 @@ size_t CacheIndex::nodes() const {
 uint64_t CacheIndex::resyncs() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return resyncs_;
+}
+
+kvstore::ChainLookup ChainHolders::On(const CacheIndex& index, std::span<const Sha256Digest> chain,
+                                      const std::string& node_id) {
+  // The version is read before the walk: a batch applied during it makes the next call walk
+  // again.
+  if (const uint64_t version = index.version(); version_ != version) {
+    held_ = index.LookupHolders(chain);
+    version_ = version;
+  }
+  auto it = held_.find(node_id);
+  return it == held_.end() ? kvstore::ChainLookup{} : it->second;
 }
 
 }  // namespace baton::router

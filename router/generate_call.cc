@@ -321,8 +321,9 @@ kvstore::HitPolicyInput GenerateCall::HitInput() const {
 }
 
 kvstore::TierLookups GenerateCall::TiersOn(const RegisteredNode& node) {
-  const PrefixView& view = ViewFor(node.info.model_fingerprint(), /*look_up_store=*/false);
-  return {.local = router_.registry.cache_index().Lookup(node.id(), view.keys),
+  ViewFor(node.info.model_fingerprint(), /*look_up_store=*/false);
+  PrefixView& view = views_.at(node.info.model_fingerprint());
+  return {.local = view.local.On(router_.registry.cache_index(), view.keys, node.id()),
           .store = view.store};
 }
 

@@ -104,6 +104,7 @@ class GenerateCall {
     std::vector<Sha256Digest> keys;
     kvstore::ChainLookup store;
     bool looked_up = false;  // the store was asked (or there is none to ask)
+    ChainHolders local;      // the chain in the prefill nodes' local caches
   };
   const PrefixView& ViewFor(const std::string& fingerprint, bool look_up_store);
   // The prefix store's live nodes and the replication, taken from the registry once per

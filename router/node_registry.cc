@@ -329,6 +329,7 @@ void NodeRegistry::UpdateLocked(const std::string& identity, const std::string& 
       node->info.held_layers() != request.held_layers() ||
       node->info.state_format_version() != request.state_format_version()) {
     node = std::make_shared<RegisteredNode>();
+    ++roster_version_;
     node->model = model;
     // The router sends prompts and state only to a server that proves the registered role.
     node->channel = security::InternalChannel(request.address(), *CertificateRole(request.role()));
@@ -421,6 +422,7 @@ std::vector<std::string> NodeRegistry::ForgetLocked(Clock::time_point now) {
     cache_index_.Forget(it->first);
     forgotten.push_back(it->first);
     it = nodes_.erase(it);
+    ++roster_version_;
   }
   return forgotten;
 }
@@ -497,41 +499,32 @@ NodeRegistry::PrefillChoice NodeRegistry::ChoosePrefill(size_t model,
   const auto now = Clock::now();
   // The weights and formats a live decode node takes: a prefill node is of use only with a
   // partner.
+  if (decode_roster_version_ != roster_version_) {
+    decode_roster_.clear();
+    for (const auto& [id, node] : nodes_) {
+      if (node->info.role() == v1::NODE_ROLE_DECODE) decode_roster_.push_back(node);
+    }
+    decode_roster_version_ = roster_version_;
+  }
   std::set<std::string> decodable;
-  for (const auto& [id, node] : nodes_) {
-    if (node->info.role() == v1::NODE_ROLE_DECODE && !node->draining && node->model == model &&
-        Live(*node, now) && !Contains(lost_decode, id)) {
+  for (const std::shared_ptr<RegisteredNode>& node : decode_roster_) {
+    if (!node->draining && node->model == model && Live(*node, now) &&
+        !Contains(lost_decode, node->id())) {
       decodable.insert(node->pairing_key);
     }
   }
   PrefillChoice choice;
-  for (const auto& [id, node] : nodes_) {
-    if (node->info.role() != v1::NODE_ROLE_PREFILL || node->draining || node->model != model ||
-        (!fingerprint.empty() && node->info.model_fingerprint() != fingerprint) ||
-        !decodable.contains(node->pairing_key) || !Live(*node, now) || Contains(exclude, id)) {
-      continue;
-    }
-    ++choice.live;
-    const v1::LoadReport& load = node->info.load();
-    if (node->prefilling >= kvstore::RouterSlotShare(slots, load.routers())) continue;
-    choice.open.push_back(
-        {.node = node,
-         .prefilling = node->prefilling,
-         .pending_ms = kvstore::QueueAhead(node->pending_ms, load.prefill_work_ms(),
-                                           node->pending_at_report_ms),
-         .reported_queued = load.queued_requests(),
-         .rates = load.rates()});
-  }
   // A node that has measured nothing yet (just started) is priced like its peers: each rate
   // it lacks is the mean of the live nodes that have it (the cost model's priors only when
-  // none has).
+  // none has). One pass over the nodes gathers both.
   double sums[4] = {0, 0, 0, 0};
   int counts[4] = {0, 0, 0, 0};
   for (const auto& [id, node] : nodes_) {
     if (node->info.role() != v1::NODE_ROLE_PREFILL || node->model != model || !Live(*node, now)) {
       continue;
     }
-    const v1::PrefillRates& r = node->info.load().rates();
+    const v1::LoadReport& load = node->info.load();
+    const v1::PrefillRates& r = load.rates();
     const double values[4] = {r.compute_ms_per_gflop(), r.local_ms_per_mib(), r.store_ms_per_mib(),
                               r.fixed_ms()};
     for (int i = 0; i < 4; ++i) {
@@ -540,6 +533,19 @@ NodeRegistry::PrefillChoice NodeRegistry::ChoosePrefill(size_t model,
         ++counts[i];
       }
     }
+    if (node->draining || (!fingerprint.empty() && node->info.model_fingerprint() != fingerprint) ||
+        !decodable.contains(node->pairing_key) || Contains(exclude, id)) {
+      continue;
+    }
+    ++choice.live;
+    if (node->prefilling >= kvstore::RouterSlotShare(slots, load.routers())) continue;
+    choice.open.push_back(
+        {.node = node,
+         .prefilling = node->prefilling,
+         .pending_ms = kvstore::QueueAhead(node->pending_ms, load.prefill_work_ms(),
+                                           node->pending_at_report_ms),
+         .reported_queued = load.queued_requests(),
+         .rates = r});
   }
   for (PrefillCandidate& candidate : choice.open) {
     v1::PrefillRates& r = candidate.rates;

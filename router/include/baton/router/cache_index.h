@@ -12,13 +12,17 @@
 // Threading: every method is safe from any thread (one mutex; no call out while holding it).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
-#include <unordered_set>
+#include <vector>
 
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/inlined_vector.h"
 #include "absl/status/status.h"
 #include "baton/common/hash.h"
 #include "baton/kvstore/prefix_index.h"
@@ -32,6 +36,12 @@ inline constexpr size_t kMaxIndexedBlocks = size_t{1} << 20;
 // lengths, a known cache group), naming the first field that is not.
 absl::Status CheckCacheEvents(const v1::CacheEventBatch& batch);
 
+// Held keys live in one table per region, from chain key to the nodes that hold it, so that a
+// request's placement walks its chain once for the whole cluster (LookupHolders) instead of
+// probing every node's own table: at a thousand nodes that is one probe per key instead of one
+// per node. A node whose blocks are forgotten (a gap, a snapshot, Forget) takes a fresh slot;
+// its old slot's entries are skipped, dropped when their key is next touched, and swept out
+// when they outnumber the live ones.
 class CacheIndex {
  public:
   // Applies a checked batch from `node_id`; false when it did not follow the last one (see the
@@ -40,6 +50,13 @@ class CacheIndex {
   // The leading blocks of `chain` whose block KV `node_id` holds, and their SWA rows.
   kvstore::ChainLookup Lookup(const std::string& node_id,
                               std::span<const Sha256Digest> chain) const;
+  // Lookup for every node that holds at least the chain's first block, by node_id (a node that
+  // is not there holds none of it).
+  using Holders = absl::flat_hash_map<std::string, kvstore::ChainLookup>;
+  Holders LookupHolders(std::span<const Sha256Digest> chain) const;
+  // Changes whenever what the index holds may have changed: a LookupHolders answer is current
+  // while this stays the same.
+  uint64_t version() const { return version_.load(std::memory_order_acquire); }
   // Drops what is known of `node_id` (a node the registry forgot).
   void Forget(const std::string& node_id);
   // Blocks (both regions) known for `node_id`.
@@ -49,16 +66,52 @@ class CacheIndex {
   uint64_t resyncs() const;
 
  private:
+  // Chain keys are SHA-256 digests: their first 8 bytes are already uniformly distributed.
   struct DigestHash {
     size_t operator()(const Sha256Digest& key) const;
   };
+  // The nodes holding a key: each entry a node's slot << 2 with a bit per region it holds
+  // (1: block KV, 2: producer SWA), so one table serves both regions.
+  using Slots = absl::InlinedVector<uint32_t, 4>;
   struct NodeBlocks {
     uint64_t sequence = 0;  // of the last batch applied; 0: none since the last gap
-    std::unordered_set<Sha256Digest, DigestHash> held[2];  // by kvstore::Region
+    uint32_t slot = 0;
+    size_t held[2] = {0, 0};  // entries, by kvstore::Region
   };
+  NodeBlocks& Node(const std::string& node_id);
+  // Forgets what `node` holds: its slot is retired and a fresh one taken.
+  void Clear(NodeBlocks& node);
+  void Insert(int region, const Sha256Digest& key, NodeBlocks& node);
+  void Erase(int region, const Sha256Digest& key, NodeBlocks& node);
+  // Drops retired slots' entries from one key's list.
+  void Prune(Slots& slots);
+  // Sweeps every retired slot's entries once they outnumber the live ones; their slots are
+  // then free for reuse.
+  void MaybeSweep();
+  uint32_t NewSlot(const std::string* node_id);
+
   mutable std::mutex mutex_;
   std::map<std::string, NodeBlocks> nodes_;
+  absl::flat_hash_map<Sha256Digest, Slots, DigestHash> holders_;
+  std::vector<const std::string*> slot_node_;  // a live slot's node_id; null: retired or free
+  std::vector<uint32_t> retired_;              // slots whose entries may remain in holders_
+  std::vector<uint32_t> free_;                 // slots with no entry anywhere
+  size_t live_entries_ = 0;
+  size_t retired_entries_ = 0;  // at most: some are pruned as their keys are touched
+  std::atomic<uint64_t> version_{0};
   uint64_t resyncs_ = 0;
+};
+
+// One request's chain in every node's cache: LookupHolders, walked again only when the index
+// has changed since the last walk. Not thread-safe (one per request).
+class ChainHolders {
+ public:
+  kvstore::ChainLookup On(const CacheIndex& index, std::span<const Sha256Digest> chain,
+                          const std::string& node_id);
+
+ private:
+  CacheIndex::Holders held_;
+  std::optional<uint64_t> version_;
 };
 
 }  // namespace baton::router

@@ -270,6 +270,12 @@ class NodeRegistry {
   prometheus::Family<prometheus::Counter>& registrations_;
   mutable std::mutex mutex_;
   std::map<std::string, std::shared_ptr<RegisteredNode>> nodes_;
+  // Changes whenever a node joins, is replaced (a registration that changed it) or goes. The
+  // decode nodes as of a version, so that a prefill choice over a thousand prefill nodes walks
+  // only the decode nodes to find their partners.
+  uint64_t roster_version_ = 0;
+  mutable uint64_t decode_roster_version_ = ~uint64_t{0};
+  mutable std::vector<std::shared_ptr<RegisteredNode>> decode_roster_;
   std::map<std::string, size_t> node_ids_by_identity_;  // of nodes_, per identity
   std::chrono::steady_clock::time_point last_forget_;   // the last ForgetLocked
   std::set<std::string> role_only_noted_;               // role-only identities already warned of
