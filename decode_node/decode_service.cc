@@ -9,6 +9,7 @@
 #include "baton/common/rpc.h"
 #include "baton/common/security.h"
 #include "baton/common/wire_bounds.h"
+#include "baton/kvstore/ttft_model.h"
 #include "baton/model/speculative.h"
 #include "baton/transfer/state_block.h"
 
@@ -118,6 +119,12 @@ struct DecodeService::Metrics {
       "The node's fit of a decode step's time: a fixed part and a part per row (0 until fitted)");
   prometheus::Gauge& step_fixed_ms = step_cost.Add({{"term", "fixed"}});
   prometheus::Gauge& step_per_row_ms = step_cost.Add({{"term", "per_row"}});
+  // Replay-on-decode's measured rate, which the router prices replay with (LoadReport).
+  prometheus::Gauge& replay_ms_per_gflop =
+      metrics::Gauge("baton_decode_replay_ms_per_gflop",
+                     "Replay-on-decode: time from a StateBlock's commit to its first token per "
+                     "GFLOP of its replay (0 until a replay is measured)")
+          .Add({});
   prometheus::Histogram& batch_size =
       metrics::Histogram("baton_decode_batch_size", "Requests in one decode step")
           .Add({}, prometheus::Histogram::BucketBoundaries{1, 2, 4, 8, 16, 32, 64, 128, 256});
@@ -716,6 +723,17 @@ void DecodeService::FinishPiece(ReplayPiece& piece) {
   const model::SampledToken first = model::SampleToken(last, r.sampling, r.completion);
   r.FreeBoundaryPages();
   r.replay_ms = std::chrono::duration<double, std::milli>(Clock::now() - r.committed_at).count();
+  // The replay's rate as the router prices it: its whole time here (in the batch, with the
+  // other requests' steps) over its work. Sums weighted by the work, a fifth forgotten each
+  // time, as a prefill node folds its compute rate.
+  const double gflop =
+      kvstore::EstimatePrefillWork(model_.config(), L, L, r.replay.s_valid).replayed_gflop;
+  if (gflop > 0) {
+    replay_ms_sum_ = 0.8 * replay_ms_sum_ + r.replay_ms;
+    replay_gflop_sum_ = 0.8 * replay_gflop_sum_ + gflop;
+    ++replay_samples_;
+    metrics_->replay_ms_per_gflop.Set(replay_ms_sum_ / replay_gflop_sum_);
+  }
   r.phase = Phase::kCommitted;
   Accept(r, first.token, first.logprob);
 }
@@ -827,8 +845,10 @@ void DecodeService::DecodeLoop() {
       costs_.AddStep(static_cast<int64_t>(batch.size()), decode_rows,
                      std::chrono::duration<double>(step_end - target_start).count());
       if (costs_.target.ready()) {
-        metrics_->step_fixed_ms.Set(costs_.target.fixed() * 1e3);
-        metrics_->step_per_row_ms.Set(costs_.target.per_row() * 1e3);
+        step_fixed_ms_.store(costs_.target.fixed() * 1e3);
+        step_per_row_ms_.store(costs_.target.per_row() * 1e3);
+        metrics_->step_fixed_ms.Set(step_fixed_ms_.load());
+        metrics_->step_per_row_ms.Set(step_per_row_ms_.load());
       }
     }
     metrics_->step_seconds.Observe(std::chrono::duration<double>(step_end - step_start).count());
@@ -871,6 +891,10 @@ void DecodeService::DecodeLoop() {
       }
       metrics_->tokens.Increment(static_cast<double>(emitted));
       metrics_->tokens_per_step.Observe(static_cast<double>(emitted));
+      if (r.phase != Phase::kFinished) {  // a request's last step may stop inside its tokens
+        tokens_per_step_ = tokens_per_step_ <= 0 ? static_cast<double>(emitted)
+                                                 : 0.99 * tokens_per_step_ + 0.01 * emitted;
+      }
       if (k > 0) {
         // Accepted drafts that were sent (a stop may end the request inside them).
         const int64_t sent = std::min<int64_t>(verdict.accepted, emitted);
@@ -1010,6 +1034,12 @@ v1::LoadReport DecodeService::Load() const {
   load.set_total_pages(pool_->total_pages());
   load.set_free_slots(static_cast<uint32_t>(pool_->free_slots()));
   load.set_total_slots(static_cast<uint32_t>(pool_->total_slots()));
+  v1::DecodeRates& rates = *load.mutable_decode_rates();
+  rates.set_step_fixed_ms(step_fixed_ms_.load());
+  rates.set_step_per_row_ms(step_per_row_ms_.load());
+  if (replay_gflop_sum_ > 0) rates.set_replay_ms_per_gflop(replay_ms_sum_ / replay_gflop_sum_);
+  rates.set_replay_samples(replay_samples_);
+  rates.set_tokens_per_step(tokens_per_step_);
   return load;
 }
 

@@ -150,7 +150,9 @@ PrefillCost PredictPrefill(const PrefillRates& rates, double queue_ms, const Hit
                  static_cast<double>(hit.store_bytes) / kMiB * rates.store_ms_per_mib;
   const PrefillWork work = EstimatePrefillWork(config, L, H, L - cost.replayed_rows);
   cost.compute_ms = work.computed_gflop * rates.compute_ms_per_gflop;
-  cost.replay_ms = work.replayed_gflop * rates.compute_ms_per_gflop;
+  cost.replay_elsewhere = rates.replays_elsewhere();
+  cost.replay_ms = work.replayed_gflop *
+                   (cost.replay_elsewhere ? rates.replay_ms_per_gflop : rates.compute_ms_per_gflop);
   cost.fixed_ms = rates.fixed_ms;
   return cost;
 }

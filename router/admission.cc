@@ -21,6 +21,12 @@ constexpr std::chrono::milliseconds kCancelCheck{100};
 // A pool without a known bound (no API keys, or no decode node has reported its slots yet).
 constexpr int64_t kUnbounded = std::numeric_limits<int64_t>::max() / 2;
 
+kvstore::PrefillRates RatesFor(const NodeRegistry::PrefillCandidate& candidate) {
+  kvstore::PrefillRates rates = kvstore::RatesOrDefaults(candidate.rates);
+  rates.replay_ms_per_gflop = candidate.replay_ms_per_gflop;
+  return rates;
+}
+
 }  // namespace
 
 class Admission::Waiting {
@@ -233,12 +239,13 @@ Admission::Admitted Admission::TakeSlot(const NodeRegistry::PrefillChoice& choic
     views.push_back({.prefilling = candidate.prefilling,
                      .reported_queued = candidate.reported_queued,
                      .queue_ms = candidate.pending_ms,
-                     .rates = kvstore::RatesOrDefaults(candidate.rates),
+                     .rates = RatesFor(candidate),
                      .tiers = ask.tiers ? ask.tiers(*candidate.node) : kvstore::TierLookups{}});
   }
   const kvstore::Placement placement = kvstore::PlacePrefill(views, ask.placement);
   const NodeRegistry::PrefillCandidate& chosen = choice.open[placement.chosen];
-  const double service_ms = placement.plan.cost.service_ms();
+  // The node's own part: a replay on the decode node is no work queued here.
+  const double service_ms = placement.plan.cost.node_ms();
   Admitted admitted{registry_.TakePrefillSlot(chosen.node, service_ms),
                     PrefillSlot(this, chosen.node, service_ms), chosen, std::nullopt, placement};
   if (placement.runner_up >= 0) admitted.runner_up = choice.open[placement.runner_up];

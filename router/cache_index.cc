@@ -91,12 +91,6 @@ absl::Status CheckCacheEvents(const v1::CacheEventBatch& batch) {
   return absl::OkStatus();
 }
 
-size_t CacheIndex::DigestHash::operator()(const Sha256Digest& key) const {
-  size_t h;
-  std::memcpy(&h, key.data(), sizeof(h));
-  return h;
-}
-
 uint32_t CacheIndex::NewSlot(const std::string* node_id) {
   uint32_t slot;
   if (!free_.empty()) {
@@ -142,8 +136,9 @@ void CacheIndex::Prune(Slots& slots) {
 }
 
 void CacheIndex::MaybeSweep() {
-  // Amortized: a sweep visits every key once, after at least as many entries were retired.
-  if (retired_entries_ < std::max<size_t>(live_entries_, 1 << 16)) return;
+  // Amortized: a sweep visits every key once, after at least as many entries were retired
+  // (and a few: a small table is not swept at every retirement).
+  if (retired_entries_ < std::max<size_t>(live_entries_, 1024)) return;
   for (auto it = holders_.begin(); it != holders_.end();) {
     Prune(it->second);
     if (it->second.empty()) {
@@ -155,6 +150,9 @@ void CacheIndex::MaybeSweep() {
   retired_entries_ = 0;
   free_.insert(free_.end(), retired_.begin(), retired_.end());
   retired_.clear();
+  // The table keeps its capacity as it empties: give back what its keys no longer need (the
+  // nodes that held them are gone, as after a flood of invented node_ids is forgotten).
+  if (holders_.size() < holders_.capacity() / 4) holders_.rehash(0);
 }
 
 void CacheIndex::Insert(int region, const Sha256Digest& key, NodeBlocks& node) {

@@ -3,12 +3,24 @@
 // its own server so that the client port never serves Registry; both speak grpc.health.v1
 // (SERVING only while a prefill and a decode node are live).
 
+#include <cstdlib>
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
+
 #include "CLI/CLI.hpp"
 #include "baton/common/rpc.h"
 #include "baton/common/server_flags.h"
 #include "baton/router/router_main.h"
 
 int main(int argc, char** argv) {
+#if defined(__GLIBC__)
+  // Blocks of 256 KiB and more straight from mmap, and back to the system when freed: the cache
+  // index's table grows and shrinks with the nodes' caches (a flood of invented node_ids, once
+  // forgotten, must give its memory back). glibc's own threshold rises with each such block
+  // freed, after which they stay in its heap.
+  mallopt(M_MMAP_THRESHOLD, 256 * 1024);
+#endif
   baton::BlockShutdownSignals();
   CLI::App app{"baton-router: client API, hit policy and node selection"};
   baton::router::RouterFlags flags;

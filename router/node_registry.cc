@@ -52,9 +52,12 @@ std::optional<security::Role> CertificateRole(v1::NodeRole role) {
   }
 }
 
-// Bounds on what a node's load report may say: a day of predicted work, and routers.
+// Bounds on what a node's load report may say: a day of predicted work (or of any time it
+// measures), routers, and tokens per decode step.
 constexpr double kMaxReportedWorkMs = 86400e3;
 constexpr uint32_t kMaxReportedRouters = 1024;
+// A decode step's tokens per request: its drafts plus one (far fewer in practice).
+constexpr double kMaxTokensPerStep = 1024;
 
 bool Contains(const std::vector<std::string>& ids, const std::string& id) {
   return std::find(ids.begin(), ids.end(), id) != ids.end();
@@ -87,6 +90,22 @@ absl::Status CheckRegistration(const v1::RegisterRequest& request) {
   if (load.routers() > kMaxReportedRouters) {
     return absl::InvalidArgumentError(
         absl::StrCat("load.routers: ", load.routers(), " is more than ", kMaxReportedRouters));
+  }
+  const v1::DecodeRates& decode = load.decode_rates();
+  for (const auto& [field, value] :
+       {std::pair<const char*, double>{"step_fixed_ms", decode.step_fixed_ms()},
+        {"step_per_row_ms", decode.step_per_row_ms()},
+        {"replay_ms_per_gflop", decode.replay_ms_per_gflop()}}) {
+    if (!(value >= 0 && value <= kMaxReportedWorkMs)) {
+      return absl::InvalidArgumentError(absl::StrCat("load.decode_rates.", field, ": ", value,
+                                                     " must be finite and in [0, ",
+                                                     kMaxReportedWorkMs, "] (milliseconds)"));
+    }
+  }
+  if (!(decode.tokens_per_step() >= 0 && decode.tokens_per_step() <= kMaxTokensPerStep)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("load.decode_rates.tokens_per_step: ", decode.tokens_per_step(),
+                     " must be finite and in [0, ", kMaxTokensPerStep, "]"));
   }
   return absl::OkStatus();
 }
@@ -336,6 +355,9 @@ void NodeRegistry::UpdateLocked(const std::string& identity, const std::string& 
     node->identity = identity;
     node->binding = binding;
     node->info = request;
+    // Its cache events go to the cache index, not into the node's entry: a node's first
+    // registration carries its whole snapshot.
+    node->info.clear_cache_events();
     node->pairing_key = PairingKey(request);
     node->draining = request.draining();
     log::Info("node registered",
@@ -507,12 +529,21 @@ NodeRegistry::PrefillChoice NodeRegistry::ChoosePrefill(size_t model,
     decode_roster_version_ = roster_version_;
   }
   std::set<std::string> decodable;
+  // Replay-on-decode replays on the decode node: priced at the mean of what the partners
+  // measured (0, none measured: at the prefill node's compute rate).
+  double replay_sum = 0;
+  int replay_count = 0;
   for (const std::shared_ptr<RegisteredNode>& node : decode_roster_) {
     if (!node->draining && node->model == model && Live(*node, now) &&
         !Contains(lost_decode, node->id())) {
       decodable.insert(node->pairing_key);
+      if (const double rate = node->info.load().decode_rates().replay_ms_per_gflop(); rate > 0) {
+        replay_sum += rate;
+        ++replay_count;
+      }
     }
   }
+  const double decode_replay_ms_per_gflop = replay_count > 0 ? replay_sum / replay_count : 0;
   PrefillChoice choice;
   // A node that has measured nothing yet (just started) is priced like its peers: each rate
   // it lacks is the mean of the live nodes that have it (the cost model's priors only when
@@ -545,7 +576,10 @@ NodeRegistry::PrefillChoice NodeRegistry::ChoosePrefill(size_t model,
          .pending_ms = kvstore::QueueAhead(node->pending_ms, load.prefill_work_ms(),
                                            node->pending_at_report_ms),
          .reported_queued = load.queued_requests(),
-         .rates = r});
+         .rates = r,
+         .replay_ms_per_gflop = node->info.held_layers() == v1::HELD_LAYERS_PRODUCERS
+                                    ? decode_replay_ms_per_gflop
+                                    : 0});
   }
   for (PrefillCandidate& candidate : choice.open) {
     v1::PrefillRates& r = candidate.rates;
@@ -716,6 +750,19 @@ std::vector<std::shared_ptr<RegisteredNode>> NodeRegistry::LiveStores() const {
     }
   }
   return stores;
+}
+
+std::vector<std::shared_ptr<RegisteredNode>> NodeRegistry::LiveServingNodes() const {
+  std::vector<std::shared_ptr<RegisteredNode>> serving;
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto now = Clock::now();
+  for (const auto& [id, node] : nodes_) {
+    const v1::NodeRole role = node->info.role();
+    if ((role == v1::NODE_ROLE_PREFILL || role == v1::NODE_ROLE_DECODE) && Live(*node, now)) {
+      serving.push_back(node);
+    }
+  }
+  return serving;
 }
 
 std::map<std::string, double> NodeRegistry::LiveByRole() const {

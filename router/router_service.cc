@@ -232,6 +232,29 @@ grpc::Status RouterService::ListStores(grpc::ServerContext* context,
   return grpc::Status::OK;
 }
 
+grpc::Status RouterService::ListRates(grpc::ServerContext* context,
+                                      const v1::ListRatesRequest* /*request*/,
+                                      v1::ListRatesResponse* reply) {
+  if (absl::StatusOr<std::string> tenant = Tenant(*context); !tenant.ok()) {
+    return ToGrpcStatus(tenant.status());
+  }
+  // What the nodes' last registrations said: no call goes out.
+  for (const std::shared_ptr<RegisteredNode>& node : registry_.LiveServingNodes()) {
+    v1::NodeRates& entry = *reply->add_nodes();
+    entry.set_node_id(node->id());
+    entry.set_model(node->model < models_.size() ? models_[node->model].name : "");
+    if (node->info.role() == v1::NODE_ROLE_PREFILL) {
+      entry.set_role("prefill");
+      entry.set_producers_only(node->info.held_layers() == v1::HELD_LAYERS_PRODUCERS);
+      *entry.mutable_prefill() = node->info.load().rates();
+    } else {
+      entry.set_role("decode");
+      *entry.mutable_decode() = node->info.load().decode_rates();
+    }
+  }
+  return grpc::Status::OK;
+}
+
 bool RouterService::Serving() const {
   {
     std::lock_guard<std::mutex> lock(mutex_);

@@ -206,6 +206,7 @@ class Cluster {
     return it == addresses_.end() ? "" : it->second;
   }
   const std::string& router_internal() const { return router_internal_; }
+  const std::string& router() const { return router_; }  // the first router's client address
   // The pid of the process started as `name` (-1 once stopped or killed).
   pid_t Pid(const std::string& name) const {
     auto it = pids_.find(name);

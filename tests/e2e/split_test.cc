@@ -174,6 +174,62 @@ TEST_F(SplitClusterTest, APrefillNodeOfTheOtherSplitIsRefusedNamingBothSides) {
   }
 }
 
+// The decode node measures its replay (commit to first token, per GFLOP of the replayed work)
+// and reports it with its step fit on its heartbeats; the router's registry lists it beside the
+// prefill node's rates (Generation/ListRates), and `batonctl rates` gives their means as
+// `batonctl simulate` takes them, naming the split.
+TEST_F(SplitClusterTest, TheDecodeNodesReplayRateReachesTheRouterAndBatonctlRates) {
+  Cluster cluster(tiny_);
+  StartReplayCluster(cluster);
+  std::mt19937_64 rng(79);
+  auto stub = cluster.Client();
+  for (int i = 0; i < 4; ++i) {
+    const Outcome outcome = Generate(*stub, Request(RandomPrompt(rng, 40 + 10 * i, 512), 4));
+    ASSERT_TRUE(outcome.status.ok()) << outcome.status.error_message();
+    ASSERT_GT(outcome.usage.replayed_rows(), 0u);
+  }
+  const std::string addr = cluster.router();
+  nlohmann::json rates;
+  ASSERT_TRUE(Eventually(
+      [&] {
+        const Result listed = RunBatonctl("rates --addr " + addr);
+        if (listed.exit_status != 0) return ::testing::AssertionFailure() << listed.err;
+        rates = nlohmann::json::parse(listed.out);
+        for (const nlohmann::json& node : rates["nodes"]) {
+          if (node["role"] == "decode" && node["replay_samples"].get<int64_t>() >= 4) {
+            return ::testing::AssertionSuccess();
+          }
+        }
+        return ::testing::AssertionFailure() << listed.out;
+      },
+      std::chrono::seconds(30), std::chrono::milliseconds(200)));
+  EXPECT_EQ(rates["split"], "replay-on-decode");
+  EXPECT_EQ(rates["prefill_nodes"], 1);
+  EXPECT_EQ(rates["decode_nodes"], 1);
+  for (const nlohmann::json& node : rates["nodes"]) {
+    if (node["role"] == "decode") {
+      EXPECT_EQ(node["node_id"], "decode");
+      EXPECT_GT(node["replay_ms_per_gflop"].get<double>(), 0);
+      EXPECT_GE(node["tokens_per_step"].get<double>(), 1);
+    } else {
+      EXPECT_EQ(node["node_id"], "prefill");
+      EXPECT_EQ(node["producers_only"], true);
+      EXPECT_GT(node["compute_ms_per_gflop"].get<double>(), 0);
+    }
+  }
+  EXPECT_THAT(rates["decode_rates"].get<std::string>(), HasSubstr("replay_ms_per_gflop="));
+  EXPECT_THAT(rates["rates"].get<std::string>(), HasSubstr("compute_ms_per_gflop="));
+  // The flags form, which the simulator takes back as given.
+  const Result flags = RunBatonctl("rates --addr " + addr + " --flags");
+  ASSERT_EQ(flags.exit_status, 0) << flags.err;
+  EXPECT_THAT(flags.out, ::testing::StartsWith("--rates compute_ms_per_gflop="));
+  EXPECT_THAT(flags.out, HasSubstr(" --decode-rates "));
+  // Only another model's nodes: none.
+  const Result other = RunBatonctl("rates --addr " + addr + " --model elsewhere");
+  ASSERT_EQ(other.exit_status, 0) << other.err;
+  EXPECT_EQ(nlohmann::json::parse(other.out)["nodes"].size(), 0u);
+}
+
 // The prefill node of replay-on-decode reports its resident weight bytes, the producers' and
 // the block-KV projections' (about half the model's), on its metrics and through the router
 // (batonctl models), beside the split and the decode node's.

@@ -88,6 +88,16 @@ TEST(TtftModelTest, APredictionPricesComputedAndReplayedRowsAndTheLoad) {
   EXPECT_DOUBLE_EQ(cost.replay_ms, work.replayed_gflop * 10);
   EXPECT_DOUBLE_EQ(cost.total_ms(), 7 + 2 + cost.compute_ms + cost.replay_ms + 5);
   EXPECT_DOUBLE_EQ(cost.service_ms(), cost.total_ms() - 7);
+  EXPECT_DOUBLE_EQ(cost.node_ms(), cost.service_ms());  // the replay runs here
+  // Replay-on-decode: the replay at the decode node's rate, and no part of the node's own time.
+  PrefillRates on_decode = rates;
+  on_decode.replay_ms_per_gflop = 3;
+  const PrefillCost elsewhere = PredictPrefill(on_decode, 7, Input(200), hit, config);
+  EXPECT_TRUE(elsewhere.replay_elsewhere);
+  EXPECT_DOUBLE_EQ(elsewhere.replay_ms, work.replayed_gflop * 3);
+  EXPECT_DOUBLE_EQ(elsewhere.compute_ms, cost.compute_ms);
+  EXPECT_DOUBLE_EQ(elsewhere.total_ms(), 7 + 2 + cost.compute_ms + elsewhere.replay_ms + 5);
+  EXPECT_DOUBLE_EQ(elsewhere.node_ms(), 2 + cost.compute_ms + 5);
   // The same hit from the store costs its bytes at the store's rate.
   hit.local_bytes = 0;
   hit.store_bytes = static_cast<uint64_t>(2 * mib);

@@ -278,7 +278,52 @@ TEST_F(NodeRegistryTest, LoadReportsOutOfBoundsAreRefusedByName) {
   const absl::Status refused = Registry().RegisterFrom(kPrefillRole, request);
   EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(refused.message(), HasSubstr("load.routers: 5000"));
+  // A decode node's rates: every time finite and within a day, tokens per step within 1024.
+  using Set = void (v1::DecodeRates::*)(double);
+  for (const auto& [field, set] :
+       {std::pair<std::string, Set>{"step_fixed_ms", &v1::DecodeRates::set_step_fixed_ms},
+        {"step_per_row_ms", &v1::DecodeRates::set_step_per_row_ms},
+        {"replay_ms_per_gflop", &v1::DecodeRates::set_replay_ms_per_gflop},
+        {"tokens_per_step", &v1::DecodeRates::set_tokens_per_step}}) {
+    for (const double bad : {-1.0, std::numeric_limits<double>::quiet_NaN(), 1e12}) {
+      v1::RegisterRequest decode = Registration("d1");
+      decode.set_role(v1::NODE_ROLE_DECODE);
+      (decode.mutable_load()->mutable_decode_rates()->*set)(bad);
+      const absl::Status refused_rate = Registry().RegisterFrom("spiffe://baton/decode", decode);
+      EXPECT_EQ(refused_rate.code(), absl::StatusCode::kInvalidArgument) << field << " " << bad;
+      EXPECT_THAT(refused_rate.message(), HasSubstr("load.decode_rates." + field)) << bad;
+    }
+  }
   EXPECT_EQ(Registry().NodeIds(), 0u);  // nothing registered by a refused report
+}
+
+// Replay-on-decode replays on the decode node: a prefill node that holds the producers only is
+// priced at the mean replay rate its live partners report (those that measured one); under
+// prefill-all a prefill node replays itself, at its own compute rate (0 here).
+TEST_F(NodeRegistryTest, ReplayOnDecodeIsPricedAtTheDecodeNodesReportedRate) {
+  for (const v1::Split split : {v1::SPLIT_REPLAY_ON_DECODE, v1::SPLIT_PREFILL_ALL}) {
+    SCOPED_TRACE(v1::Split_Name(split));
+    options_.split = split;
+    registry_.reset();
+    for (const auto& [id, rate] :
+         {std::pair<std::string, double>{"d1", 30}, {"d2", 50}, {"d3", 0}}) {
+      v1::RegisterRequest decode = Registration(id);
+      decode.set_role(v1::NODE_ROLE_DECODE);
+      decode.mutable_load()->mutable_decode_rates()->set_replay_ms_per_gflop(rate);
+      ASSERT_TRUE(Registry().RegisterFrom("spiffe://baton/decode", decode).ok()) << id;
+    }
+    v1::RegisterRequest prefill = Registration("p1");
+    if (split == v1::SPLIT_REPLAY_ON_DECODE) prefill.set_held_layers(v1::HELD_LAYERS_PRODUCERS);
+    ASSERT_TRUE(Registry().RegisterFrom(kPrefillRole, prefill).ok());
+    const double want = split == v1::SPLIT_REPLAY_ON_DECODE ? 40 : 0;
+    const auto all = Registry().ChoosePrefill(0, "", {}, {}, 2);
+    ASSERT_EQ(all.open.size(), 1u);
+    EXPECT_DOUBLE_EQ(all.open[0].replay_ms_per_gflop, want);
+    // A decode node lost to this request no longer counts.
+    const auto without_d2 = Registry().ChoosePrefill(0, "", {}, {"d2"}, 2);
+    ASSERT_EQ(without_d2.open.size(), 1u);
+    EXPECT_DOUBLE_EQ(without_d2.open[0].replay_ms_per_gflop, want > 0 ? 30 : 0);
+  }
 }
 
 }  // namespace

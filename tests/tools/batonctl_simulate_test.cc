@@ -4,7 +4,9 @@
 // figure is worked out by hand in the comments.
 #include <algorithm>
 #include <fstream>
+#include <set>
 #include <string>
+#include <tuple>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -359,10 +361,31 @@ TEST(BatonctlSimulateTest, CapacityFindsTheFewestNodesForTheTargets) {
                   TinyConfig() + " --ttft-p99-ms 0.001 --max-nodes 2 --json");
   EXPECT_EQ(none.exit_status, 1);
   EXPECT_TRUE(nlohmann::json::parse(none.out)["best"].is_null());
+  // Several shapes: each split, policy and cache size searched, every point named by its shape,
+  // and the answer the cheapest of them (of equally many nodes, the smallest cache).
+  const Result shapes = RunBatonctl(
+      "capacity --trace " + DecodeTrace() + " --trace-block 8 --model-config " + TinyConfig() +
+      " --ttft-p99-ms 100000 --itl-p99-ms 1000 --max-nodes 2 --split prefill-all,replay-on-decode"
+      " --policy least-loaded,predicted-ttft --block-cache-bytes 1MiB,0 --rates "
+      "compute_ms_per_gflop=2 --decode-rates replay_ms_per_gflop=50 --json");
+  ASSERT_EQ(shapes.exit_status, 0) << shapes.err;
+  const nlohmann::json shaped = nlohmann::json::parse(shapes.out);
+  std::set<std::tuple<std::string, std::string, uint64_t>> seen;
+  for (const nlohmann::json& point : shaped["explored"]) {
+    seen.emplace(point["split"], point["policy"], point["block_cache_bytes"]);
+  }
+  EXPECT_EQ(seen.size(), 8u);
+  EXPECT_EQ(shaped["best"]["prefill_nodes"], 1);
+  EXPECT_EQ(shaped["best"]["decode_nodes"], 1);
+  EXPECT_EQ(shaped["best"]["block_cache_bytes"], 0);
   for (const auto& [args, message] : std::vector<std::pair<std::string, std::string>>{
            {"--ttft-p99-ms 0", "--ttft-p99-ms: must be a finite number > 0"},
            {"--ttft-p99-ms 10 --max-nodes 0", "--max-nodes: 0 must lie in [1, 1024]"},
            {"--ttft-p99-ms 10 --policy fastest", "--policy: 'fastest'"},
+           {"--ttft-p99-ms 10 --split sideways", "--split: 'sideways' is unknown"},
+           {"--ttft-p99-ms 10 --split replay-on-decode",
+            "--split: replay-on-decode needs the decode nodes' replay rate"},
+           {"--ttft-p99-ms 10 --block-cache-bytes 1MiB,3XB", "--block-cache-bytes: '3XB'"},
            {"--ttft-p99-ms 10 --decode-rates tokens_per_step=0", "--decode-rates"}}) {
     const Result bad = RunBatonctl("capacity --trace " + CapTrace() +
                                    " --trace-block 8 --model-config " + TinyConfig() + " " + args);

@@ -195,6 +195,77 @@ TEST(ClusterSimTest, DecodeStepsGiveEachTokenItsGap) {
   EXPECT_DOUBLE_EQ(single.tpot_ms[0], -1);
 }
 
+// Replay-on-decode: a request's replay is priced at the decode node's rate and runs after its
+// prefill, on the decode node; the prefill node's slot is free from the prefill's end.
+TEST(ClusterSimTest, ReplayOnDecodeRunsAfterThePrefillAtTheDecodeNodesRate) {
+  ClusterOptions o = Options(RoutePolicy::kLeastLoaded, 0);
+  o.prefill_nodes = 1;
+  o.slots = 1;
+  o.decode_nodes = 1;
+  o.decode_slots = 4;
+  o.decode = {.step_fixed_ms = 10, .step_per_row_ms = 2, .tokens_per_step = 1};
+  std::vector<ClusterRequest> two = Workload(2, 2, 0);  // both at once, no shared prefix
+  for (ClusterRequest& r : two) r.output_len = 3;
+  const ClusterResult here = SimulateCluster(two, o);
+  o.decode.replay_ms_per_gflop = 200;  // far slower than the prefill node's 10
+  const ClusterResult on_decode = SimulateCluster(two, o);
+  const kvstore::PrefillWork work = kvstore::EstimatePrefillWork(o.config, kL, 0, kL - o.hit.keep);
+  const double replay_here = work.replayed_gflop * 10, replay_there = work.replayed_gflop * 200;
+  // The first request: the same prefill, its replay at the decode node's rate.
+  EXPECT_NEAR(on_decode.ttft_ms[0], here.ttft_ms[0] - replay_here + replay_there, 1e-6);
+  // The second waited for the one slot: for the first's prefill only, not for its replay.
+  EXPECT_NEAR(on_decode.ttft_ms[1] - on_decode.ttft_ms[0],
+              here.ttft_ms[1] - here.ttft_ms[0] - replay_here, 1e-6);
+  // Its tokens follow from its first token on, as without a replay.
+  EXPECT_NEAR(on_decode.e2e_ms[0] - on_decode.ttft_ms[0], 2 * 12, 1e-6);
+}
+
+// A cluster's measured rates as the simulator's flags: each the mean over the nodes that
+// measured it, of the model asked for; what none measured is left out.
+TEST(ClusterSimTest, MeasuredRatesAreTheMeansOfWhatTheNodesReport) {
+  v1::ListRatesResponse reply;
+  auto prefill = [&](const std::string& model, double compute, double fixed, bool producers) {
+    v1::NodeRates& node = *reply.add_nodes();
+    node.set_role("prefill");
+    node.set_model(model);
+    node.set_producers_only(producers);
+    node.mutable_prefill()->set_compute_ms_per_gflop(compute);
+    node.mutable_prefill()->set_fixed_ms(fixed);
+  };
+  auto decode = [&](const std::string& model, double fixed, double replay) {
+    v1::NodeRates& node = *reply.add_nodes();
+    node.set_role("decode");
+    node.set_model(model);
+    node.mutable_decode()->set_step_fixed_ms(fixed);
+    node.mutable_decode()->set_step_per_row_ms(1.5);
+    node.mutable_decode()->set_tokens_per_step(1);
+    node.mutable_decode()->set_replay_ms_per_gflop(replay);
+  };
+  prefill("a", 2, 10, true);
+  prefill("a", 4, 0, true);  // no fixed cost measured yet
+  prefill("b", 100, 100, false);
+  decode("a", 20, 0);
+  decode("a", 30, 8);
+  const MeasuredRates a = MeanRates(reply, "a");
+  EXPECT_EQ(a.prefill_nodes, 2);
+  EXPECT_EQ(a.decode_nodes, 2);
+  EXPECT_TRUE(a.replay_on_decode);
+  EXPECT_EQ(a.rates, "compute_ms_per_gflop=3,fixed_ms=10");
+  EXPECT_EQ(a.decode_rates,
+            "step_fixed_ms=25,step_per_row_ms=1.5,tokens_per_step=1,replay_ms_per_gflop=8");
+  // What the flags take back.
+  const absl::StatusOr<kvstore::PrefillRates> rates = ParseRates(a.rates);
+  ASSERT_TRUE(rates.ok());
+  EXPECT_DOUBLE_EQ(rates->compute_ms_per_gflop, 3);
+  const absl::StatusOr<DecodeRates> decode_rates = ParseDecodeRates(a.decode_rates);
+  ASSERT_TRUE(decode_rates.ok());
+  EXPECT_DOUBLE_EQ(decode_rates->replay_ms_per_gflop, 8);
+  const MeasuredRates all = MeanRates(reply, "");
+  EXPECT_EQ(all.prefill_nodes, 3);
+  EXPECT_EQ(all.rates, "compute_ms_per_gflop=35.3333,fixed_ms=55");
+  EXPECT_TRUE(MeanRates(v1::ListRatesResponse(), "").rates.empty());
+}
+
 // The planner's answer meets the targets in the simulation, and one node fewer of either role
 // does not; targets no cluster meets get no answer.
 TEST(ClusterSimTest, CapacityPlanIsTheFewestNodesThatMeetTheTargets) {
@@ -265,6 +336,9 @@ TEST(ClusterSimTest, FlagsAreParsedOrRefusedByName) {
   EXPECT_THAT(std::string(ParseDecodeRates("tokens_per_step=0.5").status().message()),
               ::testing::HasSubstr("in [1, 1e6]"));
   EXPECT_FALSE(ParseDecodeRates("step_fixed_ms=inf").ok());
+  EXPECT_DOUBLE_EQ(ParseDecodeRates("replay_ms_per_gflop=4")->replay_ms_per_gflop, 4);
+  EXPECT_THAT(std::string(ParseDecodeRates("replay_ms_per_gflop=-4").status().message()),
+              ::testing::HasSubstr("in [0, 1e6]"));
 }
 
 }  // namespace

@@ -9,10 +9,12 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "baton/common/model_config.h"
 #include "baton/kvstore/hit_policy.h"
 #include "capacity.h"
@@ -36,6 +38,7 @@ struct CapacityOptions {
   std::string block_cache_bytes = "0";
   std::string rates;
   std::string decode_rates;
+  std::string split;  // "": replay-on-decode when --decode-rates has replay_ms_per_gflop
   double time_scale = 1.0;
   int64_t max_requests = 0;
   int64_t max_output_tokens = 0;
@@ -48,8 +51,25 @@ absl::Status FlagError(absl::string_view flag, absl::string_view what) {
   return absl::InvalidArgumentError(absl::StrCat(flag, ": ", what));
 }
 
-nlohmann::json PointJson(const CapacityPoint& p) {
-  return {{"prefill_nodes", p.prefill_nodes},
+// One cluster shape the search may answer with: its split, policy and cache size.
+struct Shape {
+  std::string split;  // "prefill-all" or "replay-on-decode"
+  std::string policy;
+  RoutePolicy route = RoutePolicy::kPredictedTtft;
+  uint64_t block_cache_bytes = 0;
+};
+
+struct ShapedPoint {
+  Shape shape;
+  CapacityPoint point;
+};
+
+nlohmann::json PointJson(const ShapedPoint& shaped) {
+  const CapacityPoint& p = shaped.point;
+  return {{"split", shaped.shape.split},
+          {"policy", shaped.shape.policy},
+          {"block_cache_bytes", shaped.shape.block_cache_bytes},
+          {"prefill_nodes", p.prefill_nodes},
           {"decode_nodes", p.decode_nodes},
           {"ttft_ms", {{"p50", p.ttft_p50_ms}, {"p99", p.ttft_p99_ms}}},
           {"itl_ms", {{"p50", p.itl_p50_ms}, {"p99", p.itl_p99_ms}}},
@@ -80,15 +100,47 @@ int RunCapacity(const CapacityOptions& o) {
     return ReportError("capacity", FlagError("--time-scale, --max-requests and --max-output-tokens",
                                              "must be finite and >= 0"));
   }
-  absl::StatusOr<RoutePolicy> policy = kvstore::ParseRoutingPolicy(o.policy, "--policy");
-  if (!policy.ok()) return ReportError("capacity", policy.status());
+  absl::StatusOr<std::vector<RoutePolicy>> policies = ParseRoutePolicies(o.policy);
+  if (!policies.ok()) return ReportError("capacity", policies.status());
   absl::StatusOr<kvstore::PrefillRates> rates = ParseRates(o.rates);
   if (!rates.ok()) return ReportError("capacity", rates.status());
   absl::StatusOr<DecodeRates> decode = ParseDecodeRates(o.decode_rates);
   if (!decode.ok()) return ReportError("capacity", decode.status());
-  absl::StatusOr<std::optional<uint64_t>> cache =
-      ParseBudget(o.block_cache_bytes, "--block-cache-bytes");
-  if (!cache.ok()) return ReportError("capacity", cache.status());
+  absl::StatusOr<std::vector<std::optional<uint64_t>>> caches =
+      ParseBudgets(o.block_cache_bytes, "--block-cache-bytes");
+  if (!caches.ok()) return ReportError("capacity", caches.status());
+  std::vector<std::string> splits;
+  for (absl::string_view split : absl::StrSplit(
+           o.split.empty() ? (decode->replay_ms_per_gflop > 0 ? "replay-on-decode" : "prefill-all")
+                           : o.split,
+           ',')) {
+    if (split != "prefill-all" && split != "replay-on-decode") {
+      return ReportError("capacity", FlagError("--split", absl::StrCat("'", split,
+                                                                       "' is unknown; allowed: "
+                                                                       "prefill-all, "
+                                                                       "replay-on-decode")));
+    }
+    if (split == "replay-on-decode" && !(decode->replay_ms_per_gflop > 0)) {
+      return ReportError("capacity",
+                         FlagError("--split",
+                                   "replay-on-decode needs the decode nodes' replay rate: "
+                                   "--decode-rates replay_ms_per_gflop=.. (a decode node's "
+                                   "baton_decode_replay_ms_per_gflop; `batonctl rates` gives it)"));
+    }
+    splits.emplace_back(split);
+  }
+  const std::vector<std::string> policy_names = absl::StrSplit(o.policy, ',');
+  std::vector<Shape> shapes;
+  for (const std::string& split : splits) {
+    for (size_t p = 0; p < policies->size(); ++p) {
+      for (const std::optional<uint64_t>& cache : *caches) {
+        shapes.push_back({.split = split,
+                          .policy = policy_names[p],
+                          .route = (*policies)[p],
+                          .block_cache_bytes = cache.value_or(0)});
+      }
+    }
+  }
   absl::StatusOr<ModelConfig> config = LoadModelConfig(o.model_config);
   if (!config.ok()) {
     return ReportError("capacity", FlagError("--model-config", config.status().message()));
@@ -109,60 +161,81 @@ int RunCapacity(const CapacityOptions& o) {
   const int64_t B = config->kv_block_size, C = config->ring_capacity();
   const std::vector<ClusterRequest> requests = ClusterRequestsFromTrace(
       *trace, tokens, "batonctl-capacity", B, o.time_scale, o.max_output_tokens);
-  const ClusterOptions base{.policy = *policy,
-                            .slots = o.prefill_slots,
-                            .block_cache_bytes = cache->value_or(0),
-                            .hit = {.keep = C,
-                                    .truncation_on = true,
-                                    .ring_capacity = C,
-                                    .window = config->sliding_window,
-                                    .block_size = B,
-                                    .cap = kvstore::HitCap::kRing},
-                            .payload = kvstore::BlockPayloadBytes(*config),
-                            .config = *config,
-                            .rates = *rates,
-                            .decode_nodes = 1,
-                            .decode_slots = o.decode_slots,
-                            .decode = *decode};
-  const CapacityPlan plan = PlanCapacity(
-      requests, base,
-      {.ttft_p99_ms = o.ttft_p99_ms, .itl_p99_ms = o.itl_p99_ms, .max_nodes = o.max_nodes});
+  const ClusterOptions common{.slots = o.prefill_slots,
+                              .hit = {.keep = C,
+                                      .truncation_on = true,
+                                      .ring_capacity = C,
+                                      .window = config->sliding_window,
+                                      .block_size = B,
+                                      .cap = kvstore::HitCap::kRing},
+                              .payload = kvstore::BlockPayloadBytes(*config),
+                              .config = *config,
+                              .rates = *rates,
+                              .decode_nodes = 1,
+                              .decode_slots = o.decode_slots,
+                              .decode = *decode};
+  // Each shape's own search; the cheapest answer is the fewest nodes, then the smallest cache,
+  // then the least TTFT p99.
+  std::vector<ShapedPoint> explored;
+  std::optional<ShapedPoint> best;
+  for (const Shape& shape : shapes) {
+    ClusterOptions base = common;
+    base.policy = shape.route;
+    base.block_cache_bytes = shape.block_cache_bytes;
+    if (shape.split == "prefill-all") base.decode.replay_ms_per_gflop = 0;
+    const CapacityPlan plan = PlanCapacity(
+        requests, base,
+        {.ttft_p99_ms = o.ttft_p99_ms, .itl_p99_ms = o.itl_p99_ms, .max_nodes = o.max_nodes});
+    for (const CapacityPoint& p : plan.explored) explored.push_back({shape, p});
+    if (!plan.best) continue;
+    const ShapedPoint candidate{shape, *plan.best};
+    auto key = [](const ShapedPoint& s) {
+      return std::make_tuple(s.point.prefill_nodes + s.point.decode_nodes,
+                             s.shape.block_cache_bytes, s.point.ttft_p99_ms);
+    };
+    if (!best || key(candidate) < key(*best)) best = candidate;
+  }
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (o.json) {
-    nlohmann::json explored = nlohmann::json::array();
-    for (const CapacityPoint& p : plan.explored) explored.push_back(PointJson(p));
+    nlohmann::json points = nlohmann::json::array();
+    for (const ShapedPoint& p : explored) points.push_back(PointJson(p));
     std::cout << nlohmann::json{{"kind", "capacity"},
                                 {"requests", static_cast<int64_t>(requests.size())},
                                 {"ttft_p99_ms", o.ttft_p99_ms},
                                 {"itl_p99_ms", o.itl_p99_ms},
                                 {"policy", o.policy},
-                                {"best", plan.best ? PointJson(*plan.best) : nullptr},
-                                {"explored", std::move(explored)},
+                                {"best", best ? PointJson(*best) : nullptr},
+                                {"explored", std::move(points)},
                                 {"seconds", seconds}}
                      .dump()
               << "\n";
   } else {
-    std::cout << absl::StrFormat("%8s %7s %10s %10s %9s %9s %8s %6s\n", "prefill", "decode",
-                                 "ttft_p50", "ttft_p99", "itl_p50", "itl_p99", "req/s", "meets");
-    for (const CapacityPoint& p : plan.explored) {
-      std::cout << absl::StrFormat("%8d %7d %10.1f %10.1f %9.1f %9.1f %8.2f %6s\n", p.prefill_nodes,
-                                   p.decode_nodes, p.ttft_p50_ms, p.ttft_p99_ms, p.itl_p50_ms,
-                                   p.itl_p99_ms, p.requests_per_s, p.meets ? "yes" : "no");
+    std::cout << absl::StrFormat("%16s %14s %12s %8s %7s %10s %10s %9s %9s %8s %6s\n", "split",
+                                 "policy", "cache", "prefill", "decode", "ttft_p50", "ttft_p99",
+                                 "itl_p50", "itl_p99", "req/s", "meets");
+    for (const ShapedPoint& shaped : explored) {
+      const CapacityPoint& p = shaped.point;
+      std::cout << absl::StrFormat("%16s %14s %12d %8d %7d %10.1f %10.1f %9.1f %9.1f %8.2f %6s\n",
+                                   shaped.shape.split, shaped.shape.policy,
+                                   shaped.shape.block_cache_bytes, p.prefill_nodes, p.decode_nodes,
+                                   p.ttft_p50_ms, p.ttft_p99_ms, p.itl_p50_ms, p.itl_p99_ms,
+                                   p.requests_per_s, p.meets ? "yes" : "no");
     }
-    if (plan.best) {
+    if (best) {
       std::cout << absl::StrFormat(
-          "cheapest: %d prefill + %d decode nodes (TTFT p99 %.1f ms <= %.1f, ITL p99 %.1f ms)"
-          "; %zu requests, %zu points in %.1f s\n",
-          plan.best->prefill_nodes, plan.best->decode_nodes, plan.best->ttft_p99_ms, o.ttft_p99_ms,
-          plan.best->itl_p99_ms, requests.size(), plan.explored.size(), seconds);
+          "cheapest: %d prefill + %d decode nodes, %s, %s, block cache %d bytes (TTFT p99 %.1f "
+          "ms <= %.1f, ITL p99 %.1f ms); %zu requests, %zu points in %.1f s\n",
+          best->point.prefill_nodes, best->point.decode_nodes, best->shape.split,
+          best->shape.policy, best->shape.block_cache_bytes, best->point.ttft_p99_ms, o.ttft_p99_ms,
+          best->point.itl_p99_ms, requests.size(), explored.size(), seconds);
     } else {
       std::cout << absl::StrFormat(
           "none: even %d prefill and %d decode nodes miss the targets (see the last row)\n",
           o.max_nodes, o.max_nodes);
     }
   }
-  return plan.best ? kExitOk : kExitFailure;
+  return best ? kExitOk : kExitFailure;
 }
 
 }  // namespace
@@ -183,13 +256,19 @@ Command AddCapacityCommand(CLI::App& app) {
                       "The most nodes of each role to consider (default 64, at most 1024)");
   command->add_option("--policy", o->policy,
                       "The router's --prefill-policy (least-loaded, longest-prefix, "
-                      "predicted-ttft; default predicted-ttft)");
+                      "predicted-ttft; default predicted-ttft), or several comma-separated: "
+                      "each is searched and the cheapest answer wins");
   command->add_option("--prefill-slots", o->prefill_slots,
                       "The router's --prefill-slots (default 2)");
   command->add_option("--decode-slots", o->decode_slots, "Each decode node's --slots (default 64)");
   command->add_option("--block-cache-bytes", o->block_cache_bytes,
                       "Each prefill node's local block cache, as `batonctl simulate` takes it "
-                      "(default 0: none)");
+                      "(default 0: none); several comma-separated are each searched, and of "
+                      "equally many nodes the smallest cache wins");
+  command->add_option("--split", o->split,
+                      "prefill-all, replay-on-decode, or both comma-separated (each searched); "
+                      "replay-on-decode needs --decode-rates replay_ms_per_gflop=.. (default: "
+                      "replay-on-decode when that is given, else prefill-all)");
   command->add_option("--rates", o->rates,
                       "The prefill nodes' rates, as `batonctl simulate --rates`");
   command->add_option("--decode-rates", o->decode_rates,

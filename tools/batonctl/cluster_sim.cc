@@ -9,6 +9,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "baton/kvstore/chain.h"
 #include "baton/kvstore/fleet.h"
@@ -52,9 +53,9 @@ struct DecodeNode {
   double busy_ms = 0;
 };
 
-// At equal times a prefill ends first, then a decode step, then a request arrives: what frees
-// a slot is seen before what waits for one.
-enum EventKind { kPrefillEnds = 0, kStepEnds = 1, kArrives = 2 };
+// At equal times a prefill ends first, then a replay on the decode node, then a decode step,
+// then a request arrives: what frees a slot is seen before what waits for one.
+enum EventKind { kPrefillEnds = 0, kReplayEnds = 1, kStepEnds = 2, kArrives = 3 };
 struct Event {
   double time = 0;
   int kind = kPrefillEnds;
@@ -120,6 +121,17 @@ absl::StatusOr<std::optional<uint64_t>> ParseBudget(absl::string_view item,
   return std::optional<uint64_t>(bytes);
 }
 
+absl::StatusOr<std::vector<std::optional<uint64_t>>> ParseBudgets(absl::string_view text,
+                                                                  absl::string_view flag) {
+  std::vector<std::optional<uint64_t>> budgets;
+  for (absl::string_view item : absl::StrSplit(text, ',')) {
+    absl::StatusOr<std::optional<uint64_t>> budget = ParseBudget(item, flag);
+    if (!budget.ok()) return budget.status();
+    budgets.push_back(*budget);
+  }
+  return budgets;
+}
+
 double NearestRank(std::vector<double> values, double q) {
   if (values.empty()) return 0;
   std::sort(values.begin(), values.end());
@@ -157,14 +169,16 @@ absl::StatusOr<DecodeRates> ParseDecodeRates(absl::string_view text) {
   for (absl::string_view item : absl::StrSplit(text, ',')) {
     const std::pair<absl::string_view, absl::string_view> kv = absl::StrSplit(item, '=');
     double value = 0;
-    double* field = kv.first == "step_fixed_ms"     ? &rates.step_fixed_ms
-                    : kv.first == "step_per_row_ms" ? &rates.step_per_row_ms
-                    : kv.first == "tokens_per_step" ? &rates.tokens_per_step
-                                                    : nullptr;
+    double* field = kv.first == "step_fixed_ms"         ? &rates.step_fixed_ms
+                    : kv.first == "step_per_row_ms"     ? &rates.step_per_row_ms
+                    : kv.first == "tokens_per_step"     ? &rates.tokens_per_step
+                    : kv.first == "replay_ms_per_gflop" ? &rates.replay_ms_per_gflop
+                                                        : nullptr;
     if (field == nullptr) {
       return absl::InvalidArgumentError(
           absl::StrCat("--decode-rates: '", kv.first,
-                       "' is unknown; allowed: step_fixed_ms, step_per_row_ms, tokens_per_step"));
+                       "' is unknown; allowed: step_fixed_ms, step_per_row_ms, tokens_per_step, "
+                       "replay_ms_per_gflop"));
     }
     const double least = field == &rates.tokens_per_step ? 1 : 0;
     if (!absl::SimpleAtod(kv.second, &value) || !std::isfinite(value) || value < least ||
@@ -203,8 +217,61 @@ absl::StatusOr<kvstore::PrefillRates> ParseRates(absl::string_view text) {
   return rates;
 }
 
+MeasuredRates MeanRates(const v1::ListRatesResponse& reply, absl::string_view model) {
+  MeasuredRates measured;
+  // name -> (sum, count) over the nodes that measured it, in the order the flags list them.
+  std::vector<std::pair<std::string, std::pair<double, int64_t>>> prefill = {
+      {"compute_ms_per_gflop", {}},
+      {"local_ms_per_mib", {}},
+      {"store_ms_per_mib", {}},
+      {"fixed_ms", {}}};
+  std::vector<std::pair<std::string, std::pair<double, int64_t>>> decode = {
+      {"step_fixed_ms", {}},
+      {"step_per_row_ms", {}},
+      {"tokens_per_step", {}},
+      {"replay_ms_per_gflop", {}}};
+  auto add = [](std::pair<double, int64_t>& sum, double value) {
+    if (value > 0 && std::isfinite(value)) {
+      sum.first += value;
+      ++sum.second;
+    }
+  };
+  for (const v1::NodeRates& node : reply.nodes()) {
+    if (!model.empty() && node.model() != model) continue;
+    if (node.role() == "prefill") {
+      ++measured.prefill_nodes;
+      measured.replay_on_decode |= node.producers_only();
+      const v1::PrefillRates& r = node.prefill();
+      const double values[4] = {r.compute_ms_per_gflop(), r.local_ms_per_mib(),
+                                r.store_ms_per_mib(), r.fixed_ms()};
+      for (size_t i = 0; i < 4; ++i) add(prefill[i].second, values[i]);
+    } else if (node.role() == "decode") {
+      ++measured.decode_nodes;
+      const v1::DecodeRates& r = node.decode();
+      const double values[4] = {r.step_fixed_ms(), r.step_per_row_ms(), r.tokens_per_step(),
+                                r.replay_ms_per_gflop()};
+      for (size_t i = 0; i < 4; ++i) add(decode[i].second, values[i]);
+    }
+  }
+  auto join = [](const auto& sums) {
+    std::vector<std::string> items;
+    for (const auto& [name, sum] : sums) {
+      if (sum.second > 0) {
+        items.push_back(absl::StrCat(name, "=", sum.first / static_cast<double>(sum.second)));
+      }
+    }
+    return absl::StrJoin(items, ",");
+  };
+  measured.rates = join(prefill);
+  measured.decode_rates = join(decode);
+  return measured;
+}
+
 ClusterResult SimulateCluster(const std::vector<ClusterRequest>& requests,
-                              const ClusterOptions& o) {
+                              const ClusterOptions& given) {
+  // Replay-on-decode prices the replay at the decode node's rate, as the router does.
+  ClusterOptions o = given;
+  o.rates.replay_ms_per_gflop = o.decode.replay_ms_per_gflop;
   ClusterResult result;
   result.ttft_ms.assign(requests.size(), 0);
   result.requests_per_node.assign(static_cast<size_t>(o.prefill_nodes), 0);
@@ -218,6 +285,7 @@ ClusterResult SimulateCluster(const std::vector<ClusterRequest>& requests,
   std::vector<size_t> node_of(requests.size());
   std::vector<double> service_of(requests.size());
   std::vector<int64_t> hit_of(requests.size());
+  std::vector<double> replay_of(requests.size(), 0);  // ms on the decode node, replay-on-decode
   // The store fleet's node names, as `baton up` gives them.
   for (int64_t n = 0; n < std::max<int64_t>(1, o.store_nodes); ++n) {
     result.store_ids.push_back(n == 0 ? std::string("kvstore") : absl::StrCat("kvstore-", n));
@@ -254,6 +322,20 @@ ClusterResult SimulateCluster(const std::vector<ClusterRequest>& requests,
                           static_cast<double>(request.output_len - 1);
     }
     --decoders[decoder_of[r]].held;
+  };
+  // Request `r` has its first token now (its prefill's end, or its replay's on the decode
+  // node): the rest come from its decode node.
+  auto first_token = [&](size_t r, double now) {
+    if (!with_decode) return;
+    generated[r] = 1;
+    last_token_ms[r] = now;
+    DecodeNode& decoder = decoders[decoder_of[r]];
+    if (requests[r].output_len <= 1) {
+      finish(r, now);
+    } else {
+      decoder.joining.push_back(r);
+      if (!decoder.stepping) step(decoder_of[r], now);
+    }
   };
   if (with_decode) {
     result.e2e_ms.assign(requests.size(), 0);
@@ -343,7 +425,8 @@ ClusterResult SimulateCluster(const std::vector<ClusterRequest>& requests,
       if (o.block_cache_bytes > 0) put(node.cache, request.chain, kept, o.block_cache_bytes);
       result.local_hit_tokens += chosen_hit.local_blocks * B;
       result.store_hit_tokens += (h - chosen_hit.local_blocks) * B;
-      const double service = placement.plan.cost.service_ms();
+      // The prefill node's own part; a replay on the decode node follows it.
+      const double service = placement.plan.cost.node_ms();
       const double end = std::max(now, node.busy_until) + service;
       node.busy_until = end;
       node.pending_ms += service;
@@ -351,8 +434,9 @@ ClusterResult SimulateCluster(const std::vector<ClusterRequest>& requests,
       node_of[r] = chosen;
       service_of[r] = service;
       hit_of[r] = h;
+      replay_of[r] = placement.plan.cost.replay_elsewhere ? placement.plan.cost.replay_ms : 0;
       ++result.requests_per_node[chosen];
-      result.ttft_ms[r] = end - request.arrival_ms;
+      result.ttft_ms[r] = end + replay_of[r] - request.arrival_ms;
       if (with_decode) {
         ++decoders[decoder].held;
         ++result.requests_per_decode_node[decoder];
@@ -400,6 +484,12 @@ ClusterResult SimulateCluster(const std::vector<ClusterRequest>& requests,
       dispatch(event.time);
       continue;
     }
+    if (event.kind == kReplayEnds) {
+      last_end = std::max(last_end, event.time);
+      first_token(event.request, event.time);
+      dispatch(event.time);
+      continue;
+    }
     const ClusterRequest& request = requests[event.request];
     if (event.kind == kArrives) {
       first_arrival = std::min(first_arrival, event.time);
@@ -423,18 +513,10 @@ ClusterResult SimulateCluster(const std::vector<ClusterRequest>& requests,
         }
       }
       last_end = std::max(last_end, event.time);
-      if (with_decode) {
-        // The first token came with the prefill; the rest come from the decode node.
-        const size_t r = event.request;
-        generated[r] = 1;
-        last_token_ms[r] = event.time;
-        DecodeNode& decoder = decoders[decoder_of[r]];
-        if (request.output_len <= 1) {
-          finish(r, event.time);
-        } else {
-          decoder.joining.push_back(r);
-          if (!decoder.stepping) step(decoder_of[r], event.time);
-        }
+      if (replay_of[event.request] > 0) {
+        events.push({event.time + replay_of[event.request], kReplayEnds, event.request});
+      } else {
+        first_token(event.request, event.time);
       }
       if (o.record_steps) {
         result.steps.push_back({.kind = ClusterStep::kEnded,

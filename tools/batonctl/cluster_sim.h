@@ -25,9 +25,13 @@
 // comes from the prefill), freeing its slot. Each token's gap is its ITL sample, the way
 // `batonctl replay` measures it (a step's tokens share its gap).
 //
+// Replay-on-decode (DecodeRates::replay_ms_per_gflop > 0): a request's replay is priced at the
+// decode node's measured rate and runs after its prefill, before it joins its decode node's
+// batch; the prefill node's slot is free from the prefill's end.
+//
 // What it leaves out: contention between nodes sharing cores (the measured rates fold in what
-// a real run had of it), and replay rows on the decode node (replay-on-decode prices them in
-// the prefill's cost).
+// a real run had of it), and the replay rows' share of the decode node's steps (its measured
+// replay rate folds in the batch it ran beside).
 //
 // Pure; safe from any thread.
 #pragma once
@@ -43,6 +47,7 @@
 #include "baton/kvstore/hit_policy.h"
 #include "baton/kvstore/prefill_placement.h"
 #include "baton/kvstore/ttft_model.h"
+#include "baton/v1/generation.pb.h"
 #include "trace.h"
 
 namespace baton::tools {
@@ -50,6 +55,9 @@ namespace baton::tools {
 // "unlimited" or 0 (none: nullopt), or a byte count with an optional unit: K, M, G, T and
 // KiB..TiB are powers of 1024, KB..TB powers of 1000. The error names `flag`.
 absl::StatusOr<std::optional<uint64_t>> ParseBudget(absl::string_view item, absl::string_view flag);
+// A comma-separated list of ParseBudget's sizes.
+absl::StatusOr<std::vector<std::optional<uint64_t>>> ParseBudgets(absl::string_view text,
+                                                                  absl::string_view flag);
 // Nearest-rank percentile q in [0, 100] (0 when empty), as `batonctl replay` reports them.
 double NearestRank(std::vector<double> values, double q);
 
@@ -69,15 +77,32 @@ struct ClusterRequest {
 };
 
 // A decode step's time by its rows, as a decode node fits it (baton_decode_step_cost_ms), and
-// the tokens a request gains per step.
+// the tokens a request gains per step; with replay-on-decode, the decode node's replay rate.
 struct DecodeRates {
   double step_fixed_ms = 20;
   double step_per_row_ms = 1;
   double tokens_per_step = 1;
+  // > 0: the cluster replays on decode (DESIGN section 6), at this measured rate
+  // (baton_decode_replay_ms_per_gflop): a request's replay is priced at it, as the router
+  // prices it, and runs on its decode node after the prefill, not in the prefill node's slot.
+  double replay_ms_per_gflop = 0;
 };
-// "name=value,..." over the DecodeRates fields; each finite, step times >= 0 and
-// tokens_per_step >= 1. Names --decode-rates in its errors.
+// "name=value,..." over the DecodeRates fields; each finite, step times and the replay rate
+// >= 0 and tokens_per_step >= 1. Names --decode-rates in its errors.
 absl::StatusOr<DecodeRates> ParseDecodeRates(absl::string_view text);
+
+// The means of what a cluster's nodes measured, as the router's registry holds them
+// (Generation/ListRates): each rate over the nodes of `model` ("" : every model) that have
+// measured it, as `batonctl simulate --rates` and `--decode-rates` take them (a rate none has
+// measured is left out, so the simulator's default stands).
+struct MeasuredRates {
+  std::string rates;         // for --rates
+  std::string decode_rates;  // for --decode-rates
+  int64_t prefill_nodes = 0;
+  int64_t decode_nodes = 0;
+  bool replay_on_decode = false;  // a prefill node holds the producers only
+};
+MeasuredRates MeanRates(const v1::ListRatesResponse& reply, absl::string_view model);
 
 struct ClusterOptions {
   RoutePolicy policy = RoutePolicy::kPredictedTtft;

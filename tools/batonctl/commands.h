@@ -28,6 +28,7 @@ Command AddReportCommand(CLI::App& app);
 Command AddFetchModelCommand(CLI::App& app);
 Command AddModelsCommand(CLI::App& app);
 Command AddStoresCommand(CLI::App& app);
+Command AddRatesCommand(CLI::App& app);
 Command AddEvalCommand(CLI::App& app);
 Command AddHealthCommand(CLI::App& app);
 Command AddCapacityCommand(CLI::App& app);

@@ -29,8 +29,8 @@ int main(int argc, char** argv) {
       AddPlanCommand(app),        AddMakeModelCommand(app), AddForwardCommand(app),
       AddGenerateCommand(app),    AddReplayCommand(app),    AddSimulateCommand(app),
       AddApproxErrorCommand(app), AddReportCommand(app),    AddFetchModelCommand(app),
-      AddModelsCommand(app),      AddStoresCommand(app),    AddEvalCommand(app),
-      AddHealthCommand(app),      AddCapacityCommand(app)};
+      AddModelsCommand(app),      AddStoresCommand(app),    AddRatesCommand(app),
+      AddEvalCommand(app),        AddHealthCommand(app),    AddCapacityCommand(app)};
   std::string names;
   bool known = false;
   for (const Command& command : commands) {

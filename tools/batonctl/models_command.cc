@@ -18,18 +18,14 @@ struct ModelsOptions {
 };
 
 int RunModels(const ModelsOptions& o) {
-  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = ClientChannel(o.client);
-  if (!channel.ok()) return ReportError("models", channel.status());
-  auto stub = v1::Generation::NewStub(*channel);
-  grpc::ClientContext context;
-  Authenticate(o.client, context);
-  context.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(o.timeout_ms));
   v1::ListModelsResponse reply;
-  const grpc::Status status = stub->ListModels(&context, v1::ListModelsRequest(), &reply);
-  if (!status.ok()) {
-    std::cerr << "batonctl models: error: " << status.error_message() << " (" << status.error_code()
-              << ")\n";
-    return kExitFailure;
+  if (const int failed = CallRouter(o.client, o.timeout_ms, "models",
+                                    [&](v1::Generation::Stub& stub, grpc::ClientContext& context) {
+                                      return stub.ListModels(&context, v1::ListModelsRequest(),
+                                                             &reply);
+                                    });
+      failed != kExitOk) {
+    return failed;
   }
   nlohmann::json models = nlohmann::json::array();
   for (const v1::ServedModel& model : reply.models()) {

@@ -164,17 +164,6 @@ absl::StatusOr<std::vector<HitCap>> ParseHitCaps(const std::string& text) {
   return caps;
 }
 
-absl::StatusOr<std::vector<std::optional<uint64_t>>> ParseBudgets(
-    const std::string& text, absl::string_view flag = "--store-budget") {
-  std::vector<std::optional<uint64_t>> budgets;
-  for (absl::string_view item : absl::StrSplit(text, ',')) {
-    absl::StatusOr<std::optional<uint64_t>> budget = ParseBudget(item, flag);
-    if (!budget.ok()) return budget.status();
-    budgets.push_back(*budget);
-  }
-  return budgets;
-}
-
 // Every setting of the sweep, in the documented loop order; checks K >= C for each.
 absl::StatusOr<std::vector<Setting>> BuildSettings(const SimulateOptions& o,
                                                    const ModelConfig* config) {
@@ -192,7 +181,8 @@ absl::StatusOr<std::vector<Setting>> BuildSettings(const SimulateOptions& o,
   if (!caps.ok()) return caps.status();
   std::vector<std::optional<uint64_t>> budgets = {std::nullopt};
   if (!o.store_budgets.empty()) {
-    absl::StatusOr<std::vector<std::optional<uint64_t>>> parsed = ParseBudgets(o.store_budgets);
+    absl::StatusOr<std::vector<std::optional<uint64_t>>> parsed =
+        ParseBudgets(o.store_budgets, "--store-budget");
     if (!parsed.ok()) return parsed.status();
     budgets = *std::move(parsed);
   }
@@ -805,7 +795,10 @@ Command AddSimulateCommand(CLI::App& app) {
   command->add_option("--decode-rates", o->decode_rates,
                       "A decode step's cost, name=value comma-separated (step_fixed_ms, "
                       "step_per_row_ms: a decode node's baton_decode_step_cost_ms; "
-                      "tokens_per_step: speculation's, >= 1), default 20, 1, 1");
+                      "tokens_per_step: speculation's, >= 1), default 20, 1, 1; and "
+                      "replay_ms_per_gflop (a decode node's baton_decode_replay_ms_per_gflop): "
+                      "the cluster replays on decode, at that rate (default 0: prefill-all). "
+                      "`batonctl rates --addr ROUTER` gives a running cluster's");
   command->add_option("--max-output-tokens", o->max_output_tokens,
                       "Cap each request's completion tokens, as `batonctl replay` does "
                       "(default 0: the trace's)");

@@ -18,18 +18,14 @@ struct StoresOptions {
 };
 
 int RunStores(const StoresOptions& o) {
-  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = ClientChannel(o.client);
-  if (!channel.ok()) return ReportError("stores", channel.status());
-  auto stub = v1::Generation::NewStub(*channel);
-  grpc::ClientContext context;
-  Authenticate(o.client, context);
-  context.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(o.timeout_ms));
   v1::ListStoresResponse reply;
-  const grpc::Status status = stub->ListStores(&context, v1::ListStoresRequest(), &reply);
-  if (!status.ok()) {
-    std::cerr << "batonctl stores: error: " << status.error_message() << " (" << status.error_code()
-              << ")\n";
-    return kExitFailure;
+  if (const int failed = CallRouter(o.client, o.timeout_ms, "stores",
+                                    [&](v1::Generation::Stub& stub, grpc::ClientContext& context) {
+                                      return stub.ListStores(&context, v1::ListStoresRequest(),
+                                                             &reply);
+                                    });
+      failed != kExitOk) {
+    return failed;
   }
   uint64_t values = 0;
   for (const v1::StoreStatus& store : reply.stores()) values += store.stats().block_kv_values();

@@ -199,6 +199,15 @@ class DecodeService final : public v1::DecodeNode::Service {
   // What decode steps and draft rounds cost here, for pricing drafts (the decode loop's own).
   DraftCosts costs_;
   int64_t cost_log_ = 0;               // steps, for a debug line of the costs every 256
+  // What the node reports of its costs (LoadReport.decode_rates): replay's time per GFLOP as
+  // moving sums weighted by the work, and the tokens a request gains per step (moving average).
+  double replay_ms_sum_ = 0;
+  double replay_gflop_sum_ = 0;
+  uint32_t replay_samples_ = 0;
+  double tokens_per_step_ = 0;
+  // The step-cost fit as last published by the decode loop (0 until fitted).
+  std::atomic<double> step_fixed_ms_{0};
+  std::atomic<double> step_per_row_ms_{0};
   std::atomic<bool> stepping_{false};  // the decode loop has a batch (the watchdog's "work")
   std::unique_ptr<Watchdog> watchdog_;
   std::unique_ptr<StreamWatch> idle_watch_;

@@ -43,6 +43,10 @@ struct PrefillRates {
   double local_ms_per_mib = 0;
   double store_ms_per_mib = 0;
   double fixed_ms = 0;
+  // Where the replay runs on another node (replay-on-decode: the decode nodes' measured
+  // DecodeRates.replay_ms_per_gflop), its rate; 0: the replay runs here, at compute_ms_per_gflop.
+  double replay_ms_per_gflop = 0;
+  bool replays_elsewhere() const { return replay_ms_per_gflop > 0; }
 };
 // Priors for a node that has measured nothing yet (the small preset on 2 cores, roughly): they
 // only order nodes until real rates arrive.
@@ -94,8 +98,11 @@ struct PrefillCost {
   double compute_ms = 0;
   double replay_ms = 0;
   double fixed_ms = 0;
+  bool replay_elsewhere = false;  // replay_ms is the decode node's (rates.replays_elsewhere())
   double total_ms() const { return queue_ms + load_ms + compute_ms + replay_ms + fixed_ms; }
   double service_ms() const { return total_ms() - queue_ms; }
+  // What the prefill node itself spends: its service, less a replay that runs elsewhere.
+  double node_ms() const { return service_ms() - (replay_elsewhere ? replay_ms : 0); }
 };
 // The predicted TTFT of `input`'s prompt with `hit` on a node of `rates` whose queue holds
 // `queue_ms` of work, for a model of `config` (its block size is input.block_size).

@@ -66,10 +66,6 @@ class CacheIndex {
   uint64_t resyncs() const;
 
  private:
-  // Chain keys are SHA-256 digests: their first 8 bytes are already uniformly distributed.
-  struct DigestHash {
-    size_t operator()(const Sha256Digest& key) const;
-  };
   // The nodes holding a key: each entry a node's slot << 2 with a bit per region it holds
   // (1: block KV, 2: producer SWA), so one table serves both regions.
   using Slots = absl::InlinedVector<uint32_t, 4>;
@@ -92,7 +88,9 @@ class CacheIndex {
 
   mutable std::mutex mutex_;
   std::map<std::string, NodeBlocks> nodes_;
-  absl::flat_hash_map<Sha256Digest, Slots, DigestHash> holders_;
+  // absl's seeded hash over all 32 bytes: the keys come from the nodes, and a node that sent
+  // keys alike in a few bytes must not make every probe of the table walk a long run.
+  absl::flat_hash_map<Sha256Digest, Slots> holders_;
   std::vector<const std::string*> slot_node_;  // a live slot's node_id; null: retired or free
   std::vector<uint32_t> retired_;              // slots whose entries may remain in holders_
   std::vector<uint32_t> free_;                 // slots with no entry anywhere

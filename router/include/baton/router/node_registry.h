@@ -178,6 +178,10 @@ class NodeRegistry {
     double pending_ms = 0;
     int64_t reported_queued = 0;  // the node's last heartbeat's queued_requests
     v1::PrefillRates rates;
+    // A node holding the producers only (replay-on-decode): its requests' replay runs on the
+    // decode node, at the mean rate the live decode nodes reported (0: none has, or replay
+    // runs here).
+    double replay_ms_per_gflop = 0;
   };
   struct PrefillChoice {
     int64_t live = 0;
@@ -214,6 +218,8 @@ class NodeRegistry {
   // The live store nodes that are not draining, by node_id: the prefix store's live set
   // (DESIGN section 5), the one set every placement of a request is computed over.
   std::vector<std::shared_ptr<RegisteredNode>> LiveStores() const;
+  // The live prefill and decode nodes, draining or not, by node_id (`batonctl rates`).
+  std::vector<std::shared_ptr<RegisteredNode>> LiveServingNodes() const;
   // Live nodes by role label ("prefill", "decode", "kvstore"), for baton_nodes.
   std::map<std::string, double> LiveByRole() const;
   // Live nodes by role, build and StateBlock format, for baton_router_nodes_by_version and

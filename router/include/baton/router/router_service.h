@@ -153,6 +153,8 @@ class RouterService final : public v1::Generation::Service, public v1::Registry:
   // that does not answer is listed with its error). API key as Generate.
   grpc::Status ListStores(grpc::ServerContext* context, const v1::ListStoresRequest* request,
                           v1::ListStoresResponse* reply) override;
+  grpc::Status ListRates(grpc::ServerContext* context, const v1::ListRatesRequest* request,
+                         v1::ListRatesResponse* reply) override;
 
   // Sets grpc.health.v1 for "" and "baton.v1.Generation" (through `health`, on every server of
   // the process) as nodes come and go, until StopHealth (which must come before the servers are
