@@ -5,7 +5,8 @@
 # CPU per heartbeat and per request, the cores the heartbeats take, the admission latency p50
 # and p99, and the memory of the nodes' cache indexes; each count twice in one run: with the
 # router's lookup (the chain walked once for every node) and with one lookup per open node (the
-# router's way before; LOOKUPS=holders to skip it).
+# router's way before; LOOKUPS=holders to skip it), and with BEFORE_BUILD_DIR=<an older build>
+# that build's bench too, in the same run.
 #
 #   [NODES=50,200,1000] [SECONDS_PER_COUNT=5] [BLOCKS_PER_NODE=4096] [LOOKUPS="holders per-node"]
 #   bench/run_registry_bench.sh
@@ -19,6 +20,12 @@ for lookup in ${LOOKUPS:-holders per-node}; do
     --seconds "${SECONDS_PER_COUNT:-5}" --blocks-per-node "${BLOCKS_PER_NODE:-4096}" \
     >>"$out" 2>/dev/null
 done
+# An older build in the same run: BEFORE_BUILD_DIR=<that build> (its own bench, its own index).
+if [[ -n "${BEFORE_BUILD_DIR:-}" ]]; then
+  "$BEFORE_BUILD_DIR/bench/baton_registry_bench" --nodes "${NODES:-50,200,1000}" \
+    --seconds "${SECONDS_PER_COUNT:-5}" --blocks-per-node "${BLOCKS_PER_NODE:-4096}" \
+    >>"$out" 2>/dev/null
+fi
 /usr/bin/python3 - "$out" "${SECONDS_PER_COUNT:-5}" <<'PY'
 import json, sys
 seconds = float(sys.argv[2])
@@ -26,7 +33,7 @@ print(f"{'lookup':>8s} {'nodes':>6s} {'hb/s':>7s} {'us/hb':>7s} {'hb cores':>8s}
       f"{'admit p50 ms':>12s} {'p99 ms':>8s} {'index MiB':>9s}")
 for line in open(sys.argv[1]):
     r = json.loads(line)
-    print(f"{r['lookup']:>8s} {r['nodes']:6d} {r['heartbeats'] / seconds:7.0f} {r['cpu_us_per_heartbeat']:7.1f} "
+    print(f"{r.get('lookup', 'before'):>8s} {r['nodes']:6d} {r['heartbeats'] / seconds:7.0f} {r['cpu_us_per_heartbeat']:7.1f} "
           f"{r['heartbeat_cpu_cores']:8.3f} {r['cpu_us_per_request']:8.1f} "
           f"{r['admit_ms_p50']:12.3f} {r['admit_ms_p99']:8.3f} "
           f"{r['rss_mib_nodes_and_indexes']:9.1f}"
