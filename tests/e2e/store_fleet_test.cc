@@ -12,6 +12,7 @@
 #include <fstream>
 #include <map>
 #include <random>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -50,15 +51,30 @@ class StoreFleetTest : public ::testing::Test {
   }
   // `baton up`'s flags for three store nodes, two owners per value, and no local block cache
   // (every hit is read from the store nodes). Its config file (written under `dir`) lets the
-  // router's lookups take 2 s and keeps nodes live for a minute without a heartbeat: on a
-  // loaded machine a healthy store node's probe is not taken for a failure, and a frozen one
-  // stays in the live set (probed, then skipped by the breaker) however long requests take.
+  // router's lookups take 2 s, keeps nodes live for a minute without a heartbeat, and gives a
+  // prefill node's store reads 2 s at least: on a loaded machine a healthy store node's probe
+  // is not taken for a failure, its reads are not cut at the hit's predicted compute time
+  // (measured on one cold prompt), and a frozen node stays in the live set (probed, then
+  // skipped by the breaker) however long requests take.
   static std::vector<std::string> FleetFlags(const std::filesystem::path& dir) {
     std::filesystem::create_directories(dir);
     const std::string config = (dir / "baton.yaml").string();
-    std::ofstream(config) << "router:\n  lookup-timeout-ms: 2000\n  node-expiry-ms: 60000\n";
+    std::ofstream(config) << "router:\n  lookup-timeout-ms: 2000\n  node-expiry-ms: 60000\n"
+                             "prefill:\n  store-read-min-ms: 2000\n";
     return {"--kvstore-nodes", "3",   "--kvstore-replication", "2", "--block-cache-bytes", "0",
             "--config",        config};
+  }
+  // The lines of a log that are warnings or errors: why a request went cold.
+  static std::string Warnings(const std::string& log) {
+    std::string lines;
+    std::istringstream in(log);
+    for (std::string line; std::getline(in, line);) {
+      if (line.find(" warning ") != std::string::npos ||
+          line.find(" error ") != std::string::npos) {
+        lines += line + "\n";
+      }
+    }
+    return lines;
   }
   static double RouterSample(const BatonUp& up, const std::string& name) {
     return Sample(Scrape(up.Address("router.metrics")), name, {}).value_or(-1);
@@ -129,7 +145,9 @@ TEST_F(StoreFleetTest, HitsSpreadOverTheOwnersAndSurviveAStoreNodeLost) {
   ASSERT_EQ(kill(frozen, SIGSTOP), 0);
   for (int i = 0; i < 4; ++i) {
     const Outcome during = run();
-    EXPECT_EQ(during.usage.cached_tokens(), cap) << "request " << i << " with kvstore-1 frozen";
+    EXPECT_EQ(during.usage.cached_tokens(), cap)
+        << "request " << i << " with kvstore-1 frozen; the cluster's warnings:\n"
+        << Warnings(up.log());
     EXPECT_EQ(during.tokens, forward);
   }
   EXPECT_GE(RouterSample(up, "baton_router_store_breaker_trips_total"), 1);
