@@ -147,7 +147,8 @@ TEST_F(StoreFleetTest, HitsSpreadOverTheOwnersAndSurviveAStoreNodeLost) {
     const Outcome during = run();
     EXPECT_EQ(during.usage.cached_tokens(), cap)
         << "request " << i << " with kvstore-1 frozen; the cluster's warnings:\n"
-        << Warnings(up.log());
+        << Warnings(up.log()) << "its log's last lines:\n"
+        << up.log().substr(up.log().size() > 20000 ? up.log().size() - 20000 : 0);
     EXPECT_EQ(during.tokens, forward);
   }
   EXPECT_GE(RouterSample(up, "baton_router_store_breaker_trips_total"), 1);
