@@ -195,11 +195,17 @@ TEST_F(SplitClusterTest, TheDecodeNodesReplayRateReachesTheRouterAndBatonctlRate
         const Result listed = RunBatonctl("rates --addr " + addr);
         if (listed.exit_status != 0) return ::testing::AssertionFailure() << listed.err;
         rates = nlohmann::json::parse(listed.out);
+        // Each side's rates ride its own heartbeats: wait for both.
+        bool replay_measured = false;
+        bool compute_measured = false;
         for (const nlohmann::json& node : rates["nodes"]) {
-          if (node["role"] == "decode" && node["replay_samples"].get<int64_t>() >= 4) {
-            return ::testing::AssertionSuccess();
+          if (node["role"] == "decode") {
+            replay_measured |= node["replay_samples"].get<int64_t>() >= 4;
+          } else {
+            compute_measured |= node["compute_ms_per_gflop"].get<double>() > 0;
           }
         }
+        if (replay_measured && compute_measured) return ::testing::AssertionSuccess();
         return ::testing::AssertionFailure() << listed.out;
       },
       std::chrono::seconds(30), std::chrono::milliseconds(200)));
