@@ -194,7 +194,7 @@ nlohmann::json RunOne(int64_t nodes, const Options& o) {
       ask.tiers = [&](const router::RegisteredNode& node) {
         return kvstore::TierLookups{
             .local = per_node ? registry.cache_index().Lookup(node.id(), chain)
-                              : local.On(registry.cache_index(), chain, node.id())};
+                              : local.On(registry.cache_index(), chain, node.id(), node.id_hash)};
       };
       grpc::ServerContext context;
       router::StreamHold hold;

@@ -24,16 +24,17 @@ done
 if [[ -n "${BEFORE_BUILD_DIR:-}" ]]; then
   "$BEFORE_BUILD_DIR/bench/baton_registry_bench" --nodes "${NODES:-50,200,1000}" \
     --seconds "${SECONDS_PER_COUNT:-5}" --blocks-per-node "${BLOCKS_PER_NODE:-4096}" \
-    >>"$out" 2>/dev/null
+    2>/dev/null | sed 's/^{/{"build":"before",/' >>"$out"
 fi
 /usr/bin/python3 - "$out" "${SECONDS_PER_COUNT:-5}" <<'PY'
 import json, sys
 seconds = float(sys.argv[2])
-print(f"{'lookup':>8s} {'nodes':>6s} {'hb/s':>7s} {'us/hb':>7s} {'hb cores':>8s} {'us/req':>8s} "
+print(f"{'build, lookup':>16s} {'nodes':>6s} {'hb/s':>7s} {'us/hb':>7s} {'hb cores':>8s} {'us/req':>8s} "
       f"{'admit p50 ms':>12s} {'p99 ms':>8s} {'index MiB':>9s}")
 for line in open(sys.argv[1]):
     r = json.loads(line)
-    print(f"{r.get('lookup', 'before'):>8s} {r['nodes']:6d} {r['heartbeats'] / seconds:7.0f} {r['cpu_us_per_heartbeat']:7.1f} "
+    label = r.get('build', 'this') + ', ' + r.get('lookup', '')
+    print(f"{label:>16s} {r['nodes']:6d} {r['heartbeats'] / seconds:7.0f} {r['cpu_us_per_heartbeat']:7.1f} "
           f"{r['heartbeat_cpu_cores']:8.3f} {r['cpu_us_per_request']:8.1f} "
           f"{r['admit_ms_p50']:12.3f} {r['admit_ms_p99']:8.3f} "
           f"{r['rss_mib_nodes_and_indexes']:9.1f}"

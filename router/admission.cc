@@ -22,7 +22,7 @@ constexpr std::chrono::milliseconds kCancelCheck{100};
 constexpr int64_t kUnbounded = std::numeric_limits<int64_t>::max() / 2;
 
 kvstore::PrefillRates RatesFor(const NodeRegistry::PrefillCandidate& candidate) {
-  kvstore::PrefillRates rates = kvstore::RatesOrDefaults(candidate.rates);
+  kvstore::PrefillRates rates = candidate.rates;
   rates.replay_ms_per_gflop = candidate.replay_ms_per_gflop;
   return rates;
 }

@@ -321,10 +321,17 @@ kvstore::HitPolicyInput GenerateCall::HitInput() const {
 }
 
 kvstore::TierLookups GenerateCall::TiersOn(const RegisteredNode& node) {
-  ViewFor(node.info.model_fingerprint(), /*look_up_store=*/false);
-  PrefixView& view = views_.at(node.info.model_fingerprint());
-  return {.local = view.local.On(router_.registry.cache_index(), view.keys, node.id()),
-          .store = view.store};
+  // A placement asks this of every open node, nearly all of one fingerprint: the last view
+  // found is asked first.
+  const std::string& fingerprint = node.info.model_fingerprint();
+  if (last_view_ == nullptr || last_view_->first != fingerprint) {
+    ViewFor(fingerprint, /*look_up_store=*/false);
+    last_view_ = &*views_.find(fingerprint);
+  }
+  PrefixView& view = last_view_->second;
+  return {
+      .local = view.local.On(router_.registry.cache_index(), view.keys, node.id(), node.id_hash),
+      .store = view.store};
 }
 
 kvstore::TieredHit GenerateCall::HitOn(const RegisteredNode& node) {

@@ -164,6 +164,7 @@ class GenerateCall {
   std::string fingerprint_;
   std::map<AttemptFailure, int> retries_;
   std::map<std::string, PrefixView> views_;  // by fingerprint
+  std::pair<const std::string, PrefixView>* last_view_ = nullptr;  // TiersOn's last
   std::optional<StoreSet> stores_;
   // The store nodes the prefill is sent when the lookup found some silent (ProbeOwners).
   std::optional<v1::StoreFleet> prefill_fleet_;

@@ -359,6 +359,9 @@ void NodeRegistry::UpdateLocked(const std::string& identity, const std::string& 
     // registration carries its whole snapshot.
     node->info.clear_cache_events();
     node->pairing_key = PairingKey(request);
+    node->id_hash = ChainHolders::IdHash(request.node_id());
+    node->producers_only = request.held_layers() == v1::HELD_LAYERS_PRODUCERS;
+    node->NoteLoad(request.load());
     node->draining = request.draining();
     log::Info("node registered",
               {{"node", request.node_id()},
@@ -367,6 +370,7 @@ void NodeRegistry::UpdateLocked(const std::string& identity, const std::string& 
                {"message", absl::StrCat("node ", request.node_id(), " registered")}});
   } else {
     *node->info.mutable_load() = request.load();
+    node->NoteLoad(request.load());
     node->pending_at_report_ms = node->pending_ms;
     node->info.set_weight_bytes(request.weight_bytes());
     node->info.set_build_version(request.build_version());
@@ -512,6 +516,39 @@ NodeLease NodeRegistry::Pick(v1::NodeRole role, const std::vector<std::string>& 
   return NodeLease(this, candidates[chosen]);
 }
 
+void RegisteredNode::NoteLoad(const v1::LoadReport& load) {
+  const v1::PrefillRates& r = load.rates();
+  reported = {.rates = {.compute_ms_per_gflop = r.compute_ms_per_gflop(),
+                        .local_ms_per_mib = r.local_ms_per_mib(),
+                        .store_ms_per_mib = r.store_ms_per_mib(),
+                        .fixed_ms = r.fixed_ms()},
+              .prefill_work_ms = load.prefill_work_ms(),
+              .queued_requests = load.queued_requests(),
+              .routers = load.routers(),
+              .replay_ms_per_gflop = load.decode_rates().replay_ms_per_gflop()};
+}
+
+uint32_t NodeRegistry::Roster::Intern(const std::string& text) {
+  return interned.try_emplace(text, static_cast<uint32_t>(interned.size())).first->second;
+}
+
+const NodeRegistry::Roster& NodeRegistry::RosterLocked() const {
+  if (roster_.version == roster_version_) return roster_;
+  roster_.prefill.clear();
+  roster_.decode.clear();
+  roster_.interned.clear();
+  for (const auto& [id, node] : nodes_) {
+    const v1::NodeRole role = node->info.role();
+    if (role != v1::NODE_ROLE_PREFILL && role != v1::NODE_ROLE_DECODE) continue;
+    (role == v1::NODE_ROLE_PREFILL ? roster_.prefill : roster_.decode)
+        .push_back({.node = node,
+                    .pairing = roster_.Intern(node->pairing_key),
+                    .fingerprint = roster_.Intern(node->info.model_fingerprint())});
+  }
+  roster_.version = roster_version_;
+  return roster_;
+}
+
 NodeRegistry::PrefillChoice NodeRegistry::ChoosePrefill(size_t model,
                                                         const std::string& fingerprint,
                                                         const std::vector<std::string>& exclude,
@@ -519,79 +556,85 @@ NodeRegistry::PrefillChoice NodeRegistry::ChoosePrefill(size_t model,
                                                         int64_t slots) const {
   std::lock_guard<std::mutex> lock(mutex_);
   const auto now = Clock::now();
+  const Roster& roster = RosterLocked();
   // The weights and formats a live decode node takes: a prefill node is of use only with a
   // partner.
-  if (decode_roster_version_ != roster_version_) {
-    decode_roster_.clear();
-    for (const auto& [id, node] : nodes_) {
-      if (node->info.role() == v1::NODE_ROLE_DECODE) decode_roster_.push_back(node);
-    }
-    decode_roster_version_ = roster_version_;
-  }
-  std::set<std::string> decodable;
+  std::vector<char> decodable(roster.interned.size(), 0);
   // Replay-on-decode replays on the decode node: priced at the mean of what the partners
   // measured (0, none measured: at the prefill node's compute rate).
   double replay_sum = 0;
   int replay_count = 0;
-  for (const std::shared_ptr<RegisteredNode>& node : decode_roster_) {
-    if (!node->draining && node->model == model && Live(*node, now) &&
-        !Contains(lost_decode, node->id())) {
-      decodable.insert(node->pairing_key);
-      if (const double rate = node->info.load().decode_rates().replay_ms_per_gflop(); rate > 0) {
+  for (const RosterEntry& entry : roster.decode) {
+    const RegisteredNode& node = *entry.node;
+    if (!node.draining && node.model == model && Live(node, now) &&
+        !Contains(lost_decode, node.id())) {
+      decodable[entry.pairing] = 1;
+      if (const double rate = node.reported.replay_ms_per_gflop; rate > 0) {
         replay_sum += rate;
         ++replay_count;
       }
     }
   }
   const double decode_replay_ms_per_gflop = replay_count > 0 ? replay_sum / replay_count : 0;
+  // The fingerprint asked for, as the roster numbers it (none: no node carries it).
+  std::optional<uint32_t> wanted;
+  if (!fingerprint.empty()) {
+    auto it = roster.interned.find(fingerprint);
+    wanted = it == roster.interned.end() ? ~uint32_t{0} : it->second;
+  }
   PrefillChoice choice;
   // A node that has measured nothing yet (just started) is priced like its peers: each rate
   // it lacks is the mean of the live nodes that have it (the cost model's priors only when
   // none has). One pass over the nodes gathers both.
   double sums[4] = {0, 0, 0, 0};
   int counts[4] = {0, 0, 0, 0};
-  for (const auto& [id, node] : nodes_) {
-    if (node->info.role() != v1::NODE_ROLE_PREFILL || node->model != model || !Live(*node, now)) {
-      continue;
+  const std::vector<RosterEntry>& prefill = roster.prefill;
+  for (size_t i = 0; i < prefill.size(); ++i) {
+    // The nodes lie apart in memory: the next few are fetched while this one is read.
+    if (i + 4 < prefill.size()) {
+      const char* ahead = reinterpret_cast<const char*>(prefill[i + 4].node.get());
+      __builtin_prefetch(ahead);
+      __builtin_prefetch(ahead + 64);
+      __builtin_prefetch(ahead + 127);  // its first fields span 120 bytes, aligned or not
     }
-    const v1::LoadReport& load = node->info.load();
-    const v1::PrefillRates& r = load.rates();
-    const double values[4] = {r.compute_ms_per_gflop(), r.local_ms_per_mib(), r.store_ms_per_mib(),
-                              r.fixed_ms()};
+    const RosterEntry& entry = prefill[i];
+    const RegisteredNode& node = *entry.node;
+    if (node.model != model || !Live(node, now)) continue;
+    const kvstore::PrefillRates& r = node.reported.rates;
+    const double values[4] = {r.compute_ms_per_gflop, r.local_ms_per_mib, r.store_ms_per_mib,
+                              r.fixed_ms};
     for (int i = 0; i < 4; ++i) {
       if (values[i] > 0 && std::isfinite(values[i])) {
         sums[i] += values[i];
         ++counts[i];
       }
     }
-    if (node->draining || (!fingerprint.empty() && node->info.model_fingerprint() != fingerprint) ||
-        !decodable.contains(node->pairing_key) || Contains(exclude, id)) {
+    if (node.draining || (wanted.has_value() && entry.fingerprint != *wanted) ||
+        !decodable[entry.pairing] || Contains(exclude, node.id())) {
       continue;
     }
     ++choice.live;
-    if (node->prefilling >= kvstore::RouterSlotShare(slots, load.routers())) continue;
+    if (node.prefilling >= kvstore::RouterSlotShare(slots, node.reported.routers)) continue;
     choice.open.push_back(
-        {.node = node,
-         .prefilling = node->prefilling,
-         .pending_ms = kvstore::QueueAhead(node->pending_ms, load.prefill_work_ms(),
-                                           node->pending_at_report_ms),
-         .reported_queued = load.queued_requests(),
+        {.node = entry.node,
+         .prefilling = node.prefilling,
+         .pending_ms = kvstore::QueueAhead(node.pending_ms, node.reported.prefill_work_ms,
+                                           node.pending_at_report_ms),
+         .reported_queued = node.reported.queued_requests,
          .rates = r,
-         .replay_ms_per_gflop = node->info.held_layers() == v1::HELD_LAYERS_PRODUCERS
-                                    ? decode_replay_ms_per_gflop
-                                    : 0});
+         .replay_ms_per_gflop = node.producers_only ? decode_replay_ms_per_gflop : 0});
   }
+  const kvstore::PrefillRates defaults = kvstore::DefaultPrefillRates();
+  const double fallback[4] = {defaults.compute_ms_per_gflop, defaults.local_ms_per_mib,
+                              defaults.store_ms_per_mib, defaults.fixed_ms};
   for (PrefillCandidate& candidate : choice.open) {
-    v1::PrefillRates& r = candidate.rates;
-    double values[4] = {r.compute_ms_per_gflop(), r.local_ms_per_mib(), r.store_ms_per_mib(),
-                        r.fixed_ms()};
+    kvstore::PrefillRates& r = candidate.rates;
+    double* values[4] = {&r.compute_ms_per_gflop, &r.local_ms_per_mib, &r.store_ms_per_mib,
+                         &r.fixed_ms};
     for (int i = 0; i < 4; ++i) {
-      if (!(values[i] > 0) && counts[i] > 0) values[i] = sums[i] / counts[i];
+      if (*values[i] > 0 && std::isfinite(*values[i])) continue;
+      *values[i] = counts[i] > 0 ? sums[i] / counts[i] : fallback[i];
     }
-    r.set_compute_ms_per_gflop(values[0]);
-    r.set_local_ms_per_mib(values[1]);
-    r.set_store_ms_per_mib(values[2]);
-    r.set_fixed_ms(values[3]);
   }
   return choice;
 }
@@ -623,10 +666,10 @@ int64_t NodeRegistry::DecodeSlots(size_t model) const {
   std::lock_guard<std::mutex> lock(mutex_);
   int64_t slots = 0;
   const auto now = Clock::now();
-  for (const auto& [id, node] : nodes_) {
-    if (node->info.role() == v1::NODE_ROLE_DECODE && !node->draining && node->model == model &&
-        Live(*node, now)) {
-      slots += node->info.load().total_slots();
+  for (const RosterEntry& entry : RosterLocked().decode) {
+    const RegisteredNode& node = *entry.node;
+    if (!node.draining && node.model == model && Live(node, now)) {
+      slots += node.info.load().total_slots();
     }
   }
   return slots;

@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <limits>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -324,6 +325,64 @@ TEST_F(NodeRegistryTest, ReplayOnDecodeIsPricedAtTheDecodeNodesReportedRate) {
     ASSERT_EQ(without_d2.open.size(), 1u);
     EXPECT_DOUBLE_EQ(without_d2.open[0].replay_ms_per_gflop, want > 0 ? 30 : 0);
   }
+}
+
+// A prefill choice takes the live prefill nodes a live decode node pairs with (the same
+// weights), of the fingerprint asked for and not excluded, and prices a rate a node has not
+// measured at the mean of its live peers' (the cost model's prior when none has one); a node
+// that registers again with other weights is a new node and is chosen by its new ones.
+TEST_F(NodeRegistryTest, AChoiceTakesPairedNodesAndFillsUnmeasuredRatesFromPeers) {
+  v1::RegisterRequest decode = Registration("d1");
+  decode.set_role(v1::NODE_ROLE_DECODE);
+  ASSERT_TRUE(Registry().RegisterFrom("spiffe://baton/decode", decode).ok());
+  auto prefill = [&](const std::string& id, const std::string& weights, double compute) {
+    v1::RegisterRequest request = Registration(id);
+    request.set_model_fingerprint(weights);
+    request.mutable_load()->mutable_rates()->set_compute_ms_per_gflop(compute);
+    return Registry().RegisterFrom(kPrefillRole, request);
+  };
+  ASSERT_TRUE(prefill("p1", "weights-a", 10).ok());
+  ASSERT_TRUE(prefill("p2", "weights-a", 30).ok());
+  ASSERT_TRUE(prefill("p3", "weights-a", 0).ok());   // measured nothing yet
+  ASSERT_TRUE(prefill("p4", "weights-b", 50).ok());  // no decode node takes weights-b
+  auto ids = [](const NodeRegistry::PrefillChoice& choice) {
+    std::map<std::string, double> compute;
+    for (const auto& candidate : choice.open) {
+      compute[candidate.node->id()] = candidate.rates.compute_ms_per_gflop;
+    }
+    return compute;
+  };
+  // p4 is unpaired, but it is live and measured: its rate counts in the peers' mean.
+  const double mean = (10 + 30 + 50) / 3.0;
+  EXPECT_EQ(ids(Registry().ChoosePrefill(0, "", {}, {}, 2)),
+            (std::map<std::string, double>{{"p1", 10}, {"p2", 30}, {"p3", mean}}));
+  EXPECT_EQ(ids(Registry().ChoosePrefill(0, "", {"p2"}, {}, 2)),
+            (std::map<std::string, double>{{"p1", 10}, {"p3", mean}}));
+  EXPECT_TRUE(Registry().ChoosePrefill(0, "weights-b", {}, {}, 2).open.empty());
+  EXPECT_TRUE(Registry().ChoosePrefill(0, "weights-c", {}, {}, 2).open.empty());
+  // A decode node of weights-b: p4 pairs, and is chosen when its fingerprint is asked for.
+  v1::RegisterRequest decode_b = Registration("d2");
+  decode_b.set_role(v1::NODE_ROLE_DECODE);
+  decode_b.set_model_fingerprint("weights-b");
+  ASSERT_TRUE(Registry().RegisterFrom("spiffe://baton/decode", decode_b).ok());
+  EXPECT_EQ(ids(Registry().ChoosePrefill(0, "weights-b", {}, {}, 2)),
+            (std::map<std::string, double>{{"p4", 50}}));
+  // The pairing decode node lost to this request: no weights-b partner is left.
+  EXPECT_TRUE(Registry().ChoosePrefill(0, "weights-b", {}, {"d2"}, 2).open.empty());
+  // p1 comes back with weights-b: a new node, counted under its new weights.
+  ASSERT_TRUE(prefill("p1", "weights-b", 20).ok());
+  EXPECT_EQ(ids(Registry().ChoosePrefill(0, "weights-b", {}, {}, 2)),
+            (std::map<std::string, double>{{"p1", 20}, {"p4", 50}}));
+  // No node has measured a rate: the prior.
+  registry_.reset();
+  ASSERT_TRUE(Registry().RegisterFrom("spiffe://baton/decode", decode).ok());
+  ASSERT_TRUE(prefill("p1", "weights-a", 0).ok());
+  const auto unmeasured = Registry().ChoosePrefill(0, "", {}, {}, 2);
+  ASSERT_EQ(unmeasured.open.size(), 1u);
+  EXPECT_DOUBLE_EQ(unmeasured.open[0].rates.compute_ms_per_gflop,
+                   kvstore::DefaultPrefillRates().compute_ms_per_gflop);
+  EXPECT_DOUBLE_EQ(unmeasured.open[0].rates.store_ms_per_mib,
+                   kvstore::DefaultPrefillRates().store_ms_per_mib);
 }
 
 }  // namespace

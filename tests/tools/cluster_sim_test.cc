@@ -3,9 +3,12 @@
 // again and again, shows what each policy does with them.
 #include "cluster_sim.h"
 
+#include <algorithm>
 #include <numeric>
+#include <random>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "baton/kvstore/chain.h"
 #include "baton/model/model_factory.h"
 #include "capacity.h"
@@ -97,6 +100,55 @@ TEST(ClusterSimTest, PricedRoutingKeepsEachPrefixOnTheNodeThatHoldsIt) {
   // Both nodes take work under every policy here.
   for (const ClusterResult* r : {&least, &longest, &priced}) {
     EXPECT_THAT(r->requests_per_node, ::testing::Each(::testing::Gt(0)));
+  }
+}
+
+// The simulator prices only the nodes that can win a placement (the holders of a request's
+// first block, the least loaded and the shortest queues); it chooses exactly as pricing every
+// open node does, here with many idle nodes tied at queue 0, bursts that fill nodes, caches
+// that hold some prefixes, and every policy.
+TEST(ClusterSimTest, PricingOnlyTheNodesThatCanWinChoosesAsPricingAll) {
+  std::mt19937_64 rng(7);
+  std::vector<ClusterRequest> workload;
+  double now = 0;
+  for (int i = 0; i < 400; ++i) {
+    // Bursts of arrivals at one time, then gaps; prompts of 1 to 20 blocks over 12 prefixes.
+    now += rng() % 4 == 0 ? static_cast<double>(rng() % 400) : 0;
+    const int64_t len = kB * static_cast<int64_t>(1 + rng() % 20);
+    std::vector<int32_t> tokens(static_cast<size_t>(len));
+    std::iota(tokens.begin(), tokens.end(), 1000 * static_cast<int32_t>(rng() % 12));
+    workload.push_back({.arrival_ms = now,
+                        .prompt_len = len,
+                        .chain = kvstore::ChainKeys("f", "", "", tokens, kB)});
+  }
+  for (const RoutePolicy policy :
+       {RoutePolicy::kLeastLoaded, RoutePolicy::kLongestPrefix, RoutePolicy::kPredictedTtft}) {
+    for (const int64_t nodes : {3, 40}) {
+      SCOPED_TRACE(absl::StrCat(kvstore::RoutingPolicyName(policy), ", ", nodes, " nodes"));
+      ClusterOptions o = Options(policy, uint64_t{3} << 20);
+      o.prefill_nodes = nodes;
+      o.record_steps = true;
+      ClusterOptions all = o;
+      all.exhaustive_placement = true;
+      const ClusterResult few = SimulateCluster(workload, o);
+      const ClusterResult every = SimulateCluster(workload, all);
+      ASSERT_EQ(few.steps.size(), every.steps.size());
+      for (size_t i = 0; i < few.steps.size(); ++i) {
+        ASSERT_EQ(few.steps[i].kind, every.steps[i].kind) << i;
+        ASSERT_EQ(few.steps[i].request, every.steps[i].request) << i;
+        ASSERT_EQ(few.steps[i].node, every.steps[i].node) << "step " << i;
+        ASSERT_EQ(few.steps[i].hit_blocks, every.steps[i].hit_blocks) << i;
+        ASSERT_EQ(few.steps[i].runner_up, every.steps[i].runner_up) << "step " << i;
+      }
+      EXPECT_EQ(few.ttft_ms, every.ttft_ms);
+      EXPECT_EQ(few.local_hit_tokens, every.local_hit_tokens);
+      // The workload exercises what the reduction relies on: local hits and more than one
+      // node taking requests.
+      EXPECT_GT(every.local_hit_tokens, 0);
+      EXPECT_GT(std::count_if(every.requests_per_node.begin(), every.requests_per_node.end(),
+                              [](int64_t n) { return n > 0; }),
+                1);
+    }
   }
 }
 

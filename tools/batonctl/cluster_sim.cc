@@ -4,8 +4,12 @@
 #include <cmath>
 #include <deque>
 #include <limits>
+#include <optional>
 #include <queue>
+#include <set>
+#include <tuple>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -40,6 +44,80 @@ struct Node {
   int64_t prefilling = 0;
   double pending_ms = 0;  // predicted service of the prefills in flight
   double busy_until = 0;  // one computes at a time
+};
+
+// The prefill nodes with a free slot, in the orders a placement can need them, so that one
+// over a thousand nodes looks at a few and chooses as it would over all (PlacePrefill: the
+// first in load order, fewest prefills then index, of the least rank; the runner-up likewise
+// among the others). Every node whose cache lacks a request's first block has no local hit and
+// the same rates (ClusterOptions::rates), so among those the rank is 0 (least-loaded), -0
+// (longest-prefix) or a non-decreasing function of the node's queue (predicted-ttft: a sum
+// with it), and ties fall to load order. So besides the nodes that hold the first block, the
+// choice and runner-up lie among: the first two others in load order; and for predicted-ttft,
+// in queue order, the first two of each queue until two are taken and every queue of the last
+// one's rank is in (Candidates). The first in load order is always among them, as
+// PlacePrefill's order needs.
+class OpenNodes {
+ public:
+  explicit OpenNodes(size_t nodes) : keys_(nodes) {}
+  // Node `n` now has `prefilling` prefills predicted at `pending_ms` in all.
+  void Update(size_t n, int64_t prefilling, double pending_ms, bool open) {
+    if (keys_[n].has_value()) {
+      by_queue_.erase(*keys_[n]);
+      by_load_.erase({std::get<1>(*keys_[n]), n});
+      keys_[n].reset();
+    }
+    if (!open) return;
+    keys_[n] = Key{pending_ms, prefilling, n};
+    by_queue_.insert(*keys_[n]);
+    by_load_.insert({prefilling, n});
+  }
+  bool empty() const { return by_load_.empty(); }
+  // The candidates in index order: `holders` (open ones whose cache holds the first block),
+  // and the others above; `rank(queue_ms)` is a non-holder's rank under predicted-ttft.
+  template <typename Rank>
+  void Candidates(const std::vector<size_t>& holders, bool by_queue, const Rank& rank,
+                  std::vector<size_t>& out) const {
+    out = holders;
+    auto held = [&](size_t n) {
+      return std::find(holders.begin(), holders.end(), n) != holders.end();
+    };
+    int need = by_queue ? 1 : 2;
+    for (const auto& [prefilling, n] : by_load_) {
+      if (held(n)) continue;
+      out.push_back(n);
+      if (--need == 0) break;
+    }
+    if (by_queue) {
+      // Of the nodes with one queue, in load order here, the first two are all that can be
+      // chosen or runner-up: the rest of them are skipped at once (idle nodes share queue 0).
+      size_t taken = 0;
+      double last = 0;
+      for (auto it = by_queue_.begin(); it != by_queue_.end();) {
+        const double queue_ms = std::get<0>(*it);
+        const double r = rank(queue_ms);
+        if (taken >= 2 && r != last) break;
+        int of_queue = 0;
+        for (; it != by_queue_.end() && std::get<0>(*it) == queue_ms && of_queue < 2; ++it) {
+          if (held(std::get<2>(*it))) continue;
+          out.push_back(std::get<2>(*it));
+          ++of_queue;
+        }
+        taken += static_cast<size_t>(of_queue);
+        if (of_queue > 0) last = r;
+        it = by_queue_.upper_bound(
+            Key{queue_ms, std::numeric_limits<int64_t>::max(), std::numeric_limits<size_t>::max()});
+      }
+    }
+    std::sort(out.begin(), out.end());
+    out.erase(std::unique(out.begin(), out.end()), out.end());
+  }
+
+ private:
+  using Key = std::tuple<double, int64_t, size_t>;  // queue, prefilling, index
+  std::set<Key> by_queue_;
+  std::set<std::pair<int64_t, size_t>> by_load_;  // prefilling, index
+  std::vector<std::optional<Key>> keys_;
 };
 
 // A decode node: its slots taken (from admission until the request's last token), the
@@ -343,9 +421,28 @@ ClusterResult SimulateCluster(const std::vector<ClusterRequest>& requests,
   }
   double first_arrival = std::numeric_limits<double>::max(), last_end = 0;
 
-  // `steps` of `chain` put in `index`: a value present is touched, a new one added.
+  // The prefill nodes whose cache holds a key's block KV (OpenNodes: the nodes a placement
+  // must price one by one).
+  absl::flat_hash_map<Sha256Digest, std::vector<size_t>> cached_by;
+  OpenNodes open_nodes(nodes.size());
+  for (size_t n = 0; n < nodes.size(); ++n) open_nodes.Update(n, 0, 0, o.slots > 0);
+  auto opened = [&](size_t n) {
+    open_nodes.Update(n, nodes[n].prefilling, nodes[n].pending_ms, nodes[n].prefilling < o.slots);
+  };
+
+  // `steps` of `chain` put in `index` (prefill node `cache_of`'s cache, or the store: -1): a
+  // value present is touched, a new one added.
   auto put = [&](kvstore::PrefixIndex& index, const std::vector<Sha256Digest>& chain,
-                 const std::vector<kvstore::WriteBackStep>& steps, uint64_t budget) {
+                 const std::vector<kvstore::WriteBackStep>& steps, uint64_t budget,
+                 int64_t cache_of) {
+    const kvstore::PrefixIndex::EvictFn evicted = [&](const Sha256Digest& key, Region region,
+                                                      uint64_t) {
+      if (cache_of < 0 || region != Region::kBlockKv) return;
+      auto it = cached_by.find(key);
+      if (it == cached_by.end()) return;
+      std::erase(it->second, static_cast<size_t>(cache_of));
+      if (it->second.empty()) cached_by.erase(it);
+    };
     for (const kvstore::WriteBackStep& step : steps) {
       const Sha256Digest& key = chain[step.block];
       if (index.Contains(key, step.region)) {
@@ -355,7 +452,10 @@ ClusterResult SimulateCluster(const std::vector<ClusterRequest>& requests,
       const std::optional<Sha256Digest> parent =
           step.parent >= 0 ? std::optional<Sha256Digest>(chain[step.parent]) : std::nullopt;
       index.Add(key, parent, step.region, step.region == Region::kBlockKv ? kv_value : swa_value);
-      index.EvictToBudget(budget, {});
+      if (cache_of >= 0 && step.region == Region::kBlockKv) {
+        cached_by[key].push_back(static_cast<size_t>(cache_of));
+      }
+      index.EvictToBudget(budget, evicted);
     }
   };
 
@@ -363,13 +463,39 @@ ClusterResult SimulateCluster(const std::vector<ClusterRequest>& requests,
     while (!waiting.empty()) {
       const size_t r = waiting.front();
       const ClusterRequest& request = requests[r];
+      if (open_nodes.empty()) return;
       const kvstore::ChainLookup in_store = Peek(store, request.chain);
-      // The nodes with a free slot, in index order, as the router's registry lists them.
+      kvstore::PlacementRequest place{
+          .policy = o.policy, .hit = o.hit, .payload = o.payload, .config = &o.config};
+      place.hit.prompt_len = request.prompt_len;
+      // The nodes with a free slot (or those of them that can be chosen), in index order, as
+      // the router's registry lists them.
       std::vector<size_t> open;
+      if (o.exhaustive_placement) {
+        for (size_t n = 0; n < nodes.size(); ++n) {
+          if (nodes[n].prefilling < o.slots) open.push_back(n);
+        }
+      } else {
+        std::vector<size_t> holders;
+        auto it = request.chain.empty() ? cached_by.end() : cached_by.find(request.chain.front());
+        if (it != cached_by.end()) {
+          for (size_t n : it->second) {
+            if (nodes[n].prefilling < o.slots) holders.push_back(n);
+          }
+        }
+        // A node without a local hit: what PlacePrefill plans there, but for its queue.
+        const kvstore::TieredHit no_local =
+            kvstore::PlanTieredHit(place.hit, {.local = {}, .store = in_store}, o.payload);
+        open_nodes.Candidates(
+            holders, o.policy == RoutePolicy::kPredictedTtft,
+            [&](double queue_ms) {
+              return kvstore::PredictPrefill(o.rates, queue_ms, place.hit, no_local, o.config)
+                  .total_ms();
+            },
+            open);
+      }
       std::vector<kvstore::PrefillNodeView> views;
-      for (size_t n = 0; n < nodes.size(); ++n) {
-        if (nodes[n].prefilling >= o.slots) continue;
-        open.push_back(n);
+      for (size_t n : open) {
         views.push_back(
             {.prefilling = nodes[n].prefilling,
              .reported_queued = std::max<int64_t>(0, nodes[n].prefilling - 1),
@@ -377,7 +503,6 @@ ClusterResult SimulateCluster(const std::vector<ClusterRequest>& requests,
              .rates = o.rates,
              .tiers = {.local = Peek(nodes[n].cache, request.chain), .store = in_store}});
       }
-      if (open.empty()) return;
       // A decode slot is reserved at admission: the least loaded decode node's (fewest
       // requests, then the lowest index).
       size_t decoder = 0;
@@ -387,9 +512,6 @@ ClusterResult SimulateCluster(const std::vector<ClusterRequest>& requests,
         }
         if (decoders[decoder].held >= o.decode_slots) return;
       }
-      kvstore::PlacementRequest place{
-          .policy = o.policy, .hit = o.hit, .payload = o.payload, .config = &o.config};
-      place.hit.prompt_len = request.prompt_len;
       const kvstore::Placement placement = kvstore::PlacePrefill(views, place);
       const size_t chosen = open[static_cast<size_t>(placement.chosen)];
       const kvstore::TieredHit& chosen_hit = placement.plan.hit;
@@ -422,7 +544,9 @@ ClusterResult SimulateCluster(const std::vector<ClusterRequest>& requests,
         result.store_ops[owner].read_bytes +=
             step.region == Region::kBlockKv ? o.payload.block_kv : o.payload.swa;
       }
-      if (o.block_cache_bytes > 0) put(node.cache, request.chain, kept, o.block_cache_bytes);
+      if (o.block_cache_bytes > 0) {
+        put(node.cache, request.chain, kept, o.block_cache_bytes, static_cast<int64_t>(chosen));
+      }
       result.local_hit_tokens += chosen_hit.local_blocks * B;
       result.store_hit_tokens += (h - chosen_hit.local_blocks) * B;
       // The prefill node's own part; a replay on the decode node follows it.
@@ -431,6 +555,7 @@ ClusterResult SimulateCluster(const std::vector<ClusterRequest>& requests,
       node.busy_until = end;
       node.pending_ms += service;
       ++node.prefilling;
+      opened(chosen);
       node_of[r] = chosen;
       service_of[r] = service;
       hit_of[r] = h;
@@ -443,11 +568,16 @@ ClusterResult SimulateCluster(const std::vector<ClusterRequest>& requests,
         decoder_of[r] = decoder;
       }
       if (o.record_steps) {
-        result.steps.push_back({.kind = ClusterStep::kPlaced,
-                                .request = r,
-                                .node = static_cast<int64_t>(chosen),
-                                .hit_blocks = h,
-                                .store = in_store});
+        result.steps.push_back(
+            {.kind = ClusterStep::kPlaced,
+             .request = r,
+             .node = static_cast<int64_t>(chosen),
+             .hit_blocks = h,
+             .store = in_store,
+             .runner_up =
+                 placement.runner_up < 0
+                     ? -1
+                     : static_cast<int64_t>(open[static_cast<size_t>(placement.runner_up)])});
       }
       events.push({end, kPrefillEnds, r});
     }
@@ -500,10 +630,14 @@ ClusterResult SimulateCluster(const std::vector<ClusterRequest>& requests,
       --node.prefilling;
       node.pending_ms =
           node.prefilling == 0 ? 0 : std::max(0.0, node.pending_ms - service_of[event.request]);
+      opened(node_of[event.request]);
       const std::vector<kvstore::WriteBackStep> computed = kvstore::WriteBackSteps(
           hit_of[event.request], static_cast<int64_t>(request.chain.size()));
-      if (o.block_cache_bytes > 0) put(node.cache, request.chain, computed, o.block_cache_bytes);
-      put(store, request.chain, computed, o.store_budget.value_or(unlimited));
+      if (o.block_cache_bytes > 0) {
+        put(node.cache, request.chain, computed, o.block_cache_bytes,
+            static_cast<int64_t>(node_of[event.request]));
+      }
+      put(store, request.chain, computed, o.store_budget.value_or(unlimited), -1);
       for (const kvstore::WriteBackStep& step : computed) {
         for (size_t owner :
              kvstore::Owners(request.chain[step.block], result.store_ids, replication)) {

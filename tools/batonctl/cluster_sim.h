@@ -115,6 +115,10 @@ struct ClusterOptions {
   ModelConfig config;                    // the model's shapes (the work of each prefill)
   kvstore::PrefillRates rates = kvstore::DefaultPrefillRates();
   bool record_steps = false;  // ClusterResult::steps
+  // Every open node's view goes to the placement, as the router gives it (tests); otherwise
+  // only those that can be its choice or runner-up (cluster_sim.cc, OpenNodes), which choose
+  // the same.
+  bool exhaustive_placement = false;
   // The prefix store as a fleet (DESIGN section 5): its nodes, named as `baton up` names them
   // (kvstore, kvstore-1, ...), and each value's owners (kvstore/placement.h).
   int64_t store_nodes = 1;
@@ -145,6 +149,7 @@ struct ClusterStep {
   int64_t node = 0;
   int64_t hit_blocks = 0;
   kvstore::ChainLookup store;  // kPlaced
+  int64_t runner_up = -1;      // kPlaced: the placement's runner-up node (-1: none)
 };
 
 struct ClusterResult {

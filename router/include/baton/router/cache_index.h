@@ -14,6 +14,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -105,10 +106,18 @@ class CacheIndex {
 class ChainHolders {
  public:
   kvstore::ChainLookup On(const CacheIndex& index, std::span<const Sha256Digest> chain,
-                          const std::string& node_id);
+                          const std::string& node_id) {
+    return On(index, chain, node_id, IdHash(node_id));
+  }
+  // The same with `node_id`'s IdHash given: a node that holds nothing of the chain (nearly
+  // all of a thousand) is answered from the hash alone, without reading its id.
+  kvstore::ChainLookup On(const CacheIndex& index, std::span<const Sha256Digest> chain,
+                          const std::string& node_id, size_t id_hash);
+  static size_t IdHash(const std::string& node_id) { return std::hash<std::string>{}(node_id); }
 
  private:
   CacheIndex::Holders held_;
+  std::vector<size_t> held_hashes_;  // IdHash of held_'s node_ids, sorted
   std::optional<uint64_t> version_;
 };
 

@@ -35,6 +35,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "baton/common/model_config.h"
+#include "baton/kvstore/ttft_model.h"
 #include "baton/router/cache_index.h"
 #include "baton/text/tokenizer.h"
 #include "baton/v1/node.grpc.pb.h"
@@ -64,24 +65,40 @@ absl::StatusOr<size_t> ResolveServedModel(const std::vector<ServedModel>& models
 // A node as the registry knows it. The counters are changed only by the registry, under its
 // lock; every other field is fixed once the node is registered.
 struct RegisteredNode {
-  v1::RegisterRequest info;
-  std::chrono::steady_clock::time_point last_seen;   // the epoch once marked down
-  std::chrono::steady_clock::time_point last_heard;  // its last registration (for forgetting)
-  int64_t inflight = 0;    // requests this router sent there and has not finished
-  int64_t prefilling = 0;  // of those, prefills not yet answered (prefill nodes)
+  // What its last heartbeat reported that a prefill choice reads, copied out of `info` so
+  // that a choice over a thousand nodes reads each node's few cache lines and no message.
+  struct Reported {
+    kvstore::PrefillRates rates;  // as reported: 0 where the node has measured nothing
+    double prefill_work_ms = 0;   // LoadReport.prefill_work_ms
+    int64_t queued_requests = 0;
+    int64_t routers = 0;
+    double replay_ms_per_gflop = 0;  // a decode node's DecodeRates.replay_ms_per_gflop
+  };
+  void NoteLoad(const v1::LoadReport& load);
+
+  // The fields a prefill choice reads come first, together.
+  std::chrono::steady_clock::time_point last_seen;  // the epoch once marked down
+  int64_t prefilling = 0;  // of `inflight`, prefills not yet answered (prefill nodes)
   double pending_ms = 0;   // the predicted service time of those prefills (their queue)
   // pending_ms when the node's last heartbeat arrived: what of its reported prefill_work_ms
   // was this router's (kvstore::QueueAhead).
   double pending_at_report_ms = 0;
+  size_t model = 0;             // its index in the served models (prefill and decode nodes)
+  bool draining = false;        // its last registration said so: it gets no new request
+  bool producers_only = false;  // info.held_layers() is HELD_LAYERS_PRODUCERS, fixed with it
+  Reported reported;            // from info.load()
+
+  std::chrono::steady_clock::time_point last_heard;  // its last registration (for forgetting)
+  int64_t inflight = 0;  // requests this router sent there and has not finished
   std::shared_ptr<grpc::Channel> channel;
-  std::string identity;   // the certificate identity it registered with ("" without TLS)
+  std::string identity;  // the certificate identity it registered with ("" without TLS)
   // What its node_id is bound to: the identity, and for a role-only certificate (one that
   // every pod of the role carries) also the peer's IP, so that one pod cannot speak for another
   // from elsewhere (NodeRegistry::BindingOf).
   std::string binding;
-  bool draining = false;  // its last registration said so: it gets no new request
-  size_t model = 0;       // its index in the served models (prefill and decode nodes)
   std::string pairing_key;  // NodeRegistry::PairingKey(info), fixed with it
+  size_t id_hash = 0;       // ChainHolders::IdHash of its node_id, fixed with it
+  v1::RegisterRequest info;
 
   const std::string& id() const { return info.node_id(); }
 };
@@ -177,7 +194,9 @@ class NodeRegistry {
     int64_t prefilling = 0;
     double pending_ms = 0;
     int64_t reported_queued = 0;  // the node's last heartbeat's queued_requests
-    v1::PrefillRates rates;
+    // Its measured rates, each it lacks the mean of the live prefill nodes that have it (the
+    // cost model's defaults when none has); replay_ms_per_gflop is left 0 here.
+    kvstore::PrefillRates rates;
     // A node holding the producers only (replay-on-decode): its requests' replay runs on the
     // decode node, at the mean rate the live decode nodes reported (0: none has, or replay
     // runs here).
@@ -280,8 +299,23 @@ class NodeRegistry {
   // decode nodes as of a version, so that a prefill choice over a thousand prefill nodes walks
   // only the decode nodes to find their partners.
   uint64_t roster_version_ = 0;
-  mutable uint64_t decode_roster_version_ = ~uint64_t{0};
-  mutable std::vector<std::shared_ptr<RegisteredNode>> decode_roster_;
+  // The prefill and decode nodes as of roster_version_, each with its fixed fields that a
+  // choice compares (weights fingerprint, pairing key) as small numbers (Roster::Intern), so
+  // that a choice walks one array and compares no string. Rebuilt under mutex_ by
+  // ChoosePrefill when the version has moved.
+  struct RosterEntry {
+    std::shared_ptr<RegisteredNode> node;
+    uint32_t pairing = 0;
+    uint32_t fingerprint = 0;
+  };
+  struct Roster {
+    uint64_t version = ~uint64_t{0};
+    std::vector<RosterEntry> prefill, decode;
+    std::map<std::string, uint32_t> interned;  // pairing keys and fingerprints
+    uint32_t Intern(const std::string& text);
+  };
+  const Roster& RosterLocked() const;
+  mutable Roster roster_;
   std::map<std::string, size_t> node_ids_by_identity_;  // of nodes_, per identity
   std::chrono::steady_clock::time_point last_forget_;   // the last ForgetLocked
   std::set<std::string> role_only_noted_;               // role-only identities already warned of
