@@ -498,16 +498,26 @@ NodeLease NodeRegistry::Pick(v1::NodeRole role, const std::vector<std::string>& 
   std::lock_guard<std::mutex> lock(mutex_);
   std::vector<std::shared_ptr<RegisteredNode>> candidates;
   std::vector<NodeLoad> loads;
-  for (auto& [id, node] : nodes_) {
+  // Only the nodes of the role: a decode node is picked among the decode nodes, not among a
+  // thousand prefill nodes too.
+  auto add = [&](const std::shared_ptr<RegisteredNode>& node) {
     candidates.push_back(node);
-    loads.push_back({.id = id,
+    loads.push_back({.id = node->id(),
                      .role = node->info.role(),
                      .last_seen = node->last_seen,
                      .inflight = node->inflight,
                      .queued = node->info.load().queued_requests(),
                      .free_pages = node->info.load().free_pages(),
                      .draining = node->draining,
-                     .fingerprint = PairingKey(node->info)});
+                     .fingerprint = node->pairing_key});
+  };
+  const Roster& roster = RosterLocked();
+  if (role == v1::NODE_ROLE_DECODE || role == v1::NODE_ROLE_PREFILL) {
+    for (const RosterEntry& entry : role == v1::NODE_ROLE_DECODE ? roster.decode : roster.prefill) {
+      add(entry.node);
+    }
+  } else {
+    for (const auto& [id, node] : nodes_) add(node);
   }
   const int64_t chosen = SelectNode(loads, role, exclude, Clock::now(),
                                     std::chrono::milliseconds(options_.node_ttl_ms), pairs_with);
@@ -536,14 +546,18 @@ const NodeRegistry::Roster& NodeRegistry::RosterLocked() const {
   if (roster_.version == roster_version_) return roster_;
   roster_.prefill.clear();
   roster_.decode.clear();
+  roster_.store.clear();
   roster_.interned.clear();
   for (const auto& [id, node] : nodes_) {
     const v1::NodeRole role = node->info.role();
-    if (role != v1::NODE_ROLE_PREFILL && role != v1::NODE_ROLE_DECODE) continue;
-    (role == v1::NODE_ROLE_PREFILL ? roster_.prefill : roster_.decode)
-        .push_back({.node = node,
-                    .pairing = roster_.Intern(node->pairing_key),
-                    .fingerprint = roster_.Intern(node->info.model_fingerprint())});
+    std::vector<RosterEntry>* list = role == v1::NODE_ROLE_PREFILL   ? &roster_.prefill
+                                     : role == v1::NODE_ROLE_DECODE  ? &roster_.decode
+                                     : role == v1::NODE_ROLE_KVSTORE ? &roster_.store
+                                                                     : nullptr;
+    if (list == nullptr) continue;
+    list->push_back({.node = node,
+                     .pairing = roster_.Intern(node->pairing_key),
+                     .fingerprint = roster_.Intern(node->info.model_fingerprint())});
   }
   roster_.version = roster_version_;
   return roster_;
@@ -684,9 +698,9 @@ void NodeRegistry::MarkDown(const std::string& node_id) {
 bool NodeRegistry::AnyDecode(size_t model, const std::vector<std::string>& exclude) const {
   std::lock_guard<std::mutex> lock(mutex_);
   const auto now = Clock::now();
-  for (const auto& [id, node] : nodes_) {
-    if (node->info.role() == v1::NODE_ROLE_DECODE && !node->draining && node->model == model &&
-        Live(*node, now) && !Contains(exclude, id)) {
+  for (const RosterEntry& entry : RosterLocked().decode) {
+    const RegisteredNode& node = *entry.node;
+    if (!node.draining && node.model == model && Live(node, now) && !Contains(exclude, node.id())) {
       return true;
     }
   }
@@ -696,16 +710,18 @@ bool NodeRegistry::AnyDecode(size_t model, const std::vector<std::string>& exclu
 bool NodeRegistry::Serving() const {
   std::lock_guard<std::mutex> lock(mutex_);
   const auto now = Clock::now();
-  std::set<std::string> prefill, decode;
-  bool kvstore = false;
-  for (const auto& [id, node] : nodes_) {
-    if (node->draining || !Live(*node, now)) continue;
-    if (node->info.role() == v1::NODE_ROLE_PREFILL) prefill.insert(PairingKey(node->info));
-    if (node->info.role() == v1::NODE_ROLE_DECODE) decode.insert(PairingKey(node->info));
-    kvstore |= node->info.role() == v1::NODE_ROLE_KVSTORE;
+  const Roster& roster = RosterLocked();
+  auto live = [&](const RosterEntry& entry) {
+    return !entry.node->draining && Live(*entry.node, now);
+  };
+  std::vector<char> decodable(roster.interned.size(), 0);
+  for (const RosterEntry& entry : roster.decode) {
+    if (live(entry)) decodable[entry.pairing] = 1;
   }
   bool paired = false;
-  for (const std::string& fingerprint : prefill) paired |= decode.contains(fingerprint);
+  for (const RosterEntry& entry : roster.prefill) paired |= live(entry) && decodable[entry.pairing];
+  bool kvstore = false;
+  for (const RosterEntry& entry : roster.store) kvstore |= live(entry);
   // The store is needed to become ready, not to stay ready: a store lost later makes requests
   // cold, never the router unready (DESIGN section 6).
   if (kvstore) kvstore_seen_ = true;
@@ -729,21 +745,25 @@ std::vector<std::set<std::string>> NodeRegistry::ServedFingerprints() const {
   std::lock_guard<std::mutex> lock(mutex_);
   const auto now = Clock::now();
   // Paired by PairingKey; reported by fingerprint.
-  std::vector<std::map<std::string, std::string>> prefill(models_.size());
-  std::vector<std::set<std::string>> decode(models_.size());
-  for (const auto& [id, node] : nodes_) {
-    if (node->draining || !Live(*node, now)) continue;
-    if (node->info.role() == v1::NODE_ROLE_PREFILL) {
-      prefill[node->model][PairingKey(node->info)] = node->info.model_fingerprint();
-    }
-    if (node->info.role() == v1::NODE_ROLE_DECODE)
-      decode[node->model].insert(PairingKey(node->info));
+  // A router asks this for each request: the roster's interned keys, each fingerprint once.
+  const Roster& roster = RosterLocked();
+  std::vector<std::vector<char>> decodable(models_.size(),
+                                           std::vector<char>(roster.interned.size(), 0));
+  for (const RosterEntry& entry : roster.decode) {
+    const RegisteredNode& node = *entry.node;
+    if (!node.draining && Live(node, now)) decodable[node.model][entry.pairing] = 1;
   }
   std::vector<std::set<std::string>> served(models_.size());
-  for (size_t i = 0; i < models_.size(); ++i) {
-    for (const auto& [key, fingerprint] : prefill[i]) {
-      if (decode[i].contains(key)) served[i].insert(fingerprint);
+  std::vector<std::vector<char>> added(models_.size(),
+                                       std::vector<char>(roster.interned.size(), 0));
+  for (const RosterEntry& entry : roster.prefill) {
+    const RegisteredNode& node = *entry.node;
+    if (node.draining || !Live(node, now) || !decodable[node.model][entry.pairing] ||
+        added[node.model][entry.fingerprint]) {
+      continue;
     }
+    added[node.model][entry.fingerprint] = 1;
+    served[node.model].insert(node.info.model_fingerprint());
   }
   return served;
 }
@@ -787,10 +807,8 @@ std::vector<std::shared_ptr<RegisteredNode>> NodeRegistry::LiveStores() const {
   std::vector<std::shared_ptr<RegisteredNode>> stores;
   std::lock_guard<std::mutex> lock(mutex_);
   const auto now = Clock::now();
-  for (const auto& [id, node] : nodes_) {  // a std::map: by node_id
-    if (node->info.role() == v1::NODE_ROLE_KVSTORE && !node->draining && Live(*node, now)) {
-      stores.push_back(node);
-    }
+  for (const RosterEntry& entry : RosterLocked().store) {  // by node_id
+    if (!entry.node->draining && Live(*entry.node, now)) stores.push_back(entry.node);
   }
   return stores;
 }

@@ -299,7 +299,7 @@ class NodeRegistry {
   // decode nodes as of a version, so that a prefill choice over a thousand prefill nodes walks
   // only the decode nodes to find their partners.
   uint64_t roster_version_ = 0;
-  // The prefill and decode nodes as of roster_version_, each with its fixed fields that a
+  // The prefill, decode and store nodes as of roster_version_, each with its fixed fields that a
   // choice compares (weights fingerprint, pairing key) as small numbers (Roster::Intern), so
   // that a choice walks one array and compares no string. Rebuilt under mutex_ by
   // ChoosePrefill when the version has moved.
@@ -310,7 +310,7 @@ class NodeRegistry {
   };
   struct Roster {
     uint64_t version = ~uint64_t{0};
-    std::vector<RosterEntry> prefill, decode;
+    std::vector<RosterEntry> prefill, decode, store;  // each by node_id
     std::map<std::string, uint32_t> interned;  // pairing keys and fingerprints
     uint32_t Intern(const std::string& text);
   };
