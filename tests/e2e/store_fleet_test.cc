@@ -76,6 +76,22 @@ class StoreFleetTest : public ::testing::Test {
     }
     return lines;
   }
+  // The store lines of the router's and the prefill node's metrics (breakers, probes, reads,
+  // load failures): where a hit went cold.
+  static std::string StoreMetrics(const BatonUp& up) {
+    std::string lines;
+    for (const std::string node : {"router", "prefill"}) {
+      std::istringstream in(Scrape(up.Address(node + ".metrics")));
+      for (std::string line; std::getline(in, line);) {
+        if (line.empty() || line[0] == '#') continue;
+        if (line.find("store") != std::string::npos || line.find("prefix") != std::string::npos ||
+            line.find("load_failures") != std::string::npos) {
+          lines += node + ": " + line + "\n";
+        }
+      }
+    }
+    return lines;
+  }
   static double RouterSample(const BatonUp& up, const std::string& name) {
     return Sample(Scrape(up.Address("router.metrics")), name, {}).value_or(-1);
   }
@@ -147,7 +163,8 @@ TEST_F(StoreFleetTest, HitsSpreadOverTheOwnersAndSurviveAStoreNodeLost) {
     const Outcome during = run();
     EXPECT_EQ(during.usage.cached_tokens(), cap)
         << "request " << i << " with kvstore-1 frozen; the cluster's warnings:\n"
-        << Warnings(up.log()) << "its log's last lines:\n"
+        << Warnings(up.log()) << "the store metrics:\n"
+        << StoreMetrics(up) << "its log's last lines:\n"
         << up.log().substr(up.log().size() > 20000 ? up.log().size() - 20000 : 0);
     EXPECT_EQ(during.tokens, forward);
   }
