@@ -3,21 +3,23 @@
 # preset through `baton up`, in two parts:
 #
 # 1. Throughput with 1, 2 and 4 store nodes (R = 1): baton_store_fleet_bench's lookups/s (each a
-#    parallel probe of a 16-block chain's keys on their owners) and block-KV read MiB/s (each
-#    block from one owner) under CLIENTS concurrent clients, each as a ratio to one node, and
-#    each store node's CPU time per lookup and per MiB read (utime + stime from /proc over
-#    each load).
+#    parallel probe of a BLOCKS-block chain's keys on their owners), with the probes coalesced
+#    per node as the router sends them (kvstore/probe_batcher.h) and, for the ratio, one call
+#    per lookup and owner as before; and block-KV read MiB/s (each block from one owner); under
+#    CLIENTS concurrent clients, each as a ratio to one node, with each store node's CPU time
+#    per lookup and per MiB read (utime + stime from /proc over each load alone).
 # 2. A store node lost: the Mooncake trace's first N requests, then its next N, through
 #    `batonctl replay` on 3 store nodes (no local block cache, so every hit is the store's),
 #    for R = 1 and R = 2; in one run of each kvstore-1 is stopped (SIGSTOP) between the halves.
 #    The second half's token hit rate with the node lost, against the same half with none lost.
 #
-#   [CLIENTS=16] [SECONDS_PER_LOAD=5] [N=100] [LENGTH_SCALE=0.0625] bench/run_store_fleet_bench.sh
+#   [CLIENTS=64] [BLOCKS=128] [SECONDS_PER_LOAD=5] [N=100] [LENGTH_SCALE=0.0625]
+#   bench/run_store_fleet_bench.sh
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${BATON_BUILD_DIR:-$root/build}"
 trace="${TRACE:-$root/../shared/traces/mooncake_synthetic_trace.jsonl}"
-clients="${CLIENTS:-16}" seconds="${SECONDS_PER_LOAD:-5}"
+clients="${CLIENTS:-64}" blocks="${BLOCKS:-128}" seconds="${SECONDS_PER_LOAD:-5}"
 n="${N:-100}" length_scale="${LENGTH_SCALE:-0.0625}"
 # shellcheck source=bench/baton_up.sh
 source "$root/bench/baton_up.sh"
@@ -30,7 +32,6 @@ store_names() {  # store_names N: kvstore kvstore-1 ...
   for ((i = 1; i < $1; i++)); do echo -n " kvstore-$i"; done
 }
 store_pid() { pgrep -f -- "--node-id $1 --data-dir" | head -n 1; }
-cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 
 # --- 1: throughput ----------------------------------------------------------------------------
 for nodes in 1 2 4; do
@@ -39,15 +40,13 @@ for nodes in 1 2 4; do
   for name in $(store_names "$nodes"); do
     stores+="${stores:+,}$name=$(cat "$work/data/run/$name.addr")"
   done
-  for load in lookups reads; do
-    declare -A before=()
-    for name in $(store_names "$nodes"); do before[$name]="$(cpu_ticks "$(store_pid "$name")")"; done
-    "$build/bench/baton_store_fleet_bench" --stores "$stores" --tls-dir "$work/data/tls" \
-      --model "$out/small" --load "$load" --clients "$clients" --seconds "$seconds" \
-      >"$out/fleet-$nodes-$load.json"
-    for name in $(store_names "$nodes"); do
-      echo "$name $(($(cpu_ticks "$(store_pid "$name")") - before[$name]))"
-    done >"$out/cpu-$nodes-$load.txt"
+  pids=""
+  for name in $(store_names "$nodes"); do pids+="${pids:+,}$(store_pid "$name")"; done
+  for load in per-lookup coalesced reads; do
+    if [[ $load == reads ]]; then what=(--load reads); else what=(--load lookups --probes "$load"); fi
+    "$build/bench/baton_store_fleet_bench" --stores "$stores" --store-pids "$pids" \
+      --tls-dir "$work/data/tls" --model "$out/small" "${what[@]}" --clients "$clients" \
+      --blocks "$blocks" --chains 8 --seconds "$seconds" >"$out/fleet-$nodes-$load.json"
   done
   stop_baton_up
 done
@@ -82,32 +81,44 @@ for r in 1 2; do
   done
 done
 
-/usr/bin/python3 - "$out" "$clients" <<'PY'
-import json, os, sys
-out, clients = sys.argv[1], sys.argv[2]
-hz = os.sysconf("SC_CLK_TCK")
-def cpu(nodes, load):
-    return {l.split()[0]: int(l.split()[1]) / hz for l in open(f"{out}/cpu-{nodes}-{load}.txt")}
-one = {load: json.load(open(f"{out}/fleet-1-{load}.json")) for load in ("lookups", "reads")}
-print(f"throughput, {clients} clients (R = 1), ratios to one store node")
-print(f"{'nodes':>5s} {'lookups/s':>10s} {'ratio':>6s} {'CPU ms/lookup/node':>19s} {'ratio':>6s} "
-      f"{'read MiB/s':>10s} {'ratio':>6s} {'CPU ms/MiB/node':>16s} {'ratio':>6s}")
+/usr/bin/python3 - "$out" "$clients" "$blocks" <<'PY'
+import json, sys
+out, clients, blocks = sys.argv[1], sys.argv[2], sys.argv[3]
+def load(nodes, what):
+    return json.load(open(f"{out}/fleet-{nodes}-{what}.json"))
+def per_node_ms(run, cpu_key, count):  # mean store node's CPU ms per operation
+    cpu = run[cpu_key]
+    return 1000 * sum(cpu.values()) / len(cpu) / count
+print(f"lookups, {clients} clients, {blocks}-block chains (R = 1); ratios to one store node, "
+      "and coalesced to per-lookup in the same cluster")
+print(f"{'nodes':>5s} {'probes':>10s} {'lookups/s':>10s} {'ratio':>6s} {'lookups/call':>12s} "
+      f"{'CPU ms/lookup/node':>19s} {'ratio':>6s} {'vs per-lookup':>13s}")
 base = {}
 for nodes in (1, 2, 4):
-    look = json.load(open(f"{out}/fleet-{nodes}-lookups.json"))
-    read = json.load(open(f"{out}/fleet-{nodes}-reads.json"))
-    lookups = look["lookups_per_s"] * look["lookup_seconds"]
-    mib = read["read_mib_per_s"] * read["read_seconds"]
-    c_look = cpu(nodes, "lookups")
-    c_read = cpu(nodes, "reads")
-    per_lookup = 1000 * sum(c_look.values()) / len(c_look) / lookups
-    per_mib = 1000 * sum(c_read.values()) / len(c_read) / mib
+    row = {}
+    for probes in ("per-lookup", "coalesced"):
+        run = load(nodes, probes)
+        lookups = run["lookups_per_s"] * run["lookup_seconds"]
+        calls = run["probes_per_s"] * run["lookup_seconds"]
+        ms = per_node_ms(run, "lookup_cpu_s_by_node", lookups)
+        if nodes == 1:
+            base[probes] = (run["lookups_per_s"], ms)
+        row[probes] = ms
+        print(f"{nodes:5d} {probes:>10s} {run['lookups_per_s']:10.1f} "
+              f"{run['lookups_per_s'] / base[probes][0]:6.2f} {nodes * lookups / calls:12.2f} "
+              f"{ms:19.4f} {ms / base[probes][1]:6.2f} "
+              f"{row[probes] / row['per-lookup']:13.2f}   (failures {run['lookup_failures']})")
+print()
+print(f"block-KV reads, {clients} clients (R = 1), ratios to one store node")
+print(f"{'nodes':>5s} {'read MiB/s':>10s} {'ratio':>6s} {'CPU ms/MiB/node':>16s} {'ratio':>6s}")
+for nodes in (1, 2, 4):
+    run = load(nodes, "reads")
+    mib = run["read_mib_per_s"] * run["read_seconds"]
+    ms = per_node_ms(run, "read_cpu_s_by_node", mib)
     if nodes == 1:
-        base = {"l": look["lookups_per_s"], "r": read["read_mib_per_s"], "pl": per_lookup, "pm": per_mib}
-    print(f"{nodes:5d} {look['lookups_per_s']:10.1f} {look['lookups_per_s'] / base['l']:6.2f} "
-          f"{per_lookup:19.3f} {per_lookup / base['pl']:6.2f} {read['read_mib_per_s']:10.1f} "
-          f"{read['read_mib_per_s'] / base['r']:6.2f} {per_mib:16.3f} {per_mib / base['pm']:6.2f}"
-          f"   (failures {look['lookup_failures']} + {read['read_failures']})")
+        base["reads"] = (run["read_mib_per_s"], ms)
+    print(f"{nodes:5d} {run['read_mib_per_s']:10.1f} {run['read_mib_per_s'] / base['reads'][0]:6.2f} "
+          f"{ms:16.3f} {ms / base['reads'][1]:6.2f}   (failures {run['read_failures']})")
 print()
 print("token hit rate on 3 store nodes: the trace's second half, kvstore-1 lost between the halves")
 print(f"{'R':>2s} {'first half':>10s} {'second, none lost':>18s} {'second, one lost':>17s} {'ratio':>6s}")

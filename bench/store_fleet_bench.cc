@@ -6,14 +6,25 @@
 //
 //   baton_store_fleet_bench --stores kvstore=HOST:PORT,kvstore-1=HOST:PORT,... --tls-dir DIR
 //                           --model DIR [--replication 1] [--chains 32] [--blocks 16]
-//                           [--clients 16] [--seconds 5] [--load both]
+//                           [--clients 16] [--seconds 5] [--load both] [--store-pids PID,...]
+//                           [--probes coalesced]
+//
+// --probes coalesced sends a lookup's probes as the router does (kvstore/probe_batcher.h: per
+// node, the lookups queued while its call is out go in the next call); per-lookup sends each
+// lookup's own call to each owner, as the router did before, for a ratio in the same run.
 //
 // First writes --chains chains of --blocks blocks (both regions, the model's value sizes) to
 // their owners, then runs each load for --seconds and prints one JSON object: lookups/s,
 // probes/s (calls, each to one node), reads/s and read MiB/s, and the calls each node served.
+// With --store-pids (the store nodes' processes, in --stores order, on this machine) it also
+// gives each node's CPU seconds (user + system, from /proc) over each load alone, so that the
+// writes before it are not counted.
 // Runs as the prefill role (baton up's <data-dir>/tls/nodes/prefill certificate).
+#include <unistd.h>
+
 #include <atomic>
 #include <chrono>
+#include <fstream>
 #include <iostream>
 #include <map>
 #include <random>
@@ -25,6 +36,7 @@
 #include "baton/kvstore/chain.h"
 #include "baton/kvstore/fleet.h"
 #include "baton/kvstore/placement.h"
+#include "baton/kvstore/probe_batcher.h"
 #include "baton/model/state.h"
 #include "baton/model/weights.h"
 #include "baton/v1/kvstore.grpc.pb.h"
@@ -38,7 +50,7 @@ namespace v1 = baton::v1;
 
 struct Fleet {
   std::vector<std::string> ids;
-  std::vector<std::unique_ptr<v1::KvStore::Stub>> stubs;
+  std::vector<std::shared_ptr<v1::KvStore::Stub>> stubs;
   int replication = 1;
 };
 
@@ -93,6 +105,26 @@ double RunFor(int clients, double seconds, Fn fn) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
+// A process's CPU seconds so far (user + system), or -1 when it cannot be read.
+double CpuSeconds(const std::string& pid) {
+  std::ifstream stat("/proc/" + pid + "/stat");
+  std::string line;
+  if (!std::getline(stat, line)) return -1;
+  // Fields after the command's closing parenthesis: state is field 3, utime 14, stime 15.
+  const size_t close = line.rfind(')');
+  if (close == std::string::npos) return -1;
+  std::vector<std::string> fields = absl::StrSplit(line.substr(close + 2), ' ');
+  if (fields.size() < 13) return -1;
+  return static_cast<double>(std::stoull(fields[11]) + std::stoull(fields[12])) /
+         static_cast<double>(sysconf(_SC_CLK_TCK));
+}
+
+std::vector<double> CpuOf(const std::vector<std::string>& pids) {
+  std::vector<double> cpu;
+  for (const std::string& pid : pids) cpu.push_back(CpuSeconds(pid));
+  return cpu;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -100,7 +132,7 @@ int main(int argc, char** argv) {
   std::string stores, tls_dir, model_dir;
   int replication = 1, chains = 32, blocks = 16, clients = 16;
   double seconds = 5;
-  std::string load = "both";
+  std::string load = "both", store_pids, probes = "coalesced";
   app.add_option("--stores", stores, "NODE_ID=HOST:PORT,... of the live store nodes")->required();
   app.add_option("--tls-dir", tls_dir, "baton up's <data-dir>/tls")->required();
   app.add_option("--model", model_dir, "Model directory (value sizes, chain keys)")->required();
@@ -111,7 +143,13 @@ int main(int argc, char** argv) {
   app.add_option("--seconds", seconds, "Length of each load");
   app.add_option("--load", load, "Which loads to run: lookups, reads or both")
       ->check(CLI::IsMember({"lookups", "reads", "both"}));
+  app.add_option("--probes", probes, "How lookups send their probes: coalesced or per-lookup")
+      ->check(CLI::IsMember({"coalesced", "per-lookup"}));
+  app.add_option("--store-pids", store_pids,
+                 "The store nodes' process ids, in --stores order: CPU seconds per node and load");
   CLI11_PARSE(app, argc, argv);
+  const std::vector<std::string> pids =
+      store_pids.empty() ? std::vector<std::string>{} : absl::StrSplit(store_pids, ',');
   if (absl::Status s = baton::security::Configure({.ca_file = tls_dir + "/ca.crt",
                                                    .cert_file = tls_dir + "/nodes/prefill.crt",
                                                    .key_file = tls_dir + "/nodes/prefill.key"});
@@ -134,6 +172,11 @@ int main(int argc, char** argv) {
     fleet.stubs.push_back(v1::KvStore::NewStub(
         baton::security::InternalChannel(id_address.second, baton::security::Role::kKvstore)));
   }
+  if (pids.size() != 0 && pids.size() != fleet.ids.size()) {
+    std::cerr << "--store-pids names " << pids.size() << " processes for " << fleet.ids.size()
+              << " store nodes\n";
+    return 2;
+  }
   std::vector<std::vector<Sha256Digest>> all;
   std::mt19937_64 seed(2026);
   for (int c = 0; c < chains; ++c) {
@@ -146,13 +189,37 @@ int main(int argc, char** argv) {
 
   // Lookups: each asks every owner of the chain's keys once, all owners at once.
   Load lookups(fleet.ids.size());
+  baton::kvstore::ProbeBatcher batcher(
+      {.max_keys_per_call =
+           static_cast<size_t>(config->max_position_embeddings / config->kv_block_size)});
+  const std::vector<double> cpu_before_lookups = CpuOf(pids);
   const double lookup_s = load == "reads" ? 0 : RunFor(clients, seconds, [&](std::mt19937_64& rng) {
     const std::vector<Sha256Digest>& chain = all[rng() % all.size()];
     const auto owned = baton::kvstore::KeysByOwner(chain, fleet.ids, fleet.replication);
-    std::vector<std::thread> probes;
+    if (probes == "coalesced") {
+      std::vector<baton::kvstore::ProbeBatcher::Ask> asks;
+      std::vector<size_t> nodes;
+      for (size_t n = 0; n < owned.size(); ++n) {
+        if (owned[n].empty()) continue;
+        auto& ask = asks.emplace_back();
+        ask.node_id = fleet.ids[n];
+        ask.stub = fleet.stubs[n];
+        for (size_t k : owned[n]) ask.keys.push_back(baton::kvstore::KeyBytes(chain[k]));
+        nodes.push_back(n);
+      }
+      const auto answers = batcher.Probe(
+          std::move(asks), std::chrono::system_clock::now() + std::chrono::seconds(5));
+      for (size_t i = 0; i < answers.size(); ++i) {
+        if (!answers[i].status.ok()) ++lookups.failures;
+        ++lookups.per_node[nodes[i]];
+      }
+      ++lookups.operations;
+      return;
+    }
+    std::vector<std::thread> threads;
     for (size_t n = 0; n < owned.size(); ++n) {
       if (owned[n].empty()) continue;
-      probes.emplace_back([&, n] {
+      threads.emplace_back([&, n] {
         v1::ProbeRequest request;
         for (size_t k : owned[n]) request.add_keys(baton::kvstore::KeyBytes(chain[k]));
         grpc::ClientContext context;
@@ -162,13 +229,16 @@ int main(int argc, char** argv) {
         ++lookups.per_node[n];
       });
     }
-    for (std::thread& t : probes) t.join();
+    for (std::thread& t : threads) t.join();
     ++lookups.operations;
   });
+  const std::vector<double> cpu_after_lookups = CpuOf(pids);
+  if (probes == "coalesced") lookups.calls = batcher.calls();
 
   // Reads: each block of a chain's block KV from one of its owners (rotated per read).
   Load reads(fleet.ids.size());
   std::atomic<uint64_t> turn{0};
+  const std::vector<double> cpu_before_reads = CpuOf(pids);
   const double read_s = load == "lookups" ? 0 : RunFor(clients, seconds, [&](std::mt19937_64& rng) {
     const std::vector<Sha256Digest>& chain = all[rng() % all.size()];
     const uint64_t t = turn++;
@@ -198,6 +268,12 @@ int main(int argc, char** argv) {
     for (std::thread& c : calls) c.join();
     ++reads.operations;
   });
+  const std::vector<double> cpu_after_reads = CpuOf(pids);
+  auto cpu_by_node = [&](const std::vector<double>& before, const std::vector<double>& after) {
+    nlohmann::json out = nlohmann::json::object();
+    for (size_t n = 0; n < pids.size(); ++n) out[fleet.ids[n]] = after[n] - before[n];
+    return out;
+  };
 
   auto per_node = [&](const Load& load) {
     nlohmann::json out = nlohmann::json::object();
@@ -209,6 +285,7 @@ int main(int argc, char** argv) {
                               {"replication", replication},
                               {"clients", clients},
                               {"chain_blocks", blocks},
+                              {"probes", probes},
                               {"lookups_per_s", lookup_s > 0 ? lookups.operations / lookup_s : 0},
                               {"probes_per_s", lookup_s > 0 ? lookups.calls / lookup_s : 0},
                               {"lookup_failures", lookups.failures.load()},
@@ -219,7 +296,11 @@ int main(int argc, char** argv) {
                                read_s > 0 ? static_cast<double>(reads.bytes) / kMiB / read_s : 0},
                               {"read_failures", reads.failures.load()},
                               {"read_seconds", read_s},
-                              {"read_calls_by_node", per_node(reads)}}
+                              {"read_calls_by_node", per_node(reads)},
+                              {"lookup_cpu_s_by_node",
+                               cpu_by_node(cpu_before_lookups, cpu_after_lookups)},
+                              {"read_cpu_s_by_node",
+                               cpu_by_node(cpu_before_reads, cpu_after_reads)}}
                    .dump()
             << std::endl;
   return 0;

@@ -242,32 +242,31 @@ kvstore::ChainLookup GenerateCall::ProbeOwners(const std::vector<Sha256Digest>& 
   const StoreSet& set = *stores_;
   const std::vector<std::vector<size_t>> owned =
       kvstore::KeysByOwner(keys, set.ids, static_cast<int>(set.fleet.replication()));
-  // One probe per owner with keys, skipping the owners whose breaker is open.
+  // One probe per owner with keys, skipping the owners whose breaker is open; all at once,
+  // each coalesced with other requests' probes of the same node (kvstore/probe_batcher.h).
   struct Probe {
     size_t node;
     v1::ProbeResponse response;
     grpc::Status status;
   };
   std::vector<Probe> probes;
+  std::vector<kvstore::ProbeBatcher::Ask> asks;
   for (size_t n = 0; n < owned.size(); ++n) {
-    if (!owned[n].empty() && router_.store_breaker.Allow(set.ids[n])) probes.push_back({n, {}, {}});
+    if (owned[n].empty() || !router_.store_breaker.Allow(set.ids[n])) continue;
+    probes.push_back({n, {}, {}});
+    kvstore::ProbeBatcher::Ask& ask = asks.emplace_back();
+    ask.node_id = set.ids[n];
+    ask.stub = router_.stubs.KvStore(*set.nodes[n]);
+    for (size_t k : owned[n]) ask.keys.push_back(kvstore::KeyBytes(keys[k]));
   }
   const auto deadline = std::chrono::system_clock::now() +
                         std::chrono::milliseconds(router_.options.lookup_timeout_ms);
-  auto run = [&](Probe& probe) {
-    v1::ProbeRequest request;
-    for (size_t k : owned[probe.node]) request.add_keys(kvstore::KeyBytes(keys[k]));
-    grpc::ClientContext context;
-    context.set_deadline(deadline);
-    trace::Inject(trace_.span, context);
-    probe.status =
-        router_.stubs.KvStore(*set.nodes[probe.node])->Probe(&context, request, &probe.response);
-  };
-  // The owners are asked at once: the first on this thread, the others on their own.
-  std::vector<std::thread> others;
-  for (size_t i = 1; i < probes.size(); ++i) others.emplace_back(run, std::ref(probes[i]));
-  if (!probes.empty()) run(probes[0]);
-  for (std::thread& t : others) t.join();
+  std::vector<kvstore::ProbeBatcher::Answer> answered = router_.store_probes.Probe(
+      std::move(asks), deadline, {{trace::kTraceparent, trace_.span.context.Header()}});
+  for (size_t i = 0; i < probes.size(); ++i) {
+    probes[i].status = std::move(answered[i].status);
+    probes[i].response = std::move(answered[i].response);
+  }
 
   std::vector<kvstore::OwnerProbe> answers;
   bool failed = false;

@@ -45,6 +45,7 @@ struct RouterParts {
   RouterMetrics& metrics;
   StreamWatch& idle_watch;
   kvstore::StoreBreaker& store_breaker;
+  kvstore::ProbeBatcher& store_probes;
 };
 
 // What one request did, for its metrics and log lines.

@@ -33,6 +33,17 @@ std::vector<ServedModel> ModelsOf(const ModelConfig& config, const RouterOptions
   return models;
 }
 
+// Blocks in the longest chain a store takes in one call: its model's positions over the block
+// size, the least of the models served (a store refuses more keys than that).
+size_t MaxChainBlocks(const std::vector<ServedModel>& models) {
+  size_t blocks = SIZE_MAX;
+  for (const ServedModel& model : models) {
+    blocks = std::min<size_t>(blocks, static_cast<size_t>(model.config.max_position_embeddings /
+                                                          model.config.kv_block_size));
+  }
+  return std::max<size_t>(blocks, 1);
+}
+
 }  // namespace
 
 uint32_t ForgetAfterMs(const RouterOptions& options) {
@@ -67,7 +78,9 @@ RouterService::RouterService(const ModelConfig& config, const RouterOptions& opt
                                              })
                                        : nullptr}),
       stubs_(options.stubs != nullptr ? options.stubs : GrpcNodeStubs()),
-      store_breaker_(std::make_unique<kvstore::StoreBreaker>()) {
+      store_breaker_(std::make_unique<kvstore::StoreBreaker>()),
+      store_probes_(std::make_unique<kvstore::ProbeBatcher>(
+          kvstore::ProbeBatcher::Options{.max_keys_per_call = MaxChainBlocks(models_)})) {
   registry_.OnChange([this] { admission_.Notify(); });
   // Live nodes by role, the queue and the tenants' streams, read at scrape time.
   nodes_collector_ = metrics::AddCollector([this] {
@@ -112,6 +125,14 @@ RouterService::RouterService(const ModelConfig& config, const RouterOptions& opt
         metrics::CounterFamily("baton_router_store_breaker_trips_total",
                                "Times a store node's breaker opened",
                                {{{}, static_cast<double>(store_breaker_->trips())}}),
+        metrics::CounterFamily("baton_router_store_probe_calls_total",
+                               "Probe calls sent to store nodes (each carries the lookups "
+                               "queued for its node while the one before was out)",
+                               {{{}, static_cast<double>(store_probes_->calls())}}),
+        metrics::CounterFamily("baton_router_store_probe_lookups_total",
+                               "Lookups' parts carried by those calls: over the calls, the "
+                               "lookups one store call serves",
+                               {{{}, static_cast<double>(store_probes_->lookups())}}),
         metrics::GaugeFamily("baton_router_tenant_streams",
                              "Admitted requests not yet finished (prefilling or streaming), by "
                              "tenant",
@@ -426,8 +447,8 @@ grpc::Status RouterService::Serve(grpc::ServerContext* context, const v1::Genera
     ++open_calls_;
   }
   metrics_->running.Increment();
-  const RouterParts parts{options_, models_,   registry_,    admission_,
-                          *stubs_,  *metrics_, *idle_watch_, *store_breaker_};
+  const RouterParts parts{options_,  models_,      registry_,       admission_,    *stubs_,
+                          *metrics_, *idle_watch_, *store_breaker_, *store_probes_};
   const grpc::Status status =
       ToGrpcStatus(GenerateCall(parts, context, request, writer, trace).Run());
   admission_.ReleaseStream(trace.hold);

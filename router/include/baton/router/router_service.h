@@ -35,6 +35,7 @@
 #include "baton/common/stream_watch.h"
 #include "baton/kvstore/fleet.h"
 #include "baton/kvstore/hit_policy.h"
+#include "baton/kvstore/probe_batcher.h"
 #include "baton/kvstore/ttft_model.h"
 #include "baton/router/admission.h"
 #include "baton/router/node_registry.h"
@@ -202,6 +203,8 @@ class RouterService final : public v1::Generation::Service, public v1::Registry:
   std::shared_ptr<NodeStubs> stubs_;
   // Store nodes whose probes keep failing or timing out are skipped for a while.
   std::unique_ptr<kvstore::StoreBreaker> store_breaker_;
+  // The lookups' probes, coalesced per store node (kvstore/probe_batcher.h).
+  std::unique_ptr<kvstore::ProbeBatcher> store_probes_;
   mutable std::mutex mutex_;  // what follows
   bool stop_ = false;
   bool draining_ = false;   // Drain was called
