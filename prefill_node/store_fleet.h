@@ -8,7 +8,9 @@
 //   so a hot prefix's reads spread over its R owners). Each round asks every owner its blocks
 //   in parallel; a block that one owner could not give (absent, failed its checks there, the
 //   call failed) is asked of its next owner in the next round, until none is left. Owners
-//   whose breaker is open are passed over. Every call ends at the load's deadline.
+//   whose breaker is open are passed over. Every call ends at the load's deadline, and a call
+//   whose blocks all have another owner left ends at half the time left (a hedge against an
+//   owner that stops mid-read).
 // - A write goes to every owner: one stream per owner, in parallel, each holding its blocks
 //   deepest first (PrefixStore::Probe's comment says why the order matters).
 //
