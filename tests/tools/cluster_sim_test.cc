@@ -152,6 +152,86 @@ TEST(ClusterSimTest, PricingOnlyTheNodesThatCanWinChoosesAsPricingAll) {
   }
 }
 
+// Keys made from a trace line's hash ids name the same blocks, one prompt against another, as
+// SHA-256 chain keys over the tokens TraceTokens makes: equal exactly where those are equal,
+// for trace blocks larger and smaller than a chain block and prompts ending mid-block.
+TEST(ClusterSimTest, TraceChainKeysAgreeWithChainKeysOverTheTraceTokens) {
+  std::vector<TraceRequest> lines;
+  auto line = [&](std::vector<int64_t> ids, int64_t input_length) {
+    lines.push_back({.input_length = input_length, .output_length = 1, .hash_ids = ids});
+  };
+  line({1, 2, 3, 4, 5, 6, 7, 8}, 8 * 512);
+  line({1, 2, 3, 4, 5, 6, 7, 9}, 8 * 512);          // shares seven trace blocks with the first
+  line({1, 2, 3, 10, 5, 6, 7, 8}, 8 * 512);         // shares three, then the first's later ids
+  line({1, 2, 3, 4, 5}, 5 * 512 - 100);             // a prefix of the first, ending mid-block
+  line({11, 2, 3, 4, 5, 6, 7, 8}, 8 * 512);         // shares nothing: its first block differs
+  line({2, 3, 4, 5, 6, 7, 8, 1}, 8 * 512);          // the first's ids in another order
+  for (double scale : {1.0, 0.25, 0.0625, 0.03}) {  // 512, 128, 32 and 15 tokens a trace block
+    const TokenOptions tokens{.length_scale = scale};
+    for (int64_t block : {int64_t{16}, int64_t{64}}) {
+      std::vector<std::vector<Sha256Digest>> made, over_tokens;
+      for (const TraceRequest& r : lines) {
+        made.push_back(TraceChainKeys(r, tokens, block));
+        over_tokens.push_back(kvstore::ChainKeys("f", "", "", TraceTokens(r, tokens), block));
+        ASSERT_EQ(made.back().size(), over_tokens.back().size()) << scale << " " << block;
+      }
+      int agreeing = 0;
+      for (size_t a = 0; a < lines.size(); ++a) {
+        for (size_t c = 0; c < lines.size(); ++c) {
+          const size_t n = std::min(made[a].size(), made[c].size());
+          for (size_t b = 0; b < n; ++b) {
+            EXPECT_EQ(made[a][b] == made[c][b], over_tokens[a][b] == over_tokens[c][b])
+                << "lines " << a << " and " << c << ", block " << b << ", scale " << scale
+                << ", block size " << block;
+            agreeing += a != c && made[a][b] == made[c][b];
+          }
+        }
+      }
+      EXPECT_GT(agreeing, 0) << "no two lines share a block at scale " << scale;
+    }
+  }
+}
+
+// A trace's requests, made from its lines as the simulation needs them, simulate exactly as
+// the same requests with their chains made up front.
+TEST(ClusterSimTest, ChainsMadeFromTheTraceAsNeededSimulateAsChainsGivenUpFront) {
+  std::vector<TraceRequest> trace;
+  std::mt19937_64 rng(7);
+  for (int i = 0; i < 120; ++i) {
+    std::vector<int64_t> ids;
+    const int64_t shared = static_cast<int64_t>(rng() % 4);  // one of four system prompts
+    for (int64_t k = 0; k < 3; ++k) ids.push_back(shared * 100 + k);
+    for (int64_t k = 0; k < 2; ++k) ids.push_back(1000 + i * 10 + k);  // its own blocks
+    trace.push_back({.timestamp_ms = 40.0 * i,
+                     .input_length = static_cast<int64_t>(ids.size()) * 512 - 37,
+                     .output_length = 4,
+                     .hash_ids = ids});
+  }
+  const TokenOptions tokens{.length_scale = 0.125};
+  // A small trace's chains are made up front; the same requests made from their lines.
+  const std::vector<ClusterRequest> eager = ClusterRequestsFromTrace(trace, tokens, kB, 1.0, 0);
+  std::vector<ClusterRequest> lazy = eager;
+  for (size_t i = 0; i < lazy.size(); ++i) {
+    ASSERT_EQ(eager[i].from, nullptr);
+    EXPECT_EQ(eager[i].chain, TraceChainKeys(trace[i], tokens, kB));
+    lazy[i].chain.clear();
+    lazy[i].from = &trace[i];
+  }
+  ClusterOptions options = Options(RoutePolicy::kPredictedTtft, uint64_t{4} << 20);
+  options.record_steps = true;
+  const ClusterResult a = SimulateCluster(lazy, options);
+  const ClusterResult b = SimulateCluster(eager, options);
+  EXPECT_EQ(a.ttft_ms, b.ttft_ms);
+  EXPECT_EQ(a.local_hit_tokens, b.local_hit_tokens);
+  EXPECT_EQ(a.store_hit_tokens, b.store_hit_tokens);
+  EXPECT_GT(a.store_hit_tokens + a.local_hit_tokens, 0);
+  ASSERT_EQ(a.steps.size(), b.steps.size());
+  for (size_t i = 0; i < a.steps.size(); ++i) {
+    EXPECT_EQ(a.steps[i].node, b.steps[i].node) << "step " << i;
+    EXPECT_EQ(a.steps[i].hit_blocks, b.steps[i].hit_blocks) << "step " << i;
+  }
+}
+
 TEST(ClusterSimTest, ACacheTooSmallForABlockHoldsNothing) {
   const ClusterResult r =
       SimulateCluster(Workload(10, 1, 1000), Options(RoutePolicy::kPredictedTtft, 1024));

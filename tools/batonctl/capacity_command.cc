@@ -159,8 +159,8 @@ int RunCapacity(const CapacityOptions& o) {
     trace->resize(static_cast<size_t>(o.max_requests));
   }
   const int64_t B = config->kv_block_size, C = config->ring_capacity();
-  const std::vector<ClusterRequest> requests = ClusterRequestsFromTrace(
-      *trace, tokens, "batonctl-capacity", B, o.time_scale, o.max_output_tokens);
+  const std::vector<ClusterRequest> requests =
+      ClusterRequestsFromTrace(*trace, tokens, B, o.time_scale, o.max_output_tokens);
   const ClusterOptions common{.slots = o.prefill_slots,
                               .hit = {.keep = C,
                                       .truncation_on = true,

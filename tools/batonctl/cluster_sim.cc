@@ -2,12 +2,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <deque>
 #include <limits>
 #include <optional>
 #include <queue>
 #include <set>
 #include <tuple>
+#include <unordered_map>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/ascii.h"
@@ -15,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "baton/common/checksum.h"
 #include "baton/kvstore/chain.h"
 #include "baton/kvstore/fleet.h"
 #include "baton/kvstore/placement.h"
@@ -217,26 +220,58 @@ double NearestRank(std::vector<double> values, double q) {
   return values[std::max<size_t>(rank, 1) - 1];
 }
 
+std::vector<Sha256Digest> TraceChainKeys(const TraceRequest& request, const TokenOptions& tokens,
+                                         int64_t block_size) {
+  const int64_t per_id = TokensPerHashId(tokens);
+  const int64_t blocks = ScaledPromptLength(request, tokens) / block_size;
+  std::vector<Sha256Digest> keys(static_cast<size_t>(blocks));
+  Sha256Digest previous{};  // the root: a simulation has one model, tenant and salt
+  std::vector<int64_t> pieces;
+  for (int64_t b = 0; b < blocks; ++b) {
+    pieces.clear();
+    for (int64_t t = b * block_size; t < (b + 1) * block_size;) {
+      const int64_t first = t % per_id;
+      const int64_t end = std::min(per_id, first + (b + 1) * block_size - t);
+      pieces.insert(pieces.end(), {request.hash_ids[static_cast<size_t>(t / per_id)], first, end});
+      t += end - first;
+    }
+    const std::string_view before(reinterpret_cast<const char*>(previous.data()), previous.size());
+    const std::string_view words(reinterpret_cast<const char*>(pieces.data()),
+                                 pieces.size() * sizeof(int64_t));
+    // 128 bits: two XXH3-64 of the same input, salted apart.
+    const uint64_t halves[2] = {ChecksumParts({before, words, "0"}),
+                                ChecksumParts({before, words, "1"})};
+    Sha256Digest& key = keys[static_cast<size_t>(b)];
+    std::memcpy(key.data(), halves, sizeof(halves));
+    previous = key;
+  }
+  return keys;
+}
+
 std::vector<ClusterRequest> ClusterRequestsFromTrace(const std::vector<TraceRequest>& trace,
-                                                     const TokenOptions& tokens,
-                                                     const std::string& fingerprint,
-                                                     int64_t block_size, double time_scale,
-                                                     int64_t max_output_tokens) {
+                                                     const TokenOptions& tokens, int64_t block_size,
+                                                     double time_scale, int64_t max_output_tokens) {
   std::vector<ClusterRequest> cluster;
   if (trace.empty()) return cluster;
+  int64_t keys = 0;
+  for (const TraceRequest& r : trace) keys += ScaledPromptLength(r, tokens) / block_size;
   double first_ms = trace.front().timestamp_ms;
   for (const TraceRequest& r : trace) first_ms = std::min(first_ms, r.timestamp_ms);
   cluster.reserve(trace.size());
   for (const TraceRequest& r : trace) {
-    const std::vector<int32_t> prompt = TraceTokens(r, tokens);
     // As `batonctl replay` asks: the trace's output length, capped by max_output_tokens, at
     // least one token.
     const int64_t output = std::max<int64_t>(
         1, max_output_tokens > 0 ? std::min(r.output_length, max_output_tokens) : r.output_length);
     cluster.push_back({.arrival_ms = (r.timestamp_ms - first_ms) * time_scale,
-                       .prompt_len = static_cast<int64_t>(prompt.size()),
+                       .prompt_len = ScaledPromptLength(r, tokens),
                        .output_len = output,
-                       .chain = kvstore::ChainKeys(fingerprint, "", "", prompt, block_size)});
+                       .from = &r,
+                       .tokens = tokens});
+    if (keys <= kChainKeysUpFront) {
+      cluster.back().chain = TraceChainKeys(r, tokens, block_size);
+      cluster.back().from = nullptr;
+    }
   }
   return cluster;
 }
@@ -420,6 +455,16 @@ ClusterResult SimulateCluster(const std::vector<ClusterRequest>& requests,
     result.tpot_ms.assign(requests.size(), -1);
   }
   double first_arrival = std::numeric_limits<double>::max(), last_end = 0;
+  // The chains made from trace lines (ClusterRequest::from), kept from a request's placement to
+  // its prefill's end (a node-based map: a reference stays valid as others are added).
+  std::unordered_map<size_t, std::vector<Sha256Digest>> made;
+  auto chain_of = [&](size_t r) -> const std::vector<Sha256Digest>& {
+    const ClusterRequest& request = requests[r];
+    if (request.from == nullptr) return request.chain;
+    auto [it, added] = made.try_emplace(r);
+    if (added) it->second = TraceChainKeys(*request.from, request.tokens, B);
+    return it->second;
+  };
 
   // The prefill nodes whose cache holds a key's block KV (OpenNodes: the nodes a placement
   // must price one by one).
@@ -463,8 +508,9 @@ ClusterResult SimulateCluster(const std::vector<ClusterRequest>& requests,
     while (!waiting.empty()) {
       const size_t r = waiting.front();
       const ClusterRequest& request = requests[r];
+      const std::vector<Sha256Digest>& chain = chain_of(r);
       if (open_nodes.empty()) return;
-      const kvstore::ChainLookup in_store = Peek(store, request.chain);
+      const kvstore::ChainLookup in_store = Peek(store, chain);
       kvstore::PlacementRequest place{
           .policy = o.policy, .hit = o.hit, .payload = o.payload, .config = &o.config};
       place.hit.prompt_len = request.prompt_len;
@@ -477,7 +523,7 @@ ClusterResult SimulateCluster(const std::vector<ClusterRequest>& requests,
         }
       } else {
         std::vector<size_t> holders;
-        auto it = request.chain.empty() ? cached_by.end() : cached_by.find(request.chain.front());
+        auto it = chain.empty() ? cached_by.end() : cached_by.find(chain.front());
         if (it != cached_by.end()) {
           for (size_t n : it->second) {
             if (nodes[n].prefilling < o.slots) holders.push_back(n);
@@ -496,12 +542,11 @@ ClusterResult SimulateCluster(const std::vector<ClusterRequest>& requests,
       }
       std::vector<kvstore::PrefillNodeView> views;
       for (size_t n : open) {
-        views.push_back(
-            {.prefilling = nodes[n].prefilling,
-             .reported_queued = std::max<int64_t>(0, nodes[n].prefilling - 1),
-             .queue_ms = nodes[n].pending_ms,
-             .rates = o.rates,
-             .tiers = {.local = Peek(nodes[n].cache, request.chain), .store = in_store}});
+        views.push_back({.prefilling = nodes[n].prefilling,
+                         .reported_queued = std::max<int64_t>(0, nodes[n].prefilling - 1),
+                         .queue_ms = nodes[n].pending_ms,
+                         .rates = o.rates,
+                         .tiers = {.local = Peek(nodes[n].cache, chain), .store = in_store}});
       }
       // A decode slot is reserved at admission: the least loaded decode node's (fewest
       // requests, then the lowest index).
@@ -519,12 +564,12 @@ ClusterResult SimulateCluster(const std::vector<ClusterRequest>& requests,
       Node& node = nodes[chosen];
       // The hit's reads: the store's blocks are used (touched) and kept in the node's cache.
       const int64_t h = chosen_hit.hit_blocks;
-      const std::vector<Sha256Digest> hit_chain(request.chain.begin(), request.chain.begin() + h);
+      const std::vector<Sha256Digest> hit_chain(chain.begin(), chain.begin() + h);
       node.cache.Lookup(hit_chain);
       store.Lookup(hit_chain);
       // The router's lookup: one probe per owner of some of the prompt's keys.
       const std::vector<std::vector<size_t>> owned =
-          kvstore::KeysByOwner(request.chain, result.store_ids, replication);
+          kvstore::KeysByOwner(chain, result.store_ids, replication);
       for (size_t s = 0; s < owned.size(); ++s) {
         if (owned[s].empty()) continue;
         ++result.store_ops[s].lookups;
@@ -534,18 +579,17 @@ ClusterResult SimulateCluster(const std::vector<ClusterRequest>& requests,
       const std::vector<kvstore::WriteBackStep> kept = kvstore::CacheKeptReads(h, o.hit.window, B);
       const uint64_t turn = node.read_turn++;
       for (const kvstore::WriteBackStep& step : kept) {
-        if (o.block_cache_bytes > 0 &&
-            node.cache.Contains(request.chain[step.block], step.region)) {
+        if (o.block_cache_bytes > 0 && node.cache.Contains(chain[step.block], step.region)) {
           continue;
         }
         const size_t owner =
-            kvstore::ReadOrder(request.chain[step.block], result.store_ids, replication, turn)[0];
+            kvstore::ReadOrder(chain[step.block], result.store_ids, replication, turn)[0];
         ++result.store_ops[owner].reads;
         result.store_ops[owner].read_bytes +=
             step.region == Region::kBlockKv ? o.payload.block_kv : o.payload.swa;
       }
       if (o.block_cache_bytes > 0) {
-        put(node.cache, request.chain, kept, o.block_cache_bytes, static_cast<int64_t>(chosen));
+        put(node.cache, chain, kept, o.block_cache_bytes, static_cast<int64_t>(chosen));
       }
       result.local_hit_tokens += chosen_hit.local_blocks * B;
       result.store_hit_tokens += (h - chosen_hit.local_blocks) * B;
@@ -631,21 +675,22 @@ ClusterResult SimulateCluster(const std::vector<ClusterRequest>& requests,
       node.pending_ms =
           node.prefilling == 0 ? 0 : std::max(0.0, node.pending_ms - service_of[event.request]);
       opened(node_of[event.request]);
-      const std::vector<kvstore::WriteBackStep> computed = kvstore::WriteBackSteps(
-          hit_of[event.request], static_cast<int64_t>(request.chain.size()));
+      const std::vector<Sha256Digest>& chain = chain_of(event.request);
+      const std::vector<kvstore::WriteBackStep> computed =
+          kvstore::WriteBackSteps(hit_of[event.request], static_cast<int64_t>(chain.size()));
       if (o.block_cache_bytes > 0) {
-        put(node.cache, request.chain, computed, o.block_cache_bytes,
+        put(node.cache, chain, computed, o.block_cache_bytes,
             static_cast<int64_t>(node_of[event.request]));
       }
-      put(store, request.chain, computed, o.store_budget.value_or(unlimited), -1);
+      put(store, chain, computed, o.store_budget.value_or(unlimited), -1);
       for (const kvstore::WriteBackStep& step : computed) {
-        for (size_t owner :
-             kvstore::Owners(request.chain[step.block], result.store_ids, replication)) {
+        for (size_t owner : kvstore::Owners(chain[step.block], result.store_ids, replication)) {
           ++result.store_ops[owner].writes;
           result.store_ops[owner].write_bytes +=
               step.region == Region::kBlockKv ? o.payload.block_kv : o.payload.swa;
         }
       }
+      made.erase(event.request);
       last_end = std::max(last_end, event.time);
       if (replay_of[event.request] > 0) {
         events.push({event.time + replay_of[event.request], kReplayEnds, event.request});

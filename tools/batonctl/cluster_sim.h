@@ -73,8 +73,22 @@ struct ClusterRequest {
   double arrival_ms = 0;
   int64_t prompt_len = 0;
   int64_t output_len = 1;           // completion tokens (decode_nodes > 0)
-  std::vector<Sha256Digest> chain;  // keys of the prompt's full blocks
+  std::vector<Sha256Digest> chain;  // keys of the prompt's full blocks (unless `from` is set)
+  // Or the trace line the chain is made from (TraceChainKeys with `tokens`) when the request
+  // is placed, and dropped at its prefill's end: a long trace then holds only its requests in
+  // flight's keys. It must outlive the simulation.
+  const TraceRequest* from = nullptr;
+  TokenOptions tokens;
 };
+
+// The keys of the full blocks of TraceTokens(request, tokens), made without the tokens: block
+// b's key hashes the key before it with the (hash id, first offset, end offset) of each piece
+// of a trace block that its tokens come from. A trace block's tokens are a pure function of its
+// hash id and the offset (HashIdTokens), so two prompts' keys agree exactly where ChainKeys
+// over their tokens would, up to collisions of 128-bit hashes; but the keys are not
+// ChainKeys', so they name the same blocks only within a simulation.
+std::vector<Sha256Digest> TraceChainKeys(const TraceRequest& request, const TokenOptions& tokens,
+                                         int64_t block_size);
 
 // A decode step's time by its rows, as a decode node fits it (baton_decode_step_cost_ms), and
 // the tokens a request gains per step; with replay-on-decode, the decode node's replay rate.
@@ -176,12 +190,15 @@ ClusterResult SimulateCluster(const std::vector<ClusterRequest>& requests,
                               const ClusterOptions& options);
 
 // A trace's requests as the simulation takes them: arrivals from the first one times
-// `time_scale`, prompts of TraceTokens with their chain keys on `fingerprint`, and the trace's
-// output lengths capped by `max_output_tokens` (0: no cap), at least one token.
+// `time_scale`, prompts of TraceTokens' length with their chains of `block_size` blocks
+// (TraceChainKeys), and the trace's output lengths capped by `max_output_tokens` (0: no cap),
+// at least one token. The chains are made here when all of them take at most
+// kChainKeysUpFront keys (a search simulates the same requests many times); past that, each
+// is made from its line as the simulation needs it (ClusterRequest::from: `trace` must then
+// outlive the simulations).
+inline constexpr int64_t kChainKeysUpFront = int64_t{1} << 22;  // 128 MiB of keys
 std::vector<ClusterRequest> ClusterRequestsFromTrace(const std::vector<TraceRequest>& trace,
-                                                     const TokenOptions& tokens,
-                                                     const std::string& fingerprint,
-                                                     int64_t block_size, double time_scale,
-                                                     int64_t max_output_tokens);
+                                                     const TokenOptions& tokens, int64_t block_size,
+                                                     double time_scale, int64_t max_output_tokens);
 
 }  // namespace baton::tools

@@ -537,8 +537,8 @@ int RunCluster(const SimulateOptions& o, const std::vector<Setting>& settings,
   }
   nlohmann::json results = nlohmann::json::array();
   for (const Setting& s : settings) {
-    const std::vector<ClusterRequest> cluster = ClusterRequestsFromTrace(
-        requests, tokens, kSimulatedFingerprint, s.block_size, o.time_scale, o.max_output_tokens);
+    const std::vector<ClusterRequest> cluster =
+        ClusterRequestsFromTrace(requests, tokens, s.block_size, o.time_scale, o.max_output_tokens);
     ModelConfig sized = config;
     sized.kv_block_size = s.block_size;
     for (const std::optional<uint64_t>& cache : *caches) {
