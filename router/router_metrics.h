@@ -1,5 +1,5 @@
-// The router's request metrics (README "Metrics"), shared by the client service and the
-// per-request pipeline. Families live in the process's registry (common/metrics.h).
+// The router's request metrics (docs/operators.md, "Metrics"), shared by the client service
+// and the per-request pipeline. Families live in the process's registry (common/metrics.h).
 #pragma once
 
 #include "baton/common/metrics.h"
