@@ -3,6 +3,7 @@
 #include <iostream>
 
 #include "CLI/CLI.hpp"
+#include "absl/strings/str_cat.h"
 #include "baton/common/stream_watch.h"
 #include "baton/decode_node/decode_service.h"
 #include "baton/decode_node/state_pool.h"
@@ -23,6 +24,12 @@ void AddDecodeFlags(CLI::App& app, baton::decode_node::DecodeOptions& options) {
                  "while streams are decoding (default 8; a step with none decoding takes up to "
                  "512)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  app.add_option("--replay-step-budget", options.replay_step_budget,
+                 "Replay-on-decode: the share of the decoding streams' step time that a step's "
+                 "replay rows may add, priced at the replay piece costs this node measures "
+                 "(default 1: a step at most twice the streams' own; 0.5 for 1.5x), within "
+                 "--replay-rows-per-step and at least a row a step; 0: the row bound alone")
+      ->check(CLI::Range(0.0, 100.0));
   app.add_option("--draft-rows-per-step", options.draft_rows_per_step,
                  "Speculative decoding with a draft model: prompt rows the draft model takes in "
                  "per decode step, over all requests (default 64); a longer prompt is taken in "
@@ -50,6 +57,73 @@ void AddDecodeFlags(CLI::App& app, baton::decode_node::DecodeOptions& options) {
                "pool: with --device cuda, decode steps write the pool's device mirror instead");
 }
 
+// The flags given as text, resolved once the model is loaded (ResolveDecodeOptions).
+struct DecodeFlagText {
+  std::string transfer_faults;
+  std::string stream_idle_timeout = "60s";
+  std::string speculative = "off";
+  int64_t speculative_tokens = 0;
+  std::string speculative_policy = "cost";
+};
+
+void AddDecodeTextFlags(CLI::App& app, DecodeFlagText& text) {
+  app.add_option("--inject-transfer-faults", text.transfer_faults,
+                 "Faults in every StateBlock read, for tests: drop=P,corrupt=P,truncate=P,"
+                 "delay_ms=N,seed=N");
+  app.add_option("--stream-idle-timeout", text.stream_idle_timeout,
+                 "Cancel a stream, and free its slot and pages, once its reader (the router) has "
+                 "taken no message for this long (30s, 500ms, 2m; a bare number is seconds; 0: "
+                 "never)");
+  app.add_option(
+      "--speculative", text.speculative,
+      "Speculative decoding: off, ngram (prompt lookup over the prompt and the tokens so "
+      "far) or draft:DIR (a draft model with the same tokenizer, run beside the model); "
+      "a request may choose among what this enables (off enables neither, ngram prompt lookup, "
+      "draft:DIR both) and is refused asking for more (default off)");
+  app.add_option("--speculative-tokens", text.speculative_tokens,
+                 "Tokens drafted per step at most, adapted per request to its acceptance (0: the "
+                 "model's max_backtrack, which is also the most allowed)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
+  app.add_option("--speculative-policy", text.speculative_policy,
+                 "cost: a request drafts as many tokens as pay for themselves at the step and "
+                 "draft costs this node measures, none when none do (the default); acceptance: "
+                 "it always drafts, as many as its recent acceptance suggests");
+}
+
+// The text flags and the node's into `options`, against the loaded model; an error names the
+// flag (exit 2).
+absl::Status ResolveDecodeOptions(const DecodeFlagText& text, const baton::node::NodeFlags& flags,
+                                  const baton::model::Engine& engine,
+                                  baton::decode_node::DecodeOptions& options) {
+  absl::StatusOr<baton::decode_node::SpeculativeConfig> speculative =
+      baton::decode_node::ParseSpeculative(text.speculative, text.speculative_tokens,
+                                           text.speculative_policy, engine.config());
+  if (!speculative.ok()) return speculative.status();
+  options.speculative = *speculative;
+  if (options.speculative.drafter == baton::decode_node::Drafter::kDraft) {
+    auto draft =
+        baton::decode_node::DraftModel::Load(options.speculative.draft_dir, flags.model_dir, engine,
+                                             flags.device, options.speculative.tokens);
+    if (!draft.ok()) return draft.status();
+    options.draft_model = *std::move(draft);
+  }
+  absl::StatusOr<std::chrono::milliseconds> idle =
+      baton::ParseStreamIdleTimeout(text.stream_idle_timeout);
+  if (!idle.ok()) return idle.status();
+  options.stream_idle_timeout = *idle;
+  if (!text.transfer_faults.empty()) {
+    auto spec = baton::transfer::ParseFaultSpec(text.transfer_faults);
+    if (!spec.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--inject-transfer-faults: ", spec.status().message()));
+    }
+    options.transfer_faults = *spec;
+  }
+  options.use_ucx = !flags.no_ucx;
+  options.ucx_allow_unprotected_tcp = flags.ucx_allow_unprotected_tcp;
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -59,69 +133,15 @@ int main(int argc, char** argv) {
   baton::node::AddNodeFlags(app, flags);
   baton::decode_node::DecodeOptions options;
   AddDecodeFlags(app, options);
-  std::string transfer_faults;
-  app.add_option("--inject-transfer-faults", transfer_faults,
-                 "Faults in every StateBlock read, for tests: drop=P,corrupt=P,truncate=P,"
-                 "delay_ms=N,seed=N");
-  std::string stream_idle_timeout = "60s";
-  app.add_option("--stream-idle-timeout", stream_idle_timeout,
-                 "Cancel a stream, and free its slot and pages, once its reader (the router) has "
-                 "taken no message for this long (30s, 500ms, 2m; a bare number is seconds; 0: "
-                 "never)");
-  std::string speculative = "off";
-  app.add_option(
-      "--speculative", speculative,
-      "Speculative decoding: off, ngram (prompt lookup over the prompt and the tokens so "
-      "far) or draft:DIR (a draft model with the same tokenizer, run beside the model); "
-      "a request may choose among what this enables (off enables neither, ngram prompt lookup, "
-      "draft:DIR both) and is refused asking for more (default off)");
-  int64_t speculative_tokens = 0;
-  app.add_option("--speculative-tokens", speculative_tokens,
-                 "Tokens drafted per step at most, adapted per request to its acceptance (0: the "
-                 "model's max_backtrack, which is also the most allowed)")
-      ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
-  std::string speculative_policy = "cost";
-  app.add_option("--speculative-policy", speculative_policy,
-                 "cost: a request drafts as many tokens as pay for themselves at the step and "
-                 "draft costs this node measures, none when none do (the default); acceptance: "
-                 "it always drafts, as many as its recent acceptance suggests");
+  DecodeFlagText text;
+  AddDecodeTextFlags(app, text);
   baton::node::NodeStart start =
       baton::node::StartNode(app, argc, argv, "baton-decode", "decode", flags);
   if (start.exit) return *start.exit;
-  if (auto config = baton::decode_node::ParseSpeculative(
-          speculative, speculative_tokens, speculative_policy, start.engine->config());
-      config.ok()) {
-    options.speculative = *config;
-  } else {
-    std::cerr << config.status().message() << "\n";
+  if (absl::Status s = ResolveDecodeOptions(text, flags, *start.engine, options); !s.ok()) {
+    std::cerr << s.message() << "\n";
     return 2;
   }
-  if (options.speculative.drafter == baton::decode_node::Drafter::kDraft) {
-    auto draft = baton::decode_node::DraftModel::Load(options.speculative.draft_dir,
-                                                      flags.model_dir, *start.engine, flags.device,
-                                                      options.speculative.tokens);
-    if (!draft.ok()) {
-      std::cerr << draft.status().message() << "\n";
-      return 2;
-    }
-    options.draft_model = *std::move(draft);
-  }
-  if (auto idle = baton::ParseStreamIdleTimeout(stream_idle_timeout); idle.ok()) {
-    options.stream_idle_timeout = *idle;
-  } else {
-    std::cerr << idle.status().message() << "\n";
-    return 2;
-  }
-  if (!transfer_faults.empty()) {
-    auto spec = baton::transfer::ParseFaultSpec(transfer_faults);
-    if (!spec.ok()) {
-      std::cerr << "--inject-transfer-faults: " << spec.status().message() << "\n";
-      return 2;
-    }
-    options.transfer_faults = *spec;
-  }
-  options.use_ucx = !flags.no_ucx;
-  options.ucx_allow_unprotected_tcp = flags.ucx_allow_unprotected_tcp;
   // UCX over RDMA pins the whole pool: a memlock limit below it is refused here, by name,
   // instead of every request failing once the registration does.
   if (options.use_ucx) {

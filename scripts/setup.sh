@@ -25,6 +25,7 @@ packages=(
   curl  # the HTTP tests drive the API with curl, as users do
   python3-jinja2  # the chat template test renders every template through Jinja2 beside baton
   prometheus  # promtool and a Prometheus for tests/observability (its service is not started)
+  universal-ctags  # scripts/function_lengths.sh finds each function's extent with it
 )
 
 missing=()

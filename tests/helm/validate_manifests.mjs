@@ -76,7 +76,7 @@ const BATON_CONFIG_KEYS = {
            "model-file"],
   prefill: ["port", "node-id", "router-resolve-ms", "token-budget", "no-ucx", "ucx-allow-unprotected-tcp", "kvstore", "store-read-min-ms", "commit-timeout-ms", "device",
             "weights", "drain-timeout", "served-model-name", "split", "block-cache-bytes", "model-file"],
-  decode: ["port", "node-id", "router-resolve-ms", "slots", "pages", "max-batch", "replay-rows-per-step", "speculative",
+  decode: ["port", "node-id", "router-resolve-ms", "slots", "pages", "max-batch", "replay-rows-per-step", "replay-step-budget", "speculative",
            "speculative-tokens", "speculative-policy", "max-waiting", "no-ucx",
            "ucx-peer-errors", "ucx-allow-unprotected-tcp", "stream-idle-timeout", "device", "weights", "drain-timeout",
            "served-model-name", "model-file"],

@@ -2,6 +2,7 @@
 
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "baton/common/pki.h"
 
 namespace baton::launcher {
@@ -64,6 +65,8 @@ ChildCommand ChildCommands::Decode(int i, const std::string& router_internal) co
                                    options_.weights,
                                    "--replay-rows-per-step",
                                    std::to_string(options_.replay_rows_per_step),
+                                   "--replay-step-budget",
+                                   absl::StrCat(options_.replay_step_budget),
                                    "--speculative",
                                    options_.speculative,
                                    "--speculative-tokens",

@@ -50,6 +50,10 @@ int main(int argc, char** argv) {
                  "replay-on-decode: boundary rows each decode step replays beside the running "
                  "streams' tokens")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  up->add_option("--replay-step-budget", options.replay_step_budget,
+                 "replay-on-decode: the share of the streams' step time a decode step's replay "
+                 "rows may add (baton-decode --replay-step-budget)")
+      ->check(CLI::Range(0.0, 100.0));
   up->add_option("--speculative", options.speculative,
                  "The decode nodes' speculative decoding: off, ngram (prompt lookup) or draft:DIR "
                  "(a draft model with the served model's tokenizer, e.g. "

@@ -134,6 +134,7 @@ decode:
   pages: {{ $c.decode.pages | int64 }}
   max-batch: {{ index $c.decode "max-batch" | int64 }}
   replay-rows-per-step: {{ index $c.decode "replay-rows-per-step" | int64 }}
+  replay-step-budget: {{ index $c.decode "replay-step-budget" | float64 }}
   speculative: {{ index $c.decode "speculative" | quote }}
   speculative-tokens: {{ index $c.decode "speculative-tokens" | int64 }}
   speculative-policy: {{ index $c.decode "speculative-policy" | quote }}

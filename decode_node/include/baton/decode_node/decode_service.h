@@ -19,6 +19,7 @@
 #include <mutex>
 #include <optional>
 #include <set>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -27,6 +28,7 @@
 #include "baton/common/stream_watch.h"
 #include "baton/common/trace.h"
 #include "baton/common/watchdog.h"
+#include "baton/decode_node/decode_step.h"
 #include "baton/decode_node/speculation.h"
 #include "baton/decode_node/state_pool.h"
 #include "baton/model/engine.h"
@@ -38,12 +40,7 @@
 
 namespace baton::decode_node {
 
-// The one finish rule, for the first token (sampled by the prefill node) and every later one,
-// in vLLM's order: a stop id finishes STOP, then the EOS id (unless ignore_eos) EOS, then the
-// length limit LENGTH; UNSPECIFIED while the request goes on. `completion` counts `token`.
-v1::FinishReason FinishReasonFor(int32_t token, uint32_t completion, uint32_t max_tokens,
-                                 const std::set<int32_t>& stop_ids, bool ignore_eos,
-                                 int64_t eos_token_id);
+struct Request;  // request.h
 
 struct DecodeOptions {
   int64_t slots = 64;
@@ -54,6 +51,9 @@ struct DecodeOptions {
   // 8 rows keep 8 streams' step within 1.5x on the small preset at L = 2K,
   // bench/replay_step_bench.cc). A step with no stream decoding replays up to 512.
   int64_t replay_rows_per_step = 8;
+  // Replay-on-decode: the share of the running streams' step time a step's replay rows may add
+  // (--replay-step-budget; StepPolicy), within replay_rows_per_step; 0 leaves the row bound.
+  double replay_step_budget = 1.0;
   // Speculative decoding with a draft model: prompt rows the draft model takes in per step, over
   // all requests (--draft-rows-per-step). A long prompt is taken in a piece per step, so the
   // streams' steps stay short (the draft model is meant to be several times smaller than the
@@ -115,21 +115,27 @@ class DecodeService final : public v1::DecodeNode::Service {
   void Drain(std::chrono::steady_clock::time_point deadline);
 
  private:
-  struct Request;
-  // kReplaying: committed under replay-on-decode, its consumer layers being replayed over the
-  // boundary rows, a piece each step, until the first token is sampled (then kCommitted).
-  enum class Phase { kReserved, kTransferring, kReplaying, kCommitted, kFinished };
-
   void DecodeLoop();
+  // One step: `plan`, made under `lock` over the requests `held`, run unlocked and settled;
+  // returns with the lock held again.
+  void RunStep(std::vector<std::shared_ptr<Request>>& held, const DecodePlan& plan,
+               std::unique_lock<std::mutex>& lock);
   void ReapLoop();
-  // Applies a sampled token: appends it and decides whether the request is finished.
-  void Accept(Request& r, int32_t token, float logprob);
-  // Replay-on-decode: the next `rows` boundary rows of a replaying request as one step's piece
-  // (caller holds mutex_), and what the step's logits for it do (the prompt logprobs, and at the
-  // prompt's end the first token).
+  // Replay-on-decode: a planned piece of a replaying request's boundary rows, gathered from its
+  // pool pages, and the step's logits for it.
   struct ReplayPiece;
-  ReplayPiece NextPiece(const std::shared_ptr<Request>& r, int64_t rows) const;
+  ReplayPiece GatherPiece(const std::shared_ptr<Request>& r, int64_t rows) const;
+  // After the piece's step (caller holds mutex_): its settle, and at the replay's end the
+  // boundary pages freed and the replay's rate folded into what the node reports.
   void FinishPiece(ReplayPiece& piece);
+  // The drafts of the step's requests (prompt lookup, or the draft model's batched rounds).
+  void ProposeDrafts(std::span<DraftJob> jobs);
+  // A decoding request's verdict applied (SettleDecode) and counted; caller holds mutex_.
+  void SettleRequest(Request& r, int64_t drafts, const model::Verdict& verdict);
+  // A step's time (its engine run) over its `requests` decoding with `decode_rows` rows and
+  // its replay pieces, folded into the fits the planner and the router price with.
+  void MeasureStep(int64_t requests, int64_t decode_rows, std::span<const ReplayPiece> pieces,
+                   double target_seconds);
   void Erase(const std::string& id);  // caller holds mutex_
   // The reservation `id` when `caller` (the peer's certificate identity) is its `role` owner
   // (see Request); nullptr when it is absent or another identity's. Caller holds mutex_.
@@ -186,8 +192,12 @@ class DecodeService final : public v1::DecodeNode::Service {
   // commit; decode steps run on the copy.
   model::BackendArray<char> engine_pool_;
 
+  // Guards requests_ and every Request (request.h says what the decode thread does unlocked),
+  // waiting_, stop_, draining_ and the replay rate sums. Each waiter has its own condition:
   mutable std::mutex mutex_;
-  std::condition_variable changed_;
+  std::condition_variable work_;      // the decode loop: a commit, or the node's stop
+  std::condition_variable deadline_;  // the reaper: a reservation, a commit, or the stop
+  std::condition_variable freed_;     // Reserve waiting for memory, Drain: a request erased
   std::map<std::string, std::shared_ptr<Request>> requests_;
   int64_t waiting_ = 0;
   bool stop_ = false;
@@ -196,11 +206,14 @@ class DecodeService final : public v1::DecodeNode::Service {
   std::thread reap_thread_;
   std::unique_ptr<Metrics> metrics_;
   std::shared_ptr<prometheus::Collectable> pool_collector_;  // running, queue and pool gauges
-  // What decode steps and draft rounds cost here, for pricing drafts (the decode loop's own).
+  // The decode thread's own (no lock): what decode steps, draft rounds and replayed rows cost
+  // here, for pricing drafts and replay rows.
   DraftCosts costs_;
-  int64_t cost_log_ = 0;               // steps, for a debug line of the costs every 256
+  ReplayCosts replay_costs_;
+  int64_t cost_log_ = 0;  // steps, for a debug line of the costs every 256
   // What the node reports of its costs (LoadReport.decode_rates): replay's time per GFLOP as
-  // moving sums weighted by the work, and the tokens a request gains per step (moving average).
+  // moving sums weighted by the work (under mutex_), and the tokens a request gains per step
+  // (moving average).
   double replay_ms_sum_ = 0;
   double replay_gflop_sum_ = 0;
   uint32_t replay_samples_ = 0;

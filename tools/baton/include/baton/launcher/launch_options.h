@@ -25,6 +25,7 @@ struct LaunchOptions {
   std::string transport = "ucx";   // --transport: StateBlock transport, ucx or grpc
   std::string split = "prefill-all";   // --split: prefill-all or replay-on-decode (router, prefill)
   int64_t replay_rows_per_step = 8;    // --replay-rows-per-step: the decode nodes' replay pieces
+  double replay_step_budget = 1.0;     // --replay-step-budget: their share of a step's time
   std::string speculative = "off";     // --speculative: the decode nodes' drafter
   int64_t speculative_tokens = 0;      // --speculative-tokens: drafted per step (0: max_backtrack)
   std::string speculative_policy = "cost";  // --speculative-policy: cost or acceptance

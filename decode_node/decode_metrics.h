@@ -1,0 +1,63 @@
+// The decode node's metrics (docs/deploy.md lists them), shared by the service's files.
+#pragma once
+
+#include "baton/common/metrics.h"
+#include "baton/decode_node/decode_service.h"
+
+namespace baton::decode_node {
+
+struct DecodeService::Metrics {
+  prometheus::Family<prometheus::Counter>& requests = metrics::Counter(
+      "baton_decode_requests_total",
+      "Decode streams finished, by outcome (gRPC status name, or expired reservations)");
+  prometheus::Counter& tokens =
+      metrics::Counter("baton_decode_tokens_total", "Tokens sampled by decode steps").Add({});
+  prometheus::Histogram& step_seconds =
+      metrics::Histogram("baton_decode_step_seconds", "Time of one batched decode step")
+          .Add({}, metrics::TokenLatencyBuckets());
+  // The step-cost fit (DraftCosts::target) the node prices drafts with, for capacity plans
+  // (`batonctl simulate --decode-rates step_fixed_ms=..,step_per_row_ms=..`).
+  prometheus::Family<prometheus::Gauge>& step_cost = metrics::Gauge(
+      "baton_decode_step_cost_ms",
+      "The node's fit of a decode step's time: a fixed part and a part per row (0 until fitted)");
+  prometheus::Gauge& step_fixed_ms = step_cost.Add({{"term", "fixed"}});
+  prometheus::Gauge& step_per_row_ms = step_cost.Add({{"term", "per_row"}});
+  // Replay-on-decode's measured rate, which the router prices replay with (LoadReport).
+  prometheus::Gauge& replay_ms_per_gflop =
+      metrics::Gauge("baton_decode_replay_ms_per_gflop",
+                     "Replay-on-decode: time from a StateBlock's commit to its first token per "
+                     "GFLOP of its replay (0 until a replay is measured)")
+          .Add({});
+  prometheus::Histogram& batch_size =
+      metrics::Histogram("baton_decode_batch_size", "Requests in one decode step")
+          .Add({}, prometheus::Histogram::BucketBoundaries{1, 2, 4, 8, 16, 32, 64, 128, 256});
+  prometheus::Counter& draft_tokens =
+      metrics::Counter("baton_decode_draft_tokens_total",
+                       "Tokens drafted for speculative decoding and verified by decode steps")
+          .Add({});
+  prometheus::Counter& accepted_draft_tokens =
+      metrics::Counter("baton_decode_accepted_draft_tokens_total",
+                       "Drafted tokens the target accepted (each saved one decode step)")
+          .Add({});
+  prometheus::Histogram& tokens_per_step =
+      metrics::Histogram("baton_decode_tokens_per_step",
+                         "Tokens a request gained in one decode step (1 without speculation; up "
+                         "to the drafted tokens plus one with it)")
+          .Add({}, prometheus::Histogram::BucketBoundaries{1, 2, 3, 4, 5, 6, 8, 12, 16});
+  prometheus::Histogram& acceptance_rate =
+      metrics::Histogram("baton_decode_acceptance_rate",
+                         "Share of a finished request's drafted tokens that the target accepted")
+          .Add({}, prometheus::Histogram::BucketBoundaries{0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8,
+                                                           0.9, 1.0});
+  prometheus::Counter& replay_rows =
+      metrics::Counter("baton_decode_replay_rows_total",
+                       "Boundary rows replayed through the consumer layers (replay-on-decode)")
+          .Add({});
+  prometheus::Family<prometheus::Counter>& pulled_bytes =
+      metrics::Counter("baton_transfer_pulled_bytes_total",
+                       "StateBlock bytes read from prefill nodes into reservations, by transport");
+  prometheus::Family<prometheus::Histogram>& pull_seconds = metrics::Histogram(
+      "baton_transfer_pull_seconds", "Time to read one StateBlock's regions, by transport");
+};
+
+}  // namespace baton::decode_node

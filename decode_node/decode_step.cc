@@ -1,0 +1,239 @@
+#include "baton/decode_node/decode_step.h"
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+
+namespace baton::decode_node {
+
+v1::FinishReason FinishReasonFor(int32_t token, uint32_t completion, uint32_t max_tokens,
+                                 const std::set<int32_t>& stop_ids, bool ignore_eos,
+                                 int64_t eos_token_id) {
+  if (stop_ids.contains(token)) return v1::FINISH_REASON_STOP;
+  if (!ignore_eos && token == eos_token_id) return v1::FINISH_REASON_EOS;
+  if (completion >= max_tokens) return v1::FINISH_REASON_LENGTH;
+  return v1::FINISH_REASON_UNSPECIFIED;
+}
+
+bool Generation::Accept(int32_t token, float logprob) {
+  tokens.push_back(token);
+  logprobs.push_back(logprob);
+  completion += 1;
+  next_input = token;
+  if (!context.empty()) context.push_back(token);
+  finish = FinishReasonFor(token, completion, max_tokens, stop_ids, ignore_eos, eos_token_id);
+  return finished();
+}
+
+namespace {
+
+int BandOf(int64_t prompt_len) {
+  return prompt_len > 0 ? static_cast<int>(std::bit_width(static_cast<uint64_t>(prompt_len))) : 0;
+}
+
+}  // namespace
+
+void ReplayCosts::AddPiece(double seconds, PieceSize piece) {
+  if (piece.rows <= 0 || piece.prompt_len <= 0 || !(seconds > 0)) return;
+  by_band[BandOf(piece.prompt_len)].Add(static_cast<double>(piece.rows), seconds);
+  const double per_row = seconds / static_cast<double>(piece.rows);
+  const double L = static_cast<double>(piece.prompt_len);
+  // A tenth forgotten each piece: the estimate follows the machine's load within a few steps.
+  seconds_per_row = pieces == 0 ? per_row : 0.9 * seconds_per_row + 0.1 * per_row;
+  length = pieces == 0 ? L : 0.9 * length + 0.1 * L;
+  ++pieces;
+}
+
+double ReplayCosts::PieceSeconds(PieceSize piece) const {
+  auto it = by_band.find(BandOf(piece.prompt_len));
+  if (it != by_band.end() && it->second.ready())
+    return it->second.At(static_cast<double>(piece.rows));
+  const double scale = length > 0 ? static_cast<double>(piece.prompt_len) / length : 1;
+  return seconds_per_row * scale * static_cast<double>(piece.rows);
+}
+
+int64_t ReplayCosts::RowsWithin(double seconds, int64_t prompt_len) const {
+  const int64_t most = int64_t{1} << 40;
+  auto it = by_band.find(BandOf(prompt_len));
+  if (it != by_band.end() && it->second.ready()) {
+    const CostFit& fit = it->second;
+    if (seconds < fit.fixed()) return 0;
+    return fit.per_row() > 0 ? static_cast<int64_t>(std::min<double>(
+                                   most, std::floor((seconds - fit.fixed()) / fit.per_row())))
+                             : most;
+  }
+  const double row = PieceSeconds({.prompt_len = prompt_len, .rows = 1});
+  return row > 0 ? static_cast<int64_t>(std::min<double>(most, std::floor(seconds / row))) : most;
+}
+
+double StreamsSeconds(const DraftCosts& costs, const ReplayCosts& replay_costs, int64_t requests,
+                      int64_t decode_rows) {
+  // Steps of these very rows, when there were some: the fit over every batch size bends a
+  // batch's own time (a step of one request is mostly the weights' read).
+  auto it = replay_costs.streams_alone.find(decode_rows);
+  if (it != replay_costs.streams_alone.end()) return it->second;
+  const CostFit& fit = costs.TargetFor(requests);
+  return fit.ready() ? fit.At(static_cast<double>(decode_rows)) : 0;
+}
+
+void FoldStepTime(DraftCosts& costs, ReplayCosts& replay_costs, int64_t requests,
+                  int64_t decode_rows, std::span<const PieceSize> pieces, double seconds) {
+  if (pieces.empty()) {
+    if (decode_rows <= 0) return;
+    costs.AddStep(requests, decode_rows, seconds);
+    auto [it, added] = replay_costs.streams_alone.try_emplace(decode_rows, seconds);
+    if (!added) it->second = 0.9 * it->second + 0.1 * seconds;
+    return;
+  }
+  const double streams =
+      decode_rows > 0 ? StreamsSeconds(costs, replay_costs, requests, decode_rows) : 0;
+  if (decode_rows > 0 && streams <= 0) return;
+  double work = 0;
+  for (const PieceSize& piece : pieces) work += static_cast<double>(piece.rows * piece.prompt_len);
+  if (!(work > 0)) return;
+  for (const PieceSize& piece : pieces) {
+    replay_costs.AddPiece(
+        (seconds - streams) * static_cast<double>(piece.rows * piece.prompt_len) / work, piece);
+  }
+}
+
+int64_t DecodePlan::decode_rows() const {
+  int64_t rows = 0;
+  for (const Decode& d : decode) rows += 1 + d.drafts;
+  return rows;
+}
+
+int64_t DecodePlan::replay_rows() const {
+  int64_t rows = 0;
+  for (const Replay& r : replay) rows += r.rows;
+  return rows;
+}
+
+namespace {
+
+// The decoding candidates the step takes and the tokens each drafts.
+void PlanDecode(std::span<const StepCandidate> candidates, const StepPolicy& policy,
+                const DraftCosts& costs, DecodePlan& plan) {
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    if (candidates[i].work != StepCandidate::Work::kDecode) continue;
+    if (static_cast<int64_t>(plan.decode.size()) >= policy.max_batch) break;
+    plan.decode.push_back({.candidate = i});
+  }
+  const int64_t batch = static_cast<int64_t>(plan.decode.size());
+  for (DecodePlan::Decode& d : plan.decode) {
+    Generation& g = *candidates[d.candidate].generation;
+    // A step emits at most drafts + 1 tokens, and never more than the request has left.
+    if (!g.context.empty()) d.drafts = g.speculation.Plan(costs, batch, g.tokens_left() - 1);
+  }
+}
+
+}  // namespace
+
+DecodePlan PlanStep(std::span<const StepCandidate> candidates, const StepPolicy& policy,
+                    const DraftCosts& costs, const ReplayCosts& replay_costs) {
+  DecodePlan plan;
+  PlanDecode(candidates, policy, costs, plan);
+  // The row bound protects the running streams' inter-token latency; with none running, a step
+  // replays up to the idle bound, so a lone prompt's first token is not held back.
+  plan.replay_budget = plan.decode.empty() ? std::max(policy.replay_rows, policy.idle_replay_rows)
+                                           : policy.replay_rows;
+  const double streams =
+      plan.decode.empty()
+          ? 0
+          : StreamsSeconds(costs, replay_costs, static_cast<int64_t>(plan.decode.size()),
+                           plan.decode_rows());
+  double time_left = std::numeric_limits<double>::infinity();
+  if (policy.replay_step_budget > 0 && !plan.decode.empty()) {
+    if (streams > 0 && replay_costs.ready()) {
+      time_left = policy.replay_step_budget * streams;
+      plan.replay_budget_ms = time_left * 1e3;
+    } else {
+      plan.replay_budget = std::min(plan.replay_budget, policy.unpriced_replay_rows);
+    }
+  }
+  int64_t rows_left = plan.replay_budget;
+  for (size_t i = 0; i < candidates.size() && rows_left > 0; ++i) {
+    if (candidates[i].work != StepCandidate::Work::kReplay) continue;
+    const Generation& g = *candidates[i].generation;
+    int64_t rows = std::min(rows_left, g.replay_rows_left());
+    if (std::isfinite(time_left)) {
+      const int64_t L = g.replay.prompt_len;
+      // The step's first piece takes a row at least: a replay always moves on.
+      rows = std::min(rows, std::max<int64_t>(plan.replay.empty() ? 1 : 0,
+                                              replay_costs.RowsWithin(time_left, L)));
+      if (rows > 0) time_left -= replay_costs.PieceSeconds({.prompt_len = L, .rows = rows});
+    }
+    if (rows <= 0) break;
+    plan.replay.push_back({.candidate = i, .first_row = g.replay_next, .rows = rows});
+    rows_left -= rows;
+  }
+  return plan;
+}
+
+std::string DescribePlan(const DecodePlan& plan) {
+  std::string line =
+      absl::StrCat("decode ", plan.decode.size(), " [",
+                   absl::StrJoin(plan.decode, " ",
+                                 [](std::string* out, const DecodePlan::Decode& d) {
+                                   absl::StrAppend(out, d.candidate, "+", d.drafts);
+                                 }),
+                   "] replay ", plan.replay.size(), " [",
+                   absl::StrJoin(plan.replay, " ",
+                                 [](std::string* out, const DecodePlan::Replay& r) {
+                                   absl::StrAppend(out, r.candidate, ":", r.first_row, "+", r.rows);
+                                 }),
+                   "] budget ", plan.replay_budget, " rows");
+  if (plan.replay_budget_ms >= 0)
+    absl::StrAppend(&line, absl::StrFormat(" %.1f ms", plan.replay_budget_ms));
+  return line;
+}
+
+DecodeSettled SettleDecode(Generation& g, int64_t drafts, const model::Verdict& verdict) {
+  DecodeSettled settled{.drafted = drafts};
+  const int64_t context_before = static_cast<int64_t>(g.context.size());
+  // The step appended drafts + 1 rows; the rejected drafts' rows are taken back.
+  settled.taken_back = drafts - verdict.accepted;
+  for (const model::SampledToken& token : verdict.tokens) {
+    if (g.finished()) break;
+    g.Accept(token.token, token.logprob);
+    ++settled.emitted;
+  }
+  if (drafts > 0) {
+    Speculation& spec = g.speculation;
+    // Accepted drafts that were sent (a stop may end the request inside them).
+    settled.accepted = std::min<int64_t>(verdict.accepted, settled.emitted);
+    spec.drafted += static_cast<uint32_t>(drafts);
+    spec.accepted += static_cast<uint32_t>(settled.accepted);
+    spec.Adapt(drafts, verdict.accepted);
+    if (spec.drafter == Drafter::kDraft) {
+      DraftModel::Settle(spec, context_before, drafts, verdict.accepted);
+    }
+  }
+  return settled;
+}
+
+bool SettleReplay(Generation& g, int64_t rows, std::span<const float> logits, int64_t vocab) {
+  const int64_t L = g.replay.prompt_len, first = g.replay_next;
+  const size_t V = static_cast<size_t>(vocab);
+  if (!g.prompt_tokens.empty()) {
+    // A row's log-probability of the next prompt token (the last row's next token is sampled).
+    for (int64_t j = 0; j < rows && first + j + 1 < L; ++j) {
+      g.prompt_logprobs.push_back(
+          model::LogSoftmaxAt(logits.subspan(static_cast<size_t>(j) * V, V),
+                              g.prompt_tokens[static_cast<size_t>(first + j + 1)]));
+    }
+  }
+  g.replay_next += rows;
+  if (g.replay_next < L) return false;
+  // The prompt's last row: the first token, sampled as the prefill node would have.
+  const model::SampledToken token = model::SampleToken(logits.last(V), g.sampling, g.completion);
+  g.Accept(token.token, token.logprob);
+  return true;
+}
+
+}  // namespace baton::decode_node
