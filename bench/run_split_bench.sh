@@ -5,7 +5,8 @@
 # 2K tokens arriving
 # at once do to 8 streams already decoding (bench/arrival_bench.cc): the arrivals' TTFT p50/p99
 # and the running streams' ITL p99 in a quiet window and during the arrivals. Replay-on-decode
-# runs at two --replay-rows-per-step settings (ROWS, default "8 64"). StateBlock bytes per
+# runs at two --replay-rows-per-step settings (ROWS, default "8 64"), each within
+# --replay-step-budget REPLAY_STEP_BUDGET (default: baton-decode's). StateBlock bytes per
 # request come from `batonctl plan` at L = 1K, 4K, 16K under the serving default (compact,
 # K = C).
 #
@@ -34,7 +35,10 @@ done
 
 run() {  # LABEL SPLIT ROWS
   local label="$1" split="$2" rows="$3"
-  BATON_UP_ARGS="--split $split --replay-rows-per-step $rows" start_baton_up "$build" "$model"
+  local budget=()
+  if [[ -n "${REPLAY_STEP_BUDGET:-}" ]]; then budget=(--replay-step-budget "$REPLAY_STEP_BUDGET"); fi
+  BATON_UP_ARGS="--split $split --replay-rows-per-step $rows ${budget[*]}" \
+    start_baton_up "$build" "$model"
   "$build/bench/baton_arrival_bench" --addr "$addr" --running "${RUNNING:-8}" \
     --running-tokens "${RUNNING_TOKENS:-2000}" --running-prompt-len "${RUNNING_PROMPT_LEN:-64}" \
     --quiet-ms "${QUIET_MS:-1500}" --arrivals "${ARRIVALS:-16}" --lone-prompt-len "${LONE_LEN:-4096}" \

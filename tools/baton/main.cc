@@ -23,6 +23,34 @@
 #include "CLI/CLI.hpp"
 #include "baton/launcher/launcher.h"
 
+namespace {
+
+// The decode nodes' flags baton up passes on.
+void AddDecodeFlags(CLI::App& up, baton::launcher::LaunchOptions& options) {
+  up.add_option("--replay-rows-per-step", options.replay_rows_per_step,
+                "replay-on-decode: boundary rows each decode step replays beside the running "
+                "streams' tokens")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  up.add_option("--replay-step-budget", options.replay_step_budget,
+                "replay-on-decode: the share of the streams' step time a decode step's replay "
+                "rows may add (baton-decode --replay-step-budget)")
+      ->check(CLI::Range(0.0, 100.0));
+  up.add_option("--speculative", options.speculative,
+                "The decode nodes' speculative decoding: off, ngram (prompt lookup) or draft:DIR "
+                "(a draft model with the served model's tokenizer, e.g. "
+                "models/ced-brown-draft); requests may override it (default off)");
+  up.add_option("--speculative-tokens", options.speculative_tokens,
+                "Tokens drafted per step at most (0: the model's max_backtrack)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
+  up.add_option("--speculative-policy", options.speculative_policy,
+                "cost: drafts only as many tokens as pay for themselves at the measured costs "
+                "(default); acceptance: always draft, as many as the acceptance suggests")
+      ->check(CLI::IsMember({"cost", "acceptance"}));
+  up.add_option("--decode-pages", options.decode_pages, "Block-KV pages of each decode node");
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   // Before any thread exists: every thread blocks them, and only the supervisor takes them.
   baton::launcher::BlockShutdownSignals();
@@ -46,26 +74,7 @@ int main(int argc, char** argv) {
                  "every layer) or replay-on-decode (it holds and runs the producers only; the "
                  "decode node replays the consumer layers)")
       ->check(CLI::IsMember({"prefill-all", "replay-on-decode"}));
-  up->add_option("--replay-rows-per-step", options.replay_rows_per_step,
-                 "replay-on-decode: boundary rows each decode step replays beside the running "
-                 "streams' tokens")
-      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
-  up->add_option("--replay-step-budget", options.replay_step_budget,
-                 "replay-on-decode: the share of the streams' step time a decode step's replay "
-                 "rows may add (baton-decode --replay-step-budget)")
-      ->check(CLI::Range(0.0, 100.0));
-  up->add_option("--speculative", options.speculative,
-                 "The decode nodes' speculative decoding: off, ngram (prompt lookup) or draft:DIR "
-                 "(a draft model with the served model's tokenizer, e.g. "
-                 "models/ced-brown-draft); requests may override it (default off)");
-  up->add_option("--speculative-tokens", options.speculative_tokens,
-                 "Tokens drafted per step at most (0: the model's max_backtrack)")
-      ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
-  up->add_option("--speculative-policy", options.speculative_policy,
-                 "cost: drafts only as many tokens as pay for themselves at the measured costs "
-                 "(default); acceptance: always draft, as many as the acceptance suggests")
-      ->check(CLI::IsMember({"cost", "acceptance"}));
-  up->add_option("--decode-pages", options.decode_pages, "Block-KV pages of each decode node");
+  AddDecodeFlags(*up, options);
   up->add_option("--http-port", options.http_port,
                  "The router's OpenAI-compatible HTTP API (0: any free port; -1: off); served "
                  "when the model has a tokenizer")
