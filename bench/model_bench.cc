@@ -20,6 +20,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <iostream>
 #include <random>
@@ -176,6 +177,13 @@ int main(int argc, char** argv) {
                  "the active level, BATON_CPU_ISA or the best this CPU has)");
   app.add_flag("--json", json_output, "Print one JSON object");
   CLI11_PARSE(app, argc, argv);
+  // The kernels' level and wait policy from the environment (BATON_CPU_ISA, OMP_WAIT_POLICY).
+  if (std::string error = baton::kernels::ConfigureCpuKernels(std::getenv("BATON_CPU_ISA"),
+                                                              std::getenv("OMP_WAIT_POLICY"));
+      !error.empty()) {
+    std::cerr << error << "\n";
+    return 2;
+  }
   auto lengths = baton::ParseIntList(lengths_text, "--lengths");
   auto batches = baton::ParseIntList(batches_text, "--batches");
   auto contexts = baton::ParseIntList(contexts_text, "--decode-context");

@@ -14,6 +14,7 @@
 //                           [--budgets 0.5] [--budget-rows 64] [--bound-rows 8]
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <iostream>
 #include <random>
@@ -23,6 +24,7 @@
 #include "absl/strings/str_split.h"
 #include "baton/common/parse.h"
 #include "baton/decode_node/decode_step.h"
+#include "baton/kernels/cpu_team.h"
 #include "baton/model/engine_factory.h"
 #include "nlohmann/json.hpp"
 
@@ -144,6 +146,13 @@ int main(int argc, char** argv) {
   app.add_option("--budget-rows", budget_rows, "The row bound of the budgeted replays");
   app.add_option("--bound-rows", bound_rows, "The fixed row bound replayed for comparison");
   CLI11_PARSE(app, argc, argv);
+  // The kernels' level and wait policy from the environment (BATON_CPU_ISA, OMP_WAIT_POLICY).
+  if (std::string error = baton::kernels::ConfigureCpuKernels(std::getenv("BATON_CPU_ISA"),
+                                                              std::getenv("OMP_WAIT_POLICY"));
+      !error.empty()) {
+    std::cerr << error << "\n";
+    return 2;
+  }
   absl::StatusOr<std::vector<int64_t>> rows = baton::ParseIntList(rows_text, "--rows");
   if (!rows.ok()) return Fail(rows.status());
   std::vector<double> budgets;

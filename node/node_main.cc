@@ -1,11 +1,13 @@
 #include "baton/node/node_main.h"
 
+#include <cstdlib>
 #include <iostream>
 #include <utility>
 
 #include "baton/common/log.h"
 #include "baton/common/model_config.h"
 #include "baton/kernels/cpu_isa.h"
+#include "baton/kernels/cpu_team.h"
 #include "baton/transfer/state_block.h"
 #include "baton/transfer/ucx.h"
 
@@ -58,9 +60,12 @@ NodeStart StartNode(CLI::App& app, int argc, char** argv, const std::string& bin
       return {.exit = exit};
     }
   }
-  // The CPU kernels' instruction-set level (BATON_CPU_ISA overrides it) is settled before the
-  // model loads; a level that is unknown or that this CPU lacks is refused here.
-  if (std::string error = kernels::CheckCpuIsaEnvironment(); !error.empty()) {
+  // The CPU kernels' instruction-set level (BATON_CPU_ISA overrides it) and their team's wait
+  // policy (OMP_WAIT_POLICY), read here once and settled before the model loads; a level that is
+  // unknown or that this CPU lacks is refused here.
+  if (std::string error = kernels::ConfigureCpuKernels(std::getenv("BATON_CPU_ISA"),
+                                                       std::getenv("OMP_WAIT_POLICY"));
+      !error.empty()) {
     log::Error("cannot start", {{"error", error}});
     return {.exit = 2};
   }

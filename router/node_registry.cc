@@ -563,6 +563,28 @@ const NodeRegistry::Roster& NodeRegistry::RosterLocked() const {
   return roster_;
 }
 
+namespace {
+
+// Each rate a candidate has not measured yet: the mean of the live nodes that have it (`sums`
+// and `counts` of compute, local, store and fixed), else the cost model's prior.
+void FillUnmeasuredRates(const double (&sums)[4], const int (&counts)[4],
+                         std::vector<NodeRegistry::PrefillCandidate>& open) {
+  const kvstore::PrefillRates defaults = kvstore::DefaultPrefillRates();
+  const double fallback[4] = {defaults.compute_ms_per_gflop, defaults.local_ms_per_mib,
+                              defaults.store_ms_per_mib, defaults.fixed_ms};
+  for (NodeRegistry::PrefillCandidate& candidate : open) {
+    kvstore::PrefillRates& r = candidate.rates;
+    double* values[4] = {&r.compute_ms_per_gflop, &r.local_ms_per_mib, &r.store_ms_per_mib,
+                         &r.fixed_ms};
+    for (int i = 0; i < 4; ++i) {
+      if (*values[i] > 0 && std::isfinite(*values[i])) continue;
+      *values[i] = counts[i] > 0 ? sums[i] / counts[i] : fallback[i];
+    }
+  }
+}
+
+}  // namespace
+
 NodeRegistry::PrefillChoice NodeRegistry::ChoosePrefill(size_t model,
                                                         const std::string& fingerprint,
                                                         const std::vector<std::string>& exclude,
@@ -638,18 +660,7 @@ NodeRegistry::PrefillChoice NodeRegistry::ChoosePrefill(size_t model,
          .rates = r,
          .replay_ms_per_gflop = node.producers_only ? decode_replay_ms_per_gflop : 0});
   }
-  const kvstore::PrefillRates defaults = kvstore::DefaultPrefillRates();
-  const double fallback[4] = {defaults.compute_ms_per_gflop, defaults.local_ms_per_mib,
-                              defaults.store_ms_per_mib, defaults.fixed_ms};
-  for (PrefillCandidate& candidate : choice.open) {
-    kvstore::PrefillRates& r = candidate.rates;
-    double* values[4] = {&r.compute_ms_per_gflop, &r.local_ms_per_mib, &r.store_ms_per_mib,
-                         &r.fixed_ms};
-    for (int i = 0; i < 4; ++i) {
-      if (*values[i] > 0 && std::isfinite(*values[i])) continue;
-      *values[i] = counts[i] > 0 ? sums[i] / counts[i] : fallback[i];
-    }
-  }
+  FillUnmeasuredRates(sums, counts, choice.open);
   return choice;
 }
 

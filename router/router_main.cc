@@ -162,12 +162,10 @@ void SetHttpOptions(const RouterFlags& flags, const RouterOptions& options, Http
   }
 }
 
-// The flags' values checked and made into what the servers need, in the order the errors are
-// reported.
-absl::StatusOr<RouterSetup> Setup(const RouterFlags& flags) {
-  RouterSetup setup{.options = flags.options, .http = flags.http};
+// The durations and connection limits of `flags` checked into `setup`: the stream idle timeout,
+// node expiry and forgetting, client connection ages, the HTTP front's trusted proxies.
+absl::Status SetTimesAndLimits(const RouterFlags& flags, RouterSetup& setup) {
   RouterOptions& options = setup.options;
-  const bool http = setup.http.port >= 0;
   absl::StatusOr<std::chrono::milliseconds> idle =
       ParseStreamIdleTimeout(flags.stream_idle_timeout);
   if (!idle.ok()) return idle.status();
@@ -197,6 +195,16 @@ absl::StatusOr<RouterSetup> Setup(const RouterFlags& flags) {
       TrustedProxies::Parse(flags.http_trusted_proxies, "--http-trusted-proxies");
   if (!proxies.ok()) return proxies.status();
   setup.http.limits.trusted_proxies = *std::move(proxies);
+  return absl::OkStatus();
+}
+
+// The flags' values checked and made into what the servers need, in the order the errors are
+// reported.
+absl::StatusOr<RouterSetup> Setup(const RouterFlags& flags) {
+  RouterSetup setup{.options = flags.options, .http = flags.http};
+  RouterOptions& options = setup.options;
+  const bool http = setup.http.port >= 0;
+  if (absl::Status s = SetTimesAndLimits(flags, setup); !s.ok()) return s;
   absl::StatusOr<ModelConfig> config = LoadModelConfig(flags.model_dir + "/config.json");
   if (!config.ok()) return config.status();
   setup.config = *std::move(config);

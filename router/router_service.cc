@@ -83,76 +83,78 @@ RouterService::RouterService(const ModelConfig& config, const RouterOptions& opt
           kvstore::ProbeBatcher::Options{.max_keys_per_call = MaxChainBlocks(models_)})) {
   registry_.OnChange([this] { admission_.Notify(); });
   // Live nodes by role, the queue and the tenants' streams, read at scrape time.
-  nodes_collector_ = metrics::AddCollector([this] {
-    std::vector<std::pair<std::map<std::string, std::string>, double>> live, streams;
-    const std::map<std::string, double> by_role = registry_.LiveByRole();
-    for (const auto& [role, n] : by_role) live.push_back({{{"role", role}}, n});
-    // Builds and StateBlock formats of the live nodes: a format change mid-rollout shows as
-    // two formats at once, whose nodes do not pair with each other's.
-    std::vector<std::pair<std::map<std::string, std::string>, double>> versions;
-    std::set<uint32_t> formats;
-    for (const NodeRegistry::VersionCount& v : registry_.LiveByVersion()) {
-      versions.push_back({{{"role", v.role},
-                           {"version", v.build.empty() ? "unknown" : v.build},
-                           {"state_format", std::to_string(v.state_format)}},
-                          v.nodes});
-      if (v.role != "kvstore") formats.insert(v.state_format);
-    }
-    // The weights each model's live nodes serve: prefill and decode nodes pair only on the
-    // same fingerprint, so a model whose two pools share none serves nothing (model skew).
-    std::vector<std::pair<std::map<std::string, std::string>, double>> by_model;
-    for (const NodeRegistry::ModelCount& m : registry_.LiveByModel()) {
-      by_model.push_back(
-          {{{"model", m.model}, {"fingerprint", m.fingerprint}, {"role", m.role}}, m.nodes});
-    }
-    // One series per tenant of the API keys file (its names are the bound on the labels).
-    for (const auto& [tenant, n] : admission_.StreamsByTenant()) {
-      streams.push_back(
-          {{{"tenant", metrics::TenantLabel(tenant, options_.metrics_tenant_names)}}, n});
-    }
-    const double stores = by_role.at("kvstore");
-    return std::vector<prometheus::MetricFamily>{
-        metrics::GaugeFamily("baton_kvstore_nodes",
-                             "Live prefix-store nodes (the fleet's live set, DESIGN section 5)",
-                             {{{}, stores}}),
-        metrics::GaugeFamily("baton_kvstore_replication",
-                             "Owners of each stored value (--kvstore-replication); fewer live "
-                             "store nodes than this lose hits with every node lost",
-                             {{{}, static_cast<double>(options_.kvstore_replication)}}),
-        metrics::GaugeFamily("baton_router_store_breaker_open",
-                             "Store nodes skipped now after repeated failed or slow probes",
-                             {{{}, static_cast<double>(store_breaker_->open())}}),
-        metrics::CounterFamily("baton_router_store_breaker_trips_total",
-                               "Times a store node's breaker opened",
-                               {{{}, static_cast<double>(store_breaker_->trips())}}),
-        metrics::CounterFamily("baton_router_store_probe_calls_total",
-                               "Probe calls sent to store nodes (each carries the lookups "
-                               "queued for its node while the one before was out)",
-                               {{{}, static_cast<double>(store_probes_->calls())}}),
-        metrics::CounterFamily("baton_router_store_probe_lookups_total",
-                               "Lookups' parts carried by those calls: over the calls, the "
-                               "lookups one store call serves",
-                               {{{}, static_cast<double>(store_probes_->lookups())}}),
-        metrics::GaugeFamily("baton_router_tenant_streams",
-                             "Admitted requests not yet finished (prefilling or streaming), by "
-                             "tenant",
-                             streams),
-        metrics::GaugeFamily("baton_nodes", "Registered nodes heard from recently, by role", live),
-        metrics::GaugeFamily("baton_router_nodes_by_version",
-                             "Live nodes by role, build version and StateBlock format version",
-                             versions),
-        metrics::GaugeFamily("baton_router_nodes_by_model",
-                             "Live prefill and decode nodes by served model, weights "
-                             "fingerprint and role",
-                             by_model),
-        metrics::GaugeFamily("baton_router_version_skew",
-                             "1 while live prefill and decode nodes report more than one "
-                             "StateBlock format (nodes of different formats do not pair)",
-                             {{{}, formats.size() > 1 ? 1.0 : 0.0}}),
-        metrics::GaugeFamily("baton_router_queue_depth",
-                             "Requests waiting in the admission queue for a prefill slot",
-                             {{{}, admission_.Queued()}})};
-  });
+  nodes_collector_ = metrics::AddCollector([this] { return NodeFamilies(); });
+}
+
+std::vector<prometheus::MetricFamily> RouterService::NodeFamilies() const {
+  std::vector<std::pair<std::map<std::string, std::string>, double>> live, streams;
+  const std::map<std::string, double> by_role = registry_.LiveByRole();
+  for (const auto& [role, n] : by_role) live.push_back({{{"role", role}}, n});
+  // Builds and StateBlock formats of the live nodes: a format change mid-rollout shows as
+  // two formats at once, whose nodes do not pair with each other's.
+  std::vector<std::pair<std::map<std::string, std::string>, double>> versions;
+  std::set<uint32_t> formats;
+  for (const NodeRegistry::VersionCount& v : registry_.LiveByVersion()) {
+    versions.push_back({{{"role", v.role},
+                         {"version", v.build.empty() ? "unknown" : v.build},
+                         {"state_format", std::to_string(v.state_format)}},
+                        v.nodes});
+    if (v.role != "kvstore") formats.insert(v.state_format);
+  }
+  // The weights each model's live nodes serve: prefill and decode nodes pair only on the
+  // same fingerprint, so a model whose two pools share none serves nothing (model skew).
+  std::vector<std::pair<std::map<std::string, std::string>, double>> by_model;
+  for (const NodeRegistry::ModelCount& m : registry_.LiveByModel()) {
+    by_model.push_back(
+        {{{"model", m.model}, {"fingerprint", m.fingerprint}, {"role", m.role}}, m.nodes});
+  }
+  // One series per tenant of the API keys file (its names are the bound on the labels).
+  for (const auto& [tenant, n] : admission_.StreamsByTenant()) {
+    streams.push_back(
+        {{{"tenant", metrics::TenantLabel(tenant, options_.metrics_tenant_names)}}, n});
+  }
+  const double stores = by_role.at("kvstore");
+  return std::vector<prometheus::MetricFamily>{
+      metrics::GaugeFamily("baton_kvstore_nodes",
+                           "Live prefix-store nodes (the fleet's live set, DESIGN section 5)",
+                           {{{}, stores}}),
+      metrics::GaugeFamily("baton_kvstore_replication",
+                           "Owners of each stored value (--kvstore-replication); fewer live "
+                           "store nodes than this lose hits with every node lost",
+                           {{{}, static_cast<double>(options_.kvstore_replication)}}),
+      metrics::GaugeFamily("baton_router_store_breaker_open",
+                           "Store nodes skipped now after repeated failed or slow probes",
+                           {{{}, static_cast<double>(store_breaker_->open())}}),
+      metrics::CounterFamily("baton_router_store_breaker_trips_total",
+                             "Times a store node's breaker opened",
+                             {{{}, static_cast<double>(store_breaker_->trips())}}),
+      metrics::CounterFamily("baton_router_store_probe_calls_total",
+                             "Probe calls sent to store nodes (each carries the lookups "
+                             "queued for its node while the one before was out)",
+                             {{{}, static_cast<double>(store_probes_->calls())}}),
+      metrics::CounterFamily("baton_router_store_probe_lookups_total",
+                             "Lookups' parts carried by those calls: over the calls, the "
+                             "lookups one store call serves",
+                             {{{}, static_cast<double>(store_probes_->lookups())}}),
+      metrics::GaugeFamily("baton_router_tenant_streams",
+                           "Admitted requests not yet finished (prefilling or streaming), by "
+                           "tenant",
+                           streams),
+      metrics::GaugeFamily("baton_nodes", "Registered nodes heard from recently, by role", live),
+      metrics::GaugeFamily("baton_router_nodes_by_version",
+                           "Live nodes by role, build version and StateBlock format version",
+                           versions),
+      metrics::GaugeFamily("baton_router_nodes_by_model",
+                           "Live prefill and decode nodes by served model, weights "
+                           "fingerprint and role",
+                           by_model),
+      metrics::GaugeFamily("baton_router_version_skew",
+                           "1 while live prefill and decode nodes report more than one "
+                           "StateBlock format (nodes of different formats do not pair)",
+                           {{{}, formats.size() > 1 ? 1.0 : 0.0}}),
+      metrics::GaugeFamily("baton_router_queue_depth",
+                           "Requests waiting in the admission queue for a prefill slot",
+                           {{{}, admission_.Queued()}})};
 }
 
 RouterService::~RouterService() {

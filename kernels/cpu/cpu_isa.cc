@@ -1,8 +1,6 @@
 #include "baton/kernels/cpu_isa.h"
 
 #include <atomic>
-#include <cstdio>
-#include <cstdlib>
 
 #include "vector.h"
 
@@ -87,23 +85,19 @@ std::string CpuIsaEnvironmentError(const char* value) {
   return "";
 }
 
-std::string CheckCpuIsaEnvironment() {
-  const char* value = std::getenv("BATON_CPU_ISA");
+std::string UseCpuIsa(const char* value) {
   std::string error = CpuIsaEnvironmentError(value);
   if (!error.empty()) return error;
-  int expected = -1;
   const CpuIsa isa = value != nullptr && *value != '\0' ? *ParseCpuIsa(value) : Best();
-  active.compare_exchange_strong(expected, static_cast<int>(isa));
+  active.store(static_cast<int>(isa));
   return "";
 }
 
 CpuIsa ActiveCpuIsa() {
   const int level = active.load(std::memory_order_relaxed);
   if (level >= 0) return static_cast<CpuIsa>(level);
-  if (std::string error = CheckCpuIsaEnvironment(); !error.empty()) {
-    std::fprintf(stderr, "%s\n", error.c_str());
-    std::exit(2);
-  }
+  int expected = -1;
+  active.compare_exchange_strong(expected, static_cast<int>(Best()));
   return static_cast<CpuIsa>(active.load());
 }
 

@@ -20,6 +20,8 @@
 #include <mutex>
 #include <thread>
 
+#include "baton/kernels/cpu_isa.h"
+
 namespace baton::kernels {
 namespace {
 
@@ -43,12 +45,11 @@ inline void Pause() {
 #endif
 }
 
-// How long an idle thread spins before it sleeps, from OMP_WAIT_POLICY.
+// How long an idle thread spins before it sleeps (SetCpuTeamWaitPolicy), in nanoseconds.
+std::atomic<int64_t> spin_ns{300'000};
+
 Clock::duration SpinTime() {
-  const char* policy = std::getenv("OMP_WAIT_POLICY");
-  if (policy != nullptr && strcasecmp(policy, "passive") == 0) return Clock::duration::zero();
-  if (policy != nullptr && strcasecmp(policy, "active") == 0) return std::chrono::milliseconds(10);
-  return std::chrono::microseconds(300);
+  return std::chrono::nanoseconds(spin_ns.load(std::memory_order_relaxed));
 }
 
 // True while this thread runs a job (its own or as a worker): a nested call runs inline.
@@ -192,6 +193,19 @@ Team& TheTeam() {
 
 int64_t CpuTeamSize() {
   return TheTeam().size();
+}
+
+void SetCpuTeamWaitPolicy(const char* policy) {
+  int64_t ns = 300'000;
+  if (policy != nullptr && strcasecmp(policy, "passive") == 0) ns = 0;
+  if (policy != nullptr && strcasecmp(policy, "active") == 0) ns = 10'000'000;
+  spin_ns.store(ns, std::memory_order_relaxed);
+}
+
+std::string ConfigureCpuKernels(const char* isa, const char* wait_policy) {
+  if (std::string error = UseCpuIsa(isa); !error.empty()) return error;
+  SetCpuTeamWaitPolicy(wait_policy);
+  return "";
 }
 
 void RunOnCpuTeam(void (*job)(void* ctx, int64_t t, int64_t team), void* ctx) {

@@ -361,14 +361,22 @@ TEST(CpuIsaTest, TheOverrideNamesTheVariableAndWhatIsAllowed) {
   for (CpuIsa isa : SupportedCpuIsas()) EXPECT_EQ(ParseCpuIsa(CpuIsaName(isa)), isa);
 }
 
-// A process whose BATON_CPU_ISA names no level stops at the first kernel, exit code 2, rather
-// than run at a level nobody asked for.
-TEST(CpuIsaDeathTest, AnUnknownLevelEndsTheProcessNamingTheVariable) {
-  GTEST_FLAG_SET(death_test_style, "threadsafe");  // a fresh process: the level is not settled
+// The level a main hands the kernels (BATON_CPU_ISA's value): a name that is no level, or one
+// this CPU lacks, is refused by name and changes nothing; none gives the best this CPU has. The
+// kernels read no environment themselves: a variable set now changes nothing either.
+TEST(CpuIsaTest, UseCpuIsaTakesANamedLevelAndRefusesOthersChangingNothing) {
+  const CpuIsa before = ActiveCpuIsa();
+  EXPECT_EQ(UseCpuIsa("avx9"),
+            "BATON_CPU_ISA: 'avx9' is not a level; use baseline, avx2 or avx512");
+  EXPECT_EQ(ActiveCpuIsa(), before);
+  EXPECT_EQ(UseCpuIsa("baseline"), "");
+  EXPECT_EQ(ActiveCpuIsa(), CpuIsa::kBaseline);
   setenv("BATON_CPU_ISA", "avx9", 1);
-  EXPECT_EXIT(ActiveCpuIsa(), ::testing::ExitedWithCode(2),
-              "BATON_CPU_ISA: 'avx9' is not a level; use baseline, avx2 or avx512");
+  EXPECT_EQ(ActiveCpuIsa(), CpuIsa::kBaseline);
   unsetenv("BATON_CPU_ISA");
+  EXPECT_EQ(UseCpuIsa(nullptr), "");
+  EXPECT_EQ(ActiveCpuIsa(), SupportedCpuIsas().back());
+  EXPECT_TRUE(SetCpuIsa(before));
 }
 
 }  // namespace

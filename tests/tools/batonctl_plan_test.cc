@@ -37,6 +37,23 @@ TEST(BatonctlPlanTest, JsonHasThePlanAndEstimate) {
   EXPECT_EQ(chunk["consumer_slots"], nlohmann::json({0, 1, 2, 3}));
 }
 
+// batonctl's main reads the environment once and hands the CPU kernels what it says: a
+// BATON_CPU_ISA that names no level is refused there, by name, before any command runs; a level
+// the CPU has is taken.
+TEST(BatonctlPlanTest, AnUnknownCpuLevelInTheEnvironmentIsRefusedByName) {
+  setenv("BATON_CPU_ISA", "avx9", 1);
+  const Result refused = RunBatonctl("plan --prompt-len 1000 --window 16 --json");
+  setenv("BATON_CPU_ISA", "baseline", 1);
+  const Result baseline = RunBatonctl("plan --prompt-len 1000 --window 16 --json");
+  unsetenv("BATON_CPU_ISA");
+  EXPECT_EQ(refused.exit_status, 2);
+  EXPECT_NE(refused.err.find("BATON_CPU_ISA: 'avx9' is not a level; use baseline, avx2 or avx512"),
+            std::string::npos)
+      << refused.err;
+  EXPECT_TRUE(refused.out.empty());
+  EXPECT_EQ(baseline.exit_status, 0) << baseline.err;
+}
+
 TEST(BatonctlPlanTest, ChunksAndChunkSizeTileFromValidStart) {
   Result r = RunBatonctl(
       "plan --prompt-len 1024 --keep 140 --mode compact --window 128 "

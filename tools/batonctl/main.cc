@@ -1,8 +1,10 @@
 // batonctl: the operator's command-line tool (planning, experiments, client, benchmarks).
+#include <cstdlib>
 #include <iostream>
 #include <string>
 #include <vector>
 
+#include "baton/kernels/cpu_team.h"
 #include "commands.h"
 
 namespace baton::tools {
@@ -50,6 +52,13 @@ int main(int argc, char** argv) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
     std::cerr << "batonctl: error: " << e.what() << "\n";
+    return kExitBadInput;
+  }
+  // The CPU kernels' level and their team's wait policy, from the environment, read here once.
+  if (std::string error = baton::kernels::ConfigureCpuKernels(std::getenv("BATON_CPU_ISA"),
+                                                              std::getenv("OMP_WAIT_POLICY"));
+      !error.empty()) {
+    std::cerr << "batonctl: error: " << error << "\n";
     return kExitBadInput;
   }
   for (const Command& command : commands) {

@@ -5,10 +5,12 @@
 // a while after each job (so the next operation of a step finds them awake), then sleep on a
 // futex (so an idle node costs nothing).
 //
-// Size: OMP_NUM_THREADS's rules (the variable, else the CPUs this process may run on), so the
-// deployments' settings keep their meaning. Spinning: OMP_WAIT_POLICY=passive makes workers
-// sleep as soon as they are idle (tests that share the cores between processes), active makes
-// them spin for 10 ms, and unset gives 300 us.
+// Size: OMP_NUM_THREADS's rules (the variable, as the OpenMP runtime reads it, else the CPUs this
+// process may run on), so the deployments' settings keep their meaning. Spinning: what the
+// process's main hands SetCpuTeamWaitPolicy (OMP_WAIT_POLICY's value, read there, so the
+// variable keeps its meaning too): passive makes workers sleep as soon as they are idle (tests
+// that share the cores between processes), active makes them spin for 10 ms, and anything else
+// gives 300 us.
 //
 // One job at a time: a call while another thread's job runs (two prefills on one node) runs its
 // whole job on the calling thread instead of waiting, and so does a call from inside a job. A
@@ -22,6 +24,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <type_traits>
 #include <utility>
 
@@ -29,6 +32,16 @@ namespace baton::kernels {
 
 // The number of threads a job runs on when the team is free (>= 1), fixed for the process.
 int64_t CpuTeamSize();
+
+// How long idle workers spin before they sleep, by an OMP_WAIT_POLICY value ("passive",
+// "active", any case; null or anything else: 300 us). For the team made after it: a process's
+// main calls it before the first kernel runs (ConfigureCpuKernels).
+void SetCpuTeamWaitPolicy(const char* policy);
+
+// What a process's main hands the CPU kernels before the first runs, read from its environment
+// once: the instruction-set level (BATON_CPU_ISA's value, UseCpuIsa) and the team's wait policy
+// (OMP_WAIT_POLICY's). The error, naming BATON_CPU_ISA and what is allowed, or "".
+std::string ConfigureCpuKernels(const char* isa, const char* wait_policy);
 
 // Runs job(ctx, t, team) once for each t in [0, team) at the same time, the calling thread
 // taking t = 0, and returns when every call has returned. team is CpuTeamSize(), or 1 when the

@@ -45,6 +45,7 @@
 #include "baton/v1/node.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 #include "prometheus/collectable.h"
+#include "prometheus/metric_family.h"
 
 namespace baton::router {
 
@@ -214,6 +215,9 @@ class RouterService final : public v1::Generation::Service, public v1::Registry:
   std::condition_variable stopping_;
   std::thread health_thread_;
   std::shared_ptr<prometheus::Collectable> nodes_collector_;  // baton_nodes{role} and more
+  // What nodes_collector_ reports at scrape time: live nodes by role, version and model, the
+  // store fleet's state, the tenants' streams and the queue.
+  std::vector<prometheus::MetricFamily> NodeFamilies() const;
 };
 
 // RouterService::Validate for the models `models` under `options`.
