@@ -83,74 +83,76 @@ PrefillService::PrefillService(model::Engine& model, const PrefillOptions& optio
     }
   }
   staging_ = std::make_unique<transfer::StagingPool>(ucx_.get(), options.staging_cache_bytes);
-  staging_collector_ = metrics::AddCollector([this] {
-    auto gauge = [](const char* name, const char* help, double value) {
-      return metrics::GaugeFamily(name, help, {{{}, value}});
-    };
-    std::vector<prometheus::MetricFamily> families;
-    if (cache_ != nullptr) {
-      const kvstore::BlockCache::Stats stats = cache_->stats();
-      families.push_back(gauge("baton_block_cache_bytes",
-                               "Bytes the local block cache holds (values with their headers)",
-                               static_cast<double>(stats.bytes)));
-      families.push_back(gauge("baton_block_cache_budget_bytes",
-                               "The local block cache's budget (--block-cache-bytes)",
-                               static_cast<double>(stats.budget)));
-      families.push_back(metrics::CounterFamily(
-          "baton_block_cache_lookups_total",
-          "Block reads from the local block cache, by result (hit, miss, corrupt: dropped)",
-          {{{{"result", "hit"}}, static_cast<double>(stats.hits)},
-           {{{"result", "miss"}}, static_cast<double>(stats.misses - stats.corrupt)},
-           {{{"result", "corrupt"}}, static_cast<double>(stats.corrupt)}}));
-      families.push_back(metrics::CounterFamily("baton_block_cache_evictions_total",
-                                                "Values the local block cache evicted",
-                                                {{{}, static_cast<double>(stats.evictions)}}));
-    }
-    const v1::LoadReport load = Load();
-    const v1::PrefillRates& rates = load.rates();
-    families.push_back(metrics::GaugeFamily(
-        "baton_prefill_rate_ms",
-        "The node's measured rates (moving averages) that the router prices requests with: "
-        "ms per GFLOP computed, per MiB loaded from each tier, and per request",
-        {{{{"rate", "compute_per_gflop"}}, rates.compute_ms_per_gflop()},
-         {{{"rate", "local_per_mib"}}, rates.local_ms_per_mib()},
-         {{{"rate", "store_per_mib"}}, rates.store_ms_per_mib()},
-         {{{"rate", "fixed"}}, rates.fixed_ms()}}));
-    for (prometheus::MetricFamily& family : std::vector<prometheus::MetricFamily>{
-             gauge("baton_prefill_store_breaker_open",
-                   "Store nodes this node skips now after repeated failed or slow calls",
-                   static_cast<double>(stores_->breaker().open())),
-             metrics::CounterFamily("baton_prefill_store_breaker_trips_total",
-                                    "Times a store node's breaker opened on this node",
-                                    {{{}, static_cast<double>(stores_->breaker().trips())}}),
-             gauge("baton_prefill_exposures",
-                   "Computed states exposed for their decode node's read (commits in flight)",
-                   static_cast<double>(exposures_.size())),
-             gauge("baton_prefill_running",
-                   "Prefills the model is computing now (one at a time: 0 or 1)",
-                   computing_.load() ? 1.0 : 0.0),
-             gauge("baton_prefill_requests_active",
-                   "Prefill requests this node holds now (queued, computing or committing)",
-                   static_cast<double>(load.active_requests())),
-             gauge("baton_prefill_requests_active_peak",
-                   "The most prefill requests this node has held at once since it started "
-                   "(at most the routers' --prefill-slots when every router shares it)",
-                   static_cast<double>(ActivePeak())),
-             gauge("baton_prefill_work_ms",
-                   "The predicted work of the prefills this node holds that are not computed "
-                   "yet, in ms (what it reports to the routers as prefill_work_ms)",
-                   load.prefill_work_ms()),
-             gauge("baton_prefill_staging_buffers",
-                   "Idle staging buffers kept for their reader's next request",
-                   static_cast<double>(staging_->held())),
-             gauge("baton_prefill_weight_bytes",
-                   "Model weight bytes resident on this node (the producers' alone under the "
-                   "replay-on-decode split)",
-                   static_cast<double>(model_.weight_bytes()))}) {
-      families.push_back(std::move(family));
-    }
-    return families;
-  });
+  staging_collector_ = metrics::AddCollector([this] { return ScrapeFamilies(); });
+}
+
+std::vector<prometheus::MetricFamily> PrefillService::ScrapeFamilies() const {
+  auto gauge = [](const char* name, const char* help, double value) {
+    return metrics::GaugeFamily(name, help, {{{}, value}});
+  };
+  std::vector<prometheus::MetricFamily> families;
+  if (cache_ != nullptr) {
+    const kvstore::BlockCache::Stats stats = cache_->stats();
+    families.push_back(gauge("baton_block_cache_bytes",
+                             "Bytes the local block cache holds (values with their headers)",
+                             static_cast<double>(stats.bytes)));
+    families.push_back(gauge("baton_block_cache_budget_bytes",
+                             "The local block cache's budget (--block-cache-bytes)",
+                             static_cast<double>(stats.budget)));
+    families.push_back(metrics::CounterFamily(
+        "baton_block_cache_lookups_total",
+        "Block reads from the local block cache, by result (hit, miss, corrupt: dropped)",
+        {{{{"result", "hit"}}, static_cast<double>(stats.hits)},
+         {{{"result", "miss"}}, static_cast<double>(stats.misses - stats.corrupt)},
+         {{{"result", "corrupt"}}, static_cast<double>(stats.corrupt)}}));
+    families.push_back(metrics::CounterFamily("baton_block_cache_evictions_total",
+                                              "Values the local block cache evicted",
+                                              {{{}, static_cast<double>(stats.evictions)}}));
+  }
+  const v1::LoadReport load = Load();
+  const v1::PrefillRates& rates = load.rates();
+  families.push_back(metrics::GaugeFamily(
+      "baton_prefill_rate_ms",
+      "The node's measured rates (moving averages) that the router prices requests with: "
+      "ms per GFLOP computed, per MiB loaded from each tier, and per request",
+      {{{{"rate", "compute_per_gflop"}}, rates.compute_ms_per_gflop()},
+       {{{"rate", "local_per_mib"}}, rates.local_ms_per_mib()},
+       {{{"rate", "store_per_mib"}}, rates.store_ms_per_mib()},
+       {{{"rate", "fixed"}}, rates.fixed_ms()}}));
+  for (prometheus::MetricFamily& family : std::vector<prometheus::MetricFamily>{
+           gauge("baton_prefill_store_breaker_open",
+                 "Store nodes this node skips now after repeated failed or slow calls",
+                 static_cast<double>(stores_->breaker().open())),
+           metrics::CounterFamily("baton_prefill_store_breaker_trips_total",
+                                  "Times a store node's breaker opened on this node",
+                                  {{{}, static_cast<double>(stores_->breaker().trips())}}),
+           gauge("baton_prefill_exposures",
+                 "Computed states exposed for their decode node's read (commits in flight)",
+                 static_cast<double>(exposures_.size())),
+           gauge("baton_prefill_running",
+                 "Prefills the model is computing now (one at a time: 0 or 1)",
+                 computing_.load() ? 1.0 : 0.0),
+           gauge("baton_prefill_requests_active",
+                 "Prefill requests this node holds now (queued, computing or committing)",
+                 static_cast<double>(load.active_requests())),
+           gauge("baton_prefill_requests_active_peak",
+                 "The most prefill requests this node has held at once since it started "
+                 "(at most the routers' --prefill-slots when every router shares it)",
+                 static_cast<double>(ActivePeak())),
+           gauge("baton_prefill_work_ms",
+                 "The predicted work of the prefills this node holds that are not computed "
+                 "yet, in ms (what it reports to the routers as prefill_work_ms)",
+                 load.prefill_work_ms()),
+           gauge("baton_prefill_staging_buffers",
+                 "Idle staging buffers kept for their reader's next request",
+                 static_cast<double>(staging_->held())),
+           gauge("baton_prefill_weight_bytes",
+                 "Model weight bytes resident on this node (the producers' alone under the "
+                 "replay-on-decode split)",
+                 static_cast<double>(model_.weight_bytes()))}) {
+    families.push_back(std::move(family));
+  }
+  return families;
 }
 
 PrefillService::~PrefillService() {

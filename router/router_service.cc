@@ -325,6 +325,42 @@ absl::StatusOr<RouterService::Effective> RouterService::Validate(
   return ValidateRequest(request, models_, options_);
 }
 
+namespace {
+
+// The truncation a checked request is served with: the router's default, the request's own
+// (checked against the model), or untruncated when it asks for prompt logprobs.
+absl::StatusOr<RouterService::Effective> EffectiveTruncation(const v1::GenerateRequest& r,
+                                                             const ModelConfig& config,
+                                                             const RouterOptions& options) {
+  auto invalid = [](std::string message) { return absl::InvalidArgumentError(message); };
+  RouterService::Effective effective{
+      options.default_mode,
+      static_cast<uint32_t>(EffectiveKeep(options.default_keep, config.ring_capacity()))};
+  if (r.has_truncation()) {
+    const v1::TruncationMode mode = r.truncation().mode();
+    if (!IsTruncationMode(mode)) return invalid("truncation.mode: must be OFF, MASK or COMPACT");
+    if (absl::Status keep = CheckKeep(mode != v1::TRUNCATION_MODE_OFF, r.truncation().keep(),
+                                      config.ring_capacity(), "truncation.keep");
+        !keep.ok()) {
+      return keep;
+    }
+    if (mode != v1::TRUNCATION_MODE_OFF && r.prompt_logprobs()) {
+      return invalid(absl::StrCat("prompt_logprobs: unavailable with truncation on (",
+                                  v1::TruncationMode_Name(mode),
+                                  "); ask for truncation.mode OFF or drop prompt_logprobs"));
+    }
+    effective = {mode, mode == v1::TRUNCATION_MODE_OFF ? 0u
+                                                       : static_cast<uint32_t>(std::min<int64_t>(
+                                                             r.truncation().keep(), UINT32_MAX))};
+  } else if (r.prompt_logprobs()) {
+    effective = {v1::TRUNCATION_MODE_OFF, 0};  // DESIGN section 3: served untruncated
+  }
+  if (effective.mode == v1::TRUNCATION_MODE_OFF) effective.keep = 0;
+  return effective;
+}
+
+}  // namespace
+
 absl::StatusOr<RouterService::Effective> ValidateRequest(const v1::GenerateRequest& r,
                                                          const std::vector<ServedModel>& models,
                                                          const RouterOptions& options) {
@@ -387,30 +423,7 @@ absl::StatusOr<RouterService::Effective> ValidateRequest(const v1::GenerateReque
                      s.max_tokens(), " exceeds the context limit ", options.max_model_len));
   }
   if (absl::Status st = CheckSampling("sampling", s, config); !st.ok()) return st;
-  RouterService::Effective effective{
-      options.default_mode,
-      static_cast<uint32_t>(EffectiveKeep(options.default_keep, config.ring_capacity()))};
-  if (r.has_truncation()) {
-    const v1::TruncationMode mode = r.truncation().mode();
-    if (!IsTruncationMode(mode)) return invalid("truncation.mode: must be OFF, MASK or COMPACT");
-    if (absl::Status keep = CheckKeep(mode != v1::TRUNCATION_MODE_OFF, r.truncation().keep(),
-                                      config.ring_capacity(), "truncation.keep");
-        !keep.ok()) {
-      return keep;
-    }
-    if (mode != v1::TRUNCATION_MODE_OFF && r.prompt_logprobs()) {
-      return invalid(absl::StrCat("prompt_logprobs: unavailable with truncation on (",
-                                  v1::TruncationMode_Name(mode),
-                                  "); ask for truncation.mode OFF or drop prompt_logprobs"));
-    }
-    effective = {mode, mode == v1::TRUNCATION_MODE_OFF ? 0u
-                                                       : static_cast<uint32_t>(std::min<int64_t>(
-                                                             r.truncation().keep(), UINT32_MAX))};
-  } else if (r.prompt_logprobs()) {
-    effective = {v1::TRUNCATION_MODE_OFF, 0};  // DESIGN section 3: served untruncated
-  }
-  if (effective.mode == v1::TRUNCATION_MODE_OFF) effective.keep = 0;
-  return effective;
+  return EffectiveTruncation(r, config, options);
 }
 
 grpc::Status RouterService::Generate(grpc::ServerContext* context,

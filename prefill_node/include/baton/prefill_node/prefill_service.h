@@ -31,6 +31,7 @@
 #include "baton/v1/kvstore.grpc.pb.h"
 #include "baton/v1/node.grpc.pb.h"
 #include "prometheus/collectable.h"
+#include "prometheus/metric_family.h"
 
 namespace baton::prefill_node {
 
@@ -222,6 +223,9 @@ class PrefillService final
   std::unique_ptr<Watchdog> watchdog_;
   // baton_prefill_exposures and baton_prefill_staging_buffers (read at scrape time).
   std::shared_ptr<prometheus::Collectable> staging_collector_;
+  // What staging_collector_ reports at scrape time: the block cache, the measured rates, the
+  // store breaker, the requests held and the staging buffers.
+  std::vector<prometheus::MetricFamily> ScrapeFamilies() const;
 };
 
 }  // namespace baton::prefill_node
