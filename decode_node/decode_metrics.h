@@ -22,6 +22,15 @@ struct DecodeService::Metrics {
       "The node's fit of a decode step's time: a fixed part and a part per row (0 until fitted)");
   prometheus::Gauge& step_fixed_ms = step_cost.Add({{"term", "fixed"}});
   prometheus::Gauge& step_per_row_ms = step_cost.Add({{"term", "per_row"}});
+  // What a replay piece adds to a step at 1,024 prompt positions (ReplayCosts::per_position),
+  // for capacity plans (`batonctl simulate --decode-rates replay_piece_fixed_ms=..,..`).
+  prometheus::Family<prometheus::Gauge>& replay_piece_cost = metrics::Gauge(
+      "baton_decode_replay_piece_cost_ms",
+      "Replay-on-decode: the node's fit of what a replay piece adds to a step at a prompt of "
+      "1,024 positions, a fixed part and a part per row, both in proportion to the prompt's "
+      "length (0 until fitted)");
+  prometheus::Gauge& replay_piece_fixed_ms = replay_piece_cost.Add({{"term", "fixed"}});
+  prometheus::Gauge& replay_piece_row_ms = replay_piece_cost.Add({{"term", "per_row"}});
   // Replay-on-decode's measured rate, which the router prices replay with (LoadReport).
   prometheus::Gauge& replay_ms_per_gflop =
       metrics::Gauge("baton_decode_replay_ms_per_gflop",

@@ -381,6 +381,12 @@ void DecodeService::MeasureStep(int64_t requests, int64_t decode_rows,
     metrics_->step_fixed_ms.Set(step_fixed_ms_.load());
     metrics_->step_per_row_ms.Set(step_per_row_ms_.load());
   }
+  if (!sizes.empty() && replay_costs_.per_position.ready()) {
+    replay_piece_fixed_ms_.store(replay_costs_.per_position.fixed() * 1024e3);
+    replay_piece_row_ms_.store(replay_costs_.per_position.per_row() * 1024e3);
+    metrics_->replay_piece_fixed_ms.Set(replay_piece_fixed_ms_.load());
+    metrics_->replay_piece_row_ms.Set(replay_piece_row_ms_.load());
+  }
 }
 
 grpc::Status DecodeService::Stream(grpc::ServerContext* context, const v1::StreamRequest* request,
@@ -506,6 +512,8 @@ v1::LoadReport DecodeService::Load() const {
   if (replay_gflop_sum_ > 0) rates.set_replay_ms_per_gflop(replay_ms_sum_ / replay_gflop_sum_);
   rates.set_replay_samples(replay_samples_);
   rates.set_tokens_per_step(tokens_per_step_);
+  rates.set_replay_piece_fixed_ms(replay_piece_fixed_ms_.load());
+  rates.set_replay_piece_row_ms(replay_piece_row_ms_.load());
   return load;
 }
 

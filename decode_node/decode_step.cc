@@ -43,29 +43,50 @@ void ReplayCosts::AddPiece(double seconds, PieceSize piece) {
   by_band[BandOf(piece.prompt_len)].Add(static_cast<double>(piece.rows), seconds);
   const double per_row = seconds / static_cast<double>(piece.rows);
   const double L = static_cast<double>(piece.prompt_len);
+  per_position.Add(static_cast<double>(piece.rows), seconds / L);
   // A tenth forgotten each piece: the estimate follows the machine's load within a few steps.
   seconds_per_row = pieces == 0 ? per_row : 0.9 * seconds_per_row + 0.1 * per_row;
   length = pieces == 0 ? L : 0.9 * length + 0.1 * L;
   ++pieces;
 }
 
+ReplayCosts ReplayCosts::Proportional(double fixed_per_position, double row_per_position) {
+  ReplayCosts costs;
+  costs.per_position = CostFit::Line(fixed_per_position, row_per_position);
+  costs.pieces = 1;
+  return costs;
+}
+
+const CostFit* ReplayCosts::FitFor(int64_t prompt_len, double* scale) const {
+  auto it = by_band.find(BandOf(prompt_len));
+  if (it != by_band.end() && it->second.ready()) {
+    *scale = 1;
+    return &it->second;
+  }
+  if (per_position.ready()) {
+    *scale = static_cast<double>(prompt_len);
+    return &per_position;
+  }
+  return nullptr;
+}
+
 double ReplayCosts::PieceSeconds(PieceSize piece) const {
-  auto it = by_band.find(BandOf(piece.prompt_len));
-  if (it != by_band.end() && it->second.ready())
-    return it->second.At(static_cast<double>(piece.rows));
-  const double scale = length > 0 ? static_cast<double>(piece.prompt_len) / length : 1;
-  return seconds_per_row * scale * static_cast<double>(piece.rows);
+  double scale = 1;
+  if (const CostFit* fit = FitFor(piece.prompt_len, &scale))
+    return scale * fit->At(static_cast<double>(piece.rows));
+  const double by_length = length > 0 ? static_cast<double>(piece.prompt_len) / length : 1;
+  return seconds_per_row * by_length * static_cast<double>(piece.rows);
 }
 
 int64_t ReplayCosts::RowsWithin(double seconds, int64_t prompt_len) const {
   const int64_t most = int64_t{1} << 40;
-  auto it = by_band.find(BandOf(prompt_len));
-  if (it != by_band.end() && it->second.ready()) {
-    const CostFit& fit = it->second;
-    if (seconds < fit.fixed()) return 0;
-    return fit.per_row() > 0 ? static_cast<int64_t>(std::min<double>(
-                                   most, std::floor((seconds - fit.fixed()) / fit.per_row())))
-                             : most;
+  double scale = 1;
+  if (const CostFit* fit = FitFor(prompt_len, &scale)) {
+    const double fixed = scale * fit->fixed(), per_row = scale * fit->per_row();
+    if (seconds < fixed) return 0;
+    return per_row > 0 ? static_cast<int64_t>(
+                             std::min<double>(most, std::floor((seconds - fixed) / per_row)))
+                       : most;
   }
   const double row = PieceSeconds({.prompt_len = prompt_len, .rows = 1});
   return row > 0 ? static_cast<int64_t>(std::min<double>(most, std::floor(seconds / row))) : most;

@@ -84,6 +84,14 @@ void CostFit::Add(double rows, double seconds) {
   if (++added_ % 8 == 0) Refit();
 }
 
+CostFit CostFit::Line(double fixed, double per_row) {
+  CostFit fit;
+  fit.ready_ = true;
+  fit.fixed_ = std::max(0.0, fixed);
+  fit.per_row_ = std::max(0.0, per_row);
+  return fit;
+}
+
 void CostFit::Refit() {
   std::vector<double> slopes;
   for (size_t i = 0; i < samples_.size(); ++i) {

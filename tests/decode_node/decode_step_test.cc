@@ -214,6 +214,18 @@ TEST(ReplayCostsTest, APieceIsFittedPerLengthBandAndPricedByTheLengthBeforeThat)
               (0.002 + 0.0005 * 4) * 3000 / 1024.0, 1e-9);
   EXPECT_EQ(costs.replay.RowsWithin(0.001, 3000), 0);  // less than the piece's own part
   EXPECT_EQ(costs.replay.RowsWithin((0.002 + 0.0005 * 5.5) * 3000 / 1024.0, 3000), 5);
+  // A band none was seen in: the fit over every band of a piece's seconds per position.
+  ASSERT_TRUE(costs.replay.per_position.ready());
+  EXPECT_NEAR(costs.replay.PieceSeconds({.prompt_len = 20000, .rows = 3}),
+              (0.002 + 0.0005 * 3) * 20000 / 1024.0, 1e-9);
+  EXPECT_EQ(costs.replay.RowsWithin((0.002 + 0.0005 * 7.5) * 20000 / 1024.0, 20000), 7);
+  // What a node reports of that fit prices as the node does (the cluster simulation's costs).
+  const ReplayCosts reported = ReplayCosts::Proportional(costs.replay.per_position.fixed(),
+                                                         costs.replay.per_position.per_row());
+  ASSERT_TRUE(reported.ready());
+  EXPECT_NEAR(reported.PieceSeconds({.prompt_len = 20000, .rows = 3}),
+              costs.replay.PieceSeconds({.prompt_len = 20000, .rows = 3}), 1e-12);
+  EXPECT_EQ(reported.RowsWithin((0.002 + 0.0005 * 4.5) * 5000 / 1024.0, 5000), 4);
   // One size seen: a row's share, in proportion to the length.
   const MeasuredCosts one(0.010, 0.001, 0.002, 0.0005, /*lengths=*/false);
   const double at = one.replay.PieceSeconds({.prompt_len = 1024, .rows = 1});

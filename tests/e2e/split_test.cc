@@ -174,19 +174,24 @@ TEST_F(SplitClusterTest, APrefillNodeOfTheOtherSplitIsRefusedNamingBothSides) {
   }
 }
 
-// The decode node measures its replay (commit to first token, per GFLOP of the replayed work)
-// and reports it with its step fit on its heartbeats; the router's registry lists it beside the
-// prefill node's rates (Generation/ListRates), and `batonctl rates` gives their means as
-// `batonctl simulate` takes them, naming the split.
+// The decode node measures its replay (commit to first token, per GFLOP of the replayed work,
+// and what each replay piece adds to a step) and reports it with its step fit on its
+// heartbeats; the router's registry lists it beside the prefill node's rates
+// (Generation/ListRates), and `batonctl rates` gives their means as `batonctl simulate` takes
+// them, naming the split.
 TEST_F(SplitClusterTest, TheDecodeNodesReplayRateReachesTheRouterAndBatonctlRates) {
   Cluster cluster(tiny_);
   StartReplayCluster(cluster);
   std::mt19937_64 rng(79);
   auto stub = cluster.Client();
-  for (int i = 0; i < 4; ++i) {
-    const Outcome outcome = Generate(*stub, Request(RandomPrompt(rng, 40 + 10 * i, 512), 4));
+  // Untruncated prompts of eight lengths, one at a time: each replay is one piece of all its
+  // rows, and pieces of eight sizes fit a piece's cost (decode_node::ReplayCosts).
+  for (int i = 0; i < 8; ++i) {
+    v1::GenerateRequest request = Request(RandomPrompt(rng, 40 + 10 * i, 512), 4);
+    request.mutable_truncation()->set_mode(v1::TRUNCATION_MODE_OFF);
+    const Outcome outcome = Generate(*stub, request);
     ASSERT_TRUE(outcome.status.ok()) << outcome.status.error_message();
-    ASSERT_GT(outcome.usage.replayed_rows(), 0u);
+    ASSERT_EQ(outcome.usage.replayed_rows(), static_cast<uint64_t>(40 + 10 * i));
   }
   const std::string addr = cluster.router();
   nlohmann::json rates;
@@ -200,7 +205,10 @@ TEST_F(SplitClusterTest, TheDecodeNodesReplayRateReachesTheRouterAndBatonctlRate
         bool compute_measured = false;
         for (const nlohmann::json& node : rates["nodes"]) {
           if (node["role"] == "decode") {
-            replay_measured |= node["replay_samples"].get<int64_t>() >= 4;
+            replay_measured |= node["replay_samples"].get<int64_t>() >= 8 &&
+                               node["replay_piece_fixed_ms"].get<double>() +
+                                       node["replay_piece_row_ms"].get<double>() >
+                                   0;
           } else {
             compute_measured |= node["compute_ms_per_gflop"].get<double>() > 0;
           }
@@ -224,6 +232,7 @@ TEST_F(SplitClusterTest, TheDecodeNodesReplayRateReachesTheRouterAndBatonctlRate
     }
   }
   EXPECT_THAT(rates["decode_rates"].get<std::string>(), HasSubstr("replay_ms_per_gflop="));
+  EXPECT_THAT(rates["decode_rates"].get<std::string>(), HasSubstr("replay_piece_"));
   EXPECT_THAT(rates["rates"].get<std::string>(), HasSubstr("compute_ms_per_gflop="));
   // The flags form, which the simulator takes back as given.
   const Result flags = RunBatonctl("rates --addr " + addr + " --flags");

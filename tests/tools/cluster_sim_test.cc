@@ -327,15 +327,21 @@ TEST(ClusterSimTest, DecodeStepsGiveEachTokenItsGap) {
   EXPECT_DOUBLE_EQ(single.tpot_ms[0], -1);
 }
 
-// Replay-on-decode: a request's replay is priced at the decode node's rate and runs after its
-// prefill, on the decode node; the prefill node's slot is free from the prefill's end.
-TEST(ClusterSimTest, ReplayOnDecodeRunsAfterThePrefillAtTheDecodeNodesRate) {
+// One prefill node of one slot and one decode node of four, stepping at 10 + 2 ms a row.
+ClusterOptions OneSlotOneDecodeNode() {
   ClusterOptions o = Options(RoutePolicy::kLeastLoaded, 0);
   o.prefill_nodes = 1;
   o.slots = 1;
   o.decode_nodes = 1;
   o.decode_slots = 4;
   o.decode = {.step_fixed_ms = 10, .step_per_row_ms = 2, .tokens_per_step = 1};
+  return o;
+}
+
+// Replay-on-decode: a request's replay is priced at the decode node's rate and runs after its
+// prefill, on the decode node; the prefill node's slot is free from the prefill's end.
+TEST(ClusterSimTest, ReplayOnDecodeRunsAfterThePrefillAtTheDecodeNodesRate) {
+  ClusterOptions o = OneSlotOneDecodeNode();
   std::vector<ClusterRequest> two = Workload(2, 2, 0);  // both at once, no shared prefix
   for (ClusterRequest& r : two) r.output_len = 3;
   const ClusterResult here = SimulateCluster(two, o);
@@ -350,6 +356,75 @@ TEST(ClusterSimTest, ReplayOnDecodeRunsAfterThePrefillAtTheDecodeNodesRate) {
               here.ttft_ms[1] - here.ttft_ms[0] - replay_here, 1e-6);
   // Its tokens follow from its first token on, as without a replay.
   EXPECT_NEAR(on_decode.e2e_ms[0] - on_decode.ttft_ms[0], 2 * 12, 1e-6);
+}
+
+// Replay in the decode node's steps: the node's own plan takes the replay's rows a piece at a
+// time beside its streams, each piece adding its cost to the step (so the streams' gaps
+// stretch while it is in flight), within the row bound and the time budget; the first token
+// comes at the end of the step that ends the replay.
+TEST(ClusterSimTest, ReplayInTheDecodeStepsStretchesTheStreamsGapsAsTheNodePlansIt) {
+  ClusterOptions o = OneSlotOneDecodeNode();
+  // A piece over kL = 320 positions costs (3.2 + 0.64 r) x 320 / 1024 = 1 + 0.2 r ms.
+  o.decode.replay_ms_per_gflop = 200;
+  o.decode.replay_piece_fixed_ms = 3.2;
+  o.decode.replay_piece_row_ms = 0.64;
+  o.decode_step.replay_rows = 8;
+  o.decode_step.replay_step_budget = 0;  // the row bound alone
+  // A stream decoding long, and a prompt whose replay (its last kC = 22 rows) arrives while
+  // the stream's steps run.
+  std::vector<ClusterRequest> requests = Workload(2, 2, 0);
+  requests[0].output_len = 2000;
+  requests[1].arrival_ms = 5000;
+  requests[1].output_len = 3;
+  ClusterOptions as_delay = o;
+  as_delay.decode.replay_piece_fixed_ms = as_delay.decode.replay_piece_row_ms = 0;
+  const ClusterResult delayed = SimulateCluster(requests, as_delay);
+  const double replay_delay =
+      kvstore::EstimatePrefillWork(o.config, kL, 0, kL - o.hit.keep).replayed_gflop * 200;
+  const double prefill_end = requests[1].arrival_ms + delayed.ttft_ms[1] - replay_delay;
+
+  // The gaps of steps with a replay piece: not the stream's step alone (12 ms) nor the steps
+  // of both requests decoding (14 ms).
+  auto gaps_other_than = [](const ClusterResult& r) {
+    std::vector<double> other;
+    for (double gap : r.itl_ms) {
+      if (std::abs(gap - 12) > 1e-6 && std::abs(gap - 14) > 1e-6) other.push_back(gap);
+    }
+    return other;
+  };
+  // As a delay, the stream's steps are untouched: what is neither is the second request's
+  // first gap, which waited out the step in flight at its first token.
+  const std::vector<double> delayed_other = gaps_other_than(delayed);
+  ASSERT_EQ(delayed_other.size(), 1u);
+  EXPECT_LE(delayed_other[0], 12 + 14 + 1e-6);
+  // Pieces of 8, 8 and 6 rows beside the stream's one-row steps (the second request's first
+  // token comes at a step's end: its first gap is a step of both, 14 ms).
+  const ClusterResult in_steps = SimulateCluster(requests, o);
+  EXPECT_THAT(gaps_other_than(in_steps),
+              ::testing::UnorderedElementsAre(::testing::DoubleNear(14.6, 1e-6),
+                                              ::testing::DoubleNear(14.6, 1e-6),
+                                              ::testing::DoubleNear(14.2, 1e-6)));
+  // The first token at the third piece's step's end: after the stream's step in flight at the
+  // prefill's end (at most 12 ms) and the three pieces' steps.
+  const double waited = requests[1].arrival_ms + in_steps.ttft_ms[1] - prefill_end;
+  EXPECT_GE(waited, 14.6 + 14.6 + 14.2 - 1e-6);
+  EXPECT_LE(waited, 12 + 14.6 + 14.6 + 14.2 + 1e-6);
+  // Then its two tokens in steps of both requests' rows.
+  EXPECT_NEAR(in_steps.e2e_ms[1] - in_steps.ttft_ms[1], 2 * 14, 1e-6);
+
+  // A time budget of a tenth of the stream's 12 ms step: 1.2 ms, one row a step.
+  o.decode_step.replay_step_budget = 0.1;
+  const ClusterResult budgeted = SimulateCluster(requests, o);
+  const std::vector<double> stretched = gaps_other_than(budgeted);
+  EXPECT_EQ(stretched.size(), 22u);
+  EXPECT_THAT(stretched, ::testing::Each(::testing::DoubleNear(13.2, 1e-6)));
+
+  // With no stream decoding, one step takes the whole replay (up to 512 rows): 1 + 0.2 x 22.
+  std::vector<ClusterRequest> alone(requests.begin() + 1, requests.end());
+  alone[0].arrival_ms = 0;
+  const ClusterResult idle = SimulateCluster(alone, o);
+  const ClusterResult idle_delayed = SimulateCluster(alone, as_delay);
+  EXPECT_NEAR(idle.ttft_ms[0], idle_delayed.ttft_ms[0] - replay_delay + 1 + 0.2 * 22, 1e-6);
 }
 
 // A cluster's measured rates as the simulator's flags: each the mean over the nodes that
@@ -372,6 +447,10 @@ TEST(ClusterSimTest, MeasuredRatesAreTheMeansOfWhatTheNodesReport) {
     node.mutable_decode()->set_step_per_row_ms(1.5);
     node.mutable_decode()->set_tokens_per_step(1);
     node.mutable_decode()->set_replay_ms_per_gflop(replay);
+    if (replay > 0) {
+      node.mutable_decode()->set_replay_piece_fixed_ms(3);
+      node.mutable_decode()->set_replay_piece_row_ms(0.5);
+    }
   };
   prefill("a", 2, 10, true);
   prefill("a", 4, 0, true);  // no fixed cost measured yet
@@ -384,7 +463,8 @@ TEST(ClusterSimTest, MeasuredRatesAreTheMeansOfWhatTheNodesReport) {
   EXPECT_TRUE(a.replay_on_decode);
   EXPECT_EQ(a.rates, "compute_ms_per_gflop=3,fixed_ms=10");
   EXPECT_EQ(a.decode_rates,
-            "step_fixed_ms=25,step_per_row_ms=1.5,tokens_per_step=1,replay_ms_per_gflop=8");
+            "step_fixed_ms=25,step_per_row_ms=1.5,tokens_per_step=1,replay_ms_per_gflop=8,"
+            "replay_piece_fixed_ms=3,replay_piece_row_ms=0.5");
   // What the flags take back.
   const absl::StatusOr<kvstore::PrefillRates> rates = ParseRates(a.rates);
   ASSERT_TRUE(rates.ok());
@@ -392,6 +472,8 @@ TEST(ClusterSimTest, MeasuredRatesAreTheMeansOfWhatTheNodesReport) {
   const absl::StatusOr<DecodeRates> decode_rates = ParseDecodeRates(a.decode_rates);
   ASSERT_TRUE(decode_rates.ok());
   EXPECT_DOUBLE_EQ(decode_rates->replay_ms_per_gflop, 8);
+  EXPECT_DOUBLE_EQ(decode_rates->replay_piece_row_ms, 0.5);
+  EXPECT_TRUE(decode_rates->replays_in_steps());
   const MeasuredRates all = MeanRates(reply, "");
   EXPECT_EQ(all.prefill_nodes, 3);
   EXPECT_EQ(all.rates, "compute_ms_per_gflop=35.3333,fixed_ms=55");

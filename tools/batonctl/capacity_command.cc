@@ -38,6 +38,7 @@ struct CapacityOptions {
   std::string block_cache_bytes = "0";
   std::string rates;
   std::string decode_rates;
+  decode_node::StepPolicy decode_step = ClusterOptions{}.decode_step;
   std::string split;  // "": replay-on-decode when --decode-rates has replay_ms_per_gflop
   double time_scale = 1.0;
   int64_t max_requests = 0;
@@ -173,7 +174,8 @@ int RunCapacity(const CapacityOptions& o) {
                               .rates = *rates,
                               .decode_nodes = 1,
                               .decode_slots = o.decode_slots,
-                              .decode = *decode};
+                              .decode = *decode,
+                              .decode_step = o.decode_step};
   // Each shape's own search; the cheapest answer is the fewest nodes, then the smallest cache,
   // then the least TTFT p99.
   std::vector<ShapedPoint> explored;
@@ -273,6 +275,7 @@ Command AddCapacityCommand(CLI::App& app) {
                       "The prefill nodes' rates, as `batonctl simulate --rates`");
   command->add_option("--decode-rates", o->decode_rates,
                       "The decode nodes' step cost, as `batonctl simulate --decode-rates`");
+  AddDecodeStepFlags(*command, o->decode_step);
   command->add_option("--time-scale", o->time_scale,
                       "Arrivals at the trace's timestamps times this (default 1)");
   command->add_option("--max-requests", o->max_requests,

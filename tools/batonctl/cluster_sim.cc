@@ -23,6 +23,7 @@
 #include "baton/kvstore/placement.h"
 #include "baton/kvstore/prefix_index.h"
 #include "baton/kvstore/stored_value.h"
+#include "decode_sim.h"
 
 namespace baton::tools {
 namespace {
@@ -121,17 +122,6 @@ class OpenNodes {
   std::set<Key> by_queue_;
   std::set<std::pair<int64_t, size_t>> by_load_;  // prefilling, index
   std::vector<std::optional<Key>> keys_;
-};
-
-// A decode node: its slots taken (from admission until the request's last token), the
-// requests in its batch and those whose prefill ended since the step began.
-struct DecodeNode {
-  int64_t held = 0;
-  std::vector<size_t> running;
-  std::vector<size_t> joining;
-  bool stepping = false;
-  double step_ms = 0;  // the step in progress
-  double busy_ms = 0;
 };
 
 // At equal times a prefill ends first, then a replay on the decode node, then a decode step,
@@ -282,16 +272,18 @@ absl::StatusOr<DecodeRates> ParseDecodeRates(absl::string_view text) {
   for (absl::string_view item : absl::StrSplit(text, ',')) {
     const std::pair<absl::string_view, absl::string_view> kv = absl::StrSplit(item, '=');
     double value = 0;
-    double* field = kv.first == "step_fixed_ms"         ? &rates.step_fixed_ms
-                    : kv.first == "step_per_row_ms"     ? &rates.step_per_row_ms
-                    : kv.first == "tokens_per_step"     ? &rates.tokens_per_step
-                    : kv.first == "replay_ms_per_gflop" ? &rates.replay_ms_per_gflop
-                                                        : nullptr;
+    double* field = kv.first == "step_fixed_ms"           ? &rates.step_fixed_ms
+                    : kv.first == "step_per_row_ms"       ? &rates.step_per_row_ms
+                    : kv.first == "tokens_per_step"       ? &rates.tokens_per_step
+                    : kv.first == "replay_ms_per_gflop"   ? &rates.replay_ms_per_gflop
+                    : kv.first == "replay_piece_fixed_ms" ? &rates.replay_piece_fixed_ms
+                    : kv.first == "replay_piece_row_ms"   ? &rates.replay_piece_row_ms
+                                                          : nullptr;
     if (field == nullptr) {
       return absl::InvalidArgumentError(
           absl::StrCat("--decode-rates: '", kv.first,
                        "' is unknown; allowed: step_fixed_ms, step_per_row_ms, tokens_per_step, "
-                       "replay_ms_per_gflop"));
+                       "replay_ms_per_gflop, replay_piece_fixed_ms, replay_piece_row_ms"));
     }
     const double least = field == &rates.tokens_per_step ? 1 : 0;
     if (!absl::SimpleAtod(kv.second, &value) || !std::isfinite(value) || value < least ||
@@ -339,10 +331,8 @@ MeasuredRates MeanRates(const v1::ListRatesResponse& reply, absl::string_view mo
       {"store_ms_per_mib", {}},
       {"fixed_ms", {}}};
   std::vector<std::pair<std::string, std::pair<double, int64_t>>> decode = {
-      {"step_fixed_ms", {}},
-      {"step_per_row_ms", {}},
-      {"tokens_per_step", {}},
-      {"replay_ms_per_gflop", {}}};
+      {"step_fixed_ms", {}},       {"step_per_row_ms", {}},       {"tokens_per_step", {}},
+      {"replay_ms_per_gflop", {}}, {"replay_piece_fixed_ms", {}}, {"replay_piece_row_ms", {}}};
   auto add = [](std::pair<double, int64_t>& sum, double value) {
     if (value > 0 && std::isfinite(value)) {
       sum.first += value;
@@ -361,9 +351,10 @@ MeasuredRates MeanRates(const v1::ListRatesResponse& reply, absl::string_view mo
     } else if (node.role() == "decode") {
       ++measured.decode_nodes;
       const v1::DecodeRates& r = node.decode();
-      const double values[4] = {r.step_fixed_ms(), r.step_per_row_ms(), r.tokens_per_step(),
-                                r.replay_ms_per_gflop()};
-      for (size_t i = 0; i < 4; ++i) add(decode[i].second, values[i]);
+      const double values[6] = {r.step_fixed_ms(),         r.step_per_row_ms(),
+                                r.tokens_per_step(),       r.replay_ms_per_gflop(),
+                                r.replay_piece_fixed_ms(), r.replay_piece_row_ms()};
+      for (size_t i = 0; i < 6; ++i) add(decode[i].second, values[i]);
     }
   }
   auto join = [](const auto& sums) {
@@ -380,335 +371,321 @@ MeasuredRates MeanRates(const v1::ListRatesResponse& reply, absl::string_view mo
   return measured;
 }
 
-ClusterResult SimulateCluster(const std::vector<ClusterRequest>& requests,
-                              const ClusterOptions& given) {
-  // Replay-on-decode prices the replay at the decode node's rate, as the router does.
-  ClusterOptions o = given;
-  o.rates.replay_ms_per_gflop = o.decode.replay_ms_per_gflop;
-  ClusterResult result;
-  result.ttft_ms.assign(requests.size(), 0);
-  result.requests_per_node.assign(static_cast<size_t>(o.prefill_nodes), 0);
-  if (requests.empty() || o.prefill_nodes <= 0) return result;
-  const int64_t B = o.hit.block_size;
-  const uint64_t kv_value = kvstore::StoredValueBytes(o.payload.block_kv);
-  const uint64_t swa_value = kvstore::StoredValueBytes(o.payload.swa);
-  const uint64_t unlimited = std::numeric_limits<uint64_t>::max();
-  kvstore::PrefixIndex store;
-  std::vector<Node> nodes(static_cast<size_t>(o.prefill_nodes));
-  std::vector<size_t> node_of(requests.size());
-  std::vector<double> service_of(requests.size());
-  std::vector<int64_t> hit_of(requests.size());
-  std::vector<double> replay_of(requests.size(), 0);  // ms on the decode node, replay-on-decode
-  // The store fleet's node names, as `baton up` gives them.
-  for (int64_t n = 0; n < std::max<int64_t>(1, o.store_nodes); ++n) {
-    result.store_ids.push_back(n == 0 ? std::string("kvstore") : absl::StrCat("kvstore-", n));
+namespace {
+
+// One simulation (SimulateCluster): the prefill side and its tiers here, the decode side in
+// DecodeFleet, over one queue of events.
+class ClusterRun {
+ public:
+  ClusterRun(const std::vector<ClusterRequest>& requests, const ClusterOptions& given);
+  ClusterResult Run();
+
+ private:
+  const std::vector<Sha256Digest>& ChainOf(size_t r);
+  void Put(kvstore::PrefixIndex& index, const std::vector<Sha256Digest>& chain,
+           const std::vector<kvstore::WriteBackStep>& steps, uint64_t budget, int64_t cache_of);
+  void Opened(size_t n) {
+    open_nodes_.Update(n, nodes_[n].prefilling, nodes_[n].pending_ms,
+                       nodes_[n].prefilling < o_.slots);
   }
-  result.store_ops.assign(result.store_ids.size(), {});
-  const int replication = static_cast<int>(
-      std::clamp<int64_t>(o.store_replication, 1, static_cast<int64_t>(result.store_ids.size())));
-  std::priority_queue<Event, std::vector<Event>, std::greater<>> events;
-  for (size_t i = 0; i < requests.size(); ++i) events.push({requests[i].arrival_ms, kArrives, i});
-  std::deque<size_t> waiting;  // admission's queue, first come first served
-  const bool with_decode = o.decode_nodes > 0;
-  std::vector<DecodeNode> decoders(static_cast<size_t>(std::max<int64_t>(0, o.decode_nodes)));
-  result.requests_per_decode_node.assign(decoders.size(), 0);
-  std::vector<size_t> decoder_of(requests.size(), 0);
-  std::vector<double> generated(requests.size(), 0);  // tokens, the prefill's first included
-  std::vector<double> last_token_ms(requests.size(), 0);
-  // The decode node `d` takes the requests whose prefill ended into its next step.
-  auto step = [&](size_t d, double now) {
-    DecodeNode& node = decoders[d];
-    node.running.insert(node.running.end(), node.joining.begin(), node.joining.end());
-    node.joining.clear();
-    node.stepping = !node.running.empty();
-    if (!node.stepping) return;
-    node.step_ms = o.decode.step_fixed_ms +
-                   o.decode.step_per_row_ms * static_cast<double>(node.running.size());
-    events.push({now + node.step_ms, kStepEnds, d});
-  };
-  // Request `r` has its last token now: its slot is free.
-  auto finish = [&](size_t r, double now) {
-    const ClusterRequest& request = requests[r];
-    result.e2e_ms[r] = now - request.arrival_ms;
-    if (request.output_len > 1) {
-      result.tpot_ms[r] = (now - (request.arrival_ms + result.ttft_ms[r])) /
-                          static_cast<double>(request.output_len - 1);
+  std::vector<size_t> OpenFor(const std::vector<Sha256Digest>& chain,
+                              const kvstore::ChainLookup& in_store,
+                              const kvstore::PlacementRequest& place) const;
+  bool PlaceNext(double now);
+  void ReadHit(size_t chosen, const std::vector<Sha256Digest>& chain, int64_t hit_blocks);
+  void PrefillEnds(size_t r, double now);
+  void Dispatch(double now) {
+    while (!waiting_.empty() && PlaceNext(now)) {
     }
-    --decoders[decoder_of[r]].held;
-  };
-  // Request `r` has its first token now (its prefill's end, or its replay's on the decode
-  // node): the rest come from its decode node.
-  auto first_token = [&](size_t r, double now) {
-    if (!with_decode) return;
-    generated[r] = 1;
-    last_token_ms[r] = now;
-    DecodeNode& decoder = decoders[decoder_of[r]];
-    if (requests[r].output_len <= 1) {
-      finish(r, now);
-    } else {
-      decoder.joining.push_back(r);
-      if (!decoder.stepping) step(decoder_of[r], now);
-    }
-  };
-  if (with_decode) {
-    result.e2e_ms.assign(requests.size(), 0);
-    result.tpot_ms.assign(requests.size(), -1);
   }
-  double first_arrival = std::numeric_limits<double>::max(), last_end = 0;
+
+  const std::vector<ClusterRequest>& requests_;
+  ClusterOptions o_;
+  ClusterResult result_;
+  int64_t B_ = 0;
+  uint64_t kv_value_ = 0, swa_value_ = 0;
+  int replication_ = 1;
+  kvstore::PrefixIndex store_;
+  std::vector<Node> nodes_;
+  std::vector<size_t> node_of_;
+  std::vector<double> service_of_;
+  std::vector<int64_t> hit_of_;
+  std::vector<double> replay_of_;        // ms on the decode node, replay-on-decode as a delay
+  std::vector<int64_t> replay_rows_of_;  // rows replayed on the decode node, in its steps
+  std::priority_queue<Event, std::vector<Event>, std::greater<>> events_;
+  std::deque<size_t> waiting_;  // admission's queue, first come first served
+  DecodeFleet decode_;
   // The chains made from trace lines (ClusterRequest::from), kept from a request's placement to
   // its prefill's end (a node-based map: a reference stays valid as others are added).
-  std::unordered_map<size_t, std::vector<Sha256Digest>> made;
-  auto chain_of = [&](size_t r) -> const std::vector<Sha256Digest>& {
-    const ClusterRequest& request = requests[r];
-    if (request.from == nullptr) return request.chain;
-    auto [it, added] = made.try_emplace(r);
-    if (added) it->second = TraceChainKeys(*request.from, request.tokens, B);
-    return it->second;
-  };
-
+  std::unordered_map<size_t, std::vector<Sha256Digest>> made_;
   // The prefill nodes whose cache holds a key's block KV (OpenNodes: the nodes a placement
   // must price one by one).
-  absl::flat_hash_map<Sha256Digest, std::vector<size_t>> cached_by;
-  OpenNodes open_nodes(nodes.size());
-  for (size_t n = 0; n < nodes.size(); ++n) open_nodes.Update(n, 0, 0, o.slots > 0);
-  auto opened = [&](size_t n) {
-    open_nodes.Update(n, nodes[n].prefilling, nodes[n].pending_ms, nodes[n].prefilling < o.slots);
-  };
+  absl::flat_hash_map<Sha256Digest, std::vector<size_t>> cached_by_;
+  OpenNodes open_nodes_;
+};
 
-  // `steps` of `chain` put in `index` (prefill node `cache_of`'s cache, or the store: -1): a
-  // value present is touched, a new one added.
-  auto put = [&](kvstore::PrefixIndex& index, const std::vector<Sha256Digest>& chain,
-                 const std::vector<kvstore::WriteBackStep>& steps, uint64_t budget,
-                 int64_t cache_of) {
-    const kvstore::PrefixIndex::EvictFn evicted = [&](const Sha256Digest& key, Region region,
-                                                      uint64_t) {
-      if (cache_of < 0 || region != Region::kBlockKv) return;
-      auto it = cached_by.find(key);
-      if (it == cached_by.end()) return;
-      std::erase(it->second, static_cast<size_t>(cache_of));
-      if (it->second.empty()) cached_by.erase(it);
-    };
-    for (const kvstore::WriteBackStep& step : steps) {
-      const Sha256Digest& key = chain[step.block];
-      if (index.Contains(key, step.region)) {
-        index.Touch(key);
-        continue;
-      }
-      const std::optional<Sha256Digest> parent =
-          step.parent >= 0 ? std::optional<Sha256Digest>(chain[step.parent]) : std::nullopt;
-      index.Add(key, parent, step.region, step.region == Region::kBlockKv ? kv_value : swa_value);
-      if (cache_of >= 0 && step.region == Region::kBlockKv) {
-        cached_by[key].push_back(static_cast<size_t>(cache_of));
-      }
-      index.EvictToBudget(budget, evicted);
-    }
-  };
+ClusterRun::ClusterRun(const std::vector<ClusterRequest>& requests, const ClusterOptions& given)
+    : requests_(requests),
+      o_(given),
+      B_(given.hit.block_size),
+      kv_value_(kvstore::StoredValueBytes(given.payload.block_kv)),
+      swa_value_(kvstore::StoredValueBytes(given.payload.swa)),
+      nodes_(static_cast<size_t>(std::max<int64_t>(0, given.prefill_nodes))),
+      node_of_(requests.size()),
+      service_of_(requests.size()),
+      hit_of_(requests.size()),
+      replay_of_(requests.size(), 0),
+      replay_rows_of_(requests.size(), 0),
+      decode_(requests, o_, result_,
+              [this](double time, size_t node) {
+                events_.push({time, kStepEnds, node});
+              }),
+      open_nodes_(nodes_.size()) {
+  // Replay-on-decode prices the replay at the decode node's rate, as the router does.
+  o_.rates.replay_ms_per_gflop = o_.decode.replay_ms_per_gflop;
+  result_.ttft_ms.assign(requests.size(), 0);
+  result_.requests_per_node.assign(nodes_.size(), 0);
+  // The store fleet's node names, as `baton up` gives them.
+  for (int64_t n = 0; n < std::max<int64_t>(1, o_.store_nodes); ++n) {
+    result_.store_ids.push_back(n == 0 ? std::string("kvstore") : absl::StrCat("kvstore-", n));
+  }
+  result_.store_ops.assign(result_.store_ids.size(), {});
+  replication_ = static_cast<int>(
+      std::clamp<int64_t>(o_.store_replication, 1, static_cast<int64_t>(result_.store_ids.size())));
+  for (size_t n = 0; n < nodes_.size(); ++n) open_nodes_.Update(n, 0, 0, o_.slots > 0);
+}
 
-  auto dispatch = [&](double now) {
-    while (!waiting.empty()) {
-      const size_t r = waiting.front();
-      const ClusterRequest& request = requests[r];
-      const std::vector<Sha256Digest>& chain = chain_of(r);
-      if (open_nodes.empty()) return;
-      const kvstore::ChainLookup in_store = Peek(store, chain);
-      kvstore::PlacementRequest place{
-          .policy = o.policy, .hit = o.hit, .payload = o.payload, .config = &o.config};
-      place.hit.prompt_len = request.prompt_len;
-      // The nodes with a free slot (or those of them that can be chosen), in index order, as
-      // the router's registry lists them.
-      std::vector<size_t> open;
-      if (o.exhaustive_placement) {
-        for (size_t n = 0; n < nodes.size(); ++n) {
-          if (nodes[n].prefilling < o.slots) open.push_back(n);
-        }
-      } else {
-        std::vector<size_t> holders;
-        auto it = chain.empty() ? cached_by.end() : cached_by.find(chain.front());
-        if (it != cached_by.end()) {
-          for (size_t n : it->second) {
-            if (nodes[n].prefilling < o.slots) holders.push_back(n);
-          }
-        }
-        // A node without a local hit: what PlacePrefill plans there, but for its queue.
-        const kvstore::TieredHit no_local =
-            kvstore::PlanTieredHit(place.hit, {.local = {}, .store = in_store}, o.payload);
-        open_nodes.Candidates(
-            holders, o.policy == RoutePolicy::kPredictedTtft,
-            [&](double queue_ms) {
-              return kvstore::PredictPrefill(o.rates, queue_ms, place.hit, no_local, o.config)
-                  .total_ms();
-            },
-            open);
-      }
-      std::vector<kvstore::PrefillNodeView> views;
-      for (size_t n : open) {
-        views.push_back({.prefilling = nodes[n].prefilling,
-                         .reported_queued = std::max<int64_t>(0, nodes[n].prefilling - 1),
-                         .queue_ms = nodes[n].pending_ms,
-                         .rates = o.rates,
-                         .tiers = {.local = Peek(nodes[n].cache, chain), .store = in_store}});
-      }
-      // A decode slot is reserved at admission: the least loaded decode node's (fewest
-      // requests, then the lowest index).
-      size_t decoder = 0;
-      if (with_decode) {
-        for (size_t d = 1; d < decoders.size(); ++d) {
-          if (decoders[d].held < decoders[decoder].held) decoder = d;
-        }
-        if (decoders[decoder].held >= o.decode_slots) return;
-      }
-      const kvstore::Placement placement = kvstore::PlacePrefill(views, place);
-      const size_t chosen = open[static_cast<size_t>(placement.chosen)];
-      const kvstore::TieredHit& chosen_hit = placement.plan.hit;
-      waiting.pop_front();
-      Node& node = nodes[chosen];
-      // The hit's reads: the store's blocks are used (touched) and kept in the node's cache.
-      const int64_t h = chosen_hit.hit_blocks;
-      const std::vector<Sha256Digest> hit_chain(chain.begin(), chain.begin() + h);
-      node.cache.Lookup(hit_chain);
-      store.Lookup(hit_chain);
-      // The router's lookup: one probe per owner of some of the prompt's keys.
-      const std::vector<std::vector<size_t>> owned =
-          kvstore::KeysByOwner(chain, result.store_ids, replication);
-      for (size_t s = 0; s < owned.size(); ++s) {
-        if (owned[s].empty()) continue;
-        ++result.store_ops[s].lookups;
-        result.store_ops[s].probe_keys += static_cast<int64_t>(owned[s].size());
-      }
-      // The values the hit reads that the node's cache lacks come from one owner each.
-      const std::vector<kvstore::WriteBackStep> kept = kvstore::CacheKeptReads(h, o.hit.window, B);
-      const uint64_t turn = node.read_turn++;
-      for (const kvstore::WriteBackStep& step : kept) {
-        if (o.block_cache_bytes > 0 && node.cache.Contains(chain[step.block], step.region)) {
-          continue;
-        }
-        const size_t owner =
-            kvstore::ReadOrder(chain[step.block], result.store_ids, replication, turn)[0];
-        ++result.store_ops[owner].reads;
-        result.store_ops[owner].read_bytes +=
-            step.region == Region::kBlockKv ? o.payload.block_kv : o.payload.swa;
-      }
-      if (o.block_cache_bytes > 0) {
-        put(node.cache, chain, kept, o.block_cache_bytes, static_cast<int64_t>(chosen));
-      }
-      result.local_hit_tokens += chosen_hit.local_blocks * B;
-      result.store_hit_tokens += (h - chosen_hit.local_blocks) * B;
-      // The prefill node's own part; a replay on the decode node follows it.
-      const double service = placement.plan.cost.node_ms();
-      const double end = std::max(now, node.busy_until) + service;
-      node.busy_until = end;
-      node.pending_ms += service;
-      ++node.prefilling;
-      opened(chosen);
-      node_of[r] = chosen;
-      service_of[r] = service;
-      hit_of[r] = h;
-      replay_of[r] = placement.plan.cost.replay_elsewhere ? placement.plan.cost.replay_ms : 0;
-      ++result.requests_per_node[chosen];
-      result.ttft_ms[r] = end + replay_of[r] - request.arrival_ms;
-      if (with_decode) {
-        ++decoders[decoder].held;
-        ++result.requests_per_decode_node[decoder];
-        decoder_of[r] = decoder;
-      }
-      if (o.record_steps) {
-        result.steps.push_back(
-            {.kind = ClusterStep::kPlaced,
-             .request = r,
-             .node = static_cast<int64_t>(chosen),
-             .hit_blocks = h,
-             .store = in_store,
-             .runner_up =
-                 placement.runner_up < 0
-                     ? -1
-                     : static_cast<int64_t>(open[static_cast<size_t>(placement.runner_up)])});
-      }
-      events.push({end, kPrefillEnds, r});
-    }
-  };
+const std::vector<Sha256Digest>& ClusterRun::ChainOf(size_t r) {
+  const ClusterRequest& request = requests_[r];
+  if (request.from == nullptr) return request.chain;
+  auto [it, added] = made_.try_emplace(r);
+  if (added) it->second = TraceChainKeys(*request.from, request.tokens, B_);
+  return it->second;
+}
 
-  while (!events.empty()) {
-    const Event event = events.top();
-    events.pop();
-    if (event.kind == kStepEnds) {
-      // Every request of the step gains its tokens; each token's gap is an ITL sample.
-      DecodeNode& node = decoders[event.request];
-      node.busy_ms += node.step_ms;
-      std::vector<size_t> staying;
-      for (size_t r : node.running) {
-        const double want = static_cast<double>(requests[r].output_len);
-        const double before = generated[r];
-        generated[r] = std::min(want, before + o.decode.tokens_per_step);
-        const int64_t tokens =
-            static_cast<int64_t>(std::floor(generated[r])) - static_cast<int64_t>(before);
-        const double gap = event.time - last_token_ms[r];
-        for (int64_t t = 0; t < tokens; ++t) {
-          result.itl_ms.push_back(gap / static_cast<double>(tokens));
-        }
-        if (tokens > 0) last_token_ms[r] = event.time;
-        if (generated[r] >= want) {
-          finish(r, event.time);
-        } else {
-          staying.push_back(r);
-        }
-      }
-      node.running = std::move(staying);
-      step(event.request, event.time);
-      last_end = std::max(last_end, event.time);
-      dispatch(event.time);
+// `steps` of `chain` put in `index` (prefill node `cache_of`'s cache, or the store: -1): a value
+// present is touched, a new one added.
+void ClusterRun::Put(kvstore::PrefixIndex& index, const std::vector<Sha256Digest>& chain,
+                     const std::vector<kvstore::WriteBackStep>& steps, uint64_t budget,
+                     int64_t cache_of) {
+  const kvstore::PrefixIndex::EvictFn evicted = [&](const Sha256Digest& key, Region region,
+                                                    uint64_t) {
+    if (cache_of < 0 || region != Region::kBlockKv) return;
+    auto it = cached_by_.find(key);
+    if (it == cached_by_.end()) return;
+    std::erase(it->second, static_cast<size_t>(cache_of));
+    if (it->second.empty()) cached_by_.erase(it);
+  };
+  for (const kvstore::WriteBackStep& step : steps) {
+    const Sha256Digest& key = chain[step.block];
+    if (index.Contains(key, step.region)) {
+      index.Touch(key);
       continue;
     }
-    if (event.kind == kReplayEnds) {
-      last_end = std::max(last_end, event.time);
-      first_token(event.request, event.time);
-      dispatch(event.time);
-      continue;
+    const std::optional<Sha256Digest> parent =
+        step.parent >= 0 ? std::optional<Sha256Digest>(chain[step.parent]) : std::nullopt;
+    index.Add(key, parent, step.region, step.region == Region::kBlockKv ? kv_value_ : swa_value_);
+    if (cache_of >= 0 && step.region == Region::kBlockKv) {
+      cached_by_[key].push_back(static_cast<size_t>(cache_of));
     }
-    const ClusterRequest& request = requests[event.request];
+    index.EvictToBudget(budget, evicted);
+  }
+}
+
+// The nodes with a free slot (or those of them that can be chosen), in index order, as the
+// router's registry lists them.
+std::vector<size_t> ClusterRun::OpenFor(const std::vector<Sha256Digest>& chain,
+                                        const kvstore::ChainLookup& in_store,
+                                        const kvstore::PlacementRequest& place) const {
+  std::vector<size_t> open;
+  if (o_.exhaustive_placement) {
+    for (size_t n = 0; n < nodes_.size(); ++n) {
+      if (nodes_[n].prefilling < o_.slots) open.push_back(n);
+    }
+    return open;
+  }
+  std::vector<size_t> holders;
+  auto it = chain.empty() ? cached_by_.end() : cached_by_.find(chain.front());
+  if (it != cached_by_.end()) {
+    for (size_t n : it->second) {
+      if (nodes_[n].prefilling < o_.slots) holders.push_back(n);
+    }
+  }
+  // A node without a local hit: what PlacePrefill plans there, but for its queue.
+  const kvstore::TieredHit no_local =
+      kvstore::PlanTieredHit(place.hit, {.local = {}, .store = in_store}, o_.payload);
+  open_nodes_.Candidates(
+      holders, o_.policy == RoutePolicy::kPredictedTtft,
+      [&](double queue_ms) {
+        return kvstore::PredictPrefill(o_.rates, queue_ms, place.hit, no_local, o_.config)
+            .total_ms();
+      },
+      open);
+  return open;
+}
+
+// The hit's reads on node `chosen`: the store's blocks are used (touched) and kept in the
+// node's cache; the router's lookup probes each owner of some of the prompt's keys once; the
+// values the node's cache lacks come from one owner each.
+void ClusterRun::ReadHit(size_t chosen, const std::vector<Sha256Digest>& chain, int64_t h) {
+  Node& node = nodes_[chosen];
+  const std::vector<Sha256Digest> hit_chain(chain.begin(), chain.begin() + h);
+  node.cache.Lookup(hit_chain);
+  store_.Lookup(hit_chain);
+  const std::vector<std::vector<size_t>> owned =
+      kvstore::KeysByOwner(chain, result_.store_ids, replication_);
+  for (size_t s = 0; s < owned.size(); ++s) {
+    if (owned[s].empty()) continue;
+    ++result_.store_ops[s].lookups;
+    result_.store_ops[s].probe_keys += static_cast<int64_t>(owned[s].size());
+  }
+  const std::vector<kvstore::WriteBackStep> kept = kvstore::CacheKeptReads(h, o_.hit.window, B_);
+  const uint64_t turn = node.read_turn++;
+  for (const kvstore::WriteBackStep& step : kept) {
+    if (o_.block_cache_bytes > 0 && node.cache.Contains(chain[step.block], step.region)) continue;
+    const size_t owner =
+        kvstore::ReadOrder(chain[step.block], result_.store_ids, replication_, turn)[0];
+    ++result_.store_ops[owner].reads;
+    result_.store_ops[owner].read_bytes +=
+        step.region == Region::kBlockKv ? o_.payload.block_kv : o_.payload.swa;
+  }
+  if (o_.block_cache_bytes > 0) {
+    Put(node.cache, chain, kept, o_.block_cache_bytes, static_cast<int64_t>(chosen));
+  }
+}
+
+// Places the first waiting request, as the router admits it: false when it must wait (no
+// prefill node has a free slot, or no decode node a free slot).
+bool ClusterRun::PlaceNext(double now) {
+  const size_t r = waiting_.front();
+  const ClusterRequest& request = requests_[r];
+  const std::vector<Sha256Digest>& chain = ChainOf(r);
+  if (open_nodes_.empty()) return false;
+  const kvstore::ChainLookup in_store = Peek(store_, chain);
+  kvstore::PlacementRequest place{
+      .policy = o_.policy, .hit = o_.hit, .payload = o_.payload, .config = &o_.config};
+  place.hit.prompt_len = request.prompt_len;
+  const std::vector<size_t> open = OpenFor(chain, in_store, place);
+  std::vector<kvstore::PrefillNodeView> views;
+  for (size_t n : open) {
+    views.push_back({.prefilling = nodes_[n].prefilling,
+                     .reported_queued = std::max<int64_t>(0, nodes_[n].prefilling - 1),
+                     .queue_ms = nodes_[n].pending_ms,
+                     .rates = o_.rates,
+                     .tiers = {.local = Peek(nodes_[n].cache, chain), .store = in_store}});
+  }
+  // A decode slot is reserved at admission.
+  const std::optional<size_t> decoder = decode_.Reservable();
+  if (decode_.modelled() && !decoder.has_value()) return false;
+  const kvstore::Placement placement = kvstore::PlacePrefill(views, place);
+  const size_t chosen = open[static_cast<size_t>(placement.chosen)];
+  const int64_t h = placement.plan.hit.hit_blocks;
+  waiting_.pop_front();
+  ReadHit(chosen, chain, h);
+  result_.local_hit_tokens += placement.plan.hit.local_blocks * B_;
+  result_.store_hit_tokens += (h - placement.plan.hit.local_blocks) * B_;
+  // The prefill node's own part; a replay on the decode node follows it.
+  Node& node = nodes_[chosen];
+  const double service = placement.plan.cost.node_ms();
+  const double end = std::max(now, node.busy_until) + service;
+  node.busy_until = end;
+  node.pending_ms += service;
+  ++node.prefilling;
+  Opened(chosen);
+  node_of_[r] = chosen;
+  service_of_[r] = service;
+  hit_of_[r] = h;
+  if (placement.plan.cost.replay_elsewhere) {
+    replay_of_[r] = decode_.replays_in_steps() ? 0 : placement.plan.cost.replay_ms;
+    replay_rows_of_[r] = placement.plan.cost.replayed_rows;
+  }
+  ++result_.requests_per_node[chosen];
+  result_.ttft_ms[r] = end + replay_of_[r] - request.arrival_ms;
+  if (decoder.has_value()) decode_.Reserve(r, *decoder);
+  if (o_.record_steps) {
+    result_.steps.push_back(
+        {.kind = ClusterStep::kPlaced,
+         .request = r,
+         .node = static_cast<int64_t>(chosen),
+         .hit_blocks = h,
+         .store = in_store,
+         .runner_up = placement.runner_up < 0
+                          ? -1
+                          : static_cast<int64_t>(open[static_cast<size_t>(placement.runner_up)])});
+  }
+  events_.push({end, kPrefillEnds, r});
+  return true;
+}
+
+// Request `r`'s prefill ends: its node's slot is free, what it computed goes to the node's
+// cache and the store, and its first token follows (or its replay, on the decode node).
+void ClusterRun::PrefillEnds(size_t r, double now) {
+  Node& node = nodes_[node_of_[r]];
+  --node.prefilling;
+  node.pending_ms = node.prefilling == 0 ? 0 : std::max(0.0, node.pending_ms - service_of_[r]);
+  Opened(node_of_[r]);
+  const std::vector<Sha256Digest>& chain = ChainOf(r);
+  const std::vector<kvstore::WriteBackStep> computed =
+      kvstore::WriteBackSteps(hit_of_[r], static_cast<int64_t>(chain.size()));
+  if (o_.block_cache_bytes > 0) {
+    Put(node.cache, chain, computed, o_.block_cache_bytes, static_cast<int64_t>(node_of_[r]));
+  }
+  Put(store_, chain, computed, o_.store_budget.value_or(std::numeric_limits<uint64_t>::max()), -1);
+  for (const kvstore::WriteBackStep& step : computed) {
+    for (size_t owner : kvstore::Owners(chain[step.block], result_.store_ids, replication_)) {
+      ++result_.store_ops[owner].writes;
+      result_.store_ops[owner].write_bytes +=
+          step.region == Region::kBlockKv ? o_.payload.block_kv : o_.payload.swa;
+    }
+  }
+  made_.erase(r);
+  if (replay_of_[r] > 0) {
+    events_.push({now + replay_of_[r], kReplayEnds, r});
+  } else if (decode_.modelled()) {
+    decode_.PrefillEnded(r, replay_rows_of_[r], now);
+  }
+  if (o_.record_steps) {
+    result_.steps.push_back({.kind = ClusterStep::kEnded,
+                             .request = r,
+                             .node = static_cast<int64_t>(node_of_[r]),
+                             .hit_blocks = hit_of_[r]});
+  }
+}
+
+ClusterResult ClusterRun::Run() {
+  if (requests_.empty() || nodes_.empty()) return std::move(result_);
+  for (size_t i = 0; i < requests_.size(); ++i) {
+    events_.push({requests_[i].arrival_ms, kArrives, i});
+  }
+  double first_arrival = std::numeric_limits<double>::max(), last_end = 0;
+  while (!events_.empty()) {
+    const Event event = events_.top();
+    events_.pop();
     if (event.kind == kArrives) {
       first_arrival = std::min(first_arrival, event.time);
-      result.prompt_tokens += request.prompt_len;
-      waiting.push_back(event.request);
+      result_.prompt_tokens += requests_[event.request].prompt_len;
+      waiting_.push_back(event.request);
     } else {
-      Node& node = nodes[node_of[event.request]];
-      --node.prefilling;
-      node.pending_ms =
-          node.prefilling == 0 ? 0 : std::max(0.0, node.pending_ms - service_of[event.request]);
-      opened(node_of[event.request]);
-      const std::vector<Sha256Digest>& chain = chain_of(event.request);
-      const std::vector<kvstore::WriteBackStep> computed =
-          kvstore::WriteBackSteps(hit_of[event.request], static_cast<int64_t>(chain.size()));
-      if (o.block_cache_bytes > 0) {
-        put(node.cache, chain, computed, o.block_cache_bytes,
-            static_cast<int64_t>(node_of[event.request]));
-      }
-      put(store, chain, computed, o.store_budget.value_or(unlimited), -1);
-      for (const kvstore::WriteBackStep& step : computed) {
-        for (size_t owner : kvstore::Owners(chain[step.block], result.store_ids, replication)) {
-          ++result.store_ops[owner].writes;
-          result.store_ops[owner].write_bytes +=
-              step.region == Region::kBlockKv ? o.payload.block_kv : o.payload.swa;
-        }
-      }
-      made.erase(event.request);
       last_end = std::max(last_end, event.time);
-      if (replay_of[event.request] > 0) {
-        events.push({event.time + replay_of[event.request], kReplayEnds, event.request});
+      if (event.kind == kStepEnds) {
+        decode_.StepEnded(event.request, event.time);
+      } else if (event.kind == kReplayEnds) {
+        if (decode_.modelled()) decode_.FirstToken(event.request, event.time);
       } else {
-        first_token(event.request, event.time);
-      }
-      if (o.record_steps) {
-        result.steps.push_back({.kind = ClusterStep::kEnded,
-                                .request = event.request,
-                                .node = static_cast<int64_t>(node_of[event.request]),
-                                .hit_blocks = hit_of[event.request]});
+        PrefillEnds(event.request, event.time);
       }
     }
-    dispatch(event.time);
+    Dispatch(event.time);
   }
-  result.makespan_ms = last_end - first_arrival;
-  for (const DecodeNode& node : decoders) result.decode_busy_ms.push_back(node.busy_ms);
-  return result;
+  result_.makespan_ms = last_end - first_arrival;
+  return std::move(result_);
+}
+
+}  // namespace
+
+ClusterResult SimulateCluster(const std::vector<ClusterRequest>& requests,
+                              const ClusterOptions& options) {
+  return ClusterRun(requests, options).Run();
 }
 
 }  // namespace baton::tools

@@ -15,23 +15,28 @@
 // computes go to its cache and the store when it ends (PrefixIndex with each budget: LRU over
 // chain leaves). Each request's TTFT is its prefill's end less its arrival.
 //
-// Decode, with decode_nodes > 0: a request also needs a decode slot (`decode_slots` a node, the
-// least loaded node's, fewest requests then lowest index, as the router's Pick) before its
-// prefill starts, as the router reserves one at admission; from its prefill's end it joins
-// its decode node's batch at the next step. A decode node steps while it has requests, each
-// step taking the fitted time of its rows (DecodeRates: fixed + per_row x requests, as the
-// node's step-cost fit) and giving every request in it `tokens_per_step` tokens (speculation's
-// measured tokens per step, 1 without it); a request leaves after its output tokens (the first
-// comes from the prefill), freeing its slot. Each token's gap is its ITL sample, the way
-// `batonctl replay` measures it (a step's tokens share its gap).
+// Decode, with decode_nodes > 0 (decode_sim.h): a request also needs a decode slot
+// (`decode_slots` a node, the least loaded node's, fewest requests then lowest index, as the
+// router's Pick) before its prefill starts, as the router reserves one at admission; from its
+// prefill's end it joins its decode node's next step. Each step is the decode node's own plan
+// (decode_node::PlanStep under `decode_step`) over its requests, taking the fitted time of its
+// rows (DecodeRates: fixed + per_row x rows, as the node's step-cost fit) and giving every
+// request in it `tokens_per_step` tokens (speculation's measured tokens per step, 1 without
+// it); a request leaves after its output tokens (the first comes from the prefill), freeing
+// its slot. Each token's gap is its ITL sample, the way `batonctl replay` measures it (a step's
+// tokens share its gap).
 //
-// Replay-on-decode (DecodeRates::replay_ms_per_gflop > 0): a request's replay is priced at the
-// decode node's measured rate and runs after its prefill, before it joins its decode node's
-// batch; the prefill node's slot is free from the prefill's end.
+// Replay-on-decode (DecodeRates::replay_ms_per_gflop > 0): the router prices a request's replay
+// at the decode node's measured rate, and the prefill node's slot is free from the prefill's
+// end. With the decode node's replay piece costs (DecodeRates::replays_in_steps) the replay
+// runs in the decode node's steps, pieces of rows planned as the node plans them beside its
+// streams (within --replay-rows-per-step and --replay-step-budget), each adding its fitted
+// cost to the step, so the streams' gaps stretch while a replay is in flight and the first
+// token is the end of the step that finishes the replay; without them, the replay is a delay
+// at the measured rate after the prefill, beside the steps.
 //
 // What it leaves out: contention between nodes sharing cores (the measured rates fold in what
-// a real run had of it), and the replay rows' share of the decode node's steps (its measured
-// replay rate folds in the batch it ran beside).
+// a real run had of it).
 //
 // Pure; safe from any thread.
 #pragma once
@@ -44,6 +49,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "baton/common/hash.h"
+#include "baton/decode_node/decode_step.h"
 #include "baton/kvstore/hit_policy.h"
 #include "baton/kvstore/prefill_placement.h"
 #include "baton/kvstore/ttft_model.h"
@@ -100,8 +106,18 @@ struct DecodeRates {
   // (baton_decode_replay_ms_per_gflop): a request's replay is priced at it, as the router
   // prices it, and runs on its decode node after the prefill, not in the prefill node's slot.
   double replay_ms_per_gflop = 0;
+  // With replay-on-decode, what a replay piece adds to a step at a prompt of 1,024 positions
+  // (baton_decode_replay_piece_cost_ms: in proportion to the prompt's length). Either > 0: the
+  // decode node replays in its steps, as the node plans them (decode_node::PlanStep) beside its
+  // streams, and a request's first token is its replay's last step's end; both 0: the replay
+  // is a delay at replay_ms_per_gflop, beside the steps.
+  double replay_piece_fixed_ms = 0;
+  double replay_piece_row_ms = 0;
+  bool replays_in_steps() const {
+    return replay_ms_per_gflop > 0 && (replay_piece_fixed_ms > 0 || replay_piece_row_ms > 0);
+  }
 };
-// "name=value,..." over the DecodeRates fields; each finite, step times and the replay rate
+// "name=value,..." over the DecodeRates fields; each finite, step times and the replay rates
 // >= 0 and tokens_per_step >= 1. Names --decode-rates in its errors.
 absl::StatusOr<DecodeRates> ParseDecodeRates(absl::string_view text);
 
@@ -140,6 +156,9 @@ struct ClusterOptions {
   int64_t decode_nodes = 0;  // 0: decode is not modelled
   int64_t decode_slots = 64;
   DecodeRates decode;
+  // What one decode step may do, as the decode node's flags set it (--max-batch,
+  // --replay-rows-per-step, --replay-step-budget and their defaults).
+  decode_node::StepPolicy decode_step{.max_batch = 64, .replay_rows = 8, .replay_step_budget = 1.0};
 };
 
 // What one store node served over a simulation, as the fleet's rules send it: a lookup probes

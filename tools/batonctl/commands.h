@@ -9,6 +9,7 @@
 #include "CLI/CLI.hpp"
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
+#include "baton/decode_node/decode_step.h"
 
 namespace baton::tools {
 
@@ -32,6 +33,11 @@ Command AddRatesCommand(CLI::App& app);
 Command AddEvalCommand(CLI::App& app);
 Command AddHealthCommand(CLI::App& app);
 Command AddCapacityCommand(CLI::App& app);
+
+// The decode node's step flags as the simulation takes them (`simulate` and `capacity`):
+// --decode-max-batch, --replay-rows-per-step and --replay-step-budget, with baton-decode's
+// defaults and ranges (its --max-batch and the two of the same names).
+void AddDecodeStepFlags(CLI::App& command, decode_node::StepPolicy& policy);
 
 inline constexpr int kExitOk = 0;
 inline constexpr int kExitFailure = 1;

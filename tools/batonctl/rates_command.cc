@@ -62,6 +62,8 @@ int RunRates(const RatesOptions& o) {
                     {"step_per_row_ms", r.step_per_row_ms()},
                     {"tokens_per_step", r.tokens_per_step()},
                     {"replay_ms_per_gflop", r.replay_ms_per_gflop()},
+                    {"replay_piece_fixed_ms", r.replay_piece_fixed_ms()},
+                    {"replay_piece_row_ms", r.replay_piece_row_ms()},
                     {"replay_samples", r.replay_samples()}});
     }
     nodes.push_back(std::move(entry));

@@ -86,6 +86,7 @@ struct SimulateOptions {
   int64_t decode_nodes = 0;
   int64_t decode_slots = 64;
   std::string decode_rates;
+  decode_node::StepPolicy decode_step = ClusterOptions{}.decode_step;
   int64_t max_output_tokens = 0;
   double ttft_slo_ms = 0;
   double itl_slo_ms = 0;
@@ -561,7 +562,8 @@ int RunCluster(const SimulateOptions& o, const std::vector<Setting>& settings,
                                      .store_replication = o.store_replication,
                                      .decode_nodes = o.decode_nodes,
                                      .decode_slots = o.decode_slots,
-                                     .decode = *decode_rates};
+                                     .decode = *decode_rates,
+                                     .decode_step = o.decode_step};
         const ClusterResult r = SimulateCluster(cluster, options);
         nlohmann::json row = {
             {"itl_ms", nullptr}, {"tpot_ms", nullptr}, {"e2e_ms", nullptr}, {"decode", nullptr}};
@@ -577,6 +579,12 @@ int RunCluster(const SimulateOptions& o, const std::vector<Setting>& settings,
           for (double ms : r.decode_busy_ms) busy.push_back(Ratio(ms, r.makespan_ms));
           row["decode"] = {{"nodes", o.decode_nodes},
                            {"slots", o.decode_slots},
+                           {"max_batch", o.decode_step.max_batch},
+                           {"replay", !(decode_rates->replay_ms_per_gflop > 0) ? "none"
+                                      : decode_rates->replays_in_steps()       ? "steps"
+                                                                               : "delay"},
+                           {"replay_rows_per_step", o.decode_step.replay_rows},
+                           {"replay_step_budget", o.decode_step.replay_step_budget},
                            {"busy_fraction", std::move(busy)},
                            {"requests_per_node", r.requests_per_decode_node}};
         }
@@ -793,12 +801,13 @@ Command AddSimulateCommand(CLI::App& app) {
                       "Requests a decode node holds at once, as baton-decode's --slots "
                       "(default 64)");
   command->add_option("--decode-rates", o->decode_rates,
-                      "A decode step's cost, name=value comma-separated (step_fixed_ms, "
-                      "step_per_row_ms: a decode node's baton_decode_step_cost_ms; "
-                      "tokens_per_step: speculation's, >= 1), default 20, 1, 1; and "
-                      "replay_ms_per_gflop (a decode node's baton_decode_replay_ms_per_gflop): "
-                      "the cluster replays on decode, at that rate (default 0: prefill-all). "
-                      "`batonctl rates --addr ROUTER` gives a running cluster's");
+                      "A decode node's costs, name=value comma-separated: step_fixed_ms, "
+                      "step_per_row_ms (baton_decode_step_cost_ms), tokens_per_step (>= 1), "
+                      "default 20, 1, 1; replay_ms_per_gflop > 0 replays on decode at that rate "
+                      "(default 0: prefill-all), in the decode steps with replay_piece_fixed_ms "
+                      "and replay_piece_row_ms (baton_decode_replay_piece_cost_ms), else as a "
+                      "delay. `batonctl rates --addr ROUTER` gives a running cluster's");
+  AddDecodeStepFlags(*command, o->decode_step);
   command->add_option("--max-output-tokens", o->max_output_tokens,
                       "Cap each request's completion tokens, as `batonctl replay` does "
                       "(default 0: the trace's)");
@@ -812,6 +821,24 @@ Command AddSimulateCommand(CLI::App& app) {
                       "Arrivals at the trace's timestamps times this, as `batonctl replay` sends "
                       "them (default 1)");
   return {command, [o] { return RunSimulate(*o); }};
+}
+
+void AddDecodeStepFlags(CLI::App& command, decode_node::StepPolicy& policy) {
+  command
+      .add_option("--decode-max-batch", policy.max_batch,
+                  "Requests per decode step, as baton-decode's --max-batch (default 64)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 16));
+  command
+      .add_option("--replay-rows-per-step", policy.replay_rows,
+                  "Replay in the decode steps: boundary rows a step replays beside decoding "
+                  "streams, as baton-decode's flag (default 8; up to 512 with none decoding)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  command
+      .add_option("--replay-step-budget", policy.replay_step_budget,
+                  "Replay in the decode steps: the share of the streams' step time a step's "
+                  "replay rows may add, as baton-decode's flag (default 1; 0: the row bound "
+                  "alone)")
+      ->check(CLI::Range(0.0, 100.0));
 }
 
 }  // namespace baton::tools

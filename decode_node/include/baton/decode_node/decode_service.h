@@ -221,6 +221,9 @@ class DecodeService final : public v1::DecodeNode::Service {
   // The step-cost fit as last published by the decode loop (0 until fitted).
   std::atomic<double> step_fixed_ms_{0};
   std::atomic<double> step_per_row_ms_{0};
+  // A replay piece's cost fit at 1,024 positions as last published (0 until fitted).
+  std::atomic<double> replay_piece_fixed_ms_{0};
+  std::atomic<double> replay_piece_row_ms_{0};
   std::atomic<bool> stepping_{false};  // the decode loop has a batch (the watchdog's "work")
   std::unique_ptr<Watchdog> watchdog_;
   std::unique_ptr<StreamWatch> idle_watch_;

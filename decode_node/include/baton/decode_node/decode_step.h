@@ -83,9 +83,14 @@ struct PieceSize {
 // PlanStep prices pieces with it.
 struct ReplayCosts {
   std::map<int, CostFit> by_band;  // floor(log2 L) -> a piece's seconds against its rows
+  // Over every band: a piece's seconds per prompt position against its rows, as if both parts
+  // grew in proportion to L. It prices a band whose own fit is not ready yet, and it is what
+  // the node reports (DecodeRates.replay_piece_fixed_ms and replay_piece_row_ms, at 1,024
+  // positions) for the cluster simulation to step replay pieces with.
+  CostFit per_position;
   // A row's share of its piece's seconds (moving average) and the length it was seen at: what
-  // prices a piece in a band whose fit is not ready yet, in proportion to the length (high for
-  // a longer prompt, so a budget holds).
+  // prices a piece while neither its band's fit nor the per-position fit is ready, in
+  // proportion to the length (high for a longer prompt, so a budget holds).
   double seconds_per_row = 0;
   double length = 0;
   int64_t pieces = 0;
@@ -93,9 +98,17 @@ struct ReplayCosts {
   std::map<int64_t, double> streams_alone;
   void AddPiece(double seconds, PieceSize piece);
   bool ready() const { return pieces > 0; }
+  // Costs that are the proportional line alone (per position, in seconds), as a node reported
+  // them: what the cluster simulation plans a decode node's steps with.
+  static ReplayCosts Proportional(double fixed_per_position, double row_per_position);
   double PieceSeconds(PieceSize piece) const;
   // The most rows of a piece over `prompt_len` whose cost fits in `seconds` (0 when none does).
   int64_t RowsWithin(double seconds, int64_t prompt_len) const;
+
+ private:
+  // The fit that prices a piece over `prompt_len` (its band's, else the per-position one, whose
+  // terms are multiplied by `*scale`), or null while neither is ready.
+  const CostFit* FitFor(int64_t prompt_len, double* scale) const;
 };
 
 // The streams' own step time at `decode_rows` rows in a step of `requests`: their recent steps

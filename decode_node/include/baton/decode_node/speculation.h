@@ -58,6 +58,9 @@ class CostFit {
   double At(double rows) const { return fixed_ + per_row_ * rows; }
   double per_row() const { return per_row_; }
   double fixed() const { return fixed_; }
+  // A ready fit of the given terms (seconds), as a node reported them: what the cluster
+  // simulation prices a decode node's steps with.
+  static CostFit Line(double fixed, double per_row);
 
  private:
   void Refit();
