@@ -9,9 +9,10 @@
 # runs the same requests through the router's placement and cost model and the decode node's
 # step planner at those rates, with the same cluster shape and 16-token completions.
 # Prints TTFT p50/p99/mean, ITL p50/p99, hit tokens by tier and throughput per policy,
-# measured and predicted, and each simulated figure over the measured one. With
-# replay-on-decode it also simulates the replay as a delay beside the decode steps (the
-# model before the replay ran in the simulated steps), from the same rates.
+# measured and predicted, and each simulated figure over the measured one. It also simulates
+# at the decode node's fits alone ("fits only": without its step stretch, and with
+# replay-on-decode a replay as a delay beside the steps rather than pieces in them), the model
+# before the simulated steps took those from the node, from the same rates.
 #
 #   [N=150] [LENGTH_SCALE=0.0625] [TIME_SCALE=2] [PREFILL_NODES=2] [DECODE_NODES=1]
 #   [SPLIT=prefill-all|replay-on-decode] [POLICIES="least-loaded longest-prefix predicted-ttft"]
@@ -51,10 +52,11 @@ for policy in $policies; do
       ${1:+--decode-rates "$1"} --max-output-tokens 16 --json
   }
   simulate "$decode_rates" >"$out/sim-$policy.json"
-  if [[ "$split" == replay-on-decode ]]; then
-    simulate "$(sed 's/,\?replay_piece_[a-z_]*=[^,]*//g; s/^,//' <<<"$decode_rates")" \
-      >"$out/delay-$policy.json"
-  fi
+  # The model before the decode steps were planned as the node plans them: no replay piece
+  # costs (a replay is a delay beside the steps) and no step stretch.
+  simulate "$(sed -E 's/,?(replay_piece_[a-z_]*|step_stretch)=[^,]*//g; s/^,//' \
+    <<<"$decode_rates")" >"$out/fits-$policy.json"
+
 done
 /usr/bin/python3 - "$out" "$policies" <<'PY'
 import json, os, sys
@@ -69,7 +71,7 @@ for policy in policies:
           f"{i['p50']:8.1f} {i['p99']:8.1f} "
           f"{r['local_cached_tokens']:10d} {r['store_cached_tokens']:10d} {r['requests_per_s']:7.2f}"
           f"   ({r['completed']} of {r['requests']} completed)")
-    for kind, label in (("sim", "simulated"), ("delay", "as delay")):
+    for kind, label in (("sim", "simulated"), ("fits", "fits only")):
         path = os.path.join(out, f"{kind}-{policy}.json")
         if not os.path.exists(path):
             continue

@@ -31,6 +31,14 @@ struct DecodeService::Metrics {
       "length (0 until fitted)");
   prometheus::Gauge& replay_piece_fixed_ms = replay_piece_cost.Add({{"term", "fixed"}});
   prometheus::Gauge& replay_piece_row_ms = replay_piece_cost.Add({{"term", "per_row"}});
+  // The steps' time over what the reported fits price them at (StepStretch), for capacity
+  // plans (`batonctl simulate --decode-rates step_stretch=..`).
+  prometheus::Gauge& step_stretch =
+      metrics::Gauge("baton_decode_step_stretch",
+                     "The decode steps' time over what the node's reported fits "
+                     "(baton_decode_step_cost_ms, baton_decode_replay_piece_cost_ms) price them "
+                     "at, over its recent steps (0 until priced)")
+          .Add({});
   // Replay-on-decode's measured rate, which the router prices replay with (LoadReport).
   prometheus::Gauge& replay_ms_per_gflop =
       metrics::Gauge("baton_decode_replay_ms_per_gflop",

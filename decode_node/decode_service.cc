@@ -294,7 +294,8 @@ void DecodeService::RunStep(std::vector<std::shared_ptr<Request>>& held, const D
   metrics_->batch_size.Observe(static_cast<double>(batch.size()));
   if (status.ok()) {
     MeasureStep(static_cast<int64_t>(batch.size()), decode_rows, pieces,
-                std::chrono::duration<double>(step_end - target_start).count());
+                std::chrono::duration<double>(step_end - target_start).count(),
+                std::chrono::duration<double>(step_end - step_start).count());
   } else {
     log::Error("decode step failed",
                {{"plan", DescribePlan(plan)}, {"error", std::string(status.message())}});
@@ -368,11 +369,18 @@ void DecodeService::SettleRequest(Request& r, int64_t drafts, const model::Verdi
 }
 
 void DecodeService::MeasureStep(int64_t requests, int64_t decode_rows,
-                                std::span<const ReplayPiece> pieces, double target_seconds) {
+                                std::span<const ReplayPiece> pieces, double target_seconds,
+                                double step_seconds) {
   std::vector<PieceSize> sizes;
   for (const ReplayPiece& piece : pieces) {
     sizes.push_back({.prompt_len = piece.item.spec.prompt_len, .rows = piece.item.rows});
     metrics_->replay_rows.Increment(static_cast<double>(piece.item.rows));
+  }
+  // Priced before this step moves the fits, as a simulation of it would have priced it.
+  stretch_.Add(step_seconds, ReportedStepSeconds(costs_, replay_costs_, decode_rows, sizes));
+  if (stretch_.value() > 0) {
+    step_stretch_.store(stretch_.value());
+    metrics_->step_stretch.Set(stretch_.value());
   }
   FoldStepTime(costs_, replay_costs_, requests, decode_rows, sizes, target_seconds);
   if (sizes.empty() && costs_.target.ready()) {
@@ -514,6 +522,7 @@ v1::LoadReport DecodeService::Load() const {
   rates.set_tokens_per_step(tokens_per_step_);
   rates.set_replay_piece_fixed_ms(replay_piece_fixed_ms_.load());
   rates.set_replay_piece_row_ms(replay_piece_row_ms_.load());
+  rates.set_step_stretch(step_stretch_.load());
   return load;
 }
 

@@ -123,6 +123,28 @@ void FoldStepTime(DraftCosts& costs, ReplayCosts& replay_costs, int64_t requests
   }
 }
 
+double ReportedStepSeconds(const DraftCosts& costs, const ReplayCosts& replay_costs,
+                           int64_t decode_rows, std::span<const PieceSize> pieces) {
+  double seconds = 0;
+  if (decode_rows > 0) {
+    if (!costs.target.ready()) return 0;
+    seconds += costs.target.At(static_cast<double>(decode_rows));
+  }
+  for (const PieceSize& piece : pieces) {
+    if (!replay_costs.per_position.ready()) return 0;
+    seconds += static_cast<double>(piece.prompt_len) *
+               replay_costs.per_position.At(static_cast<double>(piece.rows));
+  }
+  return seconds;
+}
+
+void StepStretch::Add(double measured_seconds, double priced_seconds) {
+  if (!(priced_seconds > 0) || !(measured_seconds > 0)) return;
+  constexpr double kDecay = 0.995;
+  measured = kDecay * measured + measured_seconds;
+  priced = kDecay * priced + priced_seconds;
+}
+
 int64_t DecodePlan::decode_rows() const {
   int64_t rows = 0;
   for (const Decode& d : decode) rows += 1 + d.drafts;

@@ -233,6 +233,36 @@ TEST(ReplayCostsTest, APieceIsFittedPerLengthBandAndPricedByTheLengthBeforeThat)
   EXPECT_NEAR(one.replay.PieceSeconds({.prompt_len = 4096, .rows = 2}), 8 * at, 1e-9);
 }
 
+// The stretch is what the node's steps took over what its reported fits price them at, summed
+// over its recent steps: what a simulation at those fits must multiply its steps by.
+TEST(StepStretchTest, ItIsTheStepsTimeOverTheirReportedPriceWithRecentStepsCountingMost) {
+  const MeasuredCosts costs(0.010, 0.001, 0.002, 0.0005, /*lengths=*/true);
+  const PieceSize piece{.prompt_len = 2048, .rows = 8};
+  // Priced as reported: the step fit at its rows, each piece at the per-position fit.
+  EXPECT_NEAR(ReportedStepSeconds(costs.decode, costs.replay, 4, {}), 0.014, 1e-9);
+  EXPECT_NEAR(ReportedStepSeconds(costs.decode, costs.replay, 4, {&piece, 1}),
+              0.014 + (0.002 + 0.0005 * 8) * 2, 1e-9);
+  // A fit not ready prices nothing, and such a step does not count.
+  EXPECT_EQ(ReportedStepSeconds(DraftCosts{}, costs.replay, 4, {}), 0);
+  EXPECT_EQ(ReportedStepSeconds(costs.decode, ReplayCosts{}, 4, {&piece, 1}), 0);
+  StepStretch stretch;
+  EXPECT_EQ(stretch.value(), 0);
+  stretch.Add(0.030, 0);
+  EXPECT_EQ(stretch.value(), 0);
+  // Steps of twice their price, short and long alike: 2.
+  for (int i = 0; i < 50; ++i) {
+    stretch.Add(0.020, 0.010);
+    stretch.Add(0.200, 0.100);
+  }
+  EXPECT_NEAR(stretch.value(), 2, 1e-9);
+  // Then steps at their price: the stretch falls toward 1, the latest counting most.
+  for (int i = 0; i < 200; ++i) stretch.Add(0.010, 0.010);
+  EXPECT_GT(stretch.value(), 1);
+  EXPECT_LT(stretch.value(), 1.9);
+  for (int i = 0; i < 2000; ++i) stretch.Add(0.010, 0.010);
+  EXPECT_NEAR(stretch.value(), 1, 1e-3);
+}
+
 TEST(FoldStepTimeTest, AReplayStepCountsWhatItAddsToTheStreamsStep) {
   DraftCosts costs;
   ReplayCosts replay;

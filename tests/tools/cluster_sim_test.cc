@@ -319,6 +319,14 @@ TEST(ClusterSimTest, DecodeStepsGiveEachTokenItsGap) {
   // first step ran waited that step out too.
   EXPECT_THAT(batched.itl_ms, ::testing::Contains(::testing::DoubleEq(7)));
   for (double gap : batched.itl_ms) EXPECT_LE(gap, (12 + 14) / 2.0 + 1e-9);
+  // Steps that took twice their fitted time on the node (step_stretch): every gap doubles.
+  o.decode.step_stretch = 2;
+  const ClusterResult stretched = SimulateCluster(together, o);
+  ASSERT_EQ(stretched.itl_ms.size(), batched.itl_ms.size());
+  for (size_t i = 0; i < stretched.itl_ms.size(); ++i) {
+    EXPECT_NEAR(stretched.itl_ms[i], 2 * batched.itl_ms[i], 1e-9);
+  }
+  o.decode.step_stretch = 0;
   // A request of one token is done at its prefill.
   std::vector<ClusterRequest> one = Workload(1, 1, 0);
   const ClusterResult single = SimulateCluster(one, o);
@@ -450,6 +458,7 @@ TEST(ClusterSimTest, MeasuredRatesAreTheMeansOfWhatTheNodesReport) {
     if (replay > 0) {
       node.mutable_decode()->set_replay_piece_fixed_ms(3);
       node.mutable_decode()->set_replay_piece_row_ms(0.5);
+      node.mutable_decode()->set_step_stretch(1.5);
     }
   };
   prefill("a", 2, 10, true);
@@ -464,7 +473,7 @@ TEST(ClusterSimTest, MeasuredRatesAreTheMeansOfWhatTheNodesReport) {
   EXPECT_EQ(a.rates, "compute_ms_per_gflop=3,fixed_ms=10");
   EXPECT_EQ(a.decode_rates,
             "step_fixed_ms=25,step_per_row_ms=1.5,tokens_per_step=1,replay_ms_per_gflop=8,"
-            "replay_piece_fixed_ms=3,replay_piece_row_ms=0.5");
+            "replay_piece_fixed_ms=3,replay_piece_row_ms=0.5,step_stretch=1.5");
   // What the flags take back.
   const absl::StatusOr<kvstore::PrefillRates> rates = ParseRates(a.rates);
   ASSERT_TRUE(rates.ok());

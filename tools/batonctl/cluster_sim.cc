@@ -278,12 +278,14 @@ absl::StatusOr<DecodeRates> ParseDecodeRates(absl::string_view text) {
                     : kv.first == "replay_ms_per_gflop"   ? &rates.replay_ms_per_gflop
                     : kv.first == "replay_piece_fixed_ms" ? &rates.replay_piece_fixed_ms
                     : kv.first == "replay_piece_row_ms"   ? &rates.replay_piece_row_ms
+                    : kv.first == "step_stretch"          ? &rates.step_stretch
                                                           : nullptr;
     if (field == nullptr) {
       return absl::InvalidArgumentError(
           absl::StrCat("--decode-rates: '", kv.first,
                        "' is unknown; allowed: step_fixed_ms, step_per_row_ms, tokens_per_step, "
-                       "replay_ms_per_gflop, replay_piece_fixed_ms, replay_piece_row_ms"));
+                       "replay_ms_per_gflop, replay_piece_fixed_ms, replay_piece_row_ms, "
+                       "step_stretch"));
     }
     const double least = field == &rates.tokens_per_step ? 1 : 0;
     if (!absl::SimpleAtod(kv.second, &value) || !std::isfinite(value) || value < least ||
@@ -332,7 +334,8 @@ MeasuredRates MeanRates(const v1::ListRatesResponse& reply, absl::string_view mo
       {"fixed_ms", {}}};
   std::vector<std::pair<std::string, std::pair<double, int64_t>>> decode = {
       {"step_fixed_ms", {}},       {"step_per_row_ms", {}},       {"tokens_per_step", {}},
-      {"replay_ms_per_gflop", {}}, {"replay_piece_fixed_ms", {}}, {"replay_piece_row_ms", {}}};
+      {"replay_ms_per_gflop", {}}, {"replay_piece_fixed_ms", {}}, {"replay_piece_row_ms", {}},
+      {"step_stretch", {}}};
   auto add = [](std::pair<double, int64_t>& sum, double value) {
     if (value > 0 && std::isfinite(value)) {
       sum.first += value;
@@ -351,10 +354,11 @@ MeasuredRates MeanRates(const v1::ListRatesResponse& reply, absl::string_view mo
     } else if (node.role() == "decode") {
       ++measured.decode_nodes;
       const v1::DecodeRates& r = node.decode();
-      const double values[6] = {r.step_fixed_ms(),         r.step_per_row_ms(),
+      const double values[7] = {r.step_fixed_ms(),         r.step_per_row_ms(),
                                 r.tokens_per_step(),       r.replay_ms_per_gflop(),
-                                r.replay_piece_fixed_ms(), r.replay_piece_row_ms()};
-      for (size_t i = 0; i < 6; ++i) add(decode[i].second, values[i]);
+                                r.replay_piece_fixed_ms(), r.replay_piece_row_ms(),
+                                r.step_stretch()};
+      for (size_t i = 0; i < 7; ++i) add(decode[i].second, values[i]);
     }
   }
   auto join = [](const auto& sums) {

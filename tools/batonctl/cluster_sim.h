@@ -113,6 +113,11 @@ struct DecodeRates {
   // is a delay at replay_ms_per_gflop, beside the steps.
   double replay_piece_fixed_ms = 0;
   double replay_piece_row_ms = 0;
+  // The node's steps' time over what these fits price them at (baton_decode_step_stretch:
+  // what shared cores and the steps' spread add); each simulated step takes this times its
+  // priced time. 0: 1, the fits as they are.
+  double step_stretch = 0;
+  double stretch() const { return step_stretch > 0 ? step_stretch : 1; }
   bool replays_in_steps() const {
     return replay_ms_per_gflop > 0 && (replay_piece_fixed_ms > 0 || replay_piece_row_ms > 0);
   }

@@ -117,6 +117,7 @@ void DecodeFleet::Step(size_t n, double now) {
     node.step_ms +=
         replay_costs_.PieceSeconds({.prompt_len = g.replay.prompt_len, .rows = piece.rows}) * 1e3;
   }
+  node.step_ms *= options_.decode.stretch();
   node.pieces = plan.replay;
   node.stepping = true;
   step_ends_(now + node.step_ms, n);

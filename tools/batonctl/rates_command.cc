@@ -64,6 +64,7 @@ int RunRates(const RatesOptions& o) {
                     {"replay_ms_per_gflop", r.replay_ms_per_gflop()},
                     {"replay_piece_fixed_ms", r.replay_piece_fixed_ms()},
                     {"replay_piece_row_ms", r.replay_piece_row_ms()},
+                    {"step_stretch", r.step_stretch()},
                     {"replay_samples", r.replay_samples()}});
     }
     nodes.push_back(std::move(entry));

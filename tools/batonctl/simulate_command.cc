@@ -806,7 +806,8 @@ Command AddSimulateCommand(CLI::App& app) {
                       "default 20, 1, 1; replay_ms_per_gflop > 0 replays on decode at that rate "
                       "(default 0: prefill-all), in the decode steps with replay_piece_fixed_ms "
                       "and replay_piece_row_ms (baton_decode_replay_piece_cost_ms), else as a "
-                      "delay. `batonctl rates --addr ROUTER` gives a running cluster's");
+                      "delay; step_stretch (baton_decode_step_stretch) multiplies each step. "
+                      "`batonctl rates --addr ROUTER` gives a running cluster's");
   AddDecodeStepFlags(*command, o->decode_step);
   command->add_option("--max-output-tokens", o->max_output_tokens,
                       "Cap each request's completion tokens, as `batonctl replay` does "

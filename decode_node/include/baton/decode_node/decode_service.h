@@ -132,10 +132,12 @@ class DecodeService final : public v1::DecodeNode::Service {
   void ProposeDrafts(std::span<DraftJob> jobs);
   // A decoding request's verdict applied (SettleDecode) and counted; caller holds mutex_.
   void SettleRequest(Request& r, int64_t drafts, const model::Verdict& verdict);
-  // A step's time (its engine run) over its `requests` decoding with `decode_rows` rows and
-  // its replay pieces, folded into the fits the planner and the router price with.
+  // A step's time (its engine run, and the whole step with its drafting) over its `requests`
+  // decoding with `decode_rows` rows and its replay pieces, folded into the fits the planner
+  // and the router price with, and the step's whole time against what the reported fits price
+  // it at (StepStretch).
   void MeasureStep(int64_t requests, int64_t decode_rows, std::span<const ReplayPiece> pieces,
-                   double target_seconds);
+                   double target_seconds, double step_seconds);
   void Erase(const std::string& id);  // caller holds mutex_
   // The reservation `id` when `caller` (the peer's certificate identity) is its `role` owner
   // (see Request); nullptr when it is absent or another identity's. Caller holds mutex_.
@@ -224,6 +226,8 @@ class DecodeService final : public v1::DecodeNode::Service {
   // A replay piece's cost fit at 1,024 positions as last published (0 until fitted).
   std::atomic<double> replay_piece_fixed_ms_{0};
   std::atomic<double> replay_piece_row_ms_{0};
+  StepStretch stretch_;                  // the decode thread's own
+  std::atomic<double> step_stretch_{0};  // as last published (0 until priced)
   std::atomic<bool> stepping_{false};  // the decode loop has a batch (the watchdog's "work")
   std::unique_ptr<Watchdog> watchdog_;
   std::unique_ptr<StreamWatch> idle_watch_;

@@ -124,6 +124,24 @@ double StreamsSeconds(const DraftCosts& costs, const ReplayCosts& replay_costs, 
 void FoldStepTime(DraftCosts& costs, ReplayCosts& replay_costs, int64_t requests,
                   int64_t decode_rows, std::span<const PieceSize> pieces, double seconds);
 
+// A step's time as the node reports its costs (DecodeRates): the streams' rows at the
+// step-cost fit over all steps, and each piece at the per-position replay fit; 0 while a fit
+// it needs is not ready. What the cluster simulation prices the same step at.
+double ReportedStepSeconds(const DraftCosts& costs, const ReplayCosts& replay_costs,
+                           int64_t decode_rows, std::span<const PieceSize> pieces);
+
+// How much longer the node's steps took than its reported costs price them (DecodeRates's
+// step_stretch): the sums of both over its recent steps (a step's weight halves over about
+// 140 steps), so a step of twice the time counts twice. It carries what the fits' medians
+// leave out: the steps slowed by what shares the node's cores (other nodes' prefills on the
+// same host) and the spread between steps.
+struct StepStretch {
+  double measured = 0;
+  double priced = 0;
+  void Add(double measured_seconds, double priced_seconds);
+  double value() const { return priced > 0 ? measured / priced : 0; }  // 0: none priced yet
+};
+
 // What one step may do (DecodeOptions).
 struct StepPolicy {
   int64_t max_batch = 64;
