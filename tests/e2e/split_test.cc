@@ -184,9 +184,9 @@ TEST_F(SplitClusterTest, TheDecodeNodesReplayRateReachesTheRouterAndBatonctlRate
   StartReplayCluster(cluster);
   std::mt19937_64 rng(79);
   auto stub = cluster.Client();
-  // Untruncated prompts of eight lengths, one at a time: each replay is one piece of all its
-  // rows, and pieces of eight sizes fit a piece's cost (decode_node::ReplayCosts).
-  for (int i = 0; i < 8; ++i) {
+  // Untruncated prompts of ten lengths, one at a time: each replay is one piece of all its
+  // rows, and pieces of eight sizes or more fit a piece's cost (decode_node::ReplayCosts).
+  for (int i = 0; i < 10; ++i) {
     v1::GenerateRequest request = Request(RandomPrompt(rng, 40 + 10 * i, 512), 4);
     request.mutable_truncation()->set_mode(v1::TRUNCATION_MODE_OFF);
     const Outcome outcome = Generate(*stub, request);

@@ -306,6 +306,17 @@ TEST(ClusterSimTest, DecodeStepsGiveEachTokenItsGap) {
   EXPECT_THAT(r.requests_per_decode_node, ::testing::ElementsAre(2));
   EXPECT_DOUBLE_EQ(r.decode_busy_ms[0], 2 * 48);
 
+  // A step takes at most --decode-max-batch requests; the others wait for a later step: with
+  // one a step, every step is one row (12 ms), and the second request's first gap waits out
+  // the first's four steps.
+  o.decode_slots = 2;
+  o.decode_step.max_batch = 1;
+  const ClusterResult capped = SimulateCluster(two, o);
+  ASSERT_EQ(capped.itl_ms.size(), 8u);
+  EXPECT_DOUBLE_EQ(capped.decode_busy_ms[0], 8 * 12);
+  EXPECT_DOUBLE_EQ(*std::max_element(capped.itl_ms.begin(), capped.itl_ms.end()), 4 * 12 + 12);
+  o.decode_step.max_batch = 64;
+
   // Two slots: both decode in one batch (steps of two rows); with two tokens a step, each
   // step's gap is shared by its two tokens.
   o.decode_slots = 2;
@@ -426,6 +437,23 @@ TEST(ClusterSimTest, ReplayInTheDecodeStepsStretchesTheStreamsGapsAsTheNodePlans
   const std::vector<double> stretched = gaps_other_than(budgeted);
   EXPECT_EQ(stretched.size(), 22u);
   EXPECT_THAT(stretched, ::testing::Each(::testing::DoubleNear(13.2, 1e-6)));
+
+  // Two replays in flight beside the stream (two prefill nodes: their prefills end together):
+  // the first takes pieces of 8, 8 and 6 rows, the second the 2 rows left in the third step,
+  // then 8 and 8 beside the stream and the first request decoding (10 + 2 x 2 + 2.6 ms each)
+  // and its last 4 beside the stream alone, the first request having finished (12 + 1.8).
+  o.decode_step.replay_step_budget = 0;
+  o.prefill_nodes = 2;
+  std::vector<ClusterRequest> three = Workload(3, 3, 0);
+  three[0].output_len = 2000;
+  for (size_t i : {1, 2}) {
+    three[i].arrival_ms = 5000;
+    three[i].output_len = 3;
+  }
+  const ClusterResult two_replays = SimulateCluster(three, o);
+  EXPECT_NEAR(std::abs(two_replays.ttft_ms[2] - two_replays.ttft_ms[1]), 16.6 + 16.6 + 13.8, 1e-6);
+  o.prefill_nodes = 1;
+  o.decode_step.replay_step_budget = 0.1;
 
   // With no stream decoding, one step takes the whole replay (up to 512 rows): 1 + 0.2 x 22.
   std::vector<ClusterRequest> alone(requests.begin() + 1, requests.end());

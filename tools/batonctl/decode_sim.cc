@@ -49,15 +49,16 @@ void DecodeFleet::Reserve(size_t request, size_t node) {
 }
 
 void DecodeFleet::PrefillEnded(size_t request, int64_t replay_rows, double now) {
+  const int64_t L = requests_[request].prompt_len;
+  replay_rows = std::min(replay_rows, L);
   if (!in_steps_ || replay_rows <= 0) {
     FirstToken(request, now);
     return;
   }
   auto replaying = std::make_unique<Replaying>();
   replaying->request = request;
-  const int64_t L = requests_[request].prompt_len;
   replaying->generation.replay.prompt_len = L;
-  replaying->generation.replay_next = L - std::min(replay_rows, L);
+  replaying->generation.replay_next = L - replay_rows;
   Node& node = nodes_[node_of_[request]];
   node.replaying.push_back(std::move(replaying));
   if (!node.stepping) Step(node_of_[request], now);
