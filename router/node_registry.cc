@@ -58,6 +58,8 @@ constexpr double kMaxReportedWorkMs = 86400e3;
 constexpr uint32_t kMaxReportedRouters = 1024;
 // A decode step's tokens per request: its drafts plus one (far fewer in practice).
 constexpr double kMaxTokensPerStep = 1024;
+// A decode node's steps' time over what its fits price them at (DecodeRates.step_stretch).
+constexpr double kMaxStepStretch = 1e4;
 
 bool Contains(const std::vector<std::string>& ids, const std::string& id) {
   return std::find(ids.begin(), ids.end(), id) != ids.end();
@@ -95,7 +97,9 @@ absl::Status CheckRegistration(const v1::RegisterRequest& request) {
   for (const auto& [field, value] :
        {std::pair<const char*, double>{"step_fixed_ms", decode.step_fixed_ms()},
         {"step_per_row_ms", decode.step_per_row_ms()},
-        {"replay_ms_per_gflop", decode.replay_ms_per_gflop()}}) {
+        {"replay_ms_per_gflop", decode.replay_ms_per_gflop()},
+        {"replay_piece_fixed_ms", decode.replay_piece_fixed_ms()},
+        {"replay_piece_row_ms", decode.replay_piece_row_ms()}}) {
     if (!(value >= 0 && value <= kMaxReportedWorkMs)) {
       return absl::InvalidArgumentError(absl::StrCat("load.decode_rates.", field, ": ", value,
                                                      " must be finite and in [0, ",
@@ -106,6 +110,11 @@ absl::Status CheckRegistration(const v1::RegisterRequest& request) {
     return absl::InvalidArgumentError(
         absl::StrCat("load.decode_rates.tokens_per_step: ", decode.tokens_per_step(),
                      " must be finite and in [0, ", kMaxTokensPerStep, "]"));
+  }
+  if (!(decode.step_stretch() >= 0 && decode.step_stretch() <= kMaxStepStretch)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("load.decode_rates.step_stretch: ", decode.step_stretch(),
+                     " must be finite and in [0, ", kMaxStepStretch, "]"));
   }
   return absl::OkStatus();
 }

@@ -279,12 +279,16 @@ TEST_F(NodeRegistryTest, LoadReportsOutOfBoundsAreRefusedByName) {
   const absl::Status refused = Registry().RegisterFrom(kPrefillRole, request);
   EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(refused.message(), HasSubstr("load.routers: 5000"));
-  // A decode node's rates: every time finite and within a day, tokens per step within 1024.
+  // A decode node's rates: every time finite and within a day, tokens per step within 1024,
+  // the step stretch within 1e4.
   using Set = void (v1::DecodeRates::*)(double);
   for (const auto& [field, set] :
        {std::pair<std::string, Set>{"step_fixed_ms", &v1::DecodeRates::set_step_fixed_ms},
         {"step_per_row_ms", &v1::DecodeRates::set_step_per_row_ms},
         {"replay_ms_per_gflop", &v1::DecodeRates::set_replay_ms_per_gflop},
+        {"replay_piece_fixed_ms", &v1::DecodeRates::set_replay_piece_fixed_ms},
+        {"replay_piece_row_ms", &v1::DecodeRates::set_replay_piece_row_ms},
+        {"step_stretch", &v1::DecodeRates::set_step_stretch},
         {"tokens_per_step", &v1::DecodeRates::set_tokens_per_step}}) {
     for (const double bad : {-1.0, std::numeric_limits<double>::quiet_NaN(), 1e12}) {
       v1::RegisterRequest decode = Registration("d1");
