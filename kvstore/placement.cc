@@ -16,6 +16,7 @@ uint64_t PlacementWeight(const Sha256Digest& key, std::string_view node_id) {
 
 std::vector<size_t> Owners(const Sha256Digest& key, std::span<const std::string> node_ids,
                            int replication) {
+  if (node_ids.size() == 1) return {0};  // a store of one node owns every key
   const size_t r = std::min<size_t>(static_cast<size_t>(std::max(replication, 1)), node_ids.size());
   std::vector<uint64_t> weight(node_ids.size());
   for (size_t i = 0; i < node_ids.size(); ++i) weight[i] = PlacementWeight(key, node_ids[i]);

@@ -1,17 +1,60 @@
 #include "baton/kvstore/prefix_index.h"
 
+#include <algorithm>
 #include <cassert>
 
 namespace baton::kvstore {
 
+bool PrefixIndex::Current(const LeafEntry& entry) const {
+  auto it = nodes_.find(entry.second);
+  return it != nodes_.end() && it->second.children == 0 && it->second.last_used == entry.first;
+}
+
+void PrefixIndex::Compact() {
+  if (used_.size() + orphaned_.size() < 2 * nodes_.size() + 1024) return;
+  std::erase_if(used_, [&](const LeafEntry& e) { return !Current(e); });
+  std::erase_if(orphaned_, [&](const LeafEntry& e) { return !Current(e); });
+  std::make_heap(orphaned_.begin(), orphaned_.end(), Later{});
+}
+
+void PrefixIndex::Use(Node& node, const Sha256Digest& key) {
+  node.last_used = ++clock_;
+  if (node.children != 0) return;
+  Compact();
+  used_.emplace_back(node.last_used, key);
+}
+
+void PrefixIndex::Orphaned(const Node& node, const Sha256Digest& key) {
+  Compact();
+  orphaned_.emplace_back(node.last_used, key);
+  std::push_heap(orphaned_.begin(), orphaned_.end(), Later{});
+}
+
+const PrefixIndex::LeafEntry* PrefixIndex::OldestLeaf() {
+  while (!used_.empty() && !Current(used_.front())) used_.pop_front();
+  while (!orphaned_.empty() && !Current(orphaned_.front())) {
+    std::pop_heap(orphaned_.begin(), orphaned_.end(), Later{});
+    orphaned_.pop_back();
+  }
+  if (used_.empty()) return orphaned_.empty() ? nullptr : &orphaned_.front();
+  if (orphaned_.empty() || used_.front().first < orphaned_.front().first) return &used_.front();
+  return &orphaned_.front();
+}
+
 ChainLookup PrefixIndex::Lookup(std::span<const Sha256Digest> chain) {
+  const ChainLookup result = Peek(chain);
+  // In chain order, as used: a second probe of keys just probed (in cache by now).
+  for (int64_t b = 0; b < result.block_kv_blocks; ++b) Touch(chain[static_cast<size_t>(b)]);
+  return result;
+}
+
+ChainLookup PrefixIndex::Peek(std::span<const Sha256Digest> chain) const {
   ChainLookup result;
   for (const Sha256Digest& key : chain) {
     auto it = nodes_.find(key);
     if (it == nodes_.end() || it->second.bytes[0] == 0) break;
     result.swa_present.push_back(it->second.bytes[1] != 0);
     ++result.block_kv_blocks;
-    Touch(key);
   }
   return result;
 }
@@ -25,24 +68,25 @@ void PrefixIndex::Add(const Sha256Digest& key, const std::optional<Sha256Digest>
                       Region region, uint64_t bytes) {
   assert(bytes > 0);  // a size of 0 means "absent" in Node::bytes
   auto [it, inserted] = nodes_.try_emplace(key);
-  Node& node = it->second;
   if (inserted) {
+    Node& node = it->second;
     node.parent = parent;
-    node.last_used = ++clock_;
     if (auto waiting = waiting_children_.find(key); waiting != waiting_children_.end()) {
       node.children = waiting->second;
       waiting_children_.erase(waiting);
     }
     if (parent.has_value()) {
+      // The parent, having a child, is no leaf: its entries go stale where they are.
       auto p = nodes_.find(*parent);
       if (p == nodes_.end()) {
         ++waiting_children_[*parent];
-      } else if (p->second.children++ == 0) {
-        leaves_.erase({p->second.last_used, *parent});
+      } else {
+        ++p->second.children;
       }
     }
-    if (node.children == 0) leaves_.insert({node.last_used, key});
+    Use(node, key);  // no insertion into nodes_ since try_emplace: `node` is still valid
   }
+  Node& node = it->second;
   const int r = static_cast<int>(region);
   stored_bytes_ += bytes - node.bytes[r];
   if (node.bytes[r] == 0) ++values_[r];
@@ -59,39 +103,41 @@ void PrefixIndex::Remove(const Sha256Digest& key, Region region) {
   --values_[r];
   node.bytes[r] = 0;
   if (node.bytes[0] != 0 || node.bytes[1] != 0) return;
-  // The node goes. Its children (possible only when a value was dropped out of order, e.g. as
-  // corrupt) wait for it to come back; its parent loses a child.
-  if (node.children == 0) {
-    leaves_.erase({node.last_used, key});
-  } else {
-    waiting_children_[key] = node.children;
-  }
-  if (node.parent.has_value()) {
-    auto p = nodes_.find(*node.parent);
+  // The node goes (its leaf entry, if any, goes stale). Its children (possible only when a
+  // value was dropped out of order, e.g. as corrupt) wait for it to come back; its parent
+  // loses a child, and with its last one becomes a leaf at its own (older) recency.
+  if (node.children != 0) waiting_children_[key] = node.children;
+  const std::optional<Sha256Digest> parent = node.parent;
+  nodes_.erase(it);
+  if (parent.has_value()) {
+    auto p = nodes_.find(*parent);
     if (p != nodes_.end()) {
-      if (--p->second.children == 0) leaves_.insert({p->second.last_used, *node.parent});
-    } else if (auto waiting = waiting_children_.find(*node.parent);
+      if (--p->second.children == 0) Orphaned(p->second, *parent);
+    } else if (auto waiting = waiting_children_.find(*parent);
                waiting != waiting_children_.end() && --waiting->second == 0) {
       waiting_children_.erase(waiting);
     }
   }
-  nodes_.erase(it);
 }
 
 void PrefixIndex::Touch(const Sha256Digest& key) {
   auto it = nodes_.find(key);
-  if (it == nodes_.end()) return;
-  Node& node = it->second;
-  const bool leaf = node.children == 0;
-  if (leaf) leaves_.erase({node.last_used, key});
-  node.last_used = ++clock_;
-  if (leaf) leaves_.insert({node.last_used, key});
+  if (it != nodes_.end()) Use(it->second, key);
+}
+
+bool PrefixIndex::TouchIfPresent(const Sha256Digest& key, Region region) {
+  auto it = nodes_.find(key);
+  if (it == nodes_.end() || it->second.bytes[static_cast<int>(region)] == 0) return false;
+  Use(it->second, key);
+  return true;
 }
 
 uint64_t PrefixIndex::EvictToBudget(uint64_t budget_bytes, const EvictFn& on_evict) {
   uint64_t evicted = 0;
-  while (stored_bytes_ > budget_bytes && !leaves_.empty()) {
-    const Sha256Digest key = leaves_.begin()->second;
+  while (stored_bytes_ > budget_bytes) {
+    const LeafEntry* oldest = OldestLeaf();
+    if (oldest == nullptr) break;
+    const Sha256Digest key = oldest->second;
     const Node& node = nodes_.at(key);
     const Region region = node.bytes[1] != 0 ? Region::kProducerSwa : Region::kBlockKv;
     const uint64_t bytes = node.bytes[static_cast<int>(region)];

@@ -28,6 +28,7 @@ if [[ ! -f "$costs" ]]; then
   cp "$root/tests/ctest_costs/sanitize.txt" "$costs"
 fi
 export ASAN_OPTIONS="detect_leaks=1:abort_on_error=0:strict_string_checks=1"
+export LSAN_OPTIONS="suppressions=$root/tests/lsan.supp:print_suppressions=0"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
 skip=()
 [[ -n "${SANITIZE_ALL:-}" ]] ||

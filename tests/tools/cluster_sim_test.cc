@@ -517,6 +517,34 @@ TEST(ClusterSimTest, MeasuredRatesAreTheMeansOfWhatTheNodesReport) {
   EXPECT_TRUE(MeanRates(v1::ListRatesResponse(), "").rates.empty());
 }
 
+// A simulation told to stop once N requests miss a TTFT stops at the N-th such placement, with
+// the TTFT of the requests placed so far, in order; a threshold nothing reaches changes nothing.
+TEST(ClusterSimTest, StopsOnceEnoughRequestsMissTheTtftTarget) {
+  ClusterOptions options = Options(RoutePolicy::kPredictedTtft, 0);
+  options.prefill_nodes = 1;
+  const std::vector<ClusterRequest> requests = Workload(40, 4, 1);  // far beyond one node
+  const ClusterResult full = SimulateCluster(requests, options);
+  ASSERT_FALSE(full.stopped);
+  const double target = NearestRank(full.ttft_ms, 50);
+  options.stop_over_ttft_ms = target;
+  options.stop_over_count = 3;
+  const ClusterResult stopped = SimulateCluster(requests, options);
+  ASSERT_TRUE(stopped.stopped);
+  ASSERT_LT(stopped.ttft_ms.size(), requests.size());
+  // Admission is first come first served: the placed ones are the first, with the same TTFT.
+  int64_t over = 0;
+  for (size_t i = 0; i < stopped.ttft_ms.size(); ++i) {
+    EXPECT_DOUBLE_EQ(stopped.ttft_ms[i], full.ttft_ms[i]) << i;
+    over += stopped.ttft_ms[i] > target;
+  }
+  EXPECT_EQ(over, 3);
+  EXPECT_GT(stopped.ttft_ms.back(), target);  // it stopped at the third miss, not later
+  options.stop_over_count = static_cast<int64_t>(requests.size()) + 1;
+  const ClusterResult unreached = SimulateCluster(requests, options);
+  EXPECT_FALSE(unreached.stopped);
+  EXPECT_EQ(unreached.ttft_ms, full.ttft_ms);
+}
+
 // The planner's answer meets the targets in the simulation, and one node fewer of either role
 // does not; targets no cluster meets get no answer.
 TEST(ClusterSimTest, CapacityPlanIsTheFewestNodesThatMeetTheTargets) {
@@ -552,8 +580,18 @@ TEST(ClusterSimTest, CapacityPlanIsTheFewestNodesThatMeetTheTargets) {
   EXPECT_TRUE(meets(plan.best->prefill_nodes, plan.best->decode_nodes));
   EXPECT_FALSE(meets(plan.best->prefill_nodes - 1, plan.best->decode_nodes));
   EXPECT_FALSE(meets(plan.best->prefill_nodes, plan.best->decode_nodes - 1));
-  // Every point it ran is in the frontier, the answer among them.
+  // Every point it ran is in the frontier, the answer among them; the points of one prefill
+  // node (far too few) stopped once their TTFT p99 was sure to miss, and no point that met did.
   EXPECT_GT(plan.explored.size(), 3u);
+  int64_t stopped = 0;
+  for (const CapacityPoint& p : plan.explored) {
+    stopped += p.stopped;
+    EXPECT_FALSE(p.stopped && p.meets);
+    if (p.prefill_nodes == 1) {
+      EXPECT_TRUE(p.stopped) << p.decode_nodes;
+    }
+  }
+  EXPECT_GT(stopped, 0);
   const CapacityPlan none =
       PlanCapacity(requests, base, {.ttft_p99_ms = cold_ms / 2, .itl_p99_ms = 20, .max_nodes = 8});
   EXPECT_FALSE(none.best.has_value());

@@ -18,6 +18,12 @@ CapacityPlan PlanCapacity(const std::vector<ClusterRequest>& requests, const Clu
     options.prefill_nodes = prefill;
     options.decode_nodes = decode;
     options.record_steps = false;
+    // A point stops once its TTFT p99 is sure to miss the target: when more requests miss it
+    // than the p99's nearest rank leaves above it (NearestRank's rank, counted alike).
+    const double n = static_cast<double>(requests.size());
+    options.stop_over_ttft_ms = goal.ttft_p99_ms;
+    options.stop_over_count =
+        static_cast<int64_t>(n - std::max(1.0, std::ceil(99.0 / 100 * n)) + 1);
     const ClusterResult r = SimulateCluster(requests, options);
     CapacityPoint point{
         .prefill_nodes = prefill,
@@ -28,15 +34,24 @@ CapacityPlan PlanCapacity(const std::vector<ClusterRequest>& requests, const Clu
         .itl_p99_ms = NearestRank(r.itl_ms, 99),
         .requests_per_s =
             r.makespan_ms > 0 ? static_cast<double>(requests.size()) / (r.makespan_ms / 1000) : 0};
-    point.meets = point.ttft_p99_ms <= goal.ttft_p99_ms &&
+    point.stopped = r.stopped;
+    point.meets = !r.stopped && point.ttft_p99_ms <= goal.ttft_p99_ms &&
                   (goal.itl_p99_ms <= 0 || point.itl_p99_ms <= goal.itl_p99_ms);
     seen.emplace(key, point);
     plan.explored.push_back(point);
     return point;
   };
-  // The fewest in [1, max] for which `meets(n)` holds, given that it holds at max.
+  const int64_t max = std::max<int64_t>(1, goal.max_nodes);
+  // The fewest in [1, max] for which `meets(n)` holds, given that it holds at max: doubling
+  // from 1 until it holds, then bisecting the last step. The points below the answer miss, and
+  // a miss stops early, so a small answer costs few full simulations.
   auto fewest = [&](auto meets) {
-    int64_t low = 1, high = goal.max_nodes;
+    int64_t low = 0, high = 1;  // meets(low) fails (0: none tried), meets(high) is asked
+    while (high < max && !meets(high)) {
+      low = high;
+      high = std::min(max, 2 * high);
+    }
+    ++low;
     while (low < high) {
       const int64_t mid = low + (high - low) / 2;
       if (meets(mid)) {
@@ -47,7 +62,6 @@ CapacityPlan PlanCapacity(const std::vector<ClusterRequest>& requests, const Clu
     }
     return high;
   };
-  const int64_t max = std::max<int64_t>(1, goal.max_nodes);
   if (!run(max, max).meets) return plan;
   const int64_t decode = fewest([&](int64_t d) { return run(max, d).meets; });
   const int64_t prefill = fewest([&](int64_t p) { return run(p, decode).meets; });

@@ -5,10 +5,11 @@
 // The search assumes that more nodes of a role never make a request slower. It first finds the
 // fewest decode nodes that meet both SLOs with the most prefill nodes allowed (so prefill is no
 // constraint), then the fewest prefill nodes that meet both with those decode nodes, each by
-// bisection, and finally tries one decode node more with its own fewest prefill nodes, in
-// case more decode slots let fewer prefill nodes meet the TTFT target (a request's decode
-// slot is reserved before its prefill starts). Every point it ran is kept, in order: the
-// frontier it explored.
+// doubling from one node and then bisecting, and finally tries one decode node more with its own
+// fewest prefill nodes, in case more decode slots let fewer prefill nodes meet the TTFT target (a
+// request's decode slot is reserved before its prefill starts). Every point it ran is kept, in
+// order: the frontier it explored. A point stops as soon as its TTFT p99 is sure to miss the
+// target, so the points below the answer cost a part of a simulation each.
 //
 // Pure; safe from any thread.
 #pragma once
@@ -32,6 +33,9 @@ struct CapacityPoint {
   double ttft_p50_ms = 0, ttft_p99_ms = 0, itl_p50_ms = 0, itl_p99_ms = 0;
   double requests_per_s = 0;
   bool meets = false;
+  // It stopped once its TTFT p99 was sure to miss (ClusterOptions::stop_over_count): its
+  // percentiles are over the requests placed by then.
+  bool stopped = false;
 };
 
 struct CapacityPlan {

@@ -3,6 +3,7 @@
 // cost model, at the rates a running cluster measured) at the node counts capacity.h's search
 // tries, and prints every point it explored with its predicted percentiles, then the cheapest
 // one that meets both targets.
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <iostream>
@@ -75,7 +76,8 @@ nlohmann::json PointJson(const ShapedPoint& shaped) {
           {"ttft_ms", {{"p50", p.ttft_p50_ms}, {"p99", p.ttft_p99_ms}}},
           {"itl_ms", {{"p50", p.itl_p50_ms}, {"p99", p.itl_p99_ms}}},
           {"requests_per_s", p.requests_per_s},
-          {"meets", p.meets}};
+          {"meets", p.meets},
+          {"stopped", p.stopped}};
 }
 
 int RunCapacity(const CapacityOptions& o) {
@@ -218,11 +220,18 @@ int RunCapacity(const CapacityOptions& o) {
                                  "itl_p50", "itl_p99", "req/s", "meets");
     for (const ShapedPoint& shaped : explored) {
       const CapacityPoint& p = shaped.point;
-      std::cout << absl::StrFormat("%16s %14s %12d %8d %7d %10.1f %10.1f %9.1f %9.1f %8.2f %6s\n",
-                                   shaped.shape.split, shaped.shape.policy,
-                                   shaped.shape.block_cache_bytes, p.prefill_nodes, p.decode_nodes,
-                                   p.ttft_p50_ms, p.ttft_p99_ms, p.itl_p50_ms, p.itl_p99_ms,
-                                   p.requests_per_s, p.meets ? "yes" : "no");
+      std::cout << absl::StrFormat(
+          "%16s %14s %12d %8d %7d %10.1f %10.1f %9.1f %9.1f %8.2f %6s\n", shaped.shape.split,
+          shaped.shape.policy, shaped.shape.block_cache_bytes, p.prefill_nodes, p.decode_nodes,
+          p.ttft_p50_ms, p.ttft_p99_ms, p.itl_p50_ms, p.itl_p99_ms, p.requests_per_s,
+          p.meets     ? "yes"
+          : p.stopped ? "no*"
+                      : "no");
+    }
+    if (std::any_of(explored.begin(), explored.end(),
+                    [](const ShapedPoint& shaped) { return shaped.point.stopped; })) {
+      std::cout << "* stopped once its TTFT p99 was sure to miss the target: its figures are over "
+                   "the requests placed by then\n";
     }
     if (best) {
       std::cout << absl::StrFormat(

@@ -8,6 +8,7 @@
 #include <optional>
 #include <queue>
 #include <set>
+#include <span>
 #include <tuple>
 #include <unordered_map>
 
@@ -29,18 +30,6 @@ namespace baton::tools {
 namespace {
 
 using kvstore::Region;
-
-// What a tier holds of `chain`, without touching it (ranking a node must not change its LRU).
-kvstore::ChainLookup Peek(const kvstore::PrefixIndex& index,
-                          const std::vector<Sha256Digest>& chain) {
-  kvstore::ChainLookup lookup;
-  for (const Sha256Digest& key : chain) {
-    if (!index.Contains(key, Region::kBlockKv)) break;
-    ++lookup.block_kv_blocks;
-    lookup.swa_present.push_back(index.Contains(key, Region::kProducerSwa));
-  }
-  return lookup;
-}
 
 struct Node {
   kvstore::PrefixIndex cache;
@@ -398,6 +387,14 @@ class ClusterRun {
   bool PlaceNext(double now);
   void ReadHit(size_t chosen, const std::vector<Sha256Digest>& chain, int64_t hit_blocks);
   void PrefillEnds(size_t r, double now);
+  // What a stopped simulation knows: the TTFT of the requests placed, in their order.
+  ClusterResult Stopped() {
+    std::vector<double> ttft;
+    for (size_t r : placed_) ttft.push_back(result_.ttft_ms[r]);
+    result_.ttft_ms = std::move(ttft);
+    result_.stopped = true;
+    return std::move(result_);
+  }
   void Dispatch(double now) {
     while (!waiting_.empty() && PlaceNext(now)) {
     }
@@ -418,12 +415,16 @@ class ClusterRun {
   std::vector<int64_t> replay_rows_of_;  // rows replayed on the decode node, in its steps
   std::priority_queue<Event, std::vector<Event>, std::greater<>> events_;
   std::deque<size_t> waiting_;  // admission's queue, first come first served
+  std::vector<size_t> placed_;  // in the order placed
+  int64_t over_ = 0;            // placed requests known to miss ClusterOptions::stop_over_ttft_ms
   DecodeFleet decode_;
   // The chains made from trace lines (ClusterRequest::from), kept from a request's placement to
   // its prefill's end (a node-based map: a reference stays valid as others are added).
   std::unordered_map<size_t, std::vector<Sha256Digest>> made_;
-  // The prefill nodes whose cache holds a key's block KV (OpenNodes: the nodes a placement
-  // must price one by one).
+  // The prefill nodes whose cache holds a chain's first block KV, by its key (OpenNodes: the
+  // nodes a placement must price one by one; a node without the first block has no local hit).
+  // Only first blocks are asked for: a block's key hashes its predecessor's, so a first
+  // block's key names no later block, and the map stays as small as the distinct first blocks.
   absl::flat_hash_map<Sha256Digest, std::vector<size_t>> cached_by_;
   OpenNodes open_nodes_;
 };
@@ -482,14 +483,11 @@ void ClusterRun::Put(kvstore::PrefixIndex& index, const std::vector<Sha256Digest
   };
   for (const kvstore::WriteBackStep& step : steps) {
     const Sha256Digest& key = chain[step.block];
-    if (index.Contains(key, step.region)) {
-      index.Touch(key);
-      continue;
-    }
+    if (index.TouchIfPresent(key, step.region)) continue;
     const std::optional<Sha256Digest> parent =
         step.parent >= 0 ? std::optional<Sha256Digest>(chain[step.parent]) : std::nullopt;
     index.Add(key, parent, step.region, step.region == Region::kBlockKv ? kv_value_ : swa_value_);
-    if (cache_of >= 0 && step.region == Region::kBlockKv) {
+    if (cache_of >= 0 && step.region == Region::kBlockKv && step.block == 0) {
       cached_by_[key].push_back(static_cast<size_t>(cache_of));
     }
     index.EvictToBudget(budget, evicted);
@@ -533,7 +531,7 @@ std::vector<size_t> ClusterRun::OpenFor(const std::vector<Sha256Digest>& chain,
 // values the node's cache lacks come from one owner each.
 void ClusterRun::ReadHit(size_t chosen, const std::vector<Sha256Digest>& chain, int64_t h) {
   Node& node = nodes_[chosen];
-  const std::vector<Sha256Digest> hit_chain(chain.begin(), chain.begin() + h);
+  const std::span<const Sha256Digest> hit_chain(chain.data(), static_cast<size_t>(h));
   node.cache.Lookup(hit_chain);
   store_.Lookup(hit_chain);
   const std::vector<std::vector<size_t>> owned =
@@ -565,7 +563,7 @@ bool ClusterRun::PlaceNext(double now) {
   const ClusterRequest& request = requests_[r];
   const std::vector<Sha256Digest>& chain = ChainOf(r);
   if (open_nodes_.empty()) return false;
-  const kvstore::ChainLookup in_store = Peek(store_, chain);
+  const kvstore::ChainLookup in_store = store_.Peek(chain);
   kvstore::PlacementRequest place{
       .policy = o_.policy, .hit = o_.hit, .payload = o_.payload, .config = &o_.config};
   place.hit.prompt_len = request.prompt_len;
@@ -576,7 +574,7 @@ bool ClusterRun::PlaceNext(double now) {
                      .reported_queued = std::max<int64_t>(0, nodes_[n].prefilling - 1),
                      .queue_ms = nodes_[n].pending_ms,
                      .rates = o_.rates,
-                     .tiers = {.local = Peek(nodes_[n].cache, chain), .store = in_store}});
+                     .tiers = {.local = nodes_[n].cache.Peek(chain), .store = in_store}});
   }
   // A decode slot is reserved at admission.
   const std::optional<size_t> decoder = decode_.Reservable();
@@ -605,6 +603,8 @@ bool ClusterRun::PlaceNext(double now) {
   }
   ++result_.requests_per_node[chosen];
   result_.ttft_ms[r] = end + replay_of_[r] - request.arrival_ms;
+  placed_.push_back(r);
+  if (o_.stop_over_count > 0 && result_.ttft_ms[r] > o_.stop_over_ttft_ms) ++over_;
   if (decoder.has_value()) decode_.Reserve(r, *decoder);
   if (o_.record_steps) {
     result_.steps.push_back(
@@ -663,6 +663,7 @@ ClusterResult ClusterRun::Run() {
   }
   double first_arrival = std::numeric_limits<double>::max(), last_end = 0;
   while (!events_.empty()) {
+    if (o_.stop_over_count > 0 && over_ >= o_.stop_over_count) return Stopped();
     const Event event = events_.top();
     events_.pop();
     if (event.kind == kArrives) {

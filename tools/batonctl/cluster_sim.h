@@ -150,6 +150,12 @@ struct ClusterOptions {
   ModelConfig config;                    // the model's shapes (the work of each prefill)
   kvstore::PrefillRates rates = kvstore::DefaultPrefillRates();
   bool record_steps = false;  // ClusterResult::steps
+  // With stop_over_count > 0: the simulation stops once that many requests are known to miss
+  // stop_over_ttft_ms (their prefill's end, and a replay delayed after it, less their arrival:
+  // no less than their TTFT will be), as soon as a TTFT percentile is sure to exceed it. The
+  // capacity search stops a point there that cannot meet its target.
+  double stop_over_ttft_ms = 0;
+  int64_t stop_over_count = 0;
   // Every open node's view goes to the placement, as the router gives it (tests); otherwise
   // only those that can be its choice or runner-up (cluster_sim.cc, OpenNodes), which choose
   // the same.
@@ -191,7 +197,10 @@ struct ClusterStep {
 };
 
 struct ClusterResult {
-  std::vector<double> ttft_ms;  // per request, in trace order
+  // Per request, in trace order; when `stopped`, only those placed before the stop, in the
+  // order they were placed.
+  std::vector<double> ttft_ms;
+  bool stopped = false;  // ClusterOptions::stop_over_count was reached
   int64_t prompt_tokens = 0;
   int64_t local_hit_tokens = 0;  // hit tokens whose block KV came from a node's cache
   int64_t store_hit_tokens = 0;

@@ -19,9 +19,9 @@
 
 #include <cstdint>
 #include <cstring>
+#include <deque>
 #include <functional>
 #include <optional>
-#include <set>
 #include <span>
 #include <utility>
 #include <vector>
@@ -50,6 +50,9 @@ class PrefixIndex {
 
   bool Contains(const Sha256Digest& key, Region region) const;
 
+  // What Lookup would find, without touching anything (ranking a node must not change its LRU).
+  ChainLookup Peek(std::span<const Sha256Digest> chain) const;
+
   // Records a value of `bytes` (> 0) for (key, region); a present value just takes the new
   // size. `parent` is the previous block's key (nullopt for block 0). A new node counts as
   // used now. Does not evict: call EvictToBudget after.
@@ -61,6 +64,10 @@ class PrefixIndex {
 
   // Marks the node as used now (no-op when absent).
   void Touch(const Sha256Digest& key);
+
+  // Touches the node when it holds `region`'s value and returns true; false (and no change)
+  // when it does not: Contains then Touch, with one probe.
+  bool TouchIfPresent(const Sha256Digest& key, Region region);
 
   // Evicts values in the order of the file comment until stored_bytes() <= budget_bytes or
   // nothing is left; calls `on_evict` (may be empty) for each. Returns the values evicted.
@@ -85,13 +92,42 @@ class PrefixIndex {
       return h;
     }
   };
+  // Equality word by word, inline: a probe's compare is on every lookup's path (memcmp is a
+  // call per probe).
+  struct DigestEq {
+    bool operator()(const Sha256Digest& a, const Sha256Digest& b) const {
+      uint64_t x[4], y[4];
+      std::memcpy(x, a.data(), sizeof(x));
+      std::memcpy(y, b.data(), sizeof(y));
+      return ((x[0] ^ y[0]) | (x[1] ^ y[1]) | (x[2] ^ y[2]) | (x[3] ^ y[3])) == 0;
+    }
+  };
 
+  // The leaves by recency, as (last_used, key) entries: an entry is current while its node is
+  // still a leaf with that last_used; others are stale and skipped where they surface, so a use
+  // costs one append (no tree node to allocate, nothing to erase). Each node's last_used is
+  // unique (the clock ticks at every use), so the least current entry is the least recently
+  // used leaf. A use is the newest, so its entry goes at the back of `used_`, which stays in
+  // order; a parent left without children becomes a leaf at its own older recency, so its
+  // entry goes into the heap `orphaned_`. The oldest leaf is the least of the two fronts.
+  using LeafEntry = std::pair<uint64_t, Sha256Digest>;
+  struct Later {
+    bool operator()(const LeafEntry& a, const LeafEntry& b) const { return a.first > b.first; }
+  };
+  void Use(Node& node, const Sha256Digest& key);
+  void Orphaned(const Node& node, const Sha256Digest& key);
+  bool Current(const LeafEntry& entry) const;
+  // Drops the stale entries once they outnumber the nodes (linear, so amortised over the uses).
+  void Compact();
+  // The least recently used leaf's entry after dropping stale fronts; null when none is left.
+  const LeafEntry* OldestLeaf();
   // Open addressing: a lookup probes one flat array instead of a bucket's list (the simulator
   // walks chains of hundreds of keys through indexes of millions).
-  absl::flat_hash_map<Sha256Digest, Node, DigestHash> nodes_;
+  absl::flat_hash_map<Sha256Digest, Node, DigestHash, DigestEq> nodes_;
   // For keys not in the index: how many nodes name them as parent (counted in when they come).
-  absl::flat_hash_map<Sha256Digest, int64_t, DigestHash> waiting_children_;
-  std::set<std::pair<uint64_t, Sha256Digest>> leaves_;  // (last_used, key) of childless nodes
+  absl::flat_hash_map<Sha256Digest, int64_t, DigestHash, DigestEq> waiting_children_;
+  std::deque<LeafEntry> used_;       // ascending last_used
+  std::vector<LeafEntry> orphaned_;  // a heap under Later
   uint64_t clock_ = 0;
   uint64_t stored_bytes_ = 0;
   uint64_t values_[2] = {0, 0};
