@@ -10,7 +10,9 @@
 # step planner at those rates, with the same cluster shape and 16-token completions.
 # Prints TTFT p50/p99/mean, ITL p50/p99, hit tokens by tier and throughput per policy,
 # measured and predicted, and each simulated figure over the measured one. It also simulates
-# at the decode node's fits alone ("fits only": without its step stretch, and with
+# without the decode steps' spread ("no spread": every step at the mean step stretch, without
+# step_stretch_p10..p99), and at the decode node's fits alone ("fits only": without its step
+# stretch or spread, and with
 # replay-on-decode a replay as a delay beside the steps rather than pieces in them), the model
 # before the simulated steps took those from the node, from the same rates.
 #
@@ -52,9 +54,12 @@ for policy in $policies; do
       ${1:+--decode-rates "$1"} --max-output-tokens 16 --json
   }
   simulate "$decode_rates" >"$out/sim-$policy.json"
+  # Without the steps' spread: every step at the mean stretch.
+  simulate "$(sed -E 's/,?step_stretch_p[0-9]+=[^,]*//g; s/^,//' <<<"$decode_rates")" \
+    >"$out/mean-$policy.json"
   # The model before the decode steps were planned as the node plans them: no replay piece
   # costs (a replay is a delay beside the steps) and no step stretch.
-  simulate "$(sed -E 's/,?(replay_piece_[a-z_]*|step_stretch)=[^,]*//g; s/^,//' \
+  simulate "$(sed -E 's/,?(replay_piece_[a-z_]*|step_stretch[a-z0-9_]*)=[^,]*//g; s/^,//' \
     <<<"$decode_rates")" >"$out/fits-$policy.json"
 
 done
@@ -71,7 +76,7 @@ for policy in policies:
           f"{i['p50']:8.1f} {i['p99']:8.1f} "
           f"{r['local_cached_tokens']:10d} {r['store_cached_tokens']:10d} {r['requests_per_s']:7.2f}"
           f"   ({r['completed']} of {r['requests']} completed)")
-    for kind, label in (("sim", "simulated"), ("fits", "fits only")):
+    for kind, label in (("sim", "simulated"), ("mean", "no spread"), ("fits", "fits only")):
         path = os.path.join(out, f"{kind}-{policy}.json")
         if not os.path.exists(path):
             continue

@@ -1,6 +1,8 @@
 // The decode node's metrics (docs/deploy.md lists them), shared by the service's files.
 #pragma once
 
+#include <array>
+
 #include "baton/common/metrics.h"
 #include "baton/decode_node/decode_service.h"
 
@@ -15,15 +17,17 @@ struct DecodeService::Metrics {
   prometheus::Histogram& step_seconds =
       metrics::Histogram("baton_decode_step_seconds", "Time of one batched decode step")
           .Add({}, metrics::TokenLatencyBuckets());
-  // The step-cost fit (DraftCosts::target) the node prices drafts with, for capacity plans
-  // (`batonctl simulate --decode-rates step_fixed_ms=..,step_per_row_ms=..`).
+  // A decode step's cost by its rows, fitted over the node's last steps (StepLog), for capacity
+  // plans (`batonctl simulate --decode-rates step_fixed_ms=..,step_per_row_ms=..`).
   prometheus::Family<prometheus::Gauge>& step_cost = metrics::Gauge(
       "baton_decode_step_cost_ms",
-      "The node's fit of a decode step's time: a fixed part and a part per row (0 until fitted)");
+      "The node's fit of a decode step's time over its last steps: a fixed part and a part per "
+      "row (0 until fitted)");
   prometheus::Gauge& step_fixed_ms = step_cost.Add({{"term", "fixed"}});
   prometheus::Gauge& step_per_row_ms = step_cost.Add({{"term", "per_row"}});
-  // What a replay piece adds to a step at 1,024 prompt positions (ReplayCosts::per_position),
-  // for capacity plans (`batonctl simulate --decode-rates replay_piece_fixed_ms=..,..`).
+  // What a replay piece adds to a step at 1,024 prompt positions, fitted over the node's last
+  // steps (StepLog), for capacity plans (`batonctl simulate --decode-rates
+  // replay_piece_fixed_ms=..,..`).
   prometheus::Family<prometheus::Gauge>& replay_piece_cost = metrics::Gauge(
       "baton_decode_replay_piece_cost_ms",
       "Replay-on-decode: the node's fit of what a replay piece adds to a step at a prompt of "
@@ -31,14 +35,24 @@ struct DecodeService::Metrics {
       "length (0 until fitted)");
   prometheus::Gauge& replay_piece_fixed_ms = replay_piece_cost.Add({{"term", "fixed"}});
   prometheus::Gauge& replay_piece_row_ms = replay_piece_cost.Add({{"term", "per_row"}});
-  // The steps' time over what the reported fits price them at (StepStretch), for capacity
-  // plans (`batonctl simulate --decode-rates step_stretch=..`).
+  // The steps' time over what the reported costs price them at, over the node's last steps
+  // (StepLog), for capacity plans (`batonctl simulate --decode-rates step_stretch=..`): the
+  // ratio of the sums, and quantiles of each step's ratio (step_stretch_p10..p99).
   prometheus::Gauge& step_stretch =
       metrics::Gauge("baton_decode_step_stretch",
-                     "The decode steps' time over what the node's reported fits "
+                     "The decode steps' time over what the node's reported costs "
                      "(baton_decode_step_cost_ms, baton_decode_replay_piece_cost_ms) price them "
-                     "at, over its recent steps (0 until priced)")
+                     "at, over its last steps (0 until priced)")
           .Add({});
+  prometheus::Family<prometheus::Gauge>& step_stretch_quantile =
+      metrics::Gauge("baton_decode_step_stretch_quantile",
+                     "Quantiles of each decode step's time over what the node's reported costs "
+                     "price it at, over its last steps (0 until priced)");
+  std::array<prometheus::Gauge*, 4> step_stretch_quantiles = {
+      &step_stretch_quantile.Add({{"quantile", "0.1"}}),
+      &step_stretch_quantile.Add({{"quantile", "0.5"}}),
+      &step_stretch_quantile.Add({{"quantile", "0.9"}}),
+      &step_stretch_quantile.Add({{"quantile", "0.99"}})};
   // Replay-on-decode's measured rate, which the router prices replay with (LoadReport).
   prometheus::Gauge& replay_ms_per_gflop =
       metrics::Gauge("baton_decode_replay_ms_per_gflop",

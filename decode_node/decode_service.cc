@@ -220,8 +220,10 @@ void DecodeService::DecodeLoop() {
                           .idle_replay_rows = kIdleReplayRows,
                           .replay_step_budget = options_.replay_step_budget};
   std::unique_lock<std::mutex> lock(mutex_);
+  int64_t steps = 0;
   while (!stop_) {
     watchdog_->Beat();
+    const auto turn_start = Clock::now();
     // Plan: over the requests that decode or replay, in the node's order.
     std::vector<std::shared_ptr<Request>> held;
     std::vector<StepCandidate> candidates;
@@ -246,6 +248,25 @@ void DecodeService::DecodeLoop() {
                                  {"replay_row_us", replay_costs_.seconds_per_row * 1e6}});
     }
     RunStep(held, plan, lock);
+    // The turn's whole time, as the streams see it between tokens; the summary at once while
+    // the log is short, then every 64 steps.
+    if (logged_rows_ >= 0) {
+      step_log_.Add(logged_rows_, logged_pieces_,
+                    std::chrono::duration<double>(Clock::now() - turn_start).count());
+      if (++steps % 64 == 0 || step_log_.size() < 256) Publish();
+    }
+  }
+}
+
+void DecodeService::Publish() {
+  reported_ = step_log_.Summarize(costs_.target, replay_costs_.per_position);
+  metrics_->step_fixed_ms.Set(reported_.fixed * 1e3);
+  metrics_->step_per_row_ms.Set(reported_.per_row * 1e3);
+  metrics_->replay_piece_fixed_ms.Set(reported_.piece_fixed * 1024e3);
+  metrics_->replay_piece_row_ms.Set(reported_.piece_row * 1024e3);
+  metrics_->step_stretch.Set(reported_.stretch);
+  for (size_t q = 0; q < StepLog::kQuantiles.size(); ++q) {
+    metrics_->step_stretch_quantiles[q]->Set(reported_.quantiles[q]);
   }
 }
 
@@ -292,10 +313,10 @@ void DecodeService::RunStep(std::vector<std::shared_ptr<Request>>& held, const D
   const auto step_end = Clock::now();
   metrics_->step_seconds.Observe(std::chrono::duration<double>(step_end - step_start).count());
   metrics_->batch_size.Observe(static_cast<double>(batch.size()));
+  logged_rows_ = -1;
   if (status.ok()) {
     MeasureStep(static_cast<int64_t>(batch.size()), decode_rows, pieces,
-                std::chrono::duration<double>(step_end - target_start).count(),
-                std::chrono::duration<double>(step_end - step_start).count());
+                std::chrono::duration<double>(step_end - target_start).count());
   } else {
     log::Error("decode step failed",
                {{"plan", DescribePlan(plan)}, {"error", std::string(status.message())}});
@@ -369,32 +390,15 @@ void DecodeService::SettleRequest(Request& r, int64_t drafts, const model::Verdi
 }
 
 void DecodeService::MeasureStep(int64_t requests, int64_t decode_rows,
-                                std::span<const ReplayPiece> pieces, double target_seconds,
-                                double step_seconds) {
+                                std::span<const ReplayPiece> pieces, double target_seconds) {
   std::vector<PieceSize> sizes;
   for (const ReplayPiece& piece : pieces) {
     sizes.push_back({.prompt_len = piece.item.spec.prompt_len, .rows = piece.item.rows});
     metrics_->replay_rows.Increment(static_cast<double>(piece.item.rows));
   }
-  // Priced before this step moves the fits, as a simulation of it would have priced it.
-  stretch_.Add(step_seconds, ReportedStepSeconds(costs_, replay_costs_, decode_rows, sizes));
-  if (stretch_.value() > 0) {
-    step_stretch_.store(stretch_.value());
-    metrics_->step_stretch.Set(stretch_.value());
-  }
   FoldStepTime(costs_, replay_costs_, requests, decode_rows, sizes, target_seconds);
-  if (sizes.empty() && costs_.target.ready()) {
-    step_fixed_ms_.store(costs_.target.fixed() * 1e3);
-    step_per_row_ms_.store(costs_.target.per_row() * 1e3);
-    metrics_->step_fixed_ms.Set(step_fixed_ms_.load());
-    metrics_->step_per_row_ms.Set(step_per_row_ms_.load());
-  }
-  if (!sizes.empty() && replay_costs_.per_position.ready()) {
-    replay_piece_fixed_ms_.store(replay_costs_.per_position.fixed() * 1024e3);
-    replay_piece_row_ms_.store(replay_costs_.per_position.per_row() * 1024e3);
-    metrics_->replay_piece_fixed_ms.Set(replay_piece_fixed_ms_.load());
-    metrics_->replay_piece_row_ms.Set(replay_piece_row_ms_.load());
-  }
+  logged_rows_ = decode_rows;
+  logged_pieces_ = std::move(sizes);
 }
 
 grpc::Status DecodeService::Stream(grpc::ServerContext* context, const v1::StreamRequest* request,
@@ -515,14 +519,18 @@ v1::LoadReport DecodeService::Load() const {
   load.set_free_slots(static_cast<uint32_t>(pool_->free_slots()));
   load.set_total_slots(static_cast<uint32_t>(pool_->total_slots()));
   v1::DecodeRates& rates = *load.mutable_decode_rates();
-  rates.set_step_fixed_ms(step_fixed_ms_.load());
-  rates.set_step_per_row_ms(step_per_row_ms_.load());
+  rates.set_step_fixed_ms(reported_.fixed * 1e3);
+  rates.set_step_per_row_ms(reported_.per_row * 1e3);
   if (replay_gflop_sum_ > 0) rates.set_replay_ms_per_gflop(replay_ms_sum_ / replay_gflop_sum_);
   rates.set_replay_samples(replay_samples_);
   rates.set_tokens_per_step(tokens_per_step_);
-  rates.set_replay_piece_fixed_ms(replay_piece_fixed_ms_.load());
-  rates.set_replay_piece_row_ms(replay_piece_row_ms_.load());
-  rates.set_step_stretch(step_stretch_.load());
+  rates.set_replay_piece_fixed_ms(reported_.piece_fixed * 1024e3);
+  rates.set_replay_piece_row_ms(reported_.piece_row * 1024e3);
+  rates.set_step_stretch(reported_.stretch);
+  rates.set_step_stretch_p10(reported_.quantiles[0]);
+  rates.set_step_stretch_p50(reported_.quantiles[1]);
+  rates.set_step_stretch_p90(reported_.quantiles[2]);
+  rates.set_step_stretch_p99(reported_.quantiles[3]);
   return load;
 }
 

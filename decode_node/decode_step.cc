@@ -123,26 +123,134 @@ void FoldStepTime(DraftCosts& costs, ReplayCosts& replay_costs, int64_t requests
   }
 }
 
-double ReportedStepSeconds(const DraftCosts& costs, const ReplayCosts& replay_costs,
-                           int64_t decode_rows, std::span<const PieceSize> pieces) {
+void StepLog::Add(int64_t decode_rows, std::span<const PieceSize> pieces, double seconds) {
+  if (!(seconds > 0) || !std::isfinite(seconds)) return;
+  Step step{.rows = static_cast<double>(decode_rows), .seconds = seconds};
+  for (const PieceSize& piece : pieces) {
+    const double L = static_cast<double>(piece.prompt_len);
+    step.positions += L;
+    step.row_positions += L * static_cast<double>(piece.rows);
+  }
+  if (steps_.size() < kSteps) {
+    steps_.push_back(step);
+  } else {
+    steps_[next_] = step;
+  }
+  next_ = (next_ + 1) % kSteps;
+}
+
+double StepLog::Summary::Price(int64_t decode_rows, std::span<const PieceSize> pieces) const {
   double seconds = 0;
   if (decode_rows > 0) {
-    if (!costs.target.ready()) return 0;
-    seconds += costs.target.At(static_cast<double>(decode_rows));
+    if (!line_ready) return 0;
+    seconds += fixed + per_row * static_cast<double>(decode_rows);
   }
   for (const PieceSize& piece : pieces) {
-    if (!replay_costs.per_position.ready()) return 0;
+    if (!pieces_ready) return 0;
     seconds += static_cast<double>(piece.prompt_len) *
-               replay_costs.per_position.At(static_cast<double>(piece.rows));
+               (piece_fixed + piece_row * static_cast<double>(piece.rows));
   }
   return seconds;
 }
 
-void StepStretch::Add(double measured_seconds, double priced_seconds) {
-  if (!(priced_seconds > 0) || !(measured_seconds > 0)) return;
-  constexpr double kDecay = 0.995;
-  measured = kDecay * measured + measured_seconds;
-  priced = kDecay * priced + priced_seconds;
+StepLog::Summary StepLog::Summarize(const CostFit& fallback, const CostFit& replay_fallback) const {
+  Summary out;
+  // The rows' line: y = fixed + per_row x over the steps without replay.
+  double n = 0, sx = 0, sy = 0, sxx = 0, sxy = 0;
+  for (const Step& s : steps_) {
+    if (s.positions > 0 || s.rows <= 0) continue;
+    n += 1;
+    sx += s.rows;
+    sy += s.seconds;
+    sxx += s.rows * s.rows;
+    sxy += s.rows * s.seconds;
+  }
+  if (n >= kFewest) {
+    const double mx = sx / n, my = sy / n, var = sxx / n - mx * mx;
+    // Rows that never differ leave the slope to the planner's fit (or none).
+    double slope = var > 1e-9 * mx * mx ? (sxy / n - mx * my) / var
+                   : fallback.ready()   ? fallback.per_row()
+                                        : 0;
+    slope = std::max(0.0, slope);
+    double fixed = my - slope * mx;
+    if (fixed < 0) {  // through the origin
+      fixed = 0;
+      slope = sxy / sxx;
+    }
+    out = {.line_ready = true, .fixed = fixed, .per_row = slope};
+  } else if (fallback.ready()) {
+    out = {.line_ready = true, .fixed = fallback.fixed(), .per_row = fallback.per_row()};
+  }
+  // The pieces: what a step with replay took beyond its rows' line, against sum(L) and
+  // sum(L x rows).
+  double m = 0, spp = 0, spq = 0, sqq = 0, spr = 0, sqr = 0;
+  for (const Step& s : steps_) {
+    if (s.positions <= 0 || (s.rows > 0 && !out.line_ready)) continue;
+    const double rest = s.seconds - (s.rows > 0 ? out.fixed + out.per_row * s.rows : 0);
+    m += 1;
+    spp += s.positions * s.positions;
+    spq += s.positions * s.row_positions;
+    sqq += s.row_positions * s.row_positions;
+    spr += s.positions * rest;
+    sqr += s.row_positions * rest;
+  }
+  if (m >= kFewest && sqq > 0) {
+    const double det = spp * sqq - spq * spq;
+    double a = 0, b = 0;
+    if (det > 1e-9 * spp * sqq) {
+      a = (spr * sqq - sqr * spq) / det;
+      b = (sqr * spp - spr * spq) / det;
+    } else {  // every piece of one size per position: the per-row part is the planner's
+      b = replay_fallback.ready() ? replay_fallback.per_row() : 0;
+      a = (spr - b * spq) / spp;
+    }
+    if (a < 0) {
+      a = 0;
+      b = sqr / sqq;
+    }
+    if (b < 0) {
+      b = 0;
+      a = spr / spp;
+    }
+    out.pieces_ready = true;
+    out.piece_fixed = std::max(0.0, a);
+    out.piece_row = std::max(0.0, b);
+  } else if (replay_fallback.ready()) {
+    out.pieces_ready = true;
+    out.piece_fixed = replay_fallback.fixed();
+    out.piece_row = replay_fallback.per_row();
+  }
+  // The spread about those prices: each step's ratio, weighted by its price, so that a step
+  // of little work that waited out a neighbour's time slice (a ratio of hundreds) counts as
+  // little as it weighs in the node's time.
+  std::vector<std::pair<double, double>> ratios;  // (time / price, price)
+  double measured = 0, priced = 0;
+  for (const Step& s : steps_) {
+    double price = 0;
+    if (s.rows > 0) price = out.line_ready ? out.fixed + out.per_row * s.rows : -1;
+    if (s.positions > 0) {
+      price = out.pieces_ready && price >= 0
+                  ? price + out.piece_fixed * s.positions + out.piece_row * s.row_positions
+                  : -1;
+    }
+    if (!(price > 0)) continue;
+    measured += s.seconds;
+    priced += price;
+    ratios.emplace_back(s.seconds / price, price);
+  }
+  if (ratios.empty()) return out;
+  out.stretch = measured / priced;
+  std::sort(ratios.begin(), ratios.end());
+  double below = 0;  // the price of the steps before `i`
+  size_t i = 0;
+  for (size_t q = 0; q < kQuantiles.size(); ++q) {
+    while (i + 1 < ratios.size() && below + ratios[i].second < kQuantiles[q] * priced) {
+      below += ratios[i].second;
+      ++i;
+    }
+    out.quantiles[q] = ratios[i].first;
+  }
+  return out;
 }
 
 int64_t DecodePlan::decode_rows() const {

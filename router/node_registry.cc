@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <initializer_list>
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
@@ -93,28 +94,35 @@ absl::Status CheckRegistration(const v1::RegisterRequest& request) {
     return absl::InvalidArgumentError(
         absl::StrCat("load.routers: ", load.routers(), " is more than ", kMaxReportedRouters));
   }
+  // Each of a decode node's rates within its bound: times within a day of milliseconds, tokens
+  // per step and the step stretch (with its quantiles) within theirs.
   const v1::DecodeRates& decode = load.decode_rates();
-  for (const auto& [field, value] :
-       {std::pair<const char*, double>{"step_fixed_ms", decode.step_fixed_ms()},
-        {"step_per_row_ms", decode.step_per_row_ms()},
-        {"replay_ms_per_gflop", decode.replay_ms_per_gflop()},
-        {"replay_piece_fixed_ms", decode.replay_piece_fixed_ms()},
-        {"replay_piece_row_ms", decode.replay_piece_row_ms()}}) {
-    if (!(value >= 0 && value <= kMaxReportedWorkMs)) {
-      return absl::InvalidArgumentError(absl::StrCat("load.decode_rates.", field, ": ", value,
-                                                     " must be finite and in [0, ",
-                                                     kMaxReportedWorkMs, "] (milliseconds)"));
+  struct Bounded {
+    const char* field;
+    double value;
+    double most;
+    const char* unit;
+  };
+  for (const Bounded& b : std::initializer_list<Bounded>{
+           {"step_fixed_ms", decode.step_fixed_ms(), kMaxReportedWorkMs, " (milliseconds)"},
+           {"step_per_row_ms", decode.step_per_row_ms(), kMaxReportedWorkMs, " (milliseconds)"},
+           {"replay_ms_per_gflop", decode.replay_ms_per_gflop(), kMaxReportedWorkMs,
+            " (milliseconds)"},
+           {"replay_piece_fixed_ms", decode.replay_piece_fixed_ms(), kMaxReportedWorkMs,
+            " (milliseconds)"},
+           {"replay_piece_row_ms", decode.replay_piece_row_ms(), kMaxReportedWorkMs,
+            " (milliseconds)"},
+           {"tokens_per_step", decode.tokens_per_step(), kMaxTokensPerStep, ""},
+           {"step_stretch", decode.step_stretch(), kMaxStepStretch, ""},
+           {"step_stretch_p10", decode.step_stretch_p10(), kMaxStepStretch, ""},
+           {"step_stretch_p50", decode.step_stretch_p50(), kMaxStepStretch, ""},
+           {"step_stretch_p90", decode.step_stretch_p90(), kMaxStepStretch, ""},
+           {"step_stretch_p99", decode.step_stretch_p99(), kMaxStepStretch, ""}}) {
+    if (!(b.value >= 0 && b.value <= b.most)) {
+      return absl::InvalidArgumentError(absl::StrCat("load.decode_rates.", b.field, ": ", b.value,
+                                                     " must be finite and in [0, ", b.most, "]",
+                                                     b.unit));
     }
-  }
-  if (!(decode.tokens_per_step() >= 0 && decode.tokens_per_step() <= kMaxTokensPerStep)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("load.decode_rates.tokens_per_step: ", decode.tokens_per_step(),
-                     " must be finite and in [0, ", kMaxTokensPerStep, "]"));
-  }
-  if (!(decode.step_stretch() >= 0 && decode.step_stretch() <= kMaxStepStretch)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("load.decode_rates.step_stretch: ", decode.step_stretch(),
-                     " must be finite and in [0, ", kMaxStepStretch, "]"));
   }
   return absl::OkStatus();
 }

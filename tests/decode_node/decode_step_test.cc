@@ -4,6 +4,7 @@
 // progress to its first token.
 #include "baton/decode_node/decode_step.h"
 
+#include <limits>
 #include <random>
 
 #include "gtest/gtest.h"
@@ -235,32 +236,115 @@ TEST(ReplayCostsTest, APieceIsFittedPerLengthBandAndPricedByTheLengthBeforeThat)
 
 // The stretch is what the node's steps took over what its reported fits price them at, summed
 // over its recent steps: what a simulation at those fits must multiply its steps by.
-TEST(StepStretchTest, ItIsTheStepsTimeOverTheirReportedPriceWithRecentStepsCountingMost) {
-  const MeasuredCosts costs(0.010, 0.001, 0.002, 0.0005, /*lengths=*/true);
-  const PieceSize piece{.prompt_len = 2048, .rows = 8};
-  // Priced as reported: the step fit at its rows, each piece at the per-position fit.
-  EXPECT_NEAR(ReportedStepSeconds(costs.decode, costs.replay, 4, {}), 0.014, 1e-9);
-  EXPECT_NEAR(ReportedStepSeconds(costs.decode, costs.replay, 4, {&piece, 1}),
-              0.014 + (0.002 + 0.0005 * 8) * 2, 1e-9);
-  // A fit not ready prices nothing, and such a step does not count.
-  EXPECT_EQ(ReportedStepSeconds(DraftCosts{}, costs.replay, 4, {}), 0);
-  EXPECT_EQ(ReportedStepSeconds(costs.decode, ReplayCosts{}, 4, {&piece, 1}), 0);
-  StepStretch stretch;
-  EXPECT_EQ(stretch.value(), 0);
-  stretch.Add(0.030, 0);
-  EXPECT_EQ(stretch.value(), 0);
-  // Steps of twice their price, short and long alike: 2.
-  for (int i = 0; i < 50; ++i) {
-    stretch.Add(0.020, 0.010);
-    stretch.Add(0.200, 0.100);
+// Steps whose time is a known line (10 ms + 2 ms a row; a piece over L positions L x (2 us +
+// 0.5 us a row)) times a factor spread evenly over [0.5, 1.5]: the log fits the line back, and
+// the spread of each step about its price is the factor's.
+TEST(StepLogTest, ItFitsItsStepsAndReportsTheirSpreadAboutTheirPrice) {
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<double> factor(0.5, 1.5);
+  StepLog log;
+  for (int i = 0; i < 4096; ++i) {
+    const int64_t rows = std::uniform_int_distribution<int64_t>(1, 12)(rng);
+    std::vector<PieceSize> pieces;
+    if (i % 3 == 0) {
+      pieces.push_back({.prompt_len = std::uniform_int_distribution<int64_t>(500, 8000)(rng),
+                        .rows = std::uniform_int_distribution<int64_t>(1, 16)(rng)});
+    }
+    double seconds = 0.010 + 0.002 * static_cast<double>(rows);
+    for (const PieceSize& p : pieces) {
+      seconds += static_cast<double>(p.prompt_len) * (2e-6 + 0.5e-6 * static_cast<double>(p.rows));
+    }
+    log.Add(rows, pieces, seconds * factor(rng));
   }
-  EXPECT_NEAR(stretch.value(), 2, 1e-9);
-  // Then steps at their price: the stretch falls toward 1, the latest counting most.
-  for (int i = 0; i < 200; ++i) stretch.Add(0.010, 0.010);
-  EXPECT_GT(stretch.value(), 1);
-  EXPECT_LT(stretch.value(), 1.9);
-  for (int i = 0; i < 2000; ++i) stretch.Add(0.010, 0.010);
-  EXPECT_NEAR(stretch.value(), 1, 1e-3);
+  const StepLog::Summary s = log.Summarize(CostFit{}, CostFit{});
+  ASSERT_TRUE(s.line_ready);
+  ASSERT_TRUE(s.pieces_ready);
+  EXPECT_NEAR(s.fixed, 0.010, 0.0015);
+  EXPECT_NEAR(s.per_row, 0.002, 0.0002);
+  EXPECT_NEAR(s.piece_fixed, 2e-6, 0.4e-6);
+  EXPECT_NEAR(s.piece_row, 0.5e-6, 0.05e-6);
+  EXPECT_NEAR(s.stretch, 1, 0.03);
+  const std::array<double, 4> expected = {0.6, 1.0, 1.4, 1.49};
+  for (size_t q = 0; q < 4; ++q) EXPECT_NEAR(s.quantiles[q], expected[q], 0.05) << q;
+  const PieceSize piece{.prompt_len = 2048, .rows = 8};
+  EXPECT_NEAR(s.Price(4, {&piece, 1}),
+              s.fixed + 4 * s.per_row + 2048 * (s.piece_fixed + 8 * s.piece_row), 1e-12);
+}
+
+TEST(StepLogTest, ItKeepsItsLastStepsAndFallsBackToThePlannersFitsWhileItHasTooFew) {
+  StepLog log;
+  // Nothing logged and nothing fitted: nothing is priced.
+  StepLog::Summary none = log.Summarize(CostFit{}, CostFit{});
+  EXPECT_FALSE(none.line_ready);
+  EXPECT_FALSE(none.pieces_ready);
+  EXPECT_EQ(none.stretch, 0);
+  EXPECT_EQ(none.quantiles[1], 0);
+  EXPECT_EQ(none.Price(4, {}), 0);
+  // Nothing logged: the planner's fits, as they are.
+  const StepLog::Summary planner =
+      log.Summarize(CostFit::Line(0.005, 0.001), CostFit::Line(1e-6, 2e-7));
+  EXPECT_DOUBLE_EQ(planner.fixed, 0.005);
+  EXPECT_DOUBLE_EQ(planner.per_row, 0.001);
+  EXPECT_DOUBLE_EQ(planner.piece_fixed, 1e-6);
+  EXPECT_DOUBLE_EQ(planner.piece_row, 2e-7);
+  // Steps of one size: the slope is the planner's, the line goes through their mean, and each
+  // is at its price.
+  for (int i = 0; i < 100; ++i) log.Add(4, {}, 0.018);
+  const StepLog::Summary one_size = log.Summarize(CostFit::Line(0.005, 0.001), CostFit{});
+  EXPECT_DOUBLE_EQ(one_size.per_row, 0.001);
+  EXPECT_NEAR(one_size.fixed, 0.014, 1e-12);
+  EXPECT_NEAR(one_size.quantiles[0], 1, 1e-9);
+  EXPECT_NEAR(one_size.quantiles[3], 1, 1e-9);
+  // A full log of another line forgets the first; half a log of the first again blends them.
+  auto fill = [&log](int steps, double fixed, double per_row) {
+    for (int i = 0; i < steps; ++i) {
+      const int64_t rows = 1 + i % 8;
+      log.Add(rows, {}, fixed + per_row * static_cast<double>(rows));
+    }
+  };
+  fill(StepLog::kSteps, 0.020, 0.003);
+  const StepLog::Summary second = log.Summarize(CostFit{}, CostFit{});
+  EXPECT_NEAR(second.fixed, 0.020, 1e-9);
+  EXPECT_NEAR(second.per_row, 0.003, 1e-9);
+  EXPECT_EQ(log.size(), StepLog::kSteps);
+  fill(StepLog::kSteps / 2, 0.005, 0.001);
+  const StepLog::Summary blend = log.Summarize(CostFit{}, CostFit{});
+  EXPECT_GT(blend.fixed, 0.006);
+  EXPECT_LT(blend.fixed, 0.019);
+  EXPECT_LT(blend.quantiles[0], 0.9);  // each line's steps sit off the blend
+  EXPECT_GT(blend.quantiles[3], 1.1);
+  // A line whose intercept would be below 0 goes through the origin.
+  StepLog steep;
+  for (int i = 0; i < 64; ++i) {
+    const int64_t rows = 1 + i % 8;
+    steep.Add(rows, {}, 0.004 * static_cast<double>(rows) - 0.002);
+  }
+  const StepLog::Summary origin = steep.Summarize(CostFit{}, CostFit{});
+  EXPECT_EQ(origin.fixed, 0);
+  EXPECT_GT(origin.per_row, 0.003);
+  // The spread weighs each step by its price: short steps that waited out a neighbour's time
+  // slice (100x their price, 1.5% of the steps) leave the quantiles of the node's time alone.
+  StepLog stalled;
+  for (int i = 0; i < 2000; ++i) {
+    const int64_t rows = 1 + i % 8;
+    stalled.Add(rows, {}, 0.010 + 0.002 * static_cast<double>(rows));
+    const PieceSize big{.prompt_len = 4000 + 500 * (i % 5), .rows = 1 + i % 16};
+    stalled.Add(
+        0, {&big, 1},
+        static_cast<double>(big.prompt_len) * (2e-6 + 0.5e-6 * static_cast<double>(big.rows)));
+    if (i % 33 == 0) {
+      const PieceSize tiny{.prompt_len = 100, .rows = 1};
+      stalled.Add(0, {&tiny, 1}, 100 * 100 * 2.5e-6);
+    }
+  }
+  const StepLog::Summary weighed = stalled.Summarize(CostFit{}, CostFit{});
+  EXPECT_NEAR(weighed.quantiles[0], 1, 0.01);
+  EXPECT_NEAR(weighed.quantiles[3], 1, 0.01);
+  // A failed or empty measurement is not logged.
+  StepLog empty;
+  empty.Add(4, {}, 0);
+  empty.Add(4, {}, std::numeric_limits<double>::quiet_NaN());
+  EXPECT_EQ(empty.size(), 0u);
 }
 
 TEST(FoldStepTimeTest, AReplayStepCountsWhatItAddsToTheStreamsStep) {

@@ -225,6 +225,12 @@ TEST_F(SplitClusterTest, TheDecodeNodesReplayRateReachesTheRouterAndBatonctlRate
       EXPECT_EQ(node["node_id"], "decode");
       EXPECT_GT(node["replay_ms_per_gflop"].get<double>(), 0);
       EXPECT_GE(node["tokens_per_step"].get<double>(), 1);
+      // Its steps' spread about what its reported costs price them at, in order.
+      const double p10 = node["step_stretch_p10"].get<double>();
+      EXPECT_GT(p10, 0);
+      EXPECT_LE(p10, node["step_stretch_p50"].get<double>());
+      EXPECT_LE(node["step_stretch_p50"].get<double>(), node["step_stretch_p90"].get<double>());
+      EXPECT_LE(node["step_stretch_p90"].get<double>(), node["step_stretch_p99"].get<double>());
     } else {
       EXPECT_EQ(node["node_id"], "prefill");
       EXPECT_EQ(node["producers_only"], true);
@@ -233,6 +239,7 @@ TEST_F(SplitClusterTest, TheDecodeNodesReplayRateReachesTheRouterAndBatonctlRate
   }
   EXPECT_THAT(rates["decode_rates"].get<std::string>(), HasSubstr("replay_ms_per_gflop="));
   EXPECT_THAT(rates["decode_rates"].get<std::string>(), HasSubstr("replay_piece_"));
+  EXPECT_THAT(rates["decode_rates"].get<std::string>(), HasSubstr("step_stretch_p99="));
   EXPECT_THAT(rates["rates"].get<std::string>(), HasSubstr("compute_ms_per_gflop="));
   // The flags form, which the simulator takes back as given.
   const Result flags = RunBatonctl("rates --addr " + addr + " --flags");

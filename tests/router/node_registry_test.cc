@@ -280,7 +280,7 @@ TEST_F(NodeRegistryTest, LoadReportsOutOfBoundsAreRefusedByName) {
   EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(refused.message(), HasSubstr("load.routers: 5000"));
   // A decode node's rates: every time finite and within a day, tokens per step within 1024,
-  // the step stretch within 1e4.
+  // the step stretch and its quantiles within 1e4.
   using Set = void (v1::DecodeRates::*)(double);
   for (const auto& [field, set] :
        {std::pair<std::string, Set>{"step_fixed_ms", &v1::DecodeRates::set_step_fixed_ms},
@@ -289,6 +289,10 @@ TEST_F(NodeRegistryTest, LoadReportsOutOfBoundsAreRefusedByName) {
         {"replay_piece_fixed_ms", &v1::DecodeRates::set_replay_piece_fixed_ms},
         {"replay_piece_row_ms", &v1::DecodeRates::set_replay_piece_row_ms},
         {"step_stretch", &v1::DecodeRates::set_step_stretch},
+        {"step_stretch_p10", &v1::DecodeRates::set_step_stretch_p10},
+        {"step_stretch_p50", &v1::DecodeRates::set_step_stretch_p50},
+        {"step_stretch_p90", &v1::DecodeRates::set_step_stretch_p90},
+        {"step_stretch_p99", &v1::DecodeRates::set_step_stretch_p99},
         {"tokens_per_step", &v1::DecodeRates::set_tokens_per_step}}) {
     for (const double bad : {-1.0, std::numeric_limits<double>::quiet_NaN(), 1e12}) {
       v1::RegisterRequest decode = Registration("d1");

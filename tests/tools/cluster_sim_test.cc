@@ -337,7 +337,30 @@ TEST(ClusterSimTest, DecodeStepsGiveEachTokenItsGap) {
   for (size_t i = 0; i < stretched.itl_ms.size(); ++i) {
     EXPECT_NEAR(stretched.itl_ms[i], 2 * batched.itl_ms[i], 1e-9);
   }
+  // A spread given as quantiles: each step draws its factor, so the gaps spread between the
+  // 0.1 and 0.99 quantiles' factors (the same draws in the same order every run).
+  o.decode.step_stretch_quantiles = {0.5, 1, 2, 4};
+  std::vector<ClusterRequest> longer = Workload(1, 1, 0);
+  longer[0].output_len = 400;
   o.decode.step_stretch = 0;
+  o.decode.tokens_per_step = 1;
+  const ClusterResult even = [&] {
+    ClusterOptions plain = o;
+    plain.decode.step_stretch_quantiles = {};
+    return SimulateCluster(longer, plain);
+  }();
+  const ClusterResult spread = SimulateCluster(longer, o);
+  ASSERT_EQ(spread.itl_ms.size(), even.itl_ms.size());
+  std::vector<double> factors;
+  for (size_t i = 0; i < spread.itl_ms.size(); ++i) {
+    factors.push_back(spread.itl_ms[i] / even.itl_ms[i]);
+  }
+  EXPECT_GE(*std::min_element(factors.begin(), factors.end()), 0.5 - 1e-9);
+  EXPECT_LE(*std::max_element(factors.begin(), factors.end()), 4 + 1e-9);
+  EXPECT_NEAR(NearestRank(factors, 50), 1, 0.15);
+  EXPECT_NEAR(NearestRank(factors, 90), 2, 0.3);
+  EXPECT_EQ(SimulateCluster(longer, o).itl_ms, spread.itl_ms);
+  o.decode.step_stretch_quantiles = {};
   // A request of one token is done at its prefill.
   std::vector<ClusterRequest> one = Workload(1, 1, 0);
   const ClusterResult single = SimulateCluster(one, o);
@@ -487,6 +510,10 @@ TEST(ClusterSimTest, MeasuredRatesAreTheMeansOfWhatTheNodesReport) {
       node.mutable_decode()->set_replay_piece_fixed_ms(3);
       node.mutable_decode()->set_replay_piece_row_ms(0.5);
       node.mutable_decode()->set_step_stretch(1.5);
+      node.mutable_decode()->set_step_stretch_p10(0.8);
+      node.mutable_decode()->set_step_stretch_p50(1);
+      node.mutable_decode()->set_step_stretch_p90(1.5);
+      node.mutable_decode()->set_step_stretch_p99(3);
     }
   };
   prefill("a", 2, 10, true);
@@ -501,7 +528,8 @@ TEST(ClusterSimTest, MeasuredRatesAreTheMeansOfWhatTheNodesReport) {
   EXPECT_EQ(a.rates, "compute_ms_per_gflop=3,fixed_ms=10");
   EXPECT_EQ(a.decode_rates,
             "step_fixed_ms=25,step_per_row_ms=1.5,tokens_per_step=1,replay_ms_per_gflop=8,"
-            "replay_piece_fixed_ms=3,replay_piece_row_ms=0.5,step_stretch=1.5");
+            "replay_piece_fixed_ms=3,replay_piece_row_ms=0.5,step_stretch=1.5,"
+            "step_stretch_p10=0.8,step_stretch_p50=1,step_stretch_p90=1.5,step_stretch_p99=3");
   // What the flags take back.
   const absl::StatusOr<kvstore::PrefillRates> rates = ParseRates(a.rates);
   ASSERT_TRUE(rates.ok());
@@ -511,6 +539,7 @@ TEST(ClusterSimTest, MeasuredRatesAreTheMeansOfWhatTheNodesReport) {
   EXPECT_DOUBLE_EQ(decode_rates->replay_ms_per_gflop, 8);
   EXPECT_DOUBLE_EQ(decode_rates->replay_piece_row_ms, 0.5);
   EXPECT_TRUE(decode_rates->replays_in_steps());
+  EXPECT_TRUE(decode_rates->stretch_spread());
   const MeasuredRates all = MeanRates(reply, "");
   EXPECT_EQ(all.prefill_nodes, 3);
   EXPECT_EQ(all.rates, "compute_ms_per_gflop=35.3333,fixed_ms=55");
@@ -628,6 +657,27 @@ TEST(ClusterSimTest, FlagsAreParsedOrRefusedByName) {
   EXPECT_DOUBLE_EQ(ParseDecodeRates("replay_ms_per_gflop=4")->replay_ms_per_gflop, 4);
   EXPECT_THAT(std::string(ParseDecodeRates("replay_ms_per_gflop=-4").status().message()),
               ::testing::HasSubstr("in [0, 1e6]"));
+  // The step stretch's quantiles: all four, in order, or none.
+  const absl::StatusOr<DecodeRates> spread = ParseDecodeRates(
+      "step_stretch_p10=0.8,step_stretch_p50=1,step_stretch_p90=1.5,step_stretch_p99=3");
+  ASSERT_TRUE(spread.ok()) << spread.status();
+  EXPECT_TRUE(spread->stretch_spread());
+  EXPECT_DOUBLE_EQ(spread->step_stretch_quantiles[3], 3);
+  EXPECT_FALSE(ParseDecodeRates("step_stretch=1.2")->stretch_spread());
+  for (const char* bad : {"step_stretch_p50=1",
+                          "step_stretch_p10=0.8,step_stretch_p50=1,"
+                          "step_stretch_p90=0.9,step_stretch_p99=3"}) {
+    EXPECT_THAT(std::string(ParseDecodeRates(bad).status().message()),
+                ::testing::HasSubstr("go together, each > 0 and none below the one before"))
+        << bad;
+  }
+  // Between the quantiles the factor is linear; below 0.1 and above 0.99 it is theirs.
+  const std::array<double, 4> q = {0.5, 1, 2, 4};
+  EXPECT_DOUBLE_EQ(StretchAt(q, 0), 0.5);
+  EXPECT_DOUBLE_EQ(StretchAt(q, 0.3), 0.75);
+  EXPECT_DOUBLE_EQ(StretchAt(q, 0.5), 1);
+  EXPECT_DOUBLE_EQ(StretchAt(q, 0.7), 1.5);
+  EXPECT_DOUBLE_EQ(StretchAt(q, 0.999), 4);
 }
 
 }  // namespace

@@ -255,6 +255,18 @@ std::vector<ClusterRequest> ClusterRequestsFromTrace(const std::vector<TraceRequ
   return cluster;
 }
 
+double StretchAt(const std::array<double, 4>& quantiles, double u) {
+  constexpr std::array<double, 4> kAt = {0.1, 0.5, 0.9, 0.99};
+  if (u <= kAt[0]) return quantiles[0];
+  for (size_t i = 1; i < kAt.size(); ++i) {
+    if (u <= kAt[i]) {
+      const double t = (u - kAt[i - 1]) / (kAt[i] - kAt[i - 1]);
+      return quantiles[i - 1] + t * (quantiles[i] - quantiles[i - 1]);
+    }
+  }
+  return quantiles.back();
+}
+
 absl::StatusOr<DecodeRates> ParseDecodeRates(absl::string_view text) {
   DecodeRates rates;
   if (text.empty()) return rates;
@@ -268,13 +280,18 @@ absl::StatusOr<DecodeRates> ParseDecodeRates(absl::string_view text) {
                     : kv.first == "replay_piece_fixed_ms" ? &rates.replay_piece_fixed_ms
                     : kv.first == "replay_piece_row_ms"   ? &rates.replay_piece_row_ms
                     : kv.first == "step_stretch"          ? &rates.step_stretch
+                    : kv.first == "step_stretch_p10"      ? &rates.step_stretch_quantiles[0]
+                    : kv.first == "step_stretch_p50"      ? &rates.step_stretch_quantiles[1]
+                    : kv.first == "step_stretch_p90"      ? &rates.step_stretch_quantiles[2]
+                    : kv.first == "step_stretch_p99"      ? &rates.step_stretch_quantiles[3]
                                                           : nullptr;
     if (field == nullptr) {
       return absl::InvalidArgumentError(
           absl::StrCat("--decode-rates: '", kv.first,
                        "' is unknown; allowed: step_fixed_ms, step_per_row_ms, tokens_per_step, "
                        "replay_ms_per_gflop, replay_piece_fixed_ms, replay_piece_row_ms, "
-                       "step_stretch"));
+                       "step_stretch, step_stretch_p10, step_stretch_p50, step_stretch_p90, "
+                       "step_stretch_p99"));
     }
     const double least = field == &rates.tokens_per_step ? 1 : 0;
     if (!absl::SimpleAtod(kv.second, &value) || !std::isfinite(value) || value < least ||
@@ -283,6 +300,15 @@ absl::StatusOr<DecodeRates> ParseDecodeRates(absl::string_view text) {
           absl::StrCat("--decode-rates: '", item, "' needs a finite value in [", least, ", 1e6]"));
     }
     *field = value;
+  }
+  // The quantiles come together, in order, or not at all.
+  const std::array<double, 4>& q = rates.step_stretch_quantiles;
+  const bool any = std::any_of(q.begin(), q.end(), [](double v) { return v > 0; });
+  if (any && !(q[0] > 0 && q[0] <= q[1] && q[1] <= q[2] && q[2] <= q[3])) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--decode-rates: step_stretch_p10, step_stretch_p50, step_stretch_p90 and "
+        "step_stretch_p99 go together, each > 0 and none below the one before (given: ",
+        absl::StrJoin(q, ", "), ")"));
   }
   return rates;
 }
@@ -324,7 +350,8 @@ MeasuredRates MeanRates(const v1::ListRatesResponse& reply, absl::string_view mo
   std::vector<std::pair<std::string, std::pair<double, int64_t>>> decode = {
       {"step_fixed_ms", {}},       {"step_per_row_ms", {}},       {"tokens_per_step", {}},
       {"replay_ms_per_gflop", {}}, {"replay_piece_fixed_ms", {}}, {"replay_piece_row_ms", {}},
-      {"step_stretch", {}}};
+      {"step_stretch", {}},        {"step_stretch_p10", {}},      {"step_stretch_p50", {}},
+      {"step_stretch_p90", {}},    {"step_stretch_p99", {}}};
   auto add = [](std::pair<double, int64_t>& sum, double value) {
     if (value > 0 && std::isfinite(value)) {
       sum.first += value;
@@ -343,11 +370,12 @@ MeasuredRates MeanRates(const v1::ListRatesResponse& reply, absl::string_view mo
     } else if (node.role() == "decode") {
       ++measured.decode_nodes;
       const v1::DecodeRates& r = node.decode();
-      const double values[7] = {r.step_fixed_ms(),         r.step_per_row_ms(),
-                                r.tokens_per_step(),       r.replay_ms_per_gflop(),
-                                r.replay_piece_fixed_ms(), r.replay_piece_row_ms(),
-                                r.step_stretch()};
-      for (size_t i = 0; i < 7; ++i) add(decode[i].second, values[i]);
+      const double values[11] = {
+          r.step_fixed_ms(),       r.step_per_row_ms(),       r.tokens_per_step(),
+          r.replay_ms_per_gflop(), r.replay_piece_fixed_ms(), r.replay_piece_row_ms(),
+          r.step_stretch(),        r.step_stretch_p10(),      r.step_stretch_p50(),
+          r.step_stretch_p90(),    r.step_stretch_p99()};
+      for (size_t i = 0; i < 11; ++i) add(decode[i].second, values[i]);
     }
   }
   auto join = [](const auto& sums) {

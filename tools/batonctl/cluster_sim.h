@@ -41,6 +41,7 @@
 // Pure; safe from any thread.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -117,13 +118,24 @@ struct DecodeRates {
   // what shared cores and the steps' spread add); each simulated step takes this times its
   // priced time. 0: 1, the fits as they are.
   double step_stretch = 0;
+  // The spread of those steps (baton_decode_step_stretch_quantile: quantiles 0.1, 0.5, 0.9
+  // and 0.99 of each step's time over its price). Given (all > 0), each simulated step takes
+  // a factor drawn from them (StretchAt, seeded: a simulation stays a pure function of its
+  // input) instead of step_stretch.
+  std::array<double, 4> step_stretch_quantiles{};
   double stretch() const { return step_stretch > 0 ? step_stretch : 1; }
+  bool stretch_spread() const { return step_stretch_quantiles[0] > 0; }
   bool replays_in_steps() const {
     return replay_ms_per_gflop > 0 && (replay_piece_fixed_ms > 0 || replay_piece_row_ms > 0);
   }
 };
+// The step factor at probability u in [0, 1) of the quantiles (0.1, 0.5, 0.9, 0.99): linear
+// between them, the 0.1 quantile below 0.1 and the 0.99 one above 0.99.
+double StretchAt(const std::array<double, 4>& quantiles, double u);
+
 // "name=value,..." over the DecodeRates fields; each finite, step times and the replay rates
-// >= 0 and tokens_per_step >= 1. Names --decode-rates in its errors.
+// >= 0 and tokens_per_step >= 1; the step_stretch quantiles all or none, in order. Names
+// --decode-rates in its errors.
 absl::StatusOr<DecodeRates> ParseDecodeRates(absl::string_view text);
 
 // The means of what a cluster's nodes measured, as the router's registry holds them

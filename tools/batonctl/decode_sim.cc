@@ -118,7 +118,12 @@ void DecodeFleet::Step(size_t n, double now) {
     node.step_ms +=
         replay_costs_.PieceSeconds({.prompt_len = g.replay.prompt_len, .rows = piece.rows}) * 1e3;
   }
-  node.step_ms *= options_.decode.stretch();
+  if (options_.decode.stretch_spread()) {
+    const double u = static_cast<double>(rng_() >> 11) * 0x1.0p-53;  // [0, 1)
+    node.step_ms *= StretchAt(options_.decode.step_stretch_quantiles, u);
+  } else {
+    node.step_ms *= options_.decode.stretch();
+  }
   node.pieces = plan.replay;
   node.stepping = true;
   step_ends_(now + node.step_ms, n);

@@ -12,6 +12,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <random>
 #include <vector>
 
 #include "baton/decode_node/decode_step.h"
@@ -81,6 +82,9 @@ class DecodeFleet {
   decode_node::DraftCosts costs_;
   decode_node::ReplayCosts replay_costs_;
   decode_node::Generation decoding_;  // what PlanStep reads of a decoding request (no drafts)
+  // Draws each step's factor from the reported spread (DecodeRates::step_stretch_quantiles),
+  // in the order the steps begin; fixed seed: the same input simulates the same.
+  std::mt19937_64 rng_{0x5eed};
 };
 
 }  // namespace baton::tools

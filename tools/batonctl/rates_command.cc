@@ -65,6 +65,10 @@ int RunRates(const RatesOptions& o) {
                     {"replay_piece_fixed_ms", r.replay_piece_fixed_ms()},
                     {"replay_piece_row_ms", r.replay_piece_row_ms()},
                     {"step_stretch", r.step_stretch()},
+                    {"step_stretch_p10", r.step_stretch_p10()},
+                    {"step_stretch_p50", r.step_stretch_p50()},
+                    {"step_stretch_p90", r.step_stretch_p90()},
+                    {"step_stretch_p99", r.step_stretch_p99()},
                     {"replay_samples", r.replay_samples()}});
     }
     nodes.push_back(std::move(entry));

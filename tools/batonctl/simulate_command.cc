@@ -806,7 +806,10 @@ Command AddSimulateCommand(CLI::App& app) {
                       "default 20, 1, 1; replay_ms_per_gflop > 0 replays on decode at that rate "
                       "(default 0: prefill-all), in the decode steps with replay_piece_fixed_ms "
                       "and replay_piece_row_ms (baton_decode_replay_piece_cost_ms), else as a "
-                      "delay; step_stretch (baton_decode_step_stretch) multiplies each step. "
+                      "delay; step_stretch (baton_decode_step_stretch) multiplies each step, "
+                      "or step_stretch_p10, _p50, _p90 and _p99 together "
+                      "(baton_decode_step_stretch_quantile) give each step a factor drawn "
+                      "from them. "
                       "`batonctl rates --addr ROUTER` gives a running cluster's");
   AddDecodeStepFlags(*command, o->decode_step);
   command->add_option("--max-output-tokens", o->max_output_tokens,

@@ -116,6 +116,8 @@ class DecodeService final : public v1::DecodeNode::Service {
 
  private:
   void DecodeLoop();
+  // The step log's summary as the node reports it, and its metrics; caller holds mutex_.
+  void Publish();
   // One step: `plan`, made under `lock` over the requests `held`, run unlocked and settled;
   // returns with the lock held again.
   void RunStep(std::vector<std::shared_ptr<Request>>& held, const DecodePlan& plan,
@@ -132,12 +134,11 @@ class DecodeService final : public v1::DecodeNode::Service {
   void ProposeDrafts(std::span<DraftJob> jobs);
   // A decoding request's verdict applied (SettleDecode) and counted; caller holds mutex_.
   void SettleRequest(Request& r, int64_t drafts, const model::Verdict& verdict);
-  // A step's time (its engine run, and the whole step with its drafting) over its `requests`
-  // decoding with `decode_rows` rows and its replay pieces, folded into the fits the planner
-  // and the router price with, and the step's whole time against what the reported fits price
-  // it at (StepStretch).
+  // A step's engine time over its `requests` decoding with `decode_rows` rows and its replay
+  // pieces, folded into the fits the planner prices with; its work kept for the step log
+  // (logged_rows_, logged_pieces_).
   void MeasureStep(int64_t requests, int64_t decode_rows, std::span<const ReplayPiece> pieces,
-                   double target_seconds, double step_seconds);
+                   double target_seconds);
   void Erase(const std::string& id);  // caller holds mutex_
   // The reservation `id` when `caller` (the peer's certificate identity) is its `role` owner
   // (see Request); nullptr when it is absent or another identity's. Caller holds mutex_.
@@ -220,14 +221,13 @@ class DecodeService final : public v1::DecodeNode::Service {
   double replay_gflop_sum_ = 0;
   uint32_t replay_samples_ = 0;
   double tokens_per_step_ = 0;
-  // The step-cost fit as last published by the decode loop (0 until fitted).
-  std::atomic<double> step_fixed_ms_{0};
-  std::atomic<double> step_per_row_ms_{0};
-  // A replay piece's cost fit at 1,024 positions as last published (0 until fitted).
-  std::atomic<double> replay_piece_fixed_ms_{0};
-  std::atomic<double> replay_piece_row_ms_{0};
-  StepStretch stretch_;                  // the decode thread's own
-  std::atomic<double> step_stretch_{0};  // as last published (0 until priced)
+  // The last step's work, set by RunStep on the decode thread (-1 rows: it failed).
+  int64_t logged_rows_ = -1;
+  std::vector<PieceSize> logged_pieces_;
+  // Each step's whole turn of the loop (under mutex_), and what the node reports of it
+  // (LoadReport.decode_rates), summarised by the decode loop under mutex_ (Publish).
+  StepLog step_log_;
+  StepLog::Summary reported_;
   std::atomic<bool> stepping_{false};  // the decode loop has a batch (the watchdog's "work")
   std::unique_ptr<Watchdog> watchdog_;
   std::unique_ptr<StreamWatch> idle_watch_;

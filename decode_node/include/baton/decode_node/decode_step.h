@@ -12,6 +12,7 @@
 // so tests/decode_node/decode_step_test.cc checks them as properties.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <map>
 #include <set>
@@ -124,22 +125,57 @@ double StreamsSeconds(const DraftCosts& costs, const ReplayCosts& replay_costs, 
 void FoldStepTime(DraftCosts& costs, ReplayCosts& replay_costs, int64_t requests,
                   int64_t decode_rows, std::span<const PieceSize> pieces, double seconds);
 
-// A step's time as the node reports its costs (DecodeRates): the streams' rows at the
-// step-cost fit over all steps, and each piece at the per-position replay fit; 0 while a fit
-// it needs is not ready. What the cluster simulation prices the same step at.
-double ReportedStepSeconds(const DraftCosts& costs, const ReplayCosts& replay_costs,
-                           int64_t decode_rows, std::span<const PieceSize> pieces);
+// The node's recent steps, as it reports its costs for the cluster simulation (DecodeRates):
+// what a simulated step of the same work should take, and how the node's steps spread about
+// that. A step's time here is its whole turn of the decode loop (plan, run, settle: the gap its
+// streams see between tokens), so what shares the node's cores (other nodes' prefills on the
+// same host) and the loop's own work are in it.
+//
+// Its costs come from its last kSteps steps alone, fitted at once by least squares: the
+// planner's own fits (DraftCosts, ReplayCosts) follow the last few dozen steps, which is what
+// a budget needs and not what a simulation of minutes of traffic should price with (a window of
+// steps of one or two rows fits any slope).
+class StepLog {
+ public:
+  static constexpr size_t kSteps = 4096;
+  // The probabilities of the reported quantiles of a step's time over its priced time.
+  static constexpr std::array<double, 4> kQuantiles = {0.1, 0.5, 0.9, 0.99};
 
-// How much longer the node's steps took than its reported costs price them (DecodeRates's
-// step_stretch): the sums of both over its recent steps (a step's weight halves over about
-// 140 steps), so a step of twice the time counts twice. It carries what the fits' medians
-// leave out: the steps slowed by what shares the node's cores (other nodes' prefills on the
-// same host) and the spread between steps.
-struct StepStretch {
-  double measured = 0;
-  double priced = 0;
-  void Add(double measured_seconds, double priced_seconds);
-  double value() const { return priced > 0 ? measured / priced : 0; }  // 0: none priced yet
+  void Add(int64_t decode_rows, std::span<const PieceSize> pieces, double seconds);
+  size_t size() const { return steps_.size(); }
+
+  struct Summary {
+    // The decode rows' line (seconds): least squares over the steps without replay, each term
+    // at least 0; `fallback` (the planner's fit) while fewer than kFewest such steps differ
+    // in rows (its slope) or are logged at all (both terms). ready: priced by either.
+    bool line_ready = false;
+    double fixed = 0, per_row = 0;
+    // A replay piece over a prompt of L positions costs L x (piece_fixed + piece_row x rows):
+    // least squares over the steps with replay, less their rows' line; `replay_fallback`'s
+    // per-position fit while fewer than kFewest such steps are logged.
+    bool pieces_ready = false;
+    double piece_fixed = 0, piece_row = 0;
+    // Over the steps these price: the sum of their times over the sum of their prices (0: none
+    // priced), and kQuantiles of each step's time over its price, each step weighted by its
+    // price (a short step stalled by a neighbour counts as little as it weighs).
+    double stretch = 0;
+    std::array<double, 4> quantiles{};
+    // A step of `decode_rows` rows and `pieces` at these costs (0 when a term it needs is not
+    // ready).
+    double Price(int64_t decode_rows, std::span<const PieceSize> pieces) const;
+  };
+  static constexpr size_t kFewest = 8;
+  Summary Summarize(const CostFit& fallback, const CostFit& replay_fallback) const;
+
+ private:
+  struct Step {
+    double rows = 0;
+    double positions = 0;      // sum of the pieces' prompt lengths
+    double row_positions = 0;  // sum of their prompt lengths x rows
+    double seconds = 0;
+  };
+  std::vector<Step> steps_;  // a ring of kSteps
+  size_t next_ = 0;
 };
 
 // What one step may do (DecodeOptions).
