@@ -360,6 +360,19 @@ TEST(ClusterSimTest, DecodeStepsGiveEachTokenItsGap) {
   EXPECT_NEAR(NearestRank(factors, 50), 1, 0.15);
   EXPECT_NEAR(NearestRank(factors, 90), 2, 0.3);
   EXPECT_EQ(SimulateCluster(longer, o).itl_ms, spread.itl_ms);
+  // With the node's mean stretch too, the drawn factors keep the spread's shape and average
+  // to it.
+  o.decode.step_stretch = 1.2;
+  const ClusterResult scaled = SimulateCluster(longer, o);
+  ASSERT_EQ(scaled.itl_ms.size(), even.itl_ms.size());
+  double sum = 0;
+  for (size_t i = 0; i < scaled.itl_ms.size(); ++i) {
+    const double factor = scaled.itl_ms[i] / even.itl_ms[i];
+    EXPECT_NEAR(factor / factors[i], 1.2 / StretchMean(o.decode.step_stretch_quantiles), 1e-9);
+    sum += factor;
+  }
+  EXPECT_NEAR(sum / static_cast<double>(scaled.itl_ms.size()), 1.2, 0.12);
+  o.decode.step_stretch = 0;
   o.decode.step_stretch_quantiles = {};
   // A request of one token is done at its prefill.
   std::vector<ClusterRequest> one = Workload(1, 1, 0);
@@ -678,6 +691,9 @@ TEST(ClusterSimTest, FlagsAreParsedOrRefusedByName) {
   EXPECT_DOUBLE_EQ(StretchAt(q, 0.5), 1);
   EXPECT_DOUBLE_EQ(StretchAt(q, 0.7), 1.5);
   EXPECT_DOUBLE_EQ(StretchAt(q, 0.999), 4);
+  double integral = 0;
+  for (int i = 0; i < 100000; ++i) integral += StretchAt(q, (i + 0.5) / 100000);
+  EXPECT_NEAR(StretchMean(q), integral / 100000, 1e-6);
 }
 
 }  // namespace

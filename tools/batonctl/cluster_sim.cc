@@ -267,6 +267,12 @@ double StretchAt(const std::array<double, 4>& quantiles, double u) {
   return quantiles.back();
 }
 
+double StretchMean(const std::array<double, 4>& q) {
+  // The areas under StretchAt: flat to 0.1, trapezoids between the quantiles, flat from 0.99.
+  return 0.1 * q[0] + 0.4 * (q[0] + q[1]) / 2 + 0.4 * (q[1] + q[2]) / 2 + 0.09 * (q[2] + q[3]) / 2 +
+         0.01 * q[3];
+}
+
 absl::StatusOr<DecodeRates> ParseDecodeRates(absl::string_view text) {
   DecodeRates rates;
   if (text.empty()) return rates;

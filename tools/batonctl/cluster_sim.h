@@ -121,7 +121,9 @@ struct DecodeRates {
   // The spread of those steps (baton_decode_step_stretch_quantile: quantiles 0.1, 0.5, 0.9
   // and 0.99 of each step's time over its price). Given (all > 0), each simulated step takes
   // a factor drawn from them (StretchAt, seeded: a simulation stays a pure function of its
-  // input) instead of step_stretch.
+  // input), scaled so that their mean is step_stretch when that is given (the node's time
+  // over its price in all: the spread shapes the steps, the stretch keeps the node's
+  // throughput).
   std::array<double, 4> step_stretch_quantiles{};
   double stretch() const { return step_stretch > 0 ? step_stretch : 1; }
   bool stretch_spread() const { return step_stretch_quantiles[0] > 0; }
@@ -132,6 +134,8 @@ struct DecodeRates {
 // The step factor at probability u in [0, 1) of the quantiles (0.1, 0.5, 0.9, 0.99): linear
 // between them, the 0.1 quantile below 0.1 and the 0.99 one above 0.99.
 double StretchAt(const std::array<double, 4>& quantiles, double u);
+// The mean of StretchAt over u in [0, 1).
+double StretchMean(const std::array<double, 4>& quantiles);
 
 // "name=value,..." over the DecodeRates fields; each finite, step times and the replay rates
 // >= 0 and tokens_per_step >= 1; the step_stretch quantiles all or none, in order. Names

@@ -29,6 +29,10 @@ DecodeFleet::DecodeFleet(const std::vector<ClusterRequest>& requests, const Clus
   // positions, per position).
   costs_.target = decode_node::CostFit::Line(options.decode.step_fixed_ms / 1e3,
                                              options.decode.step_per_row_ms / 1e3);
+  if (options.decode.stretch_spread() && options.decode.step_stretch > 0) {
+    spread_scale_ =
+        options.decode.step_stretch / StretchMean(options.decode.step_stretch_quantiles);
+  }
   replay_costs_ = decode_node::ReplayCosts::Proportional(
       options.decode.replay_piece_fixed_ms / 1024e3, options.decode.replay_piece_row_ms / 1024e3);
 }
@@ -120,7 +124,7 @@ void DecodeFleet::Step(size_t n, double now) {
   }
   if (options_.decode.stretch_spread()) {
     const double u = static_cast<double>(rng_() >> 11) * 0x1.0p-53;  // [0, 1)
-    node.step_ms *= StretchAt(options_.decode.step_stretch_quantiles, u);
+    node.step_ms *= spread_scale_ * StretchAt(options_.decode.step_stretch_quantiles, u);
   } else {
     node.step_ms *= options_.decode.stretch();
   }

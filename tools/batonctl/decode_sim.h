@@ -85,6 +85,7 @@ class DecodeFleet {
   // Draws each step's factor from the reported spread (DecodeRates::step_stretch_quantiles),
   // in the order the steps begin; fixed seed: the same input simulates the same.
   std::mt19937_64 rng_{0x5eed};
+  double spread_scale_ = 1;  // the drawn factors' mean is step_stretch, when that is given
 };
 
 }  // namespace baton::tools
