@@ -229,15 +229,20 @@ PrefillService::PrefixLoad PrefillService::LoadPrefix(
 }
 
 void PrefillService::Observe(const Observed& o) {
-  // Moving averages: the first sample sets a rate, each later one moves it a fifth of the way.
+  // Moving averages over about the last 20 prefills (a sample's weight halves over 14): one
+  // prefill's times swing with whatever shares the node's cores, and over the last 5 (the
+  // horizon before) the fixed cost alone varied 43 to 108 ms between runs of one workload, so
+  // the router's prices and a capacity plan made from them (`batonctl rates`) followed the
+  // last few requests rather than the node. The first sample sets a rate.
+  constexpr double kKeep = 0.95;
   auto fold = [](double& rate, double sample) {
-    rate = rate <= 0 ? sample : 0.8 * rate + 0.2 * sample;
+    rate = rate <= 0 ? sample : kKeep * rate + (1 - kKeep) * sample;
   };
   // A rate per unit of work is a ratio of moving sums, weighted by the work: a small prefill
   // (whose fixed costs per chunk dominate) moves it as little as it weighs.
   auto weigh = [](RateSums& sums, double ms, double units) {
-    sums.ms = 0.8 * sums.ms + ms;
-    sums.units = 0.8 * sums.units + units;
+    sums.ms = kKeep * sums.ms + ms;
+    sums.units = kKeep * sums.units + units;
     return sums.ms / sums.units;
   };
   const kvstore::PrefillWork work =
