@@ -388,7 +388,8 @@ void NodeRegistry::UpdateLocked(const std::string& identity, const std::string& 
   } else {
     *node->info.mutable_load() = request.load();
     node->NoteLoad(request.load());
-    node->pending_at_report_ms = node->pending_ms;
+    node->pending_at_report_ms = node->pending_ms + node->ended_since_report_ms;
+    node->ended_since_report_ms = 0;
     node->info.set_weight_bytes(request.weight_bytes());
     node->info.set_build_version(request.build_version());
     if (request.draining() && !node->draining) {
@@ -695,6 +696,7 @@ void NodeRegistry::PrefillDone(RegisteredNode& node, double predicted_ms) {
     std::lock_guard<std::mutex> lock(mutex_);
     --node.prefilling;
     node.pending_ms = node.prefilling == 0 ? 0 : std::max(0.0, node.pending_ms - predicted_ms);
+    node.ended_since_report_ms += predicted_ms;
   }
   if (on_change_) on_change_();
 }

@@ -262,6 +262,19 @@ TEST_F(NodeRegistryTest, APrefillNodesSlotsAndQueueAreSharedWithTheOtherRouters)
   ASSERT_TRUE(Registry().RegisterFrom(kPrefillRole, prefill).ok());
   ASSERT_EQ(choose().open.size(), 1u);
   EXPECT_DOUBLE_EQ(choose().open[0].pending_ms, 0);
+  // A heartbeat made while this router's prefill ran can arrive after its answer: the work it
+  // reports is that prefill's, not a queue (else the node looks busy until its next report).
+  NodeLease third = Registry().TakePrefillSlot(choose().open[0].node, 400);
+  Registry().PrefillDone(*third.node(), 400);
+  third.Reset();
+  prefill.mutable_load()->set_prefill_work_ms(400);
+  ASSERT_TRUE(Registry().RegisterFrom(kPrefillRole, prefill).ok());
+  ASSERT_EQ(choose().open.size(), 1u);
+  EXPECT_DOUBLE_EQ(choose().open[0].pending_ms, 0);
+  // The next report of the same work is another router's.
+  ASSERT_TRUE(Registry().RegisterFrom(kPrefillRole, prefill).ok());
+  ASSERT_EQ(choose().open.size(), 1u);
+  EXPECT_DOUBLE_EQ(choose().open[0].pending_ms, 400);
 }
 
 // What a node's load report says is bounded: its predicted work and its count of routers.

@@ -80,9 +80,13 @@ struct RegisteredNode {
   std::chrono::steady_clock::time_point last_seen;  // the epoch once marked down
   int64_t prefilling = 0;  // of `inflight`, prefills not yet answered (prefill nodes)
   double pending_ms = 0;   // the predicted service time of those prefills (their queue)
-  // pending_ms when the node's last heartbeat arrived: what of its reported prefill_work_ms
-  // was this router's (kvstore::QueueAhead).
+  // What of its last reported prefill_work_ms was this router's (kvstore::QueueAhead):
+  // pending_ms when the heartbeat arrived, and the predicted service of this router's prefills
+  // that ended since the heartbeat before (a report made while one of them ran can arrive after
+  // its answer; counted as the node's own queue it would price phantom work there until the
+  // next heartbeat).
   double pending_at_report_ms = 0;
+  double ended_since_report_ms = 0;
   size_t model = 0;             // its index in the served models (prefill and decode nodes)
   bool draining = false;        // its last registration said so: it gets no new request
   bool producers_only = false;  // info.held_layers() is HELD_LAYERS_PRODUCERS, fixed with it
