@@ -6,6 +6,8 @@
 #include <atomic>
 #include <memory>
 
+#include "baton/common/options.h"
+
 namespace baton::log {
 namespace {
 
@@ -62,9 +64,9 @@ void Emit(spdlog::level::level_enum level, absl::string_view event, const TraceI
 
 void AddLogFlags(CLI::App& app, LogOptions& options) {
   app.add_option("--log-format", options.format, "Log lines as text or json")
-      ->check(CLI::IsMember({"text", "json"}));
+      ->check(baton::OneOf({"text", "json"}));
   app.add_option("--log-level", options.level, "Least severe events logged")
-      ->check(CLI::IsMember({"debug", "info", "warn", "error"}));
+      ->check(baton::OneOf({"debug", "info", "warn", "error"}));
 }
 
 void Init(const std::string& binary, const LogOptions& options) {

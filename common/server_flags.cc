@@ -5,6 +5,7 @@
 #include "baton/common/cert_expiry.h"
 #include "baton/common/config_file.h"
 #include "baton/common/model_files.h"
+#include "baton/common/options.h"
 #include "baton/common/stream_watch.h"
 
 namespace baton {
@@ -14,7 +15,7 @@ void AddServerFlags(CLI::App& app, ServerFlags& flags) {
   app.add_option("--host", server.host,
                  "IP to listen on (default 127.0.0.1; \"::\" every address, IPv4 and IPv6; "
                  "0.0.0.0 every IPv4 one)");
-  app.add_option("--port", server.port, "Port (0: any free port)")->check(CLI::Range(0, 65535));
+  app.add_option("--port", server.port, "Port (0: any free port)")->check(baton::InRange(0, 65535));
   app.add_option("--advertise-host", server.advertise_host,
                  "Host other nodes reach this one at (default: --host)");
   app.add_option("--ready-file", server.ready_file,
@@ -24,21 +25,21 @@ void AddServerFlags(CLI::App& app, ServerFlags& flags) {
                  "Address of the Prometheus endpoint (default: --host)");
   app.add_option("--metrics-port", server.metrics_port,
                  "Port of http://host:port/metrics (0: any free port, -1: no metrics)")
-      ->check(CLI::Range(-1, 65535));
+      ->check(baton::InRange(-1, 65535));
   app.add_option("--metrics-ready-file", server.metrics_ready_file,
                  "Write the metrics host:port here once serving");
   app.add_option("--health-port", server.health_port,
                  "Plaintext port serving grpc.health.v1 alone, for kubelet probes (-1: none, 0: "
                  "any free port)")
-      ->check(CLI::Range(-1, 65535));
+      ->check(baton::InRange(-1, 65535));
   app.add_option("--health-ready-file", server.health_ready_file,
                  "Write the health host:port here once serving");
   app.add_option("--max-rpc-threads", server.max_rpc_threads,
                  "Calls a server serves at once; more are refused with RESOURCE_EXHAUSTED")
-      ->check(CLI::Range(4, 1 << 16));
+      ->check(baton::InRange(4, 1 << 16));
   app.add_option("--rpc-memory-bytes", server.rpc_memory_bytes,
                  "Buffer memory of a server's calls (gRPC resource quota)")
-      ->check(CLI::Range(int64_t{16} << 20, int64_t{1} << 40));
+      ->check(baton::InRange(int64_t{16} << 20, int64_t{1} << 40));
   app.add_option_function<std::string>(
          "--drain-timeout",
          [&server](const std::string& text) {
@@ -56,7 +57,7 @@ void AddServerFlags(CLI::App& app, ServerFlags& flags) {
          [&server](int64_t ms) { server.router_resolve_interval = std::chrono::milliseconds(ms); },
          "Nodes: resolve the --router names again this often, in the background (heartbeats "
          "use the latest answer and never wait on DNS; default 5000)")
-      ->check(CLI::Range(int64_t{100}, int64_t{600000}))
+      ->check(baton::InRange(int64_t{500}, int64_t{600000}))
       ->default_str("5000");
   AddModelFileFlag(app, flags.model_files);
   log::AddLogFlags(app, flags.log);
@@ -68,7 +69,18 @@ std::optional<int> ParseServerFlags(CLI::App& app, int argc, char** argv, const 
   bool check_only = false;
   app.add_flag("--check-config", check_only,
                "Check the flags and the config file, print the settings they give, and exit");
+  bool print_options = false;  // read from argv before parsing, below
+  app.add_flag("--print-options", print_options,
+               "Print this binary's options (name, type, default, range or allowed values, help; "
+               "each name is also its config-file key) as JSON, and exit");
   AddConfigFile(app, section, argc, argv);
+  // Before parsing: the table needs no --model or other required flag.
+  for (int i = 1; i < argc; ++i) {
+    if (std::string_view(argv[i]) == "--print-options") {
+      std::cout << DescribeOptions(app, binary, section) << "\n";
+      return 0;
+    }
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

@@ -4,6 +4,7 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
+#include "baton/common/options.h"
 #include "baton/common/stream_watch.h"
 #include "baton/decode_node/decode_service.h"
 #include "baton/decode_node/state_pool.h"
@@ -16,30 +17,30 @@ namespace {
 // The flags that set DecodeOptions, in --help's order.
 void AddDecodeFlags(CLI::App& app, baton::decode_node::DecodeOptions& options) {
   app.add_option("--slots", options.slots, "State slots (concurrent requests)")
-      ->check(CLI::Range(1, 1 << 20));
+      ->check(baton::InRange(1, 1 << 20));
   app.add_option("--pages", options.pages, "Block-KV pages in the pool")
-      ->check(CLI::Range(1, 1 << 24));
+      ->check(baton::InRange(1, 1 << 24));
   app.add_option("--replay-rows-per-step", options.replay_rows_per_step,
                  "Replay-on-decode: boundary rows of arriving prompts replayed per decode step "
                  "while streams are decoding (default 8; a step with none decoding takes up to "
                  "512)")
-      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+      ->check(baton::InRange(int64_t{1}, int64_t{1} << 20));
   app.add_option("--replay-step-budget", options.replay_step_budget,
                  "Replay-on-decode: the share of the decoding streams' step time that a step's "
                  "replay rows may add, priced at the replay piece costs this node measures "
                  "(default 1: a step at most twice the streams' own; 0.5 for 1.5x), within "
                  "--replay-rows-per-step and at least a row a step; 0: the row bound alone")
-      ->check(CLI::Range(0.0, 100.0));
+      ->check(baton::InRange(0.0, 100.0));
   app.add_option("--draft-rows-per-step", options.draft_rows_per_step,
                  "Speculative decoding with a draft model: prompt rows the draft model takes in "
                  "per decode step, over all requests (default 64); a longer prompt is taken in "
                  "over several steps and drafts once it has caught up")
-      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+      ->check(baton::InRange(int64_t{1}, int64_t{1} << 20));
   app.add_option("--max-batch", options.max_batch, "Requests per decode step")
-      ->check(CLI::Range(1, 1 << 16));
+      ->check(baton::InRange(1, 1 << 16));
   app.add_option("--max-waiting", options.max_waiting,
                  "Reservations that may wait for memory before RESOURCE_EXHAUSTED")
-      ->check(CLI::Range(0, 1 << 20));
+      ->check(baton::InRange(0, 1 << 20));
   app.add_flag("--ucx-peer-errors", options.ucx_peer_errors,
                "UCX endpoints with peer error handling: a dead prefill node fails its transfer "
                "instead of this process (network transports only: UCX 1.13 cannot use shared "
@@ -47,10 +48,10 @@ void AddDecodeFlags(CLI::App& app, baton::decode_node::DecodeOptions& options) {
   app.add_option("--watchdog-ms", options.watchdog_ms,
                  "Liveness turns NOT_SERVING when the decode loop has not advanced for this long "
                  "while it has requests (default 30000)")
-      ->check(CLI::Range(int64_t{10}, int64_t{3600000}));
+      ->check(baton::InRange(int64_t{10}, int64_t{3600000}));
   app.add_option("--inject-step-stall-ms", options.inject_step_stall_ms,
                  "Tests: sleep this long before each decode step (a wedged worker)")
-      ->check(CLI::Range(int64_t{0}, int64_t{3600000}));
+      ->check(baton::InRange(int64_t{0}, int64_t{3600000}));
   app.add_flag("--poison-freed-memory", options.poison_freed_memory,
                "Fill freed pool memory with a poison pattern and count writes into it "
                "(baton_pool_poison_violations; for tests and debugging). It watches the host "
@@ -83,11 +84,12 @@ void AddDecodeTextFlags(CLI::App& app, DecodeFlagText& text) {
   app.add_option("--speculative-tokens", text.speculative_tokens,
                  "Tokens drafted per step at most, adapted per request to its acceptance (0: the "
                  "model's max_backtrack, which is also the most allowed)")
-      ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
+      ->check(baton::InRange(int64_t{0}, int64_t{1} << 20));
   app.add_option("--speculative-policy", text.speculative_policy,
                  "cost: a request drafts as many tokens as pay for themselves at the step and "
                  "draft costs this node measures, none when none do (the default); acceptance: "
-                 "it always drafts, as many as its recent acceptance suggests");
+                 "it always drafts, as many as its recent acceptance suggests")
+      ->check(baton::OneOf({"cost", "acceptance"}));
 }
 
 // The text flags and the node's into `options`, against the loaded model; an error names the
@@ -129,6 +131,7 @@ absl::Status ResolveDecodeOptions(const DecodeFlagText& text, const baton::node:
 int main(int argc, char** argv) {
   baton::BlockShutdownSignals();
   CLI::App app{"baton-decode: decode node"};
+  baton::CaptureDefaults(app);
   baton::node::NodeFlags flags{.node_id = "decode"};
   baton::node::AddNodeFlags(app, flags);
   baton::decode_node::DecodeOptions options;

@@ -1,6 +1,7 @@
 // baton-kvstore: the prefix store as a service (RocksDB under --data-dir), with
 // grpc.health.v1; registers with the router.
 #include "CLI/CLI.hpp"
+#include "baton/common/options.h"
 #include "baton/common/rpc.h"
 #include "baton/common/server_flags.h"
 #include "baton/kvstore/kvstore_service.h"
@@ -10,6 +11,7 @@
 int main(int argc, char** argv) {
   baton::BlockShutdownSignals();
   CLI::App app{"baton-kvstore: the prefix store"};
+  baton::CaptureDefaults(app);
   std::string model_dir, router, data_dir;
   baton::ServerFlags flags;
   uint64_t budget = 0;
@@ -19,7 +21,8 @@ int main(int argc, char** argv) {
                  "to their own readers")
       ->required();
   app.add_option("--data-dir", data_dir, "RocksDB folder")->required();
-  app.add_option("--budget-bytes", budget, "Bytes of stored values at most (0: unlimited)");
+  app.add_option("--budget-bytes", budget, "Bytes of stored values at most (0: unlimited)")
+      ->check(baton::InRange(uint64_t{0}, uint64_t{1} << 50));
   std::string weights_sha256;
   app.add_option("--weights-sha256", weights_sha256,
                  "SHA-256 of the model's model.safetensors (64 hex digits): the store's "

@@ -6,6 +6,7 @@
 
 #include "baton/common/log.h"
 #include "baton/common/model_config.h"
+#include "baton/common/options.h"
 #include "baton/kernels/cpu_isa.h"
 #include "baton/kernels/cpu_team.h"
 #include "baton/transfer/state_block.h"
@@ -41,11 +42,12 @@ void AddNodeFlags(CLI::App& app, NodeFlags& flags) {
 }
 
 void AddSplitFlag(CLI::App& app, NodeFlags& flags) {
-  app.add_option("--split", flags.split,
-                 "prefill-all (default): this node runs every layer; replay-on-decode: it holds "
-                 "and runs only the embedding, the producers, the boundary norm and the block-KV "
-                 "projections, and the decode node replays the consumer layers (the router's "
-                 "--split must be the same)");
+  AddEnumOption(app, "--split", flags.split,
+                {model::Split::kPrefillAll, model::Split::kReplayOnDecode}, model::SplitName,
+                "prefill-all (default): this node runs every layer; replay-on-decode: it holds "
+                "and runs only the embedding, the producers, the boundary norm and the block-KV "
+                "projections, and the decode node replays the consumer layers (the router's "
+                "--split must be the same)");
 }
 
 NodeStart StartNode(CLI::App& app, int argc, char** argv, const std::string& binary,
@@ -70,21 +72,17 @@ NodeStart StartNode(CLI::App& app, int argc, char** argv, const std::string& bin
     return {.exit = 2};
   }
   log::Info("cpu kernels", {{"isa", kernels::CpuIsaName(kernels::ActiveCpuIsa())}});
-  absl::StatusOr<model::Split> split = model::ParseSplit(flags.split, "--split");
-  if (!split.ok()) {
-    log::Error("cannot start", {{"error", std::string(split.status().message())}});
-    return {.exit = 2};
-  }
+  const model::Split split = flags.split;
   absl::StatusOr<std::unique_ptr<model::Engine>> engine =
-      model::LoadEngineOnDevice(flags.model_dir, flags.device, model::PrefillHeldLayers(*split));
+      model::LoadEngineOnDevice(flags.model_dir, flags.device, model::PrefillHeldLayers(split));
   if (!engine.ok()) {
     log::Error("cannot start", {{"error", std::string(engine.status().message())}});
     return {.exit = 2};
   }
-  log::Info("model loaded", {{"split", std::string(model::SplitName(*split))},
+  log::Info("model loaded", {{"split", std::string(model::SplitName(split))},
                              {"weight_bytes", (*engine)->weight_bytes()},
                              {"fingerprint", (*engine)->fingerprint()}});
-  return {.engine = *std::move(engine), .split = *split};
+  return {.engine = *std::move(engine), .split = split};
 }
 
 int ServeNode(const std::string& binary, const NodeFlags& flags, v1::NodeRole role,

@@ -1,6 +1,7 @@
 // baton-prefill: a prefill node. Loads the model, serves PrefillNode plus grpc.health.v1,
 // and registers with the router (node/node_main.h).
 #include "CLI/CLI.hpp"
+#include "baton/common/options.h"
 #include "baton/node/node_main.h"
 #include "baton/prefill_node/prefill_service.h"
 #include "baton/transfer/ucx.h"
@@ -10,37 +11,37 @@ namespace {
 // The flags that set PrefillOptions, in --help's order.
 void AddPrefillFlags(CLI::App& app, baton::prefill_node::PrefillOptions& options) {
   app.add_option("--token-budget", options.token_budget, "Rows per prefill chunk")
-      ->check(CLI::Range(1, 1 << 24));
+      ->check(baton::InRange(1, 1 << 24));
   app.add_option("--kvstore", options.kvstore_address,
                  "Prefix store (baton-kvstore) address for requests that name no store nodes "
                  "(a router with live store nodes sends them with each request)");
   app.add_option("--store-read-min-ms", options.store_read_min_ms,
                  "A hit's store reads end at its predicted compute time (then it is computed), "
                  "and no sooner than this (default 50)")
-      ->check(CLI::Range(int64_t{1}, int64_t{600000}));
+      ->check(baton::InRange(int64_t{1}, int64_t{600000}));
   app.add_option("--write-back-bytes", options.write_back_bytes,
                  "Block payload bytes waiting for the prefix store at most (default 256 MiB)")
-      ->check(CLI::Range(uint64_t{1} << 20, uint64_t{1} << 40));
+      ->check(baton::InRange(uint64_t{1} << 20, uint64_t{1} << 40));
   app.add_option("--commit-timeout-ms", options.commit_timeout_ms,
                  "How long a commit, and so the decode node's read of the exposed regions, may "
                  "take (default 30000)")
-      ->check(CLI::Range(1, 600000));
+      ->check(baton::InRange(1, 600000));
   app.add_option("--watchdog-ms", options.watchdog_ms,
                  "Liveness turns NOT_SERVING when a prefill has computed no chunk for this long "
                  "(default 30000)")
-      ->check(CLI::Range(int64_t{10}, int64_t{3600000}));
+      ->check(baton::InRange(int64_t{10}, int64_t{3600000}));
   app.add_option("--max-staged-requests", options.max_staged_requests,
                  "Requests holding staging memory at once, from before the model through the "
                  "commit (default 4)")
-      ->check(CLI::Range(int64_t{1}, int64_t{1} << 16));
+      ->check(baton::InRange(int64_t{1}, int64_t{1} << 16));
   app.add_option("--staging-cache-bytes", options.staging_cache_bytes,
                  "Idle staging memory kept for reuse, each buffer only for requests to the same "
                  "decode node (default 1 GiB; 0: register staging memory per request)")
-      ->check(CLI::Range(uint64_t{0}, uint64_t{1} << 40));
+      ->check(baton::InRange(uint64_t{0}, uint64_t{1} << 40));
   app.add_option("--block-cache-bytes", options.block_cache_bytes,
                  "Memory for recently used blocks (block KV and producer SWA rows), looked in "
                  "before the prefix store; the router routes by what it holds (default 0: none)")
-      ->check(CLI::Range(uint64_t{0}, uint64_t{1} << 40));
+      ->check(baton::InRange(uint64_t{0}, uint64_t{1} << 40));
 }
 
 }  // namespace
@@ -48,6 +49,7 @@ void AddPrefillFlags(CLI::App& app, baton::prefill_node::PrefillOptions& options
 int main(int argc, char** argv) {
   baton::BlockShutdownSignals();
   CLI::App app{"baton-prefill: prefill node"};
+  baton::CaptureDefaults(app);
   baton::node::NodeFlags flags{.node_id = "prefill"};
   baton::node::AddNodeFlags(app, flags);
   baton::node::AddSplitFlag(app, flags);

@@ -15,6 +15,7 @@
 #include "baton/common/metrics.h"
 #include "baton/common/security.h"
 #include "baton/common/wire_bounds.h"
+#include "baton/common/wire_names.h"
 #include "baton/kvstore/prefill_placement.h"
 #include "baton/router/routing.h"
 
@@ -127,10 +128,6 @@ absl::Status CheckRegistration(const v1::RegisterRequest& request) {
   return absl::OkStatus();
 }
 
-const char* SplitFlag(v1::Split split) {
-  return split == v1::SPLIT_REPLAY_ON_DECODE ? "replay-on-decode" : "prefill-all";
-}
-
 // The layers a node holds against what this router's split needs of its role.
 absl::Status CheckHeldLayers(const v1::RegisterRequest& request, v1::Split split) {
   if (request.role() == v1::NODE_ROLE_KVSTORE) return absl::OkStatus();
@@ -147,7 +144,7 @@ absl::Status CheckHeldLayers(const v1::RegisterRequest& request, v1::Split split
   return absl::FailedPreconditionError(
       absl::StrCat("held_layers: prefill node ", request.node_id(), " holds ", held, " (--split ",
                    producers ? "replay-on-decode" : "prefill-all", "); this router runs --split ",
-                   SplitFlag(split), ", whose prefill nodes hold ",
+                   SplitName(split), ", whose prefill nodes hold ",
                    needs_producers ? "the producer layers only" : "every layer"));
 }
 

@@ -39,17 +39,15 @@ struct RouterSetup {
 };
 
 // --default-mode and --default-keep: keep >= C under mask and compact (common/ced_rules.h).
-absl::Status SetDefaultTruncation(const std::string& default_mode, const ModelConfig& config,
+absl::Status SetDefaultTruncation(v1::TruncationMode mode, const ModelConfig& config,
                                   RouterOptions& options) {
-  absl::StatusOr<v1::TruncationMode> mode = ParseTruncationModeName(default_mode, "--default-mode");
-  if (!mode.ok()) return mode.status();
   const int64_t C = config.ring_capacity();
-  if (absl::Status keep = CheckKeep(*mode != v1::TRUNCATION_MODE_OFF,
+  if (absl::Status keep = CheckKeep(mode != v1::TRUNCATION_MODE_OFF,
                                     EffectiveKeep(options.default_keep, C), C, "--default-keep");
       !keep.ok()) {
     return keep;
   }
-  options.default_mode = *mode;
+  options.default_mode = mode;
   return absl::OkStatus();
 }
 
@@ -236,12 +234,6 @@ absl::StatusOr<RouterSetup> Setup(const RouterFlags& flags) {
     static const std::shared_ptr<metrics::Collector> expiry =
         ExportCertificateExpiry({{"client", flags.client_cert}});
   }
-  options.hit_cap = *kvstore::ParseHitCap(flags.hit_cap, "--hit-cap");  // the flag checked it
-  options.prefill_policy = *kvstore::ParseRoutingPolicy(flags.prefill_policy,
-                                                        "--prefill-policy");  // the flag checked it
-  options.transport = flags.transport == "grpc" ? v1::TRANSPORT_GRPC : v1::TRANSPORT_UCX;
-  options.split = flags.split == "replay-on-decode" ? v1::SPLIT_REPLAY_ON_DECODE
-                                                    : v1::SPLIT_PREFILL_ALL;  // the flag checked it
   std::string& name = setup.http.model.name;  // --served-model-name
   if (name.empty()) name = DefaultServedModelName(flags.model_dir);
   options.model_name = name;

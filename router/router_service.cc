@@ -12,6 +12,7 @@
 #include "baton/common/rpc.h"
 #include "baton/common/security.h"
 #include "baton/common/wire_bounds.h"
+#include "baton/common/wire_names.h"
 #include "generate_call.h"
 #include "router_metrics.h"
 
@@ -215,8 +216,7 @@ grpc::Status RouterService::ListModels(grpc::ServerContext* context,
     model->set_name(models_[i].name);
     model->set_max_model_len(options_.max_model_len);
     for (const std::string& fingerprint : served[i]) model->add_fingerprints(fingerprint);
-    model->set_split(options_.split == v1::SPLIT_REPLAY_ON_DECODE ? "replay-on-decode"
-                                                                  : "prefill-all");
+    model->set_split(std::string(SplitName(options_.split)));
     model->set_prefill_weight_bytes(bytes[i].prefill);
     model->set_decode_weight_bytes(bytes[i].decode);
   }

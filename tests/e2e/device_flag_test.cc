@@ -2,7 +2,8 @@
 // `baton up`: a device the build or machine cannot provide, or an unknown name, stops the binary
 // at start with exit status 2 and a message naming the flag (or variable) and the reason. (Serving
 // on a GPU is checked where there is one: tests/model/engine_backends_test and
-// bench/run_gpu_checks.sh.)
+// bench/run_gpu_checks.sh.) And `baton up --set ROLE.NAME=VALUE`, any flag of a role's binary:
+// checked by that binary's own table before anything starts.
 #include <sys/wait.h>
 
 #include <array>
@@ -110,6 +111,29 @@ TEST_F(DeviceFlagTest, CudaWithoutACudaBuildOrDeviceExitsTwoNamingWhy) {
     EXPECT_EQ(exit.status, 2) << command[0] << ": " << exit.output;
     EXPECT_THAT(exit.output, HasSubstr("--device cuda: " + std::string(cuda.status().message())))
         << command[0];
+  }
+}
+
+// --set hands a role's binary any of its flags, so that binary's table checks it (an unknown
+// name, a value out of range or not allowed), before any process starts; a flag baton up sets
+// for that role itself, or an item that is not ROLE.NAME=VALUE, is refused by baton up.
+TEST_F(DeviceFlagTest, BatonUpSetIsCheckedByTheRolesOwnBinaryBeforeAnythingStarts) {
+  const std::vector<std::array<std::string, 2>> cases = {
+      {"router.no-such-flag=1", "--set: baton-router refuses its command line"},
+      {"router.no-such-flag=1", "no-such-flag"},
+      {"decode.slots=0", "--slots"},
+      {"router.hit-cap=none", "'none' is not allowed; allowed: ring, keep"},
+      {"prefill.split=replay-on-decode",
+       "--set prefill.split: baton up sets --split for the prefill itself"},
+      {"router", "--set: 'router' is not ROLE.NAME=VALUE"},
+      {"gateway.port=1", "names no role baton up starts ('gateway')"}};
+  for (const auto& [item, message] : cases) {
+    std::vector<std::string> command = Commands().back();
+    command.insert(command.end(), {"--set", item});
+    const Exit exit = RunToExit(command);
+    EXPECT_EQ(exit.status, 2) << item << ": " << exit.output;
+    EXPECT_THAT(exit.output, HasSubstr(message)) << item;
+    EXPECT_THAT(exit.output, ::testing::Not(HasSubstr("router at"))) << item;
   }
 }
 

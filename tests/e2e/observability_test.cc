@@ -62,7 +62,8 @@ double Value(const std::string& exposition, const std::string& name,
 
 TEST(Observability, BatonUpMetricsMoveAndLogsFollowARequest) {
   BatonUp up(fs::path(testing::ProcessTempDir()) / "up", TinyModel(),
-             {"--log-format", "json", "--decode-pages", "256"});
+             {"--log-format", "json", "--decode-pages", "256", "--set", "decode.slots=3", "--set",
+              "kvstore.sync-writes=true"});
   ASSERT_TRUE(up.WaitUntilUp()) << up.log();
   const std::map<std::string, std::string> before = ScrapeAll(up);
   for (const char* role : kRoles) {
@@ -73,6 +74,9 @@ TEST(Observability, BatonUpMetricsMoveAndLogsFollowARequest) {
         << role;
   }
   EXPECT_EQ(Value(before.at("decode"), "baton_pool_pages_capacity"), 256);
+  // A decode flag baton up has none of its own for, handed on by --set (as is a store flag
+  // that takes no value, which the store accepted or baton up would not be up).
+  EXPECT_EQ(Value(before.at("decode"), "baton_pool_slots_capacity"), 3);
   EXPECT_EQ(Value(before.at("router"), "baton_nodes", {{"role", "decode"}}), 1);
 
   auto stub = v1::Generation::NewStub(

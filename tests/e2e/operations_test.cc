@@ -402,10 +402,11 @@ TEST_F(OperationsTest, HostColonColonServesEveryPortOnIpv4AndIpv6) {
 // the flag and the bound.
 TEST_F(OperationsTest, ANodeExpiryBelowThreeHeartbeatsAndAResolverTimeoutIsRefused) {
   cluster_ = std::make_unique<Cluster>(model_);
-  EXPECT_TRUE(cluster_->StartRouter({"--heartbeat-ms", "500", "--node-expiry-ms", "2000"}).empty());
+  EXPECT_TRUE(
+      cluster_->StartRouter({"--heartbeat-ms", "2000", "--node-expiry-ms", "6000"}).empty());
   EXPECT_THAT(cluster_->Log("router"),
-              HasSubstr("--node-expiry-ms: 2000 is below 6500 (three --heartbeat-ms of 500 plus "
-                        "a 5000 ms resolver timeout)"));
+              HasSubstr("--node-expiry-ms: 6000 is below 11000 (three --heartbeat-ms of 2000 "
+                        "plus a 5000 ms resolver timeout)"));
 }
 
 // Every role's binary serves grpc.health.v1 on --health-port, as the chart's pods are started

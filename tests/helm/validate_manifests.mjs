@@ -1,5 +1,5 @@
 // Validates rendered Kubernetes manifests offline:
-//   node validate_manifests.mjs --modules DIR [--metrics FILE] FILE...
+//   node validate_manifests.mjs --modules DIR [--metrics FILE] [--options TABLE]... FILE...
 // DIR is a node_modules folder holding this folder's package.json dependencies. --metrics names
 // a file listing, one per line, the Prometheus metric names the binaries export (chart_test.sh
 // collects them from the sources); autoscalers may then scale only on those.
@@ -26,8 +26,9 @@
 //     block every eviction (no pod may go); a preStop sleep the grace period does not cover;
 //     Ingress and Gateway API route backends that are no Service port of the manifests; a
 //     BackendTrafficPolicy whose target is no route of the manifests.
-//  4. baton's config file (a ConfigMap key "baton.yaml"): sections and keys the binaries
-//     accept (their long flag names), so that a typo cannot reach a pod.
+//  4. baton's config file (a ConfigMap key "baton.yaml"): with --options (each a binary's
+//     --print-options), sections and keys the binaries accept (their long flag names), lists
+//     where a flag takes several values and scalars elsewhere, so that a typo cannot reach a pod.
 //  5. the chart's pods (label app.kubernetes.io/part-of: baton): each names its ServiceAccount
 //     and mounts no token, as does every ServiceAccount of the chart; when the chart renders
 //     its own account, every pod runs as it except the pre-install/upgrade/rollback hooks, which
@@ -49,6 +50,8 @@ const option = (name) => {
 };
 const modulesOption = option("--modules");
 const metricsOption = option("--metrics");
+const optionFiles = [];
+for (let file = option("--options"); file !== undefined; file = option("--options")) optionFiles.push(file);
 if (modulesOption === undefined || args.length === 0) {
   console.error("usage: node validate_manifests.mjs --modules NODE_MODULES [--metrics FILE] FILE...");
   process.exit(2);
@@ -61,30 +64,19 @@ const exportedMetrics = metricsOption === undefined ? null
 const requireModule = createRequire(join(modules, "noop.js"));
 const YAML = requireModule("yaml");
 
-// The keys each section of baton.yaml may hold: the binaries' long flag names.
-const BATON_CONFIG_KEYS = {
-  common: ["model", "host", "metrics-host", "metrics-port", "health-port", "log-format", "log-level",
-           "router", "tls-ca", "tls-cert", "tls-key", "insecure-internal", "model-file"],
-  router: ["port", "internal-port", "client-tls-cert", "client-tls-key", "client-tls-ca", "api-keys",
-           "default-mode", "default-keep", "max-tokens-limit", "max-model-len", "transport",
-           "reservation-timeout-ms", "hit-cap", "prefill-policy", "split", "lookup-timeout-ms", "trace-sample-ratio", "require-kvstore", "kvstore-replication", "max-queued",
-           "prefill-slots", "stream-idle-timeout", "prefill-timeout-ms", "http-port", "http-threads",
-           "served-model-name", "drain-timeout", "heartbeat-ms", "node-expiry-ms", "client-max-connection-age",
-           "client-max-connection-age-grace", "http-max-requests-per-tenant", "http-max-connections",
-           "http-max-connections-per-client", "http-ipv4-prefix", "http-trusted-proxies", "http-head-timeout-ms",
-           "metrics-tenant-names", "node-forget-after-ms", "max-node-ids", "max-node-ids-per-identity",
-           "model-file"],
-  prefill: ["port", "node-id", "router-resolve-ms", "token-budget", "no-ucx", "ucx-allow-unprotected-tcp", "kvstore", "store-read-min-ms", "commit-timeout-ms", "device",
-            "weights", "drain-timeout", "served-model-name", "split", "block-cache-bytes", "model-file"],
-  decode: ["port", "node-id", "router-resolve-ms", "slots", "pages", "max-batch", "replay-rows-per-step", "replay-step-budget", "speculative",
-           "speculative-tokens", "speculative-policy", "max-waiting", "no-ucx",
-           "ucx-peer-errors", "ucx-allow-unprotected-tcp", "stream-idle-timeout", "device", "weights", "drain-timeout",
-           "served-model-name", "model-file"],
-  kvstore: ["port", "router-resolve-ms", "data-dir", "budget-bytes", "sync-writes", "drain-timeout",
-            "model-file", "weights-sha256"],
-};
+// The keys each section of baton.yaml may hold, from the binaries' tables of options (each
+// --options FILE is one binary's --print-options): its section holds its long flag names, and
+// `common` any binary's. Null without tables: the keys go unchecked.
+const tables = optionFiles.map((f) => JSON.parse(readFileSync(f, "utf8")));
+const BATON_CONFIG_KEYS = tables.length === 0 ? null : { common: [] };
 // Keys that take a list of values (a repeatable flag).
-const BATON_LIST_KEYS = ["model-file", "http-trusted-proxies"];
+const BATON_LIST_KEYS = [];
+for (const table of tables) {
+  const names = table.options.map((o) => o.name);
+  BATON_CONFIG_KEYS[table.section] = names;
+  BATON_CONFIG_KEYS.common.push(...names);
+  for (const o of table.options) if (o.list) BATON_LIST_KEYS.push(o.name);
+}
 
 // Where a kind's model lives: kubernetes-models/<group>/<version>/<Kind>.js ("v1" for the core
 // group), CRDs in their own packages.
@@ -543,7 +535,7 @@ function checkBatonConfig(configMap, report) {
     report(configMap, `baton.yaml: not YAML: ${e.message}`);
     return;
   }
-  for (const [section, values] of Object.entries(config ?? {})) {
+  for (const [section, values] of Object.entries(BATON_CONFIG_KEYS === null ? {} : config ?? {})) {
     const allowed = BATON_CONFIG_KEYS[section];
     if (!allowed) {
       report(configMap, `baton.yaml: unknown section ${section}`);

@@ -115,6 +115,10 @@ ChildCommand ChildCommands::Make(const std::string& name, const std::string& rol
               {"--metrics-port", "0", "--metrics-ready-file", layout_.MetricsFile(name),
                "--log-format", options_.log_format, "--ready-file", layout_.ReadyFile(name)});
   if (!options_.config_file.empty()) args.insert(args.end(), {"--config", options_.config_file});
+  for (const Setting& setting : options_.settings) {
+    // One argument, --NAME=VALUE, so that a flag takes a value too (--sync-writes=false).
+    if (setting.role == role) args.push_back("--" + setting.name + "=" + setting.value);
+  }
   return {name, layout_.Program("baton-" + role), std::move(args), layout_.ReadyFile(name)};
 }
 

@@ -1,6 +1,14 @@
 #include "baton/launcher/launcher.h"
 
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <chrono>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <iterator>
@@ -161,6 +169,70 @@ void PrintReady(const LaunchOptions& options, const Layout& layout, const Addres
   std::cout << std::endl;
 }
 
+// Runs `program args` with its stdout and stderr in `out`, for at most 60 s; its exit status
+// (-1 when it could not start, was killed or ran out of time).
+int RunToFile(const std::string& program, const std::vector<std::string>& args,
+              const std::filesystem::path& out) {
+  std::vector<char*> argv = {const_cast<char*>(program.c_str())};
+  for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t files;
+  posix_spawn_file_actions_init(&files);
+  posix_spawn_file_actions_addopen(&files, 1, out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  posix_spawn_file_actions_adddup2(&files, 1, 2);
+  pid_t pid = -1;
+  const int error = posix_spawn(&pid, program.c_str(), &files, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&files);
+  if (error != 0) return -1;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  int status = 0;
+  while (waitpid(pid, &status, WNOHANG) == 0) {
+    if (std::chrono::steady_clock::now() > until) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &status, 0);
+      return -1;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+// The --set settings, checked before anything starts: none names a flag baton up sets for its
+// role itself, and each role's binary accepts its whole command line (its own table of
+// options: names, types, ranges and allowed values; `--check-config`, which loads nothing).
+absl::Status CheckSettings(const LaunchOptions& options, const ChildCommands& commands,
+                           const Layout& layout) {
+  if (options.settings.empty()) return absl::OkStatus();
+  for (const ChildCommand& command :
+       {commands.Router(), commands.Kvstore(0, "127.0.0.1:1"), commands.Decode(0, "127.0.0.1:1"),
+        commands.Prefill(0, "127.0.0.1:1", "127.0.0.1:1")}) {
+    const std::string role = command.name;
+    for (const Setting& setting : options.settings) {
+      if (setting.role != role) continue;
+      const std::string flag = "--" + setting.name;
+      if (std::count(command.args.begin(), command.args.end(), flag) > 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--set ", role, ".", setting.name, ": baton up sets ", flag, " for the ",
+                         role, " itself (see baton up --help for its own flag, if any)"));
+      }
+    }
+    std::vector<std::string> args = command.args;
+    args.push_back("--check-config");
+    const std::filesystem::path out = layout.run() / (role + ".check-config");
+    const int status = RunToFile(command.program, args, out);
+    if (status != 0) {
+      std::ifstream in(out);
+      std::string line, error;
+      while (std::getline(in, line)) {
+        if (!line.empty()) error = line;
+      }
+      return absl::InvalidArgumentError(
+          absl::StrCat("--set: baton-", role, " refuses its command line: ", error));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status StartCluster(const LaunchOptions& options, Supervisor& children) {
@@ -179,6 +251,7 @@ absl::Status StartCluster(const LaunchOptions& options, Supervisor& children) {
   WarnIfTheCacheIsShared(options);
 
   const ChildCommands commands(options, *layout, *model);
+  if (absl::Status s = CheckSettings(options, commands, *layout); !s.ok()) return s;
   Addresses addresses;
   const bool up = StartRouter(commands, *layout, model->http, children, addresses).ok() &&
                   StartNodes(commands, options, children, addresses).ok() &&

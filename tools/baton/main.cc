@@ -137,6 +137,18 @@ int main(int argc, char** argv) {
                  "YAML mapping API key -> tenant, handed to the router (clients send "
                  "'authorization: Bearer <key>')")
       ->check(CLI::ExistingFile);
+  up->add_option_function<std::vector<std::string>>(
+      "--set",
+      [&options](const std::vector<std::string>& items) {
+        for (const std::string& item : items) {
+          absl::StatusOr<baton::launcher::Setting> setting = baton::launcher::ParseSetting(item);
+          if (!setting.ok()) throw CLI::ValidationError(std::string(setting.status().message()));
+          options.settings.push_back(*std::move(setting));
+        }
+      },
+      "ROLE.NAME=VALUE (repeatable): flag --NAME VALUE for every baton-ROLE process (router, "
+      "prefill, decode, kvstore), any flag of that binary that baton up does not set itself "
+      "(baton-ROLE --print-options lists them), checked by the binary before anything starts");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

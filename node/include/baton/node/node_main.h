@@ -39,7 +39,7 @@ struct NodeFlags {
   bool ucx_allow_unprotected_tcp = false;
   ServerFlags server;
   // A prefill node's --split (AddSplitFlag); StartNode loads the layers it asks for.
-  std::string split = "prefill-all";
+  model::Split split = model::Split::kPrefillAll;
 };
 // The flags above; `node_id` keeps its value as the default of --node-id.
 void AddNodeFlags(CLI::App& app, NodeFlags& flags);

@@ -23,11 +23,8 @@ struct RouterFlags {
   std::string internal_ready_file;
   std::string client_cert, client_key, client_ca;  // the client API's TLS (HTTP's too)
   std::string api_keys_file;                       // empty: no API keys
-  std::string default_mode = "compact";            // off, mask or compact
-  std::string transport = "ucx";                   // ucx or grpc
-  std::string hit_cap = "ring";                    // ring or keep
-  std::string prefill_policy = "predicted-ttft";   // least-loaded, longest-prefix, predicted-ttft
-  std::string split = "prefill-all";               // prefill-all or replay-on-decode
+  // --default-mode, checked against the model and --default-keep (SetDefaultTruncation)
+  v1::TruncationMode default_mode = v1::TRUNCATION_MODE_COMPACT;
   std::string stream_idle_timeout = "60s";         // common/stream_watch.h's syntax
   // gRPC MAX_CONNECTION_AGE and its grace on the client port (common/stream_watch.h's syntax),
   // and the HTTP front's keep-alive age. "0": no age (a single router: `baton up`; the Helm

@@ -3,7 +3,8 @@
 // mutual TLS inside the cluster with its own certificate (a node's names it,
 // spiffe://baton/<role>/<name>; the router's its role) or --insecure-internal, its
 // metrics on any free port (the address written to run/<name>.metrics), the log format, its
-// ready file run/<name>.addr, and --config when given (the flags set here win over the file).
+// ready file run/<name>.addr, --config when given (the flags set here win over the file), and
+// last the --set settings of its role.
 // The router and every node serve the model under one name (ServedModel::name_flags).
 #pragma once
 

@@ -6,8 +6,18 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
 
 namespace baton::launcher {
+
+// One `--set ROLE.NAME=VALUE`: flag --NAME VALUE for every process of ROLE (ParseSetting).
+struct Setting {
+  std::string role;  // router, prefill, decode or kvstore
+  std::string name;  // the flag without dashes, as the binary's --print-options names it
+  std::string value;
+};
 
 struct LaunchOptions {
   // The model. Neither --model nor --preset: the trained ced-brown-shared beside the binary,
@@ -50,6 +60,13 @@ struct LaunchOptions {
   std::string log_format = "text";      // --log-format: text or json
   bool insecure_internal = false;       // --insecure-internal: no mutual TLS inside
   bool no_restart = false;              // --no-restart: the first exit stops everything
+  // --set ROLE.NAME=VALUE (repeatable): any flag of a role's binary that baton up does not set
+  // itself, handed to each of its processes after baton up's own and checked by that binary's
+  // --check-config before anything starts (CheckSettings).
+  std::vector<Setting> settings;
 };
+
+// "ROLE.NAME=VALUE" as a Setting; INVALID_ARGUMENT naming --set and what is allowed otherwise.
+absl::StatusOr<Setting> ParseSetting(const std::string& item);
 
 }  // namespace baton::launcher
