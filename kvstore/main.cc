@@ -34,6 +34,15 @@ int main(int argc, char** argv) {
   app.add_flag("--sync-writes", sync_writes,
                "fsync the write-ahead log at every write and delete: acknowledged blocks survive "
                "a machine crash, not only a process crash");
+  baton::kvstore::StoreCompression compression = baton::kvstore::StoreCompression::kSnappy;
+  baton::AddEnumOption(
+      app, "--compression", compression,
+      {baton::kvstore::StoreCompression::kNone, baton::kvstore::StoreCompression::kSnappy,
+       baton::kvstore::StoreCompression::kLz4, baton::kvstore::StoreCompression::kZstd},
+      baton::kvstore::StoreCompressionName,
+      "How RocksDB compresses the stored values on disk: none, snappy (RocksDB's "
+      "default), lz4 or zstd (the most disk saved; the budget counts payload "
+      "bytes either way)");
   baton::AddServerFlags(app, flags);
   app.add_option("--router", router, "Router address to register with");
   std::string node_id = "kvstore";
@@ -60,7 +69,8 @@ int main(int argc, char** argv) {
        .budget_bytes = budget,
        .block_kv_payload_bytes = sizeof(float) * layout.page_floats(),
        .producer_swa_payload_bytes = sizeof(float) * layout.stored_swa_block_floats(),
-       .sync_writes = sync_writes});
+       .sync_writes = sync_writes,
+       .compression = compression});
   if (!store.ok()) {
     baton::log::Error("cannot start", {{"error", std::string(store.status().message())}});
     return 1;

@@ -1,12 +1,15 @@
 #include "baton/kvstore/prefix_store.h"
 
+#include <rocksdb/convenience.h>
 #include <rocksdb/db.h>
 #include <rocksdb/options.h>
 
+#include <algorithm>
 #include <cstring>
 #include <string_view>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "baton/common/log.h"
 
 namespace baton::kvstore {
@@ -23,11 +26,59 @@ absl::Status FromRocks(const rocksdb::Status& status, const char* what) {
   return absl::UnavailableError(absl::StrCat("prefix store ", what, ": ", status.ToString()));
 }
 
+rocksdb::CompressionType RocksCompression(StoreCompression compression) {
+  switch (compression) {
+    case StoreCompression::kNone:
+      return rocksdb::kNoCompression;
+    case StoreCompression::kSnappy:
+      return rocksdb::kSnappyCompression;
+    case StoreCompression::kLz4:
+      return rocksdb::kLZ4Compression;
+    case StoreCompression::kZstd:
+      return rocksdb::kZSTD;
+  }
+  return rocksdb::kNoCompression;
+}
+
+// The compression, checked against what this RocksDB build has.
+absl::StatusOr<rocksdb::CompressionType> SupportedCompression(StoreCompression compression) {
+  const rocksdb::CompressionType wanted = RocksCompression(compression);
+  const std::vector<rocksdb::CompressionType> supported = rocksdb::GetSupportedCompressions();
+  if (wanted == rocksdb::kNoCompression ||
+      std::find(supported.begin(), supported.end(), wanted) != supported.end()) {
+    return wanted;
+  }
+  std::vector<std::string> names = {"none"};
+  for (StoreCompression c :
+       {StoreCompression::kSnappy, StoreCompression::kLz4, StoreCompression::kZstd}) {
+    if (std::find(supported.begin(), supported.end(), RocksCompression(c)) != supported.end()) {
+      names.emplace_back(StoreCompressionName(c));
+    }
+  }
+  return absl::InvalidArgumentError(absl::StrCat("--compression: this RocksDB build has no ",
+                                                 StoreCompressionName(compression),
+                                                 "; it has: ", absl::StrJoin(names, ", ")));
+}
+
 const char* RegionName(Region region) {
   return region == Region::kBlockKv ? "block_kv" : "producer_swa";
 }
 
 }  // namespace
+
+absl::string_view StoreCompressionName(StoreCompression compression) {
+  switch (compression) {
+    case StoreCompression::kNone:
+      return "none";
+    case StoreCompression::kSnappy:
+      return "snappy";
+    case StoreCompression::kLz4:
+      return "lz4";
+    case StoreCompression::kZstd:
+      return "zstd";
+  }
+  return "none";
+}
 
 absl::StatusOr<std::unique_ptr<PrefixStore>> PrefixStore::Open(const StoreOptions& options) {
   if (options.path.empty()) return absl::InvalidArgumentError("path: the store needs a folder");
@@ -39,14 +90,16 @@ absl::StatusOr<std::unique_ptr<PrefixStore>> PrefixStore::Open(const StoreOption
           field, ": ", bytes, "; it must be a positive multiple of 4 (float32 rows of a block)"));
     }
   }
+  absl::StatusOr<rocksdb::CompressionType> compression = SupportedCompression(options.compression);
+  if (!compression.ok()) return compression.status();
   std::unique_ptr<PrefixStore> store(new PrefixStore(options));
   rocksdb::Options db_options;
   db_options.create_if_missing = true;
   db_options.create_missing_column_families = true;
+  rocksdb::ColumnFamilyOptions family;
+  family.compression = *compression;
   std::vector<rocksdb::ColumnFamilyDescriptor> families = {
-      {rocksdb::kDefaultColumnFamilyName, rocksdb::ColumnFamilyOptions()},
-      {kFamilies[0], rocksdb::ColumnFamilyOptions()},
-      {kFamilies[1], rocksdb::ColumnFamilyOptions()}};
+      {rocksdb::kDefaultColumnFamilyName, family}, {kFamilies[0], family}, {kFamilies[1], family}};
   rocksdb::DB* db = nullptr;
   if (absl::Status s = FromRocks(
           rocksdb::DB::Open(db_options, options.path, families, &store->handles_, &db), "open");

@@ -157,6 +157,7 @@ kvstore:
   data-dir: /var/lib/baton/kvstore
   budget-bytes: {{ index $c.kvstore "budget-bytes" | int64 }}
   sync-writes: {{ index $c.kvstore "sync-writes" }}
+  compression: {{ $c.kvstore.compression }}
 {{- end -}}
 
 {{/* config.common.router-resolve-ms, in the sections of the binaries that register with the

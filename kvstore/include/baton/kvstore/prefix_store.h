@@ -43,6 +43,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "baton/common/hash.h"
 #include "baton/kvstore/prefix_index.h"
 #include "baton/kvstore/stored_value.h"
@@ -55,6 +56,12 @@ class Slice;
 
 namespace baton::kvstore {
 
+// How RocksDB compresses the stored values on disk, per block of its files (--compression; the
+// budget counts payload bytes either way). Snappy is RocksDB's own default; float32 state
+// compresses little, so none saves the CPU, and zstd the most disk.
+enum class StoreCompression { kNone, kSnappy, kLz4, kZstd };
+absl::string_view StoreCompressionName(StoreCompression compression);  // "none", "snappy", ...
+
 struct StoreOptions {
   std::string path;
   std::string model_fingerprint;  // hex; the model of reads and writes that name none
@@ -66,6 +73,8 @@ struct StoreOptions {
   // Every write and delete waits for its write-ahead-log record to reach the disk (fsync), so
   // an acknowledged write survives a crash of the machine, not only of the process.
   bool sync_writes = false;
+  // One that this RocksDB build lacks is refused by Open, naming those it has.
+  StoreCompression compression = StoreCompression::kSnappy;
 };
 
 struct StoreCounters {
