@@ -102,6 +102,60 @@ absl::Status ReadLayerList(const Json& json, const char* key, std::vector<int64_
 
 }  // namespace
 
+namespace {
+
+// block_kv_sources, when given: the boundary layer first, then consumer layers, ascending.
+absl::Status CheckBlockKvSources(const ModelConfig& c) {
+  const std::vector<int64_t>& sources = c.block_kv_sources;
+  if (sources.front() != c.n_prefill_layer) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("config field 'block_kv_sources' starts at ", sources.front(),
+                     "; its first entry must be n_prefill_layer (", c.n_prefill_layer,
+                     "), the boundary layer, which projects the first block KV"));
+  }
+  for (size_t i = 0; i < sources.size(); ++i) {
+    if (sources[i] < c.n_prefill_layer || sources[i] >= c.num_hidden_layers) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "config field 'block_kv_sources' holds ", sources[i],
+          "; each entry must be a consumer layer in [n_prefill_layer, num_hidden_layers) = [",
+          c.n_prefill_layer, ", ", c.num_hidden_layers, ")"));
+    }
+    if (i > 0 && sources[i] <= sources[i - 1]) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "config field 'block_kv_sources' is not strictly ascending (", sources[i - 1], " then ",
+          sources[i], "); list each source layer once, in order"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// The sizes the weights (DESIGN section 2) and the StateBlock regions (section 4) multiply,
+// each within a tensor's bound.
+absl::Status CheckSizesFit(const ModelConfig& c) {
+  const int64_t kv_dim = c.num_key_value_heads * c.head_dim;
+  const int64_t ring = c.ring_capacity();
+  for (absl::Status s : {
+           RequireTensorFits("vocab_size * hidden_size", {c.vocab_size, c.hidden_size}),
+           RequireTensorFits("num_attention_heads * head_dim * hidden_size",
+                             {c.num_attention_heads, c.head_dim, c.hidden_size}),
+           RequireTensorFits("intermediate_size * hidden_size",
+                             {c.intermediate_size, c.hidden_size}),
+           RequireTensorFits("n_prefill_layer * 2 * ring_capacity * kv_dim",
+                             {c.num_producer_layers(), 2, ring, kv_dim}),
+           RequireTensorFits("consumer layers * 2 * ring_capacity * kv_dim",
+                             {c.num_consumer_layers(), 2, ring, kv_dim}),
+           RequireTensorFits("block-KV groups * 2 * kv_block_size * kv_dim",
+                             {c.num_block_kv_groups(), 2, c.kv_block_size, kv_dim}),
+           RequireTensorFits("n_prefill_layer * 2 * kv_block_size * kv_dim",
+                             {c.num_producer_layers(), 2, c.kv_block_size, kv_dim}),
+       }) {
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status ValidateModelConfig(const ModelConfig& c) {
   struct Bound {
     const char* field;
@@ -148,47 +202,9 @@ absl::Status ValidateModelConfig(const ModelConfig& c) {
         absl::StrCat("config field 'rope_theta' is ", c.rope_theta, "; it must be > 0"));
   }
   if (!c.block_kv_sources.empty()) {
-    const std::vector<int64_t>& sources = c.block_kv_sources;
-    if (sources.front() != c.n_prefill_layer) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("config field 'block_kv_sources' starts at ", sources.front(),
-                       "; its first entry must be n_prefill_layer (", c.n_prefill_layer,
-                       "), the boundary layer, which projects the first block KV"));
-    }
-    for (size_t i = 0; i < sources.size(); ++i) {
-      if (sources[i] < c.n_prefill_layer || sources[i] >= c.num_hidden_layers) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "config field 'block_kv_sources' holds ", sources[i],
-            "; each entry must be a consumer layer in [n_prefill_layer, num_hidden_layers) = [",
-            c.n_prefill_layer, ", ", c.num_hidden_layers, ")"));
-      }
-      if (i > 0 && sources[i] <= sources[i - 1]) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "config field 'block_kv_sources' is not strictly ascending (", sources[i - 1], " then ",
-            sources[i], "); list each source layer once, in order"));
-      }
-    }
+    if (absl::Status s = CheckBlockKvSources(c); !s.ok()) return s;
   }
-  // The sizes the weights (DESIGN section 2) and the StateBlock regions (section 4) multiply.
-  const int64_t kv_dim = c.num_key_value_heads * c.head_dim;
-  const int64_t ring = c.ring_capacity();
-  for (absl::Status s : {
-           RequireTensorFits("vocab_size * hidden_size", {c.vocab_size, c.hidden_size}),
-           RequireTensorFits("num_attention_heads * head_dim * hidden_size",
-                             {c.num_attention_heads, c.head_dim, c.hidden_size}),
-           RequireTensorFits("intermediate_size * hidden_size",
-                             {c.intermediate_size, c.hidden_size}),
-           RequireTensorFits("n_prefill_layer * 2 * ring_capacity * kv_dim",
-                             {c.num_producer_layers(), 2, ring, kv_dim}),
-           RequireTensorFits("consumer layers * 2 * ring_capacity * kv_dim",
-                             {c.num_consumer_layers(), 2, ring, kv_dim}),
-           RequireTensorFits("block-KV groups * 2 * kv_block_size * kv_dim",
-                             {c.num_block_kv_groups(), 2, c.kv_block_size, kv_dim}),
-           RequireTensorFits("n_prefill_layer * 2 * kv_block_size * kv_dim",
-                             {c.num_producer_layers(), 2, c.kv_block_size, kv_dim}),
-       }) {
-    if (!s.ok()) return s;
-  }
+  if (absl::Status s = CheckSizesFit(c); !s.ok()) return s;
   for (auto [field, value] : {std::pair<const char*, int64_t>{"bos_token_id", c.bos_token_id},
                               {"eos_token_id", c.eos_token_id}}) {
     if (value < 0 || value >= c.vocab_size) {

@@ -155,6 +155,13 @@ double StepLog::Summary::Price(int64_t decode_rows, std::span<const PieceSize> p
 
 StepLog::Summary StepLog::Summarize(const CostFit& fallback, const CostFit& replay_fallback) const {
   Summary out;
+  FitLine(fallback, out);
+  FitPieces(replay_fallback, out);
+  Spread(out);
+  return out;
+}
+
+void StepLog::FitLine(const CostFit& fallback, Summary& out) const {
   // The rows' line: y = fixed + per_row x over the steps without replay.
   double n = 0, sx = 0, sy = 0, sxx = 0, sxy = 0;
   for (const Step& s : steps_) {
@@ -181,6 +188,9 @@ StepLog::Summary StepLog::Summarize(const CostFit& fallback, const CostFit& repl
   } else if (fallback.ready()) {
     out = {.line_ready = true, .fixed = fallback.fixed(), .per_row = fallback.per_row()};
   }
+}
+
+void StepLog::FitPieces(const CostFit& replay_fallback, Summary& out) const {
   // The pieces: what a step with replay took beyond its rows' line, against sum(L) and
   // sum(L x rows).
   double m = 0, spp = 0, spq = 0, sqq = 0, spr = 0, sqr = 0;
@@ -220,6 +230,9 @@ StepLog::Summary StepLog::Summarize(const CostFit& fallback, const CostFit& repl
     out.piece_fixed = replay_fallback.fixed();
     out.piece_row = replay_fallback.per_row();
   }
+}
+
+void StepLog::Spread(Summary& out) const {
   // The spread about those prices: each step's ratio, weighted by its price, so that a step
   // of little work that waited out a neighbour's time slice (a ratio of hundreds) counts as
   // little as it weighs in the node's time.
@@ -238,7 +251,7 @@ StepLog::Summary StepLog::Summarize(const CostFit& fallback, const CostFit& repl
     priced += price;
     ratios.emplace_back(s.seconds / price, price);
   }
-  if (ratios.empty()) return out;
+  if (ratios.empty()) return;
   out.stretch = measured / priced;
   std::sort(ratios.begin(), ratios.end());
   double below = 0;  // the price of the steps before `i`
@@ -250,7 +263,6 @@ StepLog::Summary StepLog::Summarize(const CostFit& fallback, const CostFit& repl
     }
     out.quantiles[q] = ratios[i].first;
   }
-  return out;
 }
 
 int64_t DecodePlan::decode_rows() const {

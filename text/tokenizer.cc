@@ -80,15 +80,29 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::Load(const std::string& mo
   if (t->bos_id_ >= 0) t->bos_token_ = t->model_->Piece(t->bos_id_);
   if (t->eos_id_ >= 0) t->eos_token_ = t->model_->Piece(t->eos_id_);
 
-  const fs::path config_path = dir / "tokenizer_config.json";
+  if (absl::Status s = t->ReadTokenizerConfig((dir / "tokenizer_config.json").string()); !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = t->ReadGenerationConfig((dir / "generation_config.json").string());
+      !s.ok()) {
+    return s;
+  }
+  t->chat_ = ChatTemplate::Parse(t->chat_template_.empty() ? kDefaultChatTemplate
+                                                           : std::string_view(t->chat_template_));
+  t->CollectSpecials();
+  return t;
+}
+
+absl::Status Tokenizer::ReadTokenizerConfig(const std::string& path) {
+  const fs::path config_path(path);
   absl::StatusOr<std::optional<nlohmann::json>> config = ReadJson(config_path);
   if (!config.ok()) return config.status();
   if (config->has_value()) {
     const nlohmann::json& c = **config;
-    auto piece_of = [&](const char* key, std::string* token, int32_t* id) -> absl::Status {
+    auto piece_of = [&, this](const char* key, std::string* token, int32_t* id) -> absl::Status {
       std::optional<std::string> text = TokenString(c, key);
       if (!text.has_value()) return absl::OkStatus();
-      const std::optional<int32_t> found = t->PieceId(*text);
+      const std::optional<int32_t> found = PieceId(*text);
       if (!found.has_value()) {
         return absl::InvalidArgumentError(absl::StrCat(config_path.string(), ": ", key, " '", *text,
                                                        "' is not a piece of the model"));
@@ -97,57 +111,61 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::Load(const std::string& mo
       *id = *found;
       return absl::OkStatus();
     };
-    if (absl::Status s = piece_of("bos_token", &t->bos_token_, &t->bos_id_); !s.ok()) return s;
-    if (absl::Status s = piece_of("eos_token", &t->eos_token_, &t->eos_id_); !s.ok()) return s;
+    if (absl::Status s = piece_of("bos_token", &bos_token_, &bos_id_); !s.ok()) return s;
+    if (absl::Status s = piece_of("eos_token", &eos_token_, &eos_id_); !s.ok()) return s;
     if (auto it = c.find("add_bos_token"); it != c.end() && it->is_boolean()) {
-      t->add_bos_ = it->get<bool>();
+      add_bos_ = it->get<bool>();
     }
     if (auto it = c.find("chat_template"); it != c.end()) {
       if (it->is_string()) {
-        t->chat_template_ = it->get<std::string>();
+        chat_template_ = it->get<std::string>();
       } else if (it->is_array()) {  // named templates: the one named "default"
         for (const nlohmann::json& named : *it) {
           if (named.is_object() && named.contains("name") && named["name"] == "default" &&
               named.contains("template") && named["template"].is_string()) {
-            t->chat_template_ = named["template"].get<std::string>();
+            chat_template_ = named["template"].get<std::string>();
           }
         }
       }
     }
   }
-  const fs::path generation_path = dir / "generation_config.json";
-  absl::StatusOr<std::optional<nlohmann::json>> generation = ReadJson(generation_path);
+  return absl::OkStatus();
+}
+
+absl::Status Tokenizer::ReadGenerationConfig(const std::string& path) {
+  absl::StatusOr<std::optional<nlohmann::json>> generation = ReadJson(fs::path(path));
   if (!generation.ok()) return generation.status();
   if (generation->has_value()) {
     const nlohmann::json& g = **generation;
     if (auto it = g.find("temperature"); it != g.end() && it->is_number()) {
-      t->defaults_.temperature = it->get<float>();
+      defaults_.temperature = it->get<float>();
     }
     if (auto it = g.find("top_p"); it != g.end() && it->is_number()) {
-      t->defaults_.top_p = it->get<float>();
+      defaults_.top_p = it->get<float>();
     }
     if (auto it = g.find("top_k"); it != g.end() && it->is_number_integer()) {
-      t->defaults_.top_k = it->get<int32_t>();
+      defaults_.top_k = it->get<int32_t>();
     }
   }
-  t->chat_ = ChatTemplate::Parse(t->chat_template_.empty() ? kDefaultChatTemplate
-                                                           : std::string_view(t->chat_template_));
-  for (int id = 0; id < t->model_->PieceCount(); ++id) {
-    if (t->model_->IsControl(id) && !t->model_->Piece(id).empty()) {
-      t->specials_.emplace_back(t->model_->Piece(id), id);
+  return absl::OkStatus();
+}
+
+void Tokenizer::CollectSpecials() {
+  for (int id = 0; id < model_->PieceCount(); ++id) {
+    if (model_->IsControl(id) && !model_->Piece(id).empty()) {
+      specials_.emplace_back(model_->Piece(id), id);
     }
   }
-  std::sort(t->specials_.begin(), t->specials_.end(),
+  std::sort(specials_.begin(), specials_.end(),
             [](const auto& a, const auto& b) { return a.first.size() > b.first.size(); });
-  for (const auto& [piece, id] : t->specials_) t->special_texts_.push_back(piece);
-  for (int id = 0; id < t->model_->PieceCount(); ++id) {
-    if (t->model_->IsUserDefined(id) && t->model_->Piece(id).size() > 1) {
-      t->special_texts_.push_back(t->model_->Piece(id));
+  for (const auto& [piece, id] : specials_) special_texts_.push_back(piece);
+  for (int id = 0; id < model_->PieceCount(); ++id) {
+    if (model_->IsUserDefined(id) && model_->Piece(id).size() > 1) {
+      special_texts_.push_back(model_->Piece(id));
     }
   }
-  std::stable_sort(t->special_texts_.begin(), t->special_texts_.end(),
+  std::stable_sort(special_texts_.begin(), special_texts_.end(),
                    [](const std::string& a, const std::string& b) { return a.size() > b.size(); });
-  return t;
 }
 
 std::vector<int32_t> Tokenizer::Spell(std::string_view text) const {

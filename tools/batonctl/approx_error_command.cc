@@ -249,20 +249,80 @@ double Median(std::vector<int64_t> values) {  // values non-empty
   return (values[(n - 1) / 2] + values[n / 2]) / 2.0;
 }
 
+using TruncationModes = std::vector<std::pair<std::string, model::TruncationMode>>;
+
+// One free-running variant (mode, keep, H) over the prompts.
+struct Divergences {
+  std::string mode;
+  int64_t keep = 0;
+  int64_t hit = 0;
+  std::vector<int64_t> first_divergence;  // per prompt; -1 where the completion is off's
+  std::vector<int64_t> positions_differ;  // per prompt
+};
+
+// A variant's figures: completions identical to off's, the divergence rate's 95% upper bound,
+// the share of positions that differ, and where the first divergence falls.
+nlohmann::json DivergenceJson(const Divergences& t, int64_t steps) {
+  const int64_t n = static_cast<int64_t>(t.first_divergence.size());
+  std::vector<int64_t> firsts;
+  int64_t differ = 0;
+  for (int64_t p = 0; p < n; ++p) {
+    if (t.first_divergence[p] >= 0) firsts.push_back(t.first_divergence[p]);
+    differ += t.positions_differ[p];
+  }
+  const int64_t d = static_cast<int64_t>(firsts.size());
+  nlohmann::json r = {{"mode", t.mode},
+                      {"keep", t.keep},
+                      {"prefix_hit_tokens", t.hit},
+                      {"completions", n},
+                      {"identical", n - d},
+                      {"identical_share", static_cast<double>(n - d) / n},
+                      {"diverging", d},
+                      {"divergence_upper95", BinomialUpper95(d, n)},
+                      {"position_divergence_share", static_cast<double>(differ) / (n * steps)},
+                      {"first_divergence_median", nullptr},
+                      {"first_divergence_mean", nullptr},
+                      {"first_divergence", t.first_divergence},
+                      {"positions_differ", t.positions_differ}};
+  if (d == 0) r["rule_of_three"] = 3.0 / n;
+  if (d > 0) {
+    r["first_divergence_median"] = Median(firsts);
+    double sum = 0;
+    for (int64_t f : firsts) sum += f;
+    r["first_divergence_mean"] = sum / d;
+  }
+  return r;
+}
+
+// The free-running report as text, a row per variant.
+void PrintFreeRunning(const nlohmann::json& report) {
+  std::cout << absl::StrFormat(
+      "%d prompts, %d greedy tokens each (off's: median %.1f distinct); C = %d, "
+      "R = W + (D-1)(W-1) = %d\n",
+      report["prompts"].get<int64_t>(), report["tokens"].get<int64_t>(),
+      report["off_distinct_tokens_median"].get<double>(), report["ring_capacity"].get<int64_t>(),
+      report["span_r"].get<int64_t>());
+  std::cout << absl::StrFormat("%-8s %6s %6s %10s %10s %12s %12s %12s\n", "mode", "keep", "hit",
+                               "identical", "upper95", "pos differ", "first med", "first mean");
+  auto or_dash = [](const nlohmann::json& v) {
+    return v.is_null() ? std::string("-") : absl::StrFormat("%.1f", v.get<double>());
+  };
+  for (const nlohmann::json& r : report["results"]) {
+    std::cout << absl::StrFormat(
+        "%-8s %6d %6d %10.4f %10.4f %12.4g %12s %12s\n", r["mode"].get<std::string>(),
+        r["keep"].get<int64_t>(), r["prefix_hit_tokens"].get<int64_t>(),
+        r["identical_share"].get<double>(), r["divergence_upper95"].get<double>(),
+        r["position_divergence_share"].get<double>(), or_dash(r["first_divergence_median"]),
+        or_dash(r["first_divergence_mean"]));
+  }
+}
+
 // --free-running: every variant's greedy completion against off's, per prompt.
 int RunFreeRunning(const ApproxErrorOptions& o, model::Engine& ced,
                    const std::vector<std::vector<int32_t>>& prompts,
-                   const std::vector<int64_t>& keeps,
-                   const std::vector<std::pair<std::string, model::TruncationMode>>& modes) {
+                   const std::vector<int64_t>& keeps, const TruncationModes& modes) {
   const ModelConfig& config = ced.config();
-  struct Totals {
-    std::string mode;
-    int64_t keep = 0;
-    int64_t hit = 0;
-    std::vector<int64_t> first_divergence;  // per prompt; -1 where the completion is off's
-    std::vector<int64_t> positions_differ;  // per prompt
-  };
-  std::vector<Totals> totals;
+  std::vector<Divergences> totals;
   // How varied off's completions are: a small model's greedy output soon repeats itself, and a
   // loop's tokens are confident ones that a small logit difference does not flip.
   std::vector<int64_t> off_distinct;
@@ -280,10 +340,11 @@ int RunFreeRunning(const ApproxErrorOptions& o, model::Engine& ced,
               ced, prompt, {.mode = mode, .keep = keep, .s_valid = s_valid}, o.steps);
           if (!completion.ok()) return ReportError("approx-error", completion.status());
           // Prompts of other lengths (--prompts) have other hits: one variant per (mode, K, H).
-          auto it = std::find_if(totals.begin(), totals.end(), [&](const Totals& t) {
+          auto it = std::find_if(totals.begin(), totals.end(), [&](const Divergences& t) {
             return t.mode == name && t.keep == keep && t.hit == s_valid;
           });
-          Totals& t = it != totals.end() ? *it : totals.emplace_back(Totals{name, keep, s_valid});
+          Divergences& t =
+              it != totals.end() ? *it : totals.emplace_back(Divergences{name, keep, s_valid});
           int64_t first = -1, differ = 0;
           for (int64_t i = 0; i < o.steps; ++i) {
             if ((*completion)[i] == (*off)[i]) continue;
@@ -296,74 +357,215 @@ int RunFreeRunning(const ApproxErrorOptions& o, model::Engine& ced,
       }
     }
   }
-
   nlohmann::json results = nlohmann::json::array();
-  for (const Totals& t : totals) {
-    const int64_t n = static_cast<int64_t>(t.first_divergence.size());
-    std::vector<int64_t> firsts;
-    int64_t differ = 0;
-    for (int64_t p = 0; p < n; ++p) {
-      if (t.first_divergence[p] >= 0) firsts.push_back(t.first_divergence[p]);
-      differ += t.positions_differ[p];
-    }
-    const int64_t d = static_cast<int64_t>(firsts.size());
-    nlohmann::json r = {{"mode", t.mode},
-                        {"keep", t.keep},
-                        {"prefix_hit_tokens", t.hit},
-                        {"completions", n},
-                        {"identical", n - d},
-                        {"identical_share", static_cast<double>(n - d) / n},
-                        {"diverging", d},
-                        {"divergence_upper95", BinomialUpper95(d, n)},
-                        {"position_divergence_share", static_cast<double>(differ) / (n * o.steps)},
-                        {"first_divergence_median", nullptr},
-                        {"first_divergence_mean", nullptr},
-                        {"first_divergence", t.first_divergence},
-                        {"positions_differ", t.positions_differ}};
-    if (d == 0) r["rule_of_three"] = 3.0 / n;
-    if (d > 0) {
-      r["first_divergence_median"] = Median(firsts);
-      double sum = 0;
-      for (int64_t f : firsts) sum += f;
-      r["first_divergence_mean"] = sum / d;
-    }
-    results.push_back(std::move(r));
-  }
+  for (const Divergences& t : totals) results.push_back(DivergenceJson(t, o.steps));
+  const nlohmann::json report = {{"kind", "approx_error_free_running"},
+                                 {"model", o.model_dir},
+                                 {"text", o.text_file},
+                                 {"prompts", prompts.size()},
+                                 {"tokens", o.steps},
+                                 {"ring_capacity", config.ring_capacity()},
+                                 {"window", config.sliding_window},
+                                 {"span_r", config.dependency_span()},
+                                 {"off_distinct_tokens_median", Median(off_distinct)},
+                                 {"off_distinct_tokens", off_distinct},
+                                 {"results", std::move(results)}};
   if (o.json) {
-    std::cout << nlohmann::json{{"kind", "approx_error_free_running"},
-                                {"model", o.model_dir},
-                                {"text", o.text_file},
-                                {"prompts", prompts.size()},
-                                {"tokens", o.steps},
-                                {"ring_capacity", config.ring_capacity()},
-                                {"window", config.sliding_window},
-                                {"span_r", config.dependency_span()},
-                                {"off_distinct_tokens_median", Median(off_distinct)},
-                                {"off_distinct_tokens", off_distinct},
-                                {"results", std::move(results)}}
-                     .dump(2)
-              << "\n";
-    return kExitOk;
-  }
-  std::cout << absl::StrFormat(
-      "%d prompts, %d greedy tokens each (off's: median %.1f distinct); C = %d, "
-      "R = W + (D-1)(W-1) = %d\n",
-      prompts.size(), o.steps, Median(off_distinct), config.ring_capacity(),
-      config.dependency_span());
-  std::cout << absl::StrFormat("%-8s %6s %6s %10s %10s %12s %12s %12s\n", "mode", "keep", "hit",
-                               "identical", "upper95", "pos differ", "first med", "first mean");
-  auto or_dash = [](const nlohmann::json& v) {
-    return v.is_null() ? std::string("-") : absl::StrFormat("%.1f", v.get<double>());
-  };
-  for (const nlohmann::json& r : results) {
-    std::cout << absl::StrFormat(
-        "%-8s %6d %6d %10.4f %10.4f %12.4g %12s %12s\n", r["mode"].get<std::string>(),
-        r["keep"].get<int64_t>(), r["prefix_hit_tokens"].get<int64_t>(),
-        r["identical_share"].get<double>(), r["divergence_upper95"].get<double>(),
-        r["position_divergence_share"].get<double>(), or_dash(r["first_divergence_median"]),
-        or_dash(r["first_divergence_mean"]));
+    std::cout << report.dump(2) << "\n";
+  } else {
+    PrintFreeRunning(report);
   }
   return kExitOk;
+}
+
+// --keep (default: C, doubling, to R) and --modes (mask, compact; off is the reference), each
+// checked.
+absl::StatusOr<std::vector<int64_t>> KeepsToTry(const ApproxErrorOptions& o,
+                                                const ModelConfig& config) {
+  const int64_t C = config.ring_capacity(), R = config.dependency_span();
+  std::vector<int64_t> keeps;
+  if (o.keeps.empty()) {
+    for (int64_t k = C; k < R; k *= 2) keeps.push_back(k);
+    keeps.push_back(R);
+  } else {
+    absl::StatusOr<std::vector<int64_t>> parsed = ParseIntList(o.keeps, "--keep");
+    if (!parsed.ok()) return parsed.status();
+    keeps = *parsed;
+  }
+  for (int64_t k : keeps) {
+    if (absl::Status st = CheckKeep(true, k, C, "--keep"); !st.ok()) return st;
+  }
+  return keeps;
+}
+
+absl::StatusOr<TruncationModes> ModesToTry(const ApproxErrorOptions& o) {
+  TruncationModes modes;
+  for (absl::string_view name : absl::StrSplit(o.modes, ',')) {
+    absl::StatusOr<model::TruncationMode> mode =
+        model::ParseTruncationMode(std::string(name), "--modes");
+    if (!mode.ok()) return mode.status();
+    if (*mode == model::TruncationMode::kOff) {
+      return absl::InvalidArgumentError("--modes: off is the reference; use mask, compact");
+    }
+    modes.push_back({std::string(name), *mode});
+  }
+  return modes;
+}
+
+// Accumulated over prompts, per variant (mode, keep, H): per step and per edge distance.
+struct Totals {
+  std::string mode;
+  int64_t keep = 0;
+  int64_t hit = 0;
+  std::vector<double> kl_sum, kl_max, max_abs;
+  std::vector<int64_t> agree;
+  std::map<int64_t, double> ring;  // edge distance -> max abs difference
+  double vs_cold = 0;              // max abs logit difference against the cold variant
+  int64_t runs = 0;
+};
+
+// Every variant's totals, and compact against mask per keep, over the prompts compared.
+struct ApproxTotals {
+  int64_t steps = 0;
+  std::vector<Totals> totals;
+  std::map<int64_t, double> compact_vs_mask;  // keep -> max abs logit difference
+
+  Totals& For(const std::string& mode, int64_t keep, int64_t hit) {
+    for (Totals& t : totals) {
+      if (t.mode == mode && t.keep == keep && t.hit == hit) return t;
+    }
+    totals.push_back({mode, keep, hit});
+    Totals& t = totals.back();
+    t.kl_sum.assign(steps, 0);
+    t.kl_max.assign(steps, 0);
+    t.max_abs.assign(steps, 0);
+    t.agree.assign(steps, 0);
+    return t;
+  }
+};
+
+// One variant's run against the reference into `t`: each step's logits, and the consumer
+// rings' largest difference by distance from the keep edge (ring slot of position p is
+// p % C; the ring holds positions [L - C, L)).
+void Accumulate(const Run& reference, const Run& run, const model::StateLayout& layout, int64_t L,
+                int64_t C, int64_t steps, Totals& t) {
+  ++t.runs;
+  for (int64_t i = 0; i < steps; ++i) {
+    const StepError e = Compare(reference.step_logits[i], run.step_logits[i]);
+    t.kl_sum[i] += e.kl;
+    t.kl_max[i] = std::max(t.kl_max[i], e.kl);
+    t.max_abs[i] = std::max(t.max_abs[i], e.max_abs);
+    t.agree[i] += e.top1;
+  }
+  for (int64_t p = std::max<int64_t>(0, L - C); p < L; ++p) {
+    double m = 0;
+    for (int64_t l = 0; l < layout.consumer_layers; ++l) {
+      for (int kv = 0; kv < 2; ++kv) {
+        const int64_t at = ((l * 2 + kv) * C + p % C) * layout.kv_dim;
+        for (int64_t j = 0; j < layout.kv_dim; ++j) {
+          m = std::max(m,
+                       std::abs(double{reference.consumer_swa[at + j]} - run.consumer_swa[at + j]));
+        }
+      }
+    }
+    double& slot = t.ring[p - (L - t.keep)];
+    slot = std::max(slot, m);
+  }
+}
+
+// One prompt: the untruncated reference along `continuation`, then every mode, keep and start
+// against it (a start after a hit also against that mode's cold run).
+absl::Status ComparePrompt(model::Engine& ced, const std::vector<int32_t>& prompt,
+                           const std::vector<int32_t>& continuation, bool prefix_hit,
+                           const std::vector<int64_t>& keeps, const TruncationModes& modes,
+                           ApproxTotals& out) {
+  const ModelConfig& config = ced.config();
+  const int64_t L = static_cast<int64_t>(prompt.size()), C = config.ring_capacity();
+  absl::StatusOr<Run> reference =
+      RunVariant(ced, prompt, continuation, model::TruncationMode::kOff, 0, 0);
+  if (!reference.ok()) return reference.status();
+  const std::vector<int64_t> starts = VariantStarts(L, config, prefix_hit);
+  for (int64_t keep : keeps) {
+    std::map<std::string, Run> cold;
+    for (const auto& [name, mode] : modes) {
+      for (int64_t s_valid : starts) {
+        absl::StatusOr<Run> run = RunVariant(ced, prompt, continuation, mode, keep, s_valid);
+        if (!run.ok()) return run.status();
+        Totals& t = out.For(name, keep, s_valid);
+        Accumulate(*reference, *run, ced.state_layout(), L, C, out.steps, t);
+        if (s_valid == 0) {
+          cold[name] = *std::move(run);
+          continue;
+        }
+        for (int64_t i = 0; i < out.steps; ++i) {
+          t.vs_cold = std::max(t.vs_cold, MaxAbs(run->step_logits[i], cold[name].step_logits[i]));
+        }
+      }
+    }
+    if (cold.count("mask") && cold.count("compact")) {
+      double& m = out.compact_vs_mask[keep];
+      for (int64_t i = 0; i < out.steps; ++i) {
+        m = std::max(m, MaxAbs(cold["mask"].step_logits[i], cold["compact"].step_logits[i]));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+// One variant's figures: over all steps and per step, and the ring by edge distance.
+nlohmann::json TotalsJson(const Totals& t, int64_t steps_per_run) {
+  nlohmann::json steps = nlohmann::json::array();
+  double kl_total = 0, kl_max = 0, max_abs = 0;
+  int64_t agree = 0;
+  for (int64_t i = 0; i < steps_per_run; ++i) {
+    steps.push_back({{"step", i},
+                     {"kl_mean", t.kl_sum[i] / t.runs},
+                     {"kl_max", t.kl_max[i]},
+                     {"top1_agreement", static_cast<double>(t.agree[i]) / t.runs},
+                     {"max_abs_logit_diff", t.max_abs[i]}});
+    kl_total += t.kl_sum[i];
+    kl_max = std::max(kl_max, t.kl_max[i]);
+    max_abs = std::max(max_abs, t.max_abs[i]);
+    agree += t.agree[i];
+  }
+  nlohmann::json ring = nlohmann::json::array();
+  for (const auto& [d, m] : t.ring) ring.push_back({{"edge_distance", d}, {"max_abs", m}});
+  nlohmann::json r = {{"mode", t.mode},
+                      {"keep", t.keep},
+                      {"prefix_hit_tokens", t.hit},
+                      {"prompts", t.runs},
+                      {"kl_mean", kl_total / (t.runs * steps_per_run)},
+                      {"kl_max", kl_max},
+                      {"top1_agreement", static_cast<double>(agree) / (t.runs * steps_per_run)},
+                      {"max_abs_logit_diff", max_abs},
+                      {"steps", std::move(steps)},
+                      {"ring_distance", std::move(ring)}};
+  if (t.hit > 0) r["max_abs_vs_cold"] = t.vs_cold;
+  return r;
+}
+
+// The report as text: the variants' rows, then compact against mask.
+void PrintApproxError(const nlohmann::json& report) {
+  std::cout << absl::StrFormat(
+      "%d prompts, %d teacher-forced steps; C = %d, W = %d, R = W + (D-1)(W-1) = %d\n",
+      report["prompts"].get<int64_t>(), report["steps"].get<int64_t>(),
+      report["ring_capacity"].get<int64_t>(), report["window"].get<int64_t>(),
+      report["span_r"].get<int64_t>());
+  std::cout << absl::StrFormat("%-8s %6s %6s %12s %12s %8s %14s %12s\n", "mode", "keep", "hit",
+                               "KL mean", "KL max", "top-1", "max |dlogit|", "vs cold");
+  for (const nlohmann::json& r : report["results"]) {
+    std::cout << absl::StrFormat(
+        "%-8s %6d %6d %12.4g %12.4g %8.4f %14.4g %12s\n", r["mode"].get<std::string>(),
+        r["keep"].get<int64_t>(), r["prefix_hit_tokens"].get<int64_t>(), r["kl_mean"].get<double>(),
+        r["kl_max"].get<double>(), r["top1_agreement"].get<double>(),
+        r["max_abs_logit_diff"].get<double>(),
+        r.contains("max_abs_vs_cold") ? absl::StrFormat("%.4g", r["max_abs_vs_cold"].get<double>())
+                                      : std::string("-"));
+  }
+  for (const nlohmann::json& m : report["compact_vs_mask"]) {
+    std::cout << absl::StrFormat("compact vs mask at keep %d: max |dlogit| %.4g\n",
+                                 m["keep"].get<int64_t>(), m["max_abs_logit_diff"].get<double>());
+  }
 }
 
 int RunApproxError(const ApproxErrorOptions& o) {
@@ -371,37 +573,14 @@ int RunApproxError(const ApproxErrorOptions& o) {
   if (!loaded.ok()) return ReportError("approx-error", loaded.status());
   model::Engine& ced = **loaded;
   const ModelConfig& config = ced.config();
-  const int64_t C = config.ring_capacity(), W = config.sliding_window;
-  const int64_t R = config.dependency_span();
   if (o.steps < 1) {
     return ReportError("approx-error", absl::InvalidArgumentError(
                                            absl::StrCat("--steps is ", o.steps, "; must be >= 1")));
   }
-  std::vector<int64_t> keeps;
-  if (o.keeps.empty()) {
-    for (int64_t k = C; k < R; k *= 2) keeps.push_back(k);
-    keeps.push_back(R);
-  } else {
-    absl::StatusOr<std::vector<int64_t>> parsed = ParseIntList(o.keeps, "--keep");
-    if (!parsed.ok()) return ReportError("approx-error", parsed.status());
-    keeps = *parsed;
-  }
-  for (int64_t k : keeps) {
-    if (absl::Status st = CheckKeep(true, k, C, "--keep"); !st.ok()) {
-      return ReportError("approx-error", st);
-    }
-  }
-  std::vector<std::pair<std::string, model::TruncationMode>> modes;
-  for (absl::string_view name : absl::StrSplit(o.modes, ',')) {
-    absl::StatusOr<model::TruncationMode> mode =
-        model::ParseTruncationMode(std::string(name), "--modes");
-    if (!mode.ok()) return ReportError("approx-error", mode.status());
-    if (*mode == model::TruncationMode::kOff) {
-      return ReportError("approx-error", absl::InvalidArgumentError(
-                                             "--modes: off is the reference; use mask, compact"));
-    }
-    modes.push_back({std::string(name), *mode});
-  }
+  absl::StatusOr<std::vector<int64_t>> keeps = KeepsToTry(o, config);
+  if (!keeps.ok()) return ReportError("approx-error", keeps.status());
+  absl::StatusOr<TruncationModes> modes = ModesToTry(o);
+  if (!modes.ok()) return ReportError("approx-error", modes.status());
   absl::StatusOr<std::vector<std::vector<int32_t>>> prompts;
   std::vector<std::vector<int32_t>> text_continuations;  // with --text: each prompt's own
   if (!o.text_file.empty()) {
@@ -415,37 +594,11 @@ int RunApproxError(const ApproxErrorOptions& o) {
     prompts = LoadPrompts(o, config.vocab_size);
   }
   if (!prompts.ok()) return ReportError("approx-error", prompts.status());
-  if (o.free_running) return RunFreeRunning(o, ced, *prompts, keeps, modes);
+  if (o.free_running) return RunFreeRunning(o, ced, *prompts, *keeps, *modes);
 
-  // Accumulated over prompts, per variant (mode, keep, H): per step and per edge distance.
-  struct Totals {
-    std::string mode;
-    int64_t keep = 0;
-    int64_t hit = 0;
-    std::vector<double> kl_sum, kl_max, max_abs;
-    std::vector<int64_t> agree;
-    std::map<int64_t, double> ring;  // edge distance -> max abs difference
-    double vs_cold = 0;              // max abs logit difference against the cold variant
-    int64_t runs = 0;
-  };
-  std::vector<Totals> totals;
-  std::map<int64_t, double> compact_vs_mask;  // keep -> max abs logit difference
-  auto totals_for = [&](const std::string& mode, int64_t keep, int64_t hit) -> Totals& {
-    for (Totals& t : totals) {
-      if (t.mode == mode && t.keep == keep && t.hit == hit) return t;
-    }
-    totals.push_back({mode, keep, hit});
-    Totals& t = totals.back();
-    t.kl_sum.assign(o.steps, 0);
-    t.kl_max.assign(o.steps, 0);
-    t.max_abs.assign(o.steps, 0);
-    t.agree.assign(o.steps, 0);
-    return t;
-  };
-  const model::StateLayout layout = ced.state_layout();
+  ApproxTotals totals{.steps = o.steps};
   for (size_t index = 0; index < prompts->size(); ++index) {
     const std::vector<int32_t>& prompt = (*prompts)[index];
-    const int64_t L = static_cast<int64_t>(prompt.size());
     // The continuation, fed to every variant: the text's next tokens, or off's greedy ones.
     std::vector<int32_t> continuation;
     if (!text_continuations.empty()) {
@@ -455,126 +608,32 @@ int RunApproxError(const ApproxErrorOptions& o) {
       if (!greedy.ok()) return ReportError("approx-error", greedy.status());
       continuation = *std::move(greedy);
     }
-    absl::StatusOr<Run> reference =
-        RunVariant(ced, prompt, continuation, model::TruncationMode::kOff, 0, 0);
-    if (!reference.ok()) return ReportError("approx-error", reference.status());
-    const std::vector<int64_t> starts = VariantStarts(L, config, o.prefix_hit);
-    for (int64_t keep : keeps) {
-      std::map<std::string, Run> cold;
-      for (const auto& [name, mode] : modes) {
-        for (int64_t s_valid : starts) {
-          absl::StatusOr<Run> run = RunVariant(ced, prompt, continuation, mode, keep, s_valid);
-          if (!run.ok()) return ReportError("approx-error", run.status());
-          Totals& t = totals_for(name, keep, s_valid);
-          ++t.runs;
-          for (int64_t i = 0; i < o.steps; ++i) {
-            const StepError e = Compare(reference->step_logits[i], run->step_logits[i]);
-            t.kl_sum[i] += e.kl;
-            t.kl_max[i] = std::max(t.kl_max[i], e.kl);
-            t.max_abs[i] = std::max(t.max_abs[i], e.max_abs);
-            t.agree[i] += e.top1;
-          }
-          // Ring slot of position p is p % C; the ring holds positions [L - C, L).
-          for (int64_t p = std::max<int64_t>(0, L - C); p < L; ++p) {
-            double m = 0;
-            for (int64_t l = 0; l < layout.consumer_layers; ++l) {
-              for (int kv = 0; kv < 2; ++kv) {
-                const int64_t at = ((l * 2 + kv) * C + p % C) * layout.kv_dim;
-                for (int64_t j = 0; j < layout.kv_dim; ++j) {
-                  m = std::max(m, std::abs(double{reference->consumer_swa[at + j]} -
-                                           run->consumer_swa[at + j]));
-                }
-              }
-            }
-            double& slot = t.ring[p - (L - keep)];
-            slot = std::max(slot, m);
-          }
-          if (s_valid == 0) {
-            cold[name] = *std::move(run);
-          } else {
-            for (int64_t i = 0; i < o.steps; ++i) {
-              t.vs_cold =
-                  std::max(t.vs_cold, MaxAbs(run->step_logits[i], cold[name].step_logits[i]));
-            }
-          }
-        }
-      }
-      if (cold.count("mask") && cold.count("compact")) {
-        double& m = compact_vs_mask[keep];
-        for (int64_t i = 0; i < o.steps; ++i) {
-          m = std::max(m, MaxAbs(cold["mask"].step_logits[i], cold["compact"].step_logits[i]));
-        }
-      }
+    if (absl::Status s =
+            ComparePrompt(ced, prompt, continuation, o.prefix_hit, *keeps, *modes, totals);
+        !s.ok()) {
+      return ReportError("approx-error", s);
     }
   }
-
   nlohmann::json results = nlohmann::json::array();
-  for (const Totals& t : totals) {
-    nlohmann::json steps = nlohmann::json::array();
-    double kl_total = 0, kl_max = 0, max_abs = 0;
-    int64_t agree = 0;
-    for (int64_t i = 0; i < o.steps; ++i) {
-      steps.push_back({{"step", i},
-                       {"kl_mean", t.kl_sum[i] / t.runs},
-                       {"kl_max", t.kl_max[i]},
-                       {"top1_agreement", static_cast<double>(t.agree[i]) / t.runs},
-                       {"max_abs_logit_diff", t.max_abs[i]}});
-      kl_total += t.kl_sum[i];
-      kl_max = std::max(kl_max, t.kl_max[i]);
-      max_abs = std::max(max_abs, t.max_abs[i]);
-      agree += t.agree[i];
-    }
-    nlohmann::json ring = nlohmann::json::array();
-    for (const auto& [d, m] : t.ring) ring.push_back({{"edge_distance", d}, {"max_abs", m}});
-    nlohmann::json r = {{"mode", t.mode},
-                        {"keep", t.keep},
-                        {"prefix_hit_tokens", t.hit},
-                        {"prompts", t.runs},
-                        {"kl_mean", kl_total / (t.runs * o.steps)},
-                        {"kl_max", kl_max},
-                        {"top1_agreement", static_cast<double>(agree) / (t.runs * o.steps)},
-                        {"max_abs_logit_diff", max_abs},
-                        {"steps", std::move(steps)},
-                        {"ring_distance", std::move(ring)}};
-    if (t.hit > 0) r["max_abs_vs_cold"] = t.vs_cold;
-    results.push_back(std::move(r));
-  }
+  for (const Totals& t : totals.totals) results.push_back(TotalsJson(t, o.steps));
   nlohmann::json mask_compact = nlohmann::json::array();
-  for (const auto& [keep, m] : compact_vs_mask) {
+  for (const auto& [keep, m] : totals.compact_vs_mask) {
     mask_compact.push_back({{"keep", keep}, {"max_abs_logit_diff", m}});
   }
+  const nlohmann::json report = {{"kind", "approx_error"},
+                                 {"model", o.model_dir},
+                                 {"text", o.text_file},
+                                 {"prompts", prompts->size()},
+                                 {"steps", o.steps},
+                                 {"ring_capacity", config.ring_capacity()},
+                                 {"window", config.sliding_window},
+                                 {"span_r", config.dependency_span()},
+                                 {"results", std::move(results)},
+                                 {"compact_vs_mask", std::move(mask_compact)}};
   if (o.json) {
-    std::cout << nlohmann::json{{"kind", "approx_error"},
-                                {"model", o.model_dir},
-                                {"text", o.text_file},
-                                {"prompts", prompts->size()},
-                                {"steps", o.steps},
-                                {"ring_capacity", C},
-                                {"window", W},
-                                {"span_r", R},
-                                {"results", std::move(results)},
-                                {"compact_vs_mask", std::move(mask_compact)}}
-                     .dump(2)
-              << "\n";
-    return kExitOk;
-  }
-  std::cout << absl::StrFormat(
-      "%d prompts, %d teacher-forced steps; C = %d, W = %d, R = W + (D-1)(W-1) = %d\n",
-      prompts->size(), o.steps, C, W, R);
-  std::cout << absl::StrFormat("%-8s %6s %6s %12s %12s %8s %14s %12s\n", "mode", "keep", "hit",
-                               "KL mean", "KL max", "top-1", "max |dlogit|", "vs cold");
-  for (const nlohmann::json& r : results) {
-    std::cout << absl::StrFormat(
-        "%-8s %6d %6d %12.4g %12.4g %8.4f %14.4g %12s\n", r["mode"].get<std::string>(),
-        r["keep"].get<int64_t>(), r["prefix_hit_tokens"].get<int64_t>(), r["kl_mean"].get<double>(),
-        r["kl_max"].get<double>(), r["top1_agreement"].get<double>(),
-        r["max_abs_logit_diff"].get<double>(),
-        r.contains("max_abs_vs_cold") ? absl::StrFormat("%.4g", r["max_abs_vs_cold"].get<double>())
-                                      : std::string("-"));
-  }
-  for (const nlohmann::json& m : mask_compact) {
-    std::cout << absl::StrFormat("compact vs mask at keep %d: max |dlogit| %.4g\n",
-                                 m["keep"].get<int64_t>(), m["max_abs_logit_diff"].get<double>());
+    std::cout << report.dump(2) << "\n";
+  } else {
+    PrintApproxError(report);
   }
   return kExitOk;
 }

@@ -80,55 +80,59 @@ nlohmann::json PointJson(const ShapedPoint& shaped) {
           {"stopped", p.stopped}};
 }
 
-int RunCapacity(const CapacityOptions& o) {
-  const auto start = std::chrono::steady_clock::now();
+// The numeric flags, each in its range.
+absl::Status CheckCapacityFlags(const CapacityOptions& o) {
   if (!(o.ttft_p99_ms > 0) || !std::isfinite(o.ttft_p99_ms)) {
-    return ReportError("capacity", FlagError("--ttft-p99-ms", "must be a finite number > 0"));
+    return FlagError("--ttft-p99-ms", "must be a finite number > 0");
   }
   if (!(o.itl_p99_ms >= 0) || !std::isfinite(o.itl_p99_ms)) {
-    return ReportError("capacity",
-                       FlagError("--itl-p99-ms", "must be a finite number >= 0 (0: none)"));
+    return FlagError("--itl-p99-ms", "must be a finite number >= 0 (0: none)");
   }
   if (o.max_nodes < 1 || o.max_nodes > 1024) {
-    return ReportError(
-        "capacity", FlagError("--max-nodes", absl::StrCat(o.max_nodes, " must lie in [1, 1024]")));
+    return FlagError("--max-nodes", absl::StrCat(o.max_nodes, " must lie in [1, 1024]"));
   }
   if (o.prefill_slots < 1 || o.prefill_slots > 1024 || o.decode_slots < 1 ||
       o.decode_slots > 65536) {
-    return ReportError("capacity", FlagError("--prefill-slots and --decode-slots",
-                                             "must lie in [1, 1024] and [1, 65536]"));
+    return FlagError("--prefill-slots and --decode-slots", "must lie in [1, 1024] and [1, 65536]");
   }
   if (!(o.time_scale >= 0) || !std::isfinite(o.time_scale) || o.max_requests < 0 ||
       o.max_output_tokens < 0) {
-    return ReportError("capacity", FlagError("--time-scale, --max-requests and --max-output-tokens",
-                                             "must be finite and >= 0"));
+    return FlagError("--time-scale, --max-requests and --max-output-tokens",
+                     "must be finite and >= 0");
   }
+  return absl::OkStatus();
+}
+
+// The shapes to search: every combination of --split, --policy and --block-cache-bytes, each
+// flag checked, and the prefill and decode nodes' rates they are priced at.
+absl::StatusOr<std::vector<Shape>> ParseShapes(const CapacityOptions& o,
+                                               kvstore::PrefillRates& rates_out,
+                                               DecodeRates& decode_out) {
   absl::StatusOr<std::vector<RoutePolicy>> policies = ParseRoutePolicies(o.policy);
-  if (!policies.ok()) return ReportError("capacity", policies.status());
+  if (!policies.ok()) return policies.status();
   absl::StatusOr<kvstore::PrefillRates> rates = ParseRates(o.rates);
-  if (!rates.ok()) return ReportError("capacity", rates.status());
+  if (!rates.ok()) return rates.status();
   absl::StatusOr<DecodeRates> decode = ParseDecodeRates(o.decode_rates);
-  if (!decode.ok()) return ReportError("capacity", decode.status());
+  if (!decode.ok()) return decode.status();
   absl::StatusOr<std::vector<std::optional<uint64_t>>> caches =
       ParseBudgets(o.block_cache_bytes, "--block-cache-bytes");
-  if (!caches.ok()) return ReportError("capacity", caches.status());
+  if (!caches.ok()) return caches.status();
   std::vector<std::string> splits;
   for (absl::string_view split : absl::StrSplit(
            o.split.empty() ? (decode->replay_ms_per_gflop > 0 ? "replay-on-decode" : "prefill-all")
                            : o.split,
            ',')) {
     if (split != "prefill-all" && split != "replay-on-decode") {
-      return ReportError("capacity", FlagError("--split", absl::StrCat("'", split,
-                                                                       "' is unknown; allowed: "
-                                                                       "prefill-all, "
-                                                                       "replay-on-decode")));
+      return FlagError("--split", absl::StrCat("'", split,
+                                               "' is unknown; allowed: "
+                                               "prefill-all, "
+                                               "replay-on-decode"));
     }
     if (split == "replay-on-decode" && !(decode->replay_ms_per_gflop > 0)) {
-      return ReportError("capacity",
-                         FlagError("--split",
-                                   "replay-on-decode needs the decode nodes' replay rate: "
-                                   "--decode-rates replay_ms_per_gflop=.. (a decode node's "
-                                   "baton_decode_replay_ms_per_gflop; `batonctl rates` gives it)"));
+      return FlagError("--split",
+                       "replay-on-decode needs the decode nodes' replay rate: "
+                       "--decode-rates replay_ms_per_gflop=.. (a decode node's "
+                       "baton_decode_replay_ms_per_gflop; `batonctl rates` gives it)");
     }
     splits.emplace_back(split);
   }
@@ -144,68 +148,19 @@ int RunCapacity(const CapacityOptions& o) {
       }
     }
   }
-  absl::StatusOr<ModelConfig> config = LoadModelConfig(o.model_config);
-  if (!config.ok()) {
-    return ReportError("capacity", FlagError("--model-config", config.status().message()));
-  }
-  const TokenOptions tokens{.trace_block = o.trace_block,
-                            .length_scale = o.length_scale,
-                            .vocab_size = config->vocab_size};
-  if (absl::Status s = ValidateTokenOptions(tokens); !s.ok()) {
-    return ReportError("capacity", FlagError("--trace-block and --length-scale", s.message()));
-  }
-  absl::StatusOr<std::vector<TraceRequest>> trace = LoadTrace(o.trace, o.trace_block);
-  if (!trace.ok()) {
-    return ReportError("capacity", FlagError("--trace", trace.status().message()));
-  }
-  if (o.max_requests > 0 && static_cast<size_t>(o.max_requests) < trace->size()) {
-    trace->resize(static_cast<size_t>(o.max_requests));
-  }
-  const int64_t B = config->kv_block_size, C = config->ring_capacity();
-  const std::vector<ClusterRequest> requests =
-      ClusterRequestsFromTrace(*trace, tokens, B, o.time_scale, o.max_output_tokens);
-  const ClusterOptions common{.slots = o.prefill_slots,
-                              .hit = {.keep = C,
-                                      .truncation_on = true,
-                                      .ring_capacity = C,
-                                      .window = config->sliding_window,
-                                      .block_size = B,
-                                      .cap = kvstore::HitCap::kRing},
-                              .payload = kvstore::BlockPayloadBytes(*config),
-                              .config = *config,
-                              .rates = *rates,
-                              .decode_nodes = 1,
-                              .decode_slots = o.decode_slots,
-                              .decode = *decode,
-                              .decode_step = o.decode_step};
-  // Each shape's own search; the cheapest answer is the fewest nodes, then the smallest cache,
-  // then the least TTFT p99.
-  std::vector<ShapedPoint> explored;
-  std::optional<ShapedPoint> best;
-  for (const Shape& shape : shapes) {
-    ClusterOptions base = common;
-    base.policy = shape.route;
-    base.block_cache_bytes = shape.block_cache_bytes;
-    if (shape.split == "prefill-all") base.decode.replay_ms_per_gflop = 0;
-    const CapacityPlan plan = PlanCapacity(
-        requests, base,
-        {.ttft_p99_ms = o.ttft_p99_ms, .itl_p99_ms = o.itl_p99_ms, .max_nodes = o.max_nodes});
-    for (const CapacityPoint& p : plan.explored) explored.push_back({shape, p});
-    if (!plan.best) continue;
-    const ShapedPoint candidate{shape, *plan.best};
-    auto key = [](const ShapedPoint& s) {
-      return std::make_tuple(s.point.prefill_nodes + s.point.decode_nodes,
-                             s.shape.block_cache_bytes, s.point.ttft_p99_ms);
-    };
-    if (!best || key(candidate) < key(*best)) best = candidate;
-  }
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  rates_out = *rates;
+  decode_out = *decode;
+  return shapes;
+}
+
+// The explored points and the answer, as a table or (--json) one JSON object.
+void PrintCapacity(const CapacityOptions& o, const std::vector<ShapedPoint>& explored,
+                   const std::optional<ShapedPoint>& best, size_t requests, double seconds) {
   if (o.json) {
     nlohmann::json points = nlohmann::json::array();
     for (const ShapedPoint& p : explored) points.push_back(PointJson(p));
     std::cout << nlohmann::json{{"kind", "capacity"},
-                                {"requests", static_cast<int64_t>(requests.size())},
+                                {"requests", static_cast<int64_t>(requests)},
                                 {"ttft_p99_ms", o.ttft_p99_ms},
                                 {"itl_p99_ms", o.itl_p99_ms},
                                 {"policy", o.policy},
@@ -239,13 +194,80 @@ int RunCapacity(const CapacityOptions& o) {
           "ms <= %.1f, ITL p99 %.1f ms); %zu requests, %zu points in %.1f s\n",
           best->point.prefill_nodes, best->point.decode_nodes, best->shape.split,
           best->shape.policy, best->shape.block_cache_bytes, best->point.ttft_p99_ms, o.ttft_p99_ms,
-          best->point.itl_p99_ms, requests.size(), explored.size(), seconds);
+          best->point.itl_p99_ms, requests, explored.size(), seconds);
     } else {
       std::cout << absl::StrFormat(
           "none: even %d prefill and %d decode nodes miss the targets (see the last row)\n",
           o.max_nodes, o.max_nodes);
     }
   }
+}
+
+int RunCapacity(const CapacityOptions& o) {
+  const auto start = std::chrono::steady_clock::now();
+  if (absl::Status s = CheckCapacityFlags(o); !s.ok()) return ReportError("capacity", s);
+  kvstore::PrefillRates rates;
+  DecodeRates decode_rates;
+  absl::StatusOr<std::vector<Shape>> shapes = ParseShapes(o, rates, decode_rates);
+  if (!shapes.ok()) return ReportError("capacity", shapes.status());
+  absl::StatusOr<ModelConfig> config = LoadModelConfig(o.model_config);
+  if (!config.ok()) {
+    return ReportError("capacity", FlagError("--model-config", config.status().message()));
+  }
+  const TokenOptions tokens{.trace_block = o.trace_block,
+                            .length_scale = o.length_scale,
+                            .vocab_size = config->vocab_size};
+  if (absl::Status s = ValidateTokenOptions(tokens); !s.ok()) {
+    return ReportError("capacity", FlagError("--trace-block and --length-scale", s.message()));
+  }
+  absl::StatusOr<std::vector<TraceRequest>> trace = LoadTrace(o.trace, o.trace_block);
+  if (!trace.ok()) {
+    return ReportError("capacity", FlagError("--trace", trace.status().message()));
+  }
+  if (o.max_requests > 0 && static_cast<size_t>(o.max_requests) < trace->size()) {
+    trace->resize(static_cast<size_t>(o.max_requests));
+  }
+  const int64_t B = config->kv_block_size, C = config->ring_capacity();
+  const std::vector<ClusterRequest> requests =
+      ClusterRequestsFromTrace(*trace, tokens, B, o.time_scale, o.max_output_tokens);
+  const ClusterOptions common{.slots = o.prefill_slots,
+                              .hit = {.keep = C,
+                                      .truncation_on = true,
+                                      .ring_capacity = C,
+                                      .window = config->sliding_window,
+                                      .block_size = B,
+                                      .cap = kvstore::HitCap::kRing},
+                              .payload = kvstore::BlockPayloadBytes(*config),
+                              .config = *config,
+                              .rates = rates,
+                              .decode_nodes = 1,
+                              .decode_slots = o.decode_slots,
+                              .decode = decode_rates,
+                              .decode_step = o.decode_step};
+  // Each shape's own search; the cheapest answer is the fewest nodes, then the smallest cache,
+  // then the least TTFT p99.
+  std::vector<ShapedPoint> explored;
+  std::optional<ShapedPoint> best;
+  for (const Shape& shape : *shapes) {
+    ClusterOptions base = common;
+    base.policy = shape.route;
+    base.block_cache_bytes = shape.block_cache_bytes;
+    if (shape.split == "prefill-all") base.decode.replay_ms_per_gflop = 0;
+    const CapacityPlan plan = PlanCapacity(
+        requests, base,
+        {.ttft_p99_ms = o.ttft_p99_ms, .itl_p99_ms = o.itl_p99_ms, .max_nodes = o.max_nodes});
+    for (const CapacityPoint& p : plan.explored) explored.push_back({shape, p});
+    if (!plan.best) continue;
+    const ShapedPoint candidate{shape, *plan.best};
+    auto key = [](const ShapedPoint& s) {
+      return std::make_tuple(s.point.prefill_nodes + s.point.decode_nodes,
+                             s.shape.block_cache_bytes, s.point.ttft_p99_ms);
+    };
+    if (!best || key(candidate) < key(*best)) best = candidate;
+  }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  PrintCapacity(o, explored, best, requests.size(), seconds);
   return best ? kExitOk : kExitFailure;
 }
 

@@ -565,6 +565,64 @@ bool IsTransient(CURLcode code) {
   }
 }
 
+// One hop's request: `url`, checked protocols, no redirects followed by libcurl, the limits
+// and timeouts of `r`, the body into `sink`, and (at the source's origin only) the signature.
+void SetHopOptions(CURL* c, const FetchRequest& r, const std::string& url, bool at_origin,
+                   curl_slist* headers, Sink* sink, char* error) {
+  curl_easy_setopt(c, CURLOPT_URL, url.c_str());
+  curl_easy_setopt(c, CURLOPT_PROTOCOLS_STR, "http,https");
+  curl_easy_setopt(c, CURLOPT_FOLLOWLOCATION, 0L);
+  curl_easy_setopt(c, CURLOPT_FAILONERROR, 1L);  // an error body never reaches the file
+  curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
+  curl_easy_setopt(c, CURLOPT_USERAGENT, "batonctl-fetch-model");
+  curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, static_cast<long>(absl::ToInt64Milliseconds(r.timeout)));
+  curl_easy_setopt(c, CURLOPT_LOW_SPEED_LIMIT, kLowSpeedBytesPerSecond);
+  curl_easy_setopt(c, CURLOPT_LOW_SPEED_TIME, kLowSpeedSeconds);
+  curl_easy_setopt(c, CURLOPT_MAXFILESIZE_LARGE, static_cast<curl_off_t>(r.max_bytes));
+  curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, &WriteToSink);
+  curl_easy_setopt(c, CURLOPT_WRITEDATA, sink);
+  curl_easy_setopt(c, CURLOPT_ERRORBUFFER, error);
+  curl_easy_setopt(c, CURLOPT_HTTPHEADER, headers);
+  if (!r.ca_file.empty()) curl_easy_setopt(c, CURLOPT_CAINFO, r.ca_file.c_str());
+  if (at_origin && !r.aws_sigv4.empty()) {
+    curl_easy_setopt(c, CURLOPT_AWS_SIGV4, r.aws_sigv4.c_str());
+    curl_easy_setopt(c, CURLOPT_USERNAME, r.aws_access_key_id.c_str());
+    curl_easy_setopt(c, CURLOPT_PASSWORD, r.aws_secret_access_key.c_str());
+  }
+}
+
+// A transfer that did not bring the whole file: too large, unwritable, an HTTP error (with
+// whether and when to retry) or a transport error, as `result`; false when it did.
+bool TransferFailed(const FetchRequest& r, const Sink& sink, CURLcode code, long http_status,
+                    CURL* c, const char* error, const std::string& from, const fs::path& path,
+                    AttemptResult& result) {
+  if (sink.too_large || code == CURLE_FILESIZE_EXCEEDED) {
+    result.status = absl::ResourceExhaustedError(
+        absl::StrCat("larger than --max-bytes (", r.max_bytes, " bytes)", from));
+    return true;
+  }
+  if (sink.write_errno != 0) {
+    errno = sink.write_errno;
+    result.status = ErrnoError("cannot write", path);
+    return true;
+  }
+  if (code == CURLE_HTTP_RETURNED_ERROR || (code == CURLE_OK && http_status / 100 != 2)) {
+    curl_off_t retry_after = 0;
+    curl_easy_getinfo(c, CURLINFO_RETRY_AFTER, &retry_after);
+    result.retry_after = absl::Seconds(retry_after);
+    result.retryable = http_status >= 500 || http_status == 429;
+    result.status = absl::UnavailableError(absl::StrCat("HTTP ", http_status, from));
+    return true;
+  }
+  if (code != CURLE_OK) {
+    result.retryable = IsTransient(code);
+    result.status = absl::UnavailableError(
+        absl::StrCat(error[0] != '\0' ? error : curl_easy_strerror(code), from));
+    return true;
+  }
+  return false;
+}
+
 // One GET of `file` into `path` (truncated first), hashed while it streams.
 AttemptResult FetchOnce(const FetchRequest& r, const WantedFile& file, const fs::path& path) {
   AttemptResult result;
@@ -614,27 +672,7 @@ AttemptResult FetchOnce(const FetchRequest& r, const WantedFile& file, const fs:
     }
     sink = Sink{.fd = fd.get(), .sha256 = sha256.get(), .max_bytes = r.max_bytes};
     error[0] = '\0';
-    curl_easy_setopt(c, CURLOPT_URL, url.c_str());
-    curl_easy_setopt(c, CURLOPT_PROTOCOLS_STR, "http,https");
-    curl_easy_setopt(c, CURLOPT_FOLLOWLOCATION, 0L);
-    curl_easy_setopt(c, CURLOPT_FAILONERROR, 1L);  // an error body never reaches the file
-    curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
-    curl_easy_setopt(c, CURLOPT_USERAGENT, "batonctl-fetch-model");
-    curl_easy_setopt(c, CURLOPT_TIMEOUT_MS,
-                     static_cast<long>(absl::ToInt64Milliseconds(r.timeout)));
-    curl_easy_setopt(c, CURLOPT_LOW_SPEED_LIMIT, kLowSpeedBytesPerSecond);
-    curl_easy_setopt(c, CURLOPT_LOW_SPEED_TIME, kLowSpeedSeconds);
-    curl_easy_setopt(c, CURLOPT_MAXFILESIZE_LARGE, static_cast<curl_off_t>(r.max_bytes));
-    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, &WriteToSink);
-    curl_easy_setopt(c, CURLOPT_WRITEDATA, &sink);
-    curl_easy_setopt(c, CURLOPT_ERRORBUFFER, error);
-    curl_easy_setopt(c, CURLOPT_HTTPHEADER, headers.get());
-    if (!r.ca_file.empty()) curl_easy_setopt(c, CURLOPT_CAINFO, r.ca_file.c_str());
-    if (at_origin && !r.aws_sigv4.empty()) {
-      curl_easy_setopt(c, CURLOPT_AWS_SIGV4, r.aws_sigv4.c_str());
-      curl_easy_setopt(c, CURLOPT_USERNAME, r.aws_access_key_id.c_str());
-      curl_easy_setopt(c, CURLOPT_PASSWORD, r.aws_secret_access_key.c_str());
-    }
+    SetHopOptions(c, r, url, at_origin, headers.get(), &sink, error);
     code = curl_easy_perform(c);
     http_status = 0;
     curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &http_status);
@@ -661,30 +699,7 @@ AttemptResult FetchOnce(const FetchRequest& r, const WantedFile& file, const fs:
     url = location;
   }
 
-  if (sink.too_large || code == CURLE_FILESIZE_EXCEEDED) {
-    result.status = absl::ResourceExhaustedError(
-        absl::StrCat("larger than --max-bytes (", r.max_bytes, " bytes)", from));
-    return result;
-  }
-  if (sink.write_errno != 0) {
-    errno = sink.write_errno;
-    result.status = ErrnoError("cannot write", path);
-    return result;
-  }
-  if (code == CURLE_HTTP_RETURNED_ERROR || (code == CURLE_OK && http_status / 100 != 2)) {
-    curl_off_t retry_after = 0;
-    curl_easy_getinfo(c, CURLINFO_RETRY_AFTER, &retry_after);
-    result.retry_after = absl::Seconds(retry_after);
-    result.retryable = http_status >= 500 || http_status == 429;
-    result.status = absl::UnavailableError(absl::StrCat("HTTP ", http_status, from));
-    return result;
-  }
-  if (code != CURLE_OK) {
-    result.retryable = IsTransient(code);
-    result.status = absl::UnavailableError(
-        absl::StrCat(error[0] != '\0' ? error : curl_easy_strerror(code), from));
-    return result;
-  }
+  if (TransferFailed(r, sink, code, http_status, c, error, from, path, result)) return result;
 
   unsigned char digest[EVP_MAX_MD_SIZE];
   unsigned int digest_len = 0;

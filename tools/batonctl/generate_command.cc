@@ -54,11 +54,13 @@ std::string FinishName(v1::FinishReason reason) {
   }
 }
 
-int RunGenerate(const GenerateOptions& o, const CLI::App& command, bool bytes_as_ids = false) {
+// The request the flags describe; an error names the flag. With `bytes_as_ids`, each byte
+// of --prompt is a token id (a model without a tokenizer).
+absl::StatusOr<v1::GenerateRequest> BuildRequest(const GenerateOptions& o, bool bytes_as_ids) {
   v1::GenerateRequest request;
   if (!o.tokens.empty()) {
     auto ids = ParseIntList(o.tokens, "--tokens");
-    if (!ids.ok()) return ReportError("generate", ids.status());
+    if (!ids.ok()) return ids.status();
     for (int64_t id : *ids) request.add_prompt_token_ids(static_cast<int32_t>(id));
   } else if (bytes_as_ids) {
     // A model without a tokenizer: each UTF-8 byte is one token id (0..255).
@@ -76,12 +78,12 @@ int RunGenerate(const GenerateOptions& o, const CLI::App& command, bool bytes_as
   sampling->set_ignore_eos(o.ignore_eos);
   if (!o.stop.empty()) {
     auto ids = ParseIntList(o.stop, "--stop");
-    if (!ids.ok()) return ReportError("generate", ids.status());
+    if (!ids.ok()) return ids.status();
     for (int64_t id : *ids) sampling->add_stop_token_ids(static_cast<int32_t>(id));
   }
   if (!o.mode.empty()) {
     absl::StatusOr<v1::TruncationMode> mode = ParseTruncationModeName(o.mode, "--mode");
-    if (!mode.ok()) return ReportError("generate", mode.status());
+    if (!mode.ok()) return mode.status();
     request.mutable_truncation()->set_mode(*mode);
     request.mutable_truncation()->set_keep(o.keep);
   }
@@ -89,9 +91,8 @@ int RunGenerate(const GenerateOptions& o, const CLI::App& command, bool bytes_as
     v1::Speculative method = v1::SPECULATIVE_DEFAULT;
     if (!v1::Speculative_Parse("SPECULATIVE_" + absl::AsciiStrToUpper(o.speculative), &method) ||
         method == v1::SPECULATIVE_DEFAULT) {
-      return ReportError("generate", absl::InvalidArgumentError(
-                                         absl::StrCat("--speculative: '", o.speculative,
-                                                      "' is unknown; allowed: off, ngram, draft")));
+      return absl::InvalidArgumentError(absl::StrCat("--speculative: '", o.speculative,
+                                                     "' is unknown; allowed: off, ngram, draft"));
     }
     sampling->set_speculative(method);
   }
@@ -101,7 +102,41 @@ int RunGenerate(const GenerateOptions& o, const CLI::App& command, bool bytes_as
   request.set_cache_salt(o.cache_salt);
   request.set_model(o.model);
   request.set_request_id(o.request_id);
+  return request;
+}
 
+// The finished generation: --json's object, or the text's closing line.
+void PrintGenerateResult(const GenerateOptions& o, const v1::GenerateResponse& last,
+                         const std::vector<int32_t>& tokens, const std::string& text,
+                         const std::vector<float>& logprobs,
+                         const std::vector<float>& prompt_logprobs, double ttft_ms) {
+  const v1::Usage& usage = last.usage();
+  if (o.json) {
+    nlohmann::json out = {{"tokens", tokens},
+                          {"text", text},
+                          {"finish_reason", FinishName(last.finish_reason())},
+                          {"usage",
+                           {{"prompt_tokens", usage.prompt_tokens()},
+                            {"cached_tokens", usage.cached_tokens()},
+                            {"replayed_rows", usage.replayed_rows()},
+                            {"completion_tokens", usage.completion_tokens()},
+                            {"accepted_draft_tokens", usage.accepted_draft_tokens()},
+                            {"draft_tokens", usage.draft_tokens()}}},
+                          {"ttft_ms", ttft_ms}};
+    if (o.logprobs) out["logprobs"] = logprobs;
+    if (o.prompt_logprobs) out["prompt_logprobs"] = prompt_logprobs;
+    std::cout << out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+  } else {
+    std::cout << "\nfinish " << FinishName(last.finish_reason()) << ", " << usage.prompt_tokens()
+              << " prompt tokens (" << usage.cached_tokens() << " cached), "
+              << usage.completion_tokens() << " completion tokens, ttft " << ttft_ms << " ms\n";
+  }
+}
+
+int RunGenerate(const GenerateOptions& o, const CLI::App& command, bool bytes_as_ids = false) {
+  absl::StatusOr<v1::GenerateRequest> built = BuildRequest(o, bytes_as_ids);
+  if (!built.ok()) return ReportError("generate", built.status());
+  const v1::GenerateRequest& request = *built;
   absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = ClientChannel(o.client);
   if (!channel.ok()) return ReportError("generate", channel.status());
   auto stub = v1::Generation::NewStub(*channel);
@@ -151,27 +186,7 @@ int RunGenerate(const GenerateOptions& o, const CLI::App& command, bool bytes_as
               << ": " << status.error_message() << "\n";
     return status.error_code() == grpc::StatusCode::INVALID_ARGUMENT ? kExitBadInput : kExitFailure;
   }
-  const v1::Usage& usage = last.usage();
-  if (o.json) {
-    nlohmann::json out = {{"tokens", tokens},
-                          {"text", text},
-                          {"finish_reason", FinishName(last.finish_reason())},
-                          {"usage",
-                           {{"prompt_tokens", usage.prompt_tokens()},
-                            {"cached_tokens", usage.cached_tokens()},
-                            {"replayed_rows", usage.replayed_rows()},
-                            {"completion_tokens", usage.completion_tokens()},
-                            {"accepted_draft_tokens", usage.accepted_draft_tokens()},
-                            {"draft_tokens", usage.draft_tokens()}}},
-                          {"ttft_ms", ttft_ms}};
-    if (o.logprobs) out["logprobs"] = logprobs;
-    if (o.prompt_logprobs) out["prompt_logprobs"] = prompt_logprobs;
-    std::cout << out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
-  } else {
-    std::cout << "\nfinish " << FinishName(last.finish_reason()) << ", " << usage.prompt_tokens()
-              << " prompt tokens (" << usage.cached_tokens() << " cached), "
-              << usage.completion_tokens() << " completion tokens, ttft " << ttft_ms << " ms\n";
-  }
+  PrintGenerateResult(o, last, tokens, text, logprobs, prompt_logprobs, ttft_ms);
   return kExitOk;
 }
 

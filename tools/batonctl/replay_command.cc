@@ -124,36 +124,13 @@ void DrawProgress(int64_t done, int64_t total, int64_t errors) {
             << done << "/" << total << " requests, " << errors << " errors" << std::flush;
 }
 
-int RunReplay(const ReplayOptions& o) {
-  const char* cmd = "replay";
-  if (!(o.time_scale >= 0) || !std::isfinite(o.time_scale)) {
-    return ReportError(
-        cmd, absl::InvalidArgumentError(absl::StrCat("--time-scale is ", o.time_scale,
-                                                     "; it must be >= 0 (0: no waiting)")));
-  }
-  if (o.concurrency < 1 || o.max_requests < 0 || o.max_output_tokens < 0 || o.timeout_ms < 1) {
-    return ReportError(cmd, absl::InvalidArgumentError(
-                                "--concurrency and --timeout-ms must be >= 1; --max-requests "
-                                "and --max-output-tokens >= 0"));
-  }
-  const TokenOptions tokens{.length_scale = o.length_scale, .vocab_size = o.vocab_size};
-  if (absl::Status s = ValidateTokenOptions(tokens); !s.ok()) return ReportError(cmd, s);
-  absl::StatusOr<std::vector<TraceRequest>> trace = LoadTrace(o.trace);
-  if (!trace.ok()) return ReportError(cmd, trace.status());
-  if (o.max_requests > 0 && static_cast<int64_t>(trace->size()) > o.max_requests) {
-    trace->resize(o.max_requests);
-  }
-  const int64_t total = static_cast<int64_t>(trace->size());
-  const double first_ms = trace->front().timestamp_ms;
-
-  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = ClientChannel(o.client);
-  if (!channel.ok()) return ReportError(cmd, channel.status());
-  if (!(*channel)->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(10))) {
-    return ReportError(
-        cmd, absl::UnavailableError(absl::StrCat("--addr: no router answers at ", o.client.addr)));
-  }
-  auto stub = v1::Generation::NewStub(*channel);
-
+// Sends the trace's requests at their times (scaled by --time-scale), --concurrency at once;
+// each one's result, in the trace's order, and the seconds it all took.
+std::vector<RequestResult> SendAll(const ReplayOptions& o, const std::vector<TraceRequest>& trace,
+                                   const TokenOptions& tokens, v1::Generation::Stub& stub,
+                                   double& duration_s) {
+  const int64_t total = static_cast<int64_t>(trace.size());
+  const double first_ms = trace.front().timestamp_ms;
   std::vector<RequestResult> results(total);
   std::atomic<int64_t> next{0}, done{0}, errors{0};
   std::mutex progress_mutex;
@@ -162,7 +139,7 @@ int RunReplay(const ReplayOptions& o) {
     while (true) {
       const int64_t i = next.fetch_add(1);
       if (i >= total) return;
-      const TraceRequest& line = (*trace)[i];
+      const TraceRequest& line = trace[i];
       const auto due = start + std::chrono::duration_cast<Clock::duration>(
                                    std::chrono::duration<double, std::milli>(
                                        (line.timestamp_ms - first_ms) * o.time_scale));
@@ -177,7 +154,7 @@ int RunReplay(const ReplayOptions& o) {
       request.set_request_id(absl::StrCat("replay-", getpid(), "-", i));
       const double late =
           std::max(0.0, std::chrono::duration<double, std::milli>(Clock::now() - due).count());
-      results[i] = Send(*stub, request, o.timeout_ms, o.client);
+      results[i] = Send(stub, request, o.timeout_ms, o.client);
       results[i].late_ms = late;
       if (!results[i].ok) ++errors;
       const int64_t finished = ++done;
@@ -191,15 +168,22 @@ int RunReplay(const ReplayOptions& o) {
   for (int64_t w = 0; w < std::min(o.concurrency, total); ++w) workers.emplace_back(worker);
   for (std::thread& w : workers) w.join();
   if (o.progress) std::cerr << "\n";
-  const double duration_s = std::chrono::duration<double>(Clock::now() - start).count();
+  duration_s = std::chrono::duration<double>(Clock::now() - start).count();
+  return results;
+}
 
+// The replay's report: counts, hit rates, tokens, TTFT, ITL and lateness percentiles, and
+// every request's own figures.
+nlohmann::json ReplayReport(const ReplayOptions& o, const std::vector<RequestResult>& results,
+                            double duration_s) {
+  const int64_t total = static_cast<int64_t>(results.size());
   int64_t ok = 0, hits = 0, prompt_tokens = 0, cached = 0, replayed = 0, output = 0;
   std::vector<double> ttft, itl, late, predicted;
   int64_t local_cached = 0;
   nlohmann::json per_request = nlohmann::json::array();
   std::map<std::string, int64_t> error_counts;
   for (int64_t i = 0; i < total; ++i) {
-    const RequestResult& r = results[i];
+    const RequestResult& r = results[static_cast<size_t>(i)];
     nlohmann::json entry = {{"index", i},
                             {"ok", r.ok},
                             {"prompt_tokens", r.prompt_tokens},
@@ -230,52 +214,96 @@ int RunReplay(const ReplayOptions& o) {
   }
   const double request_hit_rate = ok > 0 ? static_cast<double>(hits) / ok : 0;
   const double token_hit_rate = prompt_tokens > 0 ? static_cast<double>(cached) / prompt_tokens : 0;
-  const nlohmann::json report = {{"kind", "replay"},
-                                 {"trace", o.trace},
-                                 {"addr", o.client.addr},
-                                 {"time_scale", o.time_scale},
-                                 {"length_scale", o.length_scale},
-                                 {"concurrency", o.concurrency},
-                                 {"requests", total},
-                                 {"completed", ok},
-                                 {"errors", total - ok},
-                                 {"errors_by_code", error_counts},
-                                 {"request_hit_rate", request_hit_rate},
-                                 {"token_hit_rate", token_hit_rate},
-                                 {"prompt_tokens", prompt_tokens},
-                                 {"cached_tokens", cached},
-                                 {"local_cached_tokens", local_cached},
-                                 {"store_cached_tokens", cached - local_cached},
-                                 {"replayed_rows", replayed},
-                                 {"output_tokens", output},
-                                 {"ttft_ms", Percentiles(ttft)},
-                                 {"predicted_ttft_ms", Percentiles(predicted)},
-                                 {"itl_ms", Percentiles(itl)},
-                                 {"late_ms", Percentiles(late)},
-                                 {"duration_s", duration_s},
-                                 {"output_tokens_per_s", output / duration_s},
-                                 {"requests_per_s", static_cast<double>(ok) / duration_s},
-                                 {"per_request", per_request}};
+  return {{"kind", "replay"},
+          {"trace", o.trace},
+          {"addr", o.client.addr},
+          {"time_scale", o.time_scale},
+          {"length_scale", o.length_scale},
+          {"concurrency", o.concurrency},
+          {"requests", total},
+          {"completed", ok},
+          {"errors", total - ok},
+          {"errors_by_code", error_counts},
+          {"request_hit_rate", request_hit_rate},
+          {"token_hit_rate", token_hit_rate},
+          {"prompt_tokens", prompt_tokens},
+          {"cached_tokens", cached},
+          {"local_cached_tokens", local_cached},
+          {"store_cached_tokens", cached - local_cached},
+          {"replayed_rows", replayed},
+          {"output_tokens", output},
+          {"ttft_ms", Percentiles(ttft)},
+          {"predicted_ttft_ms", Percentiles(predicted)},
+          {"itl_ms", Percentiles(itl)},
+          {"late_ms", Percentiles(late)},
+          {"duration_s", duration_s},
+          {"output_tokens_per_s", output / duration_s},
+          {"requests_per_s", static_cast<double>(ok) / duration_s},
+          {"per_request", per_request}};
+}
+
+// The report as text: what --json prints, summed up.
+void PrintReplay(const nlohmann::json& report) {
+  const auto q = [&](const char* what, const char* p) { return report[what][p].get<double>(); };
+  const int64_t total = report["requests"], ok = report["completed"];
+  const int64_t cached = report["cached_tokens"], local_cached = report["local_cached_tokens"];
+  const int64_t output = report["output_tokens"];
+  const double duration_s = report["duration_s"];
+  std::cout << absl::StrFormat(
+      "requests        %d (%d completed, %d errors)\n"
+      "hit rate        %.3f of requests, %.3f of prompt tokens\n"
+      "tokens          %d prompt, %d cached (%d local, %d store), %d consumer rows "
+      "replayed, %d output\n"
+      "TTFT ms         p50 %.1f  p90 %.1f  p99 %.1f\n"
+      "ITL ms          p50 %.1f  p90 %.1f  p99 %.1f\n"
+      "sent late ms    p50 %.1f  p90 %.1f  p99 %.1f\n"
+      "throughput      %.1f output tokens/s over %.1f s\n",
+      total, ok, total - ok, report["request_hit_rate"].get<double>(),
+      report["token_hit_rate"].get<double>(), report["prompt_tokens"].get<int64_t>(), cached,
+      local_cached, cached - local_cached, report["replayed_rows"].get<int64_t>(), output,
+      q("ttft_ms", "p50"), q("ttft_ms", "p90"), q("ttft_ms", "p99"), q("itl_ms", "p50"),
+      q("itl_ms", "p90"), q("itl_ms", "p99"), q("late_ms", "p50"), q("late_ms", "p90"),
+      q("late_ms", "p99"), output / duration_s, duration_s);
+  for (const auto& [code, n] : report["errors_by_code"].items()) {
+    std::cout << "errors          " << n.get<int64_t>() << " with status " << code << "\n";
+  }
+}
+
+int RunReplay(const ReplayOptions& o) {
+  const char* cmd = "replay";
+  if (!(o.time_scale >= 0) || !std::isfinite(o.time_scale)) {
+    return ReportError(
+        cmd, absl::InvalidArgumentError(absl::StrCat("--time-scale is ", o.time_scale,
+                                                     "; it must be >= 0 (0: no waiting)")));
+  }
+  if (o.concurrency < 1 || o.max_requests < 0 || o.max_output_tokens < 0 || o.timeout_ms < 1) {
+    return ReportError(cmd, absl::InvalidArgumentError(
+                                "--concurrency and --timeout-ms must be >= 1; --max-requests "
+                                "and --max-output-tokens >= 0"));
+  }
+  const TokenOptions tokens{.length_scale = o.length_scale, .vocab_size = o.vocab_size};
+  if (absl::Status s = ValidateTokenOptions(tokens); !s.ok()) return ReportError(cmd, s);
+  absl::StatusOr<std::vector<TraceRequest>> trace = LoadTrace(o.trace);
+  if (!trace.ok()) return ReportError(cmd, trace.status());
+  if (o.max_requests > 0 && static_cast<int64_t>(trace->size()) > o.max_requests) {
+    trace->resize(o.max_requests);
+  }
+
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = ClientChannel(o.client);
+  if (!channel.ok()) return ReportError(cmd, channel.status());
+  if (!(*channel)->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(10))) {
+    return ReportError(
+        cmd, absl::UnavailableError(absl::StrCat("--addr: no router answers at ", o.client.addr)));
+  }
+  auto stub = v1::Generation::NewStub(*channel);
+
+  double duration_s = 0;
+  const std::vector<RequestResult> results = SendAll(o, *trace, tokens, *stub, duration_s);
+  const nlohmann::json report = ReplayReport(o, results, duration_s);
   if (o.json) {
     std::cout << report.dump(2) << "\n";
   } else {
-    std::cout << absl::StrFormat(
-        "requests        %d (%d completed, %d errors)\n"
-        "hit rate        %.3f of requests, %.3f of prompt tokens\n"
-        "tokens          %d prompt, %d cached (%d local, %d store), %d consumer rows "
-        "replayed, %d output\n"
-        "TTFT ms         p50 %.1f  p90 %.1f  p99 %.1f\n"
-        "ITL ms          p50 %.1f  p90 %.1f  p99 %.1f\n"
-        "sent late ms    p50 %.1f  p90 %.1f  p99 %.1f\n"
-        "throughput      %.1f output tokens/s over %.1f s\n",
-        total, ok, total - ok, request_hit_rate, token_hit_rate, prompt_tokens, cached,
-        local_cached, cached - local_cached, replayed, output, Percentile(ttft, 50),
-        Percentile(ttft, 90), Percentile(ttft, 99), Percentile(itl, 50), Percentile(itl, 90),
-        Percentile(itl, 99), Percentile(late, 50), Percentile(late, 90), Percentile(late, 99),
-        output / duration_s, duration_s);
-    for (const auto& [code, n] : error_counts) {
-      std::cout << "errors          " << n << " with status " << code << "\n";
-    }
+    PrintReplay(report);
   }
   return kExitOk;  // failed requests are in the report
 }

@@ -478,6 +478,125 @@ nlohmann::json StoreJson(const ClusterResult& r, int64_t replication) {
 
 // `batonctl simulate --policy ...`: every setting x cache budget x policy through the cluster
 // simulation, one row each.
+// The cluster flags' numbers, each in its range.
+absl::Status CheckClusterFlags(const SimulateOptions& o) {
+  if (o.prefill_nodes < 1 || o.prefill_nodes > 1024) {
+    return FlagError("--prefill-nodes", absl::StrCat(o.prefill_nodes, " must lie in [1, 1024]"));
+  }
+  if (o.prefill_slots < 1 || o.prefill_slots > 1024) {
+    return FlagError("--prefill-slots", absl::StrCat(o.prefill_slots, " must lie in [1, 1024]"));
+  }
+  if (o.store_nodes < 1 || o.store_nodes > static_cast<int64_t>(kvstore::kMaxStoreNodes)) {
+    return FlagError("--store-nodes", absl::StrCat(o.store_nodes, " must lie in [1, ",
+                                                   kvstore::kMaxStoreNodes, "]"));
+  }
+  if (o.store_replication < 1 || o.store_replication > o.store_nodes) {
+    return FlagError(
+        "--store-replication",
+        absl::StrCat(o.store_replication, " must lie in [1, --store-nodes ", o.store_nodes, "]"));
+  }
+  if (o.decode_nodes < 0 || o.decode_nodes > 1024) {
+    return FlagError("--decode-nodes", absl::StrCat(o.decode_nodes,
+                                                    " must lie in [0, 1024] (0: decode "
+                                                    "is not modelled)"));
+  }
+  if (o.decode_slots < 1 || o.decode_slots > 65536) {
+    return FlagError("--decode-slots", absl::StrCat(o.decode_slots, " must lie in [1, 65536]"));
+  }
+  if (o.max_output_tokens < 0) {
+    return FlagError("--max-output-tokens",
+                     absl::StrCat(o.max_output_tokens, " must be >= 0 (0: the trace's)"));
+  }
+  for (const auto& [flag, value] :
+       {std::pair{"--ttft-slo-ms", o.ttft_slo_ms}, std::pair{"--itl-slo-ms", o.itl_slo_ms}}) {
+    if (!(value >= 0) || !std::isfinite(value)) {
+      return FlagError(flag, "must be finite and >= 0 (0: none)");
+    }
+  }
+  if (!(o.time_scale >= 0) || !std::isfinite(o.time_scale)) {
+    return FlagError("--time-scale", "must be finite and >= 0");
+  }
+  return absl::OkStatus();
+}
+
+// One simulation's result row: the setting, the policy and cache it ran with, and what it
+// predicted (TTFT, with decode ITL, TPOT, end-to-end and the decode nodes' load, goodput).
+nlohmann::json ClusterRow(const ClusterResult& r, const SimulateOptions& o, const Setting& s,
+                          RoutePolicy policy, const std::optional<uint64_t>& cache,
+                          const DecodeRates& decode_rates) {
+  nlohmann::json row = {
+      {"itl_ms", nullptr}, {"tpot_ms", nullptr}, {"e2e_ms", nullptr}, {"decode", nullptr}};
+  if (o.decode_nodes > 0) {
+    row["itl_ms"] = Percentiles(r.itl_ms);
+    std::vector<double> tpot;  // of the requests of more than one token
+    for (double t : r.tpot_ms) {
+      if (t >= 0) tpot.push_back(t);
+    }
+    row["tpot_ms"] = Percentiles(tpot);
+    row["e2e_ms"] = Percentiles(r.e2e_ms);
+    nlohmann::json busy = nlohmann::json::array();
+    for (double ms : r.decode_busy_ms) busy.push_back(Ratio(ms, r.makespan_ms));
+    row["decode"] = {{"nodes", o.decode_nodes},
+                     {"slots", o.decode_slots},
+                     {"max_batch", o.decode_step.max_batch},
+                     {"replay", !(decode_rates.replay_ms_per_gflop > 0) ? "none"
+                                : decode_rates.replays_in_steps()       ? "steps"
+                                                                        : "delay"},
+                     {"replay_rows_per_step", o.decode_step.replay_rows},
+                     {"replay_step_budget", o.decode_step.replay_step_budget},
+                     {"busy_fraction", std::move(busy)},
+                     {"requests_per_node", r.requests_per_decode_node}};
+  }
+  row["goodput"] = Goodput(r, o);
+  nlohmann::json result = {
+      {"policy", kvstore::RoutingPolicyName(policy)},
+      {"prefill_nodes", o.prefill_nodes},
+      {"block_cache_bytes", cache.value_or(0)},
+      {"store_budget",
+       s.store_budget.has_value() ? nlohmann::json(*s.store_budget) : nlohmann::json(nullptr)},
+      {"block_size", s.block_size},
+      {"keep", s.keep},
+      {"hit_cap", std::string(kvstore::HitCapName(s.hit_cap))},
+      {"requests", static_cast<int64_t>(r.ttft_ms.size())},
+      {"prompt_tokens", r.prompt_tokens},
+      {"local_cached_tokens", r.local_hit_tokens},
+      {"store_cached_tokens", r.store_hit_tokens},
+      {"requests_per_node", r.requests_per_node},
+      {"ttft_ms", Percentiles(r.ttft_ms)},
+      {"store", StoreJson(r, o.store_replication)},
+      {"makespan_ms", r.makespan_ms},
+      {"requests_per_s",
+       r.makespan_ms > 0 ? static_cast<double>(r.ttft_ms.size()) / (r.makespan_ms / 1000) : 0}};
+  result.update(row);
+  return result;
+}
+
+// The results as a table, one row each.
+void PrintClusterTable(const nlohmann::json& results) {
+  std::cout << absl::StrFormat(
+      "%-15s %6s %12s %10s %10s %10s %10s %9s %9s %12s %12s %8s %14s %14s %14s\n", "policy",
+      "nodes", "cache", "ttft_p50", "ttft_p90", "ttft_p99", "ttft_mean", "itl_p50", "itl_p99",
+      "local_tok", "store_tok", "req/s", "store_lookup/s", "store_read/s", "store_write/s");
+  for (const nlohmann::json& row : results) {
+    // The busiest store node's rates (the store's JSON has every node's); ITL with decode.
+    const nlohmann::json& busiest = row["store"]["busiest"];
+    const auto itl = [&](const char* q) {
+      return row["itl_ms"].is_null() ? std::string("-")
+                                     : absl::StrFormat("%.1f", row["itl_ms"][q].get<double>());
+    };
+    std::cout << absl::StrFormat(
+        "%-15s %6d %12s %10.1f %10.1f %10.1f %10.1f %9s %9s %12d %12d %8.2f %14.1f %14.1f "
+        "%14.1f\n",
+        row["policy"].get<std::string>(), row["prefill_nodes"].get<int64_t>(),
+        HumanBytes(row["block_cache_bytes"].get<uint64_t>()), row["ttft_ms"]["p50"].get<double>(),
+        row["ttft_ms"]["p90"].get<double>(), row["ttft_ms"]["p99"].get<double>(),
+        row["ttft_ms"]["mean"].get<double>(), itl("p50"), itl("p99"),
+        row["local_cached_tokens"].get<int64_t>(), row["store_cached_tokens"].get<int64_t>(),
+        row["requests_per_s"].get<double>(), busiest["lookups_per_s"].get<double>(),
+        busiest["reads_per_s"].get<double>(), busiest["writes_per_s"].get<double>());
+  }
+}
+
 int RunCluster(const SimulateOptions& o, const std::vector<Setting>& settings,
                const std::vector<TraceRequest>& requests, const TokenOptions& tokens,
                const ModelConfig& config) {
@@ -488,54 +607,9 @@ int RunCluster(const SimulateOptions& o, const std::vector<Setting>& settings,
   absl::StatusOr<std::vector<std::optional<uint64_t>>> caches =
       ParseBudgets(o.block_cache_bytes, "--block-cache-bytes");
   if (!caches.ok()) return ReportError("simulate", caches.status());
-  if (o.prefill_nodes < 1 || o.prefill_nodes > 1024) {
-    return ReportError(
-        "simulate",
-        FlagError("--prefill-nodes", absl::StrCat(o.prefill_nodes, " must lie in [1, 1024]")));
-  }
-  if (o.prefill_slots < 1 || o.prefill_slots > 1024) {
-    return ReportError(
-        "simulate",
-        FlagError("--prefill-slots", absl::StrCat(o.prefill_slots, " must lie in [1, 1024]")));
-  }
-  if (o.store_nodes < 1 || o.store_nodes > static_cast<int64_t>(kvstore::kMaxStoreNodes)) {
-    return ReportError("simulate",
-                       FlagError("--store-nodes", absl::StrCat(o.store_nodes, " must lie in [1, ",
-                                                               kvstore::kMaxStoreNodes, "]")));
-  }
-  if (o.store_replication < 1 || o.store_replication > o.store_nodes) {
-    return ReportError(
-        "simulate", FlagError("--store-replication",
-                              absl::StrCat(o.store_replication, " must lie in [1, --store-nodes ",
-                                           o.store_nodes, "]")));
-  }
+  if (absl::Status s = CheckClusterFlags(o); !s.ok()) return ReportError("simulate", s);
   absl::StatusOr<DecodeRates> decode_rates = ParseDecodeRates(o.decode_rates);
   if (!decode_rates.ok()) return ReportError("simulate", decode_rates.status());
-  if (o.decode_nodes < 0 || o.decode_nodes > 1024) {
-    return ReportError("simulate",
-                       FlagError("--decode-nodes", absl::StrCat(o.decode_nodes,
-                                                                " must lie in [0, 1024] (0: decode "
-                                                                "is not modelled)")));
-  }
-  if (o.decode_slots < 1 || o.decode_slots > 65536) {
-    return ReportError(
-        "simulate",
-        FlagError("--decode-slots", absl::StrCat(o.decode_slots, " must lie in [1, 65536]")));
-  }
-  if (o.max_output_tokens < 0) {
-    return ReportError(
-        "simulate", FlagError("--max-output-tokens",
-                              absl::StrCat(o.max_output_tokens, " must be >= 0 (0: the trace's)")));
-  }
-  for (const auto& [flag, value] :
-       {std::pair{"--ttft-slo-ms", o.ttft_slo_ms}, std::pair{"--itl-slo-ms", o.itl_slo_ms}}) {
-    if (!(value >= 0) || !std::isfinite(value)) {
-      return ReportError("simulate", FlagError(flag, "must be finite and >= 0 (0: none)"));
-    }
-  }
-  if (!(o.time_scale >= 0) || !std::isfinite(o.time_scale)) {
-    return ReportError("simulate", FlagError("--time-scale", "must be finite and >= 0"));
-  }
   nlohmann::json results = nlohmann::json::array();
   for (const Setting& s : settings) {
     const std::vector<ClusterRequest> cluster =
@@ -565,51 +639,7 @@ int RunCluster(const SimulateOptions& o, const std::vector<Setting>& settings,
                                      .decode = *decode_rates,
                                      .decode_step = o.decode_step};
         const ClusterResult r = SimulateCluster(cluster, options);
-        nlohmann::json row = {
-            {"itl_ms", nullptr}, {"tpot_ms", nullptr}, {"e2e_ms", nullptr}, {"decode", nullptr}};
-        if (o.decode_nodes > 0) {
-          row["itl_ms"] = Percentiles(r.itl_ms);
-          std::vector<double> tpot;  // of the requests of more than one token
-          for (double t : r.tpot_ms) {
-            if (t >= 0) tpot.push_back(t);
-          }
-          row["tpot_ms"] = Percentiles(tpot);
-          row["e2e_ms"] = Percentiles(r.e2e_ms);
-          nlohmann::json busy = nlohmann::json::array();
-          for (double ms : r.decode_busy_ms) busy.push_back(Ratio(ms, r.makespan_ms));
-          row["decode"] = {{"nodes", o.decode_nodes},
-                           {"slots", o.decode_slots},
-                           {"max_batch", o.decode_step.max_batch},
-                           {"replay", !(decode_rates->replay_ms_per_gflop > 0) ? "none"
-                                      : decode_rates->replays_in_steps()       ? "steps"
-                                                                               : "delay"},
-                           {"replay_rows_per_step", o.decode_step.replay_rows},
-                           {"replay_step_budget", o.decode_step.replay_step_budget},
-                           {"busy_fraction", std::move(busy)},
-                           {"requests_per_node", r.requests_per_decode_node}};
-        }
-        row["goodput"] = Goodput(r, o);
-        results.push_back(
-            {{"policy", kvstore::RoutingPolicyName(policy)},
-             {"prefill_nodes", o.prefill_nodes},
-             {"block_cache_bytes", cache.value_or(0)},
-             {"store_budget", s.store_budget.has_value() ? nlohmann::json(*s.store_budget)
-                                                         : nlohmann::json(nullptr)},
-             {"block_size", s.block_size},
-             {"keep", s.keep},
-             {"hit_cap", std::string(kvstore::HitCapName(s.hit_cap))},
-             {"requests", static_cast<int64_t>(r.ttft_ms.size())},
-             {"prompt_tokens", r.prompt_tokens},
-             {"local_cached_tokens", r.local_hit_tokens},
-             {"store_cached_tokens", r.store_hit_tokens},
-             {"requests_per_node", r.requests_per_node},
-             {"ttft_ms", Percentiles(r.ttft_ms)},
-             {"store", StoreJson(r, o.store_replication)},
-             {"makespan_ms", r.makespan_ms},
-             {"requests_per_s", r.makespan_ms > 0
-                                    ? static_cast<double>(r.ttft_ms.size()) / (r.makespan_ms / 1000)
-                                    : 0}});
-        results.back().update(row);
+        results.push_back(ClusterRow(r, o, s, policy, cache, *decode_rates));
       }
     }
   }
@@ -625,29 +655,33 @@ int RunCluster(const SimulateOptions& o, const std::vector<Setting>& settings,
               << "\n";
     return kExitOk;
   }
-  std::cout << absl::StrFormat(
-      "%-15s %6s %12s %10s %10s %10s %10s %9s %9s %12s %12s %8s %14s %14s %14s\n", "policy",
-      "nodes", "cache", "ttft_p50", "ttft_p90", "ttft_p99", "ttft_mean", "itl_p50", "itl_p99",
-      "local_tok", "store_tok", "req/s", "store_lookup/s", "store_read/s", "store_write/s");
-  for (const nlohmann::json& row : results) {
-    // The busiest store node's rates (the store's JSON has every node's); ITL with decode.
-    const nlohmann::json& busiest = row["store"]["busiest"];
-    const auto itl = [&](const char* q) {
-      return row["itl_ms"].is_null() ? std::string("-")
-                                     : absl::StrFormat("%.1f", row["itl_ms"][q].get<double>());
-    };
-    std::cout << absl::StrFormat(
-        "%-15s %6d %12s %10.1f %10.1f %10.1f %10.1f %9s %9s %12d %12d %8.2f %14.1f %14.1f "
-        "%14.1f\n",
-        row["policy"].get<std::string>(), row["prefill_nodes"].get<int64_t>(),
-        HumanBytes(row["block_cache_bytes"].get<uint64_t>()), row["ttft_ms"]["p50"].get<double>(),
-        row["ttft_ms"]["p90"].get<double>(), row["ttft_ms"]["p99"].get<double>(),
-        row["ttft_ms"]["mean"].get<double>(), itl("p50"), itl("p99"),
-        row["local_cached_tokens"].get<int64_t>(), row["store_cached_tokens"].get<int64_t>(),
-        row["requests_per_s"].get<double>(), busiest["lookups_per_s"].get<double>(),
-        busiest["reads_per_s"].get<double>(), busiest["writes_per_s"].get<double>());
-  }
+  PrintClusterTable(results);
   return kExitOk;
+}
+
+// The trace flags' numbers, each in its range.
+absl::Status CheckTraceFlags(const SimulateOptions& o) {
+  if (o.max_requests < 0) {
+    return FlagError("--max-requests", absl::StrCat(o.max_requests,
+                                                    " is not allowed; it must be >= 0 "
+                                                    "(0: the whole trace)"));
+  }
+  if (o.token_budget < 0) {
+    return FlagError("--token-budget", absl::StrCat(o.token_budget,
+                                                    " is not allowed; it must be >= 0 "
+                                                    "(0: one chunk per prompt)"));
+  }
+  if (o.trace_block < 1 || o.trace_block > kMaxTraceBlock) {
+    return FlagError(
+        "--trace-block",
+        absl::StrCat(o.trace_block, " is not allowed; it must lie in [1, ", kMaxTraceBlock, "]"));
+  }
+  if (!(o.length_scale > 0 && o.length_scale <= kMaxLengthScale)) {
+    return FlagError(
+        "--length-scale",
+        absl::StrCat(o.length_scale, " is not allowed; it must lie in (0, ", kMaxLengthScale, "]"));
+  }
+  return absl::OkStatus();
 }
 
 int RunSimulate(const SimulateOptions& o) {
@@ -667,30 +701,7 @@ int RunSimulate(const SimulateOptions& o) {
                                  "bytes a budget holds, come from the model's shapes)"));
   }
   const ModelConfig* config_ptr = config ? &*config : nullptr;
-  if (o.max_requests < 0) {
-    return ReportError("simulate",
-                       FlagError("--max-requests", absl::StrCat(o.max_requests,
-                                                                " is not allowed; it must be >= 0 "
-                                                                "(0: the whole trace)")));
-  }
-  if (o.token_budget < 0) {
-    return ReportError("simulate",
-                       FlagError("--token-budget", absl::StrCat(o.token_budget,
-                                                                " is not allowed; it must be >= 0 "
-                                                                "(0: one chunk per prompt)")));
-  }
-  if (o.trace_block < 1 || o.trace_block > kMaxTraceBlock) {
-    return ReportError("simulate",
-                       FlagError("--trace-block",
-                                 absl::StrCat(o.trace_block, " is not allowed; it must lie in [1, ",
-                                              kMaxTraceBlock, "]")));
-  }
-  if (!(o.length_scale > 0 && o.length_scale <= kMaxLengthScale)) {
-    return ReportError(
-        "simulate", FlagError("--length-scale",
-                              absl::StrCat(o.length_scale, " is not allowed; it must lie in (0, ",
-                                           kMaxLengthScale, "]")));
-  }
+  if (absl::Status s = CheckTraceFlags(o); !s.ok()) return ReportError("simulate", s);
   const TokenOptions tokens{.trace_block = o.trace_block,
                             .length_scale = o.length_scale,
                             .vocab_size = config ? config->vocab_size : TokenOptions{}.vocab_size};
@@ -743,37 +754,10 @@ int RunSimulate(const SimulateOptions& o) {
 
 }  // namespace
 
-Command AddSimulateCommand(CLI::App& app) {
-  auto o = std::make_shared<SimulateOptions>();
-  CLI::App* command = app.add_subcommand(
-      "simulate", "Run a workload trace through the prefix store and hit policy (no model)");
-  command->add_option("--trace", o->trace, "Mooncake-style JSONL trace")->required();
-  command->add_option("--model-config", o->model_config,
-                      "config.json: value sizes (store budgets, bytes) and FLOPs; its block "
-                      "size, window and max_backtrack become the defaults");
-  command->add_option("--block-size", o->block_sizes,
-                      "Block sizes B, comma-separated (default: the config's, else 64)");
-  command->add_option("--keep", o->keeps, "Keeps K >= C, comma-separated; 0 means C (default 0)");
-  command->add_option("--window", o->windows,
-                      "SWA windows W, comma-separated (default: the config's, else 128)");
-  command->add_option("--max-backtrack", o->max_backtracks,
-                      "C = W + max_backtrack + 1, comma-separated (default: the config's, else 5)");
-  command->add_option("--hit-cap", o->hit_caps,
-                      "Hit caps: ring (floor((L - C) / B) blocks) and/or keep (floor((L - K) / "
-                      "B)), comma-separated (default ring)");
-  command->add_option("--store-budget", o->store_budgets,
-                      "Store budgets in bytes (units K/M/G/T, KiB..TiB, KB..TB; unlimited or 0: "
-                      "none), comma-separated; needs --model-config (default unlimited)");
-  command->add_option("--max-requests", o->max_requests,
-                      "Only the first N requests of the trace (default 0: all)");
-  command->add_option("--token-budget", o->token_budget,
-                      "Rows per prefill chunk for the work estimate, as baton-prefill's "
-                      "--token-budget (default 512; 0: one chunk)");
-  command->add_option("--length-scale", o->length_scale,
-                      "Scale prompt lengths and tokens per hash id (default 1)");
-  command->add_option("--trace-block", o->trace_block,
-                      "Tokens per hash id in the trace (default 512, Mooncake's)");
-  command->add_flag("--json", o->json, "Print one JSON object {\"kind\", \"results\": [...]}");
+namespace {
+
+// The flags of a simulated cluster (--policy and what it needs).
+void AddClusterFlags(CLI::App* command, SimulateOptions* o) {
   command->add_option("--policy", o->policies,
                       "Simulate a cluster instead: its routing policies, comma-separated "
                       "(least-loaded, longest-prefix, predicted-ttft); needs --model-config");
@@ -824,6 +808,42 @@ Command AddSimulateCommand(CLI::App& app) {
   command->add_option("--time-scale", o->time_scale,
                       "Arrivals at the trace's timestamps times this, as `batonctl replay` sends "
                       "them (default 1)");
+}
+
+}  // namespace
+
+Command AddSimulateCommand(CLI::App& app) {
+  auto o = std::make_shared<SimulateOptions>();
+  CLI::App* command = app.add_subcommand(
+      "simulate", "Run a workload trace through the prefix store and hit policy (no model)");
+  command->add_option("--trace", o->trace, "Mooncake-style JSONL trace")->required();
+  command->add_option("--model-config", o->model_config,
+                      "config.json: value sizes (store budgets, bytes) and FLOPs; its block "
+                      "size, window and max_backtrack become the defaults");
+  command->add_option("--block-size", o->block_sizes,
+                      "Block sizes B, comma-separated (default: the config's, else 64)");
+  command->add_option("--keep", o->keeps, "Keeps K >= C, comma-separated; 0 means C (default 0)");
+  command->add_option("--window", o->windows,
+                      "SWA windows W, comma-separated (default: the config's, else 128)");
+  command->add_option("--max-backtrack", o->max_backtracks,
+                      "C = W + max_backtrack + 1, comma-separated (default: the config's, else 5)");
+  command->add_option("--hit-cap", o->hit_caps,
+                      "Hit caps: ring (floor((L - C) / B) blocks) and/or keep (floor((L - K) / "
+                      "B)), comma-separated (default ring)");
+  command->add_option("--store-budget", o->store_budgets,
+                      "Store budgets in bytes (units K/M/G/T, KiB..TiB, KB..TB; unlimited or 0: "
+                      "none), comma-separated; needs --model-config (default unlimited)");
+  command->add_option("--max-requests", o->max_requests,
+                      "Only the first N requests of the trace (default 0: all)");
+  command->add_option("--token-budget", o->token_budget,
+                      "Rows per prefill chunk for the work estimate, as baton-prefill's "
+                      "--token-budget (default 512; 0: one chunk)");
+  command->add_option("--length-scale", o->length_scale,
+                      "Scale prompt lengths and tokens per hash id (default 1)");
+  command->add_option("--trace-block", o->trace_block,
+                      "Tokens per hash id in the trace (default 512, Mooncake's)");
+  command->add_flag("--json", o->json, "Print one JSON object {\"kind\", \"results\": [...]}");
+  AddClusterFlags(command, o.get());
   return {command, [o] { return RunSimulate(*o); }};
 }
 

@@ -174,6 +174,13 @@ class StepLog {
     double row_positions = 0;  // sum of their prompt lengths x rows
     double seconds = 0;
   };
+  // Summarize's three parts, each over the steps logged: the rows' line (`out` from
+  // `fallback` while too few steps differ), the replay pieces' costs about it, and the
+  // stretch with its spread about both.
+  void FitLine(const CostFit& fallback, Summary& out) const;
+  void FitPieces(const CostFit& replay_fallback, Summary& out) const;
+  void Spread(Summary& out) const;
+
   std::vector<Step> steps_;  // a ring of kSteps
   size_t next_ = 0;
 };

@@ -90,6 +90,11 @@ class Tokenizer {
 
  private:
   Tokenizer();
+  // Load's parts: tokenizer_config.json (special tokens, add_bos_token, the chat template) and
+  // generation_config.json (sampling defaults), each optional; the special pieces' texts.
+  absl::Status ReadTokenizerConfig(const std::string& path);
+  absl::Status ReadGenerationConfig(const std::string& path);
+  void CollectSpecials();
 
   std::unique_ptr<internal::SentencePieceModel> model_;
   int32_t bos_id_ = -1;
