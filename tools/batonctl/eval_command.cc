@@ -50,6 +50,41 @@ double Nll(std::span<const float> logits, int32_t target) {
   return std::log(sum) + max - logits[target];
 }
 
+// Scores `batch`, windows of `context` tokens one after another, into `nll` and `scored`: each
+// window's prompt of `prompt_len` tokens is prefilled (its last row scores the next token),
+// then the windows decode together along the text, position p scoring token p + 1.
+absl::Status ScoreBatch(model::Engine& ced, std::span<const int32_t> batch, int64_t context,
+                        int64_t prompt_len, const model::PrefillOptions& options, double& nll,
+                        int64_t& scored) {
+  const int64_t V = ced.config().vocab_size;
+  const int64_t n = static_cast<int64_t>(batch.size()) / context;
+  std::vector<std::unique_ptr<model::SequenceState>> states;
+  std::vector<std::vector<float>> logits(n, std::vector<float>(V));
+  auto token = [&](int64_t w, int64_t position) { return batch[w * context + position]; };
+  for (int64_t w = 0; w < n; ++w) {
+    absl::StatusOr<std::unique_ptr<model::SequenceState>> state = ced.NewState();
+    if (!state.ok()) return state.status();
+    absl::StatusOr<model::PrefillResult> result =
+        ced.Prefill(batch.subspan(w * context, prompt_len), options, **state);
+    if (!result.ok()) return result.status();
+    nll += Nll(std::span<const float>(result->logits).last(V), token(w, prompt_len));
+    ++scored;
+    states.push_back(*std::move(state));
+  }
+  for (int64_t p = prompt_len; p + 1 < context; ++p) {
+    std::vector<model::DecodeItem> items;
+    for (int64_t w = 0; w < n; ++w) {
+      items.push_back({.state = states[w].get(), .token = token(w, p), .logits = logits[w].data()});
+    }
+    if (absl::Status s = ced.Decode(items); !s.ok()) return s;
+    for (int64_t w = 0; w < n; ++w) {
+      nll += Nll(logits[w], token(w, p + 1));
+      ++scored;
+    }
+  }
+  return absl::OkStatus();
+}
+
 int RunEval(const EvalOptions& o) {
   absl::StatusOr<model::TruncationMode> mode = model::ParseTruncationMode(o.mode, "--mode");
   if (!mode.ok()) return ReportError("eval", mode.status());
@@ -95,39 +130,15 @@ int RunEval(const EvalOptions& o) {
                                    " tokens, fewer than one window of --context ", o.context)));
   }
 
-  const int64_t V = config.vocab_size;
   const model::PrefillOptions options{.mode = *mode, .keep = keep, .chunk_size = o.chunk_size};
   double nll = 0;
   int64_t scored = 0;
   for (int64_t first = 0; first < windows; first += o.batch) {
     const int64_t n = std::min(o.batch, windows - first);
-    std::vector<std::unique_ptr<model::SequenceState>> states;
-    std::vector<std::vector<float>> logits(n, std::vector<float>(V));
-    auto token = [&](int64_t w, int64_t position) {
-      return (*stream)[(first + w) * o.context + position];
-    };
-    for (int64_t w = 0; w < n; ++w) {
-      absl::StatusOr<std::unique_ptr<model::SequenceState>> state = ced.NewState();
-      if (!state.ok()) return ReportError("eval", state.status());
-      const std::span<const int32_t> prompt(stream->data() + (first + w) * o.context, prompt_len);
-      absl::StatusOr<model::PrefillResult> result = ced.Prefill(prompt, options, **state);
-      if (!result.ok()) return ReportError("eval", result.status());
-      nll += Nll(std::span<const float>(result->logits).last(V), token(w, prompt_len));
-      ++scored;
-      states.push_back(*std::move(state));
-    }
-    // Decode position p (fed the text's token p) scores token p + 1.
-    for (int64_t p = prompt_len; p + 1 < o.context; ++p) {
-      std::vector<model::DecodeItem> items;
-      for (int64_t w = 0; w < n; ++w) {
-        items.push_back(
-            {.state = states[w].get(), .token = token(w, p), .logits = logits[w].data()});
-      }
-      if (absl::Status s = ced.Decode(items); !s.ok()) return ReportError("eval", s);
-      for (int64_t w = 0; w < n; ++w) {
-        nll += Nll(logits[w], token(w, p + 1));
-        ++scored;
-      }
+    const std::span<const int32_t> batch(stream->data() + first * o.context, n * o.context);
+    if (absl::Status s = ScoreBatch(ced, batch, o.context, prompt_len, options, nll, scored);
+        !s.ok()) {
+      return ReportError("eval", s);
     }
   }
   const double mean = nll / scored;

@@ -623,6 +623,42 @@ bool TransferFailed(const FetchRequest& r, const Sink& sink, CURLcode code, long
   return false;
 }
 
+// A redirect is followed only to http or https, never from https down to http, and at most
+// kMaxRedirects times.
+absl::Status CheckRedirect(int hop, const absl::StatusOr<Origin>& next, const std::string& scheme,
+                           const std::string& from) {
+  if (hop < kMaxRedirects && next.ok() && (next->scheme == "http" || next->scheme == "https") &&
+      !(scheme == "https" && next->scheme != "https")) {
+    return absl::OkStatus();
+  }
+  return absl::UnavailableError(
+      absl::StrCat(hop >= kMaxRedirects ? absl::StrCat("more than ", kMaxRedirects, " redirects")
+                   : next.ok() && scheme == "https" && next->scheme == "http"
+                       ? "a redirect from https down to http is refused"
+                       : "a redirect to anything but an http or https URL is refused",
+                   from));
+}
+
+// A hop's headers: --header's, and the credentials' only at the source's origin.
+curl_slist* HopHeaders(const FetchRequest& r, bool at_origin) {
+  curl_slist* headers = nullptr;
+  for (const std::string& header : r.headers) headers = curl_slist_append(headers, header.c_str());
+  if (at_origin) {
+    for (const std::string& header : r.credential_headers) {
+      headers = curl_slist_append(headers, header.c_str());
+    }
+  }
+  return headers;
+}
+
+// The finished digest of `sha256`, in lower-case hex.
+std::string HexDigest(EVP_MD_CTX* sha256) {
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int digest_len = 0;
+  EVP_DigestFinal_ex(sha256, digest, &digest_len);
+  return absl::BytesToHexString(absl::string_view(reinterpret_cast<char*>(digest), digest_len));
+}
+
 // One GET of `file` into `path` (truncated first), hashed while it streams.
 AttemptResult FetchOnce(const FetchRequest& r, const WantedFile& file, const fs::path& path) {
   AttemptResult result;
@@ -655,15 +691,7 @@ AttemptResult FetchOnce(const FetchRequest& r, const WantedFile& file, const fs:
   long http_status = 0;
   for (int hop = 0;; ++hop) {
     curl_easy_reset(c);
-    headers.reset();
-    for (const std::string& header : r.headers) {
-      headers.reset(curl_slist_append(headers.release(), header.c_str()));
-    }
-    if (at_origin) {
-      for (const std::string& header : r.credential_headers) {
-        headers.reset(curl_slist_append(headers.release(), header.c_str()));
-      }
-    }
+    headers.reset(HopHeaders(r, at_origin));
     // Each hop starts the file afresh (a redirect's own body is not the file).
     if (ftruncate(fd.get(), 0) != 0 || lseek(fd.get(), 0, SEEK_SET) != 0 ||
         EVP_DigestInit_ex(sha256.get(), EVP_sha256(), nullptr) != 1) {
@@ -683,15 +711,8 @@ AttemptResult FetchOnce(const FetchRequest& r, const WantedFile& file, const fs:
       break;
     }
     absl::StatusOr<Origin> next = OriginOf(location);
-    if (hop >= kMaxRedirects || !next.ok() ||
-        (next->scheme != "http" && next->scheme != "https") ||
-        (scheme == "https" && next->scheme != "https")) {
-      result.status = absl::UnavailableError(absl::StrCat(
-          hop >= kMaxRedirects ? absl::StrCat("more than ", kMaxRedirects, " redirects")
-          : next.ok() && scheme == "https" && next->scheme == "http"
-              ? "a redirect from https down to http is refused"
-              : "a redirect to anything but an http or https URL is refused",
-          from));
+    if (absl::Status s = CheckRedirect(hop, next, scheme, from); !s.ok()) {
+      result.status = s;
       return result;
     }
     if (next->text != r.origin) at_origin = false;
@@ -701,11 +722,7 @@ AttemptResult FetchOnce(const FetchRequest& r, const WantedFile& file, const fs:
 
   if (TransferFailed(r, sink, code, http_status, c, error, from, path, result)) return result;
 
-  unsigned char digest[EVP_MAX_MD_SIZE];
-  unsigned int digest_len = 0;
-  EVP_DigestFinal_ex(sha256.get(), digest, &digest_len);
-  const std::string got =
-      absl::BytesToHexString(absl::string_view(reinterpret_cast<char*>(digest), digest_len));
+  const std::string got = HexDigest(sha256.get());
   if (got != file.sha256) {
     result.retryable = true;
     result.status =

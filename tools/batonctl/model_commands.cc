@@ -133,17 +133,39 @@ absl::StatusOr<model::PrefillResult> ForwardReplayOnDecode(
   return result;
 }
 
-int RunForward(const ForwardOptions& o) {
-  absl::StatusOr<std::vector<int64_t>> ids = ParseIntList(o.tokens, "--tokens");
-  if (!ids.ok()) return ReportError("forward", ids.status());
+// --tokens: comma-separated ids, each in [0, INT32_MAX].
+absl::StatusOr<std::vector<int32_t>> ParseTokenIds(const std::string& text) {
+  absl::StatusOr<std::vector<int64_t>> ids = ParseIntList(text, "--tokens");
+  if (!ids.ok()) return ids.status();
   std::vector<int32_t> tokens;
   for (int64_t id : *ids) {
     if (id < 0 || id > INT32_MAX) {
-      return ReportError("forward", absl::InvalidArgumentError(absl::StrCat(
-                                        "--tokens: ", id, " is not a valid token id (>= 0)")));
+      return absl::InvalidArgumentError(
+          absl::StrCat("--tokens: ", id, " is not a valid token id (>= 0)"));
     }
     tokens.push_back(static_cast<int32_t>(id));
   }
+  return tokens;
+}
+
+// `n` greedy tokens after the prompt whose last row's logits are `logits`.
+absl::StatusOr<std::vector<int32_t>> GreedyDecode(model::Engine& engine,
+                                                  model::SequenceState& state,
+                                                  std::vector<float> logits, int64_t n) {
+  std::vector<int32_t> generated = {model::Argmax(logits)};
+  for (int64_t step = 1; step < n; ++step) {
+    const model::DecodeItem item{
+        .state = &state, .token = generated.back(), .logits = logits.data()};
+    if (absl::Status s = engine.Decode({&item, 1}); !s.ok()) return s;
+    generated.push_back(model::Argmax(logits));
+  }
+  return generated;
+}
+
+int RunForward(const ForwardOptions& o) {
+  absl::StatusOr<std::vector<int32_t>> ids = ParseTokenIds(o.tokens);
+  if (!ids.ok()) return ReportError("forward", ids.status());
+  const std::vector<int32_t>& tokens = *ids;
   absl::StatusOr<model::TruncationMode> mode = model::ParseTruncationMode(o.mode, "--mode");
   if (!mode.ok()) return ReportError("forward", mode.status());
   if (o.decode < 0) {
@@ -177,16 +199,10 @@ int RunForward(const ForwardOptions& o) {
   const int64_t V = (*engine)->config().vocab_size;
   std::vector<int32_t> generated;
   if (o.decode > 0) {
-    std::vector<float> logits(result->logits.end() - V, result->logits.end());
-    generated.push_back(model::Argmax(logits));
-    for (int64_t step = 1; step < o.decode; ++step) {
-      const model::DecodeItem item{
-          .state = state->get(), .token = generated.back(), .logits = logits.data()};
-      if (absl::Status s = (*engine)->Decode({&item, 1}); !s.ok()) {
-        return ReportError("forward", s);
-      }
-      generated.push_back(model::Argmax(logits));
-    }
+    absl::StatusOr<std::vector<int32_t>> greedy =
+        GreedyDecode(**engine, **state, {result->logits.end() - V, result->logits.end()}, o.decode);
+    if (!greedy.ok()) return ReportError("forward", greedy.status());
+    generated = *std::move(greedy);
   }
   if (o.json) {
     nlohmann::json rows = nlohmann::json::array();

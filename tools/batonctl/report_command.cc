@@ -156,6 +156,59 @@ std::string PlotName(size_t input, absl::string_view kind, absl::string_view plo
 
 // ---- simulate ----
 
+// One simulate result: its store budget and token hit ratio.
+struct BudgetPoint {
+  std::optional<double> budget_gib;  // nullopt: unlimited
+  double hit_ratio;
+};
+
+// gnuplot commands of the hit ratio against the store budget, a line per group (block size,
+// keep, hit cap), on a log x axis when the budgets differ.
+std::string HitRatioPlot(std::map<std::string, std::vector<BudgetPoint>>& groups,
+                         const std::vector<std::string>& order, std::optional<double> min_budget,
+                         std::optional<double> max_budget) {
+  // Unlimited points sit at the right edge, one doubling past the largest budget, under a
+  // tick labelled "unlimited".
+  const double unlimited_x = max_budget ? *max_budget * 2 : 1.0;
+  std::string commands =
+      "set title 'Hit ratio against store budget'\n"
+      "set xlabel 'store budget (GiB)'\nset ylabel 'token hit ratio'\n"
+      "set yrange [0:*]\nset offsets 0, 0, graph 0.05, 0\nset grid\nset key outside right\n";
+  if (min_budget && *min_budget > 0 && *max_budget > *min_budget) {
+    commands += "set logscale x 2\n";
+    absl::StrAppendFormat(&commands, "set xrange [%.10g:%.10g]\n", *min_budget / 1.5,
+                          unlimited_x * 1.5);
+  } else {
+    absl::StrAppendFormat(&commands, "set xrange [%.10g:%.10g]\n", 0.0, unlimited_x * 1.25);
+  }
+  absl::StrAppendFormat(&commands, "set xtics add ('unlimited' %.10g)\n", unlimited_x);
+  // Finite budgets as a line; the unlimited point in the same colour, unconnected, as its x
+  // position is only a place on the axis.
+  std::vector<std::string> plot_items;
+  for (size_t g = 0; g < order.size(); ++g) {
+    std::vector<std::pair<double, double>> finite, unlimited;
+    for (const BudgetPoint& p : groups[order[g]]) {
+      (p.budget_gib ? finite : unlimited)
+          .emplace_back(p.budget_gib.value_or(unlimited_x), p.hit_ratio);
+    }
+    std::sort(finite.begin(), finite.end());
+    std::string title = absl::StrCat(" title ", Quoted(order[g]));
+    if (!finite.empty()) {
+      commands += DataBlock(absl::StrCat("g", g), finite);
+      plot_items.push_back(
+          absl::StrCat("$g", g, " using 1:2 with linespoints pt 7 lc ", g + 1, title));
+      title = " notitle";
+    }
+    if (!unlimited.empty()) {
+      commands += DataBlock(absl::StrCat("u", g), unlimited);
+      plot_items.push_back(
+          absl::StrCat("$u", g, " using 1:2 with points pt 9 ps 1.5 lc ", g + 1, title));
+    }
+  }
+  commands += "plot " + absl::StrJoin(plot_items, ", \\\n     ") + "\n";
+  return commands;
+}
+
 absl::StatusOr<Section> SimulateSection(const json& doc, const Fields& f, size_t input) {
   absl::StatusOr<const json*> results = f.Array(doc, "", "results");
   if (!results.ok()) return results.status();
@@ -168,11 +221,7 @@ absl::StatusOr<Section> SimulateSection(const json& doc, const Fields& f, size_t
     window_varies |= Cell(r, "window") != Cell((**results)[0], "window");
     backtrack_varies |= Cell(r, "max_backtrack") != Cell((**results)[0], "max_backtrack");
   }
-  struct Point {
-    std::optional<double> budget_gib;  // nullopt: unlimited
-    double hit_ratio;
-  };
-  std::map<std::string, std::vector<Point>> groups;
+  std::map<std::string, std::vector<BudgetPoint>> groups;
   std::vector<std::string> order;
   std::vector<std::vector<std::string>> rows;
   std::optional<double> min_budget, max_budget;
@@ -187,7 +236,7 @@ absl::StatusOr<Section> SimulateSection(const json& doc, const Fields& f, size_t
     if (!cap.ok()) return cap.status();
     absl::StatusOr<double> ratio = f.Number(r, where, "token_hit_ratio");
     if (!ratio.ok()) return ratio.status();
-    Point point{.budget_gib = std::nullopt, .hit_ratio = *ratio};
+    BudgetPoint point{.budget_gib = std::nullopt, .hit_ratio = *ratio};
     if (auto it = r.find("store_budget"); it != r.end() && !it->is_null()) {
       if (!it->is_number()) {
         return f.Error(absl::StrCat(where, "store_budget"), "expected bytes or null (unlimited)");
@@ -210,45 +259,7 @@ absl::StatusOr<Section> SimulateSection(const json& doc, const Fields& f, size_t
                     Cell(r, "flops_vs_no_cache"), Cell(r, "flops_vs_uncapped")});
   }
 
-  // Unlimited points sit at the right edge, one doubling past the largest budget, under a
-  // tick labelled "unlimited".
-  const double unlimited_x = max_budget ? *max_budget * 2 : 1.0;
-  std::string commands =
-      "set title 'Hit ratio against store budget'\n"
-      "set xlabel 'store budget (GiB)'\nset ylabel 'token hit ratio'\n"
-      "set yrange [0:*]\nset offsets 0, 0, graph 0.05, 0\nset grid\nset key outside right\n";
-  if (min_budget && *min_budget > 0 && *max_budget > *min_budget) {
-    commands += "set logscale x 2\n";
-    absl::StrAppendFormat(&commands, "set xrange [%.10g:%.10g]\n", *min_budget / 1.5,
-                          unlimited_x * 1.5);
-  } else {
-    absl::StrAppendFormat(&commands, "set xrange [%.10g:%.10g]\n", 0.0, unlimited_x * 1.25);
-  }
-  absl::StrAppendFormat(&commands, "set xtics add ('unlimited' %.10g)\n", unlimited_x);
-  // Finite budgets as a line; the unlimited point in the same colour, unconnected, as its x
-  // position is only a place on the axis.
-  std::vector<std::string> plot_items;
-  for (size_t g = 0; g < order.size(); ++g) {
-    std::vector<std::pair<double, double>> finite, unlimited;
-    for (const Point& p : groups[order[g]]) {
-      (p.budget_gib ? finite : unlimited)
-          .emplace_back(p.budget_gib.value_or(unlimited_x), p.hit_ratio);
-    }
-    std::sort(finite.begin(), finite.end());
-    std::string title = absl::StrCat(" title ", Quoted(order[g]));
-    if (!finite.empty()) {
-      commands += DataBlock(absl::StrCat("g", g), finite);
-      plot_items.push_back(
-          absl::StrCat("$g", g, " using 1:2 with linespoints pt 7 lc ", g + 1, title));
-      title = " notitle";
-    }
-    if (!unlimited.empty()) {
-      commands += DataBlock(absl::StrCat("u", g), unlimited);
-      plot_items.push_back(
-          absl::StrCat("$u", g, " using 1:2 with points pt 9 ps 1.5 lc ", g + 1, title));
-    }
-  }
-  commands += "plot " + absl::StrJoin(plot_items, ", \\\n     ") + "\n";
+  const std::string commands = HitRatioPlot(groups, order, min_budget, max_budget);
 
   Section section;
   const std::string png = PlotName(input, "simulate", "hit-ratio");
@@ -268,6 +279,31 @@ absl::StatusOr<Section> SimulateSection(const json& doc, const Fields& f, size_t
 }
 
 // ---- replay ----
+
+// The requests' TTFT in ten bins of their cached fraction: a table row per bin (count, mean,
+// median) and each bin's mean at its middle.
+void BinByCachedFraction(const std::vector<std::pair<double, double>>& points,
+                         std::vector<std::vector<std::string>>& bin_rows,
+                         std::vector<std::pair<double, double>>& means) {
+  constexpr int kBins = 10;
+  std::vector<std::vector<double>> bins(kBins);
+  for (const auto& [fraction, ttft] : points) {
+    bins[std::clamp(static_cast<int>(fraction * kBins), 0, kBins - 1)].push_back(ttft);
+  }
+  for (int b = 0; b < kBins; ++b) {
+    std::vector<double>& v = bins[b];
+    if (v.empty()) continue;
+    std::sort(v.begin(), v.end());
+    double sum = 0;
+    for (double x : v) sum += x;
+    const double mean = sum / static_cast<double>(v.size());
+    means.emplace_back((b + 0.5) / kBins, mean);
+    bin_rows.push_back(
+        {absl::StrFormat("[%.1f, %.1f%s", b / 10.0, (b + 1) / 10.0, b == kBins - 1 ? "]" : ")"),
+         absl::StrCat(v.size()), absl::StrFormat("%.4g", mean),
+         absl::StrFormat("%.4g", v[v.size() / 2])});
+  }
+}
 
 absl::StatusOr<Section> ReplaySection(const json& doc, const Fields& f, size_t input) {
   absl::StatusOr<double> requests = f.Number(doc, "", "requests");
@@ -309,26 +345,9 @@ absl::StatusOr<Section> ReplaySection(const json& doc, const Fields& f, size_t i
     if (*prompt <= 0) continue;
     points.emplace_back(*cached / *prompt, *ttft);
   }
-  constexpr int kBins = 10;
-  std::vector<std::vector<double>> bins(kBins);
-  for (const auto& [fraction, ttft] : points) {
-    bins[std::clamp(static_cast<int>(fraction * kBins), 0, kBins - 1)].push_back(ttft);
-  }
   std::vector<std::vector<std::string>> bin_rows;
   std::vector<std::pair<double, double>> means;
-  for (int b = 0; b < kBins; ++b) {
-    std::vector<double>& v = bins[b];
-    if (v.empty()) continue;
-    std::sort(v.begin(), v.end());
-    double sum = 0;
-    for (double x : v) sum += x;
-    const double mean = sum / static_cast<double>(v.size());
-    means.emplace_back((b + 0.5) / kBins, mean);
-    bin_rows.push_back(
-        {absl::StrFormat("[%.1f, %.1f%s", b / 10.0, (b + 1) / 10.0, b == kBins - 1 ? "]" : ")"),
-         absl::StrCat(v.size()), absl::StrFormat("%.4g", mean),
-         absl::StrFormat("%.4g", v[v.size() / 2])});
-  }
+  BinByCachedFraction(points, bin_rows, means);
 
   Section section;
   section.markdown =
@@ -358,83 +377,58 @@ absl::StatusOr<Section> ReplaySection(const json& doc, const Fields& f, size_t i
 
 // ---- approximation error ----
 
-absl::StatusOr<Section> ApproxErrorSection(const json& doc, const Fields& f, size_t input) {
-  absl::StatusOr<const json*> results = f.Array(doc, "", "results");
-  if (!results.ok()) return results.status();
-  if ((*results)->empty()) return f.Error("results", "empty; nothing to report");
-  if (absl::Status s = f.Objects(**results, "results"); !s.ok()) return s;
+// One approximation-error result: its keep and errors.
+struct ErrorPoint {
+  double keep, kl_mean, max_abs;
+};
 
-  struct Point {
-    double keep, kl_mean, max_abs;
-  };
-  std::map<std::string, std::vector<Point>> groups;  // by mode and prefix hit
-  std::vector<std::string> order;
-  std::vector<std::vector<std::string>> rows;
-  std::optional<double> min_positive, max_value;
-  std::map<std::string, std::vector<std::pair<double, double>>> edge_curves;
-  std::optional<double> edge_min;
-  std::string edge_mode;
-  for (size_t i = 0; i < (*results)->size(); ++i) {
-    const json& r = (**results)[i];
-    const std::string where = absl::StrCat("results[", i, "].");
-    absl::StatusOr<std::string> mode = f.String(r, where, "mode");
-    if (!mode.ok()) return mode.status();
-    absl::StatusOr<double> keep = f.Number(r, where, "keep");
-    if (!keep.ok()) return keep.status();
-    absl::StatusOr<double> kl = f.Number(r, where, "kl_mean");
-    if (!kl.ok()) return kl.status();
-    absl::StatusOr<double> max_abs = f.Number(r, where, "max_abs_logit_diff");
-    if (!max_abs.ok()) return max_abs.status();
-    for (double v : {*kl, *max_abs}) {
-      if (v > 0) min_positive = std::min(min_positive.value_or(v), v);
-      max_value = std::max(max_value.value_or(v), v);
-    }
-    const std::string label = absl::StrCat(
-        *mode, " H=",
-        Cell(r, "prefix_hit_tokens") == "-" ? std::string("0") : Cell(r, "prefix_hit_tokens"));
-    if (groups.find(label) == groups.end()) order.push_back(label);
-    groups[label].push_back({*keep, *kl, *max_abs});
-    // Per-step KL against the querying row's distance from the retained region's edge: step i
-    // predicts position L + i from the row at L - 1 + i, which lies K - 1 + i past L - K. One
-    // mode only (the first listed): mask and compact agree on every retained row. Cold runs
-    // only: after a prefix hit of H > L - K tokens the edge is H, which the input does not give.
-    if (i == 0) edge_mode = *mode;
-    const bool cold = !r.contains("prefix_hit_tokens") || r["prefix_hit_tokens"] == 0;
-    if (auto steps = r.find("steps");
-        *mode == edge_mode && cold && steps != r.end() && steps->is_array() && !steps->empty()) {
-      std::vector<std::pair<double, double>>& curve =
-          edge_curves[absl::StrCat(label, " K=", Cell(r, "keep"))];
-      for (const json& step : *steps) {
-        if (!step.is_object() || !step.contains("step") || !step["step"].is_number() ||
-            !step.contains("kl_mean") || !step["kl_mean"].is_number()) {
-          return f.Error(absl::StrCat(where, "steps"),
-                         "each entry must hold numbers \"step\" and \"kl_mean\"");
-        }
-        const double kl_step = step["kl_mean"].get<double>();
-        curve.emplace_back(*keep - 1 + step["step"].get<double>(), kl_step);
-        if (kl_step > 0) edge_min = std::min(edge_min.value_or(kl_step), kl_step);
-      }
-    }
-    rows.push_back({*mode, Cell(r, "keep"), Cell(r, "prefix_hit_tokens"), Cell(r, "kl_mean"),
-                    Cell(r, "kl_max"), Cell(r, "top1_agreement"), Cell(r, "max_abs_logit_diff")});
+// Per-step KL against the querying row's distance from the retained region's edge, as the
+// curve of the run's label and K: step i predicts position L + i from the row at L - 1 + i,
+// which lies K - 1 + i past L - K. One mode only (the first listed: `edge_mode` says whether
+// this run is of it): mask and compact agree on every retained row. Cold runs only: after a
+// prefix hit of H > L - K tokens the edge is H, which the input does not give. `edge_min` keeps
+// the least positive KL.
+absl::Status AddEdgeCurve(
+    const json& r, bool edge_mode, const std::string& label, double keep, const Fields& f,
+    const std::string& where,
+    std::map<std::string, std::vector<std::pair<double, double>>>& edge_curves,
+    std::optional<double>& edge_min) {
+  const bool cold = !r.contains("prefix_hit_tokens") || r["prefix_hit_tokens"] == 0;
+  auto steps = r.find("steps");
+  if (!edge_mode || !cold || steps == r.end() || !steps->is_array() || steps->empty()) {
+    return absl::OkStatus();
   }
+  std::vector<std::pair<double, double>>& curve =
+      edge_curves[absl::StrCat(label, " K=", Cell(r, "keep"))];
+  for (const json& step : *steps) {
+    if (!step.is_object() || !step.contains("step") || !step["step"].is_number() ||
+        !step.contains("kl_mean") || !step["kl_mean"].is_number()) {
+      return f.Error(absl::StrCat(where, "steps"),
+                     "each entry must hold numbers \"step\" and \"kl_mean\"");
+    }
+    const double kl_step = step["kl_mean"].get<double>();
+    curve.emplace_back(keep - 1 + step["step"].get<double>(), kl_step);
+    if (kl_step > 0) edge_min = std::min(edge_min.value_or(kl_step), kl_step);
+  }
+  return absl::OkStatus();
+}
 
-  // A log axis when the positive values span two decades or more; it has no 0, so zeros are
-  // drawn a decade below the smallest positive value (and the report says so).
-  const bool log_y = min_positive && *max_value / *min_positive >= 100;
-  const double zero_at = log_y ? *min_positive / 10 : 0;
+// gnuplot commands of the error against K: kl_mean and max_abs_logit_diff per group (mode and
+// hit), on a log axis when `log_y` (zeros drawn at `zero_at`, and `zeros` set when there were).
+std::string ErrorVsKeepPlot(std::map<std::string, std::vector<ErrorPoint>>& groups,
+                            const std::vector<std::string>& order, bool log_y, double zero_at,
+                            bool& zeros) {
   std::string commands =
       "set title 'Error against K'\nset xlabel 'keep K'\n"
       "set ylabel 'kl_mean (nats), max |logit diff|'\nset grid\nset key outside right\n";
   commands += log_y ? "set logscale y 10\nset format y '%g'\n" : "set yrange [0:*]\n";
   std::vector<std::string> plot_items;
-  bool zeros = false;
   for (size_t g = 0; g < order.size(); ++g) {
-    std::vector<Point>& points = groups[order[g]];
+    std::vector<ErrorPoint>& points = groups[order[g]];
     std::sort(points.begin(), points.end(),
-              [](const Point& a, const Point& b) { return a.keep < b.keep; });
+              [](const ErrorPoint& a, const ErrorPoint& b) { return a.keep < b.keep; });
     std::vector<std::pair<double, double>> kl, max_abs;
-    for (const Point& p : points) {
+    for (const ErrorPoint& p : points) {
       zeros |= log_y && (p.kl_mean <= 0 || p.max_abs <= 0);
       kl.emplace_back(p.keep, p.kl_mean > 0 || !log_y ? p.kl_mean : zero_at);
       max_abs.emplace_back(p.keep, p.max_abs > 0 || !log_y ? p.max_abs : zero_at);
@@ -447,6 +441,78 @@ absl::StatusOr<Section> ApproxErrorSection(const json& doc, const Fields& f, siz
                                       Quoted(absl::StrCat("max_abs_logit_diff ", order[g]))));
   }
   commands += "plot " + absl::StrJoin(plot_items, ", \\\n     ") + "\n";
+  return commands;
+}
+
+// gnuplot commands of the KL per step against the distance from the retained edge, one curve
+// per label, on a log axis (exact steps drawn at `floor_at`).
+std::string EdgePlot(std::map<std::string, std::vector<std::pair<double, double>>>& edge_curves,
+                     double floor_at) {
+  std::string edge =
+      "set title 'KL against distance from the retained edge'\n"
+      "set xlabel 'query row - (L - K)'\nset ylabel 'kl_mean (nats)'\nset grid\n"
+      "set key outside right\nset logscale y 10\nset format y '%g'\n";
+  std::vector<std::string> items;
+  size_t g = 0;
+  for (auto& [label, curve] : edge_curves) {
+    for (auto& [x, y] : curve) y = y > 0 ? y : floor_at;
+    edge += DataBlock(absl::StrCat("edge", g), curve);
+    items.push_back(absl::StrCat("$edge", g, " using 1:2 with lines lw 2 lc ", g + 1, " title ",
+                                 Quoted(label)));
+    ++g;
+  }
+  edge += "plot " + absl::StrJoin(items, ", \\\n     ") + "\n";
+  return edge;
+}
+
+absl::StatusOr<Section> ApproxErrorSection(const json& doc, const Fields& f, size_t input) {
+  absl::StatusOr<const json*> results = f.Array(doc, "", "results");
+  if (!results.ok()) return results.status();
+  if ((*results)->empty()) return f.Error("results", "empty; nothing to report");
+  if (absl::Status s = f.Objects(**results, "results"); !s.ok()) return s;
+
+  std::map<std::string, std::vector<ErrorPoint>> groups;  // by mode and prefix hit
+  std::vector<std::string> order;
+  std::vector<std::vector<std::string>> rows;
+  std::optional<double> min_positive, max_value;
+  std::map<std::string, std::vector<std::pair<double, double>>> edge_curves;
+  std::optional<double> edge_min;
+  std::string edge_mode;
+  for (size_t i = 0; i < (*results)->size(); ++i) {
+    const json& r = (**results)[i];
+    const std::string where = absl::StrCat("results[", i, "].");
+    absl::StatusOr<std::string> mode = f.String(r, where, "mode");
+    if (!mode.ok()) return mode.status();
+    absl::StatusOr<double> keep = f.Number(r, where, "keep"), kl = f.Number(r, where, "kl_mean"),
+                           max_abs = f.Number(r, where, "max_abs_logit_diff");
+    for (const absl::StatusOr<double>* field : {&keep, &kl, &max_abs}) {
+      if (!field->ok()) return field->status();
+    }
+    for (double v : {*kl, *max_abs}) {
+      if (v > 0) min_positive = std::min(min_positive.value_or(v), v);
+      max_value = std::max(max_value.value_or(v), v);
+    }
+    const std::string label = absl::StrCat(
+        *mode, " H=",
+        Cell(r, "prefix_hit_tokens") == "-" ? std::string("0") : Cell(r, "prefix_hit_tokens"));
+    if (groups.find(label) == groups.end()) order.push_back(label);
+    groups[label].push_back({*keep, *kl, *max_abs});
+    if (i == 0) edge_mode = *mode;  // the edge curves' (AddEdgeCurve)
+    if (absl::Status st =
+            AddEdgeCurve(r, *mode == edge_mode, label, *keep, f, where, edge_curves, edge_min);
+        !st.ok()) {
+      return st;
+    }
+    rows.push_back({*mode, Cell(r, "keep"), Cell(r, "prefix_hit_tokens"), Cell(r, "kl_mean"),
+                    Cell(r, "kl_max"), Cell(r, "top1_agreement"), Cell(r, "max_abs_logit_diff")});
+  }
+
+  // A log axis when the positive values span two decades or more; it has no 0, so zeros are
+  // drawn a decade below the smallest positive value (and the report says so).
+  const bool log_y = min_positive && *max_value / *min_positive >= 100;
+  const double zero_at = log_y ? *min_positive / 10 : 0;
+  bool zeros = false;
+  const std::string commands = ErrorVsKeepPlot(groups, order, log_y, zero_at, zeros);
 
   Section section;
   const std::string png = PlotName(input, "approx-error", "error-vs-keep");
@@ -455,27 +521,12 @@ absl::StatusOr<Section> ApproxErrorSection(const json& doc, const Fields& f, siz
   if (!edge_curves.empty()) {
     // Log y; exact steps (KL 0) are drawn a decade below the smallest positive KL.
     const double floor_at = edge_min.value_or(1e-12) / 10;
-    std::string edge =
-        "set title 'KL against distance from the retained edge'\n"
-        "set xlabel 'query row - (L - K)'\nset ylabel 'kl_mean (nats)'\nset grid\n"
-        "set key outside right\nset logscale y 10\nset format y '%g'\n";
-    std::vector<std::string> items;
-    size_t g = 0;
-    for (auto& [label, curve] : edge_curves) {
-      for (auto& [x, y] : curve) y = y > 0 ? y : floor_at;
-      edge += DataBlock(absl::StrCat("edge", g), curve);
-      items.push_back(absl::StrCat("$edge", g, " using 1:2 with lines lw 2 lc ", g + 1, " title ",
-                                   Quoted(label)));
-      ++g;
-    }
-    edge += "plot " + absl::StrJoin(items, ", \\\n     ") + "\n";
     const std::string edge_png = PlotName(input, "approx-error", "kl-vs-edge-distance");
-    section.plots.push_back({edge_png, edge});
+    section.plots.push_back({edge_png, EdgePlot(edge_curves, floor_at)});
     edge_markdown = absl::StrFormat(
         "KL per teacher-forced step against the querying row's distance from the retained "
-        "region's edge, %s without a prefix hit (log y; exact steps drawn at %.3g):\n\n![KL "
-        "against edge "
-        "distance](%s)\n\n",
+        "region's edge, %s without a prefix hit (log y; exact steps drawn at %.3g):\n\n"
+        "![KL against edge distance](%s)\n\n",
         edge_mode, floor_at, edge_png);
   }
   section.markdown = absl::StrCat(
