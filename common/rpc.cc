@@ -238,6 +238,63 @@ void Heartbeat::Drain(std::chrono::steady_clock::time_point until) {
   wake_.wait_until(lock, until + std::chrono::seconds(2), [this] { return drain_sent_ || stop_; });
 }
 
+namespace {
+
+// One registration with a router, answered or not.
+struct RegisterCall {
+  grpc::ClientContext context;
+  v1::RegisterResponse response;
+  grpc::Status status;
+};
+
+// `request` to every router at `addresses` at once, each within a second (the callback API: a
+// router that does not answer delays the others by one deadline at most, not one each), and
+// every call's outcome once all have ended. `stubs` keeps a stub per address.
+std::vector<std::unique_ptr<RegisterCall>> RegisterWithAll(
+    const std::vector<std::string>& addresses, const v1::RegisterRequest& request,
+    std::map<std::string, std::unique_ptr<v1::Registry::Stub>>& stubs) {
+  std::vector<std::unique_ptr<RegisterCall>> calls;
+  std::mutex done_mutex;
+  std::condition_variable done;
+  size_t pending = addresses.size();
+  for (const std::string& address : addresses) {
+    std::unique_ptr<v1::Registry::Stub>& stub = stubs[address];
+    if (stub == nullptr) {
+      stub = v1::Registry::NewStub(security::InternalChannel(address, security::Role::kRouter));
+    }
+    calls.push_back(std::make_unique<RegisterCall>());
+    RegisterCall* call = calls.back().get();
+    call->context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(1));
+    stub->async()->Register(&call->context, &request, &call->response,
+                            [&, call](grpc::Status status) {
+                              std::lock_guard<std::mutex> done_lock(done_mutex);
+                              call->status = std::move(status);
+                              if (--pending == 0) done.notify_all();
+                            });
+  }
+  std::unique_lock<std::mutex> done_lock(done_mutex);
+  done.wait(done_lock, [&] { return pending == 0; });
+  return calls;
+}
+
+// A node's registration rounds, as /metrics shows them.
+struct RoundMetrics {
+  prometheus::Gauge& routers;
+  prometheus::Counter& rounds;
+};
+RoundMetrics MakeRoundMetrics() {
+  return {metrics::Gauge("baton_node_routers",
+                         "Routers that took this node's last round of registrations (a prefill "
+                         "node's slots are shared among them)")
+              .Add({}),
+          metrics::Counter("baton_node_registration_rounds_total",
+                           "Rounds of registrations (heartbeats) this node has sent its routers, "
+                           "each answered or timed out")
+              .Add({})};
+}
+
+}  // namespace
+
 void Heartbeat::Run() {
   std::map<std::string, std::unique_ptr<v1::Registry::Stub>> stubs;  // by resolved address
   std::chrono::milliseconds period(200);
@@ -245,16 +302,7 @@ void Heartbeat::Run() {
   bool taken = false;    // what `accepted_` was last told
   int untaken_rounds = 0;  // rounds in a row that no router accepted
   uint32_t routers = 0;    // routers that took the last round (reported with the load)
-  prometheus::Gauge& routers_gauge =
-      metrics::Gauge("baton_node_routers",
-                     "Routers that took this node's last round of registrations (a prefill "
-                     "node's slots are shared among them)")
-          .Add({});
-  prometheus::Counter& rounds =
-      metrics::Counter("baton_node_registration_rounds_total",
-                       "Rounds of registrations (heartbeats) this node has sent its routers, "
-                       "each answered or timed out")
-          .Add({});
+  const RoundMetrics metrics = MakeRoundMetrics();
   std::unique_lock<std::mutex> lock(mutex_);
   while (!stop_ && !drain_sent_) {
     const bool draining = draining_;
@@ -269,34 +317,8 @@ void Heartbeat::Run() {
     // resolver's latest; only the very first beat waits for a first answer (a period).
     const std::vector<std::string> addresses =
         resolver_.Addresses(std::chrono::steady_clock::now() + period);
-    struct Call {
-      grpc::ClientContext context;
-      v1::RegisterResponse response;
-      grpc::Status status;
-    };
-    std::vector<std::unique_ptr<Call>> calls;
-    std::mutex done_mutex;
-    std::condition_variable done;
-    size_t pending = addresses.size();
-    for (const std::string& address : addresses) {
-      std::unique_ptr<v1::Registry::Stub>& stub = stubs[address];
-      if (stub == nullptr) {
-        stub = v1::Registry::NewStub(security::InternalChannel(address, security::Role::kRouter));
-      }
-      calls.push_back(std::make_unique<Call>());
-      Call* call = calls.back().get();
-      call->context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(1));
-      stub->async()->Register(&call->context, &request, &call->response,
-                              [&, call](grpc::Status status) {
-                                std::lock_guard<std::mutex> done_lock(done_mutex);
-                                call->status = std::move(status);
-                                if (--pending == 0) done.notify_all();
-                              });
-    }
-    {
-      std::unique_lock<std::mutex> done_lock(done_mutex);
-      done.wait(done_lock, [&] { return pending == 0; });
-    }
+    const std::vector<std::unique_ptr<RegisterCall>> calls =
+        RegisterWithAll(addresses, request, stubs);
     // Routers that took the registration, refused it or are gone (no connection: they route
     // nothing) are done with; one that let the deadline pass may not have seen it yet.
     bool all_answered = true;
@@ -321,8 +343,8 @@ void Heartbeat::Run() {
                                     [](const auto& call) { return call->status.ok(); });
     routers = static_cast<uint32_t>(std::count_if(
         calls.begin(), calls.end(), [](const auto& call) { return call->status.ok(); }));
-    routers_gauge.Set(routers);
-    rounds.Increment();
+    metrics.routers.Set(routers);
+    metrics.rounds.Increment();
     untaken_rounds = any_ok ? 0 : untaken_rounds + 1;
     if (accepted_ && !draining && (any_ok ? !taken : taken && untaken_rounds >= 3)) {
       taken = any_ok;
@@ -361,6 +383,85 @@ Registration NodeRegistration(std::string router, const std::string& node_id, v1
   return registration;
 }
 
+namespace {
+
+// The client server (ClientEndpoint), with what rides on it started (on_serving). Its ready
+// file is written later, with the others, once every listener is up.
+absl::StatusOr<StartedServer> StartClientServer(ClientEndpoint& client) {
+  ServerOptions client_options = client.options;
+  client_options.ready_file.clear();
+  absl::StatusOr<StartedServer> started =
+      StartServer(*client.builder, client_options, client.credentials);
+  if (!started.ok() || !client.on_serving) return started;
+  if (absl::Status s = client.on_serving(*started->server); !s.ok()) return s;
+  return started;
+}
+
+// The plaintext health server on --health-port, serving grpc.health.v1 alone (`health_only`
+// answers every other method UNIMPLEMENTED).
+absl::StatusOr<StartedServer> StartHealthServer(const ServerOptions& options,
+                                                grpc::CallbackGenericService& health_only) {
+  grpc::ServerBuilder health_builder;
+  health_builder.RegisterCallbackGenericService(&health_only);
+  ServerOptions health_options;
+  health_options.host = options.host;
+  health_options.port = options.health_port;
+  health_options.ready_file = options.health_ready_file;
+  health_options.max_rpc_threads = 16;  // health checks only
+  return StartServer(health_builder, health_options, grpc::InsecureServerCredentials());
+}
+
+// Registration with the routers, at the advertised address of the server at `address`.
+// Prefill and decode nodes are ready only while a router takes them (see the header): their
+// `servers` report NOT_SERVING until then.
+std::unique_ptr<Heartbeat> StartHeartbeat(Registration& registration, const ServerOptions& options,
+                                          const std::string& address,
+                                          const std::vector<grpc::Server*>& servers) {
+  const int port = std::stoi(address.substr(address.rfind(':') + 1));
+  registration.node.set_address(
+      options.advertise_host.empty() ? address : JoinHostPort(options.advertise_host, port));
+  const bool gated = registration.node.role() == v1::NODE_ROLE_PREFILL ||
+                     registration.node.role() == v1::NODE_ROLE_DECODE;
+  auto set_ready = [servers](bool serving) {
+    for (grpc::Server* server : servers) {
+      server->GetHealthCheckService()->SetServingStatus("", serving);
+    }
+  };
+  if (gated) set_ready(false);
+  return std::make_unique<Heartbeat>(
+      registration.router, registration.node, registration.load, registration.cache,
+      options.router_resolve_interval,
+      gated ? std::function<void(bool)>(set_ready) : std::function<void(bool)>());
+}
+
+// After a shutdown signal: the routers told (the draining registration), readiness off
+// ("liveness" stays on: the process is alive until it exits), `drain` until the drain timeout,
+// then `on_stopping` and every server shut down, the last of `servers` first.
+void DrainAndStop(const std::string& binary, const ServerOptions& options,
+                  std::unique_ptr<Heartbeat> heartbeat, const std::vector<grpc::Server*>& servers,
+                  const std::function<void(std::chrono::steady_clock::time_point)>& drain,
+                  const std::function<void()>& on_stopping) {
+  const int signal = WaitForShutdownSignal();
+  const auto deadline = std::chrono::steady_clock::now() + options.drain_timeout;
+  log::Info("draining", {{"signal", signal},
+                         {"drain_timeout_ms", static_cast<int64_t>(options.drain_timeout.count())},
+                         {"message", absl::StrCat(binary, " draining")}});
+  if (heartbeat != nullptr) {
+    heartbeat->Drain(
+        std::min(deadline, std::chrono::steady_clock::now() + std::chrono::seconds(5)));
+  }
+  heartbeat.reset();
+  for (grpc::Server* server : servers) server->GetHealthCheckService()->SetServingStatus("", false);
+  if (drain) drain(deadline);
+  log::Info("stopping",
+            {{"signal", signal}, {"drained", std::chrono::steady_clock::now() < deadline}});
+  if (on_stopping) on_stopping();
+  const auto grace = std::chrono::system_clock::now() + std::chrono::seconds(2);
+  for (auto it = servers.rbegin(); it != servers.rend(); ++it) (*it)->Shutdown(grace);
+}
+
+}  // namespace
+
 int ServeUntilShutdown(const std::string& binary, grpc::ServerBuilder& builder,
                        const ServerOptions& options, Registration registration,
                        const std::function<void(HealthSetter)>& on_started,
@@ -388,20 +489,10 @@ int ServeUntilShutdown(const std::string& binary, grpc::ServerBuilder& builder,
   }
   absl::StatusOr<StartedServer> client_started;
   if (client.builder != nullptr) {
-    // The client's ready file is written at the end with the others, after on_serving has
-    // started what rides on the client server (the router's HTTP front).
-    ServerOptions client_options = client.options;
-    client_options.ready_file.clear();
-    client_started = StartServer(*client.builder, client_options, client.credentials);
+    client_started = StartClientServer(client);
     if (!client_started.ok()) {
       log::Error("cannot start", {{"error", std::string(client_started.status().message())}});
       return 1;
-    }
-    if (client.on_serving) {
-      if (absl::Status s = client.on_serving(*client_started->server); !s.ok()) {
-        log::Error("cannot start", {{"error", std::string(s.message())}});
-        return 1;
-      }
     }
   }
   // The health server serves grpc.health.v1 and nothing else. gRPC refuses to start a server
@@ -412,14 +503,7 @@ int ServeUntilShutdown(const std::string& binary, grpc::ServerBuilder& builder,
   grpc::CallbackGenericService health_only;
   absl::StatusOr<StartedServer> health_started;
   if (options.health_port >= 0) {
-    grpc::ServerBuilder health_builder;
-    health_builder.RegisterCallbackGenericService(&health_only);
-    ServerOptions health_options;
-    health_options.host = options.host;
-    health_options.port = options.health_port;
-    health_options.ready_file = options.health_ready_file;
-    health_options.max_rpc_threads = 16;  // health checks only
-    health_started = StartServer(health_builder, health_options, grpc::InsecureServerCredentials());
+    health_started = StartHealthServer(options, health_only);
     if (!health_started.ok()) {
       log::Error("cannot start", {{"error", std::string(health_started.status().message())}});
       return 1;
@@ -449,44 +533,9 @@ int ServeUntilShutdown(const std::string& binary, grpc::ServerBuilder& builder,
                         {"mtls", security::Enabled()}});
   std::unique_ptr<Heartbeat> heartbeat;
   if (!registration.router.empty()) {
-    const int port = std::stoi(started->address.substr(started->address.rfind(':') + 1));
-    registration.node.set_address(options.advertise_host.empty()
-                                      ? started->address
-                                      : JoinHostPort(options.advertise_host, port));
-    // Prefill and decode nodes are ready only while a router takes them (see the header).
-    const bool gated = registration.node.role() == v1::NODE_ROLE_PREFILL ||
-                       registration.node.role() == v1::NODE_ROLE_DECODE;
-    auto set_ready = [servers](bool serving) {
-      for (grpc::Server* server : servers) {
-        server->GetHealthCheckService()->SetServingStatus("", serving);
-      }
-    };
-    if (gated) set_ready(false);
-    heartbeat = std::make_unique<Heartbeat>(
-        registration.router, registration.node, registration.load, registration.cache,
-        options.router_resolve_interval,
-        gated ? std::function<void(bool)>(set_ready) : std::function<void(bool)>());
+    heartbeat = StartHeartbeat(registration, options, started->address, servers);
   }
-  const int signal = WaitForShutdownSignal();
-  const auto deadline = std::chrono::steady_clock::now() + options.drain_timeout;
-  log::Info("draining", {{"signal", signal},
-                         {"drain_timeout_ms", static_cast<int64_t>(options.drain_timeout.count())},
-                         {"message", absl::StrCat(binary, " draining")}});
-  if (heartbeat != nullptr) {
-    heartbeat->Drain(
-        std::min(deadline, std::chrono::steady_clock::now() + std::chrono::seconds(5)));
-  }
-  heartbeat.reset();
-  // Readiness off ("liveness" stays on: the process is alive until it exits).
-  for (grpc::Server* server : servers) server->GetHealthCheckService()->SetServingStatus("", false);
-  if (drain) drain(deadline);
-  log::Info("stopping",
-            {{"signal", signal}, {"drained", std::chrono::steady_clock::now() < deadline}});
-  if (on_stopping) on_stopping();
-  const auto grace = std::chrono::system_clock::now() + std::chrono::seconds(2);
-  if (options.health_port >= 0) health_started->server->Shutdown(grace);
-  if (client.builder != nullptr) client_started->server->Shutdown(grace);
-  started->server->Shutdown(grace);
+  DrainAndStop(binary, options, std::move(heartbeat), servers, drain, on_stopping);
   return 0;
 }
 

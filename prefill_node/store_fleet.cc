@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <map>
+#include <numeric>
 #include <optional>
 #include <thread>
 
@@ -23,6 +25,36 @@ void ForEachAtOnce(size_t n, const std::function<void(size_t)>& fn) {
 // A failure that says something of the store node (not of the caller going away).
 bool CountsAgainstNode(const grpc::Status& status) {
   return status.error_code() != grpc::StatusCode::CANCELLED;
+}
+
+// One ReadBlocks call to a store node for `request` (the blocks `mine`, indexes into `got`),
+// under the caller's cancellation and at most until `call_deadline`: each answer that is the
+// block asked at its place, with a payload of `payload_bytes`, goes into `got`. More answers
+// than blocks asked cut the call, as the node's fault (DATA_LOSS).
+grpc::Status ReadFromNode(v1::KvStore::StubInterface& stub, grpc::ServerContext& caller,
+                          const trace::Span& span,
+                          std::chrono::system_clock::time_point call_deadline,
+                          const v1::ReadBlocksRequest& request, const std::vector<size_t>& mine,
+                          uint64_t payload_bytes, std::vector<std::optional<std::string>>& got) {
+  auto context = grpc::ClientContext::FromServerContext(caller);
+  if (caller.deadline() > call_deadline) context->set_deadline(call_deadline);
+  trace::Inject(span, *context);
+  auto reader = stub.ReadBlocks(context.get(), request);
+  v1::StoredBlock block;
+  size_t n = 0;
+  while (reader->Read(&block)) {
+    if (n >= mine.size()) {  // more answers than blocks asked: the call is cut
+      context->TryCancel();
+      reader->Finish();
+      return grpc::Status(grpc::StatusCode::DATA_LOSS, "more blocks than asked");
+    }
+    if (block.found() && block.payload().size() == payload_bytes &&
+        block.key() == request.keys(static_cast<int>(n))) {
+      got[mine[n]] = std::move(*block.mutable_payload());
+    }
+    ++n;
+  }
+  return reader->Finish();
 }
 
 }  // namespace
@@ -79,11 +111,8 @@ bool StoreFleetClient::Read(const Route& route, grpc::ServerContext& caller,
   }
   std::vector<size_t> next(blocks.size(), 0);
   std::vector<size_t> pending(blocks.size());
-  for (size_t i = 0; i < pending.size(); ++i) pending[i] = i;
+  std::iota(pending.begin(), pending.end(), size_t{0});
   std::vector<std::optional<std::string>> got(blocks.size());
-  const v1::StoreRegion wire_region = region == kvstore::Region::kBlockKv
-                                          ? v1::STORE_REGION_BLOCK_KV
-                                          : v1::STORE_REGION_PRODUCER_SWA;
   while (!pending.empty()) {
     // This round: each pending block to its next owner that a call may go to.
     std::map<size_t, bool> allowed;  // node -> its breaker let a call through (asked once)
@@ -121,31 +150,11 @@ bool StoreFleetClient::Read(const Route& route, grpc::ServerContext& caller,
       const auto call_deadline = others_left ? std::min(hedge, deadline) : deadline;
       v1::ReadBlocksRequest request;
       for (size_t i : mine) request.add_keys(kvstore::KeyBytes(keys[blocks[i]]));
-      request.set_region(wire_region);
+      request.set_region(region == kvstore::Region::kBlockKv ? v1::STORE_REGION_BLOCK_KV
+                                                             : v1::STORE_REGION_PRODUCER_SWA);
       request.set_model_fingerprint(model_fingerprint);
-      auto context = grpc::ClientContext::FromServerContext(caller);
-      if (caller.deadline() > call_deadline) context->set_deadline(call_deadline);
-      trace::Inject(span, *context);
-      auto reader = route.stubs[node]->ReadBlocks(context.get(), request);
-      v1::StoredBlock block;
-      size_t n = 0;
-      bool excess = false;
-      while (reader->Read(&block)) {
-        if (n >= mine.size()) {  // more answers than blocks asked: the call is cut
-          excess = true;
-          context->TryCancel();
-          break;
-        }
-        // Each answer is the block asked at its place; anything else is not used.
-        if (block.found() && block.payload().size() == payload_bytes &&
-            block.key() == request.keys(static_cast<int>(n))) {
-          got[mine[n]] = std::move(*block.mutable_payload());
-        }
-        ++n;
-      }
-      statuses[c] = reader->Finish();
-      // The node's fault, not the caller's cancellation.
-      if (excess) statuses[c] = grpc::Status(grpc::StatusCode::DATA_LOSS, "more blocks than asked");
+      statuses[c] = ReadFromNode(*route.stubs[node], caller, span, call_deadline, request, mine,
+                                 payload_bytes, got);
     });
     pending.clear();
     for (size_t c = 0; c < calls.size(); ++c) {

@@ -122,6 +122,47 @@ constexpr size_t kMaxKeys = 32;
 constexpr auto kKeyIdle = std::chrono::seconds(30);
 constexpr auto kPeerIdle = std::chrono::minutes(5);
 
+// Every region of `into` copied from a staging area at `staging` (the source's layout).
+void CopyFromStaging(const char* staging, const RegionSpans& into) {
+  for (v1::Region region : kRegions) {
+    const char* from = staging + StagingOffset(into.sizes, region);
+    ForEachPiece(into, region, 0, into.sizes.bytes(region),
+                 [&](char* to, uint64_t n, uint64_t offset) { std::memcpy(to, from + offset, n); });
+  }
+}
+
+// The gets that read every region of `into` from the staging area at `address` on `endpoint`
+// (pages adjacent in the pool become one get; the source is contiguous), each request added to
+// `pending`; the first error stops issuing more.
+absl::Status StartGets(UcxEndpoint& endpoint, uint64_t address, const RegionSpans& into,
+                       UcxRemoteKey& rkey, std::vector<void*>& pending) {
+  absl::Status status;
+  for (v1::Region region : kRegions) {
+    const uint64_t remote = address + StagingOffset(into.sizes, region);
+    char* run = nullptr;
+    uint64_t run_bytes = 0, run_offset = 0;
+    auto flush = [&] {
+      if (run_bytes > 0 && status.ok()) {
+        status = endpoint.Get(run, run_bytes, remote + run_offset, rkey, pending);
+      }
+      run_bytes = 0;
+    };
+    ForEachPiece(into, region, 0, into.sizes.bytes(region),
+                 [&](char* local, uint64_t n, uint64_t offset) {
+                   if (run_bytes > 0 && run + run_bytes == local) {
+                     run_bytes += n;
+                     return;
+                   }
+                   flush();
+                   run = local;
+                   run_bytes = n;
+                   run_offset = offset;
+                 });
+    flush();
+  }
+  return status;
+}
+
 class UcxTransport final : public Transport {
  public:
   explicit UcxTransport(UcxWorker& worker) : worker_(worker) {}
@@ -139,40 +180,12 @@ class UcxTransport final : public Transport {
     absl::StatusOr<const char*> local = (*rkey)->Local(source.address(), StagingBytes(into.sizes));
     if (!local.ok()) return local.status();
     if (*local != nullptr) {
-      for (v1::Region region : kRegions) {
-        const char* from = *local + StagingOffset(into.sizes, region);
-        ForEachPiece(into, region, 0, into.sizes.bytes(region),
-                     [&](char* to, uint64_t n, uint64_t offset) { std::memcpy(to, from + offset, n); });
-      }
+      CopyFromStaging(*local, into);
       return absl::OkStatus();
     }
     UcxEndpoint& endpoint = *(*peer)->endpoint;
     std::vector<void*> pending;
-    absl::Status status;
-    for (v1::Region region : kRegions) {
-      const uint64_t remote = source.address() + StagingOffset(into.sizes, region);
-      // Pages adjacent in the pool become one get; the source is contiguous.
-      char* run = nullptr;
-      uint64_t run_bytes = 0, run_offset = 0;
-      auto flush = [&] {
-        if (run_bytes > 0 && status.ok()) {
-          status = endpoint.Get(run, run_bytes, remote + run_offset, **rkey, pending);
-        }
-        run_bytes = 0;
-      };
-      ForEachPiece(into, region, 0, into.sizes.bytes(region),
-                   [&](char* local, uint64_t n, uint64_t offset) {
-                     if (run_bytes > 0 && run + run_bytes == local) {
-                       run_bytes += n;
-                       return;
-                     }
-                     flush();
-                     run = local;
-                     run_bytes = n;
-                     run_offset = offset;
-                   });
-      flush();
-    }
+    const absl::Status status = StartGets(endpoint, source.address(), into, **rkey, pending);
     absl::Status waited = worker_.WaitAll(pending, deadline, stop);
     if (absl::IsDeadlineExceeded(waited) || absl::IsCancelled(waited)) {
       // The gets still running must end before the destination may be freed: close the
@@ -320,18 +333,7 @@ class GrpcTransport final : public Transport {
       return absl::FailedPreconditionError("prefill_address: the reservation names none");
     }
     grpc::GenericStub stub(Channel(prefill_address));
-    std::vector<std::unique_ptr<Stream>> pending;
-    for (v1::Region region : kRegions) {
-      const uint64_t size = into.sizes.bytes(region);
-      for (uint64_t begin = 0; begin < size; begin += kGrpcReadBytes) {
-        auto stream = std::make_unique<Stream>();
-        stream->region = region;
-        stream->begin = stream->next = begin;
-        stream->end = begin + std::min(kGrpcReadBytes, size - begin);
-        pending.push_back(std::move(stream));
-      }
-    }
-    std::reverse(pending.begin(), pending.end());  // taken from the back, in order
+    std::vector<std::unique_ptr<Stream>> pending = PlanStreams(into);
     const auto system_deadline =
         std::chrono::system_clock::now() +
         std::min<Clock::duration>(deadline - Clock::now(), std::chrono::hours(1));
@@ -341,18 +343,7 @@ class GrpcTransport final : public Transport {
     auto start = [&] {
       std::unique_ptr<Stream> stream = std::move(pending.back());
       pending.pop_back();
-      stream->context.set_deadline(system_deadline);
-      v1::ReadRegionsRequest request;
-      request.set_exposure_id(source.exposure_id());
-      request.set_region(stream->region);
-      request.set_offset(stream->begin);
-      request.set_length(stream->end - stream->begin);
-      bool own = false;
-      (void)grpc::SerializationTraits<v1::ReadRegionsRequest>::Serialize(request, &stream->request,
-                                                                         &own);
-      stream->call = stub.PrepareCall(&stream->context, "/baton.v1.PrefillNode/ReadRegions", &queue);
-      stream->step = Step::kStarting;
-      stream->call->StartCall(stream.get());
+      StartStream(*stream, source.exposure_id(), system_deadline, stub, queue);
       running.push_back(std::move(stream));
     };
     auto fail = [&](absl::Status status) {
@@ -401,14 +392,7 @@ class GrpcTransport final : public Transport {
           stream->call->Read(&stream->chunk, stream);
           break;
         case Step::kFinishing: {
-          absl::Status status = FromGrpcStatus(stream->status);
-          if (status.ok() && stream->next != stream->end) {
-            status = absl::DataLossError(absl::StrCat("region ", v1::Region_Name(stream->region),
-                                                      ": got ", stream->next - stream->begin,
-                                                      " of ", stream->end - stream->begin,
-                                                      " bytes at offset ", stream->begin));
-          }
-          if (!status.ok()) fail(std::move(status));
+          if (absl::Status status = Finished(*stream); !status.ok()) fail(std::move(status));
           auto it = std::find_if(running.begin(), running.end(),
                                  [&](const auto& s) { return s.get() == stream; });
           running.erase(it);
@@ -418,10 +402,7 @@ class GrpcTransport final : public Transport {
       }
     }
     queue.Shutdown();
-    void* tag = nullptr;
-    bool ok = false;
-    while (queue.Next(&tag, &ok)) {
-    }
+    DrainQueue(queue);
     return failed;
   }
 
@@ -436,6 +417,61 @@ class GrpcTransport final : public Transport {
     v1::Region region = v1::REGION_UNSPECIFIED;
     uint64_t begin = 0, end = 0, next = 0;  // bytes of the region this stream reads
   };
+
+  // The streams that read `into`, each of at most kGrpcReadBytes of one region, in reverse
+  // order (taken from the back).
+  static std::vector<std::unique_ptr<Stream>> PlanStreams(const RegionSpans& into) {
+    std::vector<std::unique_ptr<Stream>> streams;
+    for (v1::Region region : kRegions) {
+      const uint64_t size = into.sizes.bytes(region);
+      for (uint64_t begin = 0; begin < size; begin += kGrpcReadBytes) {
+        auto stream = std::make_unique<Stream>();
+        stream->region = region;
+        stream->begin = stream->next = begin;
+        stream->end = begin + std::min(kGrpcReadBytes, size - begin);
+        streams.push_back(std::move(stream));
+      }
+    }
+    std::reverse(streams.begin(), streams.end());
+    return streams;
+  }
+
+  // Starts `stream`'s ReadRegions call on `queue` (its range of exposure `exposure_id`).
+  static void StartStream(Stream& stream, const std::string& exposure_id,
+                          std::chrono::system_clock::time_point deadline, grpc::GenericStub& stub,
+                          grpc::CompletionQueue& queue) {
+    stream.context.set_deadline(deadline);
+    v1::ReadRegionsRequest request;
+    request.set_exposure_id(exposure_id);
+    request.set_region(stream.region);
+    request.set_offset(stream.begin);
+    request.set_length(stream.end - stream.begin);
+    bool own = false;
+    (void)grpc::SerializationTraits<v1::ReadRegionsRequest>::Serialize(request, &stream.request,
+                                                                       &own);
+    stream.call = stub.PrepareCall(&stream.context, "/baton.v1.PrefillNode/ReadRegions", &queue);
+    stream.step = Step::kStarting;
+    stream.call->StartCall(&stream);
+  }
+
+  // Takes every event left on a shut-down `queue`.
+  static void DrainQueue(grpc::CompletionQueue& queue) {
+    void* tag = nullptr;
+    bool ok = false;
+    while (queue.Next(&tag, &ok)) {
+    }
+  }
+
+  // A finished stream's outcome: its call's status, and all of its range received.
+  static absl::Status Finished(const Stream& stream) {
+    absl::Status status = FromGrpcStatus(stream.status);
+    if (status.ok() && stream.next != stream.end) {
+      status = absl::DataLossError(absl::StrCat(
+          "region ", v1::Region_Name(stream.region), ": got ", stream.next - stream.begin, " of ",
+          stream.end - stream.begin, " bytes at offset ", stream.begin));
+    }
+    return status;
+  }
 
   // Copies one received chunk into place after checking that it is the next piece of its
   // stream's range.
