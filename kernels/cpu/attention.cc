@@ -228,23 +228,16 @@ struct AttendShape<CpuIsa::kBaseline> {
 };
 
 struct AttendRowGroup {
-  template <CpuIsa kIsa>
-  __attribute__((always_inline)) static void Run(const AttentionParams& p, int64_t row,
-                                                 int64_t kv_head, int64_t split, int64_t splits,
-                                                 const SplitResult* result, RowScratch& scratch) {
-    using Shape = AttendShape<kIsa>;
-    const int64_t hd = p.head_dim;
-    const int64_t kv_dim = p.num_kv_heads * hd;
-    const int64_t group = p.num_heads / p.num_kv_heads;
-    const int64_t kv_col = kv_head * hd;
+  // The `visible` key and value rows of (row, kv column `kv_col`) in visiting order into
+  // `scratch`: global positions [0, pos] page by page, then SWA positions [lo, pos] from the ring
+  // (slot = position % C) and then the tail.
+  __attribute__((always_inline)) static void GatherRows(const AttentionParams& p, int64_t row,
+                                                        int64_t kv_col, int64_t num_global,
+                                                        int64_t visible, RowScratch& scratch) {
+    const int64_t kv_dim = p.num_kv_heads * p.head_dim;
     const int64_t pos = p.positions[row];
     const int64_t lo = p.swa_lo[row];
-    const int64_t num_global = p.global != nullptr ? pos + 1 : 0;
-    const int64_t num_swa = std::max<int64_t>(0, pos + 1 - lo);
-    const int64_t visible = num_global + num_swa;
-
-    // The n visible key and value rows in visiting order: global positions [0, pos] page by page,
-    // then SWA positions [lo, pos] from the ring (slot = position % C) and then the tail.
+    const int64_t num_swa = visible - num_global;
     std::vector<const float*>& key_rows = scratch.keys;
     std::vector<const float*>& value_rows = scratch.values;
     key_rows.resize(visible);
@@ -275,22 +268,16 @@ struct AttendRowGroup {
         if (++slot == swa.ring_capacity) slot = 0;
       }
     }
+  }
 
-    // This split's keys [k0, k1) of the visible ones (all of them unless the keys are split).
-    const int64_t k0 = visible * split / splits, k1 = visible * (split + 1) / splits;
-    keys += k0;
-    values += k0;
-    const int64_t n = k1 - k0;
-    const float* q = p.q + row * p.q_stride + kv_head * group * hd;  // the group's heads, in a row
-    float* out = result != nullptr ? result->out : p.out + row * p.num_heads * hd + kv_head * group * hd;
-    std::fill(out, out + group * hd, 0.0f);
-    if (n == 0) {  // no visible key: the output rows are zero
-      if (result != nullptr) {
-        std::fill(result->max, result->max + group, -INFINITY);
-        std::fill(result->total, result->total + group, 0.0f);
-      }
-      return;
-    }
+  // The scores of the group's heads `q` against the n `keys`, scaled, into scratch.score
+  // ([group, n]).
+  template <CpuIsa kIsa>
+  __attribute__((always_inline)) static void Score(const AttentionParams& p, const float* q,
+                                                   const float** keys, int64_t n, int64_t group,
+                                                   RowScratch& scratch) {
+    using Shape = AttendShape<kIsa>;
+    const int64_t hd = p.head_dim;
     std::vector<float>& score = scratch.score;
     score.resize(group * n);  // [group, n]
     constexpr int kW = Shape::kW;
@@ -326,14 +313,16 @@ struct AttendRowGroup {
           score[g * n + j] = Dot(q + g * hd, keys[j], hd) * p.scale;
       }
     }
-    for (int64_t g = 0; g < group; ++g) {
-      float max_score, total;
-      Softmax<kW>(score.data() + g * n, n, result == nullptr, max_score, total);
-      if (result != nullptr) {
-        result->max[g] = max_score;
-        result->total[g] = total;
-      }
-    }
+  }
+
+  // out[g] += the group's weights `score` ([group, n]) times the n `values`.
+  template <CpuIsa kIsa>
+  __attribute__((always_inline)) static void AccumulateValues(const float* score,
+                                                              const float** values, int64_t n,
+                                                              int64_t group, int64_t hd,
+                                                              float* out) {
+    using Shape = AttendShape<kIsa>;
+    constexpr int kW = Shape::kW;
     // out[g] = sum_j s[g][j] v_j over blocks of keys whose values stay in L1 while every head of
     // the group reads them; keys are summed in order, as the definition reads. A head_dim wider
     // than the level's registers hold accumulates in parts of kWholeHd columns.
@@ -341,7 +330,7 @@ struct AttendRowGroup {
     for (int64_t j0 = 0; j0 < n; j0 += kValueBlock) {
       const int64_t j1 = std::min(n, j0 + kValueBlock);
       for (int64_t g = 0; g < group; ++g) {
-        const float* s = score.data() + g * n;
+        const float* s = score + g * n;
         float* o = out + g * hd;
         switch (hd) {
           case 32:
@@ -366,6 +355,48 @@ struct AttendRowGroup {
         }
       }
     }
+  }
+
+  template <CpuIsa kIsa>
+  __attribute__((always_inline)) static void Run(const AttentionParams& p, int64_t row,
+                                                 int64_t kv_head, int64_t split, int64_t splits,
+                                                 const SplitResult* result, RowScratch& scratch) {
+    const int64_t hd = p.head_dim;
+    const int64_t group = p.num_heads / p.num_kv_heads;
+    const int64_t pos = p.positions[row];
+    const int64_t num_global = p.global != nullptr ? pos + 1 : 0;
+    const int64_t visible = num_global + std::max<int64_t>(0, pos + 1 - p.swa_lo[row]);
+    GatherRows(p, row, kv_head * hd, num_global, visible, scratch);
+    const float** keys = scratch.keys.data();
+    const float** values = scratch.values.data();
+
+    // This split's keys [k0, k1) of the visible ones (all of them unless the keys are split).
+    const int64_t k0 = visible * split / splits, k1 = visible * (split + 1) / splits;
+    keys += k0;
+    values += k0;
+    const int64_t n = k1 - k0;
+    const float* q = p.q + row * p.q_stride + kv_head * group * hd;  // the group's heads, in a row
+    float* out =
+        result != nullptr ? result->out : p.out + row * p.num_heads * hd + kv_head * group * hd;
+    std::fill(out, out + group * hd, 0.0f);
+    if (n == 0) {  // no visible key: the output rows are zero
+      if (result != nullptr) {
+        std::fill(result->max, result->max + group, -INFINITY);
+        std::fill(result->total, result->total + group, 0.0f);
+      }
+      return;
+    }
+    Score<kIsa>(p, q, keys, n, group, scratch);
+    std::vector<float>& score = scratch.score;
+    for (int64_t g = 0; g < group; ++g) {
+      float max_score, total;
+      Softmax<AttendShape<kIsa>::kW>(score.data() + g * n, n, result == nullptr, max_score, total);
+      if (result != nullptr) {
+        result->max[g] = max_score;
+        result->total[g] = total;
+      }
+    }
+    AccumulateValues<kIsa>(score.data(), values, n, group, hd, out);
   }
 };
 
@@ -480,19 +511,49 @@ void AttendTile(const AttentionParams& p, const GatheredKeys& g, int64_t r0, int
   }
 }
 
+// An entry of many rows on GEMM tiles: its visible keys gathered once, then each (tile,
+// head) one task. The team's threads run OpenBLAS single-threaded (cpu_team.h), so each tile is
+// one thread's.
+void AttendTiled(const AttentionParams& p) {
+  const GatheredKeys keys = Gather(p);
+  const int64_t tiles = (p.rows + kTileRows - 1) / kTileRows;
+  ParallelForEachTask(tiles * p.num_heads, [&](int64_t task) {
+    thread_local std::vector<float> scores;
+    AttendTile(p, keys, task / p.num_heads * kTileRows, task % p.num_heads, scores);
+  });
+}
+
+// Pair `local` (row, kv head) of `p` from its `splits` results (`result_of(split)`):
+// out = sum_s e^(max_s - M) out_s / sum_s e^(max_s - M) total_s, M the largest max_s.
+template <typename ResultOf>
+void MergeSplits(const AttentionParams& p, int64_t local, int64_t splits,
+                 const ResultOf& result_of) {
+  const int64_t row = local / p.num_kv_heads, kv_head = local % p.num_kv_heads;
+  const int64_t group = p.num_heads / p.num_kv_heads, hd = p.head_dim;
+  float* out = p.out + row * p.num_heads * hd + kv_head * group * hd;
+  for (int64_t g = 0; g < group; ++g) {
+    float top = -INFINITY;
+    for (int64_t split = 0; split < splits; ++split) top = std::max(top, result_of(split).max[g]);
+    float* o = out + g * hd;
+    std::fill(o, o + hd, 0.0f);
+    if (top == -INFINITY) continue;  // no visible key in any split: zero
+    float total = 0.0f;
+    for (int64_t split = 0; split < splits; ++split) {
+      const SplitResult r = result_of(split);
+      const float weight = std::exp(r.max[g] - top);
+      total += weight * r.total[g];
+      for (int64_t i = 0; i < hd; ++i) o[i] += weight * r.out[g * hd + i];
+    }
+    for (int64_t i = 0; i < hd; ++i) o[i] /= total;
+  }
+}
+
 }  // namespace
 
 void Attention(std::span<const AttentionParams> batch) {
   // Many-row entries on GEMM tiles; the rest (decode steps, short chunks) row by row.
   for (const AttentionParams& p : batch) {
-    if (p.rows < kTiledMinRows) continue;
-    const GatheredKeys keys = Gather(p);
-    const int64_t tiles = (p.rows + kTileRows - 1) / kTileRows;
-    // The team's threads run OpenBLAS single-threaded (cpu_team.h), so each tile is one thread's.
-    ParallelForEachTask(tiles * p.num_heads, [&](int64_t task) {
-      thread_local std::vector<float> scores;
-      AttendTile(p, keys, task / p.num_heads * kTileRows, task % p.num_heads, scores);
-    });
+    if (p.rows >= kTiledMinRows) AttendTiled(p);
   }
   // Flatten (entry, row, kv head) of the row-by-row entries so that the loop balances them.
   std::vector<int64_t> first_task(batch.size() + 1, 0);
@@ -554,28 +615,8 @@ void Attention(std::span<const AttentionParams> batch) {
   // out = sum_s e^(max_s - M) out_s / sum_s e^(max_s - M) total_s, M the largest max_s.
   for (int64_t pair = 0; pair < pairs; ++pair) {
     const size_t e = entry_of(pair);
-    const AttentionParams& p = batch[e];
     const int64_t local = pair - first_task[e];
-    const int64_t row = local / p.num_kv_heads, kv_head = local % p.num_kv_heads;
-    const int64_t group = p.num_heads / p.num_kv_heads, hd = p.head_dim;
-    float* out = p.out + row * p.num_heads * hd + kv_head * group * hd;
-    for (int64_t g = 0; g < group; ++g) {
-      float top = -INFINITY;
-      for (int64_t split = 0; split < splits; ++split) {
-        top = std::max(top, result_of(e, local, split).max[g]);
-      }
-      float* o = out + g * hd;
-      std::fill(o, o + hd, 0.0f);
-      if (top == -INFINITY) continue;  // no visible key in any split: zero
-      float total = 0.0f;
-      for (int64_t split = 0; split < splits; ++split) {
-        const SplitResult r = result_of(e, local, split);
-        const float weight = std::exp(r.max[g] - top);
-        total += weight * r.total[g];
-        for (int64_t i = 0; i < hd; ++i) o[i] += weight * r.out[g * hd + i];
-      }
-      for (int64_t i = 0; i < hd; ++i) o[i] /= total;
-    }
+    MergeSplits(batch[e], local, splits, [&](int64_t split) { return result_of(e, local, split); });
   }
 }
 
