@@ -84,6 +84,98 @@ struct CedEngine::Weights {
   std::vector<BackendArray<float>> uploaded;       // owned copies on a device backend
   std::vector<Panels<float>> panels;          // packed FP32 matrices (host memory)
   std::vector<Panels<kernels::Bf16>> narrow;  // packed BF16 matrices (host memory)
+
+  class Builder;
+};
+
+// Puts host matrices where a backend's step reads them, into `weights`: in place on a host
+// backend, else copied into its memory; the CPU backend packs each matrix into panels, in FP32
+// or BF16. Counts the bytes held in `weight_bytes`; ok() turns false once the backend's memory
+// runs out.
+class CedEngine::Weights::Builder {
+ public:
+  Builder(Backend& backend, Weights& weights, int64_t& weight_bytes, WeightType weight_type)
+      : backend_(backend),
+        weights_(weights),
+        weight_bytes_(weight_bytes),
+        weight_type_(weight_type),
+        in_place_(backend.host_memory()),
+        pack_(backend.device() == Device::kCpu) {}
+
+  bool ok() const { return ok_; }
+  bool packs() const { return pack_; }
+
+  // A vector (a norm, the embedding table) as it is.
+  const float* Place(const std::vector<float>& host) {
+    weight_bytes_ += static_cast<int64_t>(host.size() * sizeof(float));
+    if (in_place_) return host.data();
+    BackendArray<float> copy(backend_, host.size());
+    if (copy.data() == nullptr) {
+      ok_ = false;
+      return nullptr;
+    }
+    backend_.CopyIn(copy.data(), host.data(), host.size() * sizeof(float));
+    weights_.uploaded.push_back(std::move(copy));
+    return weights_.uploaded.back().data();
+  }
+
+  // A matrix as the step reads it: rows [first, first + rows) of `host` ([.., in]; rows -1:
+  // all). The CPU backend packs it into panels, in FP32 or BF16 (`type`); a device backend gets
+  // it as it is.
+  Matrix Pack(const std::vector<float>& host, int64_t in, int64_t first = 0, int64_t rows = -1,
+              WeightType type = WeightType::kFp32, bool swiglu = false) {
+    if (rows < 0) rows = static_cast<int64_t>(host.size()) / in - first;
+    const kernels::PackWeightsParams rows_of{.out = rows, .in = in, .w = host.data() + first * in};
+    if (!pack_) {
+      if (first > 0) weight_bytes_ -= static_cast<int64_t>(host.size() * sizeof(float));  // shared
+      const float* whole = Place(host);
+      return {.f32 = whole != nullptr ? whole + first * in : nullptr};
+    }
+    const int64_t count = kernels::PackedWeightCount(rows, in);
+    weight_bytes_ += count * static_cast<int64_t>(type == WeightType::kBf16 ? sizeof(kernels::Bf16)
+                                                                            : sizeof(float));
+    auto pack_into = [&](auto* panels) {
+      if (swiglu) {
+        kernels::PackSwiGluWeights(rows_of, panels);
+      } else {
+        kernels::PackWeights(rows_of, panels);
+      }
+    };
+    if (type == WeightType::kBf16) {
+      Panels<kernels::Bf16>& narrow = weights_.narrow.emplace_back(count);
+      pack_into(narrow.data());
+      return {.bf16 = narrow.data(), .packed = true, .swiglu = swiglu};
+    }
+    Panels<float>& panels = weights_.panels.emplace_back(count);
+    pack_into(panels.data());
+    return {.f32 = panels.data(), .packed = true, .swiglu = swiglu};
+  }
+
+  // A weight matrix in the engine's weight type.
+  Matrix Weight(const std::vector<float>& host, int64_t in, int64_t first = 0, int64_t rows = -1) {
+    return Pack(host, in, first, rows, weight_type_);
+  }
+
+  // gate_up with its SwiGLU fused into the product where the CPU backend packs it and whole
+  // panels of 16 split the gate rows from the up rows.
+  Matrix GateUp(const std::vector<float>& host, int64_t hidden, int64_t intermediate) {
+    const bool fused = pack_ && intermediate % kernels::kPanelOutputs == 0;
+    return Pack(host, hidden, 0, -1, weight_type_, fused);
+  }
+
+  // A matrix's host copy once its packed one exists: only the packed one is read.
+  void Release(std::vector<float>& host) const {
+    if (pack_) std::vector<float>().swap(host);
+  }
+
+ private:
+  Backend& backend_;
+  Weights& weights_;
+  int64_t& weight_bytes_;
+  const WeightType weight_type_;
+  const bool in_place_;
+  const bool pack_;
+  bool ok_ = true;
 };
 
 // One step's activations, grown to the largest step seen and reused.
@@ -91,6 +183,8 @@ struct CedEngine::Workspace {
   BackendArray<float> h, x, qkv, attn, gate_up, act, shared, global, hc, sc, final_rows, logits;
   BackendArray<int32_t> ints;
   BackendArray<float*> pages;
+
+  class StepRun;
 };
 
 namespace {
@@ -136,124 +230,67 @@ absl::StatusOr<std::unique_ptr<CedEngine>> CedEngine::Create(CedWeights weights,
 
 absl::Status CedEngine::Upload(WeightType weight_type) {
   Backend& backend = *backend_;
-  const bool in_place = backend.host_memory();
-  bool ok = true;
-  auto place = [&](const std::vector<float>& host) -> const float* {
-    weight_bytes_ += static_cast<int64_t>(host.size() * sizeof(float));
-    if (in_place) return host.data();
-    BackendArray<float> copy(backend, host.size());
-    if (copy.data() == nullptr) {
-      ok = false;
-      return nullptr;
-    }
-    backend.CopyIn(copy.data(), host.data(), host.size() * sizeof(float));
-    weights_->uploaded.push_back(std::move(copy));
-    return weights_->uploaded.back().data();
-  };
-  // A matrix as the step reads it: rows [first, first + rows) of `host` ([.., in]; rows -1: all).
-  // The CPU backend packs it into panels, in FP32 or BF16; a device backend gets it as it is.
-  const bool pack = backend.device() == Device::kCpu;
-  auto matrix = [&](const std::vector<float>& host, int64_t in, int64_t first = 0,
-                    int64_t rows = -1, WeightType type = WeightType::kFp32,
-                    bool swiglu = false) -> Weights::Matrix {
-    if (rows < 0) rows = static_cast<int64_t>(host.size()) / in - first;
-    const kernels::PackWeightsParams rows_of{.out = rows, .in = in, .w = host.data() + first * in};
-    if (!pack) {
-      if (first > 0) weight_bytes_ -= static_cast<int64_t>(host.size() * sizeof(float));  // shared
-      const float* whole = place(host);
-      return {.f32 = whole != nullptr ? whole + first * in : nullptr};
-    }
-    const int64_t count = kernels::PackedWeightCount(rows, in);
-    weight_bytes_ += count * static_cast<int64_t>(type == WeightType::kBf16 ? sizeof(kernels::Bf16)
-                                                                            : sizeof(float));
-    auto pack_into = [&](auto* panels) {
-      if (swiglu) {
-        kernels::PackSwiGluWeights(rows_of, panels);
-      } else {
-        kernels::PackWeights(rows_of, panels);
-      }
-    };
-    if (type == WeightType::kBf16) {
-      Panels<kernels::Bf16>& narrow = weights_->narrow.emplace_back(count);
-      pack_into(narrow.data());
-      return {.bf16 = narrow.data(), .packed = true, .swiglu = swiglu};
-    }
-    Panels<float>& panels = weights_->panels.emplace_back(count);
-    pack_into(panels.data());
-    return {.f32 = panels.data(), .packed = true, .swiglu = swiglu};
-  };
-  auto weight = [&](const std::vector<float>& host, int64_t in, int64_t first = 0,
-                    int64_t rows = -1) { return matrix(host, in, first, rows, weight_type); };
-  // gate_up with its SwiGLU fused into the product where the CPU backend packs it and whole
-  // panels of 16 split the gate rows from the up rows.
-  auto gate_up = [&](const std::vector<float>& host) {
-    const bool fused = pack && config_.intermediate_size % kernels::kPanelOutputs == 0;
-    return matrix(host, config_.hidden_size, 0, -1, weight_type, fused);
-  };
-  // A matrix's host copy once its packed one exists: only the packed one is read.
-  auto release = [&](std::vector<float>& host) {
-    if (pack) std::vector<float>().swap(host);
-  };
+  Weights::Builder b(backend, *weights_, weight_bytes_, weight_type);
   CedWeights& w = host_weights_;
   Weights& d = *weights_;
   const int64_t hidden = config_.hidden_size, inter = config_.intermediate_size;
   const int64_t q_dim = config_.num_attention_heads * config_.head_dim;
   const bool all = held_ == HeldLayers::kAll;
-  d.embed = place(w.embed);
-  d.global_kv = weight(w.global_kv, hidden);
-  release(w.global_kv);
+  d.embed = b.Place(w.embed);
+  d.global_kv = b.Weight(w.global_kv, hidden);
+  b.Release(w.global_kv);
   if (all) {
-    d.final_norm = place(w.final_norm);
+    d.final_norm = b.Place(w.final_norm);
     // A tied LM head is the embedding table, read in FP32 (the lookup keeps it as it is); the
     // CPU backend packs a copy, a device backend reads the same upload.
     if (!config_.tie_word_embeddings) {
-      d.lm_head = weight(w.lm_head, hidden);
-    } else if (pack) {
-      d.lm_head = matrix(w.embed, hidden);
+      d.lm_head = b.Weight(w.lm_head, hidden);
+    } else if (b.packs()) {
+      d.lm_head = b.Pack(w.embed, hidden);
     } else {
       d.lm_head = {.f32 = d.embed};
     }
-    release(w.lm_head);
+    b.Release(w.lm_head);
   }
   for (ProducerLayerWeights& l : w.producers) {
-    d.producers.push_back({.attn_norm = place(l.attn_norm),
-                           .qkv = weight(l.qkv, hidden),
-                           .o = weight(l.o, q_dim),
-                           .mlp_norm = place(l.mlp_norm),
-                           .gate_up = gate_up(l.gate_up),
-                           .down = weight(l.down, inter)});
-    for (std::vector<float>* m : {&l.qkv, &l.o, &l.gate_up, &l.down}) release(*m);
+    d.producers.push_back({.attn_norm = b.Place(l.attn_norm),
+                           .qkv = b.Weight(l.qkv, hidden),
+                           .o = b.Weight(l.o, q_dim),
+                           .mlp_norm = b.Place(l.mlp_norm),
+                           .gate_up = b.GateUp(l.gate_up, hidden, inter),
+                           .down = b.Weight(l.down, inter)});
+    for (std::vector<float>* m : {&l.qkv, &l.o, &l.gate_up, &l.down}) b.Release(*m);
   }
   if (!all) {
     // The boundary's norm alone: its rows feed the block-KV projections.
-    d.consumers.push_back({.attn_norm = place(w.consumers[0].attn_norm)});
+    d.consumers.push_back({.attn_norm = b.Place(w.consumers[0].attn_norm)});
   }
   const size_t held_consumers = all ? w.consumers.size() : 0;
   for (size_t i = 0; i < held_consumers; ++i) {
     ConsumerLayerWeights& l = w.consumers[i];
-    Weights::Layer layer{.attn_norm = place(l.attn_norm),
-                         .o = weight(l.o, q_dim),
-                         .mlp_norm = place(l.mlp_norm),
-                         .gate_up = gate_up(l.gate_up),
-                         .down = weight(l.down, inter)};
-    if (config_.yoco_swa_share_hidden && pack) {
+    Weights::Layer layer{.attn_norm = b.Place(l.attn_norm),
+                         .o = b.Weight(l.o, q_dim),
+                         .mlp_norm = b.Place(l.mlp_norm),
+                         .gate_up = b.GateUp(l.gate_up, hidden, inter),
+                         .down = b.Weight(l.down, inter)};
+    if (config_.yoco_swa_share_hidden && b.packs()) {
       // Q from this layer's input, SWA K/V from the shared boundary rows: two products.
-      layer.qkv = weight(l.q_swa_kv, hidden, 0, q_dim);
-      layer.swa_kv = weight(l.q_swa_kv, hidden, q_dim);
+      layer.qkv = b.Weight(l.q_swa_kv, hidden, 0, q_dim);
+      layer.swa_kv = b.Weight(l.q_swa_kv, hidden, q_dim);
     } else {
-      layer.qkv = weight(l.q_swa_kv, hidden);
+      layer.qkv = b.Weight(l.q_swa_kv, hidden);
       // The K/V rows of the same upload (only yoco_swa_share_hidden models read them apart).
       layer.swa_kv = {.f32 = layer.qkv.f32 != nullptr ? layer.qkv.f32 + q_dim * hidden : nullptr};
     }
     d.consumers.push_back(layer);
-    for (std::vector<float>* m : {&l.q_swa_kv, &l.o, &l.gate_up, &l.down}) release(*m);
+    for (std::vector<float>* m : {&l.q_swa_kv, &l.o, &l.gate_up, &l.down}) b.Release(*m);
   }
   const absl::Status synced = backend.Synchronize();
-  if (!ok) {
+  if (!b.ok()) {
     return absl::ResourceExhaustedError(absl::StrCat("the model's weights do not fit in ",
                                                      DeviceName(backend.device()), " memory"));
   }
-  if (!in_place) host_weights_ = CedWeights{};  // the device copy is the only one needed
+  if (!backend.host_memory()) host_weights_ = CedWeights{};  // the device copy is the only one
   return synced;
 }
 
@@ -276,253 +313,252 @@ void CedEngine::ReturnWorkspace(std::unique_ptr<Workspace> workspace) {
   workspaces_.push_back(std::move(workspace));
 }
 
-absl::Status CedEngine::RunStep(const StepPlan& step, const ProducerRowsCallback* on_producer_rows,
-                                float* logits, float* boundary_out, int64_t boundary_first,
-                                int64_t boundary_rows) {
-  using kernels::AttentionParams;
-  using kernels::BlockKvSource;
-  Backend& be = *backend_;
-  const ModelConfig& c = config_;
-  const int64_t d = c.hidden_size, hd = c.head_dim;
-  const int64_t H = c.num_attention_heads, Hkv = c.num_key_value_heads;
-  const int64_t q_dim = H * hd, kv_dim = Hkv * hd, inter = c.intermediate_size;
-  const int64_t qkv_dim = q_dim + 2 * kv_dim;
-  const int64_t C = c.ring_capacity(), B = c.kv_block_size;
-  const int64_t D = c.num_consumer_layers(), G = c.num_block_kv_groups(), V = c.vocab_size;
-  const int64_t global_dim = G * 2 * kv_dim;
-  const float eps = static_cast<float>(c.rms_norm_eps);
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  const StateLayout layout = state_layout();
-  const int64_t rows = step.rows, consumer_rows = step.consumer_rows, n_logits = step.logit_rows;
-  // Residual rows: the full rows, then the replay rows handed over (boundary rows).
-  const int64_t residual_rows = rows + step.replay_rows;
-  if (residual_rows == 0) return absl::OkStatus();
+// One step of the layer stack over a workspace: the step's activations, its dimensions and
+// the stages RunStep runs in order (the producers over the full rows, the boundary over every
+// residual row, the consumers over the consumer rows, the logits).
+class CedEngine::Workspace::StepRun {
+ public:
+  using AttentionParams = kernels::AttentionParams;
+  using BlockKvSource = kernels::BlockKvSource;
 
-  struct Returner {
-    CedEngine* engine;
-    std::unique_ptr<Workspace> workspace;
-    ~Returner() { engine->ReturnWorkspace(std::move(workspace)); }
-  } held{this, TakeWorkspace()};
-  Workspace& ws = *held.workspace;
+  StepRun(Backend& backend, const ModelConfig& config, const Weights& weights, const StepPlan& step)
+      : be(backend),
+        c(config),
+        wt(weights),
+        step(step),
+        layout(StateLayout::For(config)),
+        d(c.hidden_size),
+        hd(c.head_dim),
+        H(c.num_attention_heads),
+        Hkv(c.num_key_value_heads),
+        q_dim(H * hd),
+        kv_dim(Hkv * hd),
+        inter(c.intermediate_size),
+        qkv_dim(q_dim + 2 * kv_dim),
+        global_dim(c.num_block_kv_groups() * 2 * kv_dim),
+        eps(static_cast<float>(c.rms_norm_eps)),
+        scale(1.0f / std::sqrt(static_cast<float>(hd))),
+        rows(step.rows),
+        consumer_rows(step.consumer_rows),
+        n_logits(step.logit_rows),
+        residual_rows(step.rows + step.replay_rows) {}
 
-  // The step's integers and page tables: read in place from host memory, uploaded otherwise.
-  const int32_t* ints = step.ints.data();
-  float* const* pages = step.page_tables.data();
-  const int64_t max_rows = std::max(rows, consumer_rows);
-  bool ok = true;
-  auto grow = [&](auto& buffer, int64_t count) {
-    auto* data = Grow(be, buffer, static_cast<size_t>(count));
-    ok = ok && data != nullptr;
-    return data;
-  };
-  if (!be.host_memory()) {
-    int32_t* device_ints = grow(ws.ints, static_cast<int64_t>(step.ints.size()));
-    float** device_pages = grow(ws.pages, static_cast<int64_t>(step.page_tables.size()));
-    if (ok) {
-      be.CopyIn(device_ints, step.ints.data(), step.ints.size() * sizeof(int32_t));
-      be.CopyIn(device_pages, step.page_tables.data(), step.page_tables.size() * sizeof(float*));
+  // The step's buffers in `ws` (grown as needed), its integers and page tables where the
+  // backend reads them; false when the backend has no memory for them.
+  bool Allocate(Workspace& ws, float* logits) {
+    ints = step.ints.data();
+    pages = step.page_tables.data();
+    bool ok = true;
+    auto grow = [&](auto& buffer, int64_t count) {
+      auto* data = Grow(be, buffer, static_cast<size_t>(count));
+      ok = ok && data != nullptr;
+      return data;
+    };
+    if (!be.host_memory()) {
+      int32_t* device_ints = grow(ws.ints, static_cast<int64_t>(step.ints.size()));
+      float** device_pages = grow(ws.pages, static_cast<int64_t>(step.page_tables.size()));
+      if (ok) {
+        be.CopyIn(device_ints, step.ints.data(), step.ints.size() * sizeof(int32_t));
+        be.CopyIn(device_pages, step.page_tables.data(), step.page_tables.size() * sizeof(float*));
+      }
+      ints = device_ints;
+      pages = device_pages;
     }
-    ints = device_ints;
-    pages = device_pages;
+    const int64_t max_rows = std::max(rows, consumer_rows);
+    h = grow(ws.h, residual_rows * d);
+    x = grow(ws.x, max_rows * d);
+    qkv = grow(ws.qkv, max_rows * qkv_dim);
+    attn = grow(ws.attn, max_rows * q_dim);
+    gate_up = grow(ws.gate_up, max_rows * 2 * inter);
+    act = grow(ws.act, max_rows * inter);
+    shared = grow(ws.shared, residual_rows * d);
+    global = grow(ws.global, rows * global_dim);
+    hc = grow(ws.hc, consumer_rows * d);
+    sc = grow(ws.sc, consumer_rows * d);
+    final_rows = grow(ws.final_rows, n_logits * d);
+    step_logits = be.host_memory() ? logits : grow(ws.logits, n_logits * c.vocab_size);
+    positions = ints + step.positions;
+    consumer_positions = ints + step.consumer_positions;
+    return ok;
   }
-  float* const h = grow(ws.h, residual_rows * d);
-  float* const x = grow(ws.x, max_rows * d);
-  float* const qkv = grow(ws.qkv, max_rows * qkv_dim);
-  float* const attn = grow(ws.attn, max_rows * q_dim);
-  float* const gate_up = grow(ws.gate_up, max_rows * 2 * inter);
-  float* const act = grow(ws.act, max_rows * inter);
-  float* const shared = grow(ws.shared, residual_rows * d);
-  float* const global = grow(ws.global, rows * global_dim);
-  float* const hc = grow(ws.hc, consumer_rows * d);
-  float* const sc = grow(ws.sc, consumer_rows * d);
-  float* const final_rows = grow(ws.final_rows, n_logits * d);
-  float* const step_logits = be.host_memory() ? logits : grow(ws.logits, n_logits * V);
-  if (!ok) {
-    (void)be.Synchronize();
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "no ", DeviceName(be.device()), " memory for a step of ", rows, " rows' activations"));
-  }
-  const int32_t* const positions = ints + step.positions;
-  const int32_t* const consumer_positions = ints + step.consumer_positions;
 
+  // Producer layers: window-W SWA over every row; a segment's last C rows enter the ring.
+  absl::Status Producers(const ProducerRowsCallback* on_producer_rows) {
+    if (rows == 0) return absl::OkStatus();
+    be.Embedding({.rows = rows, .dim = d, .table = wt.embed, .ids = ints + step.tokens, .out = h});
+    for (int64_t l = 0; l < c.num_producer_layers(); ++l) {
+      const Weights::Layer& w = wt.producers[l];
+      be.RmsNorm({.rows = rows, .dim = d, .x = h, .weight = w.attn_norm, .out = x, .eps = eps});
+      Gemm({.rows = rows, .in = d, .out = qkv_dim, .x = x, .y = qkv}, w.qkv);
+      be.Rope({.rows = rows,
+               .heads = H + Hkv,
+               .head_dim = hd,
+               .x = qkv,
+               .stride = qkv_dim,
+               .positions = positions,
+               .theta = c.rope_theta});
+      attention.clear();
+      for (const StepSegment& seg : step.segments) {
+        if (seg.rows == 0) continue;  // a replay piece: its rows enter at the consumers
+        if (on_producer_rows != nullptr && *on_producer_rows) {
+          if (absl::Status st = HandRows(*on_producer_rows, l, seg); !st.ok()) return st;
+        }
+        attention.push_back(SwaAttention(seg.rows, seg.row_offset, positions + seg.row_offset,
+                                         ints + step.producer_lo + seg.row_offset, seg.producer_swa,
+                                         l, seg.q_start, nullptr));
+      }
+      be.Attention(attention);
+      // Ring writes come after attention: a new row may take the slot of a key still being read.
+      for (const StepSegment& seg : step.segments) {
+        if (seg.rows == 0) continue;
+        WriteRing(seg.producer_swa, l, seg.rows, seg.row_offset,
+                  ints + step.producer_slots + seg.row_offset);
+      }
+      OutputAndMlp(h, rows, w);
+    }
+    return absl::OkStatus();
+  }
+
+  // Replay rows enter here: the boundary rows a prefill node computed and handed over. Then
+  // the boundary (layer P): shared rows s over every residual row, and from the full rows' the
+  // block KV of every group (each source layer's projection), which is therefore exact
+  // whatever the truncation (seed 9.2.2). A replay row's block KV came with its StateBlock.
+  void Boundary() {
+    float* replay_row = h + rows * d;
+    for (size_t i = 0; i < step.replay_input.size(); ++i) {
+      be.CopyIn(replay_row, step.replay_input[i], step.replay_input_rows[i] * d * sizeof(float));
+      replay_row += step.replay_input_rows[i] * d;
+    }
+    be.RmsNorm({.rows = residual_rows,
+                .dim = d,
+                .x = h,
+                .weight = wt.consumers[0].attn_norm,
+                .out = shared,
+                .eps = eps});
+    if (rows == 0) return;
+    Gemm({.rows = rows, .in = d, .out = global_dim, .x = shared, .y = global}, wt.global_kv);
+    const int64_t G = c.num_block_kv_groups();
+    for (int64_t g = 0; g < G; ++g) {
+      be.Rope({.rows = rows,
+               .heads = Hkv,
+               .head_dim = hd,
+               .x = global + g * 2 * kv_dim,
+               .stride = global_dim,
+               .positions = positions,
+               .theta = c.rope_theta});
+    }
+    for (const StepSegment& seg : step.segments) {
+      for (int64_t g = 0; seg.rows > 0 && g < G; ++g) {
+        for (const bool is_v : {false, true}) {
+          be.WriteBlockKv(
+              {.rows = seg.rows,
+               .width = kv_dim,
+               .src = global + seg.row_offset * global_dim + g * 2 * kv_dim + (is_v ? kv_dim : 0),
+               .src_stride = global_dim,
+               .positions = positions + seg.row_offset,
+               .pages = pages + seg.page_table,
+               .block_size = c.kv_block_size,
+               .offset = is_v ? layout.page_v_offset(g) : layout.page_k_offset(g)});
+        }
+      }
+    }
+  }
+
+  // Consumer layers over each segment's consumer rows (the last rows of the segment).
+  void Consumers() {
+    for (auto [from, to] : {std::pair{h, hc}, std::pair{shared, sc}}) {
+      be.GatherRows({.rows = consumer_rows,
+                     .width = d,
+                     .src = from,
+                     .src_stride = d,
+                     .index = ints + step.consumer_source,
+                     .dst = to,
+                     .dst_stride = d});
+    }
+    attention.resize(step.segments.size());
+    std::vector<BlockKvSource> block_kv(step.segments.size());
+    for (int64_t l = 0; l < c.num_consumer_layers(); ++l) {
+      const Weights::Layer& w = wt.consumers[l];
+      ConsumerQkv(w);
+      // The block KV of this layer's group (its nearest source at or below it).
+      const int64_t group = c.block_kv_group(c.n_prefill_layer + l);
+      for (size_t s = 0; s < step.segments.size(); ++s) {
+        const StepSegment& seg = step.segments[s];
+        block_kv[s] = {.pages = pages + seg.page_table,
+                       .block_size = c.kv_block_size,
+                       .k_offset = layout.page_k_offset(group),
+                       .v_offset = layout.page_v_offset(group)};
+        attention[s] = SwaAttention(seg.consumer_rows, seg.consumer_offset,
+                                    consumer_positions + seg.consumer_offset,
+                                    ints + step.consumer_lo + seg.consumer_offset, seg.consumer_swa,
+                                    l, seg.consumer_start, &block_kv[s]);
+      }
+      be.Attention(attention);
+      for (const StepSegment& seg : step.segments) {
+        WriteRing(seg.consumer_swa, l, seg.consumer_rows, seg.consumer_offset,
+                  ints + step.consumer_slots + seg.consumer_offset);
+      }
+      OutputAndMlp(hc, consumer_rows, w);
+    }
+  }
+
+  // Logits of the requested consumer rows into `logits` (host memory).
+  void Logits(float* logits) {
+    be.GatherRows({.rows = n_logits,
+                   .width = d,
+                   .src = hc,
+                   .src_stride = d,
+                   .index = ints + step.logit_source,
+                   .dst = final_rows,
+                   .dst_stride = d});
+    be.RmsNorm({.rows = n_logits,
+                .dim = d,
+                .x = final_rows,
+                .weight = wt.final_norm,
+                .out = final_rows,
+                .eps = eps});
+    Gemm({.rows = n_logits, .in = d, .out = c.vocab_size, .x = final_rows, .y = step_logits},
+         wt.lm_head);
+    if (step_logits != logits) {
+      be.CopyOut(logits, step_logits, n_logits * c.vocab_size * sizeof(float));
+    }
+  }
+
+  float* residual() const { return h; }
+
+ private:
   // Y = X W^T (+ Y) against a weight matrix in whichever type the engine holds it.
-  auto gemm = [&](kernels::GemmParams p, const Weights::Matrix& w) {
+  void Gemm(kernels::GemmParams p, const Weights::Matrix& w) {
     p.w = w.f32;
     p.w_bf16 = w.bf16;
     p.w_packed = w.packed;
     be.Gemm(p);
-  };
+  }
+
   // o_proj into the residual, then the SwiGLU MLP; shared by both layer groups.
-  auto output_and_mlp = [&](float* hidden, int64_t n, const Weights::Layer& w) {
-    gemm({.rows = n, .in = q_dim, .out = d, .x = attn, .y = hidden, .beta = 1.0f}, w.o);
+  void OutputAndMlp(float* hidden, int64_t n, const Weights::Layer& w) {
+    Gemm({.rows = n, .in = q_dim, .out = d, .x = attn, .y = hidden, .beta = 1.0f}, w.o);
     be.RmsNorm({.rows = n, .dim = d, .x = hidden, .weight = w.mlp_norm, .out = x, .eps = eps});
     if (w.gate_up.swiglu) {
-      gemm({.rows = n, .in = d, .out = 2 * inter, .x = x, .y = gate_up, .swiglu = act}, w.gate_up);
+      Gemm({.rows = n, .in = d, .out = 2 * inter, .x = x, .y = gate_up, .swiglu = act}, w.gate_up);
     } else {
-      gemm({.rows = n, .in = d, .out = 2 * inter, .x = x, .y = gate_up}, w.gate_up);
+      Gemm({.rows = n, .in = d, .out = 2 * inter, .x = x, .y = gate_up}, w.gate_up);
       be.SwiGlu({.rows = n, .inter = inter, .gate_up = gate_up, .out = act});
     }
-    gemm({.rows = n, .in = inter, .out = d, .x = act, .y = hidden, .beta = 1.0f}, w.down);
-  };
-  // K and V of `n` qkv rows from `first` into one layer's rings at the plan's slots (-1: none).
-  auto write_ring = [&](float* ring, int64_t layer, int64_t n, int64_t first,
-                        const int32_t* slots) {
-    const float* row0 = qkv + first * qkv_dim;
-    for (const bool is_v : {false, true}) {
-      be.ScatterRows(
-          {.rows = n,
-           .width = kv_dim,
-           .src = row0 + q_dim + (is_v ? kv_dim : 0),
-           .src_stride = qkv_dim,
-           .index = slots,
-           .dst = ring + (is_v ? layout.ring_v_offset(layer) : layout.ring_k_offset(layer)),
-           .dst_stride = kv_dim});
-    }
-  };
-  // Attention over `n` rows whose q/k/v sit at qkv row `first`: SWA keys from `ring` (one
-  // layer's K/V rings) before tail_start and from these rows after it.
-  auto swa_attention = [&](int64_t n, int64_t first, const int32_t* row_positions,
-                           const int32_t* lo, const float* ring, int64_t layer, int64_t tail_start,
-                           const BlockKvSource* global_source) {
-    const float* row0 = qkv + first * qkv_dim;
-    return AttentionParams{.rows = n,
-                           .num_heads = H,
-                           .num_kv_heads = Hkv,
-                           .head_dim = hd,
-                           .scale = scale,
-                           .q = row0,
-                           .q_stride = qkv_dim,
-                           .out = attn + first * q_dim,
-                           .positions = row_positions,
-                           .swa_lo = lo,
-                           .swa = {.ring_k = ring + layout.ring_k_offset(layer),
-                                   .ring_v = ring + layout.ring_v_offset(layer),
-                                   .ring_capacity = C,
-                                   .tail_k = row0 + q_dim,
-                                   .tail_v = row0 + q_dim + kv_dim,
-                                   .tail_stride = qkv_dim,
-                                   .tail_start = tail_start},
-                           .global = global_source};
-  };
-  std::vector<AttentionParams> attention;
-  std::vector<BlockKvSource> block_kv(step.segments.size());
-  std::vector<float> host_rows;
-  const Weights& wt = *weights_;
-
-  if (rows > 0) {
-    be.Embedding({.rows = rows, .dim = d, .table = wt.embed, .ids = ints + step.tokens, .out = h});
+    Gemm({.rows = n, .in = inter, .out = d, .x = act, .y = hidden, .beta = 1.0f}, w.down);
   }
 
-  // Producer layers: window-W SWA over every row; a segment's last C rows enter the ring.
-  for (int64_t l = 0; rows > 0 && l < c.num_producer_layers(); ++l) {
-    const Weights::Layer& w = wt.producers[l];
-    be.RmsNorm({.rows = rows, .dim = d, .x = h, .weight = w.attn_norm, .out = x, .eps = eps});
-    gemm({.rows = rows, .in = d, .out = qkv_dim, .x = x, .y = qkv}, w.qkv);
-    be.Rope({.rows = rows,
-             .heads = H + Hkv,
-             .head_dim = hd,
-             .x = qkv,
-             .stride = qkv_dim,
-             .positions = positions,
-             .theta = c.rope_theta});
-    attention.clear();
-    for (const StepSegment& seg : step.segments) {
-      if (seg.rows == 0) continue;  // a replay piece: its rows enter at the consumers
-      if (on_producer_rows != nullptr && *on_producer_rows) {
-        const float* seg_rows = qkv + seg.row_offset * qkv_dim;
-        if (!be.host_memory()) {
-          host_rows.resize(seg.rows * qkv_dim);
-          be.CopyOut(host_rows.data(), seg_rows, host_rows.size() * sizeof(float));
-          if (absl::Status st = be.Synchronize(); !st.ok()) return st;
-          seg_rows = host_rows.data();
-        }
-        (*on_producer_rows)(l, seg.q_start, seg.rows, seg_rows + q_dim, seg_rows + q_dim + kv_dim,
-                            qkv_dim);
-      }
-      attention.push_back(swa_attention(seg.rows, seg.row_offset, positions + seg.row_offset,
-                                        ints + step.producer_lo + seg.row_offset, seg.producer_swa,
-                                        l, seg.q_start, nullptr));
-    }
-    be.Attention(attention);
-    // Ring writes come after attention: a new row may take the slot of a key still being read.
-    for (const StepSegment& seg : step.segments) {
-      if (seg.rows == 0) continue;
-      write_ring(seg.producer_swa, l, seg.rows, seg.row_offset,
-                 ints + step.producer_slots + seg.row_offset);
-    }
-    output_and_mlp(h, rows, w);
-  }
-
-  // Replay rows enter here: the boundary rows a prefill node computed and handed over.
-  float* replay_row = h + rows * d;
-  for (size_t i = 0; i < step.replay_input.size(); ++i) {
-    be.CopyIn(replay_row, step.replay_input[i], step.replay_input_rows[i] * d * sizeof(float));
-    replay_row += step.replay_input_rows[i] * d;
-  }
-
-  // Boundary (layer P): shared rows s over every residual row, and from the full rows' the
-  // block KV of every group (each source layer's projection), which is therefore exact
-  // whatever the truncation (seed 9.2.2). A replay row's block KV came with its StateBlock.
-  be.RmsNorm({.rows = residual_rows,
-              .dim = d,
-              .x = h,
-              .weight = wt.consumers[0].attn_norm,
-              .out = shared,
-              .eps = eps});
-  if (rows > 0) {
-    gemm({.rows = rows, .in = d, .out = global_dim, .x = shared, .y = global}, wt.global_kv);
-  }
-  for (int64_t g = 0; rows > 0 && g < G; ++g) {
-    be.Rope({.rows = rows,
-             .heads = Hkv,
-             .head_dim = hd,
-             .x = global + g * 2 * kv_dim,
-             .stride = global_dim,
-             .positions = positions,
-             .theta = c.rope_theta});
-  }
-  for (const StepSegment& seg : step.segments) {
-    for (int64_t g = 0; seg.rows > 0 && g < G; ++g) {
-      for (const bool is_v : {false, true}) {
-        be.WriteBlockKv(
-            {.rows = seg.rows,
-             .width = kv_dim,
-             .src = global + seg.row_offset * global_dim + g * 2 * kv_dim + (is_v ? kv_dim : 0),
-             .src_stride = global_dim,
-             .positions = positions + seg.row_offset,
-             .pages = pages + seg.page_table,
-             .block_size = B,
-             .offset = is_v ? layout.page_v_offset(g) : layout.page_k_offset(g)});
-      }
-    }
-  }
-  if (boundary_out != nullptr && boundary_rows > 0) {
-    be.CopyOut(boundary_out, h + boundary_first * d, boundary_rows * d * sizeof(float));
-  }
-  if (consumer_rows == 0) return be.Synchronize();
-
-  // Consumer layers over each segment's consumer rows (the last rows of the segment).
-  for (auto [from, to] : {std::pair{h, hc}, std::pair{shared, sc}}) {
-    be.GatherRows({.rows = consumer_rows,
-                   .width = d,
-                   .src = from,
-                   .src_stride = d,
-                   .index = ints + step.consumer_source,
-                   .dst = to,
-                   .dst_stride = d});
-  }
-  attention.resize(step.segments.size());
-  for (int64_t l = 0; l < D; ++l) {
-    const Weights::Layer& w = wt.consumers[l];
+  // A consumer layer's Q, K and V of the consumer rows, with RoPE.
+  void ConsumerQkv(const Weights::Layer& w) {
     be.RmsNorm(
         {.rows = consumer_rows, .dim = d, .x = hc, .weight = w.attn_norm, .out = x, .eps = eps});
     if (!c.yoco_swa_share_hidden) {
-      gemm({.rows = consumer_rows, .in = d, .out = qkv_dim, .x = x, .y = qkv}, w.qkv);
+      Gemm({.rows = consumer_rows, .in = d, .out = qkv_dim, .x = x, .y = qkv}, w.qkv);
     } else {
       // SWA K/V from the shared boundary rows instead of this layer's own input.
-      gemm({.rows = consumer_rows, .in = d, .out = q_dim, .x = x, .y = qkv, .y_stride = qkv_dim},
+      Gemm({.rows = consumer_rows, .in = d, .out = q_dim, .x = x, .y = qkv, .y_stride = qkv_dim},
            w.qkv);
-      gemm({.rows = consumer_rows,
+      Gemm({.rows = consumer_rows,
             .in = d,
             .out = 2 * kv_dim,
             .x = sc,
@@ -537,44 +573,109 @@ absl::Status CedEngine::RunStep(const StepPlan& step, const ProducerRowsCallback
              .stride = qkv_dim,
              .positions = consumer_positions,
              .theta = c.rope_theta});
-    // The block KV of this layer's group (its nearest source at or below it).
-    const int64_t group = c.block_kv_group(c.n_prefill_layer + l);
-    for (size_t s = 0; s < step.segments.size(); ++s) {
-      const StepSegment& seg = step.segments[s];
-      block_kv[s] = {.pages = pages + seg.page_table,
-                     .block_size = B,
-                     .k_offset = layout.page_k_offset(group),
-                     .v_offset = layout.page_v_offset(group)};
-      attention[s] = swa_attention(seg.consumer_rows, seg.consumer_offset,
-                                   consumer_positions + seg.consumer_offset,
-                                   ints + step.consumer_lo + seg.consumer_offset, seg.consumer_swa,
-                                   l, seg.consumer_start, &block_kv[s]);
-    }
-    be.Attention(attention);
-    for (const StepSegment& seg : step.segments) {
-      write_ring(seg.consumer_swa, l, seg.consumer_rows, seg.consumer_offset,
-                 ints + step.consumer_slots + seg.consumer_offset);
-    }
-    output_and_mlp(hc, consumer_rows, w);
   }
 
-  // Logits of the requested consumer rows.
-  if (n_logits == 0) return be.Synchronize();
-  be.GatherRows({.rows = n_logits,
-                 .width = d,
-                 .src = hc,
-                 .src_stride = d,
-                 .index = ints + step.logit_source,
-                 .dst = final_rows,
-                 .dst_stride = d});
-  be.RmsNorm({.rows = n_logits,
-              .dim = d,
-              .x = final_rows,
-              .weight = wt.final_norm,
-              .out = final_rows,
-              .eps = eps});
-  gemm({.rows = n_logits, .in = d, .out = V, .x = final_rows, .y = step_logits}, wt.lm_head);
-  if (step_logits != logits) be.CopyOut(logits, step_logits, n_logits * V * sizeof(float));
+  // A segment's producer K and V rows of layer `l`, handed to the caller (from host memory).
+  absl::Status HandRows(const ProducerRowsCallback& on_producer_rows, int64_t l,
+                        const StepSegment& seg) {
+    const float* seg_rows = qkv + seg.row_offset * qkv_dim;
+    if (!be.host_memory()) {
+      host_rows.resize(seg.rows * qkv_dim);
+      be.CopyOut(host_rows.data(), seg_rows, host_rows.size() * sizeof(float));
+      if (absl::Status st = be.Synchronize(); !st.ok()) return st;
+      seg_rows = host_rows.data();
+    }
+    on_producer_rows(l, seg.q_start, seg.rows, seg_rows + q_dim, seg_rows + q_dim + kv_dim,
+                     qkv_dim);
+    return absl::OkStatus();
+  }
+
+  // K and V of `n` qkv rows from `first` into one layer's rings at the plan's slots (-1: none).
+  void WriteRing(float* ring, int64_t layer, int64_t n, int64_t first, const int32_t* slots) {
+    const float* row0 = qkv + first * qkv_dim;
+    for (const bool is_v : {false, true}) {
+      be.ScatterRows(
+          {.rows = n,
+           .width = kv_dim,
+           .src = row0 + q_dim + (is_v ? kv_dim : 0),
+           .src_stride = qkv_dim,
+           .index = slots,
+           .dst = ring + (is_v ? layout.ring_v_offset(layer) : layout.ring_k_offset(layer)),
+           .dst_stride = kv_dim});
+    }
+  }
+
+  // Attention over `n` rows whose q/k/v sit at qkv row `first`: SWA keys from `ring` (one
+  // layer's K/V rings) before tail_start and from these rows after it.
+  AttentionParams SwaAttention(int64_t n, int64_t first, const int32_t* row_positions,
+                               const int32_t* lo, const float* ring, int64_t layer,
+                               int64_t tail_start, const BlockKvSource* global_source) const {
+    const float* row0 = qkv + first * qkv_dim;
+    return AttentionParams{.rows = n,
+                           .num_heads = H,
+                           .num_kv_heads = Hkv,
+                           .head_dim = hd,
+                           .scale = scale,
+                           .q = row0,
+                           .q_stride = qkv_dim,
+                           .out = attn + first * q_dim,
+                           .positions = row_positions,
+                           .swa_lo = lo,
+                           .swa = {.ring_k = ring + layout.ring_k_offset(layer),
+                                   .ring_v = ring + layout.ring_v_offset(layer),
+                                   .ring_capacity = c.ring_capacity(),
+                                   .tail_k = row0 + q_dim,
+                                   .tail_v = row0 + q_dim + kv_dim,
+                                   .tail_stride = qkv_dim,
+                                   .tail_start = tail_start},
+                           .global = global_source};
+  }
+
+  Backend& be;
+  const ModelConfig& c;
+  const Weights& wt;
+  const StepPlan& step;
+  const StateLayout layout;
+  const int64_t d, hd, H, Hkv, q_dim, kv_dim, inter, qkv_dim, global_dim;
+  const float eps, scale;
+  const int64_t rows, consumer_rows, n_logits, residual_rows;
+  const int32_t* ints = nullptr;
+  float* const* pages = nullptr;
+  const int32_t* positions = nullptr;
+  const int32_t* consumer_positions = nullptr;
+  float *h = nullptr, *x = nullptr, *qkv = nullptr, *attn = nullptr, *gate_up = nullptr,
+        *act = nullptr, *shared = nullptr, *global = nullptr, *hc = nullptr, *sc = nullptr,
+        *final_rows = nullptr, *step_logits = nullptr;
+  std::vector<AttentionParams> attention;
+  std::vector<float> host_rows;
+};
+
+absl::Status CedEngine::RunStep(const StepPlan& step, const ProducerRowsCallback* on_producer_rows,
+                                float* logits, float* boundary_out, int64_t boundary_first,
+                                int64_t boundary_rows) {
+  Backend& be = *backend_;
+  // Residual rows: the full rows, then the replay rows handed over (boundary rows).
+  if (step.rows + step.replay_rows == 0) return absl::OkStatus();
+  struct Returner {
+    CedEngine* engine;
+    std::unique_ptr<Workspace> workspace;
+    ~Returner() { engine->ReturnWorkspace(std::move(workspace)); }
+  } held{this, TakeWorkspace()};
+  Workspace::StepRun run(be, config_, *weights_, step);
+  if (!run.Allocate(*held.workspace, logits)) {
+    (void)be.Synchronize();
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "no ", DeviceName(be.device()), " memory for a step of ", step.rows, " rows' activations"));
+  }
+  if (absl::Status s = run.Producers(on_producer_rows); !s.ok()) return s;
+  run.Boundary();
+  if (boundary_out != nullptr && boundary_rows > 0) {
+    be.CopyOut(boundary_out, run.residual() + boundary_first * config_.hidden_size,
+               boundary_rows * config_.hidden_size * sizeof(float));
+  }
+  if (step.consumer_rows == 0) return be.Synchronize();
+  run.Consumers();
+  if (step.logit_rows > 0) run.Logits(logits);
   return be.Synchronize();
 }
 
