@@ -10,8 +10,12 @@ a narrower range on purpose in NARROWER below. An option with a range or allowed
 the schema accepts without them is a disagreement too: the chart would pass what the binary
 refuses.
 
-Usage: options_schema_test.py SCHEMA BINARY... (each binary answers --print-options with its
-table as JSON: baton/common/options.h).
+`baton up`'s own flags that it hands to a role's binary (FORWARDED) must agree with that
+binary's option the same way (type, allowed values, range), so that baton up never accepts what
+the binary refuses, nor refuses what it accepts.
+
+Usage: options_schema_test.py SCHEMA [--up BATON] BINARY... (each binary, and `baton up`,
+answers --print-options with its table as JSON: baton/common/options.h).
 """
 import json
 import subprocess
@@ -19,6 +23,47 @@ import sys
 
 # Keys of config.<section> that the chart renders under another binary's name.
 ALIASES = {("kvstore", "replication"): ("router", "kvstore-replication")}
+
+# baton up's flags that become a role's flag of the same meaning: (role, that binary's name).
+FORWARDED = {
+    "port": [("router", "port")],
+    "transport": [("router", "transport")],
+    "split": [("router", "split"), ("prefill", "split")],
+    "replay-rows-per-step": [("decode", "replay-rows-per-step")],
+    "replay-step-budget": [("decode", "replay-step-budget")],
+    "speculative": [("decode", "speculative")],
+    "speculative-tokens": [("decode", "speculative-tokens")],
+    "speculative-policy": [("decode", "speculative-policy")],
+    "decode-pages": [("decode", "pages")],
+    "http-port": [("router", "http-port")],
+    "device": [("prefill", "device"), ("decode", "device")],
+    "weights": [("prefill", "weights"), ("decode", "weights")],
+    "cuda-prefill-attention": [("prefill", "cuda-prefill-attention"),
+                               ("decode", "cuda-prefill-attention")],
+    "kvstore-replication": [("router", "kvstore-replication")],
+    "kvstore-budget-bytes": [("kvstore", "budget-bytes")],
+    "block-cache-bytes": [("prefill", "block-cache-bytes")],
+    "prefill-policy": [("router", "prefill-policy")],
+    "log-format": [(role, "log-format") for role in ("router", "prefill", "decode", "kvstore")],
+    "host": [("router", "host")],
+    "api-keys": [("router", "api-keys")],
+}
+
+
+def compare_forwarded(where, up, child):
+    """The disagreements between a baton up option and the child option it becomes."""
+    problems = []
+    kinds = ("array" if up.get("list") else up["type"], "array" if child.get("list") else child["type"])
+    if kinds[0] != kinds[1]:
+        problems.append(f"{where}: baton up's type {kinds[0]}, the binary's {kinds[1]}")
+    if set(up.get("allowed", [])) != set(child.get("allowed", [])):
+        problems.append(f"{where}: allowed values differ: baton up {up.get('allowed', 'any')}, "
+                        f"binary {child.get('allowed', 'any')}")
+    if (up.get("min"), up.get("max")) != (child.get("min"), child.get("max")):
+        problems.append(f"{where}: baton up's range [{up.get('min')}, {up.get('max')}], the "
+                        f"binary's [{child.get('min')}, {child.get('max')}]")
+    return problems
+
 
 # Ranges the chart narrows on purpose, with the reason. A port in a pod is never 0 ("any free
 # port") or -1 ("none"): the Services and probes need a fixed one.
@@ -98,8 +143,12 @@ def compare(where, key, node, option, schema):
 
 def main():
     schema = json.load(open(sys.argv[1]))
+    args = sys.argv[2:]
+    up_binary = None
+    if args[:1] == ["--up"]:
+        up_binary, args = args[1], args[2:]
     tables = {}
-    for binary in sys.argv[2:]:
+    for binary in args:
         out = subprocess.run([binary, "--print-options"], check=True, capture_output=True,
                              text=True).stdout
         table = json.loads(out)
@@ -126,9 +175,25 @@ def main():
                 continue
             problems += compare(f"config.{section}.{key}", key, node, tables[target][name], schema)
             checked += 1
+    if up_binary is not None:
+        out = subprocess.run([up_binary, "up", "--print-options"], check=True,
+                             capture_output=True, text=True).stdout
+        up = {o["name"]: o for o in json.loads(out)["options"]}
+        for name, targets in FORWARDED.items():
+            if name not in up:
+                problems.append(f"baton up has no --{name}")
+                continue
+            for role, child in targets:
+                if child not in tables.get(role, {}):
+                    problems.append(f"baton up --{name}: baton-{role} has no --{child}")
+                    continue
+                problems += compare_forwarded(f"baton up --{name} (baton-{role} --{child})",
+                                              up[name], tables[role][child])
+                checked += 1
     for problem in problems:
         print("FAIL:", problem)
-    print(f"{checked} chart keys checked against {len(tables)} binaries' options; "
+    print(f"{checked} chart keys and baton up flags checked against {len(tables)} binaries' "
+          "options; "
           f"{len(problems)} disagreements")
     return 1 if problems else 0
 

@@ -19,8 +19,10 @@
 // This file only declares the flags; the launcher library (baton/launcher/launcher.h) does the
 // rest.
 #include <iostream>
+#include <string_view>
 
 #include "CLI/CLI.hpp"
+#include "baton/common/options.h"
 #include "baton/launcher/launcher.h"
 
 namespace {
@@ -30,23 +32,24 @@ void AddDecodeFlags(CLI::App& up, baton::launcher::LaunchOptions& options) {
   up.add_option("--replay-rows-per-step", options.replay_rows_per_step,
                 "replay-on-decode: boundary rows each decode step replays beside the running "
                 "streams' tokens")
-      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+      ->check(baton::InRange(int64_t{1}, int64_t{1} << 20));
   up.add_option("--replay-step-budget", options.replay_step_budget,
                 "replay-on-decode: the share of the streams' step time a decode step's replay "
                 "rows may add (baton-decode --replay-step-budget)")
-      ->check(CLI::Range(0.0, 100.0));
+      ->check(baton::InRange(0.0, 100.0));
   up.add_option("--speculative", options.speculative,
                 "The decode nodes' speculative decoding: off, ngram (prompt lookup) or draft:DIR "
                 "(a draft model with the served model's tokenizer, e.g. "
                 "models/ced-brown-draft); requests may override it (default off)");
   up.add_option("--speculative-tokens", options.speculative_tokens,
                 "Tokens drafted per step at most (0: the model's max_backtrack)")
-      ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
+      ->check(baton::InRange(int64_t{0}, int64_t{1} << 20));
   up.add_option("--speculative-policy", options.speculative_policy,
                 "cost: drafts only as many tokens as pay for themselves at the measured costs "
                 "(default); acceptance: always draft, as many as the acceptance suggests")
-      ->check(CLI::IsMember({"cost", "acceptance"}));
-  up.add_option("--decode-pages", options.decode_pages, "Block-KV pages of each decode node");
+      ->check(baton::OneOf({"cost", "acceptance"}));
+  up.add_option("--decode-pages", options.decode_pages, "Block-KV pages of each decode node")
+      ->check(baton::InRange(1, 1 << 24));
 }
 
 }  // namespace
@@ -59,26 +62,28 @@ int main(int argc, char** argv) {
   CLI::App app{"baton: run a whole baton cluster on this machine"};
   app.require_subcommand(1);
   CLI::App* up = app.add_subcommand("up", "Start router, prefill and decode on loopback");
+  baton::CaptureDefaults(*up);
   up->add_option("--model", options.model_dir,
                  "Model directory (default: the trained model ced-brown-shared that ships with "
                  "baton)");
   up->add_option("--preset", options.preset,
                  "Generate this preset (tiny, small, ...) into the data dir and serve it, instead "
                  "of the trained default");
-  up->add_option("--port", options.port, "Router port (0: any free port)");
+  up->add_option("--port", options.port, "Router port (0: any free port)")
+      ->check(baton::InRange(0, 65535));
   up->add_option("--data-dir", options.data_dir, "Where the generated model and run files go");
   up->add_option("--transport", options.transport, "StateBlock transport: ucx or grpc")
-      ->check(CLI::IsMember({"ucx", "grpc"}));
+      ->check(baton::OneOf({"ucx", "grpc"}));
   up->add_option("--split", options.split,
                  "How requests are cut between the nodes: prefill-all (the prefill node runs "
                  "every layer) or replay-on-decode (it holds and runs the producers only; the "
                  "decode node replays the consumer layers)")
-      ->check(CLI::IsMember({"prefill-all", "replay-on-decode"}));
+      ->check(baton::OneOf({"prefill-all", "replay-on-decode"}));
   AddDecodeFlags(*up, options);
   up->add_option("--http-port", options.http_port,
                  "The router's OpenAI-compatible HTTP API (0: any free port; -1: off); served "
                  "when the model has a tokenizer")
-      ->check(CLI::Range(-1, 65535));
+      ->check(baton::InRange(-1, 65535));
   up->add_option("--tokenizer", options.tokenizer_dir,
                  "Folder whose tokenizer.model (and tokenizer_config.json, "
                  "generation_config.json) the generated model gets (default: the one "
@@ -95,35 +100,36 @@ int main(int argc, char** argv) {
                  "gemm (default: the environment's BATON_CUDA_PREFILL_ATTENTION, else simple)");
   up->add_option("--prefill-nodes", options.prefill_nodes,
                  "baton-prefill processes to run (1 to 16)")
-      ->check(CLI::Range(1, 16));
+      ->check(baton::InRange(1, 16));
   up->add_option("--decode-nodes", options.decode_nodes, "baton-decode processes to run (1 to 16)")
-      ->check(CLI::Range(1, 16));
+      ->check(baton::InRange(1, 16));
   up->add_option("--kvstore-nodes", options.kvstore_nodes,
                  "baton-kvstore processes to run (1 to 16): the prefix store as a fleet named "
                  "kvstore, kvstore-1, ..., each under <data-dir>/<name>")
-      ->check(CLI::Range(1, 16));
+      ->check(baton::InRange(1, 16));
   up->add_option("--kvstore-replication", options.kvstore_replication,
                  "Owners of each stored value among the store nodes (1 to --kvstore-nodes): with "
                  "2 or more, losing a store node loses no hit")
-      ->check(CLI::Range(1, 16));
+      ->check(baton::InRange(1, 16));
   up->add_flag("--no-restart", options.no_restart,
                "Stop everything when a component exits, instead of starting it again");
   up->add_option("--kvstore-budget-bytes", options.kvstore_budget,
-                 "Each prefix-store node's budget under <data-dir>/kvstore[-i] (default 8 GiB)");
+                 "Each prefix-store node's budget under <data-dir>/kvstore[-i] (default 8 GiB)")
+      ->check(baton::InRange(uint64_t{0}, uint64_t{1} << 50));
   up->add_option("--block-cache-bytes", options.block_cache_bytes,
                  "Each prefill node's local block cache, looked in before the prefix store "
                  "(default 512 MiB; 0: none)")
-      ->check(CLI::Range(uint64_t{0}, uint64_t{1} << 40));
+      ->check(baton::InRange(uint64_t{0}, uint64_t{1} << 40));
   up->add_option("--prefill-policy", options.prefill_policy,
                  "The router's choice of prefill node: least-loaded, longest-prefix or "
                  "predicted-ttft (default)")
-      ->check(CLI::IsMember({"least-loaded", "longest-prefix", "predicted-ttft"}));
+      ->check(baton::OneOf({"least-loaded", "longest-prefix", "predicted-ttft"}));
   up->add_option("--config", options.config_file,
                  "Config file handed to every component (each reads `common` and its own "
                  "section); the addresses, ports and paths baton up sets win")
       ->check(CLI::ExistingFile);
   up->add_option("--log-format", options.log_format, "Components log as text or json")
-      ->check(CLI::IsMember({"text", "json"}));
+      ->check(baton::OneOf({"text", "json"}));
   up->add_flag("--insecure-internal", options.insecure_internal,
                "Run the internal surfaces in plaintext (a baseline for benchmarks; trusted hosts "
                "only)");
@@ -149,6 +155,16 @@ int main(int argc, char** argv) {
       "ROLE.NAME=VALUE (repeatable): flag --NAME VALUE for every baton-ROLE process (router, "
       "prefill, decode, kvstore), any flag of that binary that baton up does not set itself "
       "(baton-ROLE --print-options lists them), checked by the binary before anything starts");
+  bool print_options = false;  // read from argv before parsing, below
+  up->add_flag("--print-options", print_options,
+               "Print baton up's options (name, type, default, range or allowed values, help) as "
+               "JSON, and exit");
+  for (int i = 2; i < argc; ++i) {
+    if (std::string_view(argv[i]) == "--print-options") {
+      std::cout << baton::DescribeOptions(*up, "baton up", "up") << "\n";
+      return 0;
+    }
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
