@@ -52,6 +52,42 @@ void AddDecodeFlags(CLI::App& up, baton::launcher::LaunchOptions& options) {
       ->check(baton::InRange(1, 1 << 24));
 }
 
+// The config file, logs, the client API's access (host, TLS, API keys, internal TLS) and
+// --set, which hands any flag to a role's processes.
+void AddAccessAndSettingFlags(CLI::App& up, baton::launcher::LaunchOptions& options) {
+  up.add_option("--config", options.config_file,
+                "Config file handed to every component (each reads `common` and its own "
+                "section); the addresses, ports and paths baton up sets win")
+      ->check(CLI::ExistingFile);
+  up.add_option("--log-format", options.log_format, "Components log as text or json")
+      ->check(baton::OneOf({"text", "json"}));
+  up.add_flag("--insecure-internal", options.insecure_internal,
+              "Run the internal surfaces in plaintext (a baseline for benchmarks; trusted hosts "
+              "only)");
+  up.add_option("--host", options.host,
+                "Address the router's client API and HTTP API listen on (default 127.0.0.1; "
+                "the nodes stay on loopback)");
+  up.add_flag("--client-tls", options.client_tls,
+              "Serve the client API over TLS with <data-dir>/tls/router.crt (clients trust "
+              "<data-dir>/tls/ca.crt)");
+  up.add_option("--api-keys", options.api_keys,
+                "YAML mapping API key -> tenant, handed to the router (clients send "
+                "'authorization: Bearer <key>')")
+      ->check(CLI::ExistingFile);
+  up.add_option_function<std::vector<std::string>>(
+      "--set",
+      [&options](const std::vector<std::string>& items) {
+        for (const std::string& item : items) {
+          absl::StatusOr<baton::launcher::Setting> setting = baton::launcher::ParseSetting(item);
+          if (!setting.ok()) throw CLI::ValidationError(std::string(setting.status().message()));
+          options.settings.push_back(*std::move(setting));
+        }
+      },
+      "ROLE.NAME=VALUE (repeatable): flag --NAME=VALUE for every baton-ROLE process (router, "
+      "prefill, decode, kvstore), any flag of that binary that baton up does not set itself "
+      "(baton-ROLE --print-options lists them), checked by the binary before anything starts");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -124,37 +160,7 @@ int main(int argc, char** argv) {
                  "The router's choice of prefill node: least-loaded, longest-prefix or "
                  "predicted-ttft (default)")
       ->check(baton::OneOf({"least-loaded", "longest-prefix", "predicted-ttft"}));
-  up->add_option("--config", options.config_file,
-                 "Config file handed to every component (each reads `common` and its own "
-                 "section); the addresses, ports and paths baton up sets win")
-      ->check(CLI::ExistingFile);
-  up->add_option("--log-format", options.log_format, "Components log as text or json")
-      ->check(baton::OneOf({"text", "json"}));
-  up->add_flag("--insecure-internal", options.insecure_internal,
-               "Run the internal surfaces in plaintext (a baseline for benchmarks; trusted hosts "
-               "only)");
-  up->add_option("--host", options.host,
-                 "Address the router's client API and HTTP API listen on (default 127.0.0.1; "
-                 "the nodes stay on loopback)");
-  up->add_flag("--client-tls", options.client_tls,
-               "Serve the client API over TLS with <data-dir>/tls/router.crt (clients trust "
-               "<data-dir>/tls/ca.crt)");
-  up->add_option("--api-keys", options.api_keys,
-                 "YAML mapping API key -> tenant, handed to the router (clients send "
-                 "'authorization: Bearer <key>')")
-      ->check(CLI::ExistingFile);
-  up->add_option_function<std::vector<std::string>>(
-      "--set",
-      [&options](const std::vector<std::string>& items) {
-        for (const std::string& item : items) {
-          absl::StatusOr<baton::launcher::Setting> setting = baton::launcher::ParseSetting(item);
-          if (!setting.ok()) throw CLI::ValidationError(std::string(setting.status().message()));
-          options.settings.push_back(*std::move(setting));
-        }
-      },
-      "ROLE.NAME=VALUE (repeatable): flag --NAME VALUE for every baton-ROLE process (router, "
-      "prefill, decode, kvstore), any flag of that binary that baton up does not set itself "
-      "(baton-ROLE --print-options lists them), checked by the binary before anything starts");
+  AddAccessAndSettingFlags(*up, options);
   bool print_options = false;  // read from argv before parsing, below
   up->add_flag("--print-options", print_options,
                "Print baton up's options (name, type, default, range or allowed values, help) as "
