@@ -9,9 +9,10 @@
 # same model, then this one, and prints both and the after/before ratios: the before/after
 # comparison in one run (build an older commit with `git worktree add /tmp/old <commit>` and
 # `cmake -G Ninja -S /tmp/old -B /tmp/old/build && cmake --build /tmp/old/build --target baton
-# baton-router baton-prefill baton-decode baton-kvstore`).
+# baton-router baton-prefill baton-decode baton-kvstore`). ROUNDS=N repeats the pair N times
+# (before after before after ...), so that the machine's drift shows beside the difference.
 #
-#   bench/run_load_bench.sh [MODEL_DIR]      (STREAMS=64,256 RATE=2 RATE_REQUESTS=48)
+#   bench/run_load_bench.sh [MODEL_DIR]      (STREAMS=64,256 RATE=2 RATE_REQUESTS=48 ROUNDS=1)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${BATON_BUILD_DIR:-$root/build}"
@@ -25,11 +26,15 @@ if [[ -z "$model" ]]; then
 fi
 
 labels=()
-if [[ -n "${BEFORE_BUILD_DIR:-}" ]]; then labels+=(before); fi
-labels+=(after)
+for ((round = 1; round <= ${ROUNDS:-1}; ++round)); do
+  suffix=""
+  ((round > 1)) && suffix="-$round"
+  if [[ -n "${BEFORE_BUILD_DIR:-}" ]]; then labels+=("before$suffix"); fi
+  labels+=("after$suffix")
+done
 for label in "${labels[@]}"; do
   dir="$build"
-  [[ "$label" == before ]] && dir="$BEFORE_BUILD_DIR"
+  [[ "$label" == before* ]] && dir="$BEFORE_BUILD_DIR"
   start_baton_up "$dir" "$model"
   "$bench" --addr "$addr" --concurrency "${STREAMS:-64,256}" --requests 1 --prompt-len 128 \
     --max-tokens 8 >"$out/$label.streams.json"
@@ -54,8 +59,10 @@ for l in labels:
         print(f"{l}: rate {r['rate']}/s, {r['requests']} requests: errors {r['errors']}, goodput "
               f"{r['goodput']:.3f}, TTFT p50/p99 {t['p50']:.1f}/{t['p99']:.1f} ms, ITL p50/p99 "
               f"{i['p50']:.1f}/{i['p99']:.1f} ms")
-if len(labels) == 2:
-    b, a = labels
+for b, a in zip(labels[0::2], labels[1::2]):
+    if not (b.startswith("before") and a.startswith("after")):
+        break
+    print(f"{a} against {b}:")
     for rb, ra in zip(streams[b], streams[a]):
         ratio = ra["output_tokens_per_s"] / rb["output_tokens_per_s"] if rb["output_tokens_per_s"] else float("inf")
         print(f"{ra['streams']} streams: completed {rb['streams'] - rb['errors']} -> "

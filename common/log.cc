@@ -62,18 +62,39 @@ void Emit(spdlog::level::level_enum level, absl::string_view event, const TraceI
 
 }  // namespace
 
+const char* FormatName(Format format) {
+  return format == Format::kJson ? "json" : "text";
+}
+
+const char* LevelName(Level level) {
+  switch (level) {
+    case Level::kDebug:
+      return "debug";
+    case Level::kInfo:
+      return "info";
+    case Level::kWarn:
+      return "warn";
+    case Level::kError:
+      return "error";
+  }
+  return "info";
+}
+
 void AddLogFlags(CLI::App& app, LogOptions& options) {
-  app.add_option("--log-format", options.format, "Log lines as text or json")
-      ->check(baton::OneOf({"text", "json"}));
-  app.add_option("--log-level", options.level, "Least severe events logged")
-      ->check(baton::OneOf({"debug", "info", "warn", "error"}));
+  AddEnumOption(app, "--log-format", options.format, {Format::kText, Format::kJson}, FormatName,
+                "Log lines as text or json");
+  AddEnumOption(app, "--log-level", options.level,
+                {Level::kDebug, Level::kInfo, Level::kWarn, Level::kError}, LevelName,
+                "Least severe events logged");
 }
 
 void Init(const std::string& binary, const LogOptions& options) {
-  const bool json = options.format == "json";
+  const bool json = options.format == Format::kJson;
   json_format.store(json);
   const std::shared_ptr<spdlog::logger>& logger = Logger();
-  logger->set_level(spdlog::level::from_str(options.level));
+  constexpr spdlog::level::level_enum kLevels[] = {spdlog::level::debug, spdlog::level::info,
+                                                   spdlog::level::warn, spdlog::level::err};
+  logger->set_level(kLevels[static_cast<int>(options.level)]);
   if (json) {
     const std::string name = nlohmann::json(binary).dump();
     logger->set_pattern("{\"ts\":\"%Y-%m-%dT%H:%M:%S.%eZ\",\"level\":\"%l\",\"binary\":" + name +

@@ -13,7 +13,7 @@ CLI::Validator OneOf(std::vector<std::string> names) {
   CLI::Validator check(
       [names](std::string& text) -> std::string {
         if (std::find(names.begin(), names.end(), text) != names.end()) return "";
-        return absl::StrCat("'", text, "' is not allowed; allowed: ", absl::StrJoin(names, ", "));
+        return absl::StrCat("'", text, "' is unknown; allowed: ", absl::StrJoin(names, ", "));
       },
       absl::StrCat("{", absl::StrJoin(names, ","), "}"),
       absl::StrCat(options_internal::kOneOfPrefix, absl::StrJoin(names, "|")));

@@ -58,13 +58,14 @@ void AddDecodeFlags(CLI::App& app, baton::decode_node::DecodeOptions& options) {
                "pool: with --device cuda, decode steps write the pool's device mirror instead");
 }
 
-// The flags given as text, resolved once the model is loaded (ResolveDecodeOptions).
+// The flags resolved once the model is loaded (ResolveDecodeOptions).
 struct DecodeFlagText {
   std::string transfer_faults;
   std::string stream_idle_timeout = "60s";
   std::string speculative = "off";
   int64_t speculative_tokens = 0;
-  std::string speculative_policy = "cost";
+  baton::decode_node::SpeculativePolicy speculative_policy =
+      baton::decode_node::SpeculativePolicy::kCost;
 };
 
 void AddDecodeTextFlags(CLI::App& app, DecodeFlagText& text) {
@@ -85,11 +86,13 @@ void AddDecodeTextFlags(CLI::App& app, DecodeFlagText& text) {
                  "Tokens drafted per step at most, adapted per request to its acceptance (0: the "
                  "model's max_backtrack, which is also the most allowed)")
       ->check(baton::InRange(int64_t{0}, int64_t{1} << 20));
-  app.add_option("--speculative-policy", text.speculative_policy,
-                 "cost: a request drafts as many tokens as pay for themselves at the step and "
-                 "draft costs this node measures, none when none do (the default); acceptance: "
-                 "it always drafts, as many as its recent acceptance suggests")
-      ->check(baton::OneOf({"cost", "acceptance"}));
+  using baton::decode_node::SpeculativePolicy;
+  baton::AddEnumOption(app, "--speculative-policy", text.speculative_policy,
+                       {SpeculativePolicy::kCost, SpeculativePolicy::kAcceptance},
+                       baton::decode_node::SpeculativePolicyName,
+                       "cost: a request drafts as many tokens as pay for themselves at the step "
+                       "and draft costs this node measures, none when none do (the default); "
+                       "acceptance: it always drafts, as many as its recent acceptance suggests");
 }
 
 // The text flags and the node's into `options`, against the loaded model; an error names the

@@ -36,15 +36,15 @@ void Pick(std::span<const float> row, DraftJob& job, uint64_t offset) {
 
 }  // namespace
 
+const char* SpeculativePolicyName(SpeculativePolicy policy) {
+  return policy == SpeculativePolicy::kCost ? "cost" : "acceptance";
+}
+
 absl::StatusOr<SpeculativeConfig> ParseSpeculative(const std::string& value, int64_t tokens,
-                                                   const std::string& policy,
+                                                   SpeculativePolicy policy,
                                                    const ModelConfig& target) {
   SpeculativeConfig config;
-  if (policy != "cost" && policy != "acceptance") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--speculative-policy: '", policy, "' is unknown; allowed: cost, acceptance"));
-  }
-  config.price_drafts = policy == "cost";
+  config.price_drafts = policy == SpeculativePolicy::kCost;
   if (value == "off") {
     config.drafter = Drafter::kOff;
   } else if (value == "ngram") {
@@ -227,7 +227,7 @@ absl::StatusOr<std::unique_ptr<DraftModel>> DraftModel::Load(const std::string& 
   };
   // The draft model runs on the CPU whatever the target's device: drafts are token ids, and a
   // small model's steps cost little there.
-  const model::DeviceFlags on_cpu{.device = "cpu", .weights = device.weights};
+  const model::DeviceFlags on_cpu{.device = model::Device::kCpu, .weights = device.weights};
   absl::StatusOr<std::unique_ptr<model::Engine>> engine =
       model::LoadEngineOnDevice(dir, on_cpu, model::HeldLayers::kAll);
   if (!engine.ok()) return bad(engine.status().message());

@@ -3,7 +3,6 @@
 #include <dlfcn.h>
 
 #include <array>
-#include <cstdlib>
 #include <filesystem>
 #include <mutex>
 
@@ -83,41 +82,36 @@ absl::StatusOr<std::unique_ptr<Engine>> LoadEngine(const std::string& model_dir,
   return LoadOnto(model_dir, *std::move(backend), weight_type, held);
 }
 
-absl::StatusOr<kernels::CudaOptions> CudaOptionsFrom(const std::string& prefill_attention,
-                                                     const std::string& flag) {
-  kernels::CudaOptions options;
-  std::string name = prefill_attention, from = flag;
-  if (name.empty()) {
-    const char* variable = std::getenv(kernels::kPrefillAttentionVariable);
-    if (variable == nullptr || *variable == '\0') return options;
-    name = variable;
-    from = kernels::kPrefillAttentionVariable;
+absl::Status ApplyPrefillAttentionVariable(const char* value, DeviceFlags& flags) {
+  if (flags.cuda_prefill_attention.has_value() || value == nullptr || *value == '\0') {
+    return absl::OkStatus();
   }
-  absl::StatusOr<kernels::PrefillAttention> mode = kernels::ParsePrefillAttention(name, from);
+  absl::StatusOr<kernels::PrefillAttention> mode =
+      kernels::ParsePrefillAttention(value, kernels::kPrefillAttentionVariable);
   if (!mode.ok()) return mode.status();
-  options.prefill_attention = *mode;
+  flags.cuda_prefill_attention = *mode;
+  return absl::OkStatus();
+}
+
+kernels::CudaOptions CudaOptionsOf(const DeviceFlags& flags) {
+  kernels::CudaOptions options;
+  if (flags.cuda_prefill_attention) options.prefill_attention = *flags.cuda_prefill_attention;
   return options;
 }
 
 absl::StatusOr<std::unique_ptr<Engine>> LoadEngineOnDevice(const std::string& model_dir,
                                                            const DeviceFlags& flags,
                                                            HeldLayers held) {
-  absl::StatusOr<Device> device = ParseDevice(flags.device, "--device");
-  if (!device.ok()) return device.status();
-  absl::StatusOr<WeightType> weight_type = ParseWeightType(flags.weights, "--weights");
-  if (!weight_type.ok()) return weight_type.status();
-  if (*weight_type == WeightType::kBf16 && *device != Device::kCpu) {  // before any loading
+  if (flags.weights == WeightType::kBf16 && flags.device != Device::kCpu) {  // before loading
     return absl::InvalidArgumentError("--weights bf16 is for --device cpu");
   }
-  absl::StatusOr<kernels::CudaOptions> cuda =
-      CudaOptionsFrom(flags.cuda_prefill_attention, "--cuda-prefill-attention");
-  if (!cuda.ok()) return cuda.status();
-  absl::StatusOr<std::unique_ptr<Backend>> backend = MakeBackend(*device, 0, *cuda);
+  absl::StatusOr<std::unique_ptr<Backend>> backend =
+      MakeBackend(flags.device, 0, CudaOptionsOf(flags));
   if (!backend.ok()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--device ", flags.device, ": ", backend.status().message()));
+        absl::StrCat("--device ", DeviceName(flags.device), ": ", backend.status().message()));
   }
-  return LoadOnto(model_dir, *std::move(backend), *weight_type, held);
+  return LoadOnto(model_dir, *std::move(backend), flags.weights, held);
 }
 
 }  // namespace baton::model

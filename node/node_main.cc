@@ -15,16 +15,20 @@
 namespace baton::node {
 
 void AddDeviceFlags(CLI::App& app, model::DeviceFlags& flags) {
-  app.add_option("--device", flags.device,
-                 "Where the model runs: cpu, or cuda (a CUDA build on a machine with a GPU; the "
-                 "program exits 2 naming the reason otherwise)");
-  app.add_option("--weights", flags.weights,
-                 "How the model's weight matrices are held: fp32, or bf16 (--device cpu only; "
-                 "halves the bytes a decode step reads; give every node of a cluster the same)");
-  app.add_option("--cuda-prefill-attention", flags.cuda_prefill_attention,
-                 "The CUDA backend's kernel for prefill chunks' attention: simple (FP32, the "
-                 "CPU's results) or gemm (BF16 tensor cores). Default: the environment's " +
-                     std::string(kernels::kPrefillAttentionVariable) + ", else simple");
+  AddEnumOption(app, "--device", flags.device, {model::Device::kCpu, model::Device::kCuda},
+                model::DeviceName,
+                "Where the model runs: cpu, or cuda (a CUDA build on a machine with a GPU; the "
+                "program exits 2 naming the reason otherwise)");
+  AddEnumOption(app, "--weights", flags.weights,
+                {model::WeightType::kFp32, model::WeightType::kBf16}, model::WeightTypeName,
+                "How the model's weight matrices are held: fp32, or bf16 (--device cpu only; "
+                "halves the bytes a decode step reads; give every node of a cluster the same)");
+  AddEnumOption(app, "--cuda-prefill-attention", flags.cuda_prefill_attention,
+                {kernels::PrefillAttention::kSimple, kernels::PrefillAttention::kGemm},
+                kernels::PrefillAttentionName,
+                "The CUDA backend's kernel for prefill chunks' attention: simple (FP32, the "
+                "CPU's results) or gemm (BF16 tensor cores). Default: the environment's " +
+                    std::string(kernels::kPrefillAttentionVariable) + ", else simple");
 }
 
 void AddNodeFlags(CLI::App& app, NodeFlags& flags) {
@@ -62,13 +66,20 @@ NodeStart StartNode(CLI::App& app, int argc, char** argv, const std::string& bin
       return {.exit = exit};
     }
   }
-  // The CPU kernels' instruction-set level (BATON_CPU_ISA overrides it) and their team's wait
-  // policy (OMP_WAIT_POLICY), read here once and settled before the model loads; a level that is
-  // unknown or that this CPU lacks is refused here.
+  // The CPU kernels' instruction-set level (BATON_CPU_ISA overrides it), their team's wait
+  // policy (OMP_WAIT_POLICY) and the CUDA prefill attention kernel where no flag names it
+  // (BATON_CUDA_PREFILL_ATTENTION): the environment, read here once and settled before the model
+  // loads; a name that is unknown, or a level this CPU lacks, is refused here.
   if (std::string error = kernels::ConfigureCpuKernels(std::getenv("BATON_CPU_ISA"),
                                                        std::getenv("OMP_WAIT_POLICY"));
       !error.empty()) {
     log::Error("cannot start", {{"error", error}});
+    return {.exit = 2};
+  }
+  if (absl::Status s = model::ApplyPrefillAttentionVariable(
+          std::getenv(kernels::kPrefillAttentionVariable), flags.device);
+      !s.ok()) {
+    log::Error("cannot start", {{"error", std::string(s.message())}});
     return {.exit = 2};
   }
   log::Info("cpu kernels", {{"isa", kernels::CpuIsaName(kernels::ActiveCpuIsa())}});

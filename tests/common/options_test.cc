@@ -5,6 +5,7 @@
 
 #include <fstream>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -37,6 +38,7 @@ struct Flags {
   double share = 0.5;
   std::string mode = "fast";
   Color color = Color::kGreen;
+  std::optional<Color> accent;  // no default: unset unless given
   bool quiet = false;
   std::vector<std::string> names;
 };
@@ -49,6 +51,7 @@ void Declare(CLI::App& app, Flags& flags) {
   app.add_option("--mode", flags.mode, "Mode")->check(OneOf({"fast", "slow"}));
   AddEnumOption(app, "--color", flags.color, {Color::kRed, Color::kGreen, Color::kBlue}, ColorName,
                 "Color");
+  AddEnumOption(app, "--accent", flags.accent, {Color::kRed, Color::kBlue}, ColorName, "Accent");
   app.add_flag("--quiet", flags.quiet, "Quiet");
   app.add_option("--name", flags.names, "Names");
 }
@@ -83,7 +86,7 @@ TEST(Options, TheTableHoldsWhatEachFlagWasDeclaredWith) {
   EXPECT_EQ(table["section"], "decode");
   std::map<std::string, nlohmann::json> by_name;
   for (const nlohmann::json& option : table["options"]) by_name[option["name"]] = option;
-  ASSERT_EQ(by_name.size(), 6u);  // --help is not an option of the table
+  ASSERT_EQ(by_name.size(), 7u);  // --help is not an option of the table
   EXPECT_EQ(by_name["slots"]["type"], "integer");
   EXPECT_EQ(by_name["slots"]["default"], "4");
   EXPECT_EQ(by_name["slots"]["min"], 1);
@@ -93,6 +96,8 @@ TEST(Options, TheTableHoldsWhatEachFlagWasDeclaredWith) {
   EXPECT_EQ(by_name["mode"]["allowed"], nlohmann::json({"fast", "slow"}));
   EXPECT_EQ(by_name["color"]["allowed"], nlohmann::json({"red", "green", "blue"}));
   EXPECT_EQ(by_name["color"]["default"], "green");
+  EXPECT_EQ(by_name["accent"]["allowed"], nlohmann::json({"red", "blue"}));
+  EXPECT_FALSE(by_name["accent"].contains("default"));
   EXPECT_EQ(by_name["quiet"]["type"], "boolean");
   EXPECT_EQ(by_name["name"]["list"], true);
   EXPECT_FALSE(by_name["mode"].contains("min"));
@@ -109,12 +114,23 @@ TEST(Options, AnEnumFlagHoldsItsEnumFromTheCommandLineAndTheConfigFile) {
   Flags untouched;
   ASSERT_EQ(Parse({}, untouched), "");
   EXPECT_EQ(untouched.color, Color::kGreen);
+  EXPECT_EQ(untouched.accent, std::nullopt) << "a flag with no default stays unset";
+  Flags accented;
+  ASSERT_EQ(Parse({"--accent", "blue"}, accented), "");
+  EXPECT_EQ(accented.accent, Color::kBlue);
+  Flags accented_in_file;
+  ASSERT_EQ(Parse({}, accented_in_file, "decode:\n  accent: red\n"), "");
+  EXPECT_EQ(accented_in_file.accent, Color::kRed);
+  Flags refused;
+  EXPECT_THAT(Parse({"--accent", "green"}, refused),
+              HasSubstr("'green' is unknown; allowed: red, blue"));
+  EXPECT_EQ(refused.accent, std::nullopt);
 }
 
 TEST(Options, AValueOutsideTheTableIsRefusedNamingTheFlagAndWhatIsAllowed) {
   Flags flags;
   EXPECT_THAT(Parse({"--color", "pink"}, flags),
-              HasSubstr("'pink' is not allowed; allowed: red, green, blue"));
+              HasSubstr("'pink' is unknown; allowed: red, green, blue"));
   EXPECT_THAT(Parse({"--color", "pink"}, flags), HasSubstr("--color"));
   EXPECT_EQ(flags.color, Color::kGreen);
   EXPECT_THAT(Parse({"--slots", "0"}, flags), HasSubstr("--slots"));

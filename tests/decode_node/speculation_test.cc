@@ -15,24 +15,25 @@ namespace {
 
 TEST(ParseSpeculative, AcceptsTheDraftersAndRefusesTheRestByName) {
   const ModelConfig tiny = *model::PresetConfig("tiny");  // max_backtrack 5
-  auto off = ParseSpeculative("off", 0, "cost", tiny);
+  auto off = ParseSpeculative("off", 0, SpeculativePolicy::kCost, tiny);
   ASSERT_TRUE(off.ok());
   EXPECT_EQ(off->drafter, Drafter::kOff);
   EXPECT_EQ(off->tokens, 5);  // 0: max_backtrack
-  auto draft = ParseSpeculative("draft:/models/d", 3, "acceptance", tiny);
+  auto draft = ParseSpeculative("draft:/models/d", 3, SpeculativePolicy::kAcceptance, tiny);
   ASSERT_TRUE(draft.ok());
   EXPECT_EQ(draft->drafter, Drafter::kDraft);
   EXPECT_EQ(draft->draft_dir, "/models/d");
   EXPECT_EQ(draft->tokens, 3);
   EXPECT_FALSE(draft->price_drafts);
-  for (const auto& [value, tokens, policy, field] :
-       std::vector<std::tuple<std::string, int64_t, std::string, std::string>>{
-           {"eagle", 0, "cost", "--speculative:"},
-           {"draft:", 0, "cost", "--speculative:"},
-           {"ngram", 6, "cost", "--speculative-tokens:"},
-           {"ngram", -1, "cost", "--speculative-tokens:"},
-           {"ngram", 2, "always", "--speculative-policy:"}}) {
-    auto bad = ParseSpeculative(value, tokens, policy, tiny);
+  EXPECT_STREQ(SpeculativePolicyName(SpeculativePolicy::kCost), "cost");
+  EXPECT_STREQ(SpeculativePolicyName(SpeculativePolicy::kAcceptance), "acceptance");
+  for (const auto& [value, tokens, field] :
+       std::vector<std::tuple<std::string, int64_t, std::string>>{
+           {"eagle", 0, "--speculative:"},
+           {"draft:", 0, "--speculative:"},
+           {"ngram", 6, "--speculative-tokens:"},
+           {"ngram", -1, "--speculative-tokens:"}}) {
+    auto bad = ParseSpeculative(value, tokens, SpeculativePolicy::kCost, tiny);
     EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument) << value;
     EXPECT_EQ(bad.status().message().rfind(field, 0), 0u) << bad.status();
   }

@@ -115,14 +115,14 @@ TEST_F(DeviceFlagTest, CudaWithoutACudaBuildOrDeviceExitsTwoNamingWhy) {
 }
 
 // --set hands a role's binary any of its flags, so that binary's table checks it (an unknown
-// name, a value out of range or not allowed), before any process starts; a flag baton up sets
-// for that role itself, or an item that is not ROLE.NAME=VALUE, is refused by baton up.
+// name, a value out of range or not among those allowed), before any process starts; a flag baton
+// up sets for that role itself, or an item that is not ROLE.NAME=VALUE, is refused by baton up.
 TEST_F(DeviceFlagTest, BatonUpSetIsCheckedByTheRolesOwnBinaryBeforeAnythingStarts) {
   const std::vector<std::array<std::string, 2>> cases = {
       {"router.no-such-flag=1", "--set: baton-router refuses its command line"},
       {"router.no-such-flag=1", "no-such-flag"},
       {"decode.slots=0", "--slots"},
-      {"router.hit-cap=none", "'none' is not allowed; allowed: ring, keep"},
+      {"router.hit-cap=none", "'none' is unknown; allowed: ring, keep"},
       {"prefill.split=replay-on-decode",
        "--set prefill.split: baton up sets --split for the prefill itself"},
       {"router", "--set: 'router' is not ROLE.NAME=VALUE"},

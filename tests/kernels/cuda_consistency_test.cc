@@ -140,7 +140,8 @@ TEST(CudaPrefillAttentionTest, NamesAreChecked) {
 }
 
 // A context starts with the kernel its options name, whatever the environment says: the
-// program settled the variable at start-up (model::CudaOptionsFrom), and no kernel reads it.
+// program settled the variable at start-up (model::ApplyPrefillAttentionVariable), and no kernel
+// reads it.
 TEST(CudaPrefillAttentionTest, AContextStartsWithTheKernelItsOptionsName) {
   if (cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device: " << cuda::NoDeviceReason();
   ASSERT_EQ(setenv("BATON_CUDA_PREFILL_ATTENTION", "gemm", 1), 0);

@@ -4,6 +4,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "baton/common/pki.h"
+#include "baton/common/wire_names.h"
+#include "baton/kernels/backend_options.h"
 
 namespace baton::launcher {
 
@@ -17,9 +19,9 @@ ChildCommand ChildCommands::Router() const {
                                    "--port",
                                    std::to_string(options_.port),
                                    "--transport",
-                                   options_.transport,
+                                   std::string(TransportName(options_.transport)),
                                    "--split",
-                                   options_.split,
+                                   std::string(model::SplitName(options_.split)),
                                    "--prefill-policy",
                                    options_.prefill_policy,
                                    "--require-kvstore",
@@ -60,9 +62,9 @@ ChildCommand ChildCommands::Decode(int i, const std::string& router_internal) co
                                    "--pages",
                                    std::to_string(options_.decode_pages),
                                    "--device",
-                                   options_.device,
+                                   std::string(model::DeviceName(options_.device.device)),
                                    "--weights",
-                                   options_.weights,
+                                   std::string(model::WeightTypeName(options_.device.weights)),
                                    "--replay-rows-per-step",
                                    std::to_string(options_.replay_rows_per_step),
                                    "--replay-step-budget",
@@ -89,11 +91,11 @@ ChildCommand ChildCommands::Prefill(int i, const std::string& router_internal,
                                    "--kvstore",
                                    kvstore,
                                    "--device",
-                                   options_.device,
+                                   std::string(model::DeviceName(options_.device.device)),
                                    "--weights",
-                                   options_.weights,
+                                   std::string(model::WeightTypeName(options_.device.weights)),
                                    "--split",
-                                   options_.split,
+                                   std::string(model::SplitName(options_.split)),
                                    "--block-cache-bytes",
                                    std::to_string(options_.block_cache_bytes)};
   AppendModelFlags(args);
@@ -101,8 +103,10 @@ ChildCommand ChildCommands::Prefill(int i, const std::string& router_internal,
 }
 
 void ChildCommands::AppendModelFlags(std::vector<std::string>& args) const {
-  if (!options_.cuda_prefill_attention.empty()) {
-    args.insert(args.end(), {"--cuda-prefill-attention", options_.cuda_prefill_attention});
+  if (options_.device.cuda_prefill_attention) {
+    args.insert(args.end(),
+                {"--cuda-prefill-attention",
+                 kernels::PrefillAttentionName(*options_.device.cuda_prefill_attention)});
   }
   args.insert(args.end(), model_.name_flags.begin(), model_.name_flags.end());
 }
@@ -111,9 +115,9 @@ ChildCommand ChildCommands::Make(const std::string& name, const std::string& rol
                                  std::vector<std::string> args) const {
   const std::vector<std::string> identity = IdentityFlags(name, role);
   args.insert(args.end(), identity.begin(), identity.end());
-  args.insert(args.end(),
-              {"--metrics-port", "0", "--metrics-ready-file", layout_.MetricsFile(name),
-               "--log-format", options_.log_format, "--ready-file", layout_.ReadyFile(name)});
+  args.insert(args.end(), {"--metrics-port", "0", "--metrics-ready-file", layout_.MetricsFile(name),
+                           "--log-format", log::FormatName(options_.log_format), "--ready-file",
+                           layout_.ReadyFile(name)});
   if (!options_.config_file.empty()) args.insert(args.end(), {"--config", options_.config_file});
   for (const Setting& setting : options_.settings) {
     // One argument, --NAME=VALUE, so that a flag takes a value too (--sync-writes=false).

@@ -18,11 +18,14 @@
 //
 // This file only declares the flags; the launcher library (baton/launcher/launcher.h) does the
 // rest.
+#include <cstdlib>
 #include <iostream>
 #include <string_view>
 
 #include "CLI/CLI.hpp"
 #include "baton/common/options.h"
+#include "baton/common/wire_names.h"
+#include "baton/kernels/backend_options.h"
 #include "baton/launcher/launcher.h"
 
 namespace {
@@ -59,8 +62,9 @@ void AddAccessAndSettingFlags(CLI::App& up, baton::launcher::LaunchOptions& opti
                 "Config file handed to every component (each reads `common` and its own "
                 "section); the addresses, ports and paths baton up sets win")
       ->check(CLI::ExistingFile);
-  up.add_option("--log-format", options.log_format, "Components log as text or json")
-      ->check(baton::OneOf({"text", "json"}));
+  baton::AddEnumOption(up, "--log-format", options.log_format,
+                       {baton::log::Format::kText, baton::log::Format::kJson},
+                       baton::log::FormatName, "Components log as text or json");
   up.add_flag("--insecure-internal", options.insecure_internal,
               "Run the internal surfaces in plaintext (a baseline for benchmarks; trusted hosts "
               "only)");
@@ -88,6 +92,35 @@ void AddAccessAndSettingFlags(CLI::App& up, baton::launcher::LaunchOptions& opti
       "(baton-ROLE --print-options lists them), checked by the binary before anything starts");
 }
 
+// How requests are cut and moved between the nodes, and where the nodes run the model.
+void AddPlacementFlags(CLI::App& up, baton::launcher::LaunchOptions& options) {
+  using baton::model::Device;
+  using baton::model::Split;
+  using baton::model::WeightType;
+  baton::AddEnumOption(up, "--transport", options.transport,
+                       {baton::v1::TRANSPORT_UCX, baton::v1::TRANSPORT_GRPC}, baton::TransportName,
+                       "StateBlock transport: ucx or grpc");
+  baton::AddEnumOption(up, "--split", options.split, {Split::kPrefillAll, Split::kReplayOnDecode},
+                       baton::model::SplitName,
+                       "How requests are cut between the nodes: prefill-all (the prefill node "
+                       "runs every layer) or replay-on-decode (it holds and runs the producers "
+                       "only; the decode node replays the consumer layers)");
+  baton::AddEnumOption(up, "--device", options.device.device, {Device::kCpu, Device::kCuda},
+                       baton::model::DeviceName,
+                       "Where prefill and decode nodes run the model: cpu, or cuda (a CUDA build "
+                       "on a machine with a GPU; exits 2 naming the reason otherwise)");
+  baton::AddEnumOption(up, "--weights", options.device.weights,
+                       {WeightType::kFp32, WeightType::kBf16}, baton::model::WeightTypeName,
+                       "How the nodes hold the model's weight matrices: fp32, or bf16 (--device "
+                       "cpu only)");
+  baton::AddEnumOption(
+      up, "--cuda-prefill-attention", options.device.cuda_prefill_attention,
+      {baton::kernels::PrefillAttention::kSimple, baton::kernels::PrefillAttention::kGemm},
+      baton::kernels::PrefillAttentionName,
+      "With --device cuda, the nodes' kernel for prefill chunks' attention: simple or gemm "
+      "(default: the environment's BATON_CUDA_PREFILL_ATTENTION, else simple)");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -108,13 +141,7 @@ int main(int argc, char** argv) {
   up->add_option("--port", options.port, "Router port (0: any free port)")
       ->check(baton::InRange(0, 65535));
   up->add_option("--data-dir", options.data_dir, "Where the generated model and run files go");
-  up->add_option("--transport", options.transport, "StateBlock transport: ucx or grpc")
-      ->check(baton::OneOf({"ucx", "grpc"}));
-  up->add_option("--split", options.split,
-                 "How requests are cut between the nodes: prefill-all (the prefill node runs "
-                 "every layer) or replay-on-decode (it holds and runs the producers only; the "
-                 "decode node replays the consumer layers)")
-      ->check(baton::OneOf({"prefill-all", "replay-on-decode"}));
+  AddPlacementFlags(*up, options);
   AddDecodeFlags(*up, options);
   up->add_option("--http-port", options.http_port,
                  "The router's OpenAI-compatible HTTP API (0: any free port; -1: off); served "
@@ -125,15 +152,6 @@ int main(int argc, char** argv) {
                  "generation_config.json) the generated model gets (default: the one "
                  "scripts/setup.sh builds)")
       ->check(CLI::ExistingDirectory);
-  up->add_option("--device", options.device,
-                 "Where prefill and decode nodes run the model: cpu, or cuda (a CUDA build on a "
-                 "machine with a GPU; exits 2 naming the reason otherwise)");
-  up->add_option("--weights", options.weights,
-                 "How the nodes hold the model's weight matrices: fp32, or bf16 (--device cpu "
-                 "only)");
-  up->add_option("--cuda-prefill-attention", options.cuda_prefill_attention,
-                 "With --device cuda, the nodes' kernel for prefill chunks' attention: simple or "
-                 "gemm (default: the environment's BATON_CUDA_PREFILL_ATTENTION, else simple)");
   up->add_option("--prefill-nodes", options.prefill_nodes,
                  "baton-prefill processes to run (1 to 16)")
       ->check(baton::InRange(1, 16));
@@ -175,6 +193,14 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;
+  }
+  // The environment, read once: the CUDA prefill attention kernel where no flag names it, handed
+  // to the nodes as their flag.
+  if (absl::Status s = baton::model::ApplyPrefillAttentionVariable(
+          std::getenv(baton::kernels::kPrefillAttentionVariable), options.device);
+      !s.ok()) {
+    std::cerr << "baton up: " << s.message() << "\n";
+    return 2;
   }
 
   baton::launcher::Supervisor children;

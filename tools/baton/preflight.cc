@@ -12,40 +12,20 @@
 
 namespace baton::launcher {
 
-namespace {
-
-absl::Status CheckDeviceFlag(const std::string& device) {
-  absl::StatusOr<model::Device> parsed = model::ParseDevice(device, "--device");
-  if (!parsed.ok()) return absl::InvalidArgumentError(parsed.status().message());
-  if (absl::StatusOr<std::unique_ptr<model::Backend>> backend = model::MakeBackend(*parsed);
-      !backend.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--device ", device, ": ", backend.status().message()));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status CheckWeightsFlag(const std::string& weights, const std::string& device) {
-  absl::StatusOr<model::WeightType> parsed = model::ParseWeightType(weights, "--weights");
-  if (!parsed.ok()) return absl::InvalidArgumentError(parsed.status().message());
-  if (*parsed == model::WeightType::kBf16 && device != "cpu") {
+absl::Status CheckDevice(const LaunchOptions& options) {
+  const model::DeviceFlags& flags = options.device;
+  if (flags.weights == model::WeightType::kBf16 && flags.device != model::Device::kCpu) {
     return absl::InvalidArgumentError("--weights bf16 is for --device cpu");
   }
-  return absl::OkStatus();
-}
-
-}  // namespace
-
-absl::Status CheckDevice(const LaunchOptions& options) {
-  if (absl::Status s = CheckDeviceFlag(options.device); !s.ok()) return s;
-  if (absl::Status s = CheckWeightsFlag(options.weights, options.device); !s.ok()) return s;
-  if (absl::StatusOr<kernels::CudaOptions> cuda =
-          model::CudaOptionsFrom(options.cuda_prefill_attention, "--cuda-prefill-attention");
-      !cuda.ok()) {
-    return cuda.status();
+  if (absl::StatusOr<std::unique_ptr<model::Backend>> backend =
+          model::MakeBackend(flags.device, 0, model::CudaOptionsOf(flags));
+      !backend.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--device ", model::DeviceName(flags.device),
+                                                   ": ", backend.status().message()));
   }
-  // The nodes would refuse a UCX_TLS that serves RMA over TCP; say so once.
-  if (options.transport == "ucx") {
+  // The nodes would refuse a UCX_TLS that serves RMA over TCP; say so once. (UCX reads the
+  // variable itself when a worker is made, so the check reads what UCX will.)
+  if (options.transport == v1::TRANSPORT_UCX) {
     if (auto transports = transfer::UcxTransports(std::getenv("UCX_TLS"), false);
         !transports.ok()) {
       return absl::InvalidArgumentError(transports.status().message());

@@ -10,12 +10,16 @@
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "baton/decode_node/decode_step.h"
+#include "baton/model/engine_factory.h"
 
 namespace baton::tools {
 
 struct Command {
   CLI::App* subcommand = nullptr;
   std::function<int()> run;
+  // A command that loads a model: its --device flags, which main completes from the environment
+  // (model::ApplyPrefillAttentionVariable) before it runs.
+  model::DeviceFlags* device = nullptr;
 };
 
 Command AddPlanCommand(CLI::App& app);

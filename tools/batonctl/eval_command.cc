@@ -181,7 +181,7 @@ Command AddEvalCommand(CLI::App& app) {
   command->add_option("--batch", o->batch, "Windows decoded together (default 16)");
   node::AddDeviceFlags(*command, o->device);
   command->add_flag("--json", o->json, "Print one JSON object");
-  return {command, [o] { return RunEval(*o); }};
+  return {command, [o] { return RunEval(*o); }, &o->device};
 }
 
 }  // namespace baton::tools

@@ -54,15 +54,25 @@ int main(int argc, char** argv) {
     std::cerr << "batonctl: error: " << e.what() << "\n";
     return kExitBadInput;
   }
-  // The CPU kernels' level and their team's wait policy, from the environment, read here once.
+  // The CPU kernels' level and their team's wait policy, and the CUDA prefill attention kernel
+  // where no flag names it: the environment, read here once.
   if (std::string error = baton::kernels::ConfigureCpuKernels(std::getenv("BATON_CPU_ISA"),
                                                               std::getenv("OMP_WAIT_POLICY"));
       !error.empty()) {
     std::cerr << "batonctl: error: " << error << "\n";
     return kExitBadInput;
   }
+  const char* prefill_attention = std::getenv(baton::kernels::kPrefillAttentionVariable);
   for (const Command& command : commands) {
-    if (command.subcommand->parsed()) return command.run();
+    if (!command.subcommand->parsed()) continue;
+    if (command.device != nullptr) {
+      if (absl::Status s =
+              baton::model::ApplyPrefillAttentionVariable(prefill_attention, *command.device);
+          !s.ok()) {
+        return ReportError(command.subcommand->get_name(), s);
+      }
+    }
+    return command.run();
   }
   return kExitBadInput;
 }

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "baton/common/options.h"
 #include "baton/common/parse.h"
 #include "baton/model/engine_factory.h"
 #include "baton/model/model_factory.h"
@@ -68,7 +69,7 @@ struct ForwardOptions {
   int64_t chunk_size = 0;
   int64_t valid_start = 0;
   int64_t decode = 0;
-  std::string split = "prefill-all";
+  model::Split split = model::Split::kPrefillAll;
   int64_t replay_rows_per_step = 0;
   model::DeviceFlags device;
   bool json = false;
@@ -172,8 +173,6 @@ int RunForward(const ForwardOptions& o) {
     return ReportError("forward", absl::InvalidArgumentError(
                                       absl::StrCat("--decode is ", o.decode, "; it must be >= 0")));
   }
-  absl::StatusOr<model::Split> split = model::ParseSplit(o.split, "--split");
-  if (!split.ok()) return ReportError("forward", split.status());
   if (o.replay_rows_per_step < 0) {
     return ReportError("forward", absl::InvalidArgumentError(absl::StrCat(
                                       "--replay-rows-per-step is ", o.replay_rows_per_step,
@@ -191,7 +190,7 @@ int RunForward(const ForwardOptions& o) {
                                 .result_logits = true};
   int64_t prefill_weight_bytes = (*engine)->weight_bytes();
   absl::StatusOr<model::PrefillResult> result =
-      *split == model::Split::kReplayOnDecode
+      o.split == model::Split::kReplayOnDecode
           ? ForwardReplayOnDecode(o, **engine, tokens, options, **state, prefill_weight_bytes)
           : (*engine)->Prefill(tokens, options, **state);
   if (!result.ok()) return ReportError("forward", result.status());
@@ -213,17 +212,18 @@ int RunForward(const ForwardOptions& o) {
     std::cout << nlohmann::json{{"positions", result->positions},
                                 {"logits", std::move(rows)},
                                 {"tokens", generated},
-                                {"split", model::SplitName(*split)},
+                                {"split", model::SplitName(o.split)},
                                 {"prefill_weight_bytes", prefill_weight_bytes},
                                 {"weight_bytes", (*engine)->weight_bytes()}}
                      .dump()
               << "\n";
     return kExitOk;
   }
-  std::cout << "prompt " << tokens.size() << " tokens, mode " << o.mode << ", split " << o.split
-            << ", " << result->consumer_rows << " consumer rows per layer, "
-            << result->positions.size() << " result rows, prefill weight bytes "
-            << prefill_weight_bytes << " of " << (*engine)->weight_bytes() << "\nlast row argmax "
+  std::cout << "prompt " << tokens.size() << " tokens, mode " << o.mode << ", split "
+            << model::SplitName(o.split) << ", " << result->consumer_rows
+            << " consumer rows per layer, " << result->positions.size()
+            << " result rows, prefill weight bytes " << prefill_weight_bytes << " of "
+            << (*engine)->weight_bytes() << "\nlast row argmax "
             << model::Argmax(
                    {result->logits.data() + result->logits.size() - V, static_cast<size_t>(V)})
             << "\n";
@@ -265,14 +265,15 @@ Command AddForwardCommand(CLI::App& app) {
   command->add_option("--valid-start", o->valid_start,
                       "s_valid: consumers start here, as after a prefix hit of V tokens");
   command->add_option("--decode", o->decode, "Greedy tokens to generate after the prompt");
-  command->add_option("--split", o->split,
-                      "prefill-all (default) or replay-on-decode: the prompt's producers on an "
-                      "engine holding only them, the consumers replayed over its boundary rows");
+  AddEnumOption(*command, "--split", o->split,
+                {model::Split::kPrefillAll, model::Split::kReplayOnDecode}, model::SplitName,
+                "prefill-all (default) or replay-on-decode: the prompt's producers on an engine "
+                "holding only them, the consumers replayed over its boundary rows");
   command->add_option("--replay-rows-per-step", o->replay_rows_per_step,
                       "replay-on-decode: boundary rows replayed per step (0: all in one)");
   node::AddDeviceFlags(*command, o->device);
   command->add_flag("--json", o->json, "Print one JSON object");
-  return {command, [o] { return RunForward(*o); }};
+  return {command, [o] { return RunForward(*o); }, &o->device};
 }
 
 }  // namespace baton::tools

@@ -21,9 +21,14 @@
 
 namespace baton::log {
 
+enum class Format { kText, kJson };
+enum class Level { kDebug, kInfo, kWarn, kError };
+const char* FormatName(Format format);  // "text", "json"
+const char* LevelName(Level level);     // "debug", "info", "warn", "error"
+
 struct LogOptions {
-  std::string format = "text";  // text | json
-  std::string level = "info";   // debug | info | warn | error
+  Format format = Format::kText;
+  Level level = Level::kInfo;  // the least severe events logged
 };
 
 // --log-format and --log-level.

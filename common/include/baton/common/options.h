@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <functional>
 #include <initializer_list>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -53,6 +54,30 @@ CLI::Validator InRange(T min, T max) {
 // One of `names`, as CLI::IsMember, with the names in the table.
 CLI::Validator OneOf(std::vector<std::string> names);
 
+namespace options_internal {
+// --name taking one of `values` by `name_of`'s names, handing the value parsed to `set`.
+template <typename E, typename NameOf, typename Set>
+CLI::Option* AddEnumNames(CLI::App& app, const std::string& name, std::initializer_list<E> values,
+                          NameOf name_of, Set set, const std::string& help) {
+  std::vector<std::pair<std::string, E>> names;
+  std::vector<std::string> allowed;
+  for (E value : values) {
+    names.emplace_back(std::string(name_of(value)), value);
+    allowed.push_back(names.back().first);
+  }
+  return app
+      .add_option_function<std::string>(
+          name,
+          [set, names](const std::string& text) {
+            for (const auto& [known, value] : names) {
+              if (known == text) set(value);
+            }
+          },
+          help)
+      ->check(OneOf(allowed));
+}
+}  // namespace options_internal
+
 // A flag whose value is one of an enum's `values`, named by the enum's own `name_of`, stored as
 // the enum where it is parsed (the command line or the config file); the default is the name
 // of `field`'s value as declared. --check-config shows the names given.
@@ -60,24 +85,20 @@ template <typename E, typename NameOf>
 CLI::Option* AddEnumOption(CLI::App& app, const std::string& name, E& field,
                            std::initializer_list<E> values, NameOf name_of,
                            const std::string& help) {
-  std::vector<std::pair<std::string, E>> names;
-  std::vector<std::string> allowed;
-  for (E value : values) {
-    names.emplace_back(std::string(name_of(value)), value);
-    allowed.push_back(names.back().first);
-  }
   const std::string declared(name_of(field));
-  return app
-      .add_option_function<std::string>(
-          name,
-          [&field, names](const std::string& text) {
-            for (const auto& [known, value] : names) {
-              if (known == text) field = value;
-            }
-          },
-          help)
-      ->check(OneOf(allowed))
+  return options_internal::AddEnumNames(
+             app, name, values, name_of, [&field](E value) { field = value; }, help)
       ->default_str(declared);
+}
+
+// The same for a flag with no default: `field` stays empty unless the flag (or its config key)
+// is given, so that the caller can tell "not given" apart and fall back to something else.
+template <typename E, typename NameOf>
+CLI::Option* AddEnumOption(CLI::App& app, const std::string& name, std::optional<E>& field,
+                           std::initializer_list<E> values, NameOf name_of,
+                           const std::string& help) {
+  return options_internal::AddEnumNames(
+      app, name, values, name_of, [&field](E value) { field = value; }, help);
 }
 
 // The options of `app` (not its subcommands') as JSON, in declaration order:

@@ -21,6 +21,11 @@ namespace baton::decode_node {
 
 enum class Drafter { kOff, kNgram, kDraft };
 
+// --speculative-policy: kCost (the default) drafts as many tokens as pay for themselves at the
+// costs the node measures; kAcceptance always drafts, as many as recent acceptance suggests.
+enum class SpeculativePolicy { kCost, kAcceptance };
+const char* SpeculativePolicyName(SpeculativePolicy policy);  // "cost" or "acceptance"
+
 // A decode node's --speculative and --speculative-tokens, resolved against its model.
 struct SpeculativeConfig {
   Drafter drafter = Drafter::kOff;
@@ -36,10 +41,10 @@ struct SpeculativeConfig {
 };
 
 // "off", "ngram" or "draft:DIR", with --speculative-tokens `tokens` (0: the model's
-// max_backtrack) and --speculative-policy `policy` ("cost" or "acceptance").
-// INVALID_ARGUMENT naming the flag and what is allowed.
+// max_backtrack) and --speculative-policy `policy`. INVALID_ARGUMENT naming the flag and what
+// is allowed.
 absl::StatusOr<SpeculativeConfig> ParseSpeculative(const std::string& value, int64_t tokens,
-                                                   const std::string& policy,
+                                                   SpeculativePolicy policy,
                                                    const ModelConfig& target);
 
 // The draft model: any baton model with the target's vocabulary and special ids (the same

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -26,24 +27,27 @@ absl::StatusOr<std::unique_ptr<Engine>> LoadEngine(const std::string& model_dir,
                                                    WeightType weight_type = WeightType::kFp32,
                                                    HeldLayers held = HeldLayers::kAll);
 
-// A binary's `--device`, `--weights` and `--cuda-prefill-attention` flags as given (after its
+// A binary's `--device`, `--weights` and `--cuda-prefill-attention` flags as parsed (after its
 // config file, which sets the same fields).
 struct DeviceFlags {
-  std::string device = "cpu";          // "cpu" or "cuda"
-  std::string weights = "fp32";        // "fp32" or "bf16"
-  std::string cuda_prefill_attention;  // "simple" or "gemm"; "": kPrefillAttentionVariable
+  Device device = Device::kCpu;
+  WeightType weights = WeightType::kFp32;
+  // Unset: the value of kPrefillAttentionVariable the program read at start
+  // (ApplyPrefillAttentionVariable), else kernels::CudaOptions' default.
+  std::optional<kernels::PrefillAttention> cuda_prefill_attention;
 };
 
-// The CUDA backend's options from `prefill_attention` (a flag's value, named `flag` in errors),
-// else from the environment variable kPrefillAttentionVariable, else the defaults: the one place
-// a program reads that variable. INVALID_ARGUMENT naming the flag or the variable for an unknown
-// name.
-absl::StatusOr<kernels::CudaOptions> CudaOptionsFrom(const std::string& prefill_attention,
-                                                     const std::string& flag);
+// Where `flags` has no --cuda-prefill-attention, the kPrefillAttentionVariable's `value` as the
+// program's main read it (null or empty: not set) becomes it. INVALID_ARGUMENT naming the
+// variable for an unknown name. The library itself reads no environment.
+absl::Status ApplyPrefillAttentionVariable(const char* value, DeviceFlags& flags);
 
-// What those flags do: parses them and loads the model there. An unknown name, a device this
-// build or machine cannot provide, or BF16 weights on CUDA is INVALID_ARGUMENT naming the flag
-// and the reason (the binaries exit 2 on it).
+// The CUDA backend's options those flags give.
+kernels::CudaOptions CudaOptionsOf(const DeviceFlags& flags);
+
+// What those flags do: loads the model there. A device this build or machine cannot provide,
+// or BF16 weights on CUDA, is INVALID_ARGUMENT naming the flag and the reason (the binaries
+// exit 2 on it).
 absl::StatusOr<std::unique_ptr<Engine>> LoadEngineOnDevice(const std::string& model_dir,
                                                            const DeviceFlags& flags,
                                                            HeldLayers held = HeldLayers::kAll);

@@ -1,7 +1,8 @@
 // Everything `baton up`'s flags set, with the flags' defaults. main.cc declares the flags into
-// one LaunchOptions; the launcher reads it and never changes it. CLI11 has checked the ranges
-// and member lists main gives it; the launcher checks the rest (the device, the weight type,
-// UCX_TLS, --model against --preset) before anything starts.
+// one LaunchOptions (an enum-valued flag as its enum) and settles what the environment adds
+// (BATON_CUDA_PREFILL_ATTENTION); the launcher reads it and never changes it. CLI11 has checked
+// the ranges and names main gives it; the launcher checks the rest (that the device is here,
+// the weight type on it, UCX_TLS, --model against --preset) before anything starts.
 #pragma once
 
 #include <cstdint>
@@ -9,6 +10,10 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "baton/common/log.h"
+#include "baton/model/engine_factory.h"
+#include "baton/model/split.h"
+#include "baton/v1/node.pb.h"
 
 namespace baton::launcher {
 
@@ -32,32 +37,31 @@ struct LaunchOptions {
   std::string host = "127.0.0.1";  // --host: where the client and HTTP APIs listen
   bool client_tls = false;         // --client-tls: the client API on TLS (router.crt)
   std::string api_keys;            // --api-keys: YAML file, API key -> tenant
-  std::string transport = "ucx";   // --transport: StateBlock transport, ucx or grpc
-  std::string split = "prefill-all";   // --split: prefill-all or replay-on-decode (router, prefill)
+  v1::Transport transport = v1::TRANSPORT_UCX;     // --transport: StateBlock transport
+  model::Split split = model::Split::kPrefillAll;  // --split (router, prefill)
   int64_t replay_rows_per_step = 8;    // --replay-rows-per-step: the decode nodes' replay pieces
   double replay_step_budget = 1.0;     // --replay-step-budget: their share of a step's time
   std::string speculative = "off";     // --speculative: the decode nodes' drafter
   int64_t speculative_tokens = 0;      // --speculative-tokens: drafted per step (0: max_backtrack)
-  std::string speculative_policy = "cost";  // --speculative-policy: cost or acceptance
-
+  std::string speculative_policy = "cost";
   // The nodes.
   int prefill_nodes = 1;         // --prefill-nodes (1 to 16)
   int decode_nodes = 1;          // --decode-nodes (1 to 16)
   int64_t decode_pages = 2048;   // --decode-pages: block-KV pages of each decode node
-  std::string device = "cpu";    // --device: cpu or cuda
-  std::string weights = "fp32";  // --weights: fp32 or bf16 (cpu only)
-  std::string cuda_prefill_attention;  // --cuda-prefill-attention: simple or gemm ("": the nodes'
-                                       // default, which reads BATON_CUDA_PREFILL_ATTENTION)
+  // --device, --weights (bf16: cpu only), --cuda-prefill-attention (unset: the environment's
+  // BATON_CUDA_PREFILL_ATTENTION as main read it, else the nodes' default).
+  model::DeviceFlags device;
   int kvstore_nodes = 1;               // --kvstore-nodes (1 to 16): kvstore, kvstore-1, ...
   int kvstore_replication = 1;         // --kvstore-replication (1 to --kvstore-nodes): the router's
   uint64_t kvstore_budget = uint64_t{8} << 30;       // --kvstore-budget-bytes, each store node's
   uint64_t block_cache_bytes = uint64_t{512} << 20;  // --block-cache-bytes: each prefill node's
-  std::string prefill_policy = "predicted-ttft";     // --prefill-policy: the router's
+  // --prefill-policy: the router's (its enum, handed on by name)
+  std::string prefill_policy = "predicted-ttft";
 
   // Every component.
   std::string data_dir = "baton-data";  // --data-dir: run/, tls/, kvstore/, generated models
   std::string config_file;              // --config: handed to every component
-  std::string log_format = "text";      // --log-format: text or json
+  log::Format log_format = log::Format::kText;  // --log-format
   bool insecure_internal = false;       // --insecure-internal: no mutual TLS inside
   bool no_restart = false;              // --no-restart: the first exit stops everything
   // --set ROLE.NAME=VALUE (repeatable): any flag of a role's binary that baton up does not set

@@ -1,6 +1,5 @@
 // What `baton up` checks before it starts anything: a node that cannot honour --device,
-// --weights, --cuda-prefill-attention (or BATON_CUDA_PREFILL_ATTENTION) or the environment's
-// UCX_TLS would only exit later, after the others had started.
+// --weights or the environment's UCX_TLS would only exit later, after the others had started.
 #pragma once
 
 #include "absl/status/status.h"
@@ -8,11 +7,11 @@
 
 namespace baton::launcher {
 
-// --device names a device this build and machine can run the model on, --weights a weight
-// type that device holds (bf16 is for --device cpu), the CUDA prefill attention kernel is one
-// the nodes know (from the flag, else the variable), and with --transport ucx, UCX_TLS is one
-// the nodes accept (transfer/ucx.h). INVALID_ARGUMENT naming the flag and what is allowed
-// otherwise.
+// --device names a device this build and machine can run the model on (made with the CUDA
+// prefill attention kernel asked for), --weights a weight type that device holds (bf16 is for
+// --device cpu), and with --transport ucx, UCX_TLS is one the nodes accept (transfer/ucx.h).
+// INVALID_ARGUMENT naming the flag and what is allowed otherwise. (Names were checked where the
+// flags were parsed, and BATON_CUDA_PREFILL_ATTENTION by main.)
 absl::Status CheckDevice(const LaunchOptions& options);
 
 }  // namespace baton::launcher
