@@ -100,14 +100,14 @@ DecodeService::DecodeService(model::Engine& model, const DecodeOptions& options)
 
 DecodeService::~DecodeService() {
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    absl::MutexLock lock(&mutex_);
     stop_ = true;
-    for (auto& [id, r] : requests_) r->progress.notify_all();
+    for (auto& [id, r] : requests_) r->progress.SignalAll();
     requests_.clear();
   }
-  work_.notify_all();
-  deadline_.notify_all();
-  freed_.notify_all();
+  work_.SignalAll();
+  deadline_.SignalAll();
+  freed_.SignalAll();
   decode_thread_.join();
   reap_thread_.join();
   if (engine_pool_.data() != nullptr) model_.backend().UnpinHost(pool_->base());
@@ -134,11 +134,14 @@ std::shared_ptr<Request> DecodeService::Owned(const std::string& caller, const s
 }
 
 void DecodeService::Drain(std::chrono::steady_clock::time_point deadline) {
-  std::unique_lock<std::mutex> lock(mutex_);
+  absl::MutexLock lock(&mutex_);
   draining_ = true;
-  freed_.notify_all();  // reservations waiting for memory are refused now
+  freed_.SignalAll();  // reservations waiting for memory are refused now
   log::Info("decode node draining", {{"requests", static_cast<int64_t>(requests_.size())}});
-  freed_.wait_until(lock, deadline, [this] { return requests_.empty(); });
+  const absl::Time until = absl::Now() + absl::FromChrono(deadline - Clock::now());
+  while (!requests_.empty()) {
+    if (freed_.WaitWithDeadline(&mutex_, until)) break;  // true: the deadline passed
+  }
   if (!requests_.empty()) {
     log::Warn("drain timeout: requests are cut",
               {{"requests", static_cast<int64_t>(requests_.size())}});
@@ -148,9 +151,9 @@ void DecodeService::Drain(std::chrono::steady_clock::time_point deadline) {
 void DecodeService::Erase(const std::string& id) {
   auto it = requests_.find(id);
   if (it == requests_.end()) return;
-  it->second->progress.notify_all();  // its stream ends
+  it->second->progress.SignalAll();  // its stream ends
   requests_.erase(it);  // memory returns when the Request is destroyed
-  freed_.notify_all();
+  freed_.SignalAll();
 }
 
 // One piece of a request's replay in a step: its rows, gathered from the pool pages into one
@@ -219,7 +222,7 @@ void DecodeService::DecodeLoop() {
                           .replay_rows = options_.replay_rows_per_step,
                           .idle_replay_rows = kIdleReplayRows,
                           .replay_step_budget = options_.replay_step_budget};
-  std::unique_lock<std::mutex> lock(mutex_);
+  absl::MutexLock lock(&mutex_);
   int64_t steps = 0;
   while (!stop_) {
     watchdog_->Beat();
@@ -237,7 +240,7 @@ void DecodeService::DecodeLoop() {
     const DecodePlan plan = PlanStep(candidates, policy, costs_, replay_costs_);
     stepping_ = !plan.empty();
     if (plan.empty()) {
-      work_.wait(lock);  // a commit or the node's stop notifies
+      work_.Wait(&mutex_);  // a commit or the node's stop signals
       continue;
     }
     if (++cost_log_ % 256 == 0) {
@@ -247,7 +250,7 @@ void DecodeService::DecodeLoop() {
                                  {"draft_share_us", costs_.draft_share * 1e6},
                                  {"replay_row_us", replay_costs_.seconds_per_row * 1e6}});
     }
-    RunStep(held, plan, lock);
+    RunStep(held, plan);
     // The turn's whole time, as the streams see it between tokens; the summary at once while
     // the log is short, then every 64 steps.
     if (logged_rows_ >= 0) {
@@ -270,8 +273,7 @@ void DecodeService::Publish() {
   }
 }
 
-void DecodeService::RunStep(std::vector<std::shared_ptr<Request>>& held, const DecodePlan& plan,
-                            std::unique_lock<std::mutex>& lock) {
+void DecodeService::RunStep(std::vector<std::shared_ptr<Request>>& held, const DecodePlan& plan) {
   std::vector<std::shared_ptr<Request>> batch;
   std::vector<DraftJob> jobs;
   for (const DecodePlan::Decode& d : plan.decode) {
@@ -288,7 +290,7 @@ void DecodeService::RunStep(std::vector<std::shared_ptr<Request>>& held, const D
     pieces.push_back(GatherPiece(held[p.candidate], p.rows));
   }
   // Run: unlocked (request.h: what the decode thread owns during a step).
-  lock.unlock();
+  mutex_.Unlock();
   if (options_.inject_step_stall_ms > 0) {
     std::this_thread::sleep_for(std::chrono::milliseconds(options_.inject_step_stall_ms));
   }
@@ -330,18 +332,18 @@ void DecodeService::RunStep(std::vector<std::shared_ptr<Request>>& held, const D
                                      g.sampling, g.completion);
   }
   // Settle: under the lock again.
-  lock.lock();
+  mutex_.Lock();
   for (size_t i = 0; i < batch.size(); ++i) {
     Request& r = *batch[i];
     const int64_t drafts = static_cast<int64_t>(r.generation.speculation.draft.size());
     if (status.ok()) SettleRequest(r, drafts, verdicts[i]);
     if (!status.ok()) r.phase = Phase::kFinished;  // finish UNSPECIFIED: the stream fails
-    r.progress.notify_all();
+    r.progress.SignalAll();
   }
   for (ReplayPiece& piece : pieces) {
     if (status.ok()) FinishPiece(piece);
     if (!status.ok()) piece.request->phase = Phase::kFinished;
-    piece.request->progress.notify_all();
+    piece.request->progress.SignalAll();
   }
 }
 
@@ -434,7 +436,7 @@ absl::Status DecodeService::RunStream(grpc::ServerContext* context,
                                       const v1::StreamRequest* request,
                                       grpc::ServerWriter<v1::DecodeOutput>* writer,
                                       StreamLog* line) {
-  std::unique_lock<std::mutex> lock(mutex_);
+  absl::MutexLock lock(&mutex_);
   std::shared_ptr<Request> r =
       Owned(security::PeerIdentity(*context), request->reservation_id(), Role::kRouter);
   if (r == nullptr || r->phase == Phase::kReserved || r->phase == Phase::kTransferring) {
@@ -472,13 +474,7 @@ absl::Status DecodeService::RunStream(grpc::ServerContext* context,
       out.set_draft_tokens(r->generation.speculation.drafted);
       out.set_accepted_draft_tokens(r->generation.speculation.accepted);
       if (finished) out.set_finish_reason(r->generation.finish);
-      lock.unlock();
-      bool written;
-      {
-        StreamWatch::Writing writing(*idle_watch_, context);
-        written = writer->Write(out);
-      }
-      lock.lock();
+      const bool written = WriteUnlocked(context, writer, out);
       if (!written || finished) {
         Erase(r->id);
         if (!written) return absl::CancelledError("client went away");
@@ -489,10 +485,23 @@ absl::Status DecodeService::RunStream(grpc::ServerContext* context,
       }
       continue;
     }
-    // The request's steps, its erasure and the node's stop notify; the client's cancel, which
+    // The request's steps, its erasure and the node's stop signal; the client's cancel, which
     // the synchronous API does not signal, is seen within kCallCheck.
-    r->progress.wait_for(lock, kCallCheck);
+    r->progress.WaitWithTimeout(&mutex_, absl::FromChrono(kCallCheck));
   }
+}
+
+bool DecodeService::WriteUnlocked(grpc::ServerContext* context,
+                                  grpc::ServerWriter<v1::DecodeOutput>* writer,
+                                  const v1::DecodeOutput& out) {
+  mutex_.Unlock();
+  bool written;
+  {
+    StreamWatch::Writing writing(*idle_watch_, context);
+    written = writer->Write(out);
+  }
+  mutex_.Lock();
+  return written;
 }
 
 grpc::Status DecodeService::Release(grpc::ServerContext* context, const v1::ReleaseRequest* request,
@@ -501,7 +510,7 @@ grpc::Status DecodeService::Release(grpc::ServerContext* context, const v1::Rele
       !s.ok()) {
     return ToGrpcStatus(s);
   }
-  std::lock_guard<std::mutex> lock(mutex_);
+  absl::MutexLock lock(&mutex_);
   if (Owned(security::PeerIdentity(*context), request->reservation_id(), Role::kRouter) !=
       nullptr) {
     Erase(request->reservation_id());
@@ -510,7 +519,7 @@ grpc::Status DecodeService::Release(grpc::ServerContext* context, const v1::Rele
 }
 
 v1::LoadReport DecodeService::Load() const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  absl::MutexLock lock(&mutex_);
   v1::LoadReport load;
   load.set_active_requests(static_cast<uint32_t>(requests_.size()));
   load.set_queued_requests(static_cast<uint32_t>(waiting_));
@@ -541,7 +550,7 @@ grpc::Status DecodeService::Stats(grpc::ServerContext* context, const v1::StatsR
     return ToGrpcStatus(s);
   }
   *reply->mutable_load() = Load();
-  std::lock_guard<std::mutex> lock(mutex_);
+  absl::MutexLock lock(&mutex_);
   reply->set_reservations(static_cast<uint32_t>(requests_.size()));
   uint32_t transferring = 0;
   for (const auto& [id, r] : requests_) transferring += r->phase == Phase::kTransferring ? 1 : 0;
@@ -550,7 +559,7 @@ grpc::Status DecodeService::Stats(grpc::ServerContext* context, const v1::StatsR
 }
 
 void DecodeService::ReapLoop() {
-  std::unique_lock<std::mutex> lock(mutex_);
+  absl::MutexLock lock(&mutex_);
   while (!stop_) {
     // Until the first deadline of a reservation nobody streams; a new reservation, a commit
     // (which moves the deadline) and the node's stop notify.
@@ -559,9 +568,9 @@ void DecodeService::ReapLoop() {
       if (!r->attached && (!next.has_value() || r->deadline < *next)) next = r->deadline;
     }
     if (next.has_value()) {
-      deadline_.wait_until(lock, *next);
+      deadline_.WaitWithTimeout(&mutex_, absl::FromChrono(*next - Clock::now()));
     } else {
-      deadline_.wait(lock);
+      deadline_.Wait(&mutex_);
     }
     const auto now = Clock::now();
     std::vector<std::string> expired;

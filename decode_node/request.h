@@ -13,12 +13,12 @@
 #pragma once
 
 #include <chrono>
-#include <condition_variable>
 #include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "absl/synchronization/mutex.h"
 #include "baton/common/trace.h"
 #include "baton/decode_node/decode_step.h"
 #include "baton/decode_node/state_pool.h"
@@ -94,9 +94,9 @@ struct Request {
   Phase phase = Phase::kReserved;
   Clock::time_point deadline;  // reservation: commit by then; committed: attach by then
   bool attached = false;       // a stream has taken it: the reaper leaves it alone
-  // Notified when the request gains tokens, finishes or leaves the node: what its stream
-  // handler waits on.
-  std::condition_variable progress;
+  // Signalled when the request gains tokens, finishes or leaves the node: what its stream
+  // handler waits on (with DecodeService::mutex_).
+  absl::CondVar progress;
   double wait_ms = 0, transfer_ms = 0;  // in the slot queue; reading the StateBlock
   Clock::time_point committed_at;
   double replay_ms = -1;  // set once the first token is sampled here; sent with it

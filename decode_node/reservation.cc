@@ -2,6 +2,7 @@
 // for a request the router reserves, and the read of its StateBlock into them at the prefill
 // node's commit.
 #include <chrono>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "baton/common/log.h"
@@ -141,8 +142,8 @@ absl::Status DecodeService::TakeReservation(grpc::ServerContext& context,
         "request needs ", pages, " block-KV pages; the pool has ", pool_->total_pages()));
   }
   const auto wait_start = Clock::now();
-  std::unique_lock<std::mutex> lock(mutex_);
-  absl::StatusOr<int64_t> slot = WaitForSlot(context, request.request_id(), pages, lock);
+  absl::MutexLock lock(&mutex_);
+  absl::StatusOr<int64_t> slot = WaitForSlot(context, request.request_id(), pages);
   if (!slot.ok()) return slot.status();
   absl::StatusOr<std::shared_ptr<Request>> r =
       NewRequest(context, request, *slot, pages, positions);
@@ -157,13 +158,12 @@ absl::Status DecodeService::TakeReservation(grpc::ServerContext& context,
   reply.set_reservation_id((*r)->id);
   transfer::SetReservationSizes(sizes, reply);
   requests_[(*r)->id] = *std::move(r);
-  deadline_.notify_all();  // the reaper waits for the first deadline
+  deadline_.SignalAll();  // the reaper waits for the first deadline
   return absl::OkStatus();
 }
 
 absl::StatusOr<int64_t> DecodeService::WaitForSlot(grpc::ServerContext& context,
-                                                   const std::string& request_id, int64_t pages,
-                                                   std::unique_lock<std::mutex>& lock) {
+                                                   const std::string& request_id, int64_t pages) {
   if (draining_) {
     log::Warn(trace::StartServerSpan(context).Ids(), "reserve refused: draining",
               {{"request_id", request_id}});
@@ -177,7 +177,7 @@ absl::StatusOr<int64_t> DecodeService::WaitForSlot(grpc::ServerContext& context,
   ++waiting_;
   while (!slot && !stop_ && !draining_ && !context.IsCancelled() &&
          context.deadline() > std::chrono::system_clock::now()) {
-    freed_.wait_for(lock, kCallCheck);
+    freed_.WaitWithTimeout(&mutex_, absl::FromChrono(kCallCheck));
     slot = pool_->TryReserve(pages);
   }
   --waiting_;
@@ -256,35 +256,41 @@ absl::Status DecodeService::CommitState(grpc::ServerContext& context,
   const v1::StateHeader& h = request.header();
   // Read from the worker the reservation names, never from one the Commit supplies.
   v1::RegionSource source = request.source();
-  std::unique_lock<std::mutex> lock(mutex_);
-  std::shared_ptr<Request> r =
-      Owned(security::PeerIdentity(context), h.reservation_id(), Role::kPrefill);
-  if (r == nullptr || r->phase != Phase::kReserved) return NoReservation(h.reservation_id());
-  absl::StatusOr<transfer::Transport*> transport = CheckCommit(h, *r, source);
-  if (!transport.ok()) {
-    Erase(r->id);
-    return transport.status();
+  std::shared_ptr<Request> r;
+  transfer::Transport* transport = nullptr;
+  Clock::time_point deadline;
+  std::optional<transfer::RegionSpans> into;
+  {
+    absl::MutexLock lock(&mutex_);
+    r = Owned(security::PeerIdentity(context), h.reservation_id(), Role::kPrefill);
+    if (r == nullptr || r->phase != Phase::kReserved) return NoReservation(h.reservation_id());
+    absl::StatusOr<transfer::Transport*> checked = CheckCommit(h, *r, source);
+    if (!checked.ok()) {
+      Erase(r->id);
+      return checked.status();
+    }
+    transport = *checked;
+    // Read the regions into the reservation while it is live: by its deadline (and the
+    // caller's). `r` keeps the memory until the transport has stopped writing, even when the
+    // reservation expires or is released meanwhile; only then may it return to the pool.
+    // The read also ends a little before the prefill node's commit call does, and at once when
+    // that call is cancelled: the prefill node stops exposing the regions then.
+    r->phase = Phase::kTransferring;
+    const auto caller_deadline =
+        Clock::now() +
+        std::min<std::chrono::system_clock::duration>(
+            context.deadline() - std::chrono::system_clock::now(), std::chrono::hours(1)) -
+        kCommitMargin;
+    deadline = std::min(r->deadline, caller_deadline);
+    into =
+        transfer::SpansOf(*r->reservation.state, transfer::RegionSizesOf(h, model_.state_layout()),
+                          r->reservation.boundary_pages);
   }
-  // Read the regions into the reservation while it is live: by its deadline (and the
-  // caller's). `r` keeps the memory until the transport has stopped writing, even when the
-  // reservation expires or is released meanwhile; only then may it return to the pool.
-  // The read also ends a little before the prefill node's commit call does, and at once when
-  // that call is cancelled: the prefill node stops exposing the regions then.
-  r->phase = Phase::kTransferring;
-  const auto caller_deadline =
-      Clock::now() +
-      std::min<std::chrono::system_clock::duration>(
-          context.deadline() - std::chrono::system_clock::now(), std::chrono::hours(1)) -
-      kCommitMargin;
-  const Clock::time_point deadline = std::min(r->deadline, caller_deadline);
-  const transfer::RegionSpans into =
-      transfer::SpansOf(*r->reservation.state, transfer::RegionSizesOf(h, model_.state_layout()),
-                        r->reservation.boundary_pages);
-  lock.unlock();
+  // The read and the checksums run outside the node's lock (they read every byte; other
+  // streams go on): nothing else touches a reservation while it is transferring.
   const auto transfer_start = Clock::now();
-  absl::Status read = (*transport)->Read(source, r->prefill_address, into, deadline, [&context] {
-    return context.IsCancelled();
-  });
+  absl::Status read = transport->Read(source, r->prefill_address, *into, deadline,
+                                      [&context] { return context.IsCancelled(); });
   if (absl::IsUnavailable(read) || absl::IsCancelled(read)) {
     // The transfer failed, not this node: ABORTED, which nobody takes for a lost node.
     read = absl::AbortedError(
@@ -292,8 +298,6 @@ absl::Status DecodeService::CommitState(grpc::ServerContext& context,
   }
   const double transfer_seconds =
       std::chrono::duration<double>(Clock::now() - transfer_start).count();
-  // The checksums run outside the node's lock (they read every byte; other streams go on):
-  // nothing else touches a reservation while it is transferring.
   if (read.ok())
     read = transfer::VerifyRegions(h, *r->reservation.state, r->reservation.boundary_pages);
   if (read.ok() && r->reservation.engine_state != nullptr) {
@@ -301,10 +305,10 @@ absl::Status DecodeService::CommitState(grpc::ServerContext& context,
     read = model_.StageIn(
         model::StateCopies(*r->reservation.state, *r->reservation.engine_state, h.prompt_len()));
   }
-  lock.lock();
+  absl::MutexLock lock(&mutex_);
   r->transfer_ms = transfer_seconds * 1000;
-  return FinishCommit(r, h, source.transport(), transfer::StagingBytes(into.sizes), std::move(read),
-                      transfer_seconds);
+  return FinishCommit(r, h, source.transport(), transfer::StagingBytes(into->sizes),
+                      std::move(read), transfer_seconds);
 }
 
 absl::StatusOr<transfer::Transport*> DecodeService::CheckCommit(const v1::StateHeader& h,
@@ -391,8 +395,8 @@ absl::Status DecodeService::FinishCommit(const std::shared_ptr<Request>& r,
                                g.ignore_eos, g.eos_token_id);
     r->phase = g.finished() ? Phase::kFinished : Phase::kCommitted;
   }
-  deadline_.notify_all();  // the attach deadline
-  work_.notify_all();
+  deadline_.SignalAll();  // the attach deadline
+  work_.SignalAll();
   return absl::OkStatus();
 }
 

@@ -13,10 +13,8 @@
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <set>
 #include <span>
@@ -24,6 +22,8 @@
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "baton/common/security.h"
 #include "baton/common/stream_watch.h"
 #include "baton/common/trace.h"
@@ -104,7 +104,7 @@ class DecodeService final : public v1::DecodeNode::Service {
   grpc::Status Stats(grpc::ServerContext* context, const v1::StatsRequest* request,
                      v1::StatsResponse* reply) override;
 
-  v1::LoadReport Load() const;
+  v1::LoadReport Load() const ABSL_LOCKS_EXCLUDED(mutex_);
   int64_t poison_violations() const { return pool_->poison_violations(); }
   // Starts the liveness watchdog of the decode loop (ServeUntilShutdown's on_started).
   void StartWatchdog(HealthSetter health) { watchdog_->Start(std::move(health)); }
@@ -112,62 +112,63 @@ class DecodeService final : public v1::DecodeNode::Service {
   // Graceful drain (ServeUntilShutdown's `drain`): Reserve is refused with UNAVAILABLE from now
   // on (the router, told first, sends none); the requests held (reserved, transferring or
   // streaming) run to their end. Returns once none is left, or at `deadline`.
-  void Drain(std::chrono::steady_clock::time_point deadline);
+  void Drain(std::chrono::steady_clock::time_point deadline) ABSL_LOCKS_EXCLUDED(mutex_);
 
  private:
   void DecodeLoop();
-  // The step log's summary as the node reports it, and its metrics; caller holds mutex_.
-  void Publish();
-  // One step: `plan`, made under `lock` over the requests `held`, run unlocked and settled;
-  // returns with the lock held again.
-  void RunStep(std::vector<std::shared_ptr<Request>>& held, const DecodePlan& plan,
-               std::unique_lock<std::mutex>& lock);
+  // The step log's summary as the node reports it, and its metrics.
+  void Publish() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // One step: `plan`, made under mutex_ over the requests `held`, run with mutex_ released and
+  // settled under it again.
+  void RunStep(std::vector<std::shared_ptr<Request>>& held, const DecodePlan& plan)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   void ReapLoop();
   // Replay-on-decode: a planned piece of a replaying request's boundary rows, gathered from its
   // pool pages, and the step's logits for it.
   struct ReplayPiece;
   ReplayPiece GatherPiece(const std::shared_ptr<Request>& r, int64_t rows) const;
-  // After the piece's step (caller holds mutex_): its settle, and at the replay's end the
-  // boundary pages freed and the replay's rate folded into what the node reports.
-  void FinishPiece(ReplayPiece& piece);
+  // After the piece's step: its settle, and at the replay's end the boundary pages freed and
+  // the replay's rate folded into what the node reports.
+  void FinishPiece(ReplayPiece& piece) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   // The drafts of the step's requests (prompt lookup, or the draft model's batched rounds).
   void ProposeDrafts(std::span<DraftJob> jobs);
-  // A decoding request's verdict applied (SettleDecode) and counted; caller holds mutex_.
-  void SettleRequest(Request& r, int64_t drafts, const model::Verdict& verdict);
+  // A decoding request's verdict applied (SettleDecode) and counted.
+  void SettleRequest(Request& r, int64_t drafts, const model::Verdict& verdict)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   // A step's engine time over its `requests` decoding with `decode_rows` rows and its replay
   // pieces, folded into the fits the planner prices with; its work kept for the step log
   // (logged_rows_, logged_pieces_).
   void MeasureStep(int64_t requests, int64_t decode_rows, std::span<const ReplayPiece> pieces,
                    double target_seconds);
-  void Erase(const std::string& id);  // caller holds mutex_
+  void Erase(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   // The reservation `id` when `caller` (the peer's certificate identity) is its `role` owner
-  // (see Request); nullptr when it is absent or another identity's. Caller holds mutex_.
+  // (see Request); nullptr when it is absent or another identity's.
   std::shared_ptr<Request> Owned(const std::string& caller, const std::string& id,
-                                 security::Role role) const;
+                                 security::Role role) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   struct Metrics;
 
   // The handlers' work; each handler converts its absl::Status to gRPC's once.
   absl::Status TakeReservation(grpc::ServerContext& context, const v1::ReserveRequest& request,
                                v1::Reservation& reply);
   // A pool slot for `pages` pages, waiting (boundedly: max_waiting) while the pools are full.
-  // Caller holds `lock` on mutex_.
   absl::StatusOr<int64_t> WaitForSlot(grpc::ServerContext& context, const std::string& request_id,
-                                      int64_t pages, std::unique_lock<std::mutex>& lock);
-  // The reservation's state in `slot`, sized for `positions`. Caller holds mutex_.
+                                      int64_t pages) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // The reservation's state in `slot`, sized for `positions`.
   absl::StatusOr<std::shared_ptr<Request>> NewRequest(const grpc::ServerContext& context,
                                                       const v1::ReserveRequest& request,
                                                       int64_t slot, int64_t pages,
-                                                      int64_t positions);
+                                                      int64_t positions)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   absl::Status CommitState(grpc::ServerContext& context, const v1::CommitRequest& request);
   // The transport to read a commit's regions with, once its header and source are checked
   // against reservation `r`; `source` gets the worker address the reservation names.
   absl::StatusOr<transfer::Transport*> CheckCommit(const v1::StateHeader& header, const Request& r,
                                                    v1::RegionSource& source);
   // After the read: the request decodes from the header's first token, or the reservation is
-  // freed. Caller holds mutex_.
+  // freed.
   absl::Status FinishCommit(const std::shared_ptr<Request>& r, const v1::StateHeader& header,
                             v1::Transport transport, uint64_t bytes, absl::Status read,
-                            double transfer_seconds);
+                            double transfer_seconds) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   // What a stream's log line says of its request, set once the request is found.
   struct StreamLog {
     std::string request_id;
@@ -177,6 +178,9 @@ class DecodeService final : public v1::DecodeNode::Service {
   };
   absl::Status RunStream(grpc::ServerContext* context, const v1::StreamRequest* request,
                          grpc::ServerWriter<v1::DecodeOutput>* writer, StreamLog* line);
+  // Writes `out` to the stream with mutex_ released (a slow reader holds up no one else).
+  bool WriteUnlocked(grpc::ServerContext* context, grpc::ServerWriter<v1::DecodeOutput>* writer,
+                     const v1::DecodeOutput& out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
 
   // The address in the engine's copy of the pool of a pool address (the same address on a
   // host-memory engine).
@@ -195,16 +199,17 @@ class DecodeService final : public v1::DecodeNode::Service {
   // commit; decode steps run on the copy.
   model::BackendArray<char> engine_pool_;
 
-  // Guards requests_ and every Request (request.h says what the decode thread does unlocked),
-  // waiting_, stop_, draining_ and the replay rate sums. Each waiter has its own condition:
-  mutable std::mutex mutex_;
-  std::condition_variable work_;      // the decode loop: a commit, or the node's stop
-  std::condition_variable deadline_;  // the reaper: a reservation, a commit, or the stop
-  std::condition_variable freed_;     // Reserve waiting for memory, Drain: a request erased
-  std::map<std::string, std::shared_ptr<Request>> requests_;
-  int64_t waiting_ = 0;
-  bool stop_ = false;
-  bool draining_ = false;
+  // Guards the fields marked so (clang's -Wthread-safety checks every use: the decode_node
+  // target builds with it where the compiler has it) and every Request (request.h says what
+  // the decode thread does unlocked). Each waiter has its own condition:
+  mutable absl::Mutex mutex_;
+  absl::CondVar work_;      // the decode loop: a commit, or the node's stop
+  absl::CondVar deadline_;  // the reaper: a reservation, a commit, or the stop
+  absl::CondVar freed_;     // Reserve waiting for memory, Drain: a request erased
+  std::map<std::string, std::shared_ptr<Request>> requests_ ABSL_GUARDED_BY(mutex_);
+  int64_t waiting_ ABSL_GUARDED_BY(mutex_) = 0;
+  bool stop_ ABSL_GUARDED_BY(mutex_) = false;
+  bool draining_ ABSL_GUARDED_BY(mutex_) = false;
   std::thread decode_thread_;
   std::thread reap_thread_;
   std::unique_ptr<Metrics> metrics_;
@@ -215,19 +220,18 @@ class DecodeService final : public v1::DecodeNode::Service {
   ReplayCosts replay_costs_;
   int64_t cost_log_ = 0;  // steps, for a debug line of the costs every 256
   // What the node reports of its costs (LoadReport.decode_rates): replay's time per GFLOP as
-  // moving sums weighted by the work (under mutex_), and the tokens a request gains per step
-  // (moving average).
-  double replay_ms_sum_ = 0;
-  double replay_gflop_sum_ = 0;
-  uint32_t replay_samples_ = 0;
-  double tokens_per_step_ = 0;
+  // moving sums weighted by the work, and the tokens a request gains per step (moving average).
+  double replay_ms_sum_ ABSL_GUARDED_BY(mutex_) = 0;
+  double replay_gflop_sum_ ABSL_GUARDED_BY(mutex_) = 0;
+  uint32_t replay_samples_ ABSL_GUARDED_BY(mutex_) = 0;
+  double tokens_per_step_ ABSL_GUARDED_BY(mutex_) = 0;
   // The last step's work, set by RunStep on the decode thread (-1 rows: it failed).
   int64_t logged_rows_ = -1;
   std::vector<PieceSize> logged_pieces_;
-  // Each step's whole turn of the loop (under mutex_), and what the node reports of it
-  // (LoadReport.decode_rates), summarised by the decode loop under mutex_ (Publish).
-  StepLog step_log_;
-  StepLog::Summary reported_;
+  // Each step's whole turn of the loop, and what the node reports of it
+  // (LoadReport.decode_rates), summarised by the decode loop (Publish).
+  StepLog step_log_ ABSL_GUARDED_BY(mutex_);
+  StepLog::Summary reported_ ABSL_GUARDED_BY(mutex_);
   std::atomic<bool> stepping_{false};  // the decode loop has a batch (the watchdog's "work")
   std::unique_ptr<Watchdog> watchdog_;
   std::unique_ptr<StreamWatch> idle_watch_;
