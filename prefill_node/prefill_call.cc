@@ -327,8 +327,11 @@ absl::Status PrefillCall::CommitFailed(const grpc::Status& status,
   // The decode node failed or refused, not this node: the router must not take this node
   // for lost when the decode node is (DESIGN section 6, faults).
   context_.AddTrailingMetadata(kFailedNodeKey, "decode");
+  // gRPC turns the deadline into its own monotonic time at millisecond grain, so its
+  // DEADLINE_EXCEEDED may come a little before `deadline` reads on the system clock.
+  constexpr auto kClockSlack = std::chrono::milliseconds(20);
   const auto now = std::chrono::system_clock::now();
-  if (status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED && now >= deadline &&
+  if (status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED && now + kClockSlack >= deadline &&
       context_.deadline() > now) {
     // --commit-timeout-ms ran out before the router's deadline: the decode node did not
     // answer (dead, wedged or cut off), and the request may go to another one. A
