@@ -69,7 +69,7 @@ PrefillCall::ModelTurn::ModelTurn(PrefillService& node) : node_(node) {
     std::lock_guard<std::mutex> lock(node_.mutex_);
     ++node_.queued_;
   }
-  node_.model_mutex_.lock();
+  turn_.emplace(node_.model_turns_.Take());
   {
     std::lock_guard<std::mutex> lock(node_.mutex_);
     --node_.queued_;
@@ -82,8 +82,7 @@ PrefillCall::ModelTurn::ModelTurn(PrefillService& node) : node_(node) {
 }
 
 PrefillCall::ModelTurn::~ModelTurn() {
-  node_.computing_ = false;
-  node_.model_mutex_.unlock();
+  node_.computing_ = false;  // the turn ends after this, as turn_ goes
 }
 
 PrefillCall::PrefillCall(PrefillService& node, grpc::ServerContext& context,

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "baton/common/fifo_turns.h"
 #include "baton/common/hash.h"
 #include "baton/common/trace.h"
 #include "baton/model/engine.h"
@@ -87,8 +88,9 @@ class PrefillCall {
     PrefillService& node_;
   };
 
-  // The model, this call's alone while this lives: made once the call's turn comes (counted as
-  // queued until then), and the watchdog's work (computing_) meanwhile.
+  // The model, this call's alone while this lives: made once the call's turn comes, after every
+  // call that asked before it (counted as queued until then), and the watchdog's work
+  // (computing_) meanwhile.
   class ModelTurn {
    public:
     explicit ModelTurn(PrefillService& node);
@@ -98,6 +100,7 @@ class PrefillCall {
 
    private:
     PrefillService& node_;
+    std::optional<FifoTurns::Turn> turn_;
   };
 
   // The stages, in order. LoadPrefix and WriteBack never fail the call: a prefix that cannot

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "baton/common/fifo_turns.h"
 #include "baton/common/hash.h"
 #include "baton/common/trace.h"
 #include "baton/common/watchdog.h"
@@ -177,7 +178,7 @@ class PrefillService final
 
   model::Engine& model_;
   PrefillOptions options_;
-  std::mutex model_mutex_;  // one prefill at a time (see file comment)
+  FifoTurns model_turns_;  // one prefill at a time, first come first served (file comment)
   mutable std::mutex mutex_;
   int64_t active_ = 0;
   int64_t queued_ = 0;  // of those, waiting for the model
