@@ -390,13 +390,7 @@ class CedEngine::Workspace::StepRun {
       const Weights::Layer& w = wt.producers[l];
       be.RmsNorm({.rows = rows, .dim = d, .x = h, .weight = w.attn_norm, .out = x, .eps = eps});
       Gemm({.rows = rows, .in = d, .out = qkv_dim, .x = x, .y = qkv}, w.qkv);
-      be.Rope({.rows = rows,
-               .heads = H + Hkv,
-               .head_dim = hd,
-               .x = qkv,
-               .stride = qkv_dim,
-               .positions = positions,
-               .theta = c.rope_theta});
+      RopeQk(rows, positions);
       attention.clear();
       for (const StepSegment& seg : step.segments) {
         if (seg.rows == 0) continue;  // a replay piece: its rows enter at the consumers
@@ -528,6 +522,17 @@ class CedEngine::Workspace::StepRun {
 
  private:
   // Y = X W^T (+ Y) against a weight matrix in whichever type the engine holds it.
+  // RoPE on the Q and K heads of the first `n` rows of qkv, at `at`'s positions.
+  void RopeQk(int64_t n, const int32_t* at) {
+    be.Rope({.rows = n,
+             .heads = H + Hkv,
+             .head_dim = hd,
+             .x = qkv,
+             .stride = qkv_dim,
+             .positions = at,
+             .theta = c.rope_theta});
+  }
+
   void Gemm(kernels::GemmParams p, const Weights::Matrix& w) {
     p.w = w.f32;
     p.w_bf16 = w.bf16;
@@ -566,13 +571,7 @@ class CedEngine::Workspace::StepRun {
             .y_stride = qkv_dim},
            w.swa_kv);
     }
-    be.Rope({.rows = consumer_rows,
-             .heads = H + Hkv,
-             .head_dim = hd,
-             .x = qkv,
-             .stride = qkv_dim,
-             .positions = consumer_positions,
-             .theta = c.rope_theta});
+    RopeQk(consumer_rows, consumer_positions);
   }
 
   // A segment's producer K and V rows of layer `l`, handed to the caller (from host memory).
