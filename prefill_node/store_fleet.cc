@@ -60,7 +60,12 @@ grpc::Status ReadFromNode(v1::KvStore::StubInterface& stub, grpc::ServerContext&
 }  // namespace
 
 StoreFleetClient::StoreFleetClient(std::string fixed_address)
-    : fixed_address_(std::move(fixed_address)) {}
+    : fixed_address_(std::move(fixed_address)) {
+  // The node's own store is connected to now, not on the first hit's read, whose deadline is
+  // the hit's compute time (tens of ms on a small model): a connection and its TLS handshake
+  // made inside it on a busy machine turned the node's first hit into a miss.
+  if (!fixed_address_.empty()) Stub(fixed_address_);
+}
 
 std::shared_ptr<v1::KvStore::StubInterface> StoreFleetClient::Stub(const std::string& address) {
   std::lock_guard<std::mutex> lock(mutex_);
@@ -69,8 +74,10 @@ std::shared_ptr<v1::KvStore::StubInterface> StoreFleetClient::Stub(const std::st
   // Store nodes come and go: past a bound, the channels are made afresh as they are needed.
   if (stubs_.size() >= kvstore::kMaxStoreNodes * 2) stubs_.clear();
   // The channel checks that the peer's certificate is a store's, whatever address it is given.
-  auto stub = std::shared_ptr<v1::KvStore::StubInterface>(
-      v1::KvStore::NewStub(security::InternalChannel(address, security::Role::kKvstore)));
+  std::shared_ptr<grpc::Channel> channel =
+      security::InternalChannel(address, security::Role::kKvstore);
+  channel->GetState(/*try_to_connect=*/true);  // connecting starts now, in the background
+  auto stub = std::shared_ptr<v1::KvStore::StubInterface>(v1::KvStore::NewStub(channel));
   stubs_.emplace(address, stub);
   return stub;
 }

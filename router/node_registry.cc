@@ -366,6 +366,9 @@ void NodeRegistry::UpdateLocked(const std::string& identity, const std::string& 
     node->model = model;
     // The router sends prompts and state only to a server that proves the registered role.
     node->channel = security::InternalChannel(request.address(), *CertificateRole(request.role()));
+    // A store node is connected to now: a prompt's probe has --lookup-timeout-ms (200 ms) for
+    // its answer, too little on a busy machine for the connection and its TLS handshake too.
+    if (request.role() == v1::NODE_ROLE_KVSTORE) node->channel->GetState(/*try_to_connect=*/true);
     node->identity = identity;
     node->binding = binding;
     node->info = request;

@@ -17,6 +17,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "testing/eventually.h"
+#include "testing/free_port.h"
 
 namespace baton::router {
 namespace {
@@ -187,6 +188,21 @@ TEST_F(NodeRegistryTest, LiveNodesAreCountedByModelFingerprintAndRole) {
   EXPECT_THAT(counts, ::testing::UnorderedElementsAre(
                           std::make_tuple("baton", "weights-a", "prefill", 2.0),
                           std::make_tuple("baton", "weights-b", "decode", 1.0)));
+}
+
+// A store node is connected to as it registers, before any prompt probes it: a probe has
+// --lookup-timeout-ms (200 ms) for its answer, too little on a busy machine to make the
+// connection and its TLS handshake as well.
+TEST_F(NodeRegistryTest, AStoreNodeIsConnectedToAsItRegisters) {
+  const testing::Listener listener;
+  ASSERT_TRUE(listener.ok());
+  v1::RegisterRequest store = Registration("kvstore");
+  store.set_role(v1::NODE_ROLE_KVSTORE);
+  store.set_model_fingerprint("");
+  store.set_address(listener.address());
+  ASSERT_TRUE(Registry().RegisterFrom("spiffe://baton/kvstore/kvstore", store).ok());
+  EXPECT_TRUE(listener.Connected(std::chrono::seconds(20)))
+      << "the router did not connect to the store node";
 }
 
 // node_ids are bounded per identity and in all; past either a new one is refused by name, a
