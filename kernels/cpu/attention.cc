@@ -400,15 +400,20 @@ struct AttendRowGroup {
   }
 };
 
-// Many-row entries (prefill chunks) run tile by tile on GEMMs: the keys an entry can see are
-// gathered once into contiguous buffers, then for each (tile of query rows, head) the scores
-// are one sgemm per key source, masked to each row's visible range, softmaxed together, and
-// multiplied into the values with two more sgemms. Same arithmetic as AttendRowGroup up to
-// summation order (the exponential is the same vector ExpOf, four lanes at a time here: every
-// x86-64 level has them).
-constexpr int64_t kTileRows = 64;
-
+// Many-row entries (prefill chunks, the replayed rows after a hit) run as tiled GEMMs, the way
+// FlashAttention does: for each (tile of query rows, kv head) the query heads that share the kv
+// head are folded into the rows of one product (GQA packing: each key and value is read once
+// for all of them), and the keys are taken kKeyTile at a time: a tile's scores are one sgemm,
+// masked to each row's visible range and folded into a running softmax (its max, its sum, and
+// the output rescaled when the max grows), then multiplied into the values with one more sgemm.
+// The scores never outgrow a tile, so they stay in cache at any context length. Same arithmetic
+// as AttendRowGroup up to summation order (the exponential is the same vector ExpOf, at the
+// level's width as there). A row's output depends only on the entry's rows, never on the other
+// entries of the batch.
 constexpr int64_t kTiledMinRows = 64;
+constexpr int64_t kFoldedRows = 256;  // (row, query head) pairs of one product at most
+constexpr int64_t kMaxTileRows = 64;
+constexpr int64_t kKeyTile = 256;  // within one K block of OpenBLAS's sgemm
 
 struct GatheredKeys {
   std::vector<float> global_k, global_v;  // [n_global, kv_dim], positions 0..n_global-1
@@ -452,74 +457,144 @@ GatheredKeys Gather(const AttentionParams& p) {
   return g;
 }
 
-void AttendTile(const AttentionParams& p, const GatheredKeys& g, int64_t r0, int64_t head,
-                std::vector<float>& scores) {
-  const int64_t hd = p.head_dim, kv_dim = p.num_kv_heads * hd;
-  const int64_t kv_col = head / (p.num_heads / p.num_kv_heads) * hd;
-  const int64_t r1 = std::min(p.rows, r0 + kTileRows), n = r1 - r0;
-  const int64_t last = p.positions[r1 - 1];
-  const int64_t n_g = p.global != nullptr ? last + 1 : 0;
-  int64_t lo_min = p.swa_lo[r0];
-  for (int64_t r = r0; r < r1; ++r) lo_min = std::min<int64_t>(lo_min, p.swa_lo[r]);
-  const int64_t n_s = std::max<int64_t>(0, last + 1 - lo_min);
-  const int64_t ld = n_g + n_s;
-  scores.resize(n * std::max<int64_t>(ld, 1));
-  const float* q = p.q + r0 * p.q_stride + head * hd;
-  float* out = p.out + r0 * p.num_heads * hd + head * hd;
-  const int ldo = static_cast<int>(p.num_heads * hd);
-  if (n_g > 0) {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n_g, hd, p.scale, q, p.q_stride,
-                g.global_k.data() + kv_col, kv_dim, 0.0f, scores.data(), ld);
-  }
-  const float* swa_k = g.swa_k.data() + (lo_min - g.swa_begin) * kv_dim + kv_col;
-  const float* swa_v = g.swa_v.data() + (lo_min - g.swa_begin) * kv_dim + kv_col;
-  if (n_s > 0) {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n_s, hd, p.scale, q, p.q_stride, swa_k,
-                kv_dim, 0.0f, scores.data() + n_g, ld);
-  }
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t pos = p.positions[r0 + i], lo = p.swa_lo[r0 + i];
-    float* row = scores.data() + i * ld;
-    // What row i sees: global columns [0, g_end) (positions up to pos), and SWA columns
-    // n_g + [s_begin, s_end) (positions [lo, pos]); every other score is 0.
-    const int64_t g_end = std::min(n_g, pos + 1);
-    const int64_t s_begin = std::min(n_s, std::max<int64_t>(0, lo - lo_min));
-    const int64_t s_end = std::max(s_begin, std::min(n_s, pos + 1 - lo_min));
-    float max_score = -INFINITY;
-    for (int64_t c = 0; c < g_end; ++c) max_score = std::max(max_score, row[c]);
-    for (int64_t c = n_g + s_begin; c < n_g + s_end; ++c) max_score = std::max(max_score, row[c]);
-    std::fill(row + g_end, row + n_g + s_begin, 0.0f);
-    std::fill(row + n_g + s_end, row + ld, 0.0f);
-    float total = 0.0f;
-    if (max_score > -INFINITY) {
-      total = ExpShiftedSum<4>(row, g_end, max_score) +
-              ExpShiftedSum<4>(row + n_g + s_begin, s_end - s_begin, max_score);
+// One tile's folded rows: product row i * group + h is row r0 + i's query head h of the kv
+// head, with its running softmax.
+struct FoldedTile {
+  int64_t r0 = 0, rows = 0, group = 0;
+  std::vector<float> q, out, scores, max, total;
+  std::vector<std::pair<int64_t, int64_t>> seen;  // per tile row: its visible columns of a key tile
+};
+
+// A key tile's scores (`width` columns per folded row) into each row's running softmax, at the
+// level's vector width: the columns a row does not see are zeroed, the rest become
+// e^(score - max) with max the row's largest score so far, and where that max grew, the row's
+// output and sum so far are scaled down to it.
+struct FoldScores {
+  template <CpuIsa kIsa>
+  __attribute__((always_inline)) static void Run(FoldedTile& tile, int64_t width,
+                                                 int64_t head_dim) {
+    constexpr int kW = AttendShape<kIsa>::kW;
+    using V = NativeVec<kW>;
+    for (int64_t i = 0; i < tile.rows; ++i) {
+      const auto [begin, end] = tile.seen[i];
+      for (int64_t h = 0; h < tile.group; ++h) {
+        const int64_t row = i * tile.group + h;
+        float* score = tile.scores.data() + row * width;
+        std::fill(score, score + begin, 0.0f);
+        std::fill(score + end, score + width, 0.0f);
+        if (begin == end) continue;  // nothing visible here: the row's softmax is unchanged
+        V lanes = V{} - INFINITY;
+        int64_t c = begin;
+        for (; c + kW <= end; c += kW) {
+          V x;
+          std::memcpy(&x, score + c, sizeof x);
+          lanes = x > lanes ? x : lanes;
+        }
+        float top = tile.max[row];
+        for (int l = 0; l < kW; ++l) top = std::max(top, lanes[l]);
+        for (; c < end; ++c) top = std::max(top, score[c]);
+        const float shrink = std::exp(tile.max[row] - top);  // 0 at the row's first keys
+        const float sum = ExpShiftedSum<kW>(score + begin, end - begin, top);
+        if (shrink != 1.0f) {
+          float* o = tile.out.data() + row * head_dim;
+          for (int64_t d = 0; d < head_dim; ++d) o[d] *= shrink;
+        }
+        tile.total[row] = tile.total[row] * shrink + sum;
+        tile.max[row] = top;
+      }
     }
-    const float inv = total > 0 ? 1.0f / total : 0.0f;
-    for (int64_t c = 0; c < ld; ++c) row[c] *= inv;
   }
-  if (n_g > 0) {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, hd, n_g, 1.0f, scores.data(), ld,
-                g.global_v.data() + kv_col, kv_dim, 0.0f, out, ldo);
+};
+
+// The rows of `tile` whose query heads share kv head `kv_head`, folded into one matrix.
+void FoldQueries(const AttentionParams& p, int64_t kv_head, FoldedTile& tile) {
+  const int64_t hd = p.head_dim, m = tile.rows * tile.group;
+  tile.q.resize(m * hd);
+  for (int64_t i = 0; i < tile.rows; ++i) {
+    const float* q = p.q + (tile.r0 + i) * p.q_stride + kv_head * tile.group * hd;
+    std::memcpy(tile.q.data() + i * tile.group * hd, q, tile.group * hd * sizeof(float));
   }
-  if (n_s > 0) {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, hd, n_s, 1.0f, scores.data() + n_g,
-                ld, swa_v, kv_dim, n_g > 0 ? 1.0f : 0.0f, out, ldo);
+  tile.out.assign(m * hd, 0.0f);
+  tile.max.assign(m, -INFINITY);
+  tile.total.assign(m, 0.0f);
+}
+
+// Keys [k0, k1) of one source into the running softmax of `tile`: their keys and values at `k`
+// and `v` (position j's row at (j - k0) * kv_dim), tile row i seeing [lo(i), hi(i)) of them.
+template <typename Visible>
+void FoldKeyTile(const AttentionParams& p, const float* k, const float* v, int64_t k0, int64_t k1,
+                 const Visible& visible, FoldedTile& tile) {
+  const int64_t hd = p.head_dim, kv_dim = p.num_kv_heads * hd;
+  const int64_t m = tile.rows * tile.group, width = k1 - k0;
+  tile.scores.resize(m * width);
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, width, hd, p.scale, tile.q.data(), hd, k,
+              kv_dim, 0.0f, tile.scores.data(), width);
+  tile.seen.resize(tile.rows);
+  for (int64_t i = 0; i < tile.rows; ++i) {
+    const auto [lo, hi] = visible(tile.r0 + i);
+    const int64_t begin = std::clamp<int64_t>(lo, k0, k1) - k0;
+    tile.seen[i] = {begin, std::max(begin, std::clamp<int64_t>(hi, k0, k1) - k0)};
   }
-  if (ld == 0) {
-    for (int64_t i = 0; i < n; ++i) std::fill(out + i * ldo, out + i * ldo + hd, 0.0f);
+  RunAtActiveIsa<FoldScores>(tile, width, hd);
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, hd, width, 1.0f, tile.scores.data(),
+              width, v, kv_dim, 1.0f, tile.out.data(), hd);
+}
+
+// The tile of rows [r0, r0 + rows) for kv head `kv_head`: the block KV's keys [0, last] and the
+// SWA keys [least lo, last], kKeyTile at a time on a grid from position 0, then each folded row
+// divided by its softmax's sum into its place in the output.
+void AttendTile(const AttentionParams& p, const GatheredKeys& g, int64_t kv_head,
+                FoldedTile& tile) {
+  const int64_t hd = p.head_dim, kv_dim = p.num_kv_heads * hd, kv_col = kv_head * hd;
+  const int64_t r1 = tile.r0 + tile.rows, last = p.positions[r1 - 1];
+  FoldQueries(p, kv_head, tile);
+  if (p.global != nullptr) {
+    const auto visible = [&](int64_t r) {
+      return std::pair<int64_t, int64_t>(0, p.positions[r] + 1);
+    };
+    for (int64_t k0 = 0; k0 <= last; k0 += kKeyTile) {
+      const int64_t k1 = std::min(last + 1, k0 + kKeyTile);
+      FoldKeyTile(p, g.global_k.data() + k0 * kv_dim + kv_col,
+                  g.global_v.data() + k0 * kv_dim + kv_col, k0, k1, visible, tile);
+    }
+  }
+  int64_t lo_min = p.swa_lo[tile.r0];
+  for (int64_t r = tile.r0; r < r1; ++r) lo_min = std::min<int64_t>(lo_min, p.swa_lo[r]);
+  const auto visible = [&](int64_t r) {
+    return std::pair<int64_t, int64_t>(p.swa_lo[r], p.positions[r] + 1);
+  };
+  for (int64_t k0 = lo_min; k0 <= last;) {
+    const int64_t k1 = std::min(last + 1, (k0 / kKeyTile + 1) * kKeyTile);
+    const int64_t at = (k0 - g.swa_begin) * kv_dim + kv_col;
+    FoldKeyTile(p, g.swa_k.data() + at, g.swa_v.data() + at, k0, k1, visible, tile);
+    k0 = k1;
+  }
+  for (int64_t i = 0; i < tile.rows; ++i) {
+    float* out = p.out + (tile.r0 + i) * p.num_heads * hd + kv_head * tile.group * hd;
+    for (int64_t h = 0; h < tile.group; ++h) {
+      const int64_t row = i * tile.group + h;
+      const float total = tile.total[row];
+      const float inv = total > 0 ? 1.0f / total : 0.0f;  // no visible key: zero
+      const float* o = tile.out.data() + row * hd;
+      for (int64_t c = 0; c < hd; ++c) out[h * hd + c] = o[c] * inv;
+    }
   }
 }
 
-// An entry of many rows on GEMM tiles: its visible keys gathered once, then each (tile,
-// head) one task. The team's threads run OpenBLAS single-threaded (cpu_team.h), so each tile is
-// one thread's.
+// An entry of many rows on GEMM tiles: its visible keys gathered once, then each (tile of rows,
+// kv head) one task. The team's threads run OpenBLAS single-threaded (cpu_team.h), so each
+// tile is one thread's.
 void AttendTiled(const AttentionParams& p) {
   const GatheredKeys keys = Gather(p);
-  const int64_t tiles = (p.rows + kTileRows - 1) / kTileRows;
-  ParallelForEachTask(tiles * p.num_heads, [&](int64_t task) {
-    thread_local std::vector<float> scores;
-    AttendTile(p, keys, task / p.num_heads * kTileRows, task % p.num_heads, scores);
+  const int64_t group = p.num_heads / p.num_kv_heads;
+  const int64_t tile_rows = std::clamp<int64_t>(kFoldedRows / group, 1, kMaxTileRows);
+  const int64_t tiles = (p.rows + tile_rows - 1) / tile_rows;
+  ParallelForEachTask(tiles * p.num_kv_heads, [&](int64_t task) {
+    thread_local FoldedTile tile;
+    tile.r0 = task / p.num_kv_heads * tile_rows;
+    tile.rows = std::min(tile_rows, p.rows - tile.r0);
+    tile.group = group;
+    AttendTile(p, keys, task % p.num_kv_heads, tile);
   });
 }
 

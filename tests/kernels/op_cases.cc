@@ -895,6 +895,8 @@ std::vector<OpCaseSpec> OpCases() {
   // One request alone (the CUDA launcher splits its keys across 32 blocks), then two.
   attention("LongContextDecode_OneRequest", {LongContextDecodeCases()[0]}, false);
   attention("LongContextDecode_TwoRequests", LongContextDecodeCases(), false);
+  attention("LongContextTiles", LongContextTileCases(), false);
+  attention("LongContextTiles_PoisonedRingOutsideEveryWindow", LongContextTileCases(), true);
   attention("EdgeShapes", EdgeShapeCases(), false);
   // Ring slots outside every row's window hold NaN: no output may see them.
   attention("ProducerSwa_PoisonedRingOutsideEveryWindow", ProducerSwaCases(), true);

@@ -408,6 +408,34 @@ inline std::vector<AttentionCase> LongContextDecodeCases() {
            .seed = 301}};
 }
 
+// Many rows over a long context, as the tiled path folds and streams them: the consumers'
+// replayed rows after a hit (eight query heads on one kv head, the rows of a tile past a
+// hit's s_valid) and a prefill chunk of GQA 8/2 whose last row tile is short, each over
+// thousands of block-KV keys (many key tiles, each row's running softmax rescaled as its max
+// grows) and a window that starts mid key tile.
+inline std::vector<AttentionCase> LongContextTileCases() {
+  return {{.heads = 8,
+           .kv_heads = 1,
+           .head_dim = 128,
+           .window = 128,
+           .capacity = 134,
+           .block_size = 64,
+           .first_position = 3900,
+           .rows = 140,
+           .swa_floor = 3950,
+           .global = true,
+           .seed = 310},
+          {.heads = 8,
+           .kv_heads = 2,
+           .head_dim = 64,
+           .window = 200,
+           .capacity = 210,
+           .first_position = 2300,
+           .rows = 150,
+           .global = true,
+           .seed = 311}};
+}
+
 // No visible key at all (producer row with lo = i + 1): output zero; head dims at the CUDA
 // kernel's limits.
 inline std::vector<AttentionCase> EdgeShapeCases() {

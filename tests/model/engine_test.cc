@@ -158,7 +158,9 @@ TEST_F(EngineTest, CompactEqualsMaskOnRetainedRows) {
                              next);
     ASSERT_EQ(compact.size(), static_cast<size_t>(std::min(L, keep) + 2));
     for (const auto& [pos, row] : compact) {
-      EXPECT_LT(RelativeError(row, mask.at(pos)), 1e-6) << "L=" << L << " pos=" << pos;
+      // Rounding apart: a chunk of 64 rows or more takes the tiled GEMM path, whose running
+      // softmax sums in another order than the row path a shorter (compact) chunk takes.
+      EXPECT_LT(RelativeError(row, mask.at(pos)), 2e-6) << "L=" << L << " pos=" << pos;
     }
   }
 }

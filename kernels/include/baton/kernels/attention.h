@@ -50,7 +50,9 @@ struct AttentionParams {
   const BlockKvSource* global = nullptr;  // consumer layers: block KV at [0, pos]
 };
 
-// Entries with many rows (prefill chunks) run as GEMM tiles of query rows per head; the
+// Entries with many rows (prefill chunks, a hit's replayed rows) run as GEMM tiles: per (tile
+// of query rows, kv head), the query heads sharing the kv head folded into one product's rows,
+// keys streamed a tile at a time under a running softmax (FlashAttention's scheme); the
 // others (decode steps) run every (row, kv head) of every entry in one parallel region, so that
 // a decode batch of many one-row requests still uses every core, and each task reads its keys
 // and values once for all the query heads that share them. Where there are fewer such pairs
