@@ -411,10 +411,15 @@ struct AttendRowGroup {
 // level's width as there). A row's output depends only on the entry's rows, never on the other
 // entries of the batch.
 constexpr int64_t kTiledMinRows = 64;
+constexpr int64_t kTiledMinFolded = 64;  // or (row, query head) pairs, over as many keys:
+constexpr int64_t kTiledMinKeys = 1024;
+constexpr int64_t kMinKeyTilesPerSplit = 2;
 constexpr int64_t kFoldedRows = 256;  // (row, query head) pairs of one product at most
 constexpr int64_t kMaxTileRows = 64;
 constexpr int64_t kKeyTile = 256;  // within one K block of OpenBLAS's sgemm
 
+// The keys an entry can see, gathered once into contiguous buffers: the block KV's [0, last]
+// out of its pages, and the SWA keys (the ring's slots and the tail's rows) in position order.
 struct GatheredKeys {
   std::vector<float> global_k, global_v;  // [n_global, kv_dim], positions 0..n_global-1
   std::vector<float> swa_k, swa_v;        // [n_swa, kv_dim], positions swa_begin..
@@ -524,11 +529,11 @@ void FoldQueries(const AttentionParams& p, int64_t kv_head, FoldedTile& tile) {
 template <typename Visible>
 void FoldKeyTile(const AttentionParams& p, const float* k, const float* v, int64_t k0, int64_t k1,
                  const Visible& visible, FoldedTile& tile) {
-  const int64_t hd = p.head_dim, kv_dim = p.num_kv_heads * hd;
+  const int64_t hd = p.head_dim, ld = p.num_kv_heads * hd;
   const int64_t m = tile.rows * tile.group, width = k1 - k0;
   tile.scores.resize(m * width);
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, width, hd, p.scale, tile.q.data(), hd, k,
-              kv_dim, 0.0f, tile.scores.data(), width);
+              ld, 0.0f, tile.scores.data(), width);
   tile.seen.resize(tile.rows);
   for (int64_t i = 0; i < tile.rows; ++i) {
     const auto [lo, hi] = visible(tile.r0 + i);
@@ -537,38 +542,56 @@ void FoldKeyTile(const AttentionParams& p, const float* k, const float* v, int64
   }
   RunAtActiveIsa<FoldScores>(tile, width, hd);
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, hd, width, 1.0f, tile.scores.data(),
-              width, v, kv_dim, 1.0f, tile.out.data(), hd);
+              width, v, ld, 1.0f, tile.out.data(), hd);
 }
 
-// The tile of rows [r0, r0 + rows) for kv head `kv_head`: the block KV's keys [0, last] and the
-// SWA keys [least lo, last], kKeyTile at a time on a grid from position 0, then each folded row
-// divided by its softmax's sum into its place in the output.
-void AttendTile(const AttentionParams& p, const GatheredKeys& g, int64_t kv_head,
-                FoldedTile& tile) {
-  const int64_t hd = p.head_dim, kv_dim = p.num_kv_heads * hd, kv_col = kv_head * hd;
+// One key tile: positions [k0, k1) of the block KV (global) or of the SWA keys.
+struct KeyTile {
+  bool global = false;
+  int64_t k0 = 0, k1 = 0;
+};
+
+// The key tiles of `tile`'s rows in visiting order: the block KV's keys [0, last] and the SWA
+// keys [least lo, last], kKeyTile at a time on a grid from position 0.
+void KeyTilesOf(const AttentionParams& p, const FoldedTile& tile, std::vector<KeyTile>& out) {
+  out.clear();
   const int64_t r1 = tile.r0 + tile.rows, last = p.positions[r1 - 1];
-  FoldQueries(p, kv_head, tile);
   if (p.global != nullptr) {
-    const auto visible = [&](int64_t r) {
-      return std::pair<int64_t, int64_t>(0, p.positions[r] + 1);
-    };
     for (int64_t k0 = 0; k0 <= last; k0 += kKeyTile) {
-      const int64_t k1 = std::min(last + 1, k0 + kKeyTile);
-      FoldKeyTile(p, g.global_k.data() + k0 * kv_dim + kv_col,
-                  g.global_v.data() + k0 * kv_dim + kv_col, k0, k1, visible, tile);
+      out.push_back({true, k0, std::min(last + 1, k0 + kKeyTile)});
     }
   }
   int64_t lo_min = p.swa_lo[tile.r0];
   for (int64_t r = tile.r0; r < r1; ++r) lo_min = std::min<int64_t>(lo_min, p.swa_lo[r]);
-  const auto visible = [&](int64_t r) {
-    return std::pair<int64_t, int64_t>(p.swa_lo[r], p.positions[r] + 1);
-  };
   for (int64_t k0 = lo_min; k0 <= last;) {
     const int64_t k1 = std::min(last + 1, (k0 / kKeyTile + 1) * kKeyTile);
-    const int64_t at = (k0 - g.swa_begin) * kv_dim + kv_col;
-    FoldKeyTile(p, g.swa_k.data() + at, g.swa_v.data() + at, k0, k1, visible, tile);
+    out.push_back({false, k0, k1});
     k0 = k1;
   }
+}
+
+// Key tiles `tiles` into the running softmax of `tile`'s rows for kv head `kv_head`.
+void FoldKeyTiles(const AttentionParams& p, const GatheredKeys& g, int64_t kv_head,
+                  std::span<const KeyTile> tiles, FoldedTile& tile) {
+  const int64_t kv_dim = p.num_kv_heads * p.head_dim, kv_col = kv_head * p.head_dim;
+  const auto global = [&](int64_t r) { return std::pair<int64_t, int64_t>(0, p.positions[r] + 1); };
+  const auto swa = [&](int64_t r) {
+    return std::pair<int64_t, int64_t>(p.swa_lo[r], p.positions[r] + 1);
+  };
+  for (const KeyTile& t : tiles) {
+    if (t.global) {
+      const int64_t at = t.k0 * kv_dim + kv_col;
+      FoldKeyTile(p, g.global_k.data() + at, g.global_v.data() + at, t.k0, t.k1, global, tile);
+    } else {
+      const int64_t at = (t.k0 - g.swa_begin) * kv_dim + kv_col;
+      FoldKeyTile(p, g.swa_k.data() + at, g.swa_v.data() + at, t.k0, t.k1, swa, tile);
+    }
+  }
+}
+
+// Each folded row of `tile` divided by its softmax's sum into its place in the output.
+void StoreTile(const AttentionParams& p, int64_t kv_head, const FoldedTile& tile) {
+  const int64_t hd = p.head_dim;
   for (int64_t i = 0; i < tile.rows; ++i) {
     float* out = p.out + (tile.r0 + i) * p.num_heads * hd + kv_head * tile.group * hd;
     for (int64_t h = 0; h < tile.group; ++h) {
@@ -581,21 +604,95 @@ void AttendTile(const AttentionParams& p, const GatheredKeys& g, int64_t kv_head
   }
 }
 
-// An entry of many rows on GEMM tiles: its visible keys gathered once, then each (tile of rows,
-// kv head) one task. The team's threads run OpenBLAS single-threaded (cpu_team.h), so each
-// tile is one thread's.
+// The keys the entry's rows can see in all: block KV [0, last] and SWA [least lo, last].
+int64_t VisibleKeys(const AttentionParams& p) {
+  const int64_t last = p.positions[p.rows - 1];
+  int64_t lo_min = last + 1;
+  for (int64_t r = 0; r < p.rows; ++r) lo_min = std::min<int64_t>(lo_min, p.swa_lo[r]);
+  return (p.global != nullptr ? last + 1 : 0) + (last + 1 - lo_min);
+}
+
+// Entries the tiled path takes: many rows, or few rows over a long context whose folded rows
+// (rows x query heads per kv head) fill a product (a decode node's replay piece of 8 rows of 8
+// heads over 4K keys read the keys once for all 64 instead of once per row).
+bool Tiled(const AttentionParams& p) {
+  if (p.rows >= kTiledMinRows) return true;
+  return p.rows * (p.num_heads / p.num_kv_heads) >= kTiledMinFolded &&
+         VisibleKeys(p) >= kTiledMinKeys;
+}
+
+// An entry on GEMM tiles: its visible keys gathered once, then each (tile of rows, kv head) one
+// task. The team's threads run OpenBLAS single-threaded (cpu_team.h), so each task is one
+// thread's. With fewer tasks than threads (a replay piece of a few rows), each task's key tiles
+// are split over several tasks, their running softmaxes merged after (flash-decoding's split;
+// the split depends on the entry and the team alone, never on the rest of the batch).
 void AttendTiled(const AttentionParams& p) {
   const GatheredKeys keys = Gather(p);
   const int64_t group = p.num_heads / p.num_kv_heads;
   const int64_t tile_rows = std::clamp<int64_t>(kFoldedRows / group, 1, kMaxTileRows);
-  const int64_t tiles = (p.rows + tile_rows - 1) / tile_rows;
-  ParallelForEachTask(tiles * p.num_kv_heads, [&](int64_t task) {
-    thread_local FoldedTile tile;
+  const int64_t tasks = (p.rows + tile_rows - 1) / tile_rows * p.num_kv_heads;
+  const auto start = [&](int64_t task, FoldedTile& tile, std::vector<KeyTile>& key_tiles) {
     tile.r0 = task / p.num_kv_heads * tile_rows;
     tile.rows = std::min(tile_rows, p.rows - tile.r0);
     tile.group = group;
-    AttendTile(p, keys, task % p.num_kv_heads, tile);
+    FoldQueries(p, task % p.num_kv_heads, tile);
+    KeyTilesOf(p, tile, key_tiles);
+  };
+  const int64_t threads = CpuTeamSize();
+  const int64_t splits =
+      tasks >= threads ? 1
+                       : std::clamp<int64_t>((threads + tasks - 1) / tasks, 1,
+                                             VisibleKeys(p) / (kKeyTile * kMinKeyTilesPerSplit));
+  if (splits <= 1) {
+    ParallelForEachTask(tasks, [&](int64_t task) {
+      thread_local FoldedTile tile;
+      thread_local std::vector<KeyTile> key_tiles;
+      start(task, tile, key_tiles);
+      FoldKeyTiles(p, keys, task % p.num_kv_heads, key_tiles, tile);
+      StoreTile(p, task % p.num_kv_heads, tile);
+    });
+    return;
+  }
+  // Each split's folded rows: (output not yet divided, max, sum) per row, merged below.
+  const int64_t hd = p.head_dim, folded = tile_rows * group, stride = folded * (hd + 2);
+  std::vector<float> parts(tasks * splits * stride);
+  ParallelForEachTask(tasks * splits, [&](int64_t t) {
+    thread_local FoldedTile tile;
+    thread_local std::vector<KeyTile> key_tiles;
+    const int64_t task = t / splits, split = t % splits;
+    start(task, tile, key_tiles);
+    const auto n = static_cast<int64_t>(key_tiles.size());
+    const std::span<const KeyTile> mine(key_tiles.data() + split * n / splits,
+                                        key_tiles.data() + (split + 1) * n / splits);
+    FoldKeyTiles(p, keys, task % p.num_kv_heads, mine, tile);
+    float* part = parts.data() + t * stride;
+    const int64_t m = tile.rows * group;
+    std::copy_n(tile.out.data(), m * hd, part);
+    std::copy_n(tile.max.data(), m, part + folded * hd);
+    std::copy_n(tile.total.data(), m, part + folded * (hd + 1));
   });
+  for (int64_t task = 0; task < tasks; ++task) {
+    const int64_t r0 = task / p.num_kv_heads * tile_rows, kv_head = task % p.num_kv_heads;
+    const int64_t rows = std::min(tile_rows, p.rows - r0);
+    for (int64_t row = 0; row < rows * group; ++row) {
+      const auto part = [&](int64_t split) {
+        return parts.data() + (task * splits + split) * stride;
+      };
+      float top = -INFINITY;
+      for (int64_t s = 0; s < splits; ++s) top = std::max(top, part(s)[folded * hd + row]);
+      float* o =
+          p.out + (r0 + row / group) * p.num_heads * hd + (kv_head * group + row % group) * hd;
+      std::fill(o, o + hd, 0.0f);
+      if (top == -INFINITY) continue;  // no visible key in any split: zero
+      float total = 0.0f;
+      for (int64_t s = 0; s < splits; ++s) {
+        const float weight = std::exp(part(s)[folded * hd + row] - top);
+        total += weight * part(s)[folded * (hd + 1) + row];
+        for (int64_t c = 0; c < hd; ++c) o[c] += weight * part(s)[row * hd + c];
+      }
+      for (int64_t c = 0; c < hd; ++c) o[c] /= total;
+    }
+  }
 }
 
 // Pair `local` (row, kv head) of `p` from its `splits` results (`result_of(split)`):
@@ -628,12 +725,12 @@ void MergeSplits(const AttentionParams& p, int64_t local, int64_t splits,
 void Attention(std::span<const AttentionParams> batch) {
   // Many-row entries on GEMM tiles; the rest (decode steps, short chunks) row by row.
   for (const AttentionParams& p : batch) {
-    if (p.rows >= kTiledMinRows) AttendTiled(p);
+    if (Tiled(p)) AttendTiled(p);
   }
   // Flatten (entry, row, kv head) of the row-by-row entries so that the loop balances them.
   std::vector<int64_t> first_task(batch.size() + 1, 0);
   for (size_t e = 0; e < batch.size(); ++e) {
-    const int64_t rows = batch[e].rows < kTiledMinRows ? batch[e].rows : 0;
+    const int64_t rows = Tiled(batch[e]) ? 0 : batch[e].rows;
     first_task[e + 1] = first_task[e] + rows * batch[e].num_kv_heads;
   }
   const int64_t pairs = first_task.back();

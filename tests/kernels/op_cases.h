@@ -412,7 +412,9 @@ inline std::vector<AttentionCase> LongContextDecodeCases() {
 // replayed rows after a hit (eight query heads on one kv head, the rows of a tile past a
 // hit's s_valid) and a prefill chunk of GQA 8/2 whose last row tile is short, each over
 // thousands of block-KV keys (many key tiles, each row's running softmax rescaled as its max
-// grows) and a window that starts mid key tile.
+// grows) and a window that starts mid key tile; then few rows whose heads fill a product over
+// a long context, as a decode node's replay piece: 8 rows of 8 heads on one kv head (one task,
+// its key tiles split over the team's threads and merged) and 16 rows of GQA 32/8.
 inline std::vector<AttentionCase> LongContextTileCases() {
   return {{.heads = 8,
            .kv_heads = 1,
@@ -433,7 +435,25 @@ inline std::vector<AttentionCase> LongContextTileCases() {
            .first_position = 2300,
            .rows = 150,
            .global = true,
-           .seed = 311}};
+           .seed = 311},
+          {.heads = 8,
+           .kv_heads = 1,
+           .head_dim = 128,
+           .window = 128,
+           .capacity = 134,
+           .block_size = 64,
+           .first_position = 4000,
+           .rows = 8,
+           .swa_floor = 3990,
+           .global = true,
+           .seed = 312},
+          {.heads = 32,
+           .kv_heads = 8,
+           .head_dim = 64,
+           .first_position = 1500,
+           .rows = 16,
+           .global = true,
+           .seed = 313}};
 }
 
 // No visible key at all (producer row with lo = i + 1): output zero; head dims at the CUDA
