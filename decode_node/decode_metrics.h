@@ -89,6 +89,29 @@ struct DecodeService::Metrics {
                        "StateBlock bytes read from prefill nodes into reservations, by transport");
   prometheus::Family<prometheus::Histogram>& pull_seconds = metrics::Histogram(
       "baton_transfer_pull_seconds", "Time to read one StateBlock's regions, by transport");
+  // Shadow verification (fidelity_shadow.h), labelled by truncation mode, keep bucket, prefix
+  // hit and model fingerprint (never a tenant or prompt): each compared position's KL and
+  // largest logit difference, the positions and their top-1 disagreements, the shadows by
+  // outcome and their CPU time.
+  prometheus::Family<prometheus::Histogram>& fidelity_kl =
+      metrics::Histogram("baton_fidelity_kl",
+                         "KL(untruncated || served) of each compared completion position, in nats");
+  prometheus::Family<prometheus::Histogram>& fidelity_max_logit_diff = metrics::Histogram(
+      "baton_fidelity_max_logit_diff",
+      "Largest |logit difference| between the served and the untruncated model at each compared "
+      "completion position");
+  prometheus::Family<prometheus::Counter>& fidelity_positions = metrics::Counter(
+      "baton_fidelity_positions_total", "Completion positions compared by shadow verification");
+  prometheus::Family<prometheus::Counter>& fidelity_top1_disagreements =
+      metrics::Counter("baton_fidelity_top1_disagreements_total",
+                       "Compared positions whose served argmax differs from the untruncated one");
+  prometheus::Family<prometheus::Counter>& fidelity_shadows = metrics::Counter(
+      "baton_fidelity_shadows_total",
+      "Shadow verifications by outcome: run, dropped (no spare capacity) or failed");
+  prometheus::Counter& fidelity_cpu_seconds =
+      metrics::Counter("baton_fidelity_shadow_cpu_seconds_total",
+                       "CPU time of the shadow verifications run (their idle-priority thread)")
+          .Add({});
 };
 
 }  // namespace baton::decode_node

@@ -94,11 +94,16 @@ DecodeService::DecodeService(model::Engine& model, const DecodeOptions& options)
   });
   watchdog_ = std::make_unique<Watchdog>("decode", std::chrono::milliseconds(options.watchdog_ms),
                                          [this] { return stepping_.load(); });
+  if (backend.concurrent()) {
+    shadows_ = std::make_unique<ShadowRunner>(
+        model, options.fidelity_queue, std::chrono::milliseconds(options.fidelity_inject_stall_ms));
+  }
   decode_thread_ = std::thread([this] { DecodeLoop(); });
   reap_thread_ = std::thread([this] { ReapLoop(); });
 }
 
 DecodeService::~DecodeService() {
+  shadows_.reset();  // its last outcomes still reach the requests and metrics
   {
     absl::MutexLock lock(&mutex_);
     stop_ = true;
@@ -201,6 +206,9 @@ void DecodeService::FinishPiece(ReplayPiece& piece) {
     return;
   }
   r.reservation.FreeBoundaryPages();
+  const size_t V = static_cast<size_t>(model_.config().vocab_size);
+  r.fidelity.Keep(r.generation.tokens.back(), std::span<const float>(piece.logits).last(V));
+  InjectRingFault(r);
   r.replay_ms = std::chrono::duration<double, std::milli>(Clock::now() - r.committed_at).count();
   // The replay's rate as the router prices it: its whole time here (in the batch, with the
   // other requests' steps) over its work. Sums weighted by the work, a fifth forgotten each
@@ -215,6 +223,7 @@ void DecodeService::FinishPiece(ReplayPiece& piece) {
     metrics_->replay_ms_per_gflop.Set(replay_ms_sum_ / replay_gflop_sum_);
   }
   r.phase = r.generation.finished() ? Phase::kFinished : Phase::kCommitted;
+  MaybeShadow(piece.request);
 }
 
 void DecodeService::DecodeLoop() {
@@ -338,6 +347,7 @@ void DecodeService::RunStep(std::vector<std::shared_ptr<Request>>& held, const D
     const int64_t drafts = static_cast<int64_t>(r.generation.speculation.draft.size());
     if (status.ok()) SettleRequest(r, drafts, verdicts[i]);
     if (!status.ok()) r.phase = Phase::kFinished;  // finish UNSPECIFIED: the stream fails
+    MaybeShadow(batch[i]);
     r.progress.SignalAll();
   }
   for (ReplayPiece& piece : pieces) {
@@ -377,6 +387,14 @@ void DecodeService::ProposeDrafts(std::span<DraftJob> jobs) {
 void DecodeService::SettleRequest(Request& r, int64_t drafts, const model::Verdict& verdict) {
   const DecodeSettled settled = SettleDecode(r.generation, drafts, verdict);
   r.reservation.computed().length -= settled.taken_back;
+  // Token j of the step's emitted ones was sampled from its row j (the input row's, then each
+  // accepted draft's).
+  const size_t V = static_cast<size_t>(model_.config().vocab_size);
+  const size_t first = r.generation.tokens.size() - static_cast<size_t>(settled.emitted);
+  for (size_t j = 0; j < static_cast<size_t>(settled.emitted); ++j) {
+    r.fidelity.Keep(r.generation.tokens[first + j],
+                    std::span<const float>(r.logits).subspan(j * V, V));
+  }
   metrics_->tokens.Increment(static_cast<double>(settled.emitted));
   metrics_->tokens_per_step.Observe(static_cast<double>(settled.emitted));
   if (r.generation.finished()) {
@@ -454,7 +472,8 @@ absl::Status DecodeService::RunStream(grpc::ServerContext* context,
       Erase(r->id);
       return absl::CancelledError("stream cancelled; request freed");
     }
-    const bool finished = r->phase == Phase::kFinished;
+    // A client that asked for its shadow verification has it in the last output.
+    const bool finished = r->phase == Phase::kFinished && !r->fidelity.pending;
     if (r->streamed < r->generation.tokens.size() || finished) {
       v1::DecodeOutput out;
       for (size_t i = r->streamed; i < r->generation.tokens.size(); ++i) {
@@ -474,6 +493,7 @@ absl::Status DecodeService::RunStream(grpc::ServerContext* context,
       out.set_draft_tokens(r->generation.speculation.drafted);
       out.set_accepted_draft_tokens(r->generation.speculation.accepted);
       if (finished) out.set_finish_reason(r->generation.finish);
+      if (finished && r->fidelity.reply) *out.mutable_fidelity() = r->fidelity.result;
       const bool written = WriteUnlocked(context, writer, out);
       if (!written || finished) {
         Erase(r->id);
@@ -540,6 +560,7 @@ v1::LoadReport DecodeService::Load() const {
   rates.set_step_stretch_p50(reported_.quantiles[1]);
   rates.set_step_stretch_p90(reported_.quantiles[2]);
   rates.set_step_stretch_p99(reported_.quantiles[3]);
+  *load.mutable_fidelity() = fidelity_report_;
   return load;
 }
 

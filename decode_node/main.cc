@@ -36,6 +36,11 @@ void AddDecodeFlags(CLI::App& app, baton::decode_node::DecodeOptions& options) {
                  "per decode step, over all requests (default 64); a longer prompt is taken in "
                  "over several steps and drafts once it has caught up")
       ->check(baton::InRange(int64_t{1}, int64_t{1} << 20));
+  app.add_option("--fidelity-queue", options.fidelity_queue,
+                 "Shadow verifications that may wait for spare capacity (run at the lowest "
+                 "priority, docs/fidelity.md); one more is dropped and counted in "
+                 "baton_fidelity_shadows_total{outcome=\"dropped\"} (default 4)")
+      ->check(baton::InRange(int64_t{1}, int64_t{1024}));
   app.add_option("--max-batch", options.max_batch, "Requests per decode step")
       ->check(baton::InRange(1, 1 << 16));
   app.add_option("--max-waiting", options.max_waiting,
@@ -52,6 +57,12 @@ void AddDecodeFlags(CLI::App& app, baton::decode_node::DecodeOptions& options) {
   app.add_option("--inject-step-stall-ms", options.inject_step_stall_ms,
                  "Tests: sleep this long before each decode step (a wedged worker)")
       ->check(baton::InRange(int64_t{0}, int64_t{3600000}));
+  app.add_option("--fidelity-inject-stall-ms", options.fidelity_inject_stall_ms,
+                 "Tests: each shadow verification waits this long before it runs")
+      ->check(baton::InRange(int64_t{0}, int64_t{3600000}));
+  app.add_flag("--inject-consumer-ring-fault", options.inject_consumer_ring_fault,
+               "Tests: zero each request's consumer SWA rings once its prompt is in (a consumer "
+               "replay made wrong, for shadow verification's tests)");
   app.add_flag("--poison-freed-memory", options.poison_freed_memory,
                "Fill freed pool memory with a poison pattern and count writes into it "
                "(baton_pool_poison_violations; for tests and debugging). It watches the host "

@@ -15,6 +15,7 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -23,6 +24,7 @@
 #include "baton/decode_node/decode_step.h"
 #include "baton/decode_node/state_pool.h"
 #include "baton/model/state.h"
+#include "baton/v1/generation.pb.h"
 #include "prometheus/histogram.h"
 
 namespace baton::decode_node {
@@ -73,6 +75,26 @@ struct Reservation {
   int64_t boundary_pages_taken = 0;
 };
 
+// Shadow verification of a request (fidelity_shadow.h): the tokens served and the logits they
+// were sampled from, kept until `want` are held or the request ends, then handed to the shadow.
+struct FidelityCapture {
+  int64_t want = 0;    // positions to compare; 0: none
+  bool reply = false;  // the client asked: the last output carries `result`
+  std::vector<int32_t> prompt;
+  std::vector<int32_t> tokens;
+  std::vector<std::vector<float>> served;
+  std::string mode, keep, hit;  // the metrics' labels
+  bool submitted = false;
+  bool pending = false;  // submitted with reply, `result` not in yet: the last output waits
+  v1::Fidelity result;
+  // Keeps the served row of the next token (until `want` are held).
+  void Keep(int32_t token, std::span<const float> logits) {
+    if (static_cast<int64_t>(tokens.size()) >= want) return;
+    tokens.push_back(token);
+    served.emplace_back(logits.begin(), logits.end());
+  }
+};
+
 struct Request {
   using Clock = std::chrono::steady_clock;
   ~Request();
@@ -107,6 +129,7 @@ struct Request {
   Generation generation;
   std::vector<float> logits;  // the decode thread's: a step's output rows for the request
   prometheus::Histogram* acceptance = nullptr;  // observes the request's acceptance rate
+  FidelityCapture fidelity;
 };
 
 }  // namespace baton::decode_node

@@ -74,6 +74,14 @@ absl::Status ValidateReserve(const v1::ReserveRequest& request, const std::strin
       !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("prompt_token_ids: ", s.message()));
   }
+  if (request.fidelity_tokens() > kMaxFidelityTokens) {
+    return absl::InvalidArgumentError(absl::StrCat("fidelity_tokens: ", request.fidelity_tokens(),
+                                                   "; at most ", kMaxFidelityTokens));
+  }
+  if (request.fidelity_tokens() > 0 && request.prompt_token_ids_size() == 0) {
+    return absl::InvalidArgumentError(
+        "prompt_token_ids: shadow verification (fidelity_tokens > 0) needs the prompt");
+  }
   return CheckSequenceLength("prompt_tokens", request.prompt_tokens(),
                              uint64_t{sampling.max_tokens()} - request.completed_tokens(), config);
 }
@@ -155,6 +163,7 @@ absl::Status DecodeService::TakeReservation(grpc::ServerContext& context,
     (*r)->generation.speculation = *std::move(speculation);
   }
   (*r)->acceptance = &metrics_->acceptance_rate;
+  StartFidelity(request, **r);
   reply.set_reservation_id((*r)->id);
   transfer::SetReservationSizes(sizes, reply);
   requests_[(*r)->id] = *std::move(r);
@@ -385,6 +394,7 @@ absl::Status DecodeService::FinishCommit(const std::shared_ptr<Request>& r,
     r->generation.replay_next = r->generation.replay.s_valid;
     r->generation.prompt_tokens.assign(h.prompt_token_ids().begin(), h.prompt_token_ids().end());
     r->phase = Phase::kReplaying;
+    FidelityAtCommit(h, *r);
   } else {
     // The first token was sampled by the prefill node; it counts, and may already finish.
     Generation& g = r->generation;
@@ -394,6 +404,9 @@ absl::Status DecodeService::FinishCommit(const std::shared_ptr<Request>& r,
     g.finish = FinishReasonFor(h.first_token(), g.completion, g.max_tokens, g.stop_ids,
                                g.ignore_eos, g.eos_token_id);
     r->phase = g.finished() ? Phase::kFinished : Phase::kCommitted;
+    InjectRingFault(*r);
+    FidelityAtCommit(h, *r);
+    MaybeShadow(r);
   }
   deadline_.SignalAll();  // the attach deadline
   work_.SignalAll();

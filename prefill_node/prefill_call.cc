@@ -310,6 +310,13 @@ v1::CommitRequest PrefillCall::SealedCommit() const {
   if (replay_on_decode_ && WantsPromptLogprobs()) {
     commit.mutable_header()->mutable_prompt_token_ids()->Assign(tokens_.begin(), tokens_.end());
   }
+  if (!replay_on_decode_ && request_.first_logits()) {
+    // Shadow verification: the served distribution of the first token (the decode node's own
+    // rows give the rest).
+    const int64_t vocab = node_.model_.config().vocab_size;
+    commit.mutable_header()->mutable_first_logits()->Assign(result_.logits.end() - vocab,
+                                                            result_.logits.end());
+  }
   return commit;
 }
 

@@ -1,6 +1,7 @@
 #include "generate_call.h"
 
 #include <algorithm>
+#include <random>
 #include <set>
 #include <thread>
 
@@ -416,6 +417,15 @@ absl::Status GenerateCall::Reserve(Attempt& attempt) {
   reserve.mutable_prompt_token_ids()->Add(request_->prompt_token_ids().begin(),
                                           request_->prompt_token_ids().end());
   reserve.mutable_prompt_token_ids()->Add(generated_.begin(), generated_.end());
+  if (attempt.g == 0) {
+    // A re-prefill after a lost decode node is not verified: its first tokens came from the
+    // lost node.
+    fidelity_tokens_ = FidelityTokens();
+    reserve.set_fidelity_tokens(fidelity_tokens_);
+    reserve.set_fidelity_reply(request_->fidelity_tokens() > 0);
+  } else {
+    fidelity_tokens_ = 0;
+  }
   reserve.set_split(router_.options.split);
   if (router_.options.split == v1::SPLIT_REPLAY_ON_DECODE) {
     // The most boundary rows the StateBlock may carry: the replay range [s_keep, L) before any
@@ -460,6 +470,7 @@ absl::Status GenerateCall::Prefill(Attempt& attempt) {
   prefill.mutable_request()->clear_prompt_text();
   prefill.mutable_request()->set_request_id(trace_.id);  // the nodes log under the router's id
   for (int32_t t : generated_) prefill.mutable_request()->add_prompt_token_ids(t);
+  prefill.set_first_logits(fidelity_tokens_ > 0);
   prefill.set_mode(effective_.mode);
   prefill.set_keep(effective_.mode == v1::TRUNCATION_MODE_OFF ? 0 : effective_.keep + attempt.g);
   prefill.set_transport(router_.options.transport);
@@ -569,6 +580,9 @@ absl::Status GenerateCall::RelayStream(Attempt& attempt) {
     }
     drafts_now_ = output.draft_tokens();
     accepted_now_ = output.accepted_draft_tokens();
+    if (output.has_fidelity() && request_->fidelity_tokens() > 0) {
+      *usage_.mutable_fidelity() = output.fidelity();
+    }
     v1::GenerateResponse response;
     response.set_request_id(trace_.id);
     if (first && output.token_ids_size() > 0) {
@@ -628,6 +642,17 @@ bool GenerateCall::FlushText(v1::GenerateResponse& response) {
   response.mutable_text()->append(step.text);
   if (!step.stopped) response.mutable_text()->append(stop_strings_->Flush());
   return step.stopped;
+}
+
+uint32_t GenerateCall::FidelityTokens() const {
+  if (request_->fidelity_tokens() > 0) return request_->fidelity_tokens();
+  const double rate = router_.options.fidelity_sample_rate;
+  const bool truncated = effective_.mode != v1::TRUNCATION_MODE_OFF &&
+                         effective_.keep < request_->prompt_token_ids_size();
+  if (!truncated || rate <= 0) return 0;
+  thread_local std::mt19937_64 draws{std::random_device{}()};
+  const bool sampled = rate >= 1 || std::uniform_real_distribution<double>(0, 1)(draws) < rate;
+  return sampled ? router_.options.fidelity_tokens : 0;
 }
 
 void GenerateCall::Finish(v1::FinishReason reason, v1::GenerateResponse& response) {

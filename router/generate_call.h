@@ -137,6 +137,10 @@ class GenerateCall {
   bool AddText(int32_t token, v1::GenerateResponse& response);
   // The text held at the end of generation; true when it held a stop string after all.
   bool FlushText(v1::GenerateResponse& response);
+  // Whether the first attempt is shadow verified, and how far: the client's
+  // GenerateRequest.fidelity_tokens, or --fidelity-tokens for a request served with truncation
+  // and drawn at --fidelity-sample-rate.
+  uint32_t FidelityTokens() const;
   // Ends `response` with `reason`, the usage so far and the timings.
   void Finish(v1::FinishReason reason, v1::GenerateResponse& response);
   // Writes one message to the client, cancelling the call if it stays blocked past
@@ -170,6 +174,9 @@ class GenerateCall {
   // The store nodes the prefill is sent when the lookup found some silent (ProbeOwners).
   std::optional<v1::StoreFleet> prefill_fleet_;
   double predicted_ttft_ms_ = 0;
+  // Shadow verification: the completion tokens the first attempt's decode node compares
+  // (the client's ask, or the router's sample of a truncated request; 0: none).
+  uint32_t fidelity_tokens_ = 0;
   v1::Usage usage_;
   // Speculative decoding's counts: of decode streams that ended, and of the current one.
   uint32_t drafts_before_ = 0, accepted_before_ = 0, drafts_now_ = 0, accepted_now_ = 0;

@@ -90,6 +90,16 @@ void AddServingFlags(CLI::App& app, baton::router::RouterFlags& flags) {
                  "that are sampled: the prefix store logs their calls at info, the others at "
                  "debug; a client's traceparent keeps its own sampled flag (default 1)")
       ->check(baton::InRange(0.0, 1.0));
+  app.add_option("--fidelity-sample-rate", options.fidelity_sample_rate,
+                 "Shadow verification: the share of the requests served with truncation whose "
+                 "decode node also computes them untruncated, at the lowest priority, and "
+                 "reports the difference in baton_fidelity_* metrics (docs/fidelity.md; "
+                 "default 0)")
+      ->check(baton::InRange(0.0, 1.0));
+  app.add_option("--fidelity-tokens", options.fidelity_tokens,
+                 "Shadow verification: completion tokens a sampled request's shadow compares "
+                 "(default 32)")
+      ->check(baton::InRange(1, 256));
 }
 
 // Admission: the queue, tenants' shares, prefill slots and timeouts.

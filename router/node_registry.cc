@@ -58,6 +58,8 @@ std::optional<security::Role> CertificateRole(v1::NodeRole role) {
 // measures), routers, and tokens per decode step.
 constexpr double kMaxReportedWorkMs = 86400e3;
 constexpr uint32_t kMaxReportedRouters = 1024;
+// Shadow verification tallies a decode node reports (one per mode, keep bucket and hit).
+constexpr int kMaxFidelityTallies = 64;
 // A decode step's tokens per request: its drafts plus one (far fewer in practice).
 constexpr double kMaxTokensPerStep = 1024;
 // A decode node's steps' time over what its fits price them at (DecodeRates.step_stretch).
@@ -67,6 +69,35 @@ bool Contains(const std::vector<std::string>& ids, const std::string& id) {
   return std::find(ids.begin(), ids.end(), id) != ids.end();
 }
 
+// A decode node's shadow verification tallies (LoadReport.fidelity): bounded in number, each
+// mode one the node can serve truncated, and every figure a count or finite sum that fits.
+absl::Status CheckFidelityReport(const v1::FidelityReport& report) {
+  if (report.tallies_size() > kMaxFidelityTallies) {
+    return absl::InvalidArgumentError(absl::StrCat("load.fidelity.tallies: ", report.tallies_size(),
+                                                   " entries; at most ", kMaxFidelityTallies));
+  }
+  if (!(report.cpu_seconds() >= 0 && report.cpu_seconds() <= 1e12)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "load.fidelity.cpu_seconds: ", report.cpu_seconds(), " must be finite and in [0, 1e12]"));
+  }
+  for (const v1::FidelityTally& t : report.tallies()) {
+    if (t.mode() != "compact" && t.mode() != "mask") {
+      return absl::InvalidArgumentError(
+          "load.fidelity.tallies.mode: must be \"compact\" or \"mask\"");
+    }
+    if (t.top1_disagreements() > t.positions()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("load.fidelity.tallies.top1_disagreements: ", t.top1_disagreements(),
+                       " exceeds positions (", t.positions(), ")"));
+    }
+    if (!(t.kl_sum() >= 0 && t.kl_sum() <= 1e18) ||
+        !(t.max_logit_diff() >= 0 && t.max_logit_diff() <= 1e18)) {
+      return absl::InvalidArgumentError(
+          "load.fidelity.tallies: kl_sum and max_logit_diff must be finite and in [0, 1e18]");
+    }
+  }
+  return absl::OkStatus();
+}
 // The request's fields within their bounds, and a UCX address only from a prefill node.
 absl::Status CheckRegistration(const v1::RegisterRequest& request) {
   if (request.node_id().empty() || request.address().empty()) {
@@ -125,7 +156,7 @@ absl::Status CheckRegistration(const v1::RegisterRequest& request) {
                                                      b.unit));
     }
   }
-  return absl::OkStatus();
+  return CheckFidelityReport(load.fidelity());
 }
 
 // The layers a node holds against what this router's split needs of its role.

@@ -525,11 +525,16 @@ absl::Status Truncation(const json& body, v1::GenerateRequest& g) {
   return absl::OkStatus();
 }
 
-// "cache_salt" (baton's: prefix-cache isolation) and "user" (OpenAI's, checked and unused).
+// "cache_salt" (baton's: prefix-cache isolation), "fidelity_tokens" (baton's: the request's
+// own shadow verification, usage.fidelity) and "user" (OpenAI's, checked and unused).
 absl::Status CacheSaltAndUser(const json& body, v1::GenerateRequest& g) {
   absl::StatusOr<std::optional<std::string>> salt = String(body, "cache_salt");
   if (!salt.ok()) return salt.status();
   if (salt->has_value()) g.set_cache_salt(**salt);
+  absl::StatusOr<std::optional<int64_t>> fidelity =
+      Integer(body, "fidelity_tokens", 0, kMaxFidelityTokens);
+  if (!fidelity.ok()) return fidelity.status();
+  g.set_fidelity_tokens(static_cast<uint32_t>(fidelity->value_or(0)));
   absl::StatusOr<std::optional<std::string>> user = String(body, "user");
   return user.ok() ? absl::OkStatus() : user.status();
 }
@@ -717,17 +722,30 @@ json ResponseWriter::Logprobs(const v1::GenerateResponse& message) {
 }
 
 json ResponseWriter::Usage() const {
-  return {{"prompt_tokens", usage_.prompt_tokens()},
-          {"completion_tokens", usage_.completion_tokens()},
-          {"total_tokens", usage_.prompt_tokens() + usage_.completion_tokens()},
-          {"prompt_tokens_details", {{"cached_tokens", usage_.cached_tokens()}}},
-          // Speculative decoding, under baton's name and OpenAI's predicted-output names.
-          {"accepted_draft_tokens", usage_.accepted_draft_tokens()},
-          {"completion_tokens_details",
-           {{"accepted_prediction_tokens", usage_.accepted_draft_tokens()},
-            {"rejected_prediction_tokens",
-             usage_.draft_tokens() -
-                 std::min(usage_.draft_tokens(), usage_.accepted_draft_tokens())}}}};
+  json usage = {{"prompt_tokens", usage_.prompt_tokens()},
+                {"completion_tokens", usage_.completion_tokens()},
+                {"total_tokens", usage_.prompt_tokens() + usage_.completion_tokens()},
+                {"prompt_tokens_details", {{"cached_tokens", usage_.cached_tokens()}}},
+                // Speculative decoding, under baton's name and OpenAI's predicted-output names.
+                {"accepted_draft_tokens", usage_.accepted_draft_tokens()},
+                {"completion_tokens_details",
+                 {{"accepted_prediction_tokens", usage_.accepted_draft_tokens()},
+                  {"rejected_prediction_tokens",
+                   usage_.draft_tokens() -
+                       std::min(usage_.draft_tokens(), usage_.accepted_draft_tokens())}}}};
+  if (usage_.has_fidelity()) {
+    // baton's shadow verification of this request ("fidelity_tokens" in the body).
+    const v1::Fidelity& f = usage_.fidelity();
+    usage["fidelity"] = {{"positions", f.positions()},
+                         {"top1_agreements", f.top1_agreements()},
+                         {"mean_kl", f.mean_kl()},
+                         {"max_kl", f.max_kl()},
+                         {"max_logit_diff", f.max_logit_diff()},
+                         {"first_disagreement", f.first_disagreement()},
+                         {"dropped", f.dropped()},
+                         {"not_truncated", f.not_truncated()}};
+  }
+  return usage;
 }
 
 json ResponseWriter::ChunkBase() const {

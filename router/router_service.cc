@@ -273,6 +273,7 @@ grpc::Status RouterService::ListRates(grpc::ServerContext* context,
     } else {
       entry.set_role("decode");
       *entry.mutable_decode() = node->info.load().decode_rates();
+      *entry.mutable_fidelity() = node->info.load().fidelity();
     }
   }
   return grpc::Status::OK;
@@ -396,6 +397,10 @@ absl::StatusOr<RouterService::Effective> ValidateRequest(const v1::GenerateReque
   // share, and the keys stay as they are (stores written by earlier builds keep their hits).
   if (r.cache_salt().find('\0') != std::string::npos) {
     return invalid("cache_salt: must not contain a NUL byte");
+  }
+  if (r.fidelity_tokens() > kMaxFidelityTokens) {
+    return invalid(absl::StrCat("fidelity_tokens: ", r.fidelity_tokens(), " must lie in [0, ",
+                                kMaxFidelityTokens, "]"));
   }
   const auto& s = r.sampling();
   if (s.max_tokens() == 0 || s.max_tokens() > options.max_tokens_limit) {

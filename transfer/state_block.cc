@@ -151,6 +151,12 @@ absl::Status VerifyHeader(const v1::StateHeader& h, std::string_view fingerprint
                                                    " but the reservation is for ",
                                                    v1::Split_Name(reserved_split)));
   }
+  if (h.first_logits_size() != 0 &&
+      (ReplayOnDecode(h.split()) || h.first_logits_size() != vocab_size)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "header.first_logits: ", h.first_logits_size(),
+        " floats; it must be empty, or hold vocab_size (", vocab_size, ") under PREFILL_ALL"));
+  }
   if (!ReplayOnDecode(h.split())) {
     if (h.first_token() < 0 || h.first_token() >= vocab_size) {
       return absl::InvalidArgumentError("header.first_token outside the vocabulary");

@@ -54,6 +54,8 @@ Clock::duration SpinTime() {
 
 // True while this thread runs a job (its own or as a worker): a nested call runs inline.
 thread_local bool in_job = false;
+// Set by KeepCpuWorkOnThisThread: this thread's jobs never use the team.
+thread_local bool alone = false;
 
 // Makes OpenBLAS calls on this thread single-threaded while it lives (OpenBLAS's OpenMP build
 // takes its thread count from the calling thread's OpenMP setting).
@@ -78,7 +80,7 @@ class Team {
 
   // noexcept: a job that threw would leave the workers on the caller's stack.
   void Run(void (*job)(void*, int64_t, int64_t), void* ctx) noexcept {
-    if (size_ == 1 || in_job || !busy_.try_lock()) return RunInline(job, ctx);
+    if (size_ == 1 || in_job || alone || !busy_.try_lock()) return RunInline(job, ctx);
     std::lock_guard<std::mutex> lock(busy_, std::adopt_lock);
     std::call_once(started_, [this] { Start(); });
     job_ = job;
@@ -206,6 +208,12 @@ std::string ConfigureCpuKernels(const char* isa, const char* wait_policy) {
   if (std::string error = UseCpuIsa(isa); !error.empty()) return error;
   SetCpuTeamWaitPolicy(wait_policy);
   return "";
+}
+
+void KeepCpuWorkOnThisThread() {
+  TheTeam();  // sized by the process's setting first: the team may not exist yet
+  alone = true;
+  omp_set_num_threads(1);  // an OpenBLAS call outside a job, too
 }
 
 void RunOnCpuTeam(void (*job)(void* ctx, int64_t t, int64_t team), void* ctx) {

@@ -44,6 +44,7 @@ FORWARDED = {
     "kvstore-budget-bytes": [("kvstore", "budget-bytes")],
     "block-cache-bytes": [("prefill", "block-cache-bytes")],
     "prefill-policy": [("router", "prefill-policy")],
+    "fidelity-sample-rate": [("router", "fidelity-sample-rate")],
     "log-format": [(role, "log-format") for role in ("router", "prefill", "decode", "kvstore")],
     "host": [("router", "host")],
     "api-keys": [("router", "api-keys")],

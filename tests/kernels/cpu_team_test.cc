@@ -1,5 +1,6 @@
 // The CPU kernels' thread team (kernels/cpu_team.h): every job runs once on every thread of the
-// team, nested and concurrent calls run on their own thread instead of waiting, a forked child
+// team, nested and concurrent calls run on their own thread instead of waiting, as does every
+// job of a thread that keeps its work (a decode node's shadow verification), a forked child
 // runs jobs on a team of its own, and a BLAS call inside a job starts no threads. CMake runs this
 // suite twice, with 3 threads on the machine's cores: once with workers that sleep as soon as they
 // are idle (every job wakes them through the futex) and once with workers that spin between jobs.
@@ -73,6 +74,28 @@ TEST(CpuTeamTest, AJobWithinAJobRunsOnTheThreadThatCallsIt) {
     EXPECT_EQ(inner_team[t], 1) << "thread " << t;
     EXPECT_EQ(inner[t], outer[t]) << "thread " << t;
   }
+}
+
+TEST(CpuTeamTest, AThreadThatKeepsItsWorkRunsEveryJobAloneAndOthersKeepTheTeam) {
+  std::vector<int64_t> teams;
+  std::thread::id ran_on;
+  std::thread kept([&] {
+    KeepCpuWorkOnThisThread();
+    for (int i = 0; i < 3; ++i) {
+      RunOnCpuTeam([&](int64_t, int64_t team) {
+        teams.push_back(team);
+        ran_on = std::this_thread::get_id();
+      });
+    }
+    EXPECT_EQ(omp_get_max_threads(), 1);  // and its BLAS calls outside a job
+    EXPECT_EQ(ran_on, std::this_thread::get_id());
+  });
+  kept.join();
+  EXPECT_EQ(teams, std::vector<int64_t>(3, 1));
+  // The setting is the thread's: this one still runs on the whole team.
+  std::atomic<int64_t> calls{0};
+  RunOnCpuTeam([&](int64_t, int64_t team) { calls.fetch_add(team == kTeam ? 1 : 0); });
+  EXPECT_EQ(calls.load(), kTeam);
 }
 
 TEST(CpuTeamTest, ACallWhileAnotherThreadsJobRunsRunsAloneInsteadOfWaiting) {

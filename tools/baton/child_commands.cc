@@ -34,6 +34,10 @@ ChildCommand ChildCommands::Router() const {
                              "--client-tls-key", (layout_.tls() / "router.key").string()});
   }
   if (!options_.api_keys.empty()) args.insert(args.end(), {"--api-keys", options_.api_keys});
+  if (options_.fidelity_sample_rate > 0) {
+    args.insert(args.end(),
+                {"--fidelity-sample-rate", absl::StrCat(options_.fidelity_sample_rate)});
+  }
   if (options_.host != "127.0.0.1") args.insert(args.end(), {"--host", options_.host});
   args.insert(args.end(), model_.name_flags.begin(), model_.name_flags.end());
   if (model_.http) {

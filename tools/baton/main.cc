@@ -178,6 +178,10 @@ int main(int argc, char** argv) {
                  "The router's choice of prefill node: least-loaded, longest-prefix or "
                  "predicted-ttft (default)")
       ->check(baton::OneOf({"least-loaded", "longest-prefix", "predicted-ttft"}));
+  up->add_option("--fidelity-sample-rate", options.fidelity_sample_rate,
+                 "The router's share of truncated requests shadow verified on their decode node "
+                 "(docs/fidelity.md; default 0)")
+      ->check(baton::InRange(0.0, 1.0));
   AddAccessAndSettingFlags(*up, options);
   bool print_options = false;  // read from argv before parsing, below
   up->add_flag("--print-options", print_options,

@@ -35,6 +35,7 @@
 #include "baton/common/ced_rules.h"
 #include "baton/common/parse.h"
 #include "baton/model/engine_factory.h"
+#include "baton/model/fidelity.h"
 #include "baton/text/tokenizer.h"
 #include "commands.h"
 #include "document_tokens.h"
@@ -96,51 +97,16 @@ struct Run {
 absl::StatusOr<Run> RunVariant(model::Engine& ced, const std::vector<int32_t>& prompt,
                                const std::vector<int32_t>& continuation, model::TruncationMode mode,
                                int64_t keep, int64_t s_valid) {
-  model::SequenceState state(ced.state_layout());
-  absl::StatusOr<model::PrefillResult> result =
-      ced.Prefill(prompt, {.mode = mode, .keep = keep, .s_valid = s_valid}, state);
-  if (!result.ok()) return result.status();
-  const int64_t V = ced.config().vocab_size;
   Run run;
-  run.consumer_swa.assign(state.consumer_swa(),
-                          state.consumer_swa() + ced.state_layout().consumer_swa_floats());
-  run.step_logits.emplace_back(result->logits.end() - V, result->logits.end());
-  for (size_t i = 0; i + 1 < continuation.size(); ++i) {
-    std::vector<float> logits(V);
-    const model::DecodeItem item{
-        .state = &state, .token = continuation[i], .logits = logits.data()};
-    if (absl::Status s = ced.Decode({&item, 1}); !s.ok()) return s;
-    run.step_logits.push_back(std::move(logits));
-  }
+  const int64_t ring = ced.state_layout().consumer_swa_floats();
+  absl::StatusOr<std::vector<std::vector<float>>> logits = model::TeacherForcedLogits(
+      ced, prompt, continuation, {.mode = mode, .keep = keep, .s_valid = s_valid},
+      [&](const model::SequenceState& state) {
+        run.consumer_swa.assign(state.consumer_swa(), state.consumer_swa() + ring);
+      });
+  if (!logits.ok()) return logits.status();
+  run.step_logits = *std::move(logits);
   return run;
-}
-
-std::vector<double> LogSoftmax(const std::vector<float>& logits) {
-  const double max = *std::max_element(logits.begin(), logits.end());
-  double sum = 0;
-  for (float l : logits) sum += std::exp(l - max);
-  const double log_sum = std::log(sum) + max;
-  std::vector<double> out(logits.size());
-  for (size_t i = 0; i < logits.size(); ++i) out[i] = logits[i] - log_sum;
-  return out;
-}
-
-struct StepError {
-  double kl = 0;
-  bool top1 = true;
-  double max_abs = 0;
-};
-
-StepError Compare(const std::vector<float>& reference, const std::vector<float>& variant) {
-  const std::vector<double> p = LogSoftmax(reference), q = LogSoftmax(variant);
-  StepError e;
-  for (size_t i = 0; i < p.size(); ++i) {
-    e.kl += std::exp(p[i]) * (p[i] - q[i]);
-    e.max_abs = std::max(e.max_abs, std::abs(double{reference[i]} - variant[i]));
-  }
-  e.kl = std::max(0.0, e.kl);  // rounding can make an exact zero slightly negative
-  e.top1 = model::Argmax(reference) == model::Argmax(variant);
-  return e;
 }
 
 double MaxAbs(const std::vector<float>& a, const std::vector<float>& b) {
@@ -451,7 +417,7 @@ void Accumulate(const Run& reference, const Run& run, const model::StateLayout& 
                 int64_t C, int64_t steps, Totals& t) {
   ++t.runs;
   for (int64_t i = 0; i < steps; ++i) {
-    const StepError e = Compare(reference.step_logits[i], run.step_logits[i]);
+    const model::LogitsError e = model::CompareLogits(reference.step_logits[i], run.step_logits[i]);
     t.kl_sum[i] += e.kl;
     t.kl_max[i] = std::max(t.kl_max[i], e.kl);
     t.max_abs[i] = std::max(t.max_abs[i], e.max_abs);

@@ -34,6 +34,7 @@ Command AddFetchModelCommand(CLI::App& app);
 Command AddModelsCommand(CLI::App& app);
 Command AddStoresCommand(CLI::App& app);
 Command AddRatesCommand(CLI::App& app);
+Command AddFidelityCommand(CLI::App& app);
 Command AddEvalCommand(CLI::App& app);
 Command AddHealthCommand(CLI::App& app);
 Command AddCapacityCommand(CLI::App& app);

@@ -32,7 +32,8 @@ int main(int argc, char** argv) {
       AddGenerateCommand(app),    AddReplayCommand(app),    AddSimulateCommand(app),
       AddApproxErrorCommand(app), AddReportCommand(app),    AddFetchModelCommand(app),
       AddModelsCommand(app),      AddStoresCommand(app),    AddRatesCommand(app),
-      AddEvalCommand(app),        AddHealthCommand(app),    AddCapacityCommand(app)};
+      AddEvalCommand(app),        AddHealthCommand(app),    AddCapacityCommand(app),
+      AddFidelityCommand(app)};
   std::string names;
   bool known = false;
   for (const Command& command : commands) {

@@ -44,6 +44,7 @@ struct ReplayOptions {
   int64_t max_output_tokens = 0;  // 0: the trace's output_length
   int64_t timeout_ms = 600000;
   std::string cache_salt;
+  int64_t keep = 0;  // every request compact at this keep (0: the router's default)
   bool json = false;
   bool progress = true;
 };
@@ -151,6 +152,10 @@ std::vector<RequestResult> SendAll(const ReplayOptions& o, const std::vector<Tra
       request.mutable_sampling()->set_max_tokens(static_cast<uint32_t>(max_tokens));
       request.mutable_sampling()->set_ignore_eos(true);
       request.set_cache_salt(o.cache_salt);
+      if (o.keep > 0) {
+        request.mutable_truncation()->set_mode(v1::TRUNCATION_MODE_COMPACT);
+        request.mutable_truncation()->set_keep(static_cast<uint32_t>(o.keep));
+      }
       request.set_request_id(absl::StrCat("replay-", getpid(), "-", i));
       const double late =
           std::max(0.0, std::chrono::duration<double, std::milli>(Clock::now() - due).count());
@@ -328,6 +333,11 @@ Command AddReplayCommand(CLI::App& app) {
                       "Cap on each request's output_length (0: no cap)");
   command->add_option("--timeout-ms", o->timeout_ms, "Deadline of each request");
   command->add_option("--cache-salt", o->cache_salt, "cache_salt of every request");
+  command
+      ->add_option("--keep", o->keep,
+                   "Every request compact at this keep (at least the model's C; 0: the "
+                   "router's default truncation)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
   command->add_flag("--json", o->json, "Print one JSON object (with per-request results)");
   command->add_flag("!--no-progress", o->progress, "No progress bar on stderr");
   return {command, [o] { return RunReplay(*o); }};

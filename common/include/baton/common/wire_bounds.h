@@ -28,6 +28,10 @@ inline constexpr uint64_t kMaxUcxAddressBytes = 64 << 10;  // a UCX worker addre
 inline constexpr int kMaxStopTokenIds = 64;
 inline constexpr int kMaxStopStrings = 16;
 inline constexpr uint64_t kMaxStopStringBytes = 256;
+// Completion positions one request's shadow verification compares (GenerateRequest and
+// ReserveRequest fidelity_tokens, the router's --fidelity-tokens): each keeps a row of
+// vocab_size logits on the decode node until its shadow runs.
+inline constexpr uint32_t kMaxFidelityTokens = 256;
 
 // The stop strings' rule: at most kMaxStopStrings, each of 1 to kMaxStopStringBytes bytes.
 // The error names `field`, and a string at fault as `field`[i] when `name_index`: CheckSampling

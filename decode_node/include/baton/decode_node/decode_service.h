@@ -29,6 +29,7 @@
 #include "baton/common/trace.h"
 #include "baton/common/watchdog.h"
 #include "baton/decode_node/decode_step.h"
+#include "baton/decode_node/fidelity_shadow.h"
 #include "baton/decode_node/speculation.h"
 #include "baton/decode_node/state_pool.h"
 #include "baton/model/engine.h"
@@ -83,6 +84,14 @@ struct DecodeOptions {
   // --speculative-tokens), and the draft model when the drafter is one.
   SpeculativeConfig speculative;
   std::shared_ptr<DraftModel> draft_model;
+  // Shadow verifications that may wait for spare capacity (--fidelity-queue); one more is
+  // dropped and counted (fidelity_shadow.h).
+  int64_t fidelity_queue = 4;
+  // Tests: each shadow verification waits this long before it runs (a busy node's shadows).
+  int64_t fidelity_inject_stall_ms = 0;
+  // Tests: a consumer replay made wrong. Each request's consumer SWA rings are zeroed once its
+  // prompt is in (the first token stands), so what it serves after disagrees with the model.
+  bool inject_consumer_ring_fault = false;
 };
 
 class DecodeService final : public v1::DecodeNode::Service {
@@ -146,6 +155,27 @@ class DecodeService final : public v1::DecodeNode::Service {
   std::shared_ptr<Request> Owned(const std::string& caller, const std::string& id,
                                  security::Role role) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   struct Metrics;
+
+  // Shadow verification (fidelity_shadow.h; shadow_verification.cc). At the reservation: what
+  // the request asks for. At the commit: the labels, and under prefill-all the first token's
+  // served row; a request served untruncated is not shadowed.
+  void StartFidelity(const v1::ReserveRequest& request, Request& r);
+  void FidelityAtCommit(const v1::StateHeader& header, Request& r)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // Hands the request's capture to the shadow once it holds every position asked for or the
+  // request has finished (a dropped one is counted, and answered when the client asked).
+  void MaybeShadow(const std::shared_ptr<Request>& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // On the shadow thread: the outcome into the metrics, and into the request's last output
+  // when its client asked.
+  void ShadowDone(const std::weak_ptr<Request>& request, const ShadowOutcome& outcome,
+                  const std::vector<std::string>& labels) ABSL_LOCKS_EXCLUDED(mutex_);
+  void CountDropped() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // DecodeOptions::inject_consumer_ring_fault: zeroes the request's consumer rings.
+  void InjectRingFault(Request& r);
+  // A run shadow's figures into fidelity_report_'s tally of its labels (mode, keep, hit).
+  void Tally(const std::vector<std::string>& labels, const model::FidelitySummary& summary)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  static constexpr int kMaxFidelityTallies = 64;
 
   // The handlers' work; each handler converts its absl::Status to gRPC's once.
   absl::Status TakeReservation(grpc::ServerContext& context, const v1::ReserveRequest& request,
@@ -235,6 +265,10 @@ class DecodeService final : public v1::DecodeNode::Service {
   std::atomic<bool> stepping_{false};  // the decode loop has a batch (the watchdog's "work")
   std::unique_ptr<Watchdog> watchdog_;
   std::unique_ptr<StreamWatch> idle_watch_;
+  // What the node reports of its shadows (LoadReport.fidelity).
+  v1::FidelityReport fidelity_report_ ABSL_GUARDED_BY(mutex_);
+  // Null on a backend that serialises its calls (a shadow would hold up the steps).
+  std::unique_ptr<ShadowRunner> shadows_;
 };
 
 }  // namespace baton::decode_node

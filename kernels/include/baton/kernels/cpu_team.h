@@ -43,6 +43,12 @@ void SetCpuTeamWaitPolicy(const char* policy);
 // (OMP_WAIT_POLICY's). The error, naming BATON_CPU_ISA and what is allowed, or "".
 std::string ConfigureCpuKernels(const char* isa, const char* wait_policy);
 
+// From now on, every job this thread starts runs on this thread alone (team 1), and its OpenBLAS
+// calls too: for work at a lower priority than the process's own (a decode node's shadow
+// verification on a SCHED_IDLE thread), which must never hold the team, whose workers run at
+// the normal priority, while a decode step waits for it.
+void KeepCpuWorkOnThisThread();
+
 // Runs job(ctx, t, team) once for each t in [0, team) at the same time, the calling thread
 // taking t = 0, and returns when every call has returned. team is CpuTeamSize(), or 1 when the
 // job runs on the calling thread alone (see above).

@@ -87,6 +87,12 @@ struct RouterOptions {
   // The sampled share of the traces the router starts (common/trace.h); a client's traceparent
   // keeps its own flag.
   double trace_sample_ratio = 1.0;
+  // Shadow verification (docs/fidelity.md): the share of the requests served with truncation
+  // whose first `fidelity_tokens` completion tokens their decode node also computes untruncated
+  // on spare capacity (--fidelity-sample-rate, --fidelity-tokens). A request's own
+  // GenerateRequest.fidelity_tokens asks for it whatever the rate.
+  double fidelity_sample_rate = 0;
+  uint32_t fidelity_tokens = 32;
   bool require_kvstore = false;      // first SERVING also waits for a kvstore to register
   // Admission: requests wait in one queue of at most `max_queued` (first come, first served
   // within a tenant, fair across tenants: fair_queue.h) until a prefill node has a free slot

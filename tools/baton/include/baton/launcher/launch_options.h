@@ -57,6 +57,7 @@ struct LaunchOptions {
   uint64_t block_cache_bytes = uint64_t{512} << 20;  // --block-cache-bytes: each prefill node's
   // --prefill-policy: the router's (its enum, handed on by name)
   std::string prefill_policy = "predicted-ttft";
+  double fidelity_sample_rate = 0;  // --fidelity-sample-rate: the router's (docs/fidelity.md)
 
   // Every component.
   std::string data_dir = "baton-data";  // --data-dir: run/, tls/, kvstore/, generated models
