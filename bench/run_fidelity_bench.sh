@@ -6,7 +6,7 @@
 #   1. the live figures (`batonctl fidelity`) with every truncated request shadowed
 #      (--fidelity-sample-rate 1), at K = C and at K = 140, to set beside docs/fidelity.md's
 #      offline ones for the same K;
-#   2. the cost of sampling: throughput and TTFT p50/p99 at sample rates 0, 0.01 and 0.1, in one
+#   2. the cost of sampling: throughput, TTFT and ITL p50/p99 at sample rates 0, 0.01 and 0.1, in one
 #      run, ROUNDS times in turn (default 2: 0, 0.01, 0.1, 0, 0.01, 0.1), each on a fresh
 #      cluster, with the shadows run and dropped.
 #
@@ -90,12 +90,13 @@ done
 /usr/bin/python3 - "$out" "${ROUNDS:-2}" <<'PY'
 import json, sys
 out, rounds = sys.argv[1], int(sys.argv[2])
-print("rate   round  output tok/s  TTFT p50 ms  TTFT p99 ms  shadows run/dropped")
+print("rate   round  output tok/s  TTFT p50 ms  TTFT p99 ms  ITL p50 ms  ITL p99 ms  shadows run/dropped")
 for rnd in range(rounds):
     for rate in ("0", "0.01", "0.1"):
         d = json.load(open(f"{out}/rate-{rate}-{rnd}.json"))
         f = json.load(open(f"{out}/rate-{rate}-{rnd}.fidelity.json"))
         print(f"{rate:6s} {rnd:5d}  {d['output_tokens_per_s']:12.1f}  {d['ttft_ms']['p50']:11.1f}  "
-              f"{d['ttft_ms']['p99']:11.1f}  {f['shadows_run']}/{f['shadows_dropped']}")
+              f"{d['ttft_ms']['p99']:11.1f}  {d['itl_ms']['p50']:10.2f}  {d['itl_ms']['p99']:10.2f}  "
+              f"{f['shadows_run']}/{f['shadows_dropped']}")
 PY
 rm -rf "$out"

@@ -188,7 +188,8 @@ TEST_P(FidelityTest, AWrongConsumerReplayDrivesAgreementDown) {
   for (const bool faulty : {false, true}) {
     Cluster cluster(tiny_);
     std::string metrics, router;
-    std::vector<std::string> decode;
+    // Room for every shadow: a busy machine may leave them all waiting until the requests end.
+    std::vector<std::string> decode = {"--fidelity-queue", "64"};
     if (faulty) decode.push_back("--inject-consumer-ring-fault");
     Start(cluster, GetParam(), {"--fidelity-sample-rate", "1", "--fidelity-tokens", "12"}, decode,
           &metrics, &router);

@@ -367,7 +367,8 @@ TEST(PrometheusLive, DashboardAndRulesEvaluateOnBatonUpMetrics) {
                          " > /dev/null")
                             .c_str()),
             0);
-  testing::BatonUp up(dir / "up", model, {"--decode-pages", "256"});
+  // Every truncated request shadow verified, so that the baton_fidelity_* series exist.
+  testing::BatonUp up(dir / "up", model, {"--decode-pages", "256", "--fidelity-sample-rate", "1"});
   ASSERT_TRUE(up.WaitUntilUp()) << up.log();
   std::map<std::string, std::string> targets;
   for (const char* role : {"router", "prefill", "decode", "kvstore"}) {

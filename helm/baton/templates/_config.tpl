@@ -56,6 +56,8 @@ router:
   split: {{ $c.router.split }}
   lookup-timeout-ms: {{ index $c.router "lookup-timeout-ms" | int64 }}
   trace-sample-ratio: {{ index $c.router "trace-sample-ratio" }}
+  fidelity-sample-rate: {{ index $c.router "fidelity-sample-rate" }}
+  fidelity-tokens: {{ index $c.router "fidelity-tokens" | int64 }}
   max-queued: {{ index $c.router "max-queued" | int64 }}
   prefill-slots: {{ index $c.router "prefill-slots" | int64 }}
   stream-idle-timeout: {{ index $c.router "stream-idle-timeout" | toString | quote }}
@@ -139,6 +141,7 @@ decode:
   speculative-tokens: {{ index $c.decode "speculative-tokens" | int64 }}
   speculative-policy: {{ index $c.decode "speculative-policy" | quote }}
   max-waiting: {{ index $c.decode "max-waiting" | int64 }}
+  fidelity-queue: {{ index $c.decode "fidelity-queue" | int64 }}
   no-ucx: {{ index $c.decode "no-ucx" }}
   ucx-peer-errors: {{ index $c.decode "ucx-peer-errors" }}
   ucx-allow-unprotected-tcp: {{ .Values.ucx.allowUnprotectedTcp }}
