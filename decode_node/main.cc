@@ -38,7 +38,8 @@ void AddDecodeFlags(CLI::App& app, baton::decode_node::DecodeOptions& options) {
       ->check(baton::InRange(int64_t{1}, int64_t{1} << 20));
   app.add_option("--fidelity-queue", options.fidelity_queue,
                  "Shadow verifications that may wait for spare capacity (run at the lowest "
-                 "priority, docs/fidelity.md); one more is dropped and counted in "
+                 "priority, docs/fidelity.md), and requests that may hold their served logits "
+                 "for one at once; one more is dropped and counted in "
                  "baton_fidelity_shadows_total{outcome=\"dropped\"} (default 4)")
       ->check(baton::InRange(int64_t{1}, int64_t{1024}));
   app.add_option("--max-batch", options.max_batch, "Requests per decode step")

@@ -41,10 +41,17 @@ void DecodeService::FidelityAtCommit(const v1::StateHeader& h, Request& r) {
   if (f.want == 0) return;
   const bool truncated = h.mode() != v1::TRUNCATION_MODE_OFF && h.keep() < h.prompt_len();
   const int64_t V = model_.config().vocab_size;
-  if (!truncated || shadows_ == nullptr ||
+  // The served rows held at once are bounded: besides the shadows waiting and the one running,
+  // at most --fidelity-queue requests keep theirs (each want x vocab_size floats).
+  int64_t capturing = 0;
+  for (const auto& [id, other] : requests_) {
+    capturing += other->fidelity.want > 0 && !other->fidelity.submitted;
+  }
+  const bool full = capturing > options_.fidelity_queue;  // this request counts itself
+  if (!truncated || shadows_ == nullptr || full ||
       (h.split() == v1::SPLIT_PREFILL_ALL && h.first_logits_size() != V)) {
-    // Exact (nothing to compare), no shadow on this backend, or position 0's served row
-    // missing: answered at once.
+    // Exact (nothing to compare), no shadow on this backend, too many rows held already, or
+    // position 0's served row missing: answered at once.
     f.want = 0;
     f.result.set_not_truncated(!truncated);
     f.result.set_dropped(truncated);

@@ -244,6 +244,41 @@ TEST_P(FidelityTest, ShadowsWithoutSpareCapacityAreDroppedAndCounted) {
   EXPECT_GE(count("run"), 1.0);
 }
 
+// The served rows a node holds are bounded too: with --fidelity-queue 1, of three requests
+// decoding at once (each step stalled 20 ms, so that each of their 100 tokens takes a step
+// while the others commit) only the first keeps its rows; the others are dropped at their
+// commit, and counted, and all three are served in full.
+TEST_P(FidelityTest, RequestsBeyondTheQueueHoldNoServedRows) {
+  Cluster cluster(tiny_);
+  std::string metrics;
+  Start(cluster, GetParam(), {"--fidelity-sample-rate", "1", "--fidelity-tokens", "100"},
+        {"--fidelity-queue", "1", "--inject-step-stall-ms", "20"}, &metrics);
+  std::mt19937_64 rng(9);
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 3; ++i) prompts.push_back(RandomPrompt(rng, 40 + i, 512));
+  std::vector<Outcome> outcomes(3);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 3; ++i) {
+    threads.emplace_back([&, i] {
+      auto stub = cluster.Client();
+      outcomes[i] = Generate(*stub, Request(prompts[i], 100));
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (const Outcome& outcome : outcomes) {
+    ASSERT_TRUE(outcome.status.ok()) << outcome.status.error_message();
+    EXPECT_EQ(outcome.tokens.size(), 100u);
+  }
+  auto count = [&](const char* outcome) {
+    return Sample(Scrape(metrics), "baton_fidelity_shadows_total", {{"outcome", outcome}})
+        .value_or(0);
+  };
+  EXPECT_GE(count("dropped"), 2.0);
+  ASSERT_TRUE(
+      Eventually([&] { return count("run") + count("dropped") == 3; }, std::chrono::seconds(30)))
+      << Scrape(metrics);
+}
+
 INSTANTIATE_TEST_SUITE_P(Splits, FidelityTest, ::testing::Bool(),
                          [](const ::testing::TestParamInfo<bool>& info) {
                            return info.param ? "replay_on_decode" : "prefill_all";

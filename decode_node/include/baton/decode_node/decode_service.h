@@ -85,7 +85,8 @@ struct DecodeOptions {
   SpeculativeConfig speculative;
   std::shared_ptr<DraftModel> draft_model;
   // Shadow verifications that may wait for spare capacity (--fidelity-queue); one more is
-  // dropped and counted (fidelity_shadow.h).
+  // dropped and counted (fidelity_shadow.h). Also the requests that may hold their served rows
+  // at once (each fidelity_tokens x vocab_size floats) before their shadow is queued.
   int64_t fidelity_queue = 4;
   // Tests: each shadow verification waits this long before it runs (a busy node's shadows).
   int64_t fidelity_inject_stall_ms = 0;
