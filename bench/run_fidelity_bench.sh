@@ -10,7 +10,8 @@
 #      run, ROUNDS times in turn (default 2: 0, 0.01, 0.1, 0, 0.01, 0.1), each on a fresh
 #      cluster, with the shadows run and dropped.
 #
-#   [REQUESTS=300] [LENGTH_SCALE=0.01] [TIME_SCALE=0.5] [ROUNDS=2] bench/run_fidelity_bench.sh
+#   [MODEL_DIR=models/ced-brown-shared] [REQUESTS=300] [LENGTH_SCALE=0.01] [TIME_SCALE=0.5] [ROUNDS=2] [PARTS="live cost"]
+#     bench/run_fidelity_bench.sh
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${BATON_BUILD_DIR:-$root/build}"
@@ -19,6 +20,7 @@ batonctl="$build/tools/batonctl"
 source "$root/bench/baton_up.sh"
 out="$(mktemp -d)"
 scale="${LENGTH_SCALE:-0.01}"
+model="${MODEL_DIR:-$root/models/ced-brown-shared}"  # baton up's default model
 max_output=32
 /usr/bin/python3 - "$root/../shared/traces/mooncake_synthetic_trace.jsonl" "$scale" \
   "${REQUESTS:-300}" "$max_output" "$out/trace.jsonl" <<'PY'
@@ -46,9 +48,11 @@ replay() {  # OUT [--keep K]
     --no-progress --json "$@" >"$file"
 }
 
+parts="${PARTS:-live cost}"
 # 1. Live figures at K = C and K = 140, every truncated request shadowed.
+if [[ " $parts " == *" live "* ]]; then
 for keep in 70 140; do
-  BATON_UP_ARGS="--fidelity-sample-rate 1" start_baton_up "$build"
+  BATON_UP_ARGS="--fidelity-sample-rate 1" start_baton_up "$build" "$model"
   replay "$out/live-$keep.replay.json" --keep "$keep"
   # The shadows still queued run once the replay is done: read the figures once their count
   # has stood still for 5 s (the decode node's heartbeat carries them to the router).
@@ -77,11 +81,13 @@ for keep in (70, 140):
     print(f"{keep:<4d} {d['shadows_run']:>6d}/{d['shadows_dropped']:<6d}      {n:9d}  {agree:15.5f}  "
           f"{kl / n if n else float('nan'):14.3e}  {mx:12.3e}")
 PY
+fi
 
 # 2. What sampling costs the served requests.
+if [[ " $parts " == *" cost "* ]]; then
 for ((round = 0; round < ${ROUNDS:-2}; ++round)); do
   for rate in 0 0.01 0.1; do
-    BATON_UP_ARGS="--fidelity-sample-rate $rate" start_baton_up "$build"
+    BATON_UP_ARGS="--fidelity-sample-rate $rate" start_baton_up "$build" "$model"
     replay "$out/rate-$rate-$round.json"
     "$batonctl" fidelity --addr "$addr" --json >"$out/rate-$rate-$round.fidelity.json"
     stop_baton_up
@@ -99,4 +105,5 @@ for rnd in range(rounds):
               f"{d['ttft_ms']['p99']:11.1f}  {d['itl_ms']['p50']:10.2f}  {d['itl_ms']['p99']:10.2f}  "
               f"{f['shadows_run']}/{f['shadows_dropped']}")
 PY
+fi
 rm -rf "$out"
