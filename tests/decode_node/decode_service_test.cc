@@ -574,6 +574,28 @@ TEST_F(DecodeServiceTest, OversizedRequestIdStopListAndIdentityAreRefused) {
   EXPECT_TRUE(status.ok()) << status.error_message();
 }
 
+// Shadow verification's ask: at most 256 tokens, and only with the prompt to recompute.
+// Nothing is reserved for a refused one.
+TEST_F(DecodeServiceTest, ShadowVerificationAsksAreRefusedByName) {
+  Start({.slots = 1, .pages = 64});
+  v1::Reservation reservation;
+  v1::ReserveRequest too_many = ReserveRequest("too-many", 3, 5);
+  for (int32_t id : {1, 2, 3}) too_many.add_prompt_token_ids(id);
+  too_many.set_fidelity_tokens(257);
+  grpc::Status status = Send(too_many, &reservation);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(status.error_message(), HasSubstr("fidelity_tokens: 257; at most 256"));
+  v1::ReserveRequest no_prompt = ReserveRequest("no-prompt", 3, 5);
+  no_prompt.set_fidelity_tokens(4);
+  status = Send(no_prompt, &reservation);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(status.error_message(), HasSubstr("prompt_token_ids: shadow verification"));
+  EXPECT_EQ(service_->Load().free_slots(), 1u);
+  too_many.set_fidelity_tokens(256);
+  status = Send(too_many, &reservation);
+  EXPECT_TRUE(status.ok()) << status.error_message();
+}
+
 // The prompt that speculative decoding drafts from: empty or exactly prompt_tokens ids, each in
 // the vocabulary; and a draft model asked of a node without one. Nothing is reserved for them.
 TEST_F(DecodeServiceTest, SpeculationInputsAreRefusedByName) {

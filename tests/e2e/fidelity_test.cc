@@ -58,6 +58,12 @@ class FidelityTest : public ::testing::TestWithParam<bool> {
 };
 std::string FidelityTest::tiny_;
 
+// The decode node's shadows of one outcome (run, dropped, failed) so far.
+double Shadows(const std::string& metrics, const char* outcome) {
+  return Sample(Scrape(metrics), "baton_fidelity_shadows_total", {{"outcome", outcome}})
+      .value_or(0);
+}
+
 // The offline comparison of what the request was served: the untruncated model and the served
 // truncation (compact at `keep`), each teacher-forced along `tokens` from `prompt`.
 model::FidelitySummary Offline(const std::string& dir, const std::vector<int32_t>& prompt,
@@ -232,10 +238,7 @@ TEST_P(FidelityTest, ShadowsWithoutSpareCapacityAreDroppedAndCounted) {
     ASSERT_TRUE(outcome.status.ok()) << outcome.status.error_message();
     EXPECT_EQ(outcome.tokens.size(), 4u);
   }
-  auto count = [&](const char* outcome) {
-    return Sample(Scrape(metrics), "baton_fidelity_shadows_total", {{"outcome", outcome}})
-        .value_or(0);
-  };
+  auto count = [&](const char* outcome) { return Shadows(metrics, outcome); };
   EXPECT_GE(count("dropped"), 1.0);
   // The ones kept run once their stall ends: every request is accounted for.
   ASSERT_TRUE(Eventually([&] { return count("run") + count("dropped") == kRequests; },
@@ -269,10 +272,7 @@ TEST_P(FidelityTest, RequestsBeyondTheQueueHoldNoServedRows) {
     ASSERT_TRUE(outcome.status.ok()) << outcome.status.error_message();
     EXPECT_EQ(outcome.tokens.size(), 100u);
   }
-  auto count = [&](const char* outcome) {
-    return Sample(Scrape(metrics), "baton_fidelity_shadows_total", {{"outcome", outcome}})
-        .value_or(0);
-  };
+  auto count = [&](const char* outcome) { return Shadows(metrics, outcome); };
   EXPECT_GE(count("dropped"), 2.0);
   ASSERT_TRUE(
       Eventually([&] { return count("run") + count("dropped") == 3; }, std::chrono::seconds(30)))

@@ -5,6 +5,7 @@
 #include "baton/router/node_registry.h"
 
 #include <chrono>
+#include <functional>
 #include <limits>
 #include <map>
 #include <string>
@@ -332,6 +333,37 @@ TEST_F(NodeRegistryTest, LoadReportsOutOfBoundsAreRefusedByName) {
       EXPECT_THAT(refused_rate.message(), HasSubstr("load.decode_rates." + field)) << bad;
     }
   }
+  // A decode node's shadow verification tallies: bounded in number, a known mode, no more
+  // disagreements than positions, finite sums.
+  auto fidelity_refused = [&](const std::function<void(v1::FidelityReport&)>& spoil,
+                              const char* field) {
+    v1::RegisterRequest decode = Registration("d1");
+    decode.set_role(v1::NODE_ROLE_DECODE);
+    v1::FidelityReport& report = *decode.mutable_load()->mutable_fidelity();
+    v1::FidelityTally& tally = *report.add_tallies();
+    tally.set_mode("compact");
+    tally.set_positions(10);
+    spoil(report);
+    const absl::Status refused_report = Registry().RegisterFrom("spiffe://baton/decode", decode);
+    EXPECT_EQ(refused_report.code(), absl::StatusCode::kInvalidArgument) << field;
+    EXPECT_THAT(refused_report.message(), HasSubstr(field));
+  };
+  fidelity_refused([](v1::FidelityReport& r) { r.mutable_tallies(0)->set_mode("off"); },
+                   "load.fidelity.tallies.mode");
+  fidelity_refused([](v1::FidelityReport& r) { r.mutable_tallies(0)->set_top1_disagreements(11); },
+                   "load.fidelity.tallies.top1_disagreements");
+  fidelity_refused(
+      [](v1::FidelityReport& r) {
+        r.mutable_tallies(0)->set_kl_sum(std::numeric_limits<double>::quiet_NaN());
+      },
+      "load.fidelity.tallies");
+  fidelity_refused([](v1::FidelityReport& r) { r.set_cpu_seconds(-1); },
+                   "load.fidelity.cpu_seconds");
+  fidelity_refused(
+      [](v1::FidelityReport& r) {
+        for (int i = 0; i < 64; ++i) *r.add_tallies() = r.tallies(0);
+      },
+      "load.fidelity.tallies: 65");
   EXPECT_EQ(Registry().NodeIds(), 0u);  // nothing registered by a refused report
 }
 

@@ -264,6 +264,15 @@ TEST_F(StateBlockTest, HeaderFieldsOutsideTheReservationAreRefusedByName) {
     first.set_first_token(token);
     refused(first, 40, absl::StatusCode::kInvalidArgument, "header.first_token");
   }
+  // Shadow verification's first_logits: empty or exactly the vocabulary (512 here).
+  for (const int floats : {1, 511, 513}) {
+    v1::StateHeader logits = h;
+    for (int i = 0; i < floats; ++i) logits.add_first_logits(0.5f);
+    refused(logits, 40, absl::StatusCode::kInvalidArgument, "header.first_logits");
+  }
+  v1::StateHeader whole = h;
+  for (int i = 0; i < 512; ++i) whole.add_first_logits(0.5f);
+  EXPECT_TRUE(VerifyHeader(whole, "fp", 40, 512).ok());
 }
 
 TEST_F(StateBlockTest, StorePayloadsLoadBackWhereTheyCameFrom) {
