@@ -10,7 +10,10 @@
 // each step over the FP32 one). Not a test: nothing here asserts a time.
 //
 // Prefill runs off, then compact at each keep of --keep (a list: the time to first token against
-// K, each entry measured in the same run as off); decode states are prefilled at the first keep.
+// K, each entry measured in the same run as off), then a prefix hit at each keep's cap ("hit
+// replay": the state holds the hit's floor((L - K) / B) blocks, and the prefill computes the
+// rest, the K consumer rows over all L positions among them); decode states are prefilled at the
+// first keep.
 //
 //   baton_model_bench --model DIR [--lengths 1024,4096] [--keep 140] [--batches 1,8,32]
 //                     [--decode-context 16,512] [--isas avx2,avx512] [--repeats 3] [--json]
@@ -24,6 +27,8 @@
 #include <cstring>
 #include <iostream>
 #include <random>
+#include <span>
+#include <vector>
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_format.h"
@@ -157,6 +162,49 @@ std::vector<int32_t> Prompt(int64_t length, int64_t vocab, uint64_t seed) {
 
 }  // namespace
 
+// A prefix hit at the cap, as a prefill node serves it: the state holds what the hit loads (block
+// KV and rings of the first h = floor((L - K) / B) blocks' positions, made here by a prefill of
+// them), and the timed prefill computes the rest, [h, L): the producers of those rows and the K
+// consumer rows over all L positions of block KV (the replay after a hit).
+void MeasureHitReplay(Engine& model, const std::vector<int32_t>& prompt, int64_t k,
+                      baton::kernels::CpuIsa isa, int repeats, nlohmann::json& out) {
+  const baton::ModelConfig& config = model.config();
+  const int64_t L = static_cast<int64_t>(prompt.size());
+  const int64_t h = std::max<int64_t>(0, L - k) / config.kv_block_size * config.kv_block_size;
+  if (h == 0) return;
+  std::vector<double> times;
+  for (int r = 0; r < repeats; ++r) {
+    baton::model::SequenceState state(model.state_layout());
+    const std::span<const int32_t> prefix(prompt.data(), static_cast<size_t>(h));
+    if (!model.Prefill(prefix, {.mode = TruncationMode::kCompact, .keep = k}, state).ok()) {
+      std::abort();
+    }
+    const auto start = Clock::now();
+    if (!model.Prefill(prompt, {.mode = TruncationMode::kCompact, .keep = k, .s_valid = h}, state)
+             .ok()) {
+      std::abort();
+    }
+    times.push_back(std::chrono::duration<double>(Clock::now() - start).count());
+  }
+  std::sort(times.begin(), times.end());
+  const double seconds = times[times.size() / 2];
+  const int64_t rest[] = {L - h};
+  const auto estimate = baton::model::EstimateWork({.prompt_len = L,
+                                                    .keep = k,
+                                                    .mode = TruncationMode::kCompact,
+                                                    .window = config.sliding_window,
+                                                    .max_backtrack = config.max_backtrack,
+                                                    .s_valid = h},
+                                                   rest, &config);
+  out["hit_replay"].push_back({{"length", L},
+                               {"isa", baton::kernels::CpuIsaName(isa)},
+                               {"keep", k},
+                               {"hit", h},
+                               {"seconds", seconds},
+                               {"model_flops", estimate.flops->total()},
+                               {"model_gflops_per_s", estimate.flops->total() / seconds / 1e9}});
+}
+
 int main(int argc, char** argv) {
   CLI::App app{"baton CPU model benchmark"};
   std::string model_dir, lengths_text = "1024,4096", batches_text = "1,8,32";
@@ -250,6 +298,7 @@ int main(int argc, char** argv) {
                                   {"model_flops", estimate.flops->total()},
                                   {"model_gflops_per_s", estimate.flops->total() / seconds / 1e9}});
       }
+      for (int64_t k : *keeps) MeasureHitReplay(model, prompt, k, isa, repeats, out);
     }
 
   // Decode: every request holds a prompt of each --decode-context length; one step for the whole
@@ -357,6 +406,14 @@ int main(int argc, char** argv) {
                                  p["isa"].get<std::string>(), p["length"].get<int64_t>(),
                                  p["mode"].get<std::string>(), p["tokens_per_s"].get<double>(),
                                  p["model_gflops_per_s"].get<double>());
+  }
+  for (const auto& p : out["hit_replay"]) {
+    std::cout << absl::StrFormat(
+        "hit replay %-8s L=%-5d K=%-4d hit %-5d %9.2f ms %7.1f model GFLOP/s (%.2f of sgemm)\n",
+        p["isa"].get<std::string>(), p["length"].get<int64_t>(), p["keep"].get<int64_t>(),
+        p["hit"].get<int64_t>(), p["seconds"].get<double>() * 1e3,
+        p["model_gflops_per_s"].get<double>(),
+        p["model_gflops_per_s"].get<double>() / out["machine"]["sgemm_gflops"].get<double>());
   }
   for (const auto& d : out["decode"]) {
     std::cout << absl::StrFormat(

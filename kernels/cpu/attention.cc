@@ -32,43 +32,51 @@ __attribute__((always_inline)) inline float Dot(const float* a, const float* b, 
 // Keys whose value rows one pass keeps in L1 (64 rows of head_dim 128 are 32 KiB).
 constexpr int64_t kValueBlock = 64;
 
-// o += sum_{j in [j0, j1)} s[j] * values[j], for a head_dim known at compile time, in native
-// vectors of kW floats: the row is accumulated in registers across the keys and stored once.
-// `column` is where in each value row the kHd columns start: a wide row is accumulated in parts
-// where the level's registers cannot hold it whole.
-template <int64_t kHd, int kW>
-__attribute__((always_inline)) inline void AccumulateValues(const float* s,
+// o_h += sum_{j in [j0, j1)} s_h[j] * values[j] for kHeads heads h (their weights `s_stride`
+// apart, their outputs `o_stride` apart), for a head_dim known at compile time, in native vectors
+// of kW floats: the rows are accumulated in registers across the keys and stored once, and each
+// value row is loaded once for all kHeads heads. `column` is where in each value row the kHd
+// columns start: a wide row is accumulated in parts where the level's registers cannot hold it
+// whole. Each head sums its keys in order, however many heads share the pass.
+template <int64_t kHd, int kW, int kHeads>
+__attribute__((always_inline)) inline void AccumulateValues(const float* s, int64_t s_stride,
                                                             const float* const* values, int64_t j0,
-                                                            int64_t j1, float* o,
-                                                            int64_t column = 0) {
+                                                            int64_t j1, float* o, int64_t o_stride,
+                                                            int64_t column) {
   using V = NativeVec<kW>;
   static_assert(kHd % kW == 0);
   constexpr int64_t kVecs = kHd / kW;
-  V acc[kVecs];
-  std::memcpy(acc, o, sizeof acc);
+  V acc[kHeads][kVecs];
+#pragma GCC unroll 4
+  for (int h = 0; h < kHeads; ++h) std::memcpy(acc[h], o + h * o_stride, sizeof acc[h]);
   for (int64_t j = j0; j < j1; ++j) {
-    const float w = s[j];
+    V x[kVecs];
 #pragma GCC unroll 16
-    for (int64_t v = 0; v < kVecs; ++v) {
-      V x;
-      std::memcpy(&x, values[j] + column + kW * v, sizeof x);
-      acc[v] += w * x;
+    for (int64_t v = 0; v < kVecs; ++v)
+      std::memcpy(&x[v], values[j] + column + kW * v, sizeof x[v]);
+#pragma GCC unroll 4
+    for (int h = 0; h < kHeads; ++h) {
+      const float w = s[h * s_stride + j];
+#pragma GCC unroll 16
+      for (int64_t v = 0; v < kVecs; ++v) acc[h][v] += w * x[v];
     }
   }
-  std::memcpy(o, acc, sizeof acc);
+#pragma GCC unroll 4
+  for (int h = 0; h < kHeads; ++h) std::memcpy(o + h * o_stride, acc[h], sizeof acc[h]);
 }
 
-// AccumulateValues over a head of kHd columns, in parts of at most kPart columns (what the
+// AccumulateValues over kHeads heads of kHd columns, in parts of at most kPart columns (what the
 // level's registers hold): kPart columns at a time, then the rest.
-template <int64_t kHd, int kW, int64_t kPart>
-__attribute__((always_inline)) inline void AccumulateHead(const float* s,
+template <int64_t kHd, int kW, int64_t kPart, int kHeads>
+__attribute__((always_inline)) inline void AccumulateHead(const float* s, int64_t s_stride,
                                                           const float* const* values, int64_t j0,
-                                                          int64_t j1, float* o,
+                                                          int64_t j1, float* o, int64_t o_stride,
                                                           int64_t column = 0) {
   constexpr int64_t kFirst = kHd < kPart ? kHd : kPart;
-  AccumulateValues<kFirst, kW>(s, values, j0, j1, o, column);
+  AccumulateValues<kFirst, kW, kHeads>(s, s_stride, values, j0, j1, o, o_stride, column);
   if constexpr (kHd > kFirst) {
-    AccumulateHead<kHd - kFirst, kW, kPart>(s, values, j0, j1, o + kFirst, column + kFirst);
+    AccumulateHead<kHd - kFirst, kW, kPart, kHeads>(s, s_stride, values, j0, j1, o + kFirst,
+                                                    o_stride, column + kFirst);
   }
 }
 
@@ -159,32 +167,31 @@ __attribute__((always_inline)) inline float ExpShiftedSum(float* s, int64_t n, f
   return total;
 }
 
-// s[j] = e^(s[j] - max) over the n scores, with max the largest of them, kW lanes at a time, then
-// divided by their sum when `normalize`; sets max and the sum.
+// One block of a row's scores into its running softmax (FlashAttention's online softmax): the
+// `n` scores become e^(score - max), with max the row's largest score so far; where that max
+// grew, the row's output so far (`hd` floats) and its sum are scaled down to it first.
 template <int kW>
-__attribute__((always_inline)) inline void Softmax(float* s, int64_t n, bool normalize,
-                                                   float& max_score, float& total) {
+__attribute__((always_inline)) inline void FoldIntoRunningSoftmax(float* score, int64_t n,
+                                                                  float& max, float& total,
+                                                                  float* out, int64_t hd) {
   using V = NativeVec<kW>;
-  const int64_t whole = n / kW * kW;
-  V max_lanes = V{} - INFINITY;
-  for (int64_t j = 0; j < whole; j += kW) {
+  V lanes = V{} - INFINITY;
+  int64_t c = 0;
+  for (; c + kW <= n; c += kW) {
     V x;
-    std::memcpy(&x, s + j, sizeof x);
-    max_lanes = x > max_lanes ? x : max_lanes;
+    std::memcpy(&x, score + c, sizeof x);
+    lanes = x > lanes ? x : lanes;
   }
-  max_score = -INFINITY;
-  for (int l = 0; l < kW; ++l) max_score = std::max(max_score, max_lanes[l]);
-  for (int64_t j = whole; j < n; ++j) max_score = std::max(max_score, s[j]);
-  total = ExpShiftedSum<kW>(s, n, max_score);
-  if (!normalize) return;
-  const float inv_total = 1.0f / total;
-  for (int64_t j = 0; j < whole; j += kW) {
-    V x;
-    std::memcpy(&x, s + j, sizeof x);
-    x *= inv_total;
-    std::memcpy(s + j, &x, sizeof x);
+  float top = max;
+  for (int l = 0; l < kW; ++l) top = std::max(top, lanes[l]);
+  for (; c < n; ++c) top = std::max(top, score[c]);
+  const float shrink = std::exp(max - top);  // 0 at the row's first keys
+  const float sum = ExpShiftedSum<kW>(score, n, top);
+  if (shrink != 1.0f) {
+    for (int64_t d = 0; d < hd; ++d) out[d] *= shrink;
   }
-  for (int64_t j = whole; j < n; ++j) s[j] *= inv_total;
+  total = total * shrink + sum;
+  max = top;
 }
 
 // One split of a (row, kv head)'s keys, for a merge after every split is done: each head's
@@ -201,6 +208,7 @@ struct RowScratch {
   std::vector<float> score;                // [group, n]
   std::vector<const float*> keys, values;  // the n visible rows, in visiting order
   std::vector<float> keys_t;               // [head_dim, kW]: one block of keys, transposed
+  std::vector<float> max, total;           // [group]: each head's running softmax
 };
 
 // One (row, kv head): the G = H / Hkv query heads that share the kv head, over global keys
@@ -211,61 +219,59 @@ struct RowScratch {
 // in kW registers, and its scores are one vector per head), kMaxHeads heads of a group scored at
 // once and kWholeHd the widest head_dim whose values accumulate whole, within the registers:
 // AVX-512 holds 8 heads' scores or 128 columns in 8 of its 32 registers of 16; AVX2 holds 4
-// heads (with a split of their sums) or 64 columns in 8 of its 16 registers of 8.
+// heads (with a split of their sums) or 64 columns in 8 of its 16 registers of 8. kRegisters,
+// the register file, bounds how many heads accumulate their values together.
 template <CpuIsa kIsa>
 struct AttendShape;
 template <>
 struct AttendShape<CpuIsa::kAvx512> {
-  static constexpr int kW = 16, kMaxHeads = 8, kWholeHd = 128;
+  static constexpr int kW = 16, kMaxHeads = 8, kWholeHd = 128, kRegisters = 32;
 };
 template <>
 struct AttendShape<CpuIsa::kAvx2> {
-  static constexpr int kW = 8, kMaxHeads = 4, kWholeHd = 64;
+  static constexpr int kW = 8, kMaxHeads = 4, kWholeHd = 64, kRegisters = 16;
 };
 template <>
 struct AttendShape<CpuIsa::kBaseline> {
-  static constexpr int kW = 4, kMaxHeads = 4, kWholeHd = 32;
+  static constexpr int kW = 4, kMaxHeads = 4, kWholeHd = 32, kRegisters = 16;
 };
 
 struct AttendRowGroup {
-  // The `visible` key and value rows of (row, kv column `kv_col`) in visiting order into
-  // `scratch`: global positions [0, pos] page by page, then SWA positions [lo, pos] from the ring
-  // (slot = position % C) and then the tail.
+  // Visible keys [a, b) of (row, kv column `kv_col`), in visiting order, into `scratch`: the
+  // visible keys are global positions [0, num_global) out of their pages, then SWA positions
+  // [lo, pos] from the ring (slot = position % C) and then the tail.
   __attribute__((always_inline)) static void GatherRows(const AttentionParams& p, int64_t row,
                                                         int64_t kv_col, int64_t num_global,
-                                                        int64_t visible, RowScratch& scratch) {
+                                                        int64_t a, int64_t b, RowScratch& scratch) {
     const int64_t kv_dim = p.num_kv_heads * p.head_dim;
-    const int64_t pos = p.positions[row];
     const int64_t lo = p.swa_lo[row];
-    const int64_t num_swa = visible - num_global;
-    std::vector<const float*>& key_rows = scratch.keys;
-    std::vector<const float*>& value_rows = scratch.values;
-    key_rows.resize(visible);
-    value_rows.resize(visible);
-    const float** keys = key_rows.data();
-    const float** values = value_rows.data();
-    int64_t j = 0;
-    if (num_global > 0) {
+    scratch.keys.resize(b - a);
+    scratch.values.resize(b - a);
+    const float** keys = scratch.keys.data();
+    const float** values = scratch.values.data();
+    int64_t j = a;
+    if (j < num_global) {
       const BlockKvSource& g = *p.global;
-      for (int64_t page = 0; j < num_global; ++page) {
-        const float* rows = g.pages[page] + kv_col;
-        const int64_t count = std::min(g.block_size, num_global - j);
-        for (int64_t i = 0; i < count; ++i, ++j) {
-          keys[j] = rows + g.k_offset + i * kv_dim;
-          values[j] = rows + g.v_offset + i * kv_dim;
+      for (const int64_t stop = std::min(b, num_global); j < stop;) {
+        const float* rows = g.pages[j / g.block_size] + kv_col;
+        const int64_t first = j % g.block_size;
+        const int64_t count = std::min(g.block_size - first, stop - j);
+        for (int64_t i = first; i < first + count; ++i, ++j) {
+          keys[j - a] = rows + g.k_offset + i * kv_dim;
+          values[j - a] = rows + g.v_offset + i * kv_dim;
         }
       }
     }
     const SwaSource& swa = p.swa;
-    int64_t slot = num_swa > 0 && lo < swa.tail_start ? lo % swa.ring_capacity : 0;
-    for (int64_t at = lo; at <= pos; ++at, ++j) {
+    for (; j < b; ++j) {
+      const int64_t at = lo + (j - num_global);
       if (at >= swa.tail_start) {
-        keys[j] = swa.tail_k + (at - swa.tail_start) * swa.tail_stride + kv_col;
-        values[j] = swa.tail_v + (at - swa.tail_start) * swa.tail_stride + kv_col;
+        keys[j - a] = swa.tail_k + (at - swa.tail_start) * swa.tail_stride + kv_col;
+        values[j - a] = swa.tail_v + (at - swa.tail_start) * swa.tail_stride + kv_col;
       } else {
-        keys[j] = swa.ring_k + slot * kv_dim + kv_col;
-        values[j] = swa.ring_v + slot * kv_dim + kv_col;
-        if (++slot == swa.ring_capacity) slot = 0;
+        const int64_t slot = at % swa.ring_capacity;
+        keys[j - a] = swa.ring_k + slot * kv_dim + kv_col;
+        values[j - a] = swa.ring_v + slot * kv_dim + kv_col;
       }
     }
   }
@@ -322,37 +328,81 @@ struct AttendRowGroup {
                                                               int64_t group, int64_t hd,
                                                               float* out) {
     using Shape = AttendShape<kIsa>;
-    constexpr int kW = Shape::kW;
     // out[g] = sum_j s[g][j] v_j over blocks of keys whose values stay in L1 while every head of
     // the group reads them; keys are summed in order, as the definition reads. A head_dim wider
-    // than the level's registers hold accumulates in parts of kWholeHd columns.
-    constexpr int64_t kPart = Shape::kWholeHd;
+    // than the level's registers hold accumulates in parts of kWholeHd columns, and as many
+    // heads as the registers hold accumulate together, each value row loaded once for them.
     for (int64_t j0 = 0; j0 < n; j0 += kValueBlock) {
       const int64_t j1 = std::min(n, j0 + kValueBlock);
-      for (int64_t g = 0; g < group; ++g) {
-        const float* s = score + g * n;
-        float* o = out + g * hd;
-        switch (hd) {
-          case 32:
-            AccumulateHead<32, kW, kPart>(s, values, j0, j1, o);
-            break;
-          case 64:
-            AccumulateHead<64, kW, kPart>(s, values, j0, j1, o);
-            break;
-          case 96:
-            AccumulateHead<96, kW, kPart>(s, values, j0, j1, o);
-            break;
-          case 128:
-            AccumulateHead<128, kW, kPart>(s, values, j0, j1, o);
-            break;
-          case 256:
-            AccumulateHead<256, kW, kPart>(s, values, j0, j1, o);
-            break;
-          default:
+      switch (hd) {
+        case 32:
+          AccumulateGroup<32, Shape>(score, values, n, j0, j1, group, out);
+          break;
+        case 64:
+          AccumulateGroup<64, Shape>(score, values, n, j0, j1, group, out);
+          break;
+        case 96:
+          AccumulateGroup<96, Shape>(score, values, n, j0, j1, group, out);
+          break;
+        case 128:
+          AccumulateGroup<128, Shape>(score, values, n, j0, j1, group, out);
+          break;
+        case 256:
+          AccumulateGroup<256, Shape>(score, values, n, j0, j1, group, out);
+          break;
+        default:
+          for (int64_t g = 0; g < group; ++g) {
             for (int64_t j = j0; j < j1; ++j) {
-              for (int64_t i = 0; i < hd; ++i) o[i] += s[j] * values[j][i];
+              for (int64_t i = 0; i < hd; ++i) out[g * hd + i] += score[g * n + j] * values[j][i];
             }
-        }
+          }
+      }
+    }
+  }
+
+  // The group's heads over keys [j0, j1) for a head_dim of kHd: kHeads at a time, where kHeads
+  // heads' accumulators and one value row fit the level's registers beside the weight.
+  template <int64_t kHd, typename Shape>
+  __attribute__((always_inline)) static void AccumulateGroup(const float* score,
+                                                             const float** values, int64_t n,
+                                                             int64_t j0, int64_t j1, int64_t group,
+                                                             float* out) {
+    constexpr int kW = Shape::kW;
+    constexpr int64_t kPart = Shape::kWholeHd;
+    constexpr int64_t kVecs = (kHd < kPart ? kHd : kPart) / kW;
+    constexpr int kHeads = Shape::kRegisters / kVecs - 1 >= 4   ? 4
+                           : Shape::kRegisters / kVecs - 1 >= 2 ? 2
+                                                                : 1;
+    int64_t g = 0;
+    if constexpr (kHeads > 1) {
+      for (; g + kHeads <= group; g += kHeads) {
+        AccumulateHead<kHd, kW, kPart, kHeads>(score + g * n, n, values, j0, j1, out + g * kHd,
+                                               kHd);
+      }
+    }
+    for (; g < group; ++g) {
+      AccumulateHead<kHd, kW, kPart, 1>(score + g * n, n, values, j0, j1, out + g * kHd, kHd);
+    }
+  }
+
+  // The keys one pass scores, folds into the running softmax and multiplies into the values:
+  // their scores ([group, kChunk]: 4 KiB at 8 heads) stay in L1, and their key and value rows
+  // (32 KiB each at head_dim 64) in L2.
+  static constexpr int64_t kChunk = 128;
+
+  // Asks for the key and value rows of the chunk after [a, b) while [a, b) computes, so that a
+  // long context streams from memory under the arithmetic instead of between it.
+  __attribute__((always_inline)) static void PrefetchChunk(const AttentionParams& p, int64_t kv_col,
+                                                           int64_t num_global, int64_t a,
+                                                           int64_t b) {
+    if (a >= std::min(b, num_global)) return;  // the window's keys are few and already near
+    const BlockKvSource& g = *p.global;
+    const int64_t kv_dim = p.num_kv_heads * p.head_dim, bytes = p.head_dim * 4;
+    for (int64_t j = a; j < std::min(b, num_global); ++j) {
+      const float* rows = g.pages[j / g.block_size] + kv_col + (j % g.block_size) * kv_dim;
+      for (int64_t c = 0; c < bytes; c += 64) {
+        __builtin_prefetch(reinterpret_cast<const char*>(rows + g.k_offset) + c, 0, 2);
+        __builtin_prefetch(reinterpret_cast<const char*>(rows + g.v_offset) + c, 0, 2);
       }
     }
   }
@@ -361,44 +411,70 @@ struct AttendRowGroup {
   __attribute__((always_inline)) static void Run(const AttentionParams& p, int64_t row,
                                                  int64_t kv_head, int64_t split, int64_t splits,
                                                  const SplitResult* result, RowScratch& scratch) {
+    constexpr int kW = AttendShape<kIsa>::kW;
     const int64_t hd = p.head_dim;
     const int64_t group = p.num_heads / p.num_kv_heads;
     const int64_t pos = p.positions[row];
     const int64_t num_global = p.global != nullptr ? pos + 1 : 0;
     const int64_t visible = num_global + std::max<int64_t>(0, pos + 1 - p.swa_lo[row]);
-    GatherRows(p, row, kv_head * hd, num_global, visible, scratch);
-    const float** keys = scratch.keys.data();
-    const float** values = scratch.values.data();
-
     // This split's keys [k0, k1) of the visible ones (all of them unless the keys are split).
     const int64_t k0 = visible * split / splits, k1 = visible * (split + 1) / splits;
-    keys += k0;
-    values += k0;
-    const int64_t n = k1 - k0;
     const float* q = p.q + row * p.q_stride + kv_head * group * hd;  // the group's heads, in a row
     float* out =
         result != nullptr ? result->out : p.out + row * p.num_heads * hd + kv_head * group * hd;
     std::fill(out, out + group * hd, 0.0f);
-    if (n == 0) {  // no visible key: the output rows are zero
-      if (result != nullptr) {
-        std::fill(result->max, result->max + group, -INFINITY);
-        std::fill(result->total, result->total + group, 0.0f);
+    scratch.max.assign(group, -INFINITY);
+    scratch.total.assign(group, 0.0f);
+    // The keys a chunk at a time under each head's running softmax, the next chunk's rows asked
+    // for while this one computes.
+    for (int64_t a = k0; a < k1; a += kChunk) {
+      const int64_t b = std::min(k1, a + kChunk), n = b - a;
+      PrefetchChunk(p, kv_head * hd, num_global, std::min(k1, b + 2 * kChunk),
+                    std::min(k1, b + 3 * kChunk));
+      GatherRows(p, row, kv_head * hd, num_global, a, b, scratch);
+      Score<kIsa>(p, q, scratch.keys.data(), n, group, scratch);
+      for (int64_t g = 0; g < group; ++g) {
+        FoldIntoRunningSoftmax<kW>(scratch.score.data() + g * n, n, scratch.max[g],
+                                   scratch.total[g], out + g * hd, hd);
       }
+      AccumulateValues<kIsa>(scratch.score.data(), scratch.values.data(), n, group, hd, out);
+    }
+    if (result != nullptr) {  // no visible key: max -inf and sum 0, for the merge
+      std::copy_n(scratch.max.data(), group, result->max);
+      std::copy_n(scratch.total.data(), group, result->total);
       return;
     }
-    Score<kIsa>(p, q, keys, n, group, scratch);
-    std::vector<float>& score = scratch.score;
     for (int64_t g = 0; g < group; ++g) {
-      float max_score, total;
-      Softmax<AttendShape<kIsa>::kW>(score.data() + g * n, n, result == nullptr, max_score, total);
-      if (result != nullptr) {
-        result->max[g] = max_score;
-        result->total[g] = total;
-      }
+      const float inv = scratch.total[g] > 0 ? 1.0f / scratch.total[g] : 0.0f;  // none visible: 0
+      for (int64_t d = 0; d < hd; ++d) out[g * hd + d] *= inv;
     }
-    AccumulateValues<kIsa>(score.data(), values, n, group, hd, out);
   }
 };
+
+// Pair `local` (row, kv head) of `p` from its `splits` results (`result_of(split)`):
+// out = sum_s e^(max_s - M) out_s / sum_s e^(max_s - M) total_s, M the largest max_s.
+template <typename ResultOf>
+void MergeSplits(const AttentionParams& p, int64_t local, int64_t splits,
+                 const ResultOf& result_of) {
+  const int64_t row = local / p.num_kv_heads, kv_head = local % p.num_kv_heads;
+  const int64_t group = p.num_heads / p.num_kv_heads, hd = p.head_dim;
+  float* out = p.out + row * p.num_heads * hd + kv_head * group * hd;
+  for (int64_t g = 0; g < group; ++g) {
+    float top = -INFINITY;
+    for (int64_t split = 0; split < splits; ++split) top = std::max(top, result_of(split).max[g]);
+    float* o = out + g * hd;
+    std::fill(o, o + hd, 0.0f);
+    if (top == -INFINITY) continue;  // no visible key in any split: zero
+    float total = 0.0f;
+    for (int64_t split = 0; split < splits; ++split) {
+      const SplitResult r = result_of(split);
+      const float weight = std::exp(r.max[g] - top);
+      total += weight * r.total[g];
+      for (int64_t i = 0; i < hd; ++i) o[i] += weight * r.out[g * hd + i];
+    }
+    for (int64_t i = 0; i < hd; ++i) o[i] /= total;
+  }
+}
 
 // Many-row entries (prefill chunks, the replayed rows after a hit) run as tiled GEMMs, the way
 // FlashAttention does: for each (tile of query rows, kv head) the query heads that share the kv
@@ -479,7 +555,6 @@ struct FoldScores {
   __attribute__((always_inline)) static void Run(FoldedTile& tile, int64_t width,
                                                  int64_t head_dim) {
     constexpr int kW = AttendShape<kIsa>::kW;
-    using V = NativeVec<kW>;
     for (int64_t i = 0; i < tile.rows; ++i) {
       const auto [begin, end] = tile.seen[i];
       for (int64_t h = 0; h < tile.group; ++h) {
@@ -488,24 +563,8 @@ struct FoldScores {
         std::fill(score, score + begin, 0.0f);
         std::fill(score + end, score + width, 0.0f);
         if (begin == end) continue;  // nothing visible here: the row's softmax is unchanged
-        V lanes = V{} - INFINITY;
-        int64_t c = begin;
-        for (; c + kW <= end; c += kW) {
-          V x;
-          std::memcpy(&x, score + c, sizeof x);
-          lanes = x > lanes ? x : lanes;
-        }
-        float top = tile.max[row];
-        for (int l = 0; l < kW; ++l) top = std::max(top, lanes[l]);
-        for (; c < end; ++c) top = std::max(top, score[c]);
-        const float shrink = std::exp(tile.max[row] - top);  // 0 at the row's first keys
-        const float sum = ExpShiftedSum<kW>(score + begin, end - begin, top);
-        if (shrink != 1.0f) {
-          float* o = tile.out.data() + row * head_dim;
-          for (int64_t d = 0; d < head_dim; ++d) o[d] *= shrink;
-        }
-        tile.total[row] = tile.total[row] * shrink + sum;
-        tile.max[row] = top;
+        FoldIntoRunningSoftmax<kW>(score + begin, end - begin, tile.max[row], tile.total[row],
+                                   tile.out.data() + row * head_dim, head_dim);
       }
     }
   }
@@ -673,50 +732,15 @@ void AttendTiled(const AttentionParams& p) {
   });
   for (int64_t task = 0; task < tasks; ++task) {
     const int64_t r0 = task / p.num_kv_heads * tile_rows, kv_head = task % p.num_kv_heads;
-    const int64_t rows = std::min(tile_rows, p.rows - r0);
-    for (int64_t row = 0; row < rows * group; ++row) {
-      const auto part = [&](int64_t split) {
-        return parts.data() + (task * splits + split) * stride;
-      };
-      float top = -INFINITY;
-      for (int64_t s = 0; s < splits; ++s) top = std::max(top, part(s)[folded * hd + row]);
-      float* o =
-          p.out + (r0 + row / group) * p.num_heads * hd + (kv_head * group + row % group) * hd;
-      std::fill(o, o + hd, 0.0f);
-      if (top == -INFINITY) continue;  // no visible key in any split: zero
-      float total = 0.0f;
-      for (int64_t s = 0; s < splits; ++s) {
-        const float weight = std::exp(part(s)[folded * hd + row] - top);
-        total += weight * part(s)[folded * (hd + 1) + row];
-        for (int64_t c = 0; c < hd; ++c) o[c] += weight * part(s)[row * hd + c];
-      }
-      for (int64_t c = 0; c < hd; ++c) o[c] /= total;
+    for (int64_t i = 0; i < std::min(tile_rows, p.rows - r0); ++i) {
+      // Tile row i's heads in split s: their outputs, maxima and sums, as the row path's.
+      MergeSplits(p, (r0 + i) * p.num_kv_heads + kv_head, splits, [&](int64_t split) {
+        float* part = parts.data() + (task * splits + split) * stride;
+        return SplitResult{.out = part + i * group * hd,
+                           .max = part + folded * hd + i * group,
+                           .total = part + folded * (hd + 1) + i * group};
+      });
     }
-  }
-}
-
-// Pair `local` (row, kv head) of `p` from its `splits` results (`result_of(split)`):
-// out = sum_s e^(max_s - M) out_s / sum_s e^(max_s - M) total_s, M the largest max_s.
-template <typename ResultOf>
-void MergeSplits(const AttentionParams& p, int64_t local, int64_t splits,
-                 const ResultOf& result_of) {
-  const int64_t row = local / p.num_kv_heads, kv_head = local % p.num_kv_heads;
-  const int64_t group = p.num_heads / p.num_kv_heads, hd = p.head_dim;
-  float* out = p.out + row * p.num_heads * hd + kv_head * group * hd;
-  for (int64_t g = 0; g < group; ++g) {
-    float top = -INFINITY;
-    for (int64_t split = 0; split < splits; ++split) top = std::max(top, result_of(split).max[g]);
-    float* o = out + g * hd;
-    std::fill(o, o + hd, 0.0f);
-    if (top == -INFINITY) continue;  // no visible key in any split: zero
-    float total = 0.0f;
-    for (int64_t split = 0; split < splits; ++split) {
-      const SplitResult r = result_of(split);
-      const float weight = std::exp(r.max[g] - top);
-      total += weight * r.total[g];
-      for (int64_t i = 0; i < hd; ++i) o[i] += weight * r.out[g * hd + i];
-    }
-    for (int64_t i = 0; i < hd; ++i) o[i] /= total;
   }
 }
 

@@ -10,22 +10,15 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "testing/eventually.h"
 
 namespace baton {
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using ::baton::testing::Eventually;
 
-// Polls `done` until it holds or 10 s pass; whether it held.
-template <typename Done>
-bool Within10s(const Done& done) {
-  const auto deadline = Clock::now() + std::chrono::seconds(10);
-  while (!done()) {
-    if (Clock::now() > deadline) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  return true;
-}
+// The waits below poll every millisecond: each round waits for twelve callers in turn.
+constexpr std::chrono::milliseconds kEvery{1};
 
 // While one caller holds the turn, callers 0..N-1 arrive one after another (each only once the
 // one before is seen waiting); the turn then passes through them in that order, each holder
@@ -52,7 +45,9 @@ TEST(FifoTurnsTest, TurnsGoInArrivalOrderOneHolderAtATime) {
         std::this_thread::yield();
         holders.fetch_sub(1);
       });
-      ASSERT_TRUE(Within10s([&] { return turns.waiting() == i + 1; })) << "caller " << i;
+      ASSERT_TRUE(Eventually([&] { return turns.waiting() == i + 1; },
+                             ::baton::testing::kPollTimeout, kEvery))
+          << "caller " << i;
     }
     first.reset();  // the callers go, in turn
     for (std::thread& t : callers) t.join();
@@ -77,7 +72,8 @@ TEST(FifoTurnsTest, AMovedTurnEndsOnceWhereItEnds) {
     FifoTurns::Turn turn = turns.Take();
     second_went = true;
   });
-  ASSERT_TRUE(Within10s([&] { return turns.waiting() == 1; }));
+  ASSERT_TRUE(
+      Eventually([&] { return turns.waiting() == 1; }, ::baton::testing::kPollTimeout, kEvery));
   EXPECT_FALSE(second_went.load());
   held.reset();
   second.join();
