@@ -9,7 +9,8 @@
 # runs the same requests through the router's placement and cost model and the decode node's
 # step planner at those rates, with the same cluster shape and 16-token completions.
 # Prints TTFT p50/p99/mean, ITL p50/p99, hit tokens by tier and throughput per policy,
-# measured and predicted, and each simulated figure over the measured one. It also simulates
+# measured and predicted, and each simulated figure over the measured one; and the TTFT the
+# router predicted for each request as it placed it ("router"), over the measured one. It also simulates
 # without the decode steps' spread ("no spread": every step at the mean step stretch, without
 # step_stretch_p10..p99), and at the decode node's fits alone ("fits only": without its step
 # stretch or spread, and with
@@ -76,6 +77,17 @@ for policy in policies:
           f"{i['p50']:8.1f} {i['p99']:8.1f} "
           f"{r['local_cached_tokens']:10d} {r['store_cached_tokens']:10d} {r['requests_per_s']:7.2f}"
           f"   ({r['completed']} of {r['requests']} completed)")
+    # What the router predicted for each request when it placed it (its cost model at the
+    # nodes' reported rates), against what the request measured.
+    pr = r["predicted_ttft_ms"]
+    pairs = sorted(q["predicted_ttft_ms"] / q["ttft_ms"] for q in r["per_request"]
+                   if q["ok"] and q["ttft_ms"] > 0 and q["predicted_ttft_ms"] > 0)
+    if pairs:
+        print(f"{'':15s} {'router':9s} {pr['p50']:9.1f} {pr['p99']:9.1f} {pr['mean']:9.1f}"
+              f"   (per request, predicted / measured: p10 {pairs[len(pairs) // 10]:.3f}, "
+              f"p50 {pairs[len(pairs) // 2]:.3f}, p90 {pairs[len(pairs) * 9 // 10]:.3f})")
+        print(f"{'':15s} {'/measured':9s} {ratio(pr['p50'], t['p50']):9.3f} "
+              f"{ratio(pr['p99'], t['p99']):9.3f} {ratio(pr['mean'], t['mean']):9.3f}")
     for kind, label in (("sim", "simulated"), ("mean", "no spread"), ("fits", "fits only")):
         path = os.path.join(out, f"{kind}-{policy}.json")
         if not os.path.exists(path):

@@ -639,7 +639,48 @@ TEST(ClusterSimTest, CapacityPlanIsTheFewestNodesThatMeetTheTargets) {
   EXPECT_FALSE(none.best.has_value());
 }
 
+// A prompt of `blocks` blocks of its own tokens (no prefix any other shares), arriving at
+// `arrival_ms`.
+ClusterRequest Prompt(int64_t blocks, int first_token, double arrival_ms) {
+  std::vector<int32_t> tokens(static_cast<size_t>(blocks * kB));
+  std::iota(tokens.begin(), tokens.end(), first_token);
+  return {.arrival_ms = arrival_ms,
+          .prompt_len = blocks * kB,
+          .chain = kvstore::ChainKeys("f", "", "", tokens, kB)};
+}
+
+// One node, a long prompt and then a short one just after it. In arrival order the short one
+// waits out the long one's whole prefill; shared, both compute at half the node's speed until
+// the short one's work is done, and the long one ends when it would have in arrival order.
+TEST(ClusterSimTest, ANodesPrefillsGoOneAtATimeOrShareTheNode) {
+  ClusterOptions o = Options(RoutePolicy::kLeastLoaded, 0);
+  o.prefill_nodes = 1;
+  const double gap = 0.001;
+  const std::vector<ClusterRequest> both = {Prompt(60, 0, 0), Prompt(10, 100000, gap)};
+  // Each alone: its service on an idle node.
+  const double long_alone = SimulateCluster({both[0]}, o).ttft_ms[0];
+  const double short_alone = SimulateCluster({Prompt(10, 100000, 0)}, o).ttft_ms[0];
+  ASSERT_GT(long_alone, 2 * short_alone);
+
+  const ClusterResult in_order = SimulateCluster(both, o);
+  EXPECT_NEAR(in_order.ttft_ms[0], long_alone, 1e-9);
+  EXPECT_NEAR(in_order.ttft_ms[1], long_alone + short_alone - gap, 1e-9);
+
+  o.sharing = PrefillSharing::kShared;
+  const ClusterResult shared = SimulateCluster(both, o);
+  // Alone for `gap`, then half speed: the short one's work takes twice its time.
+  EXPECT_NEAR(shared.ttft_ms[1], 2 * short_alone, 1e-6);
+  EXPECT_NEAR(shared.ttft_ms[0], long_alone + short_alone, 1e-6);
+  // One prompt alone computes alike either way.
+  EXPECT_NEAR(SimulateCluster({both[0]}, o).ttft_ms[0], long_alone, 1e-9);
+}
+
 TEST(ClusterSimTest, FlagsAreParsedOrRefusedByName) {
+  EXPECT_EQ(*ParsePrefillSharing("shared"), PrefillSharing::kShared);
+  EXPECT_EQ(*ParsePrefillSharing("arrival-order"), PrefillSharing::kArrivalOrder);
+  EXPECT_THAT(std::string(ParsePrefillSharing("fair").status().message()),
+              ::testing::HasSubstr("--prefill-sharing: 'fair' is unknown; allowed: "
+                                   "arrival-order, shared"));
   EXPECT_THAT(*ParseRoutePolicies("least-loaded,predicted-ttft"),
               ::testing::ElementsAre(RoutePolicy::kLeastLoaded, RoutePolicy::kPredictedTtft));
   const absl::StatusOr<std::vector<RoutePolicy>> bad = ParseRoutePolicies("random");

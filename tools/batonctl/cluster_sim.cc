@@ -36,7 +36,12 @@ struct Node {
   uint64_t read_turn = 0;  // which owner its next store read starts from
   int64_t prefilling = 0;
   double pending_ms = 0;  // predicted service of the prefills in flight
-  double busy_until = 0;  // one computes at a time
+  double busy_until = 0;  // one computes at a time (PrefillSharing::kArrivalOrder)
+  // PrefillSharing::kShared: each prefill in flight and the service it has left at the node's
+  // whole speed, as of `shared_at`; `version` names the node's one end event that still holds.
+  std::vector<std::pair<size_t, double>> sharing;
+  double shared_at = 0;
+  uint64_t version = 0;
 };
 
 // The prefill nodes with a free slot, in the orders a placement can need them, so that one
@@ -119,7 +124,8 @@ enum EventKind { kPrefillEnds = 0, kReplayEnds = 1, kStepEnds = 2, kArrives = 3 
 struct Event {
   double time = 0;
   int kind = kPrefillEnds;
-  size_t request = 0;  // kStepEnds: the decode node
+  size_t request = 0;    // kStepEnds: the decode node
+  uint64_t version = 0;  // kPrefillEnds of a shared node: stale once the node's version moves
   bool operator>(const Event& other) const {
     return time != other.time ? time > other.time : kind > other.kind;
   }
@@ -135,6 +141,13 @@ absl::StatusOr<std::vector<RoutePolicy>> ParseRoutePolicies(absl::string_view te
     policies.push_back(*policy);
   }
   return policies;
+}
+
+absl::StatusOr<PrefillSharing> ParsePrefillSharing(absl::string_view name) {
+  if (name == "arrival-order") return PrefillSharing::kArrivalOrder;
+  if (name == "shared") return PrefillSharing::kShared;
+  return absl::InvalidArgumentError(
+      absl::StrCat("--prefill-sharing: '", name, "' is unknown; allowed: arrival-order, shared"));
 }
 
 // "unlimited" or 0 (no budget, as baton-kvstore's --budget-bytes 0), or a byte count with an
@@ -420,6 +433,10 @@ class ClusterRun {
                               const kvstore::PlacementRequest& place) const;
   bool PlaceNext(double now);
   void ReadHit(size_t chosen, const std::vector<Sha256Digest>& chain, int64_t hit_blocks);
+  // A shared node's prefills in flight advanced to `now`, each at 1/n of the node's speed.
+  void AdvanceShared(Node& node, double now);
+  // The shared node's next end: the prefill with the least service left, at 1/n speed.
+  void ScheduleShared(Node& node, double now);
   void PrefillEnds(size_t r, double now);
   // What a stopped simulation knows: the TTFT of the requests placed, in their order.
   ClusterResult Stopped() {
@@ -623,8 +640,17 @@ bool ClusterRun::PlaceNext(double now) {
   // The prefill node's own part; a replay on the decode node follows it.
   Node& node = nodes_[chosen];
   const double service = placement.plan.cost.node_ms();
-  const double end = std::max(now, node.busy_until) + service;
-  node.busy_until = end;
+  // One at a time: the end is known now. Shared: it depends on what arrives later, so the
+  // end event is the node's own, and `end` is what the prefill would take alone (a bound).
+  double end = std::max(now, node.busy_until) + service;
+  if (o_.sharing == PrefillSharing::kShared) {
+    end = now + service;
+    AdvanceShared(node, now);
+    node.sharing.emplace_back(r, service);
+    ScheduleShared(node, now);
+  } else {
+    node.busy_until = end;
+  }
   node.pending_ms += service;
   ++node.prefilling;
   Opened(chosen);
@@ -651,14 +677,36 @@ bool ClusterRun::PlaceNext(double now) {
                           ? -1
                           : static_cast<int64_t>(open[static_cast<size_t>(placement.runner_up)])});
   }
-  events_.push({end, kPrefillEnds, r});
+  if (o_.sharing != PrefillSharing::kShared) events_.push({end, kPrefillEnds, r});
   return true;
+}
+
+void ClusterRun::AdvanceShared(Node& node, double now) {
+  const double share = (now - node.shared_at) / static_cast<double>(node.sharing.size());
+  for (auto& [request, left] : node.sharing) left = std::max(0.0, left - share);
+  node.shared_at = now;
+}
+
+void ClusterRun::ScheduleShared(Node& node, double now) {
+  ++node.version;
+  if (node.sharing.empty()) return;
+  const auto next =
+      std::min_element(node.sharing.begin(), node.sharing.end(),
+                       [](const auto& a, const auto& b) { return a.second < b.second; });
+  const double n = static_cast<double>(node.sharing.size());
+  events_.push({now + next->second * n, kPrefillEnds, next->first, node.version});
 }
 
 // Request `r`'s prefill ends: its node's slot is free, what it computed goes to the node's
 // cache and the store, and its first token follows (or its replay, on the decode node).
 void ClusterRun::PrefillEnds(size_t r, double now) {
   Node& node = nodes_[node_of_[r]];
+  if (o_.sharing == PrefillSharing::kShared) {
+    AdvanceShared(node, now);
+    std::erase_if(node.sharing, [r](const auto& entry) { return entry.first == r; });
+    ScheduleShared(node, now);
+    result_.ttft_ms[r] = now + replay_of_[r] - requests_[r].arrival_ms;
+  }
   --node.prefilling;
   node.pending_ms = node.prefilling == 0 ? 0 : std::max(0.0, node.pending_ms - service_of_[r]);
   Opened(node_of_[r]);
@@ -710,7 +758,8 @@ ClusterResult ClusterRun::Run() {
         decode_.StepEnded(event.request, event.time);
       } else if (event.kind == kReplayEnds) {
         if (decode_.modelled()) decode_.FirstToken(event.request, event.time);
-      } else {
+      } else if (o_.sharing != PrefillSharing::kShared ||
+                 event.version == nodes_[node_of_[event.request]].version) {
         PrefillEnds(event.request, event.time);
       }
     }

@@ -155,10 +155,19 @@ struct MeasuredRates {
 };
 MeasuredRates MeanRates(const v1::ListRatesResponse& reply, absl::string_view model);
 
+// How a prefill node computes the prefills it holds at once: one at a time on all its cores in
+// the order they came, as baton-prefill does (common/fifo_turns.h), or all of them at once, each
+// at an equal share of the node (the node's cores split between them: processor sharing), the
+// alternative a what-if can price against it.
+enum class PrefillSharing { kArrivalOrder, kShared };
+// "arrival-order" or "shared"; the error names --prefill-sharing and the allowed names.
+absl::StatusOr<PrefillSharing> ParsePrefillSharing(absl::string_view name);
+
 struct ClusterOptions {
   RoutePolicy policy = RoutePolicy::kPredictedTtft;
   int64_t prefill_nodes = 2;
   int64_t slots = 2;               // prefills in flight per node (the router's --prefill-slots)
+  PrefillSharing sharing = PrefillSharing::kArrivalOrder;
   uint64_t block_cache_bytes = 0;  // per node; 0: no local tier
   std::optional<uint64_t> store_budget;  // nullopt: unlimited
   kvstore::HitPolicyInput hit;           // prompt_len is set per request

@@ -78,6 +78,7 @@ struct SimulateOptions {
   std::string policies;
   int64_t prefill_nodes = 2;
   int64_t prefill_slots = 2;
+  std::string prefill_sharing = "arrival-order";
   std::string block_cache_bytes = "0";
   std::string rates;
   double time_scale = 1.0;
@@ -551,6 +552,7 @@ nlohmann::json ClusterRow(const ClusterResult& r, const SimulateOptions& o, cons
   nlohmann::json result = {
       {"policy", kvstore::RoutingPolicyName(policy)},
       {"prefill_nodes", o.prefill_nodes},
+      {"prefill_sharing", o.prefill_sharing},
       {"block_cache_bytes", cache.value_or(0)},
       {"store_budget",
        s.store_budget.has_value() ? nlohmann::json(*s.store_budget) : nlohmann::json(nullptr)},
@@ -610,6 +612,8 @@ int RunCluster(const SimulateOptions& o, const std::vector<Setting>& settings,
   if (absl::Status s = CheckClusterFlags(o); !s.ok()) return ReportError("simulate", s);
   absl::StatusOr<DecodeRates> decode_rates = ParseDecodeRates(o.decode_rates);
   if (!decode_rates.ok()) return ReportError("simulate", decode_rates.status());
+  absl::StatusOr<PrefillSharing> sharing = ParsePrefillSharing(o.prefill_sharing);
+  if (!sharing.ok()) return ReportError("simulate", sharing.status());
   nlohmann::json results = nlohmann::json::array();
   for (const Setting& s : settings) {
     const std::vector<ClusterRequest> cluster =
@@ -621,6 +625,7 @@ int RunCluster(const SimulateOptions& o, const std::vector<Setting>& settings,
         const ClusterOptions options{.policy = policy,
                                      .prefill_nodes = o.prefill_nodes,
                                      .slots = o.prefill_slots,
+                                     .sharing = *sharing,
                                      .block_cache_bytes = cache.value_or(0),
                                      .store_budget = s.store_budget,
                                      .hit = {.keep = s.keep,
@@ -765,6 +770,10 @@ void AddClusterFlags(CLI::App* command, SimulateOptions* o) {
                       "Prefill nodes of the simulated cluster (default 2)");
   command->add_option("--prefill-slots", o->prefill_slots,
                       "Prefills in flight per node, as the router's --prefill-slots (default 2)");
+  command->add_option("--prefill-sharing", o->prefill_sharing,
+                      "How a node computes its prefills in flight: arrival-order (one at a time "
+                      "on all its cores, as baton-prefill does; the default) or shared (all at "
+                      "once, each at an equal share of the node)");
   command->add_option("--block-cache-bytes", o->block_cache_bytes,
                       "Each prefill node's local block cache, as baton-prefill's; sizes as "
                       "--store-budget, comma-separated (default 0: none)");
