@@ -50,7 +50,11 @@ Timed Send(baton::v1::Generation::Stub& stub, const std::vector<int32_t>& prompt
       timed.local = response.usage().local_cached_tokens();
     }
   }
-  if (!reader->Finish().ok()) timed.ttft_ms = -1;
+  if (const grpc::Status status = reader->Finish(); !status.ok()) {
+    std::cerr << "a request of " << prompt.size() << " tokens failed: " << status.error_message()
+              << "\n";
+    timed.ttft_ms = -1;
+  }
   return timed;
 }
 
@@ -109,6 +113,17 @@ int main(int argc, char** argv) {
   auto store = baton::v1::KvStore::NewStub(
       baton::security::InternalChannel(kvstore, baton::security::Role::kKvstore));
   std::mt19937_64 rng(2026);
+  // The cluster serves once its nodes have registered, a moment after the router is up.
+  std::vector<int32_t> probe(static_cast<size_t>(block));
+  for (auto& t : probe) t = static_cast<int32_t>(rng() % vocab);
+  const auto ready_by = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (Send(*stub, probe).ttft_ms < 0) {
+    if (std::chrono::steady_clock::now() > ready_by) {
+      std::cerr << "the cluster did not serve within 120 s\n";
+      return 1;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  }
   nlohmann::json out = nlohmann::json::array();
   for (double share : shares) {
     std::vector<double> ttft;

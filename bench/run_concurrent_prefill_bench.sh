@@ -27,14 +27,25 @@ def prompt():
 def generate(tokens, out, i):
     sent = time.monotonic()
     done = subprocess.run([batonctl, "generate", "--addr", addr, "--tokens", tokens,
-                           "--max-tokens", "2", "--json"], check=True, capture_output=True,
-                          text=True)
+                           "--max-tokens", "2", "--json"], capture_output=True, text=True)
+    if done.returncode != 0:
+        sys.exit(f"batonctl generate failed ({done.returncode}): {done.stderr.strip()}")
     ttft = json.loads(done.stdout)["ttft_ms"]
     # The first token's time on this clock: the client's TTFT after it sent (batonctl's own
     # start is a few ms after `sent`, which this keeps in).
     out[i] = (sent, ttft)
 
-generate(prompt(), [None], 0)  # warm-up: the nodes' first request
+# Warm-up, the nodes' first request: tried until the cluster serves (its nodes register after the
+# router is up).
+deadline = time.monotonic() + 120
+while True:
+    warm = subprocess.run([batonctl, "generate", "--addr", addr, "--tokens", prompt(),
+                           "--max-tokens", "2", "--json"], capture_output=True, text=True)
+    if warm.returncode == 0:
+        break
+    if time.monotonic() > deadline:
+        sys.exit(f"the cluster did not serve within 120 s: {warm.stderr.strip()}")
+    time.sleep(0.5)
 together, apart, first_ttft, second_ttft = [], [], [], []
 for _ in range(rounds):
     out = [None, None]
