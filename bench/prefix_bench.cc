@@ -27,6 +27,9 @@ struct Timed {
   double ttft_ms = -1;
   uint32_t cached = 0;
   uint32_t local = 0;  // of those, from the prefill node's local block cache
+  // What the response's timings say of it: the prefill node's part (its load of the hit and
+  // its compute) and the state's transfer to the decode node.
+  double prefill_ms = 0, transfer_ms = 0;
 };
 
 Timed Send(baton::v1::Generation::Stub& stub, const std::vector<int32_t>& prompt) {
@@ -48,6 +51,10 @@ Timed Send(baton::v1::Generation::Stub& stub, const std::vector<int32_t>& prompt
     if (response.has_usage()) {
       timed.cached = response.usage().cached_tokens();
       timed.local = response.usage().local_cached_tokens();
+    }
+    if (response.has_timings()) {
+      timed.prefill_ms = response.timings().prefill_ms();
+      timed.transfer_ms = response.timings().transfer_ms();
     }
   }
   if (const grpc::Status status = reader->Finish(); !status.ok()) {
@@ -126,7 +133,7 @@ int main(int argc, char** argv) {
   }
   nlohmann::json out = nlohmann::json::array();
   for (double share : shares) {
-    std::vector<double> ttft;
+    std::vector<double> ttft, prefill, transfer;
     uint32_t cached = 0, local = 0;
     for (int r = 0; r < repeats; ++r) {
       std::vector<int32_t> prompt(length);
@@ -142,14 +149,21 @@ int main(int argc, char** argv) {
       QuietBlocks(*store);
       const Timed timed = Send(*stub, prompt);
       ttft.push_back(timed.ttft_ms);
+      prefill.push_back(timed.prefill_ms);
+      transfer.push_back(timed.transfer_ms);
       cached = timed.cached;
       local = timed.local;
     }
-    std::sort(ttft.begin(), ttft.end());
+    const auto median = [](std::vector<double> v) {
+      std::sort(v.begin(), v.end());
+      return v[v.size() / 2];
+    };
     out.push_back({{"share", share},
                    {"cached_tokens", cached},
                    {"local_cached_tokens", local},
-                   {"ttft_ms_median", ttft[ttft.size() / 2]},
+                   {"ttft_ms_median", median(ttft)},
+                   {"prefill_ms_median", median(prefill)},
+                   {"transfer_ms_median", median(transfer)},
                    {"ttft_ms_all", ttft}});
   }
   std::cout << out.dump(2) << "\n";

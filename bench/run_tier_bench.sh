@@ -24,13 +24,14 @@ done
 /usr/bin/python3 - "$out" "${LENGTH:-4096}" ${TIERS:-store local} <<'PY'
 import json, os, sys
 out, length, tiers = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
-print("tier   share  cached  local  TTFT median ms  vs cold")
+print("tier   share  cached  local  TTFT median ms  vs cold  prefill ms  transfer ms")
 for tier in tiers:
     rows = json.load(open(os.path.join(out, f"{tier}.json")))
     cold = rows[0]["ttft_ms_median"]
     for r in rows:
         share = r["cached_tokens"] / length
         print(f"{tier:5s}  {share:5.3f}  {r['cached_tokens']:6d}  {r['local_cached_tokens']:5d}  "
-              f"{r['ttft_ms_median']:14.1f}  {r['ttft_ms_median'] / cold:7.3f}")
+              f"{r['ttft_ms_median']:14.1f}  {r['ttft_ms_median'] / cold:7.3f}  "
+              f"{r.get('prefill_ms_median', 0):10.1f}  {r.get('transfer_ms_median', 0):11.1f}")
 PY
 rm -rf "$out"
