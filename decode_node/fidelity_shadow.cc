@@ -22,8 +22,7 @@ ShadowRunner::ShadowRunner(model::Engine& engine, int64_t queue_limit,
                            std::chrono::milliseconds stall)
     : engine_(engine),
       queue_limit_(static_cast<size_t>(std::max<int64_t>(queue_limit, 1))),
-      stall_(stall),
-      thread_([this] { Run(); }) {}
+      stall_(stall) {}
 
 ShadowRunner::~ShadowRunner() {
   {
@@ -31,12 +30,15 @@ ShadowRunner::~ShadowRunner() {
     stop_ = true;
   }
   work_.notify_all();
-  thread_.join();
+  if (thread_.joinable()) thread_.join();
 }
 
 bool ShadowRunner::Submit(ShadowJob& job) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (stop_ || queue_.size() >= queue_limit_) return false;
+  // The thread starts with the first job: a node that never samples a request (the router's
+  // --fidelity-sample-rate 0, the default) holds no shadow thread.
+  if (!thread_.joinable()) thread_ = std::thread([this] { Run(); });
   queue_.push_back(std::move(job));
   work_.notify_one();
   return true;

@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -27,7 +28,9 @@ TEST(FifoTurnsTest, TurnsGoInArrivalOrderOneHolderAtATime) {
   constexpr int kCallers = 12;
   for (int round = 0; round < 20; ++round) {
     FifoTurns turns;
-    std::optional<FifoTurns::Turn> first(turns.Take());
+    // Held in a unique_ptr, not an optional: GCC's -Wmaybe-uninitialized misreads an optional
+    // Turn destroyed on an ASSERT's early return.
+    auto first = std::make_unique<FifoTurns::Turn>(turns.Take());
     EXPECT_EQ(turns.waiting(), 0);
     std::mutex order_mutex;
     std::vector<int> order;
