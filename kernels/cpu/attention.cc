@@ -390,8 +390,8 @@ struct AttendRowGroup {
   // (32 KiB each at head_dim 64) in L2.
   static constexpr int64_t kChunk = 128;
 
-  // Asks for the key and value rows of the chunk after [a, b) while [a, b) computes, so that a
-  // long context streams from memory under the arithmetic instead of between it.
+  // Asks for the key and value rows of the global keys among [a, b), so that a long context
+  // streams from memory under the arithmetic instead of between it.
   __attribute__((always_inline)) static void PrefetchChunk(const AttentionParams& p, int64_t kv_col,
                                                            int64_t num_global, int64_t a,
                                                            int64_t b) {
@@ -425,8 +425,8 @@ struct AttendRowGroup {
     std::fill(out, out + group * hd, 0.0f);
     scratch.max.assign(group, -INFINITY);
     scratch.total.assign(group, 0.0f);
-    // The keys a chunk at a time under each head's running softmax, the next chunk's rows asked
-    // for while this one computes.
+    // The keys a chunk at a time under each head's running softmax; the rows three chunks ahead
+    // are asked for while this one computes.
     for (int64_t a = k0; a < k1; a += kChunk) {
       const int64_t b = std::min(k1, a + kChunk), n = b - a;
       PrefetchChunk(p, kv_head * hd, num_global, std::min(k1, b + 2 * kChunk),
@@ -439,7 +439,7 @@ struct AttendRowGroup {
       }
       AccumulateValues<kIsa>(scratch.score.data(), scratch.values.data(), n, group, hd, out);
     }
-    if (result != nullptr) {  // no visible key: max -inf and sum 0, for the merge
+    if (result != nullptr) {  // the split's maxima and sums, for the merge (-inf and 0: no key)
       std::copy_n(scratch.max.data(), group, result->max);
       std::copy_n(scratch.total.data(), group, result->total);
       return;
