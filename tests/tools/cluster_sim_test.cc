@@ -382,6 +382,110 @@ TEST(ClusterSimTest, DecodeStepsGiveEachTokenItsGap) {
   EXPECT_DOUBLE_EQ(single.tpot_ms[0], -1);
 }
 
+// A decode node plans the steps its plan holds for at once (a cruise: one event for them all,
+// cut short at the step in flight when a request joins). Its steps, each token's gap and each
+// request's times are those of its steps one at a time: with fractional tokens a step, a spread
+// of step times, replay in the steps, a batch bound that leaves requests waiting, and arrivals
+// that join mid-cruise.
+TEST(ClusterSimTest, DecodeCruisesGiveTheStepsOfOneStepAtATime) {
+  std::mt19937_64 rng(11);
+  std::vector<ClusterRequest> workload = Workload(300, 7, 0);
+  double now = 0;
+  for (ClusterRequest& r : workload) {
+    now += static_cast<double>(rng() % 90);
+    r.arrival_ms = now;
+    r.output_len = 1 + static_cast<int64_t>(rng() % 300);
+  }
+  struct Case {
+    const char* name;
+    DecodeRates rates;
+    int64_t max_batch;
+  };
+  const Case cases[] = {
+      {"plain", {.step_fixed_ms = 10, .step_per_row_ms = 2, .tokens_per_step = 1}, 64},
+      {"fractional tokens, batch bound",
+       {.step_fixed_ms = 10, .step_per_row_ms = 2, .tokens_per_step = 1.7},
+       3},
+      {"spread",
+       {.step_fixed_ms = 10,
+        .step_per_row_ms = 2,
+        .tokens_per_step = 1.3,
+        .step_stretch = 1.1,
+        .step_stretch_quantiles = {0.8, 1, 1.5, 3}},
+       64},
+      {"replay in steps",
+       {.step_fixed_ms = 10,
+        .step_per_row_ms = 2,
+        .tokens_per_step = 1,
+        .replay_ms_per_gflop = 200,
+        .replay_piece_fixed_ms = 3.2,
+        .replay_piece_row_ms = 0.64},
+       64}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    ClusterOptions o = Options(RoutePolicy::kPredictedTtft, 0);
+    o.prefill_nodes = 3;
+    o.decode_nodes = 3;
+    o.decode_slots = 8;
+    o.decode = c.rates;
+    o.decode_step.max_batch = c.max_batch;
+    ClusterOptions alone = o;
+    alone.decode_cruises = false;
+    const ClusterResult cruising = SimulateCluster(workload, o);
+    const ClusterResult stepping = SimulateCluster(workload, alone);
+    EXPECT_EQ(cruising.ttft_ms, stepping.ttft_ms);
+    EXPECT_EQ(cruising.e2e_ms, stepping.e2e_ms);
+    EXPECT_EQ(cruising.tpot_ms, stepping.tpot_ms);
+    EXPECT_EQ(cruising.decode_busy_ms, stepping.decode_busy_ms);
+    EXPECT_EQ(cruising.makespan_ms, stepping.makespan_ms);
+    // The gaps come in another order (a cruise's at its end), the same ones.
+    std::vector<double> a = cruising.itl_ms, b = stepping.itl_ms;
+    std::sort(a.begin(), a.end());
+    std::sort(b.begin(), b.end());
+    EXPECT_EQ(a, b);
+    EXPECT_GT(a.size(), 10000u);
+    // The histogram holds every gap: its percentiles are NearestRank's within a bin's 0.1%.
+    EXPECT_EQ(cruising.itl.count(), static_cast<int64_t>(a.size()));
+    for (const double q : {1.0, 50.0, 90.0, 99.0, 100.0}) {
+      EXPECT_NEAR(cruising.itl.Percentile(q), NearestRank(a, q), 1e-3 * NearestRank(a, q)) << q;
+    }
+  }
+}
+
+// The token gaps' histogram: exact where a bin's samples are equal (0 included), within a
+// bin's width otherwise, and as NearestRank ranks them.
+TEST(ClusterSimTest, LatencyHistogramGivesNearestRankPercentiles) {
+  LatencyHistogram empty;
+  EXPECT_EQ(empty.Percentile(99), 0);
+  EXPECT_EQ(empty.count(), 0);
+  LatencyHistogram h;
+  std::vector<double> samples;
+  h.Add(12, 97);
+  samples.insert(samples.end(), 97, 12);
+  h.Add(0, 2);
+  samples.insert(samples.end(), 2, 0);
+  h.Add(-1);  // counted as 0
+  samples.push_back(0);
+  EXPECT_EQ(h.count(), 100);
+  EXPECT_EQ(h.Percentile(1), 0);
+  EXPECT_EQ(h.Percentile(3), 0);
+  EXPECT_EQ(h.Percentile(4), 12);
+  EXPECT_EQ(h.Percentile(100), 12);
+  EXPECT_DOUBLE_EQ(h.Mean(), 12 * 0.97);
+  std::mt19937_64 rng(3);
+  std::lognormal_distribution<double> gaps(3, 1);
+  for (int i = 0; i < 20000; ++i) {
+    const double gap = gaps(rng);
+    h.Add(gap);
+    samples.push_back(std::max(0.0, gap));
+  }
+  for (const double q : {0.5, 10.0, 50.0, 90.0, 99.0, 99.9, 100.0}) {
+    const double exact = NearestRank(samples, q);
+    EXPECT_NEAR(h.Percentile(q), exact, 1e-3 * exact) << q;
+  }
+  EXPECT_NEAR(h.Mean(), Mean(samples), 1e-9 * Mean(samples));
+}
+
 // One prefill node of one slot and one decode node of four, stepping at 10 + 2 ms a row.
 ClusterOptions OneSlotOneDecodeNode() {
   ClusterOptions o = Options(RoutePolicy::kLeastLoaded, 0);

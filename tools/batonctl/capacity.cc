@@ -18,6 +18,7 @@ CapacityPlan PlanCapacity(const std::vector<ClusterRequest>& requests, const Clu
     options.prefill_nodes = prefill;
     options.decode_nodes = decode;
     options.record_steps = false;
+    options.itl_samples = false;
     // A point stops once its TTFT p99 is sure to miss the target: when more requests miss it
     // than the p99's nearest rank leaves above it (NearestRank's rank, counted alike).
     const double n = static_cast<double>(requests.size());
@@ -30,8 +31,8 @@ CapacityPlan PlanCapacity(const std::vector<ClusterRequest>& requests, const Clu
         .decode_nodes = decode,
         .ttft_p50_ms = NearestRank(r.ttft_ms, 50),
         .ttft_p99_ms = NearestRank(r.ttft_ms, 99),
-        .itl_p50_ms = NearestRank(r.itl_ms, 50),
-        .itl_p99_ms = NearestRank(r.itl_ms, 99),
+        .itl_p50_ms = r.itl.Percentile(50),
+        .itl_p99_ms = r.itl.Percentile(99),
         .requests_per_s =
             r.makespan_ms > 0 ? static_cast<double>(requests.size()) / (r.makespan_ms / 1000) : 0};
     point.stopped = r.stopped;

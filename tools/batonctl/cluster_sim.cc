@@ -5,6 +5,7 @@
 #include <cstring>
 #include <deque>
 #include <limits>
+#include <numeric>
 #include <optional>
 #include <queue>
 #include <set>
@@ -125,9 +126,15 @@ struct Event {
   double time = 0;
   int kind = kPrefillEnds;
   size_t request = 0;    // kStepEnds: the decode node
-  uint64_t version = 0;  // kPrefillEnds of a shared node: stale once the node's version moves
+  // kPrefillEnds of a shared node, kStepEnds of a decode node: stale once the node's version
+  // moves.
+  uint64_t version = 0;
+  // A total order (ties by request or node, then version), so that which of two events at one
+  // time goes first does not hang on the queue's shape: a simulation of fewer events (decode
+  // cruises) orders them as one of more.
   bool operator>(const Event& other) const {
-    return time != other.time ? time > other.time : kind > other.kind;
+    return std::tie(time, kind, request, version) >
+           std::tie(other.time, other.kind, other.request, other.version);
   }
 };
 
@@ -493,8 +500,8 @@ ClusterRun::ClusterRun(const std::vector<ClusterRequest>& requests, const Cluste
       replay_of_(requests.size(), 0),
       replay_rows_of_(requests.size(), 0),
       decode_(requests, o_, result_,
-              [this](double time, size_t node) {
-                events_.push({time, kStepEnds, node});
+              [this](double time, size_t node, uint64_t version) {
+                events_.push({time, kStepEnds, node, version});
               }),
       open_nodes_(nodes_.size()) {
   // Replay-on-decode prices the replay at the decode node's rate, as the router does.
@@ -740,14 +747,27 @@ void ClusterRun::PrefillEnds(size_t r, double now) {
 
 ClusterResult ClusterRun::Run() {
   if (requests_.empty() || nodes_.empty()) return std::move(result_);
-  for (size_t i = 0; i < requests_.size(); ++i) {
-    events_.push({requests_[i].arrival_ms, kArrives, i});
-  }
+  // The arrivals in time order (trace order among equal times), beside the queue of what the
+  // nodes do: a million arrivals need not wait in it.
+  std::vector<size_t> arrivals(requests_.size());
+  std::iota(arrivals.begin(), arrivals.end(), size_t{0});
+  std::stable_sort(arrivals.begin(), arrivals.end(), [&](size_t a, size_t b) {
+    return requests_[a].arrival_ms < requests_[b].arrival_ms;
+  });
+  size_t next_arrival = 0;
   double first_arrival = std::numeric_limits<double>::max(), last_end = 0;
-  while (!events_.empty()) {
+  while (!events_.empty() || next_arrival < arrivals.size()) {
     if (o_.stop_over_count > 0 && over_ >= o_.stop_over_count) return Stopped();
-    const Event event = events_.top();
-    events_.pop();
+    Event event;
+    // At one time, what the nodes do comes before an arrival (EventKind).
+    if (next_arrival < arrivals.size() &&
+        (events_.empty() || events_.top().time > requests_[arrivals[next_arrival]].arrival_ms)) {
+      const size_t r = arrivals[next_arrival++];
+      event = {requests_[r].arrival_ms, kArrives, r};
+    } else {
+      event = events_.top();
+      events_.pop();
+    }
     if (event.kind == kArrives) {
       first_arrival = std::min(first_arrival, event.time);
       result_.prompt_tokens += requests_[event.request].prompt_len;
@@ -755,7 +775,7 @@ ClusterResult ClusterRun::Run() {
     } else {
       last_end = std::max(last_end, event.time);
       if (event.kind == kStepEnds) {
-        decode_.StepEnded(event.request, event.time);
+        decode_.StepEnded(event.request, event.time, event.version);
       } else if (event.kind == kReplayEnds) {
         if (decode_.modelled()) decode_.FirstToken(event.request, event.time);
       } else if (o_.sharing != PrefillSharing::kShared ||

@@ -55,6 +55,7 @@
 #include "baton/kvstore/prefill_placement.h"
 #include "baton/kvstore/ttft_model.h"
 #include "baton/v1/generation.pb.h"
+#include "latency_histogram.h"
 #include "trace.h"
 
 namespace baton::tools {
@@ -195,6 +196,13 @@ struct ClusterOptions {
   // What one decode step may do, as the decode node's flags set it (--max-batch,
   // --replay-rows-per-step, --replay-step-budget and their defaults).
   decode_node::StepPolicy decode_step{.max_batch = 64, .replay_rows = 8, .replay_step_budget = 1.0};
+  // ClusterResult::itl_ms: every token gap one by one, in the order the steps end (tests). A
+  // simulation of a million requests leaves it off: its percentiles come from
+  // ClusterResult::itl, in constant memory.
+  bool itl_samples = true;
+  // A decode node plans the steps its plan holds for at once (decode_sim.h: a cruise), one event
+  // for them all; false: every step alone (tests: both give the same steps).
+  bool decode_cruises = true;
 };
 
 // What one store node served over a simulation, as the fleet's rules send it: a lookup probes
@@ -234,9 +242,11 @@ struct ClusterResult {
   std::vector<ClusterStep> steps;  // with ClusterOptions::record_steps
   std::vector<std::string> store_ids;
   std::vector<StoreNodeOps> store_ops;  // per store node, as store_ids
-  // With decode: every token gap after the first token (ITL samples); per request in trace
-  // order, its mean gap (TPOT; -1 for a request of one token) and its last token's time less
-  // its arrival; and each decode node's busy time.
+  // With decode: every token gap after the first token (ITL samples: all of them in `itl`, and
+  // one by one in `itl_ms` with ClusterOptions::itl_samples); per request in trace order, its
+  // mean gap (TPOT; -1 for a request of one token) and its last token's time less its
+  // arrival; and each decode node's busy time.
+  LatencyHistogram itl;
   std::vector<double> itl_ms;
   std::vector<double> tpot_ms;
   std::vector<double> e2e_ms;

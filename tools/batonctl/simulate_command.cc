@@ -528,7 +528,10 @@ nlohmann::json ClusterRow(const ClusterResult& r, const SimulateOptions& o, cons
   nlohmann::json row = {
       {"itl_ms", nullptr}, {"tpot_ms", nullptr}, {"e2e_ms", nullptr}, {"decode", nullptr}};
   if (o.decode_nodes > 0) {
-    row["itl_ms"] = Percentiles(r.itl_ms);
+    row["itl_ms"] = {{"p50", r.itl.Percentile(50)},
+                     {"p90", r.itl.Percentile(90)},
+                     {"p99", r.itl.Percentile(99)},
+                     {"mean", r.itl.Mean()}};
     std::vector<double> tpot;  // of the requests of more than one token
     for (double t : r.tpot_ms) {
       if (t >= 0) tpot.push_back(t);
@@ -642,7 +645,8 @@ int RunCluster(const SimulateOptions& o, const std::vector<Setting>& settings,
                                      .decode_nodes = o.decode_nodes,
                                      .decode_slots = o.decode_slots,
                                      .decode = *decode_rates,
-                                     .decode_step = o.decode_step};
+                                     .decode_step = o.decode_step,
+                                     .itl_samples = false};
         const ClusterResult r = SimulateCluster(cluster, options);
         results.push_back(ClusterRow(r, o, s, policy, cache, *decode_rates));
       }
