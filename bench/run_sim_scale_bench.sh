@@ -17,20 +17,8 @@ work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 
 "$batonctl" make-model --preset small --out "$work/model" >/dev/null
-# The tiled trace: tile t's arrivals follow tile t-1's, its hash ids past every id before it.
-python3 - "$root/../shared/traces/mooncake_synthetic_trace.jsonl" "$tiles" "$work/trace.jsonl" <<'PY'
-import json, sys
-source, tiles, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-lines = [json.loads(line) for line in open(source) if line.strip()]
-span = max(line["timestamp"] for line in lines) + 1
-ids = max(max(line["hash_ids"], default=0) for line in lines) + 1
-with open(out, "w") as f:
-    for t in range(tiles):
-        for line in lines:
-            tiled = dict(line, timestamp=line["timestamp"] + t * span,
-                         hash_ids=[h + t * ids for h in line["hash_ids"]])
-            f.write(json.dumps(tiled) + "\n")
-PY
+python3 "$root/bench/tile_trace.py" "$root/../shared/traces/mooncake_synthetic_trace.jsonl" "$tiles" \
+  "$work/trace.jsonl"
 echo "trace: $(wc -l <"$work/trace.jsonl") requests ($tiles tiles)"
 
 run() {

@@ -355,6 +355,7 @@ TEST(BatonctlSimulateTest, CapacityFindsTheFewestNodesForTheTargets) {
   EXPECT_TRUE(out["best"]["meets"].get<bool>());
   EXPECT_GT(out["best"]["itl_ms"]["p99"].get<double>(), 0);
   EXPECT_GE(out["explored"].size(), 2u);
+  for (const nlohmann::json& point : out["explored"]) EXPECT_GE(point["seconds"].get<double>(), 0);
   // Targets nothing meets: no answer, exit 1, the frontier still printed.
   const Result none =
       RunBatonctl("capacity --trace " + CapTrace() + " --trace-block 8 --model-config " +
@@ -381,6 +382,7 @@ TEST(BatonctlSimulateTest, CapacityFindsTheFewestNodesForTheTargets) {
   for (const auto& [args, message] : std::vector<std::pair<std::string, std::string>>{
            {"--ttft-p99-ms 0", "--ttft-p99-ms: must be a finite number > 0"},
            {"--ttft-p99-ms 10 --max-nodes 0", "--max-nodes: 0 must lie in [1, 1024]"},
+           {"--ttft-p99-ms 10 --threads -1", "--threads: -1 must lie in [0, 256]"},
            {"--ttft-p99-ms 10 --policy fastest", "--policy: 'fastest'"},
            {"--ttft-p99-ms 10 --split sideways", "--split: 'sideways' is unknown"},
            {"--ttft-p99-ms 10 --split replay-on-decode",

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <numeric>
 #include <random>
+#include <set>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -741,6 +742,23 @@ TEST(ClusterSimTest, CapacityPlanIsTheFewestNodesThatMeetTheTargets) {
   const CapacityPlan none =
       PlanCapacity(requests, base, {.ttft_p99_ms = cold_ms / 2, .itl_p99_ms = 20, .max_nodes = 8});
   EXPECT_FALSE(none.best.has_value());
+  // Points run several at once (a round of T doublings, steps down or bisections) find what
+  // one at a time finds, and no point runs twice.
+  for (const int64_t threads : {1, 2, 3, 5}) {
+    SCOPED_TRACE(threads);
+    CapacityGoal at = goal;
+    at.threads = threads;
+    const CapacityPlan parallel = PlanCapacity(requests, base, at);
+    ASSERT_TRUE(parallel.best.has_value());
+    EXPECT_EQ(parallel.best->prefill_nodes, plan.best->prefill_nodes);
+    EXPECT_EQ(parallel.best->decode_nodes, plan.best->decode_nodes);
+    std::set<std::pair<int64_t, int64_t>> shapes;
+    for (const CapacityPoint& p : parallel.explored) {
+      EXPECT_TRUE(shapes.emplace(p.prefill_nodes, p.decode_nodes).second)
+          << p.prefill_nodes << " + " << p.decode_nodes << " ran twice";
+      EXPECT_GE(p.seconds, 0);
+    }
+  }
 }
 
 // A prompt of `blocks` blocks of its own tokens (no prefix any other shares), arriving at

@@ -7,9 +7,16 @@
 // constraint), then the fewest prefill nodes that meet both with those decode nodes, each by
 // doubling from one node and then bisecting, and finally tries one decode node more with its own
 // fewest prefill nodes, in case more decode slots let fewer prefill nodes meet the TTFT target (a
-// request's decode slot is reserved before its prefill starts). Every point it ran is kept, in
-// order: the frontier it explored. A point stops as soon as its TTFT p99 is sure to miss the
-// target, so the points below the answer cost a part of a simulation each.
+// request's decode slot is reserved before its prefill starts): that search knows the count
+// just below the first answer meets, so it steps down from there (1, 2, 4, ... below) and then
+// bisects. Every point it ran is kept, in order: the frontier it explored. A point stops as soon
+// as its TTFT p99 is sure to miss the target, so the points below the answer cost a part of a
+// simulation each.
+//
+// With T threads (CapacityGoal::threads) each round of a search runs T points at once: T
+// doublings (or steps down) ahead, or T points evenly inside the bisected range, so a search
+// takes about log_(T+1) rounds where one thread takes log_2. Under the assumption above the
+// answer is the one a thread alone finds.
 //
 // Pure; safe from any thread.
 #pragma once
@@ -26,6 +33,8 @@ struct CapacityGoal {
   double ttft_p99_ms = 0;
   double itl_p99_ms = 0;   // 0: no ITL target (decode nodes still needed for the slots)
   int64_t max_nodes = 64;  // per role
+  // Points simulated at once, each on its own thread (0: one per core the machine has).
+  int64_t threads = 0;
 };
 
 struct CapacityPoint {
@@ -36,6 +45,7 @@ struct CapacityPoint {
   // It stopped once its TTFT p99 was sure to miss (ClusterOptions::stop_over_count): its
   // percentiles are over the requests placed by then.
   bool stopped = false;
+  double seconds = 0;  // the simulation's wall time
 };
 
 struct CapacityPlan {

@@ -33,6 +33,7 @@ struct CapacityOptions {
   double ttft_p99_ms = 0;
   double itl_p99_ms = 0;
   int64_t max_nodes = 64;
+  int64_t threads = 0;
   std::string policy = "predicted-ttft";
   int64_t prefill_slots = 2;
   int64_t decode_slots = 64;
@@ -77,7 +78,8 @@ nlohmann::json PointJson(const ShapedPoint& shaped) {
           {"itl_ms", {{"p50", p.itl_p50_ms}, {"p99", p.itl_p99_ms}}},
           {"requests_per_s", p.requests_per_s},
           {"meets", p.meets},
-          {"stopped", p.stopped}};
+          {"stopped", p.stopped},
+          {"seconds", p.seconds}};
 }
 
 // The numeric flags, each in its range.
@@ -90,6 +92,9 @@ absl::Status CheckCapacityFlags(const CapacityOptions& o) {
   }
   if (o.max_nodes < 1 || o.max_nodes > 1024) {
     return FlagError("--max-nodes", absl::StrCat(o.max_nodes, " must lie in [1, 1024]"));
+  }
+  if (o.threads < 0 || o.threads > 256) {
+    return FlagError("--threads", absl::StrCat(o.threads, " must lie in [0, 256] (0: every core)"));
   }
   if (o.prefill_slots < 1 || o.prefill_slots > 1024 || o.decode_slots < 1 ||
       o.decode_slots > 65536) {
@@ -170,18 +175,19 @@ void PrintCapacity(const CapacityOptions& o, const std::vector<ShapedPoint>& exp
                      .dump()
               << "\n";
   } else {
-    std::cout << absl::StrFormat("%16s %14s %12s %8s %7s %10s %10s %9s %9s %8s %6s\n", "split",
+    std::cout << absl::StrFormat("%16s %14s %12s %8s %7s %10s %10s %9s %9s %8s %6s %7s\n", "split",
                                  "policy", "cache", "prefill", "decode", "ttft_p50", "ttft_p99",
-                                 "itl_p50", "itl_p99", "req/s", "meets");
+                                 "itl_p50", "itl_p99", "req/s", "meets", "secs");
     for (const ShapedPoint& shaped : explored) {
       const CapacityPoint& p = shaped.point;
       std::cout << absl::StrFormat(
-          "%16s %14s %12d %8d %7d %10.1f %10.1f %9.1f %9.1f %8.2f %6s\n", shaped.shape.split,
+          "%16s %14s %12d %8d %7d %10.1f %10.1f %9.1f %9.1f %8.2f %6s %7.1f\n", shaped.shape.split,
           shaped.shape.policy, shaped.shape.block_cache_bytes, p.prefill_nodes, p.decode_nodes,
           p.ttft_p50_ms, p.ttft_p99_ms, p.itl_p50_ms, p.itl_p99_ms, p.requests_per_s,
           p.meets     ? "yes"
           : p.stopped ? "no*"
-                      : "no");
+                      : "no",
+          p.seconds);
     }
     if (std::any_of(explored.begin(), explored.end(),
                     [](const ShapedPoint& shaped) { return shaped.point.stopped; })) {
@@ -253,9 +259,11 @@ int RunCapacity(const CapacityOptions& o) {
     base.policy = shape.route;
     base.block_cache_bytes = shape.block_cache_bytes;
     if (shape.split == "prefill-all") base.decode.replay_ms_per_gflop = 0;
-    const CapacityPlan plan = PlanCapacity(
-        requests, base,
-        {.ttft_p99_ms = o.ttft_p99_ms, .itl_p99_ms = o.itl_p99_ms, .max_nodes = o.max_nodes});
+    const CapacityPlan plan = PlanCapacity(requests, base,
+                                           {.ttft_p99_ms = o.ttft_p99_ms,
+                                            .itl_p99_ms = o.itl_p99_ms,
+                                            .max_nodes = o.max_nodes,
+                                            .threads = o.threads});
     for (const CapacityPoint& p : plan.explored) explored.push_back({shape, p});
     if (!plan.best) continue;
     const ShapedPoint candidate{shape, *plan.best};
@@ -287,6 +295,9 @@ Command AddCapacityCommand(CLI::App& app) {
                       "ITL target at p99 (ms; default 0: none, decode nodes still hold slots)");
   command->add_option("--max-nodes", o->max_nodes,
                       "The most nodes of each role to consider (default 64, at most 1024)");
+  command->add_option("--threads", o->threads,
+                      "Points simulated at once, each on its own thread (default 0: one per "
+                      "core)");
   command->add_option("--policy", o->policy,
                       "The router's --prefill-policy (least-loaded, longest-prefix, "
                       "predicted-ttft; default predicted-ttft), or several comma-separated: "

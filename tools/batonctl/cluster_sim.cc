@@ -439,7 +439,8 @@ class ClusterRun {
                               const kvstore::ChainLookup& in_store,
                               const kvstore::PlacementRequest& place) const;
   bool PlaceNext(double now);
-  void ReadHit(size_t chosen, const std::vector<Sha256Digest>& chain, int64_t hit_blocks);
+  void ReadHit(size_t chosen, const std::vector<Sha256Digest>& chain, int64_t hit_blocks,
+               const kvstore::ChainLookup& in_store);
   // A shared node's prefills in flight advanced to `now`, each at 1/n of the node's speed.
   void AdvanceShared(Node& node, double now);
   // The shared node's next end: the prefill with the least service left, at 1/n speed.
@@ -516,6 +517,13 @@ ClusterRun::ClusterRun(const std::vector<ClusterRequest>& requests, const Cluste
   replication_ = static_cast<int>(
       std::clamp<int64_t>(o_.store_replication, 1, static_cast<int64_t>(result_.store_ids.size())));
   for (size_t n = 0; n < nodes_.size(); ++n) open_nodes_.Update(n, 0, 0, o_.slots > 0);
+  // The store holds at most every block of the trace, and at most what its budget holds.
+  uint64_t blocks = 0;
+  for (const ClusterRequest& r : requests_) blocks += static_cast<uint64_t>(r.prompt_len / B_);
+  if (o_.store_budget.has_value() && kv_value_ > 0) {
+    blocks = std::min(blocks, *o_.store_budget / kv_value_ + 1);
+  }
+  store_.Reserve(static_cast<size_t>(std::min<uint64_t>(blocks, uint64_t{1} << 26)));
 }
 
 const std::vector<Sha256Digest>& ClusterRun::ChainOf(size_t r) {
@@ -587,11 +595,18 @@ std::vector<size_t> ClusterRun::OpenFor(const std::vector<Sha256Digest>& chain,
 // The hit's reads on node `chosen`: the store's blocks are used (touched) and kept in the
 // node's cache; the router's lookup probes each owner of some of the prompt's keys once; the
 // values the node's cache lacks come from one owner each.
-void ClusterRun::ReadHit(size_t chosen, const std::vector<Sha256Digest>& chain, int64_t h) {
+//
+// The store's blocks of the hit are touched as its Lookup would (`in_store` is its Peek of the
+// chain when the request was placed). The node's cache needs no Lookup: keeping the reads
+// touches the same blocks, in the same order, before it adds any value that could evict one
+// (block KV of [0, h) first, and those it holds are a prefix of it), so the recency order is
+// what a Lookup and then the puts would leave.
+void ClusterRun::ReadHit(size_t chosen, const std::vector<Sha256Digest>& chain, int64_t h,
+                         const kvstore::ChainLookup& in_store) {
   Node& node = nodes_[chosen];
-  const std::span<const Sha256Digest> hit_chain(chain.data(), static_cast<size_t>(h));
-  node.cache.Lookup(hit_chain);
-  store_.Lookup(hit_chain);
+  for (int64_t b = 0; b < std::min(h, in_store.block_kv_blocks); ++b) {
+    store_.Touch(chain[static_cast<size_t>(b)]);
+  }
   const std::vector<std::vector<size_t>> owned =
       kvstore::KeysByOwner(chain, result_.store_ids, replication_);
   for (size_t s = 0; s < owned.size(); ++s) {
@@ -641,7 +656,7 @@ bool ClusterRun::PlaceNext(double now) {
   const size_t chosen = open[static_cast<size_t>(placement.chosen)];
   const int64_t h = placement.plan.hit.hit_blocks;
   waiting_.pop_front();
-  ReadHit(chosen, chain, h);
+  ReadHit(chosen, chain, h, in_store);
   result_.local_hit_tokens += placement.plan.hit.local_blocks * B_;
   result_.store_hit_tokens += (h - placement.plan.hit.local_blocks) * B_;
   // The prefill node's own part; a replay on the decode node follows it.
