@@ -76,12 +76,15 @@ void PrefixIndex::Add(const Sha256Digest& key, const std::optional<Sha256Digest>
       waiting_children_.erase(waiting);
     }
     if (parent.has_value()) {
-      // The parent, having a child, is no leaf: its entries go stale where they are.
+      // The parent, having a child, is no leaf: its entries go stale where they are, but for
+      // the newest, which a chain written block after block just put at the back of `used_`:
+      // it goes now, so that eviction need not look it up to skip it.
       auto p = nodes_.find(*parent);
       if (p == nodes_.end()) {
         ++waiting_children_[*parent];
-      } else {
-        ++p->second.children;
+      } else if (p->second.children++ == 0 && !used_.empty() &&
+                 used_.back().first == p->second.last_used) {
+        used_.pop_back();
       }
     }
     Use(node, key);  // no insertion into nodes_ since try_emplace: `node` is still valid

@@ -517,13 +517,6 @@ ClusterRun::ClusterRun(const std::vector<ClusterRequest>& requests, const Cluste
   replication_ = static_cast<int>(
       std::clamp<int64_t>(o_.store_replication, 1, static_cast<int64_t>(result_.store_ids.size())));
   for (size_t n = 0; n < nodes_.size(); ++n) open_nodes_.Update(n, 0, 0, o_.slots > 0);
-  // The store holds at most every block of the trace, and at most what its budget holds.
-  uint64_t blocks = 0;
-  for (const ClusterRequest& r : requests_) blocks += static_cast<uint64_t>(r.prompt_len / B_);
-  if (o_.store_budget.has_value() && kv_value_ > 0) {
-    blocks = std::min(blocks, *o_.store_budget / kv_value_ + 1);
-  }
-  store_.Reserve(static_cast<size_t>(std::min<uint64_t>(blocks, uint64_t{1} << 26)));
 }
 
 const std::vector<Sha256Digest>& ClusterRun::ChainOf(size_t r) {

@@ -73,10 +73,6 @@ class PrefixIndex {
   // nothing is left; calls `on_evict` (may be empty) for each. Returns the values evicted.
   uint64_t EvictToBudget(uint64_t budget_bytes, const EvictFn& on_evict);
 
-  // Room for `nodes` nodes without growing the table (a simulation that knows how many blocks
-  // its store will hold sizes it once instead of rehashing millions of keys as it grows).
-  void Reserve(size_t nodes) { nodes_.reserve(nodes); }
-
   uint64_t stored_bytes() const { return stored_bytes_; }
   uint64_t values(Region region) const { return values_[static_cast<int>(region)]; }
   size_t nodes() const { return nodes_.size(); }
