@@ -396,4 +396,59 @@ TEST(BatonctlSimulateTest, CapacityFindsTheFewestNodesForTheTargets) {
   }
 }
 
+// `--rates FILE`: the output of `batonctl rates --addr ROUTER` kept in a file prices the
+// cluster as the same rates given inline do, its decode rates too unless --decode-rates is
+// given; a file that cannot be read or holds no rates is refused by name.
+TEST(BatonctlSimulateTest, RatesComeFromAFileOfBatonctlRatesOutput) {
+  const std::string inline_rates = "compute_ms_per_gflop=7,fixed_ms=3";
+  const std::string inline_decode = "step_fixed_ms=4,step_per_row_ms=1.5";
+  const std::string file =
+      WriteFile("rates.json", nlohmann::json{{"prefill_nodes", 2},
+                                             {"decode_nodes", 1},
+                                             {"split", "prefill-all"},
+                                             {"rates", inline_rates},
+                                             {"decode_rates", inline_decode},
+                                             {"nodes", nlohmann::json::array()}}
+                                  .dump());
+  const std::string common = "capacity --trace " + DecodeTrace() + " --trace-block 8 " +
+                             "--model-config " + TinyConfig() +
+                             " --ttft-p99-ms 100000 --itl-p99-ms 1000 --max-nodes 4 --json ";
+  const Result given =
+      RunBatonctl(common + "--rates " + inline_rates + " --decode-rates " + inline_decode);
+  const Result from_file = RunBatonctl(common + "--rates " + file);
+  ASSERT_EQ(given.exit_status, 0) << given.err;
+  ASSERT_EQ(from_file.exit_status, 0) << from_file.err;
+  auto points = [](const Result& r) {
+    nlohmann::json explored = nlohmann::json::parse(r.out)["explored"];
+    for (nlohmann::json& p : explored) p.erase("seconds");
+    return explored;
+  };
+  EXPECT_EQ(points(from_file), points(given));
+  // Other decode rates given beside the file win over the file's.
+  const Result slower = RunBatonctl(common + "--rates " + file +
+                                    " --decode-rates step_fixed_ms=40,step_per_row_ms=1.5");
+  ASSERT_EQ(slower.exit_status, 0) << slower.err;
+  EXPECT_GT(nlohmann::json::parse(slower.out)["best"]["itl_ms"]["p50"].get<double>(),
+            nlohmann::json::parse(given.out)["best"]["itl_ms"]["p50"].get<double>());
+  // simulate takes the same file.
+  const Result simulated = RunBatonctl(
+      "simulate --trace " + DecodeTrace() + " --trace-block 8 --model-config " + TinyConfig() +
+      " --policy least-loaded --prefill-nodes 1 --decode-nodes 1 --rates " + file + " --json");
+  ASSERT_EQ(simulated.exit_status, 0) << simulated.err;
+  EXPECT_EQ(nlohmann::json::parse(simulated.out)["rates"]["compute_ms_per_gflop"], 7);
+  for (const auto& [contents, message] : std::vector<std::pair<std::string, std::string>>{
+           {"", "is not a JSON object"},
+           {"[1, 2]", "is not a JSON object"},
+           {R"({"decode_rates": "step_fixed_ms=4"})", "has no string \"rates\""},
+           {R"({"rates": 5})", "has no string \"rates\""}}) {
+    const std::string bad = WriteFile("bad_rates.json", contents);
+    const Result refused = RunBatonctl(common + "--rates " + bad);
+    EXPECT_EQ(refused.exit_status, 2) << contents;
+    EXPECT_THAT(refused.err, HasSubstr("--rates: '" + bad + "' " + message)) << contents;
+  }
+  const Result missing = RunBatonctl(common + "--rates /nonexistent/rates.json");
+  EXPECT_EQ(missing.exit_status, 2);
+  EXPECT_THAT(missing.err, HasSubstr("--rates: '/nonexistent/rates.json' cannot be read"));
+}
+
 }  // namespace

@@ -115,9 +115,11 @@ absl::StatusOr<std::vector<Shape>> ParseShapes(const CapacityOptions& o,
                                                DecodeRates& decode_out) {
   absl::StatusOr<std::vector<RoutePolicy>> policies = ParseRoutePolicies(o.policy);
   if (!policies.ok()) return policies.status();
-  absl::StatusOr<kvstore::PrefillRates> rates = ParseRates(o.rates);
+  std::string rates_text = o.rates, decode_text = o.decode_rates;
+  if (absl::Status s = ResolveRatesFile(rates_text, decode_text); !s.ok()) return s;
+  absl::StatusOr<kvstore::PrefillRates> rates = ParseRates(rates_text);
   if (!rates.ok()) return rates.status();
-  absl::StatusOr<DecodeRates> decode = ParseDecodeRates(o.decode_rates);
+  absl::StatusOr<DecodeRates> decode = ParseDecodeRates(decode_text);
   if (!decode.ok()) return decode.status();
   absl::StatusOr<std::vector<std::optional<uint64_t>>> caches =
       ParseBudgets(o.block_cache_bytes, "--block-cache-bytes");
@@ -314,7 +316,9 @@ Command AddCapacityCommand(CLI::App& app) {
                       "replay-on-decode needs --decode-rates replay_ms_per_gflop=.. (default: "
                       "replay-on-decode when that is given, else prefill-all)");
   command->add_option("--rates", o->rates,
-                      "The prefill nodes' rates, as `batonctl simulate --rates`");
+                      "The prefill nodes' rates, as `batonctl simulate --rates`: name=value,... or "
+                      "a FILE of `batonctl rates --addr ROUTER` output (its decode rates too, "
+                      "unless --decode-rates is given)");
   command->add_option("--decode-rates", o->decode_rates,
                       "The decode nodes' step cost, as `batonctl simulate --decode-rates`");
   AddDecodeStepFlags(*command, o->decode_step);

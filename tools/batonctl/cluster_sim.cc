@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <deque>
+#include <fstream>
 #include <limits>
 #include <numeric>
 #include <optional>
@@ -26,6 +27,7 @@
 #include "baton/kvstore/prefix_index.h"
 #include "baton/kvstore/stored_value.h"
 #include "decode_sim.h"
+#include "nlohmann/json.hpp"
 
 namespace baton::tools {
 namespace {
@@ -416,6 +418,36 @@ MeasuredRates MeanRates(const v1::ListRatesResponse& reply, absl::string_view mo
   measured.rates = join(prefill);
   measured.decode_rates = join(decode);
   return measured;
+}
+
+absl::Status ResolveRatesFile(std::string& rates, std::string& decode_rates) {
+  if (rates.empty() || rates.find('=') != std::string::npos) return absl::OkStatus();
+  const std::string path = rates;
+  auto fail = [&](absl::string_view what) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--rates: '", path, "' ", what,
+        " (a --rates value is name=value,... or a file of `batonctl rates --addr ROUTER` "
+        "output)"));
+  };
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return fail("cannot be read");
+  constexpr std::streamsize kMaxBytes = std::streamsize{64} << 20;
+  std::string text(static_cast<size_t>(kMaxBytes) + 1, '\0');
+  in.read(text.data(), kMaxBytes + 1);
+  if (in.bad()) return fail("cannot be read");
+  if (in.gcount() > kMaxBytes) return fail("is over 64 MiB");
+  text.resize(static_cast<size_t>(in.gcount()));
+  const nlohmann::json doc = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (doc.is_discarded() || !doc.is_object()) return fail("is not a JSON object");
+  if (!doc.contains("rates") || !doc["rates"].is_string()) {
+    return fail("has no string \"rates\"");
+  }
+  rates = doc["rates"].get<std::string>();
+  if (decode_rates.empty() && doc.contains("decode_rates")) {
+    if (!doc["decode_rates"].is_string()) return fail("has a \"decode_rates\" that is no string");
+    decode_rates = doc["decode_rates"].get<std::string>();
+  }
+  return absl::OkStatus();
 }
 
 namespace {

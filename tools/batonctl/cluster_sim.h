@@ -155,6 +155,12 @@ struct MeasuredRates {
   bool replay_on_decode = false;  // a prefill node holds the producers only
 };
 MeasuredRates MeanRates(const v1::ListRatesResponse& reply, absl::string_view model);
+// `--rates FILE`: a --rates value without '=' names a file that holds what `batonctl rates
+// --addr ROUTER` printed (a JSON object whose "rates" and "decode_rates" are the two flags'
+// strings). `rates` becomes the file's "rates", and `decode_rates`, unless --decode-rates gave
+// it, the file's "decode_rates". A value with '=' is left as it is. Errors name --rates and the
+// file: unreadable, over 64 MiB, not JSON, or without a string "rates".
+absl::Status ResolveRatesFile(std::string& rates, std::string& decode_rates);
 
 // How a prefill node computes the prefills it holds at once: one at a time on all its cores in
 // the order they came, as baton-prefill does (common/fifo_turns.h), or all of them at once, each

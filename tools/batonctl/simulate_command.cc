@@ -607,13 +607,17 @@ int RunCluster(const SimulateOptions& o, const std::vector<Setting>& settings,
                const ModelConfig& config) {
   absl::StatusOr<std::vector<RoutePolicy>> policies = ParseRoutePolicies(o.policies);
   if (!policies.ok()) return ReportError("simulate", policies.status());
-  absl::StatusOr<kvstore::PrefillRates> rates = ParseRates(o.rates);
+  std::string rates_text = o.rates, decode_text = o.decode_rates;
+  if (absl::Status s = ResolveRatesFile(rates_text, decode_text); !s.ok()) {
+    return ReportError("simulate", s);
+  }
+  absl::StatusOr<kvstore::PrefillRates> rates = ParseRates(rates_text);
   if (!rates.ok()) return ReportError("simulate", rates.status());
   absl::StatusOr<std::vector<std::optional<uint64_t>>> caches =
       ParseBudgets(o.block_cache_bytes, "--block-cache-bytes");
   if (!caches.ok()) return ReportError("simulate", caches.status());
   if (absl::Status s = CheckClusterFlags(o); !s.ok()) return ReportError("simulate", s);
-  absl::StatusOr<DecodeRates> decode_rates = ParseDecodeRates(o.decode_rates);
+  absl::StatusOr<DecodeRates> decode_rates = ParseDecodeRates(decode_text);
   if (!decode_rates.ok()) return ReportError("simulate", decode_rates.status());
   absl::StatusOr<PrefillSharing> sharing = ParsePrefillSharing(o.prefill_sharing);
   if (!sharing.ok()) return ReportError("simulate", sharing.status());
@@ -784,7 +788,9 @@ void AddClusterFlags(CLI::App* command, SimulateOptions* o) {
   command->add_option("--rates", o->rates,
                       "The nodes' rates in ms, name=value comma-separated (compute_ms_per_gflop, "
                       "local_ms_per_mib, store_ms_per_mib, fixed_ms), e.g. "
-                      "from a run's baton_prefill_rate_ms; the rest take the router's priors");
+                      "from a run's baton_prefill_rate_ms; the rest take the router's priors. Or a "
+                      "FILE holding `batonctl rates --addr ROUTER` output: its rates, and its "
+                      "decode rates unless --decode-rates is given");
   command->add_option("--store-nodes", o->store_nodes,
                       "Store nodes of the simulated cluster, as baton up's --kvstore-nodes "
                       "(default 1); the results give each one's operations per second");
