@@ -5,10 +5,9 @@
 # with the small preset model, 512 MiB block caches, up to MAX_NODES nodes a role. Prints each
 # build's wall seconds, peak memory, the points it ran and its answer, so two builds can be
 # compared in one run: BASE=path/to/an/older/batonctl runs it first, then this build's, ROUNDS
-# times (default 1). THREADS sets --threads (default 0: every core; a BASE without the flag
-# takes none).
+# times (default 1). THREADS sets --threads (default 1; a BASE without the flag takes none).
 #
-#   [TILES=5] [TTFT_P99_MS=90000] [ITL_P99_MS=200] [MAX_NODES=1024] [THREADS=0]
+#   [TILES=5] [TTFT_P99_MS=90000] [ITL_P99_MS=200] [MAX_NODES=1024] [THREADS=1]
 #     [BASE=... [ROUNDS=1]] bench/run_capacity_scale_bench.sh
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -46,7 +45,7 @@ print(f"{name}: {seconds:.1f} s, {kib / 1048576:.2f} GiB peak; {len(points)} poi
 PY
 }
 
-threads=(--threads "${THREADS:-0}")
+threads=(--threads "${THREADS:-1}")
 for ((round = 0; round < ${ROUNDS:-1}; ++round)); do
   if [[ -n "${BASE:-}" ]]; then run base "$BASE"; fi
   run this "$batonctl" "${threads[@]}"

@@ -119,30 +119,20 @@ CapacityPlan PlanCapacity(const std::vector<ClusterRequest>& requests, const Clu
       return met;
     };
   };
-  // The fewest in [1, max] that meets, given that max does: doubling from 1 (`threads`
-  // doublings a round) until one meets, then bisecting the last step. The points below the
-  // answer miss, and a miss stops early, so a small answer costs few full simulations.
+  // The fewest in [1, max] that meets, given that max does: doubling from 1 until one meets,
+  // then bisecting the last step (`threads` points a round). The points below the answer miss,
+  // and a miss stops early, so a small answer costs few full simulations. The doublings go one
+  // at a time: a doubling run beside the one that first meets would be a whole simulation
+  // spent above the answer.
   auto fewest = [&](const auto& batch) {
-    int64_t low = 0, next = 1;  // meets fails at low (0: none tried)
-    while (true) {
-      std::vector<int64_t> asked;
-      for (int64_t n = next; static_cast<int64_t>(asked.size()) < threads;
-           n = std::min(max, 2 * n)) {
-        asked.push_back(n);
-        if (n == max) break;
-      }
-      const std::vector<bool> met = batch(asked);
-      const auto first = std::find(met.begin(), met.end(), true);
-      if (first != met.end()) {
-        const size_t i = static_cast<size_t>(first - met.begin());
-        if (i > 0) low = asked[i - 1];
-        return Bisect(low, asked[i], threads, batch);
-      }
-      low = asked.back();
-      if (low >= max) return max;  // not even max met: the caller checked it does
-      next = std::min(max, 2 * low);
+    int64_t low = 0;  // meets fails at low (0: none tried)
+    for (int64_t n = 1;; n = std::min(max, 2 * n)) {
+      if (batch({n}).front()) return Bisect(low, n, threads, batch);
+      low = n;
+      if (n >= max) return max;  // not even max met: the caller checked it does
     }
   };
+
   // The fewest in [1, top] that meets, given that top does and the answer is near it:
   // stepping down 1, 2, 4, ... below top (`threads` steps a round) until one fails, then
   // bisecting the last step.

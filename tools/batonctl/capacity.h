@@ -13,10 +13,11 @@
 // as its TTFT p99 is sure to miss the target, so the points below the answer cost a part of a
 // simulation each.
 //
-// With T threads (CapacityGoal::threads) each round of a search runs T points at once: T
-// doublings (or steps down) ahead, or T points evenly inside the bisected range, so a search
-// takes about log_(T+1) rounds where one thread takes log_2. Under the assumption above the
-// answer is the one a thread alone finds.
+// With T threads (CapacityGoal::threads) each round of a bisection runs T points at once,
+// evenly inside the range, and each round stepping down T steps: a bisection takes about
+// log_(T+1) rounds where one thread takes log_2. The doublings up from one node go one at a
+// time (one run beside the first that meets would be a whole simulation above the answer).
+// Under the assumption above the answer is the one a thread alone finds.
 //
 // Pure; safe from any thread.
 #pragma once
@@ -33,8 +34,9 @@ struct CapacityGoal {
   double ttft_p99_ms = 0;
   double itl_p99_ms = 0;   // 0: no ITL target (decode nodes still needed for the slots)
   int64_t max_nodes = 64;  // per role
-  // Points simulated at once, each on its own thread (0: one per core the machine has).
-  int64_t threads = 0;
+  // Points simulated at once in a bisection, each on its own thread (0: one per core the
+  // machine has).
+  int64_t threads = 1;
 };
 
 struct CapacityPoint {

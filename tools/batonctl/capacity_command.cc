@@ -33,7 +33,7 @@ struct CapacityOptions {
   double ttft_p99_ms = 0;
   double itl_p99_ms = 0;
   int64_t max_nodes = 64;
-  int64_t threads = 0;
+  int64_t threads = 1;
   std::string policy = "predicted-ttft";
   int64_t prefill_slots = 2;
   int64_t decode_slots = 64;
@@ -298,8 +298,8 @@ Command AddCapacityCommand(CLI::App& app) {
   command->add_option("--max-nodes", o->max_nodes,
                       "The most nodes of each role to consider (default 64, at most 1024)");
   command->add_option("--threads", o->threads,
-                      "Points simulated at once, each on its own thread (default 0: one per "
-                      "core)");
+                      "Points simulated at once in a bisection, each on its own thread (default "
+                      "1; 0: one per core)");
   command->add_option("--policy", o->policy,
                       "The router's --prefill-policy (least-loaded, longest-prefix, "
                       "predicted-ttft; default predicted-ttft), or several comma-separated: "
