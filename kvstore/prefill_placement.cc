@@ -59,6 +59,23 @@ double QueueAhead(double own_ms, double reported_ms, double own_at_report_ms) {
   return own_ms + std::max(0.0, reported_ms - own_at_report_ms);
 }
 
+void OwnPrefills::Took(double predicted_ms, double now_ms) {
+  ++count;
+  pending_ms += predicted_ms;
+  busy_until_ms = std::max(busy_until_ms, now_ms) + predicted_ms;
+}
+
+void OwnPrefills::Ended(double predicted_ms, double now_ms) {
+  --count;
+  pending_ms = count <= 0 ? 0 : std::max(0.0, pending_ms - predicted_ms);
+  count = std::max<int64_t>(0, count);
+  busy_until_ms = now_ms + pending_ms;
+}
+
+double OwnPrefills::Ahead(double now_ms) const {
+  return std::max(0.0, busy_until_ms - now_ms);
+}
+
 std::vector<WriteBackStep> CacheKeptReads(int64_t hit_blocks, int64_t window, int64_t block_size) {
   const HitReads reads = ReadsForHit(hit_blocks, window, block_size);
   std::vector<WriteBackStep> steps;

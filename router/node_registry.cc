@@ -237,6 +237,11 @@ bool NodeRegistry::Live(const RegisteredNode& node, Clock::time_point now) const
   return now - node.last_seen <= std::chrono::milliseconds(options_.node_ttl_ms);
 }
 
+double NodeRegistry::NowMs() const {
+  if (options_.now_ms) return options_.now_ms();
+  return std::chrono::duration<double, std::milli>(Clock::now().time_since_epoch()).count();
+}
+
 absl::StatusOr<size_t> NodeRegistry::ModelOf(const v1::RegisterRequest& request,
                                              bool* renamed) const {
   // A prefill or decode node serves one of this router's models, with that model's config. A
@@ -419,7 +424,7 @@ void NodeRegistry::UpdateLocked(const std::string& identity, const std::string& 
   } else {
     *node->info.mutable_load() = request.load();
     node->NoteLoad(request.load());
-    node->pending_at_report_ms = node->pending_ms + node->ended_since_report_ms;
+    node->pending_at_report_ms = node->prefills.Ahead(NowMs()) + node->ended_since_report_ms;
     node->ended_since_report_ms = 0;
     node->info.set_weight_bytes(request.weight_bytes());
     node->info.set_build_version(request.build_version());
@@ -641,6 +646,7 @@ NodeRegistry::PrefillChoice NodeRegistry::ChoosePrefill(size_t model,
                                                         int64_t slots) const {
   std::lock_guard<std::mutex> lock(mutex_);
   const auto now = Clock::now();
+  const double now_ms = NowMs();
   const Roster& roster = RosterLocked();
   // The weights and formats a live decode node takes: a prefill node is of use only with a
   // partner.
@@ -699,12 +705,12 @@ NodeRegistry::PrefillChoice NodeRegistry::ChoosePrefill(size_t model,
       continue;
     }
     ++choice.live;
-    if (node.prefilling >= kvstore::RouterSlotShare(slots, node.reported.routers)) continue;
+    if (node.prefills.count >= kvstore::RouterSlotShare(slots, node.reported.routers)) continue;
     choice.open.push_back(
         {.node = entry.node,
-         .prefilling = node.prefilling,
-         .pending_ms = kvstore::QueueAhead(node.pending_ms, node.reported.prefill_work_ms,
-                                           node.pending_at_report_ms),
+         .prefilling = node.prefills.count,
+         .pending_ms = kvstore::QueueAhead(
+             node.prefills.Ahead(now_ms), node.reported.prefill_work_ms, node.pending_at_report_ms),
          .reported_queued = node.reported.queued_requests,
          .rates = r,
          .replay_ms_per_gflop = node.producers_only ? decode_replay_ms_per_gflop : 0});
@@ -716,8 +722,7 @@ NodeRegistry::PrefillChoice NodeRegistry::ChoosePrefill(size_t model,
 NodeLease NodeRegistry::TakePrefillSlot(const std::shared_ptr<RegisteredNode>& node,
                                         double predicted_ms) {
   std::lock_guard<std::mutex> lock(mutex_);
-  ++node->prefilling;
-  node->pending_ms += predicted_ms;
+  node->prefills.Took(predicted_ms, NowMs());
   ++node->inflight;
   return NodeLease(this, node);
 }
@@ -725,8 +730,7 @@ NodeLease NodeRegistry::TakePrefillSlot(const std::shared_ptr<RegisteredNode>& n
 void NodeRegistry::PrefillDone(RegisteredNode& node, double predicted_ms) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    --node.prefilling;
-    node.pending_ms = node.prefilling == 0 ? 0 : std::max(0.0, node.pending_ms - predicted_ms);
+    node.prefills.Ended(predicted_ms, NowMs());
     node.ended_since_report_ms += predicted_ms;
   }
   if (on_change_) on_change_();

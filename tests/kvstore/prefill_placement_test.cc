@@ -98,5 +98,34 @@ TEST_F(PrefillPlacementTest, RoutersShareSlotsAndSeeEachOthersWork) {
   EXPECT_DOUBLE_EQ(QueueAhead(300, 100, 300), 300);    // the node has run part of ours
 }
 
+// A router's own prefills on a node count down as the node runs them, one at a time.
+TEST_F(PrefillPlacementTest, OwnPrefillsDrainAsTheNodeRunsThem) {
+  OwnPrefills own;
+  EXPECT_DOUBLE_EQ(own.Ahead(0), 0);
+  own.Took(300, 1000);
+  EXPECT_DOUBLE_EQ(own.Ahead(1000), 300);
+  EXPECT_DOUBLE_EQ(own.Ahead(1250), 50);  // 250 ms into the first
+  own.Took(200, 1100);                    // queued behind the first's remaining 200
+  EXPECT_DOUBLE_EQ(own.Ahead(1100), 400);
+  EXPECT_DOUBLE_EQ(own.Ahead(1400), 100);
+  EXPECT_DOUBLE_EQ(own.Ahead(1600), 0);  // predictions ran out: nothing more is assumed
+  EXPECT_EQ(own.count, 2);
+  // The first is answered early: the second's whole prediction is ahead from then on.
+  own.Ended(300, 1150);
+  EXPECT_DOUBLE_EQ(own.pending_ms, 200);
+  EXPECT_DOUBLE_EQ(own.Ahead(1150), 200);
+  EXPECT_DOUBLE_EQ(own.Ahead(1250), 100);
+  // A node idle for a while starts the next one when it is sent, not when the last ended.
+  own.Ended(200, 1500);
+  EXPECT_EQ(own.count, 0);
+  EXPECT_DOUBLE_EQ(own.Ahead(1500), 0);
+  own.Took(100, 5000);
+  EXPECT_DOUBLE_EQ(own.Ahead(5000), 100);
+  // Late answers: the queue stays at 0, never below.
+  own.Ended(100, 6000);
+  EXPECT_DOUBLE_EQ(own.Ahead(6000), 0);
+  EXPECT_DOUBLE_EQ(own.pending_ms, 0);
+}
+
 }  // namespace
 }  // namespace baton::kvstore

@@ -58,7 +58,10 @@ v1::RegisterRequest WithOneBlock(v1::RegisterRequest request, uint64_t sequence 
 
 class NodeRegistryTest : public ::testing::Test {
  protected:
-  NodeRegistryTest() : models_{{"", *model::PresetConfig("tiny"), nullptr}} {}
+  // The queues of prefills count down by a clock the tests move (now_ms_).
+  NodeRegistryTest() : models_{{"", *model::PresetConfig("tiny"), nullptr}} {
+    options_.now_ms = [this] { return now_ms_; };
+  }
   NodeRegistry& Registry() {
     if (registry_ == nullptr) registry_ = std::make_unique<NodeRegistry>(models_, options_);
     return *registry_;
@@ -66,6 +69,7 @@ class NodeRegistryTest : public ::testing::Test {
   std::vector<ServedModel> models_;
   NodeRegistry::Options options_;
   std::unique_ptr<NodeRegistry> registry_;
+  double now_ms_ = 1000;
 };
 
 // One pod's certificate cannot re-register, drain or send cache events for another's node_id,
@@ -292,6 +296,46 @@ TEST_F(NodeRegistryTest, APrefillNodesSlotsAndQueueAreSharedWithTheOtherRouters)
   ASSERT_TRUE(Registry().RegisterFrom(kPrefillRole, prefill).ok());
   ASSERT_EQ(choose().open.size(), 1u);
   EXPECT_DOUBLE_EQ(choose().open[0].pending_ms, 400);
+}
+
+// A node computes its prefills one at a time, so this router's prefills there count down as
+// time passes: a node about to answer looks nearly free, not busy for the whole prediction.
+TEST_F(NodeRegistryTest, ARoutersPrefillsOnANodeCountDownAsTheNodeRunsThem) {
+  v1::RegisterRequest decode = Registration("d1");
+  decode.set_role(v1::NODE_ROLE_DECODE);
+  ASSERT_TRUE(Registry().RegisterFrom("spiffe://baton/decode", decode).ok());
+  v1::RegisterRequest prefill = Registration("p1");
+  ASSERT_TRUE(Registry().RegisterFrom(kPrefillRole, prefill).ok());
+  auto queue = [&] {
+    const NodeRegistry::PrefillChoice choice = Registry().ChoosePrefill(0, "", {}, {}, 4);
+    EXPECT_EQ(choice.open.size(), 1u);
+    return choice.open.empty() ? -1.0 : choice.open[0].pending_ms;
+  };
+  NodeLease first =
+      Registry().TakePrefillSlot(Registry().ChoosePrefill(0, "", {}, {}, 4).open[0].node, 300);
+  EXPECT_DOUBLE_EQ(queue(), 300);
+  now_ms_ += 200;
+  EXPECT_DOUBLE_EQ(queue(), 100);
+  NodeLease second = Registry().TakePrefillSlot(first.node(), 500);
+  EXPECT_DOUBLE_EQ(queue(), 600);  // behind the first's last 100
+  // The node reports while the first runs: its work ahead is all this router's (the report
+  // counts the first down as well), so none is another router's.
+  prefill.mutable_load()->set_prefill_work_ms(600);
+  ASSERT_TRUE(Registry().RegisterFrom(kPrefillRole, prefill).ok());
+  EXPECT_DOUBLE_EQ(queue(), 600);
+  // The first is answered early, at 250 ms: the second is all that is ahead, from now on.
+  now_ms_ += 50;
+  Registry().PrefillDone(*first.node(), 300);
+  first.Reset();
+  EXPECT_DOUBLE_EQ(queue(), 500);
+  now_ms_ += 400;
+  EXPECT_DOUBLE_EQ(queue(), 100);
+  // Past its prediction it is taken as done: nothing is ahead until it is answered.
+  now_ms_ += 1000;
+  EXPECT_DOUBLE_EQ(queue(), 0);
+  Registry().PrefillDone(*second.node(), 500);
+  second.Reset();
+  EXPECT_DOUBLE_EQ(queue(), 0);
 }
 
 // What a node's load report says is bounded: its predicted work and its count of routers.

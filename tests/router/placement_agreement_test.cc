@@ -63,6 +63,8 @@ class PlacementAgreementTest : public ::testing::TestWithParam<kvstore::RoutingP
   PlacementAgreementTest() : models_{{"", *model::PresetConfig("tiny"), nullptr}} {
     registry_options_.node_ttl_ms = 600000;
     registry_options_.forget_after_ms = 600000;
+    // The router's queues count down by the simulation's time, as the simulator's do.
+    registry_options_.now_ms = [this] { return now_ms_; };
   }
 
   v1::RegisterRequest Node(const std::string& id, v1::NodeRole role) const {
@@ -102,6 +104,7 @@ class PlacementAgreementTest : public ::testing::TestWithParam<kvstore::RoutingP
   NodeRegistry::Options registry_options_;
   std::unique_ptr<NodeRegistry> registry_;
   std::map<int64_t, uint64_t> sequence_;
+  double now_ms_ = 0;
 };
 
 TEST_P(PlacementAgreementTest, RouterAdmissionMakesTheSimulatorsChoiceAtEveryStep) {
@@ -137,6 +140,7 @@ TEST_P(PlacementAgreementTest, RouterAdmissionMakesTheSimulatorsChoiceAtEverySte
   std::vector<int64_t> used(kNodes, 0);
   for (const tools::ClusterStep& step : simulated.steps) {
     const tools::ClusterRequest& request = requests[step.request];
+    now_ms_ = step.time_ms;
     if (step.kind == tools::ClusterStep::kEnded) {
       // The prefill node answers, and its next heartbeat says what it computed.
       const int64_t n = step.node;

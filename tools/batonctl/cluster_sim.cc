@@ -37,8 +37,7 @@ using kvstore::Region;
 struct Node {
   kvstore::PrefixIndex cache;
   uint64_t read_turn = 0;  // which owner its next store read starts from
-  int64_t prefilling = 0;
-  double pending_ms = 0;  // predicted service of the prefills in flight
+  kvstore::OwnPrefills prefills;  // in flight, as the router prices them
   double busy_until = 0;  // one computes at a time (PrefillSharing::kArrivalOrder)
   // PrefillSharing::kShared: each prefill in flight and the service it has left at the node's
   // whole speed, as of `shared_at`; `version` names the node's one end event that still holds.
@@ -58,26 +57,45 @@ struct Node {
 // in queue order, the first two of each queue until two are taken and every queue of the last
 // one's rank is in (Candidates). The first in load order is always among them, as
 // PlacePrefill's order needs.
+//
+// A node's queue at time t is max(0, busy_until - t) (kvstore::OwnPrefills), so the nodes
+// still busy keep their order by busy_until as time passes; those whose busy_until has passed
+// share queue 0 and are kept apart, in load order (Advance moves them there).
 class OpenNodes {
  public:
   explicit OpenNodes(size_t nodes) : keys_(nodes) {}
-  // Node `n` now has `prefilling` prefills predicted at `pending_ms` in all.
-  void Update(size_t n, int64_t prefilling, double pending_ms, bool open) {
+  // Node `n` now has `prefilling` prefills whose work is predicted to run out at
+  // `busy_until_ms`; the time is `now`.
+  void Update(size_t n, int64_t prefilling, double busy_until_ms, bool open, double now) {
     if (keys_[n].has_value()) {
-      by_queue_.erase(*keys_[n]);
-      by_load_.erase({std::get<1>(*keys_[n]), n});
+      const auto [busy_until, held, index] = *keys_[n];
+      if (!by_queue_.erase(*keys_[n])) idle_.erase({held, n});
+      by_load_.erase({held, n});
       keys_[n].reset();
     }
     if (!open) return;
-    keys_[n] = Key{pending_ms, prefilling, n};
-    by_queue_.insert(*keys_[n]);
+    keys_[n] = Key{busy_until_ms, prefilling, n};
+    if (busy_until_ms > now) {
+      by_queue_.insert(*keys_[n]);
+    } else {
+      idle_.insert({prefilling, n});
+    }
     by_load_.insert({prefilling, n});
   }
+  // The time is `now` (it never goes back): the nodes whose work has run out have queue 0.
+  void Advance(double now) {
+    while (!by_queue_.empty() && std::get<0>(*by_queue_.begin()) <= now) {
+      const auto [busy_until, prefilling, n] = *by_queue_.begin();
+      by_queue_.erase(by_queue_.begin());
+      idle_.insert({prefilling, n});
+    }
+  }
   bool empty() const { return by_load_.empty(); }
-  // The candidates in index order: `holders` (open ones whose cache holds the first block),
-  // and the others above; `rank(queue_ms)` is a non-holder's rank under predicted-ttft.
+  // The candidates in index order at time `now` (after Advance(now)): `holders` (open ones
+  // whose cache holds the first block), and the others above; `rank(queue_ms)` is a
+  // non-holder's rank under predicted-ttft.
   template <typename Rank>
-  void Candidates(const std::vector<size_t>& holders, bool by_queue, const Rank& rank,
+  void Candidates(const std::vector<size_t>& holders, bool by_queue, const Rank& rank, double now,
                   std::vector<size_t>& out) const {
     out = holders;
     auto held = [&](size_t n) {
@@ -91,23 +109,29 @@ class OpenNodes {
     }
     if (by_queue) {
       // Of the nodes with one queue, in load order here, the first two are all that can be
-      // chosen or runner-up: the rest of them are skipped at once (idle nodes share queue 0).
+      // chosen or runner-up: the rest of them are skipped at once. Queue 0 first.
       size_t taken = 0;
       double last = 0;
+      for (const auto& [prefilling, n] : idle_) {
+        if (held(n)) continue;
+        out.push_back(n);
+        if (++taken == 2) break;
+      }
+      if (taken > 0) last = rank(0.0);
       for (auto it = by_queue_.begin(); it != by_queue_.end();) {
-        const double queue_ms = std::get<0>(*it);
-        const double r = rank(queue_ms);
+        const double busy_until = std::get<0>(*it);
+        const double r = rank(std::max(0.0, busy_until - now));
         if (taken >= 2 && r != last) break;
         int of_queue = 0;
-        for (; it != by_queue_.end() && std::get<0>(*it) == queue_ms && of_queue < 2; ++it) {
+        for (; it != by_queue_.end() && std::get<0>(*it) == busy_until && of_queue < 2; ++it) {
           if (held(std::get<2>(*it))) continue;
           out.push_back(std::get<2>(*it));
           ++of_queue;
         }
         taken += static_cast<size_t>(of_queue);
         if (of_queue > 0) last = r;
-        it = by_queue_.upper_bound(
-            Key{queue_ms, std::numeric_limits<int64_t>::max(), std::numeric_limits<size_t>::max()});
+        it = by_queue_.upper_bound(Key{busy_until, std::numeric_limits<int64_t>::max(),
+                                       std::numeric_limits<size_t>::max()});
       }
     }
     std::sort(out.begin(), out.end());
@@ -115,8 +139,9 @@ class OpenNodes {
   }
 
  private:
-  using Key = std::tuple<double, int64_t, size_t>;  // queue, prefilling, index
-  std::set<Key> by_queue_;
+  using Key = std::tuple<double, int64_t, size_t>;  // busy_until, prefilling, index
+  std::set<Key> by_queue_;                          // those with work ahead
+  std::set<std::pair<int64_t, size_t>> idle_;       // the others: prefilling, index
   std::set<std::pair<int64_t, size_t>> by_load_;  // prefilling, index
   std::vector<std::optional<Key>> keys_;
 };
@@ -463,13 +488,14 @@ class ClusterRun {
   const std::vector<Sha256Digest>& ChainOf(size_t r);
   void Put(kvstore::PrefixIndex& index, const std::vector<Sha256Digest>& chain,
            const std::vector<kvstore::WriteBackStep>& steps, uint64_t budget, int64_t cache_of);
-  void Opened(size_t n) {
-    open_nodes_.Update(n, nodes_[n].prefilling, nodes_[n].pending_ms,
-                       nodes_[n].prefilling < o_.slots);
+  void Opened(size_t n, double now) {
+    const kvstore::OwnPrefills& in_flight = nodes_[n].prefills;
+    open_nodes_.Update(n, in_flight.count, in_flight.busy_until_ms, in_flight.count < o_.slots,
+                       now);
   }
   std::vector<size_t> OpenFor(const std::vector<Sha256Digest>& chain,
                               const kvstore::ChainLookup& in_store,
-                              const kvstore::PlacementRequest& place) const;
+                              const kvstore::PlacementRequest& place, double now);
   bool PlaceNext(double now);
   void ReadHit(size_t chosen, const std::vector<Sha256Digest>& chain, int64_t hit_blocks,
                const kvstore::ChainLookup& in_store);
@@ -548,7 +574,7 @@ ClusterRun::ClusterRun(const std::vector<ClusterRequest>& requests, const Cluste
   result_.store_ops.assign(result_.store_ids.size(), {});
   replication_ = static_cast<int>(
       std::clamp<int64_t>(o_.store_replication, 1, static_cast<int64_t>(result_.store_ids.size())));
-  for (size_t n = 0; n < nodes_.size(); ++n) open_nodes_.Update(n, 0, 0, o_.slots > 0);
+  for (size_t n = 0; n < nodes_.size(); ++n) open_nodes_.Update(n, 0, 0, o_.slots > 0, 0);
 }
 
 const std::vector<Sha256Digest>& ClusterRun::ChainOf(size_t r) {
@@ -589,11 +615,11 @@ void ClusterRun::Put(kvstore::PrefixIndex& index, const std::vector<Sha256Digest
 // router's registry lists them.
 std::vector<size_t> ClusterRun::OpenFor(const std::vector<Sha256Digest>& chain,
                                         const kvstore::ChainLookup& in_store,
-                                        const kvstore::PlacementRequest& place) const {
+                                        const kvstore::PlacementRequest& place, double now) {
   std::vector<size_t> open;
   if (o_.exhaustive_placement) {
     for (size_t n = 0; n < nodes_.size(); ++n) {
-      if (nodes_[n].prefilling < o_.slots) open.push_back(n);
+      if (nodes_[n].prefills.count < o_.slots) open.push_back(n);
     }
     return open;
   }
@@ -601,19 +627,20 @@ std::vector<size_t> ClusterRun::OpenFor(const std::vector<Sha256Digest>& chain,
   auto it = chain.empty() ? cached_by_.end() : cached_by_.find(chain.front());
   if (it != cached_by_.end()) {
     for (size_t n : it->second) {
-      if (nodes_[n].prefilling < o_.slots) holders.push_back(n);
+      if (nodes_[n].prefills.count < o_.slots) holders.push_back(n);
     }
   }
   // A node without a local hit: what PlacePrefill plans there, but for its queue.
   const kvstore::TieredHit no_local =
       kvstore::PlanTieredHit(place.hit, {.local = {}, .store = in_store}, o_.payload);
+  open_nodes_.Advance(now);
   open_nodes_.Candidates(
       holders, o_.policy == RoutePolicy::kPredictedTtft,
       [&](double queue_ms) {
         return kvstore::PredictPrefill(o_.rates, queue_ms, place.hit, no_local, o_.config)
             .total_ms();
       },
-      open);
+      now, open);
   return open;
 }
 
@@ -665,12 +692,13 @@ bool ClusterRun::PlaceNext(double now) {
   kvstore::PlacementRequest place{
       .policy = o_.policy, .hit = o_.hit, .payload = o_.payload, .config = &o_.config};
   place.hit.prompt_len = request.prompt_len;
-  const std::vector<size_t> open = OpenFor(chain, in_store, place);
+  const std::vector<size_t> open = OpenFor(chain, in_store, place, now);
   std::vector<kvstore::PrefillNodeView> views;
   for (size_t n : open) {
-    views.push_back({.prefilling = nodes_[n].prefilling,
-                     .reported_queued = std::max<int64_t>(0, nodes_[n].prefilling - 1),
-                     .queue_ms = nodes_[n].pending_ms,
+    const kvstore::OwnPrefills& in_flight = nodes_[n].prefills;
+    views.push_back({.prefilling = in_flight.count,
+                     .reported_queued = std::max<int64_t>(0, in_flight.count - 1),
+                     .queue_ms = in_flight.Ahead(now),
                      .rates = o_.rates,
                      .tiers = {.local = nodes_[n].cache.Peek(chain), .store = in_store}});
   }
@@ -698,9 +726,8 @@ bool ClusterRun::PlaceNext(double now) {
   } else {
     node.busy_until = end;
   }
-  node.pending_ms += service;
-  ++node.prefilling;
-  Opened(chosen);
+  node.prefills.Took(service, now);
+  Opened(chosen, now);
   node_of_[r] = chosen;
   service_of_[r] = service;
   hit_of_[r] = h;
@@ -722,7 +749,8 @@ bool ClusterRun::PlaceNext(double now) {
          .store = in_store,
          .runner_up = placement.runner_up < 0
                           ? -1
-                          : static_cast<int64_t>(open[static_cast<size_t>(placement.runner_up)])});
+                          : static_cast<int64_t>(open[static_cast<size_t>(placement.runner_up)]),
+         .time_ms = now});
   }
   if (o_.sharing != PrefillSharing::kShared) events_.push({end, kPrefillEnds, r});
   return true;
@@ -754,9 +782,8 @@ void ClusterRun::PrefillEnds(size_t r, double now) {
     ScheduleShared(node, now);
     result_.ttft_ms[r] = now + replay_of_[r] - requests_[r].arrival_ms;
   }
-  --node.prefilling;
-  node.pending_ms = node.prefilling == 0 ? 0 : std::max(0.0, node.pending_ms - service_of_[r]);
-  Opened(node_of_[r]);
+  node.prefills.Ended(service_of_[r], now);
+  Opened(node_of_[r], now);
   const std::vector<Sha256Digest>& chain = ChainOf(r);
   const std::vector<kvstore::WriteBackStep> computed =
       kvstore::WriteBackSteps(hit_of_[r], static_cast<int64_t>(chain.size()));
@@ -781,7 +808,8 @@ void ClusterRun::PrefillEnds(size_t r, double now) {
     result_.steps.push_back({.kind = ClusterStep::kEnded,
                              .request = r,
                              .node = static_cast<int64_t>(node_of_[r]),
-                             .hit_blocks = hit_of_[r]});
+                             .hit_blocks = hit_of_[r],
+                             .time_ms = now});
   }
 }
 

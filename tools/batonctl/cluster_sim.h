@@ -233,6 +233,7 @@ struct ClusterStep {
   int64_t hit_blocks = 0;
   kvstore::ChainLookup store;  // kPlaced
   int64_t runner_up = -1;      // kPlaced: the placement's runner-up node (-1: none)
+  double time_ms = 0;          // when it was placed, or answered
 };
 
 struct ClusterResult {

@@ -75,6 +75,26 @@ int64_t RouterSlotShare(int64_t slots, int64_t routers);
 // other routers' prefills.
 double QueueAhead(double own_ms, double reported_ms, double own_at_report_ms);
 
+// A router's own prefills in flight on one prefill node, and the work they leave ahead of a
+// new one (`own_ms` above). The node computes its prefills one at a time in arrival order, so
+// that work drains as they run: what is ahead at `now_ms` is what is predicted to be left of
+// it then (a node about to answer its only prefill is nearly free), not every prefill's whole
+// prediction until its answer. When one is answered, the others' whole predictions are ahead
+// from then on (the next starts then). Times are milliseconds on one clock: the router's steady
+// clock, or the cluster simulation's time; both call these, so they price a queue alike.
+struct OwnPrefills {
+  int64_t count = 0;         // in flight
+  double pending_ms = 0;     // their predicted service in all
+  double busy_until_ms = 0;  // when what is in flight is predicted to have been served
+
+  // One more, predicted at `predicted_ms`, sent at `now_ms`.
+  void Took(double predicted_ms, double now_ms);
+  // One of them (predicted at `predicted_ms`) was answered at `now_ms`.
+  void Ended(double predicted_ms, double now_ms);
+  // The work still ahead at `now_ms`: 0 once the predictions have run out.
+  double Ahead(double now_ms) const;
+};
+
 // The values a prefill node's local cache holds after a hit of h blocks read them (each put
 // there when the store gave it, touched when the cache had it), in the order the node reads
 // them: block KV of [0, h), then producer SWA of ReadsForHit's range. The write-back of the

@@ -68,7 +68,7 @@ class PrefillSlot {
  private:
   Admission* admission_ = nullptr;
   std::shared_ptr<RegisteredNode> node_;
-  double predicted_ms_ = 0;  // counted in the node's pending_ms until Done
+  double predicted_ms_ = 0;  // counted in the node's prefills until Done
   std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
 };
 

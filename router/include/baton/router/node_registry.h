@@ -35,6 +35,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "baton/common/model_config.h"
+#include "baton/kvstore/prefill_placement.h"
 #include "baton/kvstore/ttft_model.h"
 #include "baton/router/cache_index.h"
 #include "baton/text/tokenizer.h"
@@ -78,10 +79,11 @@ struct RegisteredNode {
 
   // The fields a prefill choice reads come first, together.
   std::chrono::steady_clock::time_point last_seen;  // the epoch once marked down
-  int64_t prefilling = 0;  // of `inflight`, prefills not yet answered (prefill nodes)
-  double pending_ms = 0;   // the predicted service time of those prefills (their queue)
-  // What of its last reported prefill_work_ms was this router's (kvstore::QueueAhead):
-  // pending_ms when the heartbeat arrived, and the predicted service of this router's prefills
+  // Of `inflight`, the prefills not yet answered (prefill nodes): how many, their predicted
+  // service, and the work of it still ahead as the node runs them (kvstore::OwnPrefills).
+  kvstore::OwnPrefills prefills;
+  // What of its last reported prefill_work_ms was this router's (kvstore::QueueAhead): the
+  // work of its prefills ahead when the heartbeat arrived, and the predicted service of those
   // that ended since the heartbeat before (a report made while one of them ran can arrive after
   // its answer; counted as the node's own queue it would price phantom work there until the
   // next heartbeat).
@@ -149,6 +151,10 @@ class NodeRegistry {
     // holds its own node_id only). Not applied per identity without TLS, where there is none.
     size_t max_node_ids = 4096;
     size_t max_node_ids_per_identity = 256;
+    // The clock, in milliseconds, by which a node's queue of this router's prefills counts
+    // down (kvstore::OwnPrefills); unset: the steady clock. A test that replays a cluster
+    // simulation gives the simulation's time.
+    std::function<double()> now_ms;
   };
   // `models` outlives the registry.
   NodeRegistry(const std::vector<ServedModel>& models, const Options& options);
@@ -190,8 +196,8 @@ class NodeRegistry {
   // also serves, how many there are, and those of them where this router holds fewer
   // prefills than its share of `slots` (kvstore::RouterSlotShare over the routers the node
   // reports); which one a request takes is kvstore::PlacePrefill's choice. A candidate's
-  // pending_ms is the work ahead there (kvstore::QueueAhead: this router's prefills and the
-  // others' from the node's report).
+  // pending_ms is the work ahead there (kvstore::QueueAhead: what is left of this router's
+  // prefills, kvstore::OwnPrefills, and the others' from the node's report).
   struct PrefillCandidate {
     std::shared_ptr<RegisteredNode> node;
     // Taken under the registry's lock when the choice was made (they change in place).
@@ -271,6 +277,7 @@ class NodeRegistry {
   friend class NodeLease;
   void Finished(RegisteredNode& node);
   bool Live(const RegisteredNode& node, std::chrono::steady_clock::time_point now) const;
+  double NowMs() const;  // Options::now_ms, or the steady clock's
   // The served model a registering prefill or decode node serves, or why it is refused;
   // `renamed` when a router of one model takes a node of another name.
   absl::StatusOr<size_t> ModelOf(const v1::RegisterRequest& request, bool* renamed) const;
