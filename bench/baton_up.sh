@@ -12,7 +12,9 @@ start_baton_up() {
   # --preset generates it by default).
   if [[ -n "$model" ]]; then
     args+=(--model "$model")
-  elif "$build/tools/baton" up --help | grep -q -- --preset; then
+  # (The help is read whole first: `grep -q` would close the pipe at its first match, and
+  # under pipefail the writer's SIGPIPE would read as no --preset at all.)
+  elif [[ "$("$build/tools/baton" up --help)" == *--preset* ]]; then
     args+=(--preset small)
   fi
   # BATON_UP_ARGS: more `baton up` flags (e.g. --split replay-on-decode).

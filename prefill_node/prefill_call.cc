@@ -349,11 +349,23 @@ absl::Status PrefillCall::CommitFailed(const grpc::Status& status,
   return FromGrpcStatus(status);
 }
 
-// The prompt's full blocks that this prefill computed (the hit's blocks are stored already),
-// written back after the first token is on its way.
-// They go to the local block cache at once and to the store's write-back queue.
+// The prompt's full blocks that this prefill computed (the hit's blocks are stored already)
+// are written back after the first token is on its way (WriteBackAfterAnswer).
 absl::Status PrefillCall::WriteBack() {
   if (route_.empty() && node_.cache_ == nullptr) return absl::OkStatus();
+  if (kvstore::WriteBackSteps(cached_ / layout_.block_size, static_cast<int64_t>(keys_.size()))
+          .empty()) {
+    return absl::OkStatus();
+  }
+  tenant_ = request_.tenant();
+  cache_salt_ = generate_.cache_salt();
+  write_back_pending_ = true;
+  return absl::OkStatus();
+}
+
+// Copies of the blocks' payloads out of the state: into the local block cache at once, and to
+// the store's write-back queue, whose own thread writes them.
+void PrefillCall::WriteBackAfterAnswer() {
   std::vector<v1::BlockWrite> writes;
   for (const kvstore::WriteBackStep& step :
        kvstore::WriteBackSteps(cached_ / layout_.block_size, static_cast<int64_t>(keys_.size()))) {
@@ -364,8 +376,7 @@ absl::Status PrefillCall::WriteBack() {
     const std::optional<Sha256Digest> parent =
         step.parent >= 0 ? std::optional<Sha256Digest>(keys_[step.parent]) : std::nullopt;
     if (node_.cache_ != nullptr) {
-      node_.cache_->Put(keys_[step.block], parent, step.region, payload, request_.tenant(),
-                        generate_.cache_salt());
+      node_.cache_->Put(keys_[step.block], parent, step.region, payload, tenant_, cache_salt_);
     }
     if (route_.empty()) continue;
     v1::BlockWrite& write = writes.emplace_back();
@@ -377,10 +388,9 @@ absl::Status PrefillCall::WriteBack() {
   }
   node_.metrics_->written_blocks.Increment(static_cast<double>(writes.size() / 2));
   node_.QueueWriteBack(std::move(writes), span_, std::move(route_));
-  return absl::OkStatus();
 }
 
-// The transfer time runs to here, the write-back's payload copies included.
+// The transfer time runs to here: the commit, the decode node's reads of the state within it.
 void PrefillCall::Respond() {
   // Under replay-on-decode the first token comes from the decode node's stream.
   reply_.set_first_token(replay_on_decode_ ? -1 : first_.token);

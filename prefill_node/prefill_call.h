@@ -4,15 +4,20 @@
 // grpc::Status.
 //
 //   Admit -> StageMemory -> LoadPrefix -> Compute -> Commit -> WriteBack, then Respond
+//   and, once answered, WriteBackAfterAnswer
 //
 // What a stage takes is held by the call and let go, in the reverse order, when the call is
 // destroyed: the model (taken by Compute; Commit gives it up as soon as the header is sealed),
 // the exposed staging memory and its slot (StageMemory), and the call's place among the node's
 // active requests (Admit), which Drain waits on. All of it is let go before the service counts
-// and logs the call's outcome.
+// and logs the call's outcome, but for a call with computed blocks to write back: answered, it
+// is no longer active (Answered), and it keeps the state's memory until the node's copier
+// thread has copied the blocks out of it (PrefillService::AfterAnswer), so that the first
+// token does not wait for those copies.
 //
-// Threading: a PrefillCall belongs to the gRPC thread serving its call. Private to
-// prefill_node/; a friend of PrefillService, whose parts it uses.
+// Threading: a PrefillCall belongs to the gRPC thread serving its call, and after its answer
+// to the node's copier thread, which uses none of the call's gRPC objects (gone by then).
+// Private to prefill_node/; a friend of PrefillService, whose parts it uses.
 #pragma once
 
 #include <chrono>
@@ -52,6 +57,14 @@ class PrefillCall {
   // holds the first token, or the error for the router (with the baton-failed-node trailer
   // when the decode node failed, not this one).
   absl::Status Run();
+
+  // After an OK Run: blocks computed here are still to go to the block cache and the store.
+  bool write_back_pending() const { return write_back_pending_; }
+  // The call is answered: it is no longer one of the node's active requests.
+  void Answered() { active_.reset(); }
+  // On the node's copier thread, after the answer: the computed blocks' payloads, copied out
+  // of the state into the local block cache and the store's write-back queue.
+  void WriteBackAfterAnswer();
 
  private:
   using Stage = absl::Status (PrefillCall::*)();
@@ -110,7 +123,7 @@ class PrefillCall {
   absl::Status LoadPrefix();   // the prefix hit's blocks from the store
   absl::Status Compute();      // the prompt through the model, and the first token sampled
   absl::Status Commit();       // the header to the decode node, which reads the state meanwhile
-  absl::Status WriteBack();    // the blocks computed here queued for the prefix store
+  absl::Status WriteBack();    // the blocks computed here to write back after the answer
   void Respond();              // the first token, usage and timings into the reply
   // The client asked for prompt logprobs and may have them (truncation off, no prefix hit).
   bool WantsPromptLogprobs() const;
@@ -126,7 +139,7 @@ class PrefillCall {
 
   PrefillService& node_;
   grpc::ServerContext& context_;
-  const trace::Span& span_;
+  const trace::Span span_;  // a copy: the write-back after the answer logs under it
   std::map<std::string, double>& stage_ms_;
   const v1::PrefillRequest& request_;
   const v1::GenerateRequest& generate_;  // request_.request()
@@ -166,6 +179,10 @@ class PrefillCall {
 
   // Commit.
   std::chrono::steady_clock::time_point transfer_start_;
+
+  // WriteBack: what the write-back after the answer needs of the request.
+  bool write_back_pending_ = false;
+  std::string tenant_, cache_salt_;
 };
 
 }  // namespace baton::prefill_node

@@ -71,6 +71,7 @@ PrefillService::PrefillService(model::Engine& model, const PrefillOptions& optio
   // Any request may name store nodes (the router's fleet), so the writer always runs.
   stores_ = std::make_unique<StoreFleetClient>(options.kvstore_address);
   writer_ = std::thread([this] { WriteBackLoop(); });
+  copier_ = std::thread([this] { CopyLoop(); });
   if (options.use_ucx) {
     auto worker =
         transfer::UcxWorker::Create({.allow_unprotected_tcp = options.ucx_allow_unprotected_tcp});
@@ -156,6 +157,13 @@ std::vector<prometheus::MetricFamily> PrefillService::ScrapeFamilies() const {
 }
 
 PrefillService::~PrefillService() {
+  // The answered calls' copies first: they queue store writes, and hold exposed memory.
+  {
+    std::lock_guard<std::mutex> lock(copy_mutex_);
+    stop_copier_ = true;
+  }
+  copy_ready_.notify_all();
+  if (copier_.joinable()) copier_.join();
   stop_progress_ = true;
   if (ucx_thread_.joinable()) ucx_thread_.join();
   {
@@ -354,6 +362,38 @@ void PrefillService::QueueWriteBack(std::vector<v1::BlockWrite> writes, const tr
   write_ready_.notify_one();
 }
 
+void PrefillService::AfterAnswer(std::unique_ptr<PrefillCall> call) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    ++writing_back_;
+  }
+  call->Answered();
+  {
+    std::lock_guard<std::mutex> lock(copy_mutex_);
+    copy_queue_.push_back(std::move(call));
+  }
+  copy_ready_.notify_one();
+}
+
+void PrefillService::CopyLoop() {
+  std::unique_lock<std::mutex> lock(copy_mutex_);
+  while (true) {
+    copy_ready_.wait(lock, [this] { return stop_copier_ || !copy_queue_.empty(); });
+    if (copy_queue_.empty()) return;
+    std::unique_ptr<PrefillCall> call = std::move(copy_queue_.front());
+    copy_queue_.pop_front();
+    lock.unlock();
+    if (options_.before_write_back) options_.before_write_back();
+    call->WriteBackAfterAnswer();
+    call.reset();  // its staging memory is free
+    {
+      std::lock_guard<std::mutex> node_lock(mutex_);
+      if (--writing_back_ == 0) idle_.notify_all();
+    }
+    lock.lock();
+  }
+}
+
 void PrefillService::WriteBackLoop() {
   std::unique_lock<std::mutex> lock(write_mutex_);
   while (true) {
@@ -437,8 +477,12 @@ absl::Status PrefillService::Serve(grpc::ServerContext& context, const v1::Prefi
   const auto start = Clock::now();
   const trace::Span span = trace::StartServerSpan(context);
   std::map<std::string, double> stage_ms;
-  // The call has let go of all it held (prefill_call.h) before it is counted and logged.
-  const absl::Status status = PrefillCall(*this, context, request, reply, span, stage_ms).Run();
+  // The call has let go of all it held (prefill_call.h) before it is counted and logged, but
+  // for what its write-back copies out after the answer (AfterAnswer).
+  auto call = std::make_unique<PrefillCall>(*this, context, request, reply, span, stage_ms);
+  const absl::Status status = call->Run();
+  if (status.ok() && call->write_back_pending()) AfterAnswer(std::move(call));
+  call.reset();
   const std::string outcome = metrics::OutcomeLabel(static_cast<int>(status.code()));
   metrics_->requests.Add({{"outcome", outcome}}).Increment();
   metrics_->seconds.Observe(MillisSince(start) / 1000);
@@ -470,7 +514,7 @@ void PrefillService::Drain(std::chrono::steady_clock::time_point deadline) {
   std::unique_lock<std::mutex> lock(mutex_);
   draining_ = true;
   log::Info("prefill node draining", {{"requests", active_}});
-  idle_.wait_until(lock, deadline, [this] { return active_ == 0; });
+  idle_.wait_until(lock, deadline, [this] { return active_ == 0 && writing_back_ == 0; });
   if (active_ > 0) log::Warn("drain timeout: prefills are cut", {{"requests", active_}});
 }
 

@@ -107,6 +107,14 @@ TEST(Observability, BatonUpMetricsMoveAndLogsFollowARequest) {
   EXPECT_EQ(testing::Generate(*stub, request).status.error_code(),
             grpc::StatusCode::INVALID_ARGUMENT);
 
+  // The prefill node writes a prompt's computed blocks back after its answer: the hit's two
+  // new blocks are counted once its copier has taken them.
+  EventuallyThat(
+      [&] {
+        return Value(Scrape(up.Address("prefill.metrics")), "baton_prefix_written_blocks_total") -
+               Value(before.at("prefill"), "baton_prefix_written_blocks_total");
+      },
+      ::testing::Ge(6 + 2), std::chrono::seconds(30), std::chrono::milliseconds(50));
   const std::map<std::string, std::string> after = ScrapeAll(up);
   auto moved = [&](const std::string& role, const std::string& name,
                    const std::map<std::string, std::string>& labels = {}) {

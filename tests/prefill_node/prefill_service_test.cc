@@ -7,7 +7,10 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
+#include <functional>
+#include <mutex>
 
 #include "baton/common/rpc.h"
 #include "baton/model/engine_factory.h"
@@ -78,11 +81,12 @@ class PrefillServiceTest : public ::testing::Test {
   }
 
   // A prefill service and the fake decode node on one loopback server.
-  void Start(FakeDecodeNode::Behaviour behaviour, int64_t commit_timeout_ms = 10000) {
-    service_ = std::make_unique<PrefillService>(
-        *engine_,
-        PrefillOptions{
-            .token_budget = 16, .use_ucx = false, .commit_timeout_ms = commit_timeout_ms});
+  void Start(FakeDecodeNode::Behaviour behaviour, int64_t commit_timeout_ms = 10000,
+             const std::function<void(PrefillOptions&)>& configure = nullptr) {
+    PrefillOptions options{
+        .token_budget = 16, .use_ucx = false, .commit_timeout_ms = commit_timeout_ms};
+    if (configure) configure(options);
+    service_ = std::make_unique<PrefillService>(*engine_, options);
     decode_ = std::make_unique<FakeDecodeNode>(engine_->state_layout(), behaviour);
     grpc::ServerBuilder builder;
     int port = 0;
@@ -191,6 +195,39 @@ TEST_F(PrefillServiceTest, TheDecodeNodeReadsThePromptsStateAndItsFirstToken) {
         std::memcmp(read.pages()[p], expected.pages()[p], layout.page_floats() * sizeof(float)), 0)
         << "page " << p;
   }
+}
+
+// The first token does not wait for the write-back: the prefill is answered before its
+// computed blocks are copied into the node's block cache (the node's copier thread holds them
+// here), and a drain waits for the copies.
+TEST_F(PrefillServiceTest, TheAnswerDoesNotWaitForTheWriteBackAndADrainDoes) {
+  std::mutex mutex;
+  std::condition_variable released_cv;
+  bool released = false;
+  std::atomic<int> write_backs{0};
+  Start(FakeDecodeNode::Behaviour::kRead, 10000, [&](PrefillOptions& options) {
+    options.block_cache_bytes = uint64_t{64} << 20;
+    options.before_write_back = [&] {
+      ++write_backs;
+      std::unique_lock<std::mutex> lock(mutex);
+      released_cv.wait(lock, [&] { return released; });
+    };
+  });
+  const int64_t B = engine_->config().kv_block_size;
+  v1::PrefillResponse response;
+  const auto [status, failed] = Call(Request(Prompt(static_cast<int>(3 * B + 5))), &response);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  ASSERT_TRUE(baton::testing::Eventually([&] { return write_backs.load() == 1; }));
+  EXPECT_EQ(service_->Load().block_cache_bytes(), 0u);  // answered before the copies
+  EXPECT_EQ(service_->Load().active_requests(), 0u);    // and no longer active
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    released = true;
+  }
+  released_cv.notify_all();
+  service_->Drain(std::chrono::steady_clock::now() + std::chrono::seconds(30));
+  EXPECT_GT(service_->Load().block_cache_bytes(), 0u);  // the drain waited for them
+  EXPECT_EQ(write_backs.load(), 1);
 }
 
 TEST_F(PrefillServiceTest, AFailedReadIsTheDecodeNodesAndGoesBackAsItIs) {

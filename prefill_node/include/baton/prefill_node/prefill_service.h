@@ -11,6 +11,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -37,6 +38,7 @@
 namespace baton::prefill_node {
 
 class StoreFleetClient;
+class PrefillCall;
 
 // The prefix store nodes one request reads from and writes to (prefill_node/store_fleet.h):
 // the fleet the router sent with it, or the node's --kvstore as a fleet of one; empty: none.
@@ -70,8 +72,9 @@ struct PrefillOptions {
   // Liveness turns NOT_SERVING when a prefill has computed no chunk for this long
   // (common/watchdog.h).
   int64_t watchdog_ms = 30000;
-  // Requests holding staging memory at once (from before the model, through the commit); the
-  // rest wait for one to finish, so memory stays bounded however many requests arrive.
+  // Requests holding staging memory at once (from before the model, through the commit and
+  // the copies of the write-back after the answer); the rest wait for one to finish, so memory
+  // stays bounded however many requests arrive.
   int64_t max_staged_requests = 4;
   // The split this node serves (--split; the engine holds the producers only under
   // replay-on-decode). A request for another split is refused.
@@ -79,6 +82,8 @@ struct PrefillOptions {
   // The node-local tier of the prefix cache (kvstore/block_cache.h): bytes of recently used
   // blocks kept in memory, looked in before the store (0: none).
   uint64_t block_cache_bytes = 0;
+  // Tests: runs on the node's copier thread before each answered call's write-back.
+  std::function<void()> before_write_back;
 };
 
 // The wire bounds of a prefill request, checked before anything is sized from it: the router
@@ -175,6 +180,11 @@ class PrefillService final
   std::chrono::system_clock::time_point ReadDeadline(int64_t hit_tokens) const;
   void WriteBackLoop();
   void UcxProgressLoop();
+  // A call answered with computed blocks still to copy out (PrefillCall::WriteBackAfterAnswer):
+  // it is no longer active, and copier_ copies them in the order the calls were answered, so
+  // that the first token does not wait for the copies. Drain waits for them as well.
+  void AfterAnswer(std::unique_ptr<PrefillCall> call);
+  void CopyLoop();
 
   model::Engine& model_;
   PrefillOptions options_;
@@ -191,7 +201,8 @@ class PrefillService final
   std::chrono::steady_clock::time_point computing_since_;
   std::condition_variable staging_free_;
   bool draining_ = false;
-  std::condition_variable idle_;  // active_ fell to 0
+  int64_t writing_back_ = 0;      // answered calls in copy_queue_ or being copied
+  std::condition_variable idle_;  // active_ and writing_back_ fell to 0
   std::unique_ptr<transfer::UcxWorker> ucx_;
   std::thread ucx_thread_;  // progress for transports that emulate RMA (a get over TCP)
   std::atomic<bool> stop_progress_{false};
@@ -219,6 +230,12 @@ class PrefillService final
   uint64_t write_queue_bytes_ = 0;  // payload bytes in write_queue_
   bool stop_writer_ = false;
   std::thread writer_;
+  // AfterAnswer's calls: each holds its state (its staging slot) until its blocks are copied.
+  std::mutex copy_mutex_;
+  std::condition_variable copy_ready_;
+  std::deque<std::unique_ptr<PrefillCall>> copy_queue_;
+  bool stop_copier_ = false;
+  std::thread copier_;
   std::unique_ptr<Metrics> metrics_;
   std::atomic<bool> computing_{false};  // a prefill holds the model (the watchdog's "work")
   std::unique_ptr<Watchdog> watchdog_;
