@@ -19,7 +19,9 @@
 #
 #   [N=150] [LENGTH_SCALE=0.0625] [TIME_SCALE=2] [PREFILL_NODES=2] [DECODE_NODES=1]
 #   [SPLIT=prefill-all|replay-on-decode] [POLICIES="least-loaded longest-prefix predicted-ttft"]
-#   bench/run_policy_bench.sh
+#   [LOGS=DIR] bench/run_policy_bench.sh
+# LOGS keeps each policy's cluster log (up-POLICY.log: the nodes' "prefill done" lines carry
+# each prefill's stages and its estimated work), replay and rates in DIR.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${BATON_BUILD_DIR:-$root/build}"
@@ -41,6 +43,11 @@ for policy in $policies; do
   # The nodes' last heartbeats carry what they measured up to the end of the replay.
   sleep 2
   "$build/tools/batonctl" rates --addr "$addr" >"$out/rates-$policy.json"
+  if [[ -n "${LOGS:-}" ]]; then
+    mkdir -p "$LOGS"
+    cp "$work/up.log" "$LOGS/up-$policy.log"
+    cp "$out/replay-$policy.json" "$out/rates-$policy.json" "$LOGS/"
+  fi
   stop_baton_up
   rates="$(/usr/bin/python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["rates"])' \
     "$out/rates-$policy.json")"
@@ -52,7 +59,7 @@ for policy in $policies; do
       --max-requests "$n" --length-scale "$length_scale" --time-scale "$time_scale" \
       --policy "$policy" --prefill-nodes "$prefill_nodes" --block-cache-bytes 512MiB \
       ${rates:+--rates "$rates"} --decode-nodes "$decode_nodes" --decode-slots 64 \
-      ${1:+--decode-rates "$1"} --max-output-tokens 16 --json
+      ${1:+--decode-rates "$1"} --max-output-tokens 16 --json --per-request
   }
   simulate "$decode_rates" >"$out/sim-$policy.json"
   # Without the steps' spread: every step at the mean stretch.
@@ -101,5 +108,19 @@ for policy in policies:
         print(f"{'':15s} {'/measured':9s} {ratio(t2['p50'], t['p50']):9.3f} "
               f"{ratio(t2['p99'], t['p99']):9.3f} {ratio(t2['mean'], t['mean']):9.3f} "
               f"{ratio(i2['p50'], i['p50']):8.3f} {ratio(i2['p99'], i['p99']):8.3f}")
+        # Request by request: the simulated TTFT over the measured one, and the simulated
+        # service alone (its predicted load, compute and fixed cost, without the waits) over it.
+        sim = s.get("per_request", [])
+        both = [(q, sim[q["index"]]) for q in r["per_request"]
+                if q["ok"] and q["ttft_ms"] > 0 and q["index"] < len(sim)
+                and sim[q["index"]]["ttft_ms"] is not None]
+        if both:
+            at = lambda v, f: v[min(len(v) - 1, int(len(v) * f))]
+            t_ratio = sorted(p["ttft_ms"] / q["ttft_ms"] for q, p in both)
+            s_ratio = sorted(p["service_ms"] / q["ttft_ms"] for q, p in both)
+            print(f"{'':15s} {'':9s} per request, simulated / measured TTFT: p10 "
+                  f"{at(t_ratio, .1):.3f}, p50 {at(t_ratio, .5):.3f}, p90 {at(t_ratio, .9):.3f}; "
+                  f"service alone: p10 {at(s_ratio, .1):.3f}, p50 {at(s_ratio, .5):.3f}, "
+                  f"p90 {at(s_ratio, .9):.3f}")
 PY
 rm -rf "$out"

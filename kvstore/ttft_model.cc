@@ -44,6 +44,29 @@ absl::StatusOr<RoutingPolicy> ParseRoutingPolicy(absl::string_view text, absl::s
       field, ": '", text, "' is unknown; allowed: least-loaded, longest-prefix, predicted-ttft"));
 }
 
+void WorkTimeFit::Add(double units, double ms) {
+  if (!(std::isfinite(units) && std::isfinite(ms) && units > 0 && ms > 0)) return;
+  if (weight_ >= kMinSamples) ms = std::min(ms, kClip * Predict(units));
+  weight_ = keep_ * weight_ + 1;
+  units_ = keep_ * units_ + units;
+  units2_ = keep_ * units2_ + units * units;
+  ms_ = keep_ * ms_ + ms;
+  units_ms_ = keep_ * units_ms_ + units * ms;
+  // The weighted variance of the work, times weight_ squared.
+  const double spread = weight_ * units2_ - units_ * units_;
+  if (weight_ >= kMinSamples && spread > kMinSpread * units_ * units_) {
+    const double slope = (weight_ * units_ms_ - units_ * ms_) / spread;
+    const double intercept = (ms_ - slope * units_) / weight_;
+    if (slope > 0 && intercept >= 0) {
+      per_unit_ms_ = slope;
+      fixed_ms_ = intercept;
+      return;
+    }
+  }
+  per_unit_ms_ = ms_ / units_;
+  fixed_ms_ = 0;
+}
+
 PrefillRates DefaultPrefillRates() {
   return {.compute_ms_per_gflop = 20,
           .local_ms_per_mib = 0.5,

@@ -241,13 +241,11 @@ void PrefillService::Observe(const Observed& o) {
   // prefill's times swing with whatever shares the node's cores, and over the last 5 (the
   // horizon before) the fixed cost alone varied 43 to 108 ms between runs of one workload, so
   // the router's prices and a capacity plan made from them (`batonctl rates`) followed the
-  // last few requests rather than the node. The first sample sets a rate.
+  // last few requests rather than the node. Each is a ratio of decayed sums, so every sample
+  // weighs as much as the next when it arrives (the first no more than the others).
   constexpr double kKeep = 0.95;
-  auto fold = [](double& rate, double sample) {
-    rate = rate <= 0 ? sample : kKeep * rate + (1 - kKeep) * sample;
-  };
-  // A rate per unit of work is a ratio of moving sums, weighted by the work: a small prefill
-  // (whose fixed costs per chunk dominate) moves it as little as it weighs.
+  // A tier's rate per MiB is weighted by the bytes: a small read (whose fixed costs dominate)
+  // moves it as little as it weighs.
   auto weigh = [](RateSums& sums, double ms, double units) {
     sums.ms = kKeep * sums.ms + ms;
     sums.units = kKeep * sums.units + units;
@@ -259,9 +257,11 @@ void PrefillService::Observe(const Observed& o) {
   const double gflop = work.computed_gflop + (o.replayed_rows > 0 ? work.replayed_gflop : 0);
   constexpr double kMiB = 1024.0 * 1024.0;
   std::lock_guard<std::mutex> lock(rates_mutex_);
-  if (gflop > 0 && o.compute_ms > 0) {
-    rates_.compute_ms_per_gflop = weigh(compute_sums_, o.compute_ms, gflop);
-  }
+  // The compute time is a line in the work (kvstore::WorkTimeFit): its slope is the rate per
+  // GFLOP, and its constant (the weights streamed once per prefill, whatever its rows) joins
+  // the fixed cost per request.
+  compute_fit_.Add(gflop, o.compute_ms);
+  if (compute_fit_.per_unit_ms() > 0) rates_.compute_ms_per_gflop = compute_fit_.per_unit_ms();
   // Small reads say little of a tier's rate (a fixed cost dominates): 1 MiB at least.
   if (o.load.local_bytes >= kMiB) {
     rates_.local_ms_per_mib =
@@ -271,7 +271,11 @@ void PrefillService::Observe(const Observed& o) {
     rates_.store_ms_per_mib =
         weigh(store_sums_, o.load.store_ms, static_cast<double>(o.load.store_bytes) / kMiB);
   }
-  fold(rates_.fixed_ms, std::max(0.0, o.fixed_ms));
+  // The fixed cost is the decayed mean of the samples (each weighs as much as the next when
+  // it arrives): a node's first prefill, which pays its one-time costs (the first touch of its
+  // staging memory, its first connection to a decode node: 140 ms of commit where later ones
+  // take 5), no longer sets the rate that the next 20 only slowly move.
+  rates_.fixed_ms = weigh(fixed_sums_, std::max(0.0, o.fixed_ms), 1) + compute_fit_.fixed_ms();
   ++rate_samples_;
 }
 
@@ -489,6 +493,13 @@ absl::Status PrefillService::Serve(grpc::ServerContext& context, const v1::Prefi
   const std::string& id = request.request().request_id();
   if (status.ok()) {
     metrics_->tokens.Increment(request.request().prompt_token_ids_size());
+    // The work the node's rates are measured over (Observe), so that a log shows what each
+    // prefill cost against what it computed.
+    const int64_t prompt_len = request.request().prompt_token_ids_size();
+    const bool replayed_here = options_.split != model::Split::kReplayOnDecode;
+    const kvstore::PrefillWork work = kvstore::EstimatePrefillWork(
+        model_.config(), prompt_len, reply.usage().cached_tokens(),
+        prompt_len - (replayed_here ? reply.usage().replayed_rows() : 0));
     log::Info(span.Ids(), "prefill done",
               {{"request_id", id},
                {"prompt_tokens", request.request().prompt_token_ids_size()},
@@ -498,6 +509,8 @@ absl::Status PrefillService::Serve(grpc::ServerContext& context, const v1::Prefi
                {"load_ms", reply.load_ms()},
                {"prefill_ms", reply.prefill_ms()},
                {"transfer_ms", reply.transfer_ms()},
+               {"computed_gflop", work.computed_gflop},
+               {"replayed_gflop", work.replayed_gflop},
                {"ms", MillisSince(start)},
                {"stage_ms", stage_ms}});
   } else {

@@ -3,6 +3,7 @@
 // a CED hit still costs: L - H computed, the consumer replay from max(s_keep, H).
 #include "baton/kvstore/ttft_model.h"
 
+#include <cmath>
 #include <limits>
 
 #include "baton/model/model_factory.h"
@@ -156,6 +157,83 @@ TEST(TtftModelTest, BlockPayloadBytesFollowTheStateLayout) {
   EXPECT_EQ(plain.swa, 4u * 2 * 64 * 32 * 4);       // four producers
   config.block_kv_sources = {4};
   EXPECT_EQ(BlockPayloadBytes(config).block_kv, 1u * 2 * 64 * 32 * 4);
+}
+
+TEST(TtftModelTest, AWorkTimeFitFindsTheFixedTimeAndTheRateOfMixedWork) {
+  WorkTimeFit fit;
+  EXPECT_EQ(fit.per_unit_ms(), 0);
+  // Prefills of 0.2 to 150 GFLOP on a line of 6 ms + 3.7 ms per GFLOP: the ratio of time to
+  // work would price the small ones near the large ones' rate and the mix in between.
+  const double units[] = {0.2, 120, 0.3, 60, 150, 0.2, 15, 90, 0.5, 3};
+  for (int round = 0; round < 4; ++round) {
+    for (double u : units) fit.Add(u, 6 + 3.7 * u);
+  }
+  EXPECT_NEAR(fit.per_unit_ms(), 3.7, 1e-9);
+  EXPECT_NEAR(fit.fixed_ms(), 6, 1e-9);
+  EXPECT_NEAR(fit.Predict(0.2), 6.74, 1e-9);
+  // Bad samples are ignored.
+  fit.Add(0, 50);
+  fit.Add(10, -1);
+  fit.Add(std::nan(""), 5);
+  EXPECT_NEAR(fit.per_unit_ms(), 3.7, 1e-9);
+}
+
+TEST(TtftModelTest, AWorkTimeFitClipsASlowSampleAndFollowsTheNodeWhenItChanges) {
+  WorkTimeFit fit;
+  const double units[] = {1, 100, 2, 50, 80, 0.5};
+  for (int round = 0; round < 5; ++round) {
+    for (double u : units) fit.Add(u, 5 + 4 * u);
+  }
+  // A small prefill that waited out another node's on shared cores: taken at twice the line.
+  WorkTimeFit clipped = fit;
+  clipped.Add(1, 500);
+  WorkTimeFit bounded = fit;
+  bounded.Add(1, WorkTimeFit::kClip * fit.Predict(1));
+  EXPECT_DOUBLE_EQ(clipped.fixed_ms(), bounded.fixed_ms());
+  EXPECT_DOUBLE_EQ(clipped.per_unit_ms(), bounded.per_unit_ms());
+  EXPECT_LT(clipped.Predict(1), 2 * fit.Predict(1));
+  // A node that became twice as slow is followed within a few dozen prefills, the bound
+  // notwithstanding.
+  for (int round = 0; round < 12; ++round) {
+    for (double u : units) fit.Add(u, 2 * (5 + 4 * u));
+  }
+  EXPECT_NEAR(fit.per_unit_ms(), 8, 0.1);
+  EXPECT_NEAR(fit.fixed_ms(), 10, 0.5);
+}
+
+TEST(TtftModelTest, AWorkTimeFitIsARatioWhenTheWorkDoesNotSpreadOrTheLineIsNotPlausible) {
+  // One size of work cannot tell a slope from a constant: the ratio prices that size exactly.
+  WorkTimeFit one_size;
+  for (int i = 0; i < 30; ++i) one_size.Add(40, 200);
+  EXPECT_DOUBLE_EQ(one_size.per_unit_ms(), 5);
+  EXPECT_DOUBLE_EQ(one_size.fixed_ms(), 0);
+  // A node's first few prefills do not make a line (two points always would): the ratio until
+  // they weigh WorkTimeFit::kMinSamples.
+  WorkTimeFit early;
+  early.Add(0.2, 40);
+  early.Add(100, 400);
+  EXPECT_DOUBLE_EQ(early.fixed_ms(), 0);
+  EXPECT_NEAR(early.per_unit_ms(), (0.95 * 40 + 400) / (0.95 * 0.2 + 100), 1e-9);
+  for (int i = 0; i < 12; ++i) early.Add(i % 2 == 0 ? 0.2 : 100, i % 2 == 0 ? 40 : 400);
+  EXPECT_NEAR(early.fixed_ms(), 40 - 0.2 * 360 / 99.8, 1e-6);
+  EXPECT_NEAR(early.per_unit_ms(), 360 / 99.8, 1e-9);
+  // Small work slower per unit than large would need a negative fixed time: the ratio instead
+  // (the older sample of each pair weighs 0.95 of the newer).
+  WorkTimeFit concave;
+  for (int i = 0; i < 20; ++i) {
+    concave.Add(10, 30);
+    concave.Add(100, 400);
+  }
+  EXPECT_DOUBLE_EQ(concave.fixed_ms(), 0);
+  EXPECT_NEAR(concave.per_unit_ms(), (0.95 * 30 + 400) / (0.95 * 10 + 100), 0.01);
+  // Time that falls as work grows has no positive slope: the ratio.
+  WorkTimeFit falling;
+  for (int i = 0; i < 20; ++i) {
+    falling.Add(10, 100);
+    falling.Add(20, 95);
+  }
+  EXPECT_DOUBLE_EQ(falling.fixed_ms(), 0);
+  EXPECT_NEAR(falling.per_unit_ms(), (0.95 * 100 + 95) / (0.95 * 10 + 20), 0.01);
 }
 
 }  // namespace

@@ -283,6 +283,25 @@ TEST(BatonctlSimulateTest, PoliciesRunTheTraceThroughACluster) {
   EXPECT_GT(store["per_node"][0]["lookups_per_s"].get<double>(), 0);
   EXPECT_DOUBLE_EQ(store["busiest"]["writes_per_s"].get<double>(),
                    store["per_node"][0]["writes_per_s"].get<double>());
+  // Only --per-request lists the requests: each in trace order, its TTFT its service here.
+  EXPECT_FALSE(out["results"][0].contains("per_request"));
+  const nlohmann::json listed =
+      Simulate("--trace " + CapTrace() + " --trace-block 8 --model-config " + TinyConfig() +
+               " --policy predicted-ttft --block-cache-bytes 1MiB --rates "
+               "compute_ms_per_gflop=2,fixed_ms=1 --time-scale 1000 --per-request");
+  const nlohmann::json& requests = listed["results"][0]["per_request"];
+  ASSERT_EQ(requests.size(), 5u);
+  int64_t cached = 0;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    EXPECT_EQ(requests[i]["index"], i);
+    EXPECT_GE(requests[i]["node"].get<int64_t>(), 0);
+    EXPECT_DOUBLE_EQ(requests[i]["admitted_ms"].get<double>(), 0);
+    EXPECT_NEAR(requests[i]["ttft_ms"].get<double>(), requests[i]["service_ms"].get<double>(),
+                1e-9);
+    cached += requests[i]["cached_tokens"].get<int64_t>();
+  }
+  EXPECT_EQ(cached, listed["results"][0]["local_cached_tokens"].get<int64_t>() +
+                        listed["results"][0]["store_cached_tokens"].get<int64_t>());
 
   // A fleet of three with two owners a value: each node's rates, the writes doubled in all.
   const nlohmann::json fleet =

@@ -233,6 +233,39 @@ TEST(ClusterSimTest, ChainsMadeFromTheTraceAsNeededSimulateAsChainsGivenUpFront)
   }
 }
 
+// Each request as it was placed and priced (`batonctl simulate --per-request`): the node and
+// hit of its placement step, and a TTFT that is its wait for a slot, the work ahead of it on
+// its node and its own service (one prefill at a time, no decode).
+TEST(ClusterSimTest, EachRequestsPlacementIsRecordedAsItsTtftIsMade) {
+  // Arrivals closer than a prefill takes, so that requests wait for a slot and queue.
+  const auto workload = Workload(30, 3, 5);
+  ClusterOptions options = Options(RoutePolicy::kPredictedTtft, uint64_t{3} << 20);
+  options.record_steps = true;
+  options.record_requests = true;
+  const ClusterResult r = SimulateCluster(workload, options);
+  ASSERT_EQ(r.placed.size(), workload.size());
+  bool waited = false, queued = false;
+  for (const ClusterStep& step : r.steps) {
+    if (step.kind != ClusterStep::kPlaced) continue;
+    const PlacedRequest& p = r.placed[step.request];
+    SCOPED_TRACE(step.request);
+    EXPECT_EQ(p.node, step.node);
+    EXPECT_EQ(p.cached_tokens, step.hit_blocks * kB);
+    EXPECT_LE(p.local_cached_tokens, p.cached_tokens);
+    EXPECT_NEAR(p.admitted_ms, step.time_ms - workload[step.request].arrival_ms, 1e-9);
+    EXPECT_GT(p.service_ms, 0);
+    EXPECT_NEAR(r.ttft_ms[step.request], p.admitted_ms + p.queue_ms + p.service_ms, 1e-6);
+    waited |= p.admitted_ms > 0;
+    queued |= p.queue_ms > 0;
+  }
+  EXPECT_TRUE(waited);
+  EXPECT_TRUE(queued);
+  EXPECT_GT(r.local_hit_tokens, 0);
+  // Off by default: a simulation of a million requests keeps no such row.
+  options.record_requests = false;
+  EXPECT_TRUE(SimulateCluster(workload, options).placed.empty());
+}
+
 TEST(ClusterSimTest, ACacheTooSmallForABlockHoldsNothing) {
   const ClusterResult r =
       SimulateCluster(Workload(10, 1, 1000), Options(RoutePolicy::kPredictedTtft, 1024));
@@ -605,16 +638,19 @@ TEST(ClusterSimTest, ReplayInTheDecodeStepsStretchesTheStreamsGapsAsTheNodePlans
 }
 
 // A cluster's measured rates as the simulator's flags: each the mean over the nodes that
-// measured it, of the model asked for; what none measured is left out.
+// measured it (a prefill node's weighing the prefills it measured), of the model asked for;
+// what none measured is left out.
 TEST(ClusterSimTest, MeasuredRatesAreTheMeansOfWhatTheNodesReport) {
   v1::ListRatesResponse reply;
-  auto prefill = [&](const std::string& model, double compute, double fixed, bool producers) {
+  auto prefill = [&](const std::string& model, double compute, double fixed, bool producers,
+                     uint32_t samples = 0) {
     v1::NodeRates& node = *reply.add_nodes();
     node.set_role("prefill");
     node.set_model(model);
     node.set_producers_only(producers);
     node.mutable_prefill()->set_compute_ms_per_gflop(compute);
     node.mutable_prefill()->set_fixed_ms(fixed);
+    node.mutable_prefill()->set_samples(samples);
   };
   auto decode = [&](const std::string& model, double fixed, double replay) {
     v1::NodeRates& node = *reply.add_nodes();
@@ -662,6 +698,11 @@ TEST(ClusterSimTest, MeasuredRatesAreTheMeansOfWhatTheNodesReport) {
   EXPECT_EQ(all.prefill_nodes, 3);
   EXPECT_EQ(all.rates, "compute_ms_per_gflop=35.3333,fixed_ms=55");
   EXPECT_TRUE(MeanRates(v1::ListRatesResponse(), "").rates.empty());
+  // A node that measured 90 prefills against one that measured 10 (kept from traffic after a
+  // slow start): the mean weighs them 9 to 1.
+  prefill("c", 4, 10, false, 90);
+  prefill("c", 13, 100, false, 10);
+  EXPECT_EQ(MeanRates(reply, "c").rates, "compute_ms_per_gflop=4.9,fixed_ms=19");
 }
 
 // A simulation told to stop once N requests miss a TTFT stops at the N-th such placement, with

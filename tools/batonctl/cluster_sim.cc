@@ -394,21 +394,22 @@ absl::StatusOr<kvstore::PrefillRates> ParseRates(absl::string_view text) {
 
 MeasuredRates MeanRates(const v1::ListRatesResponse& reply, absl::string_view model) {
   MeasuredRates measured;
-  // name -> (sum, count) over the nodes that measured it, in the order the flags list them.
-  std::vector<std::pair<std::string, std::pair<double, int64_t>>> prefill = {
+  // name -> (weighted sum, weight) over the nodes that measured it, in the order the flags
+  // list them.
+  std::vector<std::pair<std::string, std::pair<double, double>>> prefill = {
       {"compute_ms_per_gflop", {}},
       {"local_ms_per_mib", {}},
       {"store_ms_per_mib", {}},
       {"fixed_ms", {}}};
-  std::vector<std::pair<std::string, std::pair<double, int64_t>>> decode = {
+  std::vector<std::pair<std::string, std::pair<double, double>>> decode = {
       {"step_fixed_ms", {}},       {"step_per_row_ms", {}},       {"tokens_per_step", {}},
       {"replay_ms_per_gflop", {}}, {"replay_piece_fixed_ms", {}}, {"replay_piece_row_ms", {}},
       {"step_stretch", {}},        {"step_stretch_p10", {}},      {"step_stretch_p50", {}},
       {"step_stretch_p90", {}},    {"step_stretch_p99", {}}};
-  auto add = [](std::pair<double, int64_t>& sum, double value) {
+  auto add = [](std::pair<double, double>& sum, double value, double weight = 1) {
     if (value > 0 && std::isfinite(value)) {
-      sum.first += value;
-      ++sum.second;
+      sum.first += weight * value;
+      sum.second += weight;
     }
   };
   for (const v1::NodeRates& node : reply.nodes()) {
@@ -419,7 +420,11 @@ MeasuredRates MeanRates(const v1::ListRatesResponse& reply, absl::string_view mo
       const v1::PrefillRates& r = node.prefill();
       const double values[4] = {r.compute_ms_per_gflop(), r.local_ms_per_mib(),
                                 r.store_ms_per_mib(), r.fixed_ms()};
-      for (size_t i = 0; i < 4; ++i) add(prefill[i].second, values[i]);
+      // Each node weighs as many prefills as it measured its rates over (one when it does not
+      // say): a node that the router kept from traffic after a slow first few prices the
+      // cluster as little as it measured.
+      const double weight = std::max<double>(1, r.samples());
+      for (size_t i = 0; i < 4; ++i) add(prefill[i].second, values[i], weight);
     } else if (node.role() == "decode") {
       ++measured.decode_nodes;
       const v1::DecodeRates& r = node.decode();
@@ -435,7 +440,7 @@ MeasuredRates MeanRates(const v1::ListRatesResponse& reply, absl::string_view mo
     std::vector<std::string> items;
     for (const auto& [name, sum] : sums) {
       if (sum.second > 0) {
-        items.push_back(absl::StrCat(name, "=", sum.first / static_cast<double>(sum.second)));
+        items.push_back(absl::StrCat(name, "=", sum.first / sum.second));
       }
     }
     return absl::StrJoin(items, ",");
@@ -566,6 +571,7 @@ ClusterRun::ClusterRun(const std::vector<ClusterRequest>& requests, const Cluste
   // Replay-on-decode prices the replay at the decode node's rate, as the router does.
   o_.rates.replay_ms_per_gflop = o_.decode.replay_ms_per_gflop;
   result_.ttft_ms.assign(requests.size(), 0);
+  if (o_.record_requests) result_.placed.assign(requests.size(), {});
   result_.requests_per_node.assign(nodes_.size(), 0);
   // The store fleet's node names, as `baton up` gives them.
   for (int64_t n = 0; n < std::max<int64_t>(1, o_.store_nodes); ++n) {
@@ -740,6 +746,14 @@ bool ClusterRun::PlaceNext(double now) {
   placed_.push_back(r);
   if (o_.stop_over_count > 0 && result_.ttft_ms[r] > o_.stop_over_ttft_ms) ++over_;
   if (decoder.has_value()) decode_.Reserve(r, *decoder);
+  if (o_.record_requests) {
+    result_.placed[r] = {.node = static_cast<int64_t>(chosen),
+                         .cached_tokens = h * B_,
+                         .local_cached_tokens = placement.plan.hit.local_blocks * B_,
+                         .admitted_ms = now - request.arrival_ms,
+                         .queue_ms = placement.plan.cost.queue_ms,
+                         .service_ms = placement.plan.cost.service_ms()};
+  }
   if (o_.record_steps) {
     result_.steps.push_back(
         {.kind = ClusterStep::kPlaced,

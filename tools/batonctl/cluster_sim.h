@@ -146,7 +146,8 @@ absl::StatusOr<DecodeRates> ParseDecodeRates(absl::string_view text);
 // The means of what a cluster's nodes measured, as the router's registry holds them
 // (Generation/ListRates): each rate over the nodes of `model` ("" : every model) that have
 // measured it, as `batonctl simulate --rates` and `--decode-rates` take them (a rate none has
-// measured is left out, so the simulator's default stands).
+// measured is left out, so the simulator's default stands). A prefill node's rates weigh the
+// prefills it measured them over (PrefillRates.samples; one when it reports none).
 struct MeasuredRates {
   std::string rates;         // for --rates
   std::string decode_rates;  // for --decode-rates
@@ -181,7 +182,8 @@ struct ClusterOptions {
   kvstore::BlockBytes payload;           // per block and region
   ModelConfig config;                    // the model's shapes (the work of each prefill)
   kvstore::PrefillRates rates = kvstore::DefaultPrefillRates();
-  bool record_steps = false;  // ClusterResult::steps
+  bool record_steps = false;     // ClusterResult::steps
+  bool record_requests = false;  // ClusterResult::placed
   // With stop_over_count > 0: the simulation stops once that many requests are known to miss
   // stop_over_ttft_ms (their prefill's end, and a replay delayed after it, less their arrival:
   // no less than their TTFT will be), as soon as a TTFT percentile is sure to exceed it. The
@@ -236,6 +238,17 @@ struct ClusterStep {
   double time_ms = 0;          // when it was placed, or answered
 };
 
+// How one request was placed and priced (ClusterOptions::record_requests), as `batonctl replay`
+// reports each request, to set the two side by side.
+struct PlacedRequest {
+  int64_t node = -1;  // -1: never placed (a stopped simulation)
+  int64_t cached_tokens = 0;
+  int64_t local_cached_tokens = 0;
+  double admitted_ms = 0;  // placed less arrived: the wait for a free slot
+  double queue_ms = 0;     // the work ahead of it on its node, as the placement priced it
+  double service_ms = 0;   // its predicted service there (load, compute, replay, fixed)
+};
+
 struct ClusterResult {
   // Per request, in trace order; when `stopped`, only those placed before the stop, in the
   // order they were placed.
@@ -247,6 +260,7 @@ struct ClusterResult {
   double makespan_ms = 0;  // first arrival to last prefill's end
   std::vector<int64_t> requests_per_node;
   std::vector<ClusterStep> steps;  // with ClusterOptions::record_steps
+  std::vector<PlacedRequest> placed;  // per request in trace order, with record_requests
   std::vector<std::string> store_ids;
   std::vector<StoreNodeOps> store_ops;  // per store node, as store_ids
   // With decode: every token gap after the first token (ITL samples: all of them in `itl`, and

@@ -74,6 +74,7 @@ struct SimulateOptions {
   double length_scale = 1.0;
   int64_t trace_block = kMooncakeTraceBlock;
   bool json = false;
+  bool per_request = false;  // the cluster simulation's JSON lists each request (PlacedRequest)
   // The cluster simulation (cluster_sim.h), run when policies are given.
   std::string policies;
   int64_t prefill_nodes = 2;
@@ -573,6 +574,22 @@ nlohmann::json ClusterRow(const ClusterResult& r, const SimulateOptions& o, cons
       {"requests_per_s",
        r.makespan_ms > 0 ? static_cast<double>(r.ttft_ms.size()) / (r.makespan_ms / 1000) : 0}};
   result.update(row);
+  if (!r.placed.empty()) {
+    nlohmann::json per_request = nlohmann::json::array();
+    for (size_t i = 0; i < r.placed.size(); ++i) {
+      const PlacedRequest& p = r.placed[i];
+      per_request.push_back(
+          {{"index", i},
+           {"node", p.node},
+           {"cached_tokens", p.cached_tokens},
+           {"local_cached_tokens", p.local_cached_tokens},
+           {"admitted_ms", p.admitted_ms},
+           {"queue_ms", p.queue_ms},
+           {"service_ms", p.service_ms},
+           {"ttft_ms", r.stopped ? nlohmann::json(nullptr) : nlohmann::json(r.ttft_ms[i])}});
+    }
+    result["per_request"] = std::move(per_request);
+  }
   return result;
 }
 
@@ -644,6 +661,7 @@ int RunCluster(const SimulateOptions& o, const std::vector<Setting>& settings,
                                      .payload = kvstore::BlockPayloadBytes(sized),
                                      .config = sized,
                                      .rates = *rates,
+                                     .record_requests = o.per_request,
                                      .store_nodes = o.store_nodes,
                                      .store_replication = o.store_replication,
                                      .decode_nodes = o.decode_nodes,
@@ -862,6 +880,10 @@ Command AddSimulateCommand(CLI::App& app) {
   command->add_option("--trace-block", o->trace_block,
                       "Tokens per hash id in the trace (default 512, Mooncake's)");
   command->add_flag("--json", o->json, "Print one JSON object {\"kind\", \"results\": [...]}");
+  command->add_flag("--per-request", o->per_request,
+                    "With --policy and --json: each result lists its requests in trace order "
+                    "(\"per_request\": node, cached tokens, admission wait, queue, service, TTFT), "
+                    "as batonctl replay --json lists what each measured");
   AddClusterFlags(command, o.get());
   return {command, [o] { return RunSimulate(*o); }};
 }

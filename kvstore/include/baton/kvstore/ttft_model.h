@@ -55,6 +55,37 @@ PrefillRates DefaultPrefillRates();
 PrefillRates RatesOrDefaults(const v1::PrefillRates& reported);
 v1::PrefillRates ToProto(const PrefillRates& rates, uint32_t samples);
 
+// A node's time for a kind of work as a line, fixed_ms + per_unit_ms x units, fitted by least
+// squares over its recent samples (each sample's weight falls by `keep` with every later one:
+// 0.95 weighs about the last 20). A ratio of time to work alone would price a small prefill at
+// a large one's rate: a prompt of a few tokens still streams every weight once (a few ms on
+// the small preset, at 0.2 GFLOP), so a run of them raised a node's reported ms per GFLOP
+// fourfold and its large prompts were priced at that. Once the samples weigh kMinSamples, one
+// more than kClip times the line's prediction is taken at that bound (a prefill slowed by
+// whatever shared its cores moves the line no more than that). While the samples' work does not
+// spread enough to tell a slope from a constant (its weighted variance under kMinSpread of its mean
+// squared), while the samples weigh less than kMinSamples (a line through a node's first few
+// prefills, slowed by one-time costs, priced it at seconds a request and kept it from the traffic
+// that would have corrected it), or the fit would give a negative fixed time or a slope that is not
+// positive, the line is the ratio of the sums through zero.
+class WorkTimeFit {
+ public:
+  static constexpr double kClip = 2.0;
+  static constexpr double kMinSpread = 0.05;
+  static constexpr double kMinSamples = 8;
+  explicit WorkTimeFit(double keep = 0.95) : keep_(keep) {}
+  // One sample; ignored unless both are finite and > 0.
+  void Add(double units, double ms);
+  double per_unit_ms() const { return per_unit_ms_; }  // 0 before any sample
+  double fixed_ms() const { return fixed_ms_; }
+  double Predict(double units) const { return fixed_ms_ + per_unit_ms_ * units; }
+
+ private:
+  double keep_;
+  double weight_ = 0, units_ = 0, units2_ = 0, ms_ = 0, units_ms_ = 0;  // decayed sums
+  double per_unit_ms_ = 0, fixed_ms_ = 0;
+};
+
 // The blocks a node holds in its local tier and the shared store holds, as each's lookup
 // (leading block-KV blocks and their SWA rows).
 struct TierLookups {

@@ -217,7 +217,9 @@ class PrefillService final
   struct RateSums {
     double ms = 0, units = 0;  // decayed sums of time and of work (GFLOP or MiB)
   };
-  RateSums compute_sums_, local_sums_, store_sums_;
+  RateSums local_sums_, store_sums_;
+  RateSums fixed_sums_;               // commit, transfer, sampling: ms per prefill
+  kvstore::WorkTimeFit compute_fit_;  // compute ms against GFLOP
   std::mutex write_mutex_;
   std::condition_variable write_ready_;
   // Each request's writes, with its trace (the store logs the write under it).
