@@ -32,6 +32,10 @@ policies="${POLICIES:-least-loaded longest-prefix predicted-ttft}"
 # shellcheck source=bench/baton_up.sh
 source "$root/bench/baton_up.sh"
 out="$(mktemp -d)"
+# Each request's simulated placement, where the build's simulate lists it (an older build, run
+# for comparison, does not).
+per_request=""
+[[ "$("$build/tools/batonctl" simulate --help)" == *--per-request* ]] && per_request=--per-request
 "$build/tools/batonctl" make-model --preset small --out "$out/small" >/dev/null
 echo "cluster: $prefill_nodes prefill + $decode_nodes decode nodes, $split; $n requests"
 for policy in $policies; do
@@ -59,7 +63,7 @@ for policy in $policies; do
       --max-requests "$n" --length-scale "$length_scale" --time-scale "$time_scale" \
       --policy "$policy" --prefill-nodes "$prefill_nodes" --block-cache-bytes 512MiB \
       ${rates:+--rates "$rates"} --decode-nodes "$decode_nodes" --decode-slots 64 \
-      ${1:+--decode-rates "$1"} --max-output-tokens 16 --json --per-request
+      ${1:+--decode-rates "$1"} --max-output-tokens 16 --json $per_request
   }
   simulate "$decode_rates" >"$out/sim-$policy.json"
   # Without the steps' spread: every step at the mean stretch.
