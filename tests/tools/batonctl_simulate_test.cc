@@ -398,7 +398,28 @@ TEST(BatonctlSimulateTest, CapacityFindsTheFewestNodesForTheTargets) {
   EXPECT_EQ(shaped["best"]["prefill_nodes"], 1);
   EXPECT_EQ(shaped["best"]["decode_nodes"], 1);
   EXPECT_EQ(shaped["best"]["block_cache_bytes"], 0);
+  // Searched on one prefix group in 3 (here the group of hash id 7) in blocks of 8 tokens: the
+  // sample's points at three times their nodes, and the answer a point of the whole trace.
+  const Result sampled = RunBatonctl(
+      "capacity --trace " + DecodeTrace() + " --trace-block 8 --model-config " + TinyConfig() +
+      " --ttft-p99-ms 100000 --itl-p99-ms 1000 --max-nodes 4 --rates compute_ms_per_gflop=2 "
+      "--sample-one-in 3 --block-size 8 --json");
+  ASSERT_EQ(sampled.exit_status, 0) << sampled.err;
+  const nlohmann::json plan = nlohmann::json::parse(sampled.out);
+  EXPECT_EQ(plan["sample_one_in"], 3);
+  EXPECT_EQ(plan["block_size"], 8);
+  EXPECT_EQ(plan["best"]["sample_one_in"], 1);
+  EXPECT_EQ(plan["best"]["prefill_nodes"], 3);
+  ASSERT_GE(plan["explored"].size(), 2u);
+  EXPECT_EQ(plan["explored"][0]["sample_one_in"], 3);
+  EXPECT_EQ(plan["explored"][0]["prefill_nodes"], 3);
   for (const auto& [args, message] : std::vector<std::pair<std::string, std::string>>{
+           {"--ttft-p99-ms 10 --sample-one-in 0",
+            "--sample-one-in: 0 must lie in [1, --max-nodes 64]"},
+           {"--ttft-p99-ms 10 --sample-one-in 2",
+            "--sample-one-in: 2 leaves none of the trace's 5 requests"},
+           {"--ttft-p99-ms 10 --block-size 6",
+            "--block-size: 6 must be a multiple of the model's 4"},
            {"--ttft-p99-ms 0", "--ttft-p99-ms: must be a finite number > 0"},
            {"--ttft-p99-ms 10 --max-nodes 0", "--max-nodes: 0 must lie in [1, 1024]"},
            {"--ttft-p99-ms 10 --threads -1", "--threads: -1 must lie in [0, 256]"},

@@ -733,6 +733,18 @@ TEST(ClusterSimTest, StopsOnceEnoughRequestsMissTheTtftTarget) {
   EXPECT_EQ(unreached.ttft_ms, full.ttft_ms);
 }
 
+// Whether `prefill` + `decode` nodes meet both of `goal`'s targets on `requests`, simulated
+// whole.
+bool MeetsGoal(const std::vector<ClusterRequest>& requests, const ClusterOptions& base,
+               const CapacityGoal& goal, int64_t prefill, int64_t decode) {
+  ClusterOptions o = base;
+  o.prefill_nodes = prefill;
+  o.decode_nodes = decode;
+  const ClusterResult r = SimulateCluster(requests, o);
+  return NearestRank(r.ttft_ms, 99) <= goal.ttft_p99_ms &&
+         NearestRank(r.itl_ms, 99) <= goal.itl_p99_ms;
+}
+
 // The planner's answer meets the targets in the simulation, and one node fewer of either role
 // does not; targets no cluster meets get no answer.
 TEST(ClusterSimTest, CapacityPlanIsTheFewestNodesThatMeetTheTargets) {
@@ -758,12 +770,7 @@ TEST(ClusterSimTest, CapacityPlanIsTheFewestNodesThatMeetTheTargets) {
   EXPECT_GT(plan.best->prefill_nodes, 1);  // one node is too few for this load
   EXPECT_GT(plan.best->decode_nodes, 1);   // four slots a node are too few for 60 requests
   auto meets = [&](int64_t prefill, int64_t decode) {
-    ClusterOptions o = base;
-    o.prefill_nodes = prefill;
-    o.decode_nodes = decode;
-    const ClusterResult r = SimulateCluster(requests, o);
-    return NearestRank(r.ttft_ms, 99) <= goal.ttft_p99_ms &&
-           NearestRank(r.itl_ms, 99) <= goal.itl_p99_ms;
+    return MeetsGoal(requests, base, goal, prefill, decode);
   };
   EXPECT_TRUE(meets(plan.best->prefill_nodes, plan.best->decode_nodes));
   EXPECT_FALSE(meets(plan.best->prefill_nodes - 1, plan.best->decode_nodes));
@@ -800,6 +807,83 @@ TEST(ClusterSimTest, CapacityPlanIsTheFewestNodesThatMeetTheTargets) {
       EXPECT_GE(p.seconds, 0);
     }
   }
+}
+
+// A plan searched on a sample of one prefix group in K, at 1/K of the nodes, answers with a
+// point of the whole trace that meets the targets there, its counts the sample's times K; the
+// sample's points are listed at those counts before the whole trace's. A sample lighter than
+// 1/K of the load answers too few nodes, and the whole trace's misses step the role that
+// missed up by K until the targets are met.
+TEST(ClusterSimTest, ASampledPlanAnswersWithAPointOfTheWholeTraceThatMeets) {
+  ClusterOptions base = Options(RoutePolicy::kPredictedTtft, 0);
+  base.decode_slots = 16;
+  base.decode = {.step_fixed_ms = 5, .step_per_row_ms = 2, .tokens_per_step = 1};
+  constexpr int kPrefixes = 8, kOneIn = 4;
+  std::vector<ClusterRequest> requests = Workload(240, kPrefixes, 2);
+  for (ClusterRequest& r : requests) r.output_len = 20;
+  // Two prefixes of the eight, whole: every request of them, a quarter of the load.
+  std::vector<ClusterRequest> sample;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    if (i % kPrefixes == 0 || i % kPrefixes == 4) sample.push_back(requests[i]);
+  }
+  const double cold_ms = SimulateCluster({requests[0]},
+                                         [&] {
+                                           ClusterOptions o = base;
+                                           o.decode_nodes = 1;
+                                           return o;
+                                         }())
+                             .ttft_ms[0];
+  const CapacityGoal goal{.ttft_p99_ms = 4 * cold_ms, .itl_p99_ms = 20, .max_nodes = 64};
+  auto meets_whole = [&](int64_t prefill, int64_t decode) {
+    return MeetsGoal(requests, base, goal, prefill, decode);
+  };
+  const CapacityPlan whole = PlanCapacity(requests, base, goal);
+  ASSERT_TRUE(whole.best.has_value());
+  ASSERT_GT(whole.best->prefill_nodes, kOneIn);  // the sample needs more than one node
+
+  const CapacityPlan sampled = PlanCapacitySampled(requests, sample, kOneIn, base, goal);
+  ASSERT_TRUE(sampled.best.has_value());
+  EXPECT_EQ(sampled.best->sample_one_in, 1);
+  EXPECT_TRUE(sampled.best->meets);
+  EXPECT_TRUE(meets_whole(sampled.best->prefill_nodes, sampled.best->decode_nodes));
+  // This sample is a quarter of the same periodic load: its answer is the whole plan's to
+  // within K nodes a role, never fewer.
+  EXPECT_GE(sampled.best->prefill_nodes, whole.best->prefill_nodes);
+  EXPECT_LT(sampled.best->prefill_nodes, whole.best->prefill_nodes + kOneIn);
+  EXPECT_LT(sampled.best->decode_nodes, whole.best->decode_nodes + kOneIn);
+  bool whole_seen = false;
+  for (const CapacityPoint& p : sampled.explored) {
+    if (p.sample_one_in == kOneIn) {
+      EXPECT_FALSE(whole_seen) << "the sample's points come first";
+      EXPECT_EQ(p.prefill_nodes % kOneIn, 0);
+      EXPECT_EQ(p.decode_nodes % kOneIn, 0);
+    } else {
+      EXPECT_EQ(p.sample_one_in, 1);
+      whole_seen = true;
+    }
+  }
+  EXPECT_TRUE(whole_seen);
+
+  // One prefix of the eight at K = 4: half the load a quarter of the nodes would serve, so the
+  // sample's answer is too few for the whole trace.
+  std::vector<ClusterRequest> light;
+  for (size_t i = 0; i < requests.size(); i += kPrefixes) light.push_back(requests[i]);
+  const CapacityPlan stepped = PlanCapacitySampled(requests, light, kOneIn, base, goal);
+  ASSERT_TRUE(stepped.best.has_value());
+  EXPECT_TRUE(meets_whole(stepped.best->prefill_nodes, stepped.best->decode_nodes));
+  std::vector<CapacityPoint> on_whole;
+  for (const CapacityPoint& p : stepped.explored) {
+    if (p.sample_one_in == 1) on_whole.push_back(p);
+  }
+  ASSERT_GE(on_whole.size(), 2u);
+  for (size_t i = 0; i + 1 < on_whole.size(); ++i) {
+    EXPECT_FALSE(on_whole[i].meets) << i;
+    // Each miss adds K nodes to a role that missed.
+    const int64_t more = (on_whole[i + 1].prefill_nodes - on_whole[i].prefill_nodes) +
+                         (on_whole[i + 1].decode_nodes - on_whole[i].decode_nodes);
+    EXPECT_TRUE(more == kOneIn || more == 2 * kOneIn) << i;
+  }
+  EXPECT_TRUE(on_whole.back().meets);
 }
 
 // A prompt of `blocks` blocks of its own tokens (no prefix any other shares), arriving at

@@ -3,10 +3,12 @@
 #include "trace.h"
 
 #include <cmath>
+#include <map>
 #include <set>
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -176,6 +178,66 @@ TEST(TraceTokensTest, OptionsAreValidated) {
               HasSubstr("vocab_size is 1099511627776"));
   EXPECT_THAT(ParseTraceLine("{}", 1, int64_t{1} << 40).status().message(),
               HasSubstr("trace_block is 1099511627776"));
+}
+
+// A sample keeps whole prefix groups (requests by their first hash id) in trace order, about
+// one in K of them, and K = 1 keeps the trace as it is.
+TEST(TraceSampleTest, SamplePrefixGroupsKeepsWholeGroupsOfOneInK) {
+  std::vector<TraceRequest> trace;
+  for (int64_t i = 0; i < 4000; ++i) {
+    // 1,000 groups of four: each group's requests share their first id and differ after it.
+    trace.push_back({.line = i + 1,
+                     .timestamp_ms = static_cast<double>(i),
+                     .input_length = 1024,
+                     .output_length = 1,
+                     .hash_ids = {i % 1000, 5000 + i}});
+  }
+  EXPECT_EQ(SamplePrefixGroups(trace, 1).size(), trace.size());
+  const std::vector<TraceRequest> sample = SamplePrefixGroups(trace, 8);
+  std::map<int64_t, int> per_group;
+  int64_t last_line = 0;
+  for (const TraceRequest& r : sample) {
+    ++per_group[r.hash_ids[0]];
+    EXPECT_GT(r.line, last_line);  // trace order
+    last_line = r.line;
+  }
+  for (const auto& [group, n] : per_group) EXPECT_EQ(n, 4) << group;  // whole groups
+  // About 125 of the 1,000 groups (a binomial's sd is about 10).
+  EXPECT_GT(per_group.size(), 80u);
+  EXPECT_LT(per_group.size(), 170u);
+  // One in 3 keeps about a third of them.
+  const std::vector<TraceRequest> third = SamplePrefixGroups(trace, 3);
+  EXPECT_GT(third.size(), 4 * 250u);
+  EXPECT_LT(third.size(), 4 * 420u);
+}
+
+// A trace long enough to be parsed in ranges on several threads comes back whole and in file
+// order, and of two bad lines in different ranges the error names the first.
+TEST(TraceParseTest, ALongTraceParsesInOrderAndReportsItsFirstBadLine) {
+  std::string text;
+  constexpr int kLines = 70000;
+  for (int i = 0; i < kLines; ++i) {
+    text += absl::StrCat(R"({"timestamp": )", i, R"(, "input_length": 10, "output_length": 1, )",
+                         R"("hash_ids": [)", i, "]}\n");
+  }
+  const absl::StatusOr<std::vector<TraceRequest>> trace = ParseTrace(text);
+  ASSERT_TRUE(trace.ok()) << trace.status();
+  ASSERT_EQ(trace->size(), static_cast<size_t>(kLines));
+  for (int i = 0; i < kLines; ++i) {
+    ASSERT_EQ((*trace)[static_cast<size_t>(i)].hash_ids[0], i);
+    ASSERT_EQ((*trace)[static_cast<size_t>(i)].line, i + 1);
+  }
+  // Lines 40,001 and 65,001 lose their hash ids.
+  std::string bad = text;
+  for (const int line : {65001, 40001}) {
+    size_t at = 0;
+    for (int l = 1; l < line; ++l) at = bad.find('\n', at) + 1;
+    const size_t ids = bad.find("\"hash_ids\"", at);
+    bad.replace(ids, 10, "\"hash_idz\"");
+  }
+  const absl::StatusOr<std::vector<TraceRequest>> refused = ParseTrace(bad);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_THAT(refused.status().message(), HasSubstr("line 40001: hash_ids: missing"));
 }
 
 }  // namespace

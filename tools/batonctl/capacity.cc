@@ -170,4 +170,47 @@ CapacityPlan PlanCapacity(const std::vector<ClusterRequest>& requests, const Clu
   return plan;
 }
 
+CapacityPlan PlanCapacitySampled(const std::vector<ClusterRequest>& requests,
+                                 const std::vector<ClusterRequest>& sample, int64_t one_in,
+                                 const ClusterOptions& base, const CapacityGoal& goal) {
+  if (one_in <= 1) return PlanCapacity(requests, base, goal);
+  const int64_t max = std::max<int64_t>(1, goal.max_nodes);
+  CapacityGoal scaled = goal;
+  scaled.max_nodes = std::max<int64_t>(1, max / one_in);
+  CapacityPlan plan = PlanCapacity(sample, base, scaled);
+  for (CapacityPoint& p : plan.explored) {
+    p.prefill_nodes *= one_in;
+    p.decode_nodes *= one_in;
+    p.requests_per_s *= static_cast<double>(one_in);
+    p.sample_one_in = one_in;
+  }
+  if (!plan.best) return plan;
+  Shape shape{std::min(max, plan.best->prefill_nodes * one_in),
+              std::min(max, plan.best->decode_nodes * one_in)};
+  plan.best.reset();
+  while (true) {
+    const CapacityPoint point = RunPoint(requests, base, goal, shape);
+    plan.explored.push_back(point);
+    if (point.meets) {
+      plan.best = point;
+      break;
+    }
+    const bool ttft_missed = point.stopped || point.ttft_p99_ms > goal.ttft_p99_ms;
+    const bool itl_missed =
+        !point.stopped && goal.itl_p99_ms > 0 && point.itl_p99_ms > goal.itl_p99_ms;
+    Shape next = shape;
+    if (ttft_missed) {
+      if (next.first < max) {
+        next.first = std::min(max, next.first + one_in);
+      } else {
+        next.second = std::min(max, next.second + one_in);
+      }
+    }
+    if (itl_missed) next.second = std::min(max, next.second + one_in);
+    if (next == shape) break;  // at max_nodes of what missed: no answer
+    shape = next;
+  }
+  return plan;
+}
+
 }  // namespace baton::tools

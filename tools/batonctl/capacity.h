@@ -48,6 +48,9 @@ struct CapacityPoint {
   // percentiles are over the requests placed by then.
   bool stopped = false;
   double seconds = 0;  // the simulation's wall time
+  // 1: run on the whole trace. K > 1: run on one prefix group in K at 1/K of the counts above
+  // (PlanCapacitySampled), which are the whole cluster's it stands for.
+  int64_t sample_one_in = 1;
 };
 
 struct CapacityPlan {
@@ -58,5 +61,19 @@ struct CapacityPlan {
 // `base` gives everything but the node counts (its decode_nodes is taken as at least one).
 CapacityPlan PlanCapacity(const std::vector<ClusterRequest>& requests, const ClusterOptions& base,
                           const CapacityGoal& goal);
+
+// The same search on `sample`, one prefix group of `requests` in `one_in` (SamplePrefixGroups),
+// at up to max_nodes / one_in nodes a role: the sample carries 1/one_in of the load with its
+// prefixes whole, so n nodes serve it as n x one_in serve the whole. Its answer, times one_in,
+// is then run on the whole trace; while that misses, the role whose target it missed gains
+// one_in nodes (prefill for TTFT, decode for ITL; decode once prefill is at max_nodes), up to
+// max_nodes each. The answer is a point of the whole trace that meets both targets, at most
+// one_in nodes a role above the fewest the sample saw (its resolution), found in a search of
+// small simulations and a few of the whole: a million requests' plan runs in about the time
+// of one or two whole simulations. The sample's points are listed with their counts and rate
+// times one_in (CapacityPoint::sample_one_in), then the whole trace's.
+CapacityPlan PlanCapacitySampled(const std::vector<ClusterRequest>& requests,
+                                 const std::vector<ClusterRequest>& sample, int64_t one_in,
+                                 const ClusterOptions& base, const CapacityGoal& goal);
 
 }  // namespace baton::tools

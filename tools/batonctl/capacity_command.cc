@@ -47,8 +47,14 @@ struct CapacityOptions {
   int64_t max_output_tokens = 0;
   double length_scale = 1.0;
   int64_t trace_block = kMooncakeTraceBlock;
+  int64_t block_size = 0;     // 0: the model's
+  int64_t sample_one_in = 1;  // 1: search on the whole trace
   bool json = false;
 };
+
+// The largest --block-size: a block is a unit of cache bookkeeping here, and one past a trace's
+// hash id (512 tokens in Mooncake's) only loses hits.
+constexpr int64_t kMaxSimulatedBlock = 65536;
 
 absl::Status FlagError(absl::string_view flag, absl::string_view what) {
   return absl::InvalidArgumentError(absl::StrCat(flag, ": ", what));
@@ -79,6 +85,7 @@ nlohmann::json PointJson(const ShapedPoint& shaped) {
           {"requests_per_s", p.requests_per_s},
           {"meets", p.meets},
           {"stopped", p.stopped},
+          {"sample_one_in", p.sample_one_in},
           {"seconds", p.seconds}};
 }
 
@@ -99,6 +106,11 @@ absl::Status CheckCapacityFlags(const CapacityOptions& o) {
   if (o.prefill_slots < 1 || o.prefill_slots > 1024 || o.decode_slots < 1 ||
       o.decode_slots > 65536) {
     return FlagError("--prefill-slots and --decode-slots", "must lie in [1, 1024] and [1, 65536]");
+  }
+  if (o.sample_one_in < 1 || o.sample_one_in > o.max_nodes) {
+    return FlagError("--sample-one-in",
+                     absl::StrCat(o.sample_one_in, " must lie in [1, --max-nodes ", o.max_nodes,
+                                  "] (1: the whole trace)"));
   }
   if (!(o.time_scale >= 0) || !std::isfinite(o.time_scale) || o.max_requests < 0 ||
       o.max_output_tokens < 0) {
@@ -161,8 +173,9 @@ absl::StatusOr<std::vector<Shape>> ParseShapes(const CapacityOptions& o,
 }
 
 // The explored points and the answer, as a table or (--json) one JSON object.
-void PrintCapacity(const CapacityOptions& o, const std::vector<ShapedPoint>& explored,
-                   const std::optional<ShapedPoint>& best, size_t requests, double seconds) {
+void PrintCapacity(const CapacityOptions& o, int64_t block_size,
+                   const std::vector<ShapedPoint>& explored, const std::optional<ShapedPoint>& best,
+                   size_t requests, double seconds) {
   if (o.json) {
     nlohmann::json points = nlohmann::json::array();
     for (const ShapedPoint& p : explored) points.push_back(PointJson(p));
@@ -171,30 +184,40 @@ void PrintCapacity(const CapacityOptions& o, const std::vector<ShapedPoint>& exp
                                 {"ttft_p99_ms", o.ttft_p99_ms},
                                 {"itl_p99_ms", o.itl_p99_ms},
                                 {"policy", o.policy},
+                                {"block_size", block_size},
+                                {"sample_one_in", o.sample_one_in},
                                 {"best", best ? PointJson(*best) : nullptr},
                                 {"explored", std::move(points)},
                                 {"seconds", seconds}}
                      .dump()
               << "\n";
   } else {
-    std::cout << absl::StrFormat("%16s %14s %12s %8s %7s %10s %10s %9s %9s %8s %6s %7s\n", "split",
-                                 "policy", "cache", "prefill", "decode", "ttft_p50", "ttft_p99",
-                                 "itl_p50", "itl_p99", "req/s", "meets", "secs");
+    std::cout << absl::StrFormat("%16s %14s %12s %8s %7s %10s %10s %9s %9s %8s %6s %7s %6s\n",
+                                 "split", "policy", "cache", "prefill", "decode", "ttft_p50",
+                                 "ttft_p99", "itl_p50", "itl_p99", "req/s", "meets", "secs",
+                                 "trace");
     for (const ShapedPoint& shaped : explored) {
       const CapacityPoint& p = shaped.point;
       std::cout << absl::StrFormat(
-          "%16s %14s %12d %8d %7d %10.1f %10.1f %9.1f %9.1f %8.2f %6s %7.1f\n", shaped.shape.split,
-          shaped.shape.policy, shaped.shape.block_cache_bytes, p.prefill_nodes, p.decode_nodes,
-          p.ttft_p50_ms, p.ttft_p99_ms, p.itl_p50_ms, p.itl_p99_ms, p.requests_per_s,
+          "%16s %14s %12d %8d %7d %10.1f %10.1f %9.1f %9.1f %8.2f %6s %7.1f %6s\n",
+          shaped.shape.split, shaped.shape.policy, shaped.shape.block_cache_bytes, p.prefill_nodes,
+          p.decode_nodes, p.ttft_p50_ms, p.ttft_p99_ms, p.itl_p50_ms, p.itl_p99_ms,
+          p.requests_per_s,
           p.meets     ? "yes"
           : p.stopped ? "no*"
                       : "no",
-          p.seconds);
+          p.seconds, p.sample_one_in > 1 ? absl::StrCat("1/", p.sample_one_in) : "all");
     }
     if (std::any_of(explored.begin(), explored.end(),
                     [](const ShapedPoint& shaped) { return shaped.point.stopped; })) {
       std::cout << "* stopped once its TTFT p99 was sure to miss the target: its figures are over "
                    "the requests placed by then\n";
+    }
+    if (o.sample_one_in > 1) {
+      std::cout << absl::StrFormat(
+          "trace 1/%d: run on one prefix group in %d at 1/%d of the nodes listed; the answer was "
+          "then run on the whole trace, %d nodes a role more while it missed\n",
+          o.sample_one_in, o.sample_one_in, o.sample_one_in, o.sample_one_in);
     }
     if (best) {
       std::cout << absl::StrFormat(
@@ -235,9 +258,31 @@ int RunCapacity(const CapacityOptions& o) {
   if (o.max_requests > 0 && static_cast<size_t>(o.max_requests) < trace->size()) {
     trace->resize(static_cast<size_t>(o.max_requests));
   }
-  const int64_t B = config->kv_block_size, C = config->ring_capacity();
+  const int64_t C = config->ring_capacity();
+  const int64_t B = o.block_size > 0 ? o.block_size : config->kv_block_size;
+  if (B % config->kv_block_size != 0 || B > kMaxSimulatedBlock) {
+    return ReportError(
+        "capacity", FlagError("--block-size",
+                              absl::StrCat(B, " must be a multiple of the model's ",
+                                           config->kv_block_size, " up to ", kMaxSimulatedBlock)));
+  }
+  // The value sizes of a block of B positions (simulate_command.cc does the same).
+  ModelConfig sized = *config;
+  sized.kv_block_size = B;
   const std::vector<ClusterRequest> requests =
       ClusterRequestsFromTrace(*trace, tokens, B, o.time_scale, o.max_output_tokens);
+  const std::vector<TraceRequest> sampled_trace = o.sample_one_in > 1
+                                                      ? SamplePrefixGroups(*trace, o.sample_one_in)
+                                                      : std::vector<TraceRequest>{};
+  if (o.sample_one_in > 1 && sampled_trace.empty()) {
+    return ReportError(
+        "capacity",
+        FlagError("--sample-one-in",
+                  absl::StrCat(o.sample_one_in, " leaves none of the trace's ", trace->size(),
+                               " requests; a smaller K samples more groups")));
+  }
+  const std::vector<ClusterRequest> sample =
+      ClusterRequestsFromTrace(sampled_trace, tokens, B, o.time_scale, o.max_output_tokens);
   const ClusterOptions common{.slots = o.prefill_slots,
                               .hit = {.keep = C,
                                       .truncation_on = true,
@@ -245,7 +290,7 @@ int RunCapacity(const CapacityOptions& o) {
                                       .window = config->sliding_window,
                                       .block_size = B,
                                       .cap = kvstore::HitCap::kRing},
-                              .payload = kvstore::BlockPayloadBytes(*config),
+                              .payload = kvstore::BlockPayloadBytes(sized),
                               .config = *config,
                               .rates = rates,
                               .decode_nodes = 1,
@@ -261,11 +306,11 @@ int RunCapacity(const CapacityOptions& o) {
     base.policy = shape.route;
     base.block_cache_bytes = shape.block_cache_bytes;
     if (shape.split == "prefill-all") base.decode.replay_ms_per_gflop = 0;
-    const CapacityPlan plan = PlanCapacity(requests, base,
-                                           {.ttft_p99_ms = o.ttft_p99_ms,
-                                            .itl_p99_ms = o.itl_p99_ms,
-                                            .max_nodes = o.max_nodes,
-                                            .threads = o.threads});
+    const CapacityPlan plan = PlanCapacitySampled(requests, sample, o.sample_one_in, base,
+                                                  {.ttft_p99_ms = o.ttft_p99_ms,
+                                                   .itl_p99_ms = o.itl_p99_ms,
+                                                   .max_nodes = o.max_nodes,
+                                                   .threads = o.threads});
     for (const CapacityPoint& p : plan.explored) explored.push_back({shape, p});
     if (!plan.best) continue;
     const ShapedPoint candidate{shape, *plan.best};
@@ -277,7 +322,7 @@ int RunCapacity(const CapacityOptions& o) {
   }
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  PrintCapacity(o, explored, best, requests.size(), seconds);
+  PrintCapacity(o, B, explored, best, requests.size(), seconds);
   return best ? kExitOk : kExitFailure;
 }
 
@@ -332,6 +377,17 @@ Command AddCapacityCommand(CLI::App& app) {
                       "Scale prompt lengths and tokens per hash id (default 1)");
   command->add_option("--trace-block", o->trace_block,
                       "Tokens per hash id in the trace (default 512, Mooncake's)");
+  command->add_option("--block-size", o->block_size,
+                      "Tokens a simulated block holds: the unit the caches and the store track "
+                      "and hits round to (default: the model's; a multiple of it). At the "
+                      "trace's 512 tokens a hash id a simulation does an eighth of the cache "
+                      "work of 64-token blocks, and each hit loses what lay past its last whole "
+                      "512 tokens");
+  command->add_option("--sample-one-in", o->sample_one_in,
+                      "Search on one prefix group in K (requests grouped by their first hash "
+                      "id) at 1/K of the nodes, then run the answer times K on the whole trace, "
+                      "K nodes a role more while it misses (default 1: search on the whole "
+                      "trace). For traces of a million requests");
   command->add_flag("--json", o->json,
                     "Print one JSON object {\"kind\": \"capacity\", \"best\", \"explored\"}");
   return {command, [o] { return RunCapacity(*o); }};

@@ -55,6 +55,15 @@ absl::StatusOr<std::vector<TraceRequest>> ParseTrace(absl::string_view text,
 absl::StatusOr<std::vector<TraceRequest>> LoadTrace(const std::string& path,
                                                     int64_t trace_block = kMooncakeTraceBlock);
 
+// The requests of one prefix group in `one_in` (>= 1; 1: all of them), in trace order: a
+// request's group is its first hash id, and a group is in when a splitmix64 mix of that id is
+// 0 modulo `one_in`, so every request that shares a prompt's first block, and with it any longer
+// prefix, is in or out together. Its arrivals stay where they were: the sample carries about
+// 1/one_in of the trace's load with its prefix sharing intact, which 1/one_in of the nodes
+// serve as the whole cluster serves the whole trace (`batonctl capacity --sample-one-in`).
+std::vector<TraceRequest> SamplePrefixGroups(const std::vector<TraceRequest>& trace,
+                                             int64_t one_in);
+
 struct TokenOptions {
   int64_t trace_block = kMooncakeTraceBlock;  // tokens per hash id in the trace
   // Scales both the prompt length and the tokens per hash id (each rounded to nearest, at
