@@ -840,6 +840,12 @@ TEST(ClusterSimTest, ASampledPlanAnswersWithAPointOfTheWholeTraceThatMeets) {
   const CapacityPlan whole = PlanCapacity(requests, base, goal);
   ASSERT_TRUE(whole.best.has_value());
   ASSERT_GT(whole.best->prefill_nodes, kOneIn);  // the sample needs more than one node
+  // The decode nodes first found beside every prefill node (42 here) are searched again beside
+  // the prefill nodes the answer has, which pace the requests into decode: one fewer misses.
+  EXPECT_FALSE(
+      MeetsGoal(requests, base, goal, whole.best->prefill_nodes, whole.best->decode_nodes - 1));
+  EXPECT_FALSE(
+      MeetsGoal(requests, base, goal, whole.best->prefill_nodes - 1, whole.best->decode_nodes));
 
   const CapacityPlan sampled = PlanCapacitySampled(requests, sample, kOneIn, base, goal);
   ASSERT_TRUE(sampled.best.has_value());

@@ -155,8 +155,21 @@ CapacityPlan PlanCapacity(const std::vector<ClusterRequest>& requests, const Clu
     return high;
   };
   if (!run({max, max}).meets) return plan;
-  const int64_t decode = fewest(batch_of([&](int64_t d) { return Shape{max, d}; }));
-  const int64_t prefill = fewest(batch_of([&](int64_t p) { return Shape{p, decode}; }));
+  int64_t decode = fewest(batch_of([&](int64_t d) { return Shape{max, d}; }));
+  int64_t prefill = fewest(batch_of([&](int64_t p) { return Shape{p, decode}; }));
+  // Those decode nodes were found beside every prefill node. Fewer prefill nodes pace the
+  // requests into decode (smaller batches, shorter steps), so fewer decode nodes may meet the
+  // ITL target beside them, and then the fewest prefill nodes beside those are searched again:
+  // each search steps down from a point that meets, until the decode count holds. Every round
+  // takes nodes away, so it ends.
+  while (decode > 1) {
+    const int64_t fewer_decode = fewest_below(decode, batch_of([&](int64_t d) {
+                                                return Shape{prefill, d};
+                                              }));
+    if (fewer_decode >= decode) break;
+    decode = fewer_decode;
+    prefill = fewest_below(prefill, batch_of([&](int64_t p) { return Shape{p, decode}; }));
+  }
   CapacityPoint best = run({prefill, decode});
   // One decode node more may let fewer prefill nodes meet the TTFT target.
   if (decode < max && prefill > 1 && run({prefill - 1, decode + 1}).meets) {

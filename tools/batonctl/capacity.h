@@ -5,7 +5,10 @@
 // The search assumes that more nodes of a role never make a request slower. It first finds the
 // fewest decode nodes that meet both SLOs with the most prefill nodes allowed (so prefill is no
 // constraint), then the fewest prefill nodes that meet both with those decode nodes, each by
-// doubling from one node and then bisecting, and finally tries one decode node more with its own
+// doubling from one node and then bisecting; then, while it finds fewer, the fewest decode nodes
+// beside those prefill nodes (fewer prefill nodes pace the requests into decode) and the fewest
+// prefill nodes beside those, each stepping down from the point that meets; and finally tries one
+// decode node more with its own
 // fewest prefill nodes, in case more decode slots let fewer prefill nodes meet the TTFT target (a
 // request's decode slot is reserved before its prefill starts): that search knows the count
 // just below the first answer meets, so it steps down from there (1, 2, 4, ... below) and then
