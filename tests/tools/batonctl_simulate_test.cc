@@ -420,6 +420,7 @@ TEST(BatonctlSimulateTest, CapacityFindsTheFewestNodesForTheTargets) {
             "--sample-one-in: 2 leaves none of the trace's 5 requests"},
            {"--ttft-p99-ms 10 --block-size 6",
             "--block-size: 6 must be a multiple of the model's 4"},
+           {"--ttft-p99-ms 10 --block-size -8", "--block-size: -8 must be a multiple"},
            {"--ttft-p99-ms 0", "--ttft-p99-ms: must be a finite number > 0"},
            {"--ttft-p99-ms 10 --max-nodes 0", "--max-nodes: 0 must lie in [1, 1024]"},
            {"--ttft-p99-ms 10 --threads -1", "--threads: -1 must lie in [0, 256]"},

@@ -890,6 +890,16 @@ TEST(ClusterSimTest, ASampledPlanAnswersWithAPointOfTheWholeTraceThatMeets) {
     EXPECT_TRUE(more == kOneIn || more == 2 * kOneIn) << i;
   }
   EXPECT_TRUE(on_whole.back().meets);
+
+  // The whole trace offered as a sample of one in 4: no count up to 64 / 4 meets it (it needs
+  // about 20 decode nodes), so the whole trace is run at 64 of each, which meets.
+  const CapacityPlan heavy = PlanCapacitySampled(requests, requests, kOneIn, base, goal);
+  ASSERT_TRUE(heavy.best.has_value());
+  EXPECT_EQ(heavy.best->sample_one_in, 1);
+  EXPECT_EQ(heavy.best->prefill_nodes, 64);
+  EXPECT_EQ(heavy.best->decode_nodes, 64);
+  EXPECT_EQ(heavy.explored.back().sample_one_in, 1);
+  EXPECT_FALSE(heavy.explored.front().meets);
 }
 
 // A prompt of `blocks` blocks of its own tokens (no prefix any other shares), arriving at

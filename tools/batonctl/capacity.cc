@@ -197,9 +197,13 @@ CapacityPlan PlanCapacitySampled(const std::vector<ClusterRequest>& requests,
     p.requests_per_s *= static_cast<double>(one_in);
     p.sample_one_in = one_in;
   }
-  if (!plan.best) return plan;
-  Shape shape{std::min(max, plan.best->prefill_nodes * one_in),
-              std::min(max, plan.best->decode_nodes * one_in)};
+  // A sample that no count meets may still be met by the whole trace at max_nodes (its larger
+  // pool absorbs bursts better): that point is then the answer, else there is none.
+  Shape shape{max, max};
+  if (plan.best) {
+    shape = {std::min(max, plan.best->prefill_nodes * one_in),
+             std::min(max, plan.best->decode_nodes * one_in)};
+  }
   plan.best.reset();
   while (true) {
     const CapacityPoint point = RunPoint(requests, base, goal, shape);

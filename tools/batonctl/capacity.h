@@ -67,14 +67,17 @@ CapacityPlan PlanCapacity(const std::vector<ClusterRequest>& requests, const Clu
 
 // The same search on `sample`, one prefix group of `requests` in `one_in` (SamplePrefixGroups),
 // at up to max_nodes / one_in nodes a role: the sample carries 1/one_in of the load with its
-// prefixes whole, so n nodes serve it as n x one_in serve the whole. Its answer, times one_in,
-// is then run on the whole trace; while that misses, the role whose target it missed gains
-// one_in nodes (prefill for TTFT, decode for ITL; decode once prefill is at max_nodes), up to
-// max_nodes each. The answer is a point of the whole trace that meets both targets, at most
-// one_in nodes a role above the fewest the sample saw (its resolution), found in a search of
-// small simulations and a few of the whole: a million requests' plan runs in about the time
-// of one or two whole simulations. The sample's points are listed with their counts and rate
-// times one_in (CapacityPoint::sample_one_in), then the whole trace's.
+// prefixes whole, so n nodes serve it about as n x one_in serve the whole. Its answer, times
+// one_in, is then run on the whole trace; while that misses, the role whose target it missed
+// gains one_in nodes (prefill for TTFT, decode for ITL; decode once prefill is at max_nodes), up
+// to max_nodes each. A sample that no count meets has the whole trace run at max_nodes of each,
+// the answer if it meets. So the answer is always a point of the whole trace that meets both
+// targets, found by small simulations and one or a few whole ones: a million requests' plan
+// takes about the time of one or two whole simulations. It is not the fewest: its counts are
+// multiples of one_in, and 1/one_in of the nodes is a smaller pool, whose queues absorb the same
+// bursts worse, so the sample asks for more nodes than the whole needs. The sample's points are
+// listed with their counts and rate times one_in (CapacityPoint::sample_one_in), then the whole
+// trace's.
 CapacityPlan PlanCapacitySampled(const std::vector<ClusterRequest>& requests,
                                  const std::vector<ClusterRequest>& sample, int64_t one_in,
                                  const ClusterOptions& base, const CapacityGoal& goal);

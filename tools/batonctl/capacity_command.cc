@@ -251,6 +251,14 @@ int RunCapacity(const CapacityOptions& o) {
   if (absl::Status s = ValidateTokenOptions(tokens); !s.ok()) {
     return ReportError("capacity", FlagError("--trace-block and --length-scale", s.message()));
   }
+  // Checked before the trace is read: a million lines take seconds.
+  const int64_t B = o.block_size == 0 ? config->kv_block_size : o.block_size;
+  if (B < 1 || B % config->kv_block_size != 0 || B > kMaxSimulatedBlock) {
+    return ReportError(
+        "capacity", FlagError("--block-size",
+                              absl::StrCat(B, " must be a multiple of the model's ",
+                                           config->kv_block_size, " up to ", kMaxSimulatedBlock)));
+  }
   absl::StatusOr<std::vector<TraceRequest>> trace = LoadTrace(o.trace, o.trace_block);
   if (!trace.ok()) {
     return ReportError("capacity", FlagError("--trace", trace.status().message()));
@@ -259,13 +267,6 @@ int RunCapacity(const CapacityOptions& o) {
     trace->resize(static_cast<size_t>(o.max_requests));
   }
   const int64_t C = config->ring_capacity();
-  const int64_t B = o.block_size > 0 ? o.block_size : config->kv_block_size;
-  if (B % config->kv_block_size != 0 || B > kMaxSimulatedBlock) {
-    return ReportError(
-        "capacity", FlagError("--block-size",
-                              absl::StrCat(B, " must be a multiple of the model's ",
-                                           config->kv_block_size, " up to ", kMaxSimulatedBlock)));
-  }
   // The value sizes of a block of B positions (simulate_command.cc does the same).
   ModelConfig sized = *config;
   sized.kv_block_size = B;
