@@ -6,7 +6,11 @@
 # figure is a median of REPEATS prompts (default 3) and is quoted against the cold median of
 # its own cluster. TIERS picks the tiers (default "store local").
 #
-#   [LENGTH=4096] [REPEATS=3] [TIERS="store local"] bench/run_tier_bench.sh
+# LOGS=DIR keeps each tier's cluster log (up-TIER.log): the prefill node's "prefill done" lines
+# carry each hit's load_store, load_local and compute ms (stage_ms), the store's "blocks read"
+# lines each read's ms.
+#
+#   [LENGTH=4096] [REPEATS=3] [TIERS="store local"] [LOGS=DIR] bench/run_tier_bench.sh
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${BATON_BUILD_DIR:-$root/build}"
@@ -19,6 +23,10 @@ for tier in ${TIERS:-store local}; do
   "$build/bench/baton_prefix_bench" --addr "$addr" --kvstore "$(cat "$work/data/run/kvstore.addr")" \
     --tls-dir "$work/data/tls" --length "${LENGTH:-4096}" --shares 0,0.5,0.9,1 \
     --repeats "${REPEATS:-3}" >"$out/$tier.json"
+  if [[ -n "${LOGS:-}" ]]; then
+    mkdir -p "$LOGS"
+    cp "$work/up.log" "$LOGS/up-$tier.log"
+  fi
   stop_baton_up
 done
 /usr/bin/python3 - "$out" "${LENGTH:-4096}" ${TIERS:-store local} <<'PY'
