@@ -59,8 +59,9 @@ absl::StatusOr<std::vector<TraceRequest>> LoadTrace(const std::string& path,
 // request's group is its first hash id, and a group is in when a splitmix64 mix of that id is
 // 0 modulo `one_in`, so every request that shares a prompt's first block, and with it any longer
 // prefix, is in or out together. Its arrivals stay where they were: the sample carries about
-// 1/one_in of the trace's load with its prefix sharing intact, which 1/one_in of the nodes
-// serve as the whole cluster serves the whole trace (`batonctl capacity --sample-one-in`).
+// 1/one_in of the trace's load with its prefix sharing intact, for 1/one_in of the nodes to
+// serve (`batonctl capacity --sample-one-in`; a smaller pool, so a little worse than the whole
+// cluster serves the whole trace).
 std::vector<TraceRequest> SamplePrefixGroups(const std::vector<TraceRequest>& trace,
                                              int64_t one_in);
 
