@@ -10,6 +10,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <mutex>
 
 #include "baton/common/rpc.h"
@@ -68,6 +69,91 @@ class FakeDecodeNode final : public v1::DecodeNode::Service {
   Behaviour behaviour_;
 };
 
+// The real engine, with the producer rows each prefill computes counted as it computes them.
+class WatchedEngine final : public model::Engine {
+ public:
+  explicit WatchedEngine(model::Engine& inner) : inner_(inner) {}
+  const ModelConfig& config() const override { return inner_.config(); }
+  const std::string& fingerprint() const override { return inner_.fingerprint(); }
+  model::Backend& backend() override { return inner_.backend(); }
+  absl::StatusOr<model::PrefillResult> Prefill(std::span<const int32_t> tokens,
+                                               const model::PrefillOptions& options,
+                                               model::SequenceState& state) override {
+    model::PrefillOptions watched = options;
+    watched.on_producer_rows = [&](int64_t l, int64_t q_start, int64_t rows, const float* k,
+                                   const float* v, int64_t stride) {
+      producer_rows += rows;
+      if (options.on_producer_rows) options.on_producer_rows(l, q_start, rows, k, v, stride);
+    };
+    return inner_.Prefill(tokens, watched, state);
+  }
+  absl::Status Step(std::span<const model::DecodeItem> decode,
+                    std::span<const model::ReplayItem> replay) override {
+    return inner_.Step(decode, replay);
+  }
+  model::HeldLayers held_layers() const override { return inner_.held_layers(); }
+  int64_t weight_bytes() const override { return inner_.weight_bytes(); }
+  absl::Status StageIn(std::span<const model::StageCopy> copies) override {
+    return inner_.StageIn(copies);
+  }
+  absl::Status StageOut(std::span<const model::StageCopy> copies) override {
+    return inner_.StageOut(copies);
+  }
+
+  std::atomic<int64_t> producer_rows{0};
+
+ private:
+  model::Engine& inner_;
+};
+
+// A prefix store that keeps what the prefill node writes back. A read of block KV is answered
+// with the blocks (kServe) or with every one absent (kLose, a store that lost them after the
+// router's lookup found them).
+class FakeStore final : public v1::KvStore::Service {
+ public:
+  enum class BlockKv { kServe, kLose };
+
+  explicit FakeStore(BlockKv block_kv) : block_kv_(block_kv) {}
+
+  grpc::Status WriteBlocks(grpc::ServerContext*, grpc::ServerReader<v1::BlockWrite>* reader,
+                           v1::WriteBlocksResponse* reply) override {
+    v1::BlockWrite write;
+    while (reader->Read(&write)) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      blocks_[{write.region(), write.key()}] = write.payload();
+      reply->set_written(reply->written() + 1);
+    }
+    return grpc::Status::OK;
+  }
+
+  grpc::Status ReadBlocks(grpc::ServerContext*, const v1::ReadBlocksRequest* request,
+                          grpc::ServerWriter<v1::StoredBlock>* writer) override {
+    const bool block_kv = request->region() == v1::STORE_REGION_BLOCK_KV;
+    for (const std::string& key : request->keys()) {
+      v1::StoredBlock block;
+      block.set_key(key);
+      if (!block_kv || block_kv_ == BlockKv::kServe) {
+        std::lock_guard<std::mutex> lock(mutex_);
+        auto it = blocks_.find({request->region(), key});
+        block.set_found(it != blocks_.end());
+        if (it != blocks_.end()) block.set_payload(it->second);
+      }
+      writer->Write(block);
+    }
+    return grpc::Status::OK;
+  }
+
+  size_t stored() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return blocks_.size();
+  }
+
+ private:
+  const BlockKv block_kv_;
+  std::mutex mutex_;
+  std::map<std::pair<int, std::string>, std::string> blocks_;
+};
+
 class PrefillServiceTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
@@ -81,18 +167,22 @@ class PrefillServiceTest : public ::testing::Test {
   }
 
   // A prefill service and the fake decode node on one loopback server.
+  // With `engine` the service runs on it (the suite's engine otherwise), and with `store` that
+  // service is served beside it too.
   void Start(FakeDecodeNode::Behaviour behaviour, int64_t commit_timeout_ms = 10000,
-             const std::function<void(PrefillOptions&)>& configure = nullptr) {
+             const std::function<void(PrefillOptions&)>& configure = nullptr,
+             model::Engine* engine = nullptr, grpc::Service* store = nullptr) {
     PrefillOptions options{
         .token_budget = 16, .use_ucx = false, .commit_timeout_ms = commit_timeout_ms};
     if (configure) configure(options);
-    service_ = std::make_unique<PrefillService>(*engine_, options);
+    service_ = std::make_unique<PrefillService>(engine != nullptr ? *engine : *engine_, options);
     decode_ = std::make_unique<FakeDecodeNode>(engine_->state_layout(), behaviour);
     grpc::ServerBuilder builder;
     int port = 0;
     builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
     builder.RegisterService(service_.get());
     builder.RegisterService(decode_.get());
+    if (store != nullptr) builder.RegisterService(store);
     server_ = builder.BuildAndStart();
     ASSERT_NE(server_, nullptr);
     address_ = "127.0.0.1:" + std::to_string(port);
@@ -146,6 +236,27 @@ class PrefillServiceTest : public ::testing::Test {
                         : std::string(failed->second.data(), failed->second.size())};
   }
 
+  // The state the fake decode node read is `expected`, bit for bit.
+  void ExpectTheDecodeNodeRead(const model::SequenceState& expected) const {
+    ASSERT_NE(decode_->state, nullptr);
+    const model::SequenceState& read = *decode_->state;
+    const model::StateLayout layout = engine_->state_layout();
+    EXPECT_EQ(std::memcmp(read.producer_swa(), expected.producer_swa(),
+                          layout.producer_swa_floats() * sizeof(float)),
+              0);
+    EXPECT_EQ(std::memcmp(read.consumer_swa(), expected.consumer_swa(),
+                          layout.consumer_swa_floats() * sizeof(float)),
+              0);
+    ASSERT_EQ(read.pages().size(), expected.pages().size());
+    for (size_t p = 0; p < read.pages().size(); ++p) {
+      // The last page holds positions past the prompt only as zeros on both sides.
+      EXPECT_EQ(
+          std::memcmp(read.pages()[p], expected.pages()[p], layout.page_floats() * sizeof(float)),
+          0)
+          << "page " << p;
+    }
+  }
+
   static model::Engine* engine_;
   std::unique_ptr<PrefillService> service_;
   std::unique_ptr<FakeDecodeNode> decode_;
@@ -181,20 +292,7 @@ TEST_F(PrefillServiceTest, TheDecodeNodeReadsThePromptsStateAndItsFirstToken) {
             model::Argmax({result->logits.data() + result->logits.size() - V,
                            static_cast<size_t>(V)}));  // greedy sampling
   EXPECT_EQ(response.usage().replayed_rows(), static_cast<uint32_t>(result->consumer_rows));
-  const model::SequenceState& read = *decode_->state;
-  EXPECT_EQ(std::memcmp(read.producer_swa(), expected.producer_swa(),
-                        layout.producer_swa_floats() * sizeof(float)),
-            0);
-  EXPECT_EQ(std::memcmp(read.consumer_swa(), expected.consumer_swa(),
-                        layout.consumer_swa_floats() * sizeof(float)),
-            0);
-  ASSERT_EQ(read.pages().size(), expected.pages().size());
-  for (size_t p = 0; p < read.pages().size(); ++p) {
-    // The last page holds positions past the prompt only as zeros on both sides.
-    EXPECT_EQ(
-        std::memcmp(read.pages()[p], expected.pages()[p], layout.page_floats() * sizeof(float)), 0)
-        << "page " << p;
-  }
+  ExpectTheDecodeNodeRead(expected);
 }
 
 // The first token does not wait for the write-back: the prefill is answered before its
@@ -270,6 +368,66 @@ TEST_F(PrefillServiceTest, ATokenOutsideTheVocabularyIsRefusedByName) {
   EXPECT_THAT(status.error_message(), HasSubstr("token 7"));
   EXPECT_EQ(decode_->commits, 0);
 }
+
+// A store hit's prompt, written back by its cold prefill, then prefilled again with the
+// first H = 48 tokens from the store: the producers compute [H, L) only, and the state the
+// decode node reads is the engine's own prefill of the prompt with s_valid = H, bit for bit.
+// With the block KV lost after the router's lookup, the prompt is computed from its first
+// token into the same state (DESIGN section 3, s_valid).
+class PrefixLoadTest : public PrefillServiceTest,
+                       public ::testing::WithParamInterface<FakeStore::BlockKv> {};
+
+TEST_P(PrefixLoadTest, AHitsStateIsTheEnginesWithSValidHAndALostHitIsComputed) {
+  WatchedEngine engine(*engine_);
+  FakeStore store(GetParam());
+  Start(
+      FakeDecodeNode::Behaviour::kRead, 10000,
+      // A slow test machine does not turn the hit into a miss.
+      [](PrefillOptions& options) { options.store_read_min_ms = 30000; }, &engine, &store);
+  const model::StateLayout layout = engine_->state_layout();
+  const int64_t B = layout.block_size, C = layout.ring_capacity;
+  const std::vector<int32_t> prompt = Prompt(70);  // 4 full blocks of 16; C = 22
+  const int64_t H = (static_cast<int64_t>(prompt.size()) - C) / B * B;  // the cap: 48
+  ASSERT_EQ(H, 48);
+  v1::PrefillRequest request = Request(prompt);
+  v1::StoreNode& node = *request.mutable_stores()->add_nodes();
+  node.set_node_id("store");
+  node.set_address(address_);
+  request.mutable_stores()->set_replication(1);
+
+  v1::PrefillResponse cold;
+  ASSERT_TRUE(Call(request, &cold).first.ok());
+  // Both regions of the 4 full blocks, written back after the answer.
+  ASSERT_TRUE(baton::testing::Eventually([&] { return store.stored() == 8; }));
+
+  engine.producer_rows = 0;
+  request.set_s_valid(static_cast<uint64_t>(H));
+  v1::PrefillResponse hit;
+  const auto [status, failed_node] = Call(request, &hit);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  const bool served = GetParam() == FakeStore::BlockKv::kServe;
+  EXPECT_EQ(hit.usage().cached_tokens(), served ? static_cast<uint32_t>(H) : 0u);
+  // Loaded, the producers computed [H, L) only; lost, all of [0, L).
+  const int64_t L = static_cast<int64_t>(prompt.size());
+  EXPECT_EQ(engine.producer_rows.load(), layout.producer_layers * (served ? L - H : L));
+
+  model::SequenceState expected(layout);
+  absl::StatusOr<model::PrefillResult> result = engine_->Prefill(
+      prompt, {.mode = model::TruncationMode::kCompact, .keep = C, .s_valid = H, .chunk_size = 16},
+      expected);
+  ASSERT_TRUE(result.ok()) << result.status();
+  const int64_t V = engine_->config().vocab_size;
+  EXPECT_EQ(hit.first_token(), model::Argmax({result->logits.data() + result->logits.size() - V,
+                                              static_cast<size_t>(V)}));
+  EXPECT_EQ(decode_->header.s_valid(), static_cast<uint64_t>(H));
+  ExpectTheDecodeNodeRead(expected);
+}
+
+INSTANTIATE_TEST_SUITE_P(BlockKv, PrefixLoadTest,
+                         ::testing::Values(FakeStore::BlockKv::kServe, FakeStore::BlockKv::kLose),
+                         [](const auto& info) {
+                           return info.param == FakeStore::BlockKv::kServe ? "Served" : "Lost";
+                         });
 
 }  // namespace
 }  // namespace baton::prefill_node
