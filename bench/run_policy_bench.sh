@@ -19,7 +19,12 @@
 #
 #   [N=150] [LENGTH_SCALE=0.0625] [TIME_SCALE=2] [PREFILL_NODES=2] [DECODE_NODES=1]
 #   [SPLIT=prefill-all|replay-on-decode] [POLICIES="least-loaded longest-prefix predicted-ttft"]
-#   [LOGS=DIR] bench/run_policy_bench.sh
+#   [THREADS_PER_NODE=N] [LOGS=DIR] bench/run_policy_bench.sh
+# THREADS_PER_NODE (baton up --threads-per-node) sizes each prefill and decode node's thread
+# team, as the chart sizes a pod's to its CPU request. The default is each node's share of the
+# machine's cores (at least 1): the simulator's nodes are separate machines, and nodes whose
+# teams each take every core slow each other whenever two compute at once. 0 gives every node's
+# team every core, as `baton up` does by default.
 # LOGS keeps each policy's cluster log (up-POLICY.log: the nodes' "prefill done" lines carry
 # each prefill's stages and its estimated work), replay and rates in DIR.
 set -euo pipefail
@@ -28,6 +33,10 @@ build="${BATON_BUILD_DIR:-$root/build}"
 trace="${TRACE:-$root/../shared/traces/mooncake_synthetic_trace.jsonl}"
 n="${N:-150}" length_scale="${LENGTH_SCALE:-0.0625}" time_scale="${TIME_SCALE:-2}"
 prefill_nodes="${PREFILL_NODES:-2}" decode_nodes="${DECODE_NODES:-1}" split="${SPLIT:-prefill-all}"
+share=$(($(nproc) / (prefill_nodes + decode_nodes)))
+threads="${THREADS_PER_NODE:-$((share > 0 ? share : 1))}"
+team=""
+[[ $threads != 0 ]] && team="--threads-per-node $threads"
 policies="${POLICIES:-least-loaded longest-prefix predicted-ttft}"
 # shellcheck source=bench/baton_up.sh
 source "$root/bench/baton_up.sh"
@@ -37,10 +46,10 @@ out="$(mktemp -d)"
 per_request=""
 [[ "$("$build/tools/batonctl" simulate --help)" == *--per-request* ]] && per_request=--per-request
 "$build/tools/batonctl" make-model --preset small --out "$out/small" >/dev/null
-echo "cluster: $prefill_nodes prefill + $decode_nodes decode nodes, $split; $n requests"
+echo "cluster: $prefill_nodes prefill + $decode_nodes decode nodes, $split; $n requests${team:+; $team}"
 for policy in $policies; do
   BATON_UP_ARGS="--prefill-nodes $prefill_nodes --decode-nodes $decode_nodes --split $split
-    --prefill-policy $policy" start_baton_up "$build" "$out/small"
+    --prefill-policy $policy $team" start_baton_up "$build" "$out/small"
   "$build/tools/batonctl" replay --trace "$trace" --addr "$addr" --max-requests "$n" \
     --length-scale "$length_scale" --time-scale "$time_scale" --max-output-tokens 16 \
     --concurrency 16 --no-progress --json >"$out/replay-$policy.json"

@@ -82,7 +82,9 @@ NodeStart StartNode(CLI::App& app, int argc, char** argv, const std::string& bin
     log::Error("cannot start", {{"error", std::string(s.message())}});
     return {.exit = 2};
   }
-  log::Info("cpu kernels", {{"isa", kernels::CpuIsaName(kernels::ActiveCpuIsa())}});
+  // The team's size follows OMP_NUM_THREADS (the chart's, to match the pod's CPU request).
+  log::Info("cpu kernels", {{"isa", kernels::CpuIsaName(kernels::ActiveCpuIsa())},
+                            {"threads", kernels::CpuTeamSize()}});
   const model::Split split = flags.split;
   absl::StatusOr<std::unique_ptr<model::Engine>> engine =
       model::LoadEngineOnDevice(flags.model_dir, flags.device, model::PrefillHeldLayers(split));

@@ -79,7 +79,8 @@ class IdentityTest : public ::testing::Test {
     std::ofstream(config) << "router:\n  heartbeat-ms: 100\n  node-expiry-ms: 5300\n"
                              "  node-forget-after-ms: 5300\n";
     up_ = new BatonUp(dir / "up", model_,
-                      {"--prefill-nodes", "2", "--decode-pages", "256", "--config", config});
+                      {"--prefill-nodes", "2", "--decode-pages", "256", "--config", config,
+                       "--threads-per-node", "1"});
     ASSERT_TRUE(up_->WaitUntilUp()) << up_->log();
     tls_ = (dir / "up" / "tls").string();
   }
@@ -150,6 +151,20 @@ class IdentityTest : public ::testing::Test {
 // One prefill node's certificate cannot register another's node_id at another address, drain
 // it, send cache events in its name, or claim a node_id that is not its own; the role-only
 // certificate cannot take a node's id either; and both prefill nodes keep serving.
+// This suite's cluster runs with `--threads-per-node 1`: every model node's CPU kernels are a
+// team of one thread (its OMP_NUM_THREADS), where the machine's default is a thread a core.
+TEST_F(IdentityTest, EachModelNodesThreadTeamIsTheSizeBatonUpGaveIt) {
+  const std::string log = up_->log();
+  int teams = 0;
+  for (size_t at = log.find("cpu kernels"); at != std::string::npos;
+       at = log.find("cpu kernels", at + 1)) {
+    const std::string line = log.substr(at, log.find('\n', at) - at);
+    EXPECT_THAT(line, HasSubstr("threads=1")) << line;
+    ++teams;
+  }
+  EXPECT_GE(teams, 3);  // prefill, prefill-1 and decode (and any of them restarted)
+}
+
 TEST_F(IdentityTest, OnePrefillNodeCannotSpeakForAnother) {
   auto impostor = RegistryAs("nodes/prefill-1");
   v1::RegisterRequest moved = Registration("prefill", "127.0.0.1:1");  // a dead address

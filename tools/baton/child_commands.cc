@@ -80,7 +80,9 @@ ChildCommand ChildCommands::Decode(int i, const std::string& router_internal) co
                                    "--speculative-policy",
                                    options_.speculative_policy};
   AppendModelFlags(args);
-  return Make(name, "decode", std::move(args));
+  ChildCommand command = Make(name, "decode", std::move(args));
+  AppendTeamSize(command);
+  return command;
 }
 
 ChildCommand ChildCommands::Prefill(int i, const std::string& router_internal,
@@ -103,7 +105,17 @@ ChildCommand ChildCommands::Prefill(int i, const std::string& router_internal,
                                    "--block-cache-bytes",
                                    std::to_string(options_.block_cache_bytes)};
   AppendModelFlags(args);
-  return Make(name, "prefill", std::move(args));
+  ChildCommand command = Make(name, "prefill", std::move(args));
+  AppendTeamSize(command);
+  return command;
+}
+
+// The CPU kernels' thread team follows OMP_NUM_THREADS (kernels/cpu_team.h), as the chart sets
+// it to each pod's CPU request: nodes sized so no longer contend for every core of the machine.
+void ChildCommands::AppendTeamSize(ChildCommand& command) const {
+  if (options_.threads_per_node > 0) {
+    command.env.push_back("OMP_NUM_THREADS=" + std::to_string(options_.threads_per_node));
+  }
 }
 
 void ChildCommands::AppendModelFlags(std::vector<std::string>& args) const {

@@ -53,6 +53,11 @@ void AddDecodeFlags(CLI::App& up, baton::launcher::LaunchOptions& options) {
       ->check(baton::OneOf({"cost", "acceptance"}));
   up.add_option("--decode-pages", options.decode_pages, "Block-KV pages of each decode node")
       ->check(baton::InRange(1, 1 << 24));
+  up.add_option("--threads-per-node", options.threads_per_node,
+                "Threads of each prefill and decode node's CPU kernels (their OMP_NUM_THREADS, "
+                "as the chart sets each pod's to its CPU request; default 0: every CPU of the "
+                "machine, for each node)")
+      ->check(baton::InRange(0, 1024));
 }
 
 // The config file, logs, the client API's access (host, TLS, API keys, internal TLS) and

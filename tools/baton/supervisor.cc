@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <string_view>
 #include <system_error>
 #include <thread>
 #include <utility>
@@ -40,11 +41,23 @@ sigset_t ShutdownSignals() {
   return signals;
 }
 
-pid_t Spawn(const std::string& program, const std::vector<std::string>& args) {
+pid_t Spawn(const ChildCommand& command) {
   std::vector<char*> argv;
-  argv.push_back(const_cast<char*>(program.c_str()));
-  for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(const_cast<char*>(command.program.c_str()));
+  for (const std::string& a : command.args) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
+  // baton up's environment, less the names the command sets, then the command's.
+  std::vector<char*> envp;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string_view entry(*e);
+    const bool set_here = std::any_of(command.env.begin(), command.env.end(), [&](const auto& own) {
+      const size_t name = own.find('=');
+      return entry.substr(0, entry.find('=')) == std::string_view(own).substr(0, name);
+    });
+    if (!set_here) envp.push_back(*e);
+  }
+  for (const std::string& own : command.env) envp.push_back(const_cast<char*>(own.c_str()));
+  envp.push_back(nullptr);
   // Children start with the default signal mask so that they handle SIGINT/SIGTERM themselves.
   posix_spawnattr_t attr;
   posix_spawnattr_init(&attr);
@@ -53,7 +66,8 @@ pid_t Spawn(const std::string& program, const std::vector<std::string>& args) {
   posix_spawnattr_setsigmask(&attr, &empty);
   posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK);
   pid_t pid = -1;
-  const int error = posix_spawn(&pid, program.c_str(), nullptr, &attr, argv.data(), environ);
+  const int error =
+      posix_spawn(&pid, command.program.c_str(), nullptr, &attr, argv.data(), envp.data());
   posix_spawnattr_destroy(&attr);
   return error == 0 ? pid : -1;
 }
@@ -107,7 +121,7 @@ void BlockShutdownSignals() {
 }
 
 absl::StatusOr<std::string> Supervisor::Start(ChildCommand command) {
-  const pid_t pid = Spawn(command.program, command.args);
+  const pid_t pid = Spawn(command);
   if (pid < 0) return absl::UnavailableError(absl::StrCat("cannot start ", command.program));
   const std::string ready_file = command.ready_file;
   children_.push_back({std::move(command), pid, Clock::now()});
@@ -196,7 +210,7 @@ absl::Status Supervisor::RestartDue() {
     c.restart_at.reset();
     std::error_code ignored;
     std::filesystem::remove(c.command.ready_file, ignored);
-    c.pid = Spawn(c.command.program, c.command.args);
+    c.pid = Spawn(c.command);
     c.started = Clock::now();
     if (c.pid < 0) {
       return absl::AbortedError(

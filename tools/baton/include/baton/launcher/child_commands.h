@@ -22,6 +22,8 @@ struct ChildCommand {
   std::string program;  // the binary's path
   std::vector<std::string> args;
   std::string ready_file;  // run/<name>.addr: the child writes its "host:port" there once serving
+  // NAME=VALUE: set for this child beside baton up's own environment (over a NAME it has).
+  std::vector<std::string> env;
 };
 
 // The router's ready files beside router.addr (its client API): its internal API, which the
@@ -50,6 +52,8 @@ class ChildCommands {
   // What both node roles are told about the model beyond its directory: the CUDA prefill
   // attention kernel when --cuda-prefill-attention was given, and the served name.
   void AppendModelFlags(std::vector<std::string>& args) const;
+  // A model node's thread team of --threads-per-node threads, when given.
+  void AppendTeamSize(ChildCommand& command) const;
   // Appends the flags every child gets to `args`; `role` names the binary (baton-<role>) and
   // the certificate.
   ChildCommand Make(const std::string& name, const std::string& role,

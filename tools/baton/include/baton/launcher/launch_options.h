@@ -48,6 +48,9 @@ struct LaunchOptions {
   int prefill_nodes = 1;         // --prefill-nodes (1 to 16)
   int decode_nodes = 1;          // --decode-nodes (1 to 16)
   int64_t decode_pages = 2048;   // --decode-pages: block-KV pages of each decode node
+  // --threads-per-node: each prefill and decode node's CPU thread team (its OMP_NUM_THREADS);
+  // 0: the node's own default, a thread for every CPU it may run on.
+  int threads_per_node = 0;
   // --device, --weights (bf16: cpu only), --cuda-prefill-attention (unset: the environment's
   // BATON_CUDA_PREFILL_ATTENTION as main read it, else the nodes' default).
   model::DeviceFlags device;
