@@ -110,8 +110,9 @@ ChildCommand ChildCommands::Prefill(int i, const std::string& router_internal,
   return command;
 }
 
-// The CPU kernels' thread team follows OMP_NUM_THREADS (kernels/cpu_team.h), as the chart sets
-// it to each pod's CPU request: nodes sized so no longer contend for every core of the machine.
+// The CPU kernels' thread team follows OMP_NUM_THREADS (kernels/cpu_team.h), which the chart
+// sets to each pod's CPU request: so sized, nodes on one machine do not all contend for every
+// core of it.
 void ChildCommands::AppendTeamSize(ChildCommand& command) const {
   if (options_.threads_per_node > 0) {
     command.env.push_back("OMP_NUM_THREADS=" + std::to_string(options_.threads_per_node));
