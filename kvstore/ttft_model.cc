@@ -49,14 +49,19 @@ void WorkTimeFit::Add(double units, double ms) {
   if (weight_ >= kMinSamples) ms = std::min(ms, kClip * Predict(units));
   weight_ = keep_ * weight_ + 1;
   units_ = keep_ * units_ + units;
-  units2_ = keep_ * units2_ + units * units;
   ms_ = keep_ * ms_ + ms;
-  units_ms_ = keep_ * units_ms_ + units * ms;
-  // The weighted variance of the work, times weight_ squared.
-  const double spread = weight_ * units2_ - units_ * units_;
-  if (weight_ >= kMinSamples && spread > kMinSpread * units_ * units_) {
-    const double slope = (weight_ * units_ms_ - units_ * ms_) / spread;
-    const double intercept = (ms_ - slope * units_) / weight_;
+  // A sample's error relative to its time (no sample under 1 ms weighs more than one of 1 ms).
+  const double w = 1 / std::max(1.0, ms * ms);
+  w_ = keep_ * w_ + w;
+  w_units_ = keep_ * w_units_ + w * units;
+  w_units2_ = keep_ * w_units2_ + w * units * units;
+  w_ms_ = keep_ * w_ms_ + w * ms;
+  w_units_ms_ = keep_ * w_units_ms_ + w * units * ms;
+  // The weighted variance of the work, times w_ squared.
+  const double spread = w_ * w_units2_ - w_units_ * w_units_;
+  if (weight_ >= kMinSamples && spread > kMinSpread * w_units_ * w_units_) {
+    const double slope = (w_ * w_units_ms_ - w_units_ * w_ms_) / spread;
+    const double intercept = (w_ms_ - slope * w_units_) / w_;
     if (slope > 0 && intercept >= 0) {
       per_unit_ms_ = slope;
       fixed_ms_ = intercept;

@@ -111,6 +111,9 @@ CacheIndex::NodeBlocks& CacheIndex::Node(const std::string& node_id) {
 }
 
 void CacheIndex::Clear(NodeBlocks& node) {
+  for (const auto& [key, expected] : node.unconfirmed) expected_ -= std::popcount(expected.regions);
+  node.unconfirmed.clear();
+  node.due.clear();
   const size_t held = node.held[0] + node.held[1];
   if (held == 0) return;  // nothing of the slot is anywhere: it stays
   const std::string* node_id = slot_node_[node.slot];
@@ -190,7 +193,86 @@ void CacheIndex::Erase(int region, const Sha256Digest& key, NodeBlocks& node) {
   if (slots.empty()) holders_.erase(it);
 }
 
-bool CacheIndex::Apply(const std::string& node_id, const v1::CacheEventBatch& batch) {
+void CacheIndex::Settle(NodeBlocks& node, int region, const Sha256Digest& key) {
+  auto it = node.unconfirmed.find(key);
+  if (it == node.unconfirmed.end() || (it->second.regions & (1u << region)) == 0) return;
+  --expected_;
+  it->second.regions &= static_cast<uint8_t>(~(1u << region));
+  if (it->second.regions == 0) node.unconfirmed.erase(it);
+}
+
+void CacheIndex::ExpireExpected(NodeBlocks& node, double now_ms) {
+  while (!node.due.empty() && node.due.front().first < now_ms) {
+    const Sha256Digest key = node.due.front().second;
+    node.due.pop_front();
+    auto it = node.unconfirmed.find(key);
+    if (it == node.unconfirmed.end()) continue;
+    for (int region = 0; region < 2; ++region) {
+      const uint8_t bit = static_cast<uint8_t>(1u << region);
+      // Expected again since this entry was queued: its later deadline stands.
+      if ((it->second.regions & bit) == 0 || it->second.deadline_ms[region] >= now_ms) continue;
+      it->second.regions &= static_cast<uint8_t>(~bit);
+      --expected_;
+      ++expected_dropped_;
+      Erase(region, key, node);
+      version_.fetch_add(1, std::memory_order_release);
+    }
+    if (it->second.regions == 0) node.unconfirmed.erase(it);
+  }
+}
+
+void CacheIndex::Expect(const std::string& node_id, std::span<const Sha256Digest> chain,
+                        std::span<const kvstore::WriteBackStep> steps, double deadline_ms) {
+  if (steps.empty()) return;
+  std::lock_guard<std::mutex> lock(mutex_);
+  NodeBlocks& node = Node(node_id);
+  bool added = false;
+  for (const kvstore::WriteBackStep& step : steps) {
+    if (step.block < 0 || step.block >= static_cast<int64_t>(chain.size())) continue;
+    const Sha256Digest& key = chain[static_cast<size_t>(step.block)];
+    const int region = static_cast<int>(step.region);
+    const uint8_t bit = static_cast<uint8_t>(1u << region);
+    auto pending = node.unconfirmed.find(key);
+    if (pending != node.unconfirmed.end() && (pending->second.regions & bit) != 0) {
+      pending->second.deadline_ms[region] = deadline_ms;  // expected again: its time restarts
+      node.due.emplace_back(deadline_ms, key);
+      continue;
+    }
+    const size_t before = node.held[region];
+    Insert(region, key, node);
+    // Known already (the node's events said so) or past the node's bound: nothing to confirm.
+    if (node.held[region] == before) continue;
+    Unconfirmed& expected = node.unconfirmed[key];
+    expected.regions |= bit;
+    expected.deadline_ms[region] = deadline_ms;
+    ++expected_;
+    node.due.emplace_back(deadline_ms, key);
+    added = true;
+  }
+  if (added) version_.fetch_add(1, std::memory_order_release);
+}
+
+size_t CacheIndex::expected(const std::string& node_id) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = nodes_.find(node_id);
+  if (it == nodes_.end()) return 0;
+  size_t n = 0;
+  for (const auto& [key, expected] : it->second.unconfirmed) n += std::popcount(expected.regions);
+  return n;
+}
+
+size_t CacheIndex::expected() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return expected_;
+}
+
+uint64_t CacheIndex::expected_dropped() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return expected_dropped_;
+}
+
+bool CacheIndex::Apply(const std::string& node_id, const v1::CacheEventBatch& batch,
+                       double now_ms) {
   std::lock_guard<std::mutex> lock(mutex_);
   NodeBlocks& node = Node(node_id);
   if (batch.events_size() > 0 || batch.snapshot() || batch.sequence() != node.sequence + 1) {
@@ -210,15 +292,21 @@ bool CacheIndex::Apply(const std::string& node_id, const v1::CacheEventBatch& ba
     } else if (event.has_block_stored()) {
       const int region = RegionIndex(event.block_stored().cache_group());
       for (const std::string& hash : event.block_stored().block_hashes()) {
-        Insert(region, Digest(hash), node);
+        const Sha256Digest key = Digest(hash);
+        Insert(region, key, node);
+        Settle(node, region, key);
       }
     } else if (event.has_block_removed()) {
       const int region = RegionIndex(event.block_removed().cache_group());
       for (const std::string& hash : event.block_removed().block_hashes()) {
-        Erase(region, Digest(hash), node);
+        const Sha256Digest key = Digest(hash);
+        Erase(region, key, node);
+        Settle(node, region, key);
       }
     }
   }
+  // After the batch: what it confirmed stays.
+  ExpireExpected(node, now_ms);
   return true;
 }
 

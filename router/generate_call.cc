@@ -451,10 +451,15 @@ absl::Status GenerateCall::Reserve(Attempt& attempt) {
 absl::Status GenerateCall::LookUpPrefix(Attempt& attempt) {
   if (s_valid_.has_value()) return absl::OkStatus();
   fingerprint_ = attempt.decode->info.model_fingerprint();
-  ViewFor(fingerprint_, /*look_up_store=*/true);
+  const PrefixView& view = ViewFor(fingerprint_, /*look_up_store=*/true);
   const kvstore::TieredHit hit = HitOn(*attempt.prefill.node);
   const int64_t B = model_->config.kv_block_size;
   s_valid_ = static_cast<uint32_t>(hit.hit_blocks * B);
+  // What the node reads of the hit stays in its cache: the next prompt that shares it is
+  // priced with it from now, not from the node's next heartbeat.
+  router_.registry.ExpectCached(
+      *attempt.prefill.node, view.keys,
+      kvstore::CacheKeptReads(hit.hit_blocks, model_->config.sliding_window, B));
   if (hit.hit_blocks > 0) {
     router_.metrics.prefix_hits.Increment();
     router_.metrics.cached_tokens.Increment(static_cast<double>(hit.hit_blocks * B));
@@ -489,7 +494,17 @@ absl::Status GenerateCall::Prefill(Attempt& attempt) {
   const grpc::Status status =
       router_.stubs.Prefill(node)->Prefill(context.get(), prefill, &attempt.prefilled);
   attempt.prefill.slot.Done();
-  if (status.ok()) return absl::OkStatus();
+  if (status.ok()) {
+    // And so do the blocks it computed, from the end of the hit it served (which a lost read
+    // leaves short of s_valid).
+    const std::vector<Sha256Digest>& keys = views_[fingerprint_].keys;
+    const int64_t served =
+        std::min<int64_t>(attempt.prefilled.usage().cached_tokens() / model_->config.kv_block_size,
+                          static_cast<int64_t>(keys.size()));
+    router_.registry.ExpectCached(
+        node, keys, kvstore::WriteBackSteps(served, static_cast<int64_t>(keys.size())));
+    return absl::OkStatus();
+  }
   const grpc::Status released = ReleaseReservation(attempt);
   // A failure the prefill node attributes to the decode node (its commit could not reach it)
   // is the decode node's, and takes it down only when the router's own call (the release)

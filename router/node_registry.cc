@@ -237,6 +237,15 @@ bool NodeRegistry::Live(const RegisteredNode& node, Clock::time_point now) const
   return now - node.last_seen <= std::chrono::milliseconds(options_.node_ttl_ms);
 }
 
+void NodeRegistry::ExpectCached(const RegisteredNode& node, std::span<const Sha256Digest> chain,
+                                std::span<const kvstore::WriteBackStep> steps) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);  // a heartbeat replaces info.load() in place
+    if (node.info.load().block_cache_budget_bytes() == 0) return;
+  }
+  cache_index_.Expect(node.id(), chain, steps, NowMs() + 3.0 * options_.heartbeat_ms);
+}
+
 double NodeRegistry::NowMs() const {
   if (options_.now_ms) return options_.now_ms();
   return std::chrono::duration<double, std::milli>(Clock::now().time_since_epoch()).count();
@@ -477,7 +486,8 @@ absl::Status NodeRegistry::RegisterFrom(const std::string& identity,
     return bound;
   }
   if (request.has_cache_events() &&
-      !cache_index_.Apply(request.node_id(), request.cache_events()) && cache_resync != nullptr) {
+      !cache_index_.Apply(request.node_id(), request.cache_events(), NowMs()) &&
+      cache_resync != nullptr) {
     *cache_resync = true;
   }
   if (on_change_) on_change_();

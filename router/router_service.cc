@@ -137,6 +137,15 @@ std::vector<prometheus::MetricFamily> RouterService::NodeFamilies() const {
                              "Lookups' parts carried by those calls: over the calls, the "
                              "lookups one store call serves",
                              {{{}, static_cast<double>(store_probes_->lookups())}}),
+      metrics::GaugeFamily("baton_router_cache_expected_blocks",
+                           "Blocks (per region) this router indexed on prefill nodes from its "
+                           "own placements that the nodes' cache events have not confirmed yet",
+                           {{{}, static_cast<double>(registry_.cache_index().expected())}}),
+      metrics::CounterFamily(
+          "baton_router_cache_expected_dropped_total",
+          "Expected blocks dropped unconfirmed three heartbeats on: the node "
+          "did not keep what this router priced it with",
+          {{{}, static_cast<double>(registry_.cache_index().expected_dropped())}}),
       metrics::GaugeFamily("baton_router_tenant_streams",
                            "Admitted requests not yet finished (prefilling or streaming), by "
                            "tenant",

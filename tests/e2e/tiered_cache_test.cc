@@ -3,10 +3,13 @@
 // with exactly the answer of the cold run; its cache events reach the router, which then
 // prices each prefill node by where the prompt's blocks lie (--prefill-policy) and finds a hit
 // in a node's own cache even when the shared store is gone.
+#include <fstream>
+
 #include "baton/model/model_factory.h"
 #include "client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "scrape.h"
 #include "test_dir.h"
 #include "testing/eventually.h"
 
@@ -26,10 +29,13 @@ class TieredCacheTest : public ::testing::Test {
   // prefill nodes are the test's.
   void StartCluster(const std::string& policy) {
     cluster_ = std::make_unique<Cluster>(model_);
-    ASSERT_FALSE(
-        cluster_
-            ->StartRouter({"--require-kvstore", "--prefill-policy", policy, "--log-level", "debug"})
-            .empty());
+    const std::string ready = cluster_->dir() + "/router.metrics";
+    ASSERT_FALSE(cluster_
+                     ->StartRouter({"--require-kvstore", "--prefill-policy", policy, "--log-level",
+                                    "debug", "--metrics-port", "0", "--metrics-ready-file", ready})
+                     .empty());
+    std::ifstream(ready) >> router_metrics_;
+    ASSERT_FALSE(router_metrics_.empty());
     ASSERT_FALSE(cluster_->StartKvstore("kvstore", cluster_->dir() + "/store").empty());
     ASSERT_FALSE(cluster_->StartDecode("decode").empty());
   }
@@ -53,18 +59,22 @@ class TieredCacheTest : public ::testing::Test {
     return outcome;
   }
   // The router has heard from the node's cache events that it holds the prompt's hit: its
-  // routing log prices the prompt with `blocks` local blocks.
+  // routing log prices the prompt with `blocks` local blocks, and none of what the router
+  // indexed from its own placements is still unconfirmed (the events, not the router's
+  // expectation, hold them).
   ::testing::AssertionResult RouterKnowsLocalBlocks(const std::vector<int32_t>& prompt,
                                                     int64_t blocks) {
     const std::string text = "local_blocks=" + std::to_string(blocks);
     return Eventually([&] {
       Run(prompt);
-      return cluster_->Log("router").find(text) != std::string::npos;
+      return cluster_->Log("router").find(text) != std::string::npos &&
+             Sample(Scrape(router_metrics_), "baton_router_cache_expected_blocks") == 0.0;
     });
   }
 
   static std::string model_;
   std::unique_ptr<Cluster> cluster_;
+  std::string router_metrics_;  // the router's metrics address
 };
 std::string TieredCacheTest::model_;
 

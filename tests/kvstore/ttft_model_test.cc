@@ -192,13 +192,35 @@ TEST(TtftModelTest, AWorkTimeFitClipsASlowSampleAndFollowsTheNodeWhenItChanges) 
   EXPECT_DOUBLE_EQ(clipped.fixed_ms(), bounded.fixed_ms());
   EXPECT_DOUBLE_EQ(clipped.per_unit_ms(), bounded.per_unit_ms());
   EXPECT_LT(clipped.Predict(1), 2 * fit.Predict(1));
-  // A node that became twice as slow is followed within a few dozen prefills, the bound
-  // notwithstanding.
-  for (int round = 0; round < 12; ++round) {
+  // A node that became twice as fast is followed within a few dozen prefills; one that became
+  // twice as slow within a hundred, the bound notwithstanding (its slow samples weigh a quarter
+  // of the fast ones they replace: each weighs by its error relative to its time).
+  WorkTimeFit faster = fit;
+  for (int round = 0; round < 8; ++round) {
+    for (double u : units) faster.Add(u, (5 + 4 * u) / 2);
+  }
+  EXPECT_NEAR(faster.per_unit_ms(), 2, 0.1);
+  EXPECT_NEAR(faster.fixed_ms(), 2.5, 0.5);
+  for (int round = 0; round < 16; ++round) {
     for (double u : units) fit.Add(u, 2 * (5 + 4 * u));
   }
   EXPECT_NEAR(fit.per_unit_ms(), 8, 0.1);
   EXPECT_NEAR(fit.fixed_ms(), 10, 0.5);
+}
+
+// A node's large prefills swing with what shares its cores, by a factor; its small ones swing by
+// a few ms. The line's fixed time follows the small ones, which measure it, rather than the large
+// ones' swings (least squares of absolute errors put it at 60 ms here, four times the truth).
+TEST(TtftModelTest, AWorkTimeFitTakesItsFixedTimeFromTheSmallPrefillsNotTheLargeOnesSwings) {
+  WorkTimeFit fit;
+  const double units[] = {0.2, 150, 0.5, 60, 0.3, 120, 0.7, 90, 0.4, 180};
+  const double slowed[] = {1.0, 0.9, 1.0, 1.3, 1.0, 1.0, 1.0, 1.3, 1.0, 0.9};
+  for (int round = 0; round < 4; ++round) {
+    for (int i = 0; i < 10; ++i) fit.Add(units[i], (15 + 8.5 * units[i]) * slowed[i]);
+  }
+  EXPECT_NEAR(fit.fixed_ms(), 15, 1.5);
+  EXPECT_NEAR(fit.per_unit_ms(), 8.5, 0.5);
+  EXPECT_NEAR(fit.Predict(0.3), 15 + 8.5 * 0.3, 2);
 }
 
 TEST(TtftModelTest, AWorkTimeFitIsARatioWhenTheWorkDoesNotSpreadOrTheLineIsNotPlausible) {

@@ -121,6 +121,7 @@ class FakeStore final : public v1::KvStore::Service {
     while (reader->Read(&write)) {
       std::lock_guard<std::mutex> lock(mutex_);
       blocks_[{write.region(), write.key()}] = write.payload();
+      ++writes_;
       reply->set_written(reply->written() + 1);
     }
     return grpc::Status::OK;
@@ -147,10 +148,16 @@ class FakeStore final : public v1::KvStore::Service {
     std::lock_guard<std::mutex> lock(mutex_);
     return blocks_.size();
   }
+  // Values written, a value written again counted again.
+  size_t writes() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return writes_;
+  }
 
  private:
   const BlockKv block_kv_;
   std::mutex mutex_;
+  size_t writes_ = 0;
   std::map<std::pair<int, std::string>, std::string> blocks_;
 };
 
@@ -191,8 +198,15 @@ class PrefillServiceTest : public ::testing::Test {
         v1::PrefillNode::NewStub(grpc::CreateChannel(address_, grpc::InsecureChannelCredentials()));
   }
 
-  void TearDown() override {
-    if (server_ != nullptr) server_->Shutdown(std::chrono::system_clock::now());
+  void TearDown() override { Stop(); }
+
+  // Stops the server, then the service (its last copies and store writes end with it): a test
+  // that gave Start an engine or a store of its own stops before they go.
+  void Stop() {
+    if (server_ == nullptr) return;
+    server_->Shutdown(std::chrono::system_clock::now());
+    server_.reset();
+    service_.reset();
   }
 
   std::vector<int32_t> Prompt(int n) const {
@@ -421,6 +435,12 @@ TEST_P(PrefixLoadTest, AHitsStateIsTheEnginesWithSValidHAndALostHitIsComputed) {
                                               static_cast<size_t>(V)}));
   EXPECT_EQ(decode_->header.s_valid(), static_cast<uint64_t>(H));
   ExpectTheDecodeNodeRead(expected);
+  // What it computed is written back after the answer: block 3 after the hit, all four after
+  // a lost one (both regions each). The node is stopped only then: its copies read the engine.
+  const size_t written = 8 + (served ? 2 : 8);
+  EXPECT_TRUE(baton::testing::Eventually([&] { return store.writes() == written; }))
+      << store.writes() << " values written, " << written << " expected";
+  Stop();
 }
 
 INSTANTIATE_TEST_SUITE_P(BlockKv, PrefixLoadTest,

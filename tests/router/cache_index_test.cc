@@ -79,7 +79,7 @@ class CacheIndexTest : public ::testing::Test {
       }
     }
     EXPECT_TRUE(CheckCacheEvents(batch).ok());
-    return index_.Apply(node, batch);
+    return index_.Apply(node, batch, now_ms_);
   }
   // A batch out of sequence: the index forgets the node's blocks and asks for a snapshot.
   void Gap(const std::string& node) {
@@ -121,6 +121,7 @@ class CacheIndexTest : public ::testing::Test {
     }
   }
   CacheIndex index_;
+  double now_ms_ = 0;  // the clock Send's batches are applied at
   Model model_;
   std::map<std::string, uint64_t> sequence_;
 };
@@ -212,6 +213,64 @@ TEST_F(CacheIndexTest, TheVersionChangesWithWhatIsHeld) {
   Forget("p");
   EXPECT_NE(index_.version(), version);
   EXPECT_EQ(holders.On(index_, chain, "p").block_kv_blocks, 0);
+}
+
+// What the router placed on a node is indexed at once (Expect), and stays only as the node
+// confirms it: an expected block the node reports stored is kept past its deadline, one it
+// reports removed goes at once, one expected again has its time restarted, and the rest go at
+// the node's first batch after their deadline. A block the node's events already gave needs no
+// confirming, and a gap forgets what was expected with the rest.
+TEST_F(CacheIndexTest, ExpectedBlocksStayUntilTheNodeConfirmsThemOrTheirTimePasses) {
+  std::vector<Sha256Digest> chain;
+  for (uint64_t k = 0; k < 6; ++k) chain.push_back(Key(k));
+  auto blocks = [&] { return index_.Lookup("p", chain); };
+  ASSERT_TRUE(Send("p", 0, {}, {}, /*snapshot=*/true));
+  // Blocks 0..3, both regions, until 100 ms.
+  index_.Expect("p", chain, kvstore::WriteBackSteps(0, 4), 100);
+  EXPECT_EQ(blocks().block_kv_blocks, 4);
+  EXPECT_EQ(blocks().swa_present, std::vector<bool>(4, true));
+  EXPECT_EQ(index_.expected("p"), 8u);
+  EXPECT_EQ(index_.LookupHolders(chain).at("p").block_kv_blocks, 4);
+  EXPECT_EQ(index_.Lookup("q", chain).block_kv_blocks, 0) << "another node holds nothing";
+
+  now_ms_ = 50;
+  ASSERT_TRUE(Send("p", 0, {0, 1}, {}));  // confirmed: block KV of 0 and 1
+  ASSERT_TRUE(Send("p", 1, {}, {3}));     // 3's SWA rows are gone
+  EXPECT_EQ(index_.expected("p"), 5u);    // block KV of 2, 3; SWA of 0, 1, 2
+  EXPECT_EQ(blocks().swa_present, (std::vector<bool>{true, true, true, false}));
+  index_.Expect("p", chain, std::vector<kvstore::WriteBackStep>{{.block = 2}}, 300);
+
+  now_ms_ = 150;
+  ASSERT_TRUE(Send("p", 0, {}, {}));
+  EXPECT_EQ(blocks().block_kv_blocks, 3) << "block 2 was expected again, until 300";
+  EXPECT_EQ(blocks().swa_present, std::vector<bool>(3, false));
+  EXPECT_EQ(index_.expected("p"), 1u);
+
+  now_ms_ = 350;
+  ASSERT_TRUE(Send("p", 0, {}, {}));
+  EXPECT_EQ(blocks().block_kv_blocks, 2) << "what the node confirmed stays";
+  EXPECT_EQ(index_.expected("p"), 0u);
+  EXPECT_EQ(index_.expected(), 0u);
+  EXPECT_EQ(index_.expected_dropped(), 5u) << "3's block KV; 0, 1, 2's SWA rows; 2's block KV";
+  EXPECT_EQ(index_.LookupHolders(chain).at("p").block_kv_blocks, 2);
+
+  // Known from the node's own events: expecting it again changes nothing when the time passes.
+  index_.Expect("p", chain, kvstore::WriteBackSteps(0, 2), 360);
+  EXPECT_EQ(index_.expected("p"), 2u) << "only the SWA rows of 0 and 1 are news";
+  now_ms_ = 1000;
+  ASSERT_TRUE(Send("p", 0, {}, {}));
+  EXPECT_EQ(blocks().block_kv_blocks, 2);
+  EXPECT_EQ(index_.expected("p"), 0u);
+
+  // Steps past the chain are ignored; a gap forgets the expected blocks with the rest.
+  index_.Expect("p", chain, kvstore::WriteBackSteps(2, 9), 5000);
+  EXPECT_EQ(blocks().block_kv_blocks, 6);
+  EXPECT_EQ(index_.expected("p"), 8u);
+  EXPECT_EQ(index_.expected(), 8u);
+  Gap("p");
+  EXPECT_EQ(index_.expected(), 0u);
+  EXPECT_EQ(blocks().block_kv_blocks, 0);
+  EXPECT_EQ(index_.expected("p"), 0u);
 }
 
 }  // namespace

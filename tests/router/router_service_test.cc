@@ -199,6 +199,21 @@ class RouterServiceTest : public ::testing::Test {
     }
     return batch;
   }
+  // A prefill node's registration as `id` (its load to fill in), and its sending.
+  static v1::RegisterRequest PrefillHeartbeat(const std::string& id) {
+    v1::RegisterRequest heartbeat;
+    heartbeat.set_node_id(id);
+    heartbeat.set_role(v1::NODE_ROLE_PREFILL);
+    heartbeat.set_address(id + ".invalid:1");
+    heartbeat.set_model_fingerprint("weights-a");
+    heartbeat.set_state_format_version(2);
+    return heartbeat;
+  }
+  grpc::Status Heartbeat(const v1::RegisterRequest& heartbeat) {
+    grpc::ServerContext context;
+    v1::RegisterResponse reply;
+    return Router().Register(&context, &heartbeat, &reply);
+  }
   NiceMock<v1::MockPrefillNodeStub>& Prefill(const std::string& id) {
     auto& mock = nodes_->prefill[id];
     if (mock == nullptr) {
@@ -454,27 +469,70 @@ TEST_F(RouterServiceTest, PredictedTtftWeighsAHitAgainstANodesMeasuredRates) {
   // p-b holds the prompt but has measured a fixed cost per request far above computing it on
   // p-a.
   for (const auto& [id, fixed_ms] : {std::pair{"p-a", 5.0}, std::pair{"p-b", 60000.0}}) {
-    v1::RegisterRequest heartbeat;
-    heartbeat.set_node_id(id);
-    heartbeat.set_role(v1::NODE_ROLE_PREFILL);
-    heartbeat.set_address(std::string(id) + ".invalid:1");
-    heartbeat.set_model_fingerprint("weights-a");
-    heartbeat.set_state_format_version(2);
+    v1::RegisterRequest heartbeat = PrefillHeartbeat(id);
     heartbeat.mutable_load()->mutable_rates()->set_fixed_ms(fixed_ms);
     heartbeat.mutable_load()->mutable_rates()->set_samples(3);
     if (std::string(id) == "p-b") {
       *heartbeat.mutable_cache_events() =
           Snapshot(1, kvstore::ChainKeys("weights-a", "", "", tokens, config_.kv_block_size));
     }
-    grpc::ServerContext context;
-    v1::RegisterResponse reply;
-    ASSERT_TRUE(Router().Register(&context, &heartbeat, &reply).ok());
+    ASSERT_TRUE(Heartbeat(heartbeat).ok());
   }
   FakeWriter writer;
   ASSERT_TRUE(Generate(request, writer).ok());
   EXPECT_EQ(on_a.request().prompt_token_ids_size(), prompt_len);
   EXPECT_EQ(on_b.request().prompt_token_ids_size(), 0);
 }
+
+// The router indexes what it placed on a prefill node with a block cache when it places it: a
+// prompt sent again before the node's next heartbeat goes where its blocks now are, with the
+// hit from that node's cache. A node without a block cache keeps nothing, and none is assumed.
+class PlacedBlocksTest : public RouterServiceTest, public ::testing::WithParamInterface<bool> {};
+
+TEST_P(PlacedBlocksTest, APromptSentAgainBeforeAHeartbeatFindsItsBlocksWhereTheyWereComputed) {
+  const bool block_cache = GetParam();
+  options_.prefill_policy = PrefillPolicy::kLongestPrefix;
+  const int prompt_len = 6 * config_.kv_block_size;
+  std::vector<v1::PrefillRequest> seen;
+  for (const char* id : {"p-a", "p-b"}) {
+    auto& mock = nodes_->prefill[id];
+    mock = std::make_shared<NiceMock<v1::MockPrefillNodeStub>>();
+    v1::RegisterRequest heartbeat = PrefillHeartbeat(id);
+    heartbeat.mutable_load()->set_block_cache_budget_bytes(block_cache ? uint64_t{1} << 30 : 0);
+    ASSERT_TRUE(Heartbeat(heartbeat).ok());
+    ON_CALL(*mock, Prefill(_, _, _))
+        .WillByDefault(Invoke([&seen, id](grpc::ClientContext*, const v1::PrefillRequest& request,
+                                          v1::PrefillResponse* response) {
+          seen.push_back(request);
+          seen.back().set_decode_address(id);  // which node was asked
+          response->set_first_token(7);
+          return grpc::Status::OK;
+        }));
+  }
+  Decode("d1", {Output({8}, v1::FINISH_REASON_LENGTH)});
+  for (int i = 0; i < 2; ++i) {
+    FakeWriter writer;
+    ASSERT_TRUE(Generate(Request(prompt_len), writer).ok());
+  }
+  ASSERT_EQ(seen.size(), 2u);
+  EXPECT_EQ(seen[0].s_valid(), 0u) << "nothing was cached yet";
+  const int64_t cap = (prompt_len - config_.ring_capacity()) / config_.kv_block_size;
+  ASSERT_GT(cap, 0);
+  if (block_cache) {
+    EXPECT_EQ(seen[1].decode_address(), seen[0].decode_address());
+    EXPECT_EQ(int64_t{seen[1].s_valid()}, cap * config_.kv_block_size);
+    EXPECT_EQ(Router().registry().cache_index().expected(seen[0].decode_address()),
+              2u * (prompt_len / config_.kv_block_size));
+  } else {
+    EXPECT_EQ(seen[1].s_valid(), 0u);
+    EXPECT_EQ(Router().registry().cache_index().blocks(seen[0].decode_address()), 0u);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(BlockCache, PlacedBlocksTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return info.param ? "WithBlockCache" : "WithoutBlockCache";
+                         });
 
 TEST_F(RouterServiceTest, CacheEventsAfterAGapAskForASnapshot) {
   Prefill("p1");

@@ -57,9 +57,15 @@ v1::PrefillRates ToProto(const PrefillRates& rates, uint32_t samples);
 
 // A node's time for a kind of work as a line, fixed_ms + per_unit_ms x units, fitted by least
 // squares over its recent samples (each sample's weight falls by `keep` with every later one:
-// 0.95 weighs about the last 20). A ratio of time to work alone would price a small prefill at
-// a large one's rate: a prompt of a few tokens still streams every weight once (a few ms on
-// the small preset, at 0.2 GFLOP), so a run of them raised a node's reported ms per GFLOP
+// 0.95 weighs about the last 20). The squares are of each sample's error relative to its time:
+// what slows a prefill on shared cores slows it by a factor, so a large prefill's time swings
+// by hundreds of ms where a small one's swings by a few, and plain least squares let those
+// swings set the fixed time. Replaying one policy-bench run's 100 prefills (2 prefill nodes on
+// 2 cores) through both: plain least squares ended at 23 ms fixed where a prefill of a few
+// tokens took 13-20, and predicted each next prefill at 0.47-2.30x its time (p10-p90); relative
+// errors ended at 16 ms and predicted 0.68-1.30x. A ratio of time to work alone would price a small
+// prefill at a large one's rate: a prompt of a few tokens still streams every weight once (a few ms
+// on the small preset, at 0.2 GFLOP), so a run of them raised a node's reported ms per GFLOP
 // fourfold and its large prompts were priced at that. Once the samples weigh kMinSamples, one
 // more than kClip times the line's prediction is taken at that bound (a prefill slowed by
 // whatever shared its cores moves the line no more than that). While the samples' work does not
@@ -82,7 +88,9 @@ class WorkTimeFit {
 
  private:
   double keep_;
-  double weight_ = 0, units_ = 0, units2_ = 0, ms_ = 0, units_ms_ = 0;  // decayed sums
+  double weight_ = 0, units_ = 0, ms_ = 0;  // decayed sums: the samples, their work and time
+  // The same of the line's terms, each sample weighed by 1 / ms^2 (its relative error).
+  double w_ = 0, w_units_ = 0, w_units2_ = 0, w_ms_ = 0, w_units_ms_ = 0;
   double per_unit_ms_ = 0, fixed_ms_ = 0;
 };
 

@@ -8,12 +8,18 @@
 //   and Apply says to ask for a resync; the node's next batch is then a snapshot.
 // - What a node's entry holds is bounded (kMaxIndexedBlocks per region); past it the router
 //   simply knows fewer of the node's blocks.
+// - What the router itself placed on a node is known at once (Expect): the blocks a prefill
+//   keeps are indexed when the router sends it, or when its answer comes back, not a heartbeat
+//   later. An expected block that the node's own events have not confirmed within its time is
+//   dropped at the node's next batch; one the node reports removed, or forgets in a snapshot,
+//   goes at once.
 //
 // Threading: every method is safe from any thread (one mutex; no call out while holding it).
 #pragma once
 
 #include <atomic>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -26,6 +32,7 @@
 #include "absl/container/inlined_vector.h"
 #include "absl/status/status.h"
 #include "baton/common/hash.h"
+#include "baton/kvstore/hit_policy.h"
 #include "baton/kvstore/prefix_index.h"
 #include "baton/v1/node.pb.h"
 
@@ -47,7 +54,21 @@ class CacheIndex {
  public:
   // Applies a checked batch from `node_id`; false when it did not follow the last one (see the
   // file comment): the node must send a snapshot.
-  bool Apply(const std::string& node_id, const v1::CacheEventBatch& batch);
+  // `now_ms` is the clock Expect's deadlines are on: expectations of `node_id` past theirs and
+  // not confirmed by a BlockStored are dropped.
+  bool Apply(const std::string& node_id, const v1::CacheEventBatch& batch, double now_ms = 0);
+  // `node_id` is about to hold `steps` of `chain` (kvstore::CacheKeptReads of a hit it was
+  // sent, kvstore::WriteBackSteps of a prefill it answered): each block it is not known to
+  // hold is indexed now, until its BlockStored confirms it or `deadline_ms` passes (Apply).
+  // Steps outside the chain are ignored.
+  void Expect(const std::string& node_id, std::span<const Sha256Digest> chain,
+              std::span<const kvstore::WriteBackStep> steps, double deadline_ms);
+  // Expected blocks of `node_id` not yet confirmed (both regions).
+  size_t expected(const std::string& node_id) const;
+  // The same over every node, and the expected blocks dropped unconfirmed so far (each a hit
+  // the router priced that the node did not keep).
+  size_t expected() const;
+  uint64_t expected_dropped() const;
   // The leading blocks of `chain` whose block KV `node_id` holds, and their SWA rows.
   kvstore::ChainLookup Lookup(const std::string& node_id,
                               std::span<const Sha256Digest> chain) const;
@@ -70,11 +91,25 @@ class CacheIndex {
   // The nodes holding a key: each entry a node's slot << 2 with a bit per region it holds
   // (1: block KV, 2: producer SWA), so one table serves both regions.
   using Slots = absl::InlinedVector<uint32_t, 4>;
+  // A block the router expects a node to hold before the node said so, by region.
+  struct Unconfirmed {
+    double deadline_ms[2] = {0, 0};
+    uint8_t regions = 0;  // bit 1 << region: expected, not yet confirmed
+  };
   struct NodeBlocks {
     uint64_t sequence = 0;  // of the last batch applied; 0: none since the last gap
     uint32_t slot = 0;
     size_t held[2] = {0, 0};  // entries, by kvstore::Region
+    absl::flat_hash_map<Sha256Digest, Unconfirmed> unconfirmed;
+    // The deadlines in the order set (each expectation's, with its key): the front is the
+    // first to pass. An entry whose key was confirmed, removed or expected again since is
+    // skipped when it comes due.
+    std::deque<std::pair<double, Sha256Digest>> due;
   };
+  // Drops `node`'s expectations whose deadline is before `now_ms` and that no event confirmed.
+  void ExpireExpected(NodeBlocks& node, double now_ms);
+  // `region` of `key` is confirmed (stored) or gone (removed): no longer an expectation.
+  void Settle(NodeBlocks& node, int region, const Sha256Digest& key);
   NodeBlocks& Node(const std::string& node_id);
   // Forgets what `node` holds: its slot is retired and a fresh one taken.
   void Clear(NodeBlocks& node);
@@ -99,6 +134,8 @@ class CacheIndex {
   size_t retired_entries_ = 0;  // at most: some are pruned as their keys are touched
   std::atomic<uint64_t> version_{0};
   uint64_t resyncs_ = 0;
+  size_t expected_ = 0;  // unconfirmed (block, region) pairs, every node's
+  uint64_t expected_dropped_ = 0;
 };
 
 // One request's chain in every node's cache: LookupHolders, walked again only when the index

@@ -29,6 +29,7 @@
 #include <mutex>
 #include <optional>
 #include <set>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -227,6 +228,12 @@ class NodeRegistry {
   void PrefillDone(RegisteredNode& node, double predicted_ms = 0);
   // Which blocks each prefill node's local cache holds (its cache events).
   const CacheIndex& cache_index() const { return cache_index_; }
+  // `node`, a prefill node with a block cache, is about to keep `steps` of `chain` (what this
+  // router just sent it or it just answered): the cache index holds them at once, each until
+  // the node's cache events confirm it or three heartbeats pass without (CacheIndex::Expect).
+  // A node that reports no block cache keeps nothing: no-op.
+  void ExpectCached(const RegisteredNode& node, std::span<const Sha256Digest> chain,
+                    std::span<const kvstore::WriteBackStep> steps);
   // Per served model, the largest weight bytes a live prefill and a live decode node report.
   struct WeightBytes {
     uint64_t prefill = 0, decode = 0;
