@@ -202,23 +202,37 @@ void CacheIndex::Settle(NodeBlocks& node, int region, const Sha256Digest& key) {
 }
 
 void CacheIndex::ExpireExpected(NodeBlocks& node, double now_ms) {
+  bool dropped = false;
+  // Expected again since queued: requeued once at its later deadline (below), so the queue
+  // holds at most one entry per expected key and the deadlines already passed.
+  std::vector<std::pair<double, Sha256Digest>> later;
   while (!node.due.empty() && node.due.front().first < now_ms) {
     const Sha256Digest key = node.due.front().second;
     node.due.pop_front();
     auto it = node.unconfirmed.find(key);
     if (it == node.unconfirmed.end()) continue;
+    double next = 0;
     for (int region = 0; region < 2; ++region) {
       const uint8_t bit = static_cast<uint8_t>(1u << region);
-      // Expected again since this entry was queued: its later deadline stands.
-      if ((it->second.regions & bit) == 0 || it->second.deadline_ms[region] >= now_ms) continue;
+      if ((it->second.regions & bit) == 0) continue;
+      if (it->second.deadline_ms[region] >= now_ms) {
+        next = std::max(next, it->second.deadline_ms[region]);
+        continue;
+      }
       it->second.regions &= static_cast<uint8_t>(~bit);
       --expected_;
       ++expected_dropped_;
       Erase(region, key, node);
-      version_.fetch_add(1, std::memory_order_release);
+      dropped = true;
     }
-    if (it->second.regions == 0) node.unconfirmed.erase(it);
+    if (it->second.regions == 0) {
+      node.unconfirmed.erase(it);
+    } else if (next > 0) {
+      later.emplace_back(next, key);
+    }
   }
+  for (auto& entry : later) node.due.push_back(std::move(entry));
+  if (dropped) version_.fetch_add(1, std::memory_order_release);
 }
 
 void CacheIndex::Expect(const std::string& node_id, std::span<const Sha256Digest> chain,
@@ -234,8 +248,8 @@ void CacheIndex::Expect(const std::string& node_id, std::span<const Sha256Digest
     const uint8_t bit = static_cast<uint8_t>(1u << region);
     auto pending = node.unconfirmed.find(key);
     if (pending != node.unconfirmed.end() && (pending->second.regions & bit) != 0) {
-      pending->second.deadline_ms[region] = deadline_ms;  // expected again: its time restarts
-      node.due.emplace_back(deadline_ms, key);
+      // Expected again: its time restarts (ExpireExpected requeues it when the first passes).
+      pending->second.deadline_ms[region] = deadline_ms;
       continue;
     }
     const size_t before = node.held[region];
@@ -243,10 +257,11 @@ void CacheIndex::Expect(const std::string& node_id, std::span<const Sha256Digest
     // Known already (the node's events said so) or past the node's bound: nothing to confirm.
     if (node.held[region] == before) continue;
     Unconfirmed& expected = node.unconfirmed[key];
+    // A key's first expectation queues it; its other region's rides on that entry.
+    if (expected.regions == 0) node.due.emplace_back(deadline_ms, key);
     expected.regions |= bit;
     expected.deadline_ms[region] = deadline_ms;
     ++expected_;
-    node.due.emplace_back(deadline_ms, key);
     added = true;
   }
   if (added) version_.fetch_add(1, std::memory_order_release);

@@ -101,9 +101,9 @@ class CacheIndex {
     uint32_t slot = 0;
     size_t held[2] = {0, 0};  // entries, by kvstore::Region
     absl::flat_hash_map<Sha256Digest, Unconfirmed> unconfirmed;
-    // The deadlines in the order set (each expectation's, with its key): the front is the
-    // first to pass. An entry whose key was confirmed, removed or expected again since is
-    // skipped when it comes due.
+    // Each expected key once, with the deadline it was queued at, in queueing order. A key
+    // expected again meanwhile is requeued at its later deadline when this one passes (so it
+    // may lapse up to one TTL past its own, never before); one settled meanwhile is skipped.
     std::deque<std::pair<double, Sha256Digest>> due;
   };
   // Drops `node`'s expectations whose deadline is before `now_ms` and that no event confirmed.
