@@ -26,8 +26,10 @@
 # (default $TMPDIR/baton-gpu-run), BUDGET (s), STEPS (default "env unpack ldd test forward
 # bench"), TEST_TIMEOUT (s per test, default 60), PAIRS (default
 # "small:bf16 large:bf16 small:fp32 large:fp32"), LENGTHS (1024,4096), BATCHES (1,8,64),
-# DECODE_CONTEXT (2048), REPEATS (2), PEAK_TFLOPS (989), PYTHON (python3), ALLOW_SKIPS=1 (a
-# skipped test passes: for checking the bundle on a machine without a GPU).
+# DECODE_CONTEXT (2048), REPEATS (2), PEAK_TFLOPS (989), PYTHON (python3), TESTS (a bash
+# pattern over Suite.Test names: the test step runs only those; default every test, e.g.
+# TESTS='*Attention*' to run a failed kind again), ALLOW_SKIPS=1 (a skipped test passes: for
+# checking the bundle on a machine without a GPU).
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bundle="${BUNDLE:-$root/gpu-bundle/baton-gpu.tar.xz}"
@@ -130,6 +132,8 @@ run_tests() {
     fi
     [[ "$line" =~ ^\ \ ([A-Za-z0-9_/]+) ]] || continue
     test="$suite.${BASH_REMATCH[1]}"
+    # shellcheck disable=SC2053  # TESTS is a pattern
+    [[ "$test" == ${TESTS:-*} ]] || continue
     log="$logs/tests/${test//\//_}"  # a parametrised test's name holds '/'
     local limit=$test_timeout remaining
     remaining=$(left)

@@ -248,6 +248,11 @@ grpc::ChannelArguments ChannelArguments() {
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, kKeepaliveMs);
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, kKeepaliveMs);
   args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  // A peer that is not up yet (pods start together; a router restarts) is dialled again within
+  // a second, not on gRPC's default backoff (1 s growing to 120 s): a node that started before
+  // its router would otherwise register seconds to minutes after the router serves.
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   return args;
 }
 

@@ -53,7 +53,7 @@ done
 for lib in libcudart.so.13 libcublas.so.13 libcublasLt.so.13; do
   cp -L "$cuda_lib/$lib" "$jail/usr/local/cuda/lib64/"
 done
-tar -C "$jail/opt" -xJf "$bundle"
+tar -C "$jail/opt" -xf "$bundle"  # xz, or uncompressed (tar tells them apart)
 top=/opt/baton-gpu
 
 failed=0

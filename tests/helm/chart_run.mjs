@@ -3,6 +3,8 @@
 //
 //   OUT/plan.json   {skip, roles: [{name, component, steps: [{argv, env}]}], test: {argv, env},
 //                    certs: [{dir, uris, dns, ca}], ports: {...}, apiKey}
+//   OUT/plan.sh     the same as bash variables (plan_skip, plan_role_name[i], ...), sourced by
+//                   chart_run_test.sh
 //   OUT/<pod>/...   the pod's volumes: its ConfigMap's files (baton.yaml rewritten), emptyDirs
 //
 // Every container runs as the chart wrote it: its command, its args and its env, with its
@@ -341,3 +343,33 @@ if (testPod) {
   plan.test = step(pod, container, mountMapOf(pod, path.join(out, pod.podName), container));
 }
 fs.writeFileSync(path.join(out, "plan.json"), JSON.stringify(plan, null, 2));
+
+// The same plan as bash variables (OUT/plan.sh), so that chart_run_test.sh reads each field
+// without starting a node process for it. A step's variables share a prefix: PREFIX_argv,
+// PREFIX_env (NAME=VALUE), PREFIX_volumes (docker run --volume arguments), PREFIX_config and
+// PREFIX_json (the step as plan.json has it).
+const quote = (s) => `'${String(s ?? "").replace(/'/g, "'\\''")}'`;
+const sh = [];
+const array = (name, values) => sh.push(`${name}=(${values.map(quote).join(" ")})`);
+const stepVariables = (prefix, s) => {
+  array(`${prefix}_argv`, s.argv);
+  array(`${prefix}_env`, Object.entries(s.env).map(([k, v]) => `${k}=${v}`));
+  array(`${prefix}_volumes`, s.mounts.map(([mount, local, readOnly]) =>
+    `--volume=${local.slice(0, -1)}:${mount.slice(0, -1)}${readOnly ? ":ro" : ""}`));
+  sh.push(`${prefix}_config=${quote(s.config)}`, `${prefix}_json=${quote(JSON.stringify(s))}`);
+};
+sh.push(`plan_skip=${quote(plan.skip)}`, `plan_api_key=${quote(plan.apiKey)}`,
+        `plan_model_server_port=${quote(plan.modelServer?.port)}`,
+        `plan_model_server_dir=${quote(plan.modelServer?.dir)}`);
+array("plan_cert_dirs", plan.certs.map((c) => c.dir));
+array("plan_cert_sans", plan.certs.map((c) =>
+  [...c.uris.map((u) => "URI:" + u), ...c.dns.map((d) => "DNS:" + d), "IP:127.0.0.1"].join(",")));
+sh.push(`plan_roles=${plan.roles.length}`);
+for (const field of ["name", "component", "job", "healthPort"]) {
+  array(`plan_role_${field}`, plan.roles.map((r) => r[field]));
+}
+array("plan_role_steps", plan.roles.map((r) => r.steps.length));
+plan.roles.forEach((r, i) => r.steps.forEach((s, j) => stepVariables(`plan_step_${i}_${j}`, s)));
+sh.push(`plan_has_test=${plan.test ? 1 : 0}`);
+if (plan.test) stepVariables("plan_test", plan.test);
+fs.writeFileSync(path.join(out, "plan.sh"), sh.join("\n") + "\n");

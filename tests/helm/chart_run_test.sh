@@ -75,17 +75,13 @@ trap 'stop_all; if [[ -n "${CHART_RUN_KEEP:-}" ]]; then echo "kept $work"; else 
 # A CA and, for each Secret the pods mount, a key and certificate with the names the plan gives
 # (URI SANs, DNS names, and 127.0.0.1 for the clients here), under DIR/{ca.crt,tls.crt,tls.key}.
 make_certs() {
-  local out="$1" plan="$2"
+  local out="$1" c dir sans
   openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 1 \
     -subj "/CN=chart-run CA" -addext basicConstraints=critical,CA:TRUE \
     -addext keyUsage=critical,keyCertSign,cRLSign -keyout "$out/ca.key" -out "$out/ca.crt" \
     2>/dev/null || return 1
-  node -e '
-    const plan = require(process.argv[1]);
-    for (const c of plan.certs) {
-      const sans = [...c.uris.map((u) => "URI:" + u), ...c.dns.map((d) => "DNS:" + d), "IP:127.0.0.1"];
-      console.log(c.dir + "\t" + sans.join(","));
-    }' "$plan" | while IFS=$'\t' read -r dir sans; do
+  for c in "${!plan_cert_dirs[@]}"; do
+    dir="${plan_cert_dirs[$c]}" sans="${plan_cert_sans[$c]}"
     mkdir -p "$dir"
     openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -subj "/CN=baton" \
       -keyout "$dir/tls.key" -out "$dir/tls.csr" 2>/dev/null || return 1
@@ -99,10 +95,6 @@ make_certs() {
   done
 }
 
-# Fields of plan.json, one per line: `plan FILE EXPRESSION` (a JavaScript expression over p).
-plan() { node -e 'const p = require(process.argv[1]); const v = eval(process.argv[2]);
-  for (const x of [].concat(v)) console.log(typeof x === "string" ? x : JSON.stringify(x));' "$1" "$2"; }
-
 # Where a path of a step's pod lies on this machine (its volumes' mounts mapped).
 local_path() {
   node -e '
@@ -115,21 +107,16 @@ local_path() {
     console.log(out);' "$1" "$2"
 }
 
-# Runs one step of the plan (argv and env as JSON) with env -i and the step's env; with
-# CHART_RUN_IMAGE, as a container of the image, the way the chart's pod runs it.
+# Runs one step of the plan (its variables' prefix in plan.sh, e.g. plan_step_0_1) with env -i
+# and the step's env; with CHART_RUN_IMAGE, as a container of the image, the way the chart's pod
+# runs it.
 run_step() {
-  local step="$1" log="$2" background="$3"
-  local -a argv env_args
-  mapfile -t argv < <(node -e 'for (const a of JSON.parse(process.argv[1]).argv) console.log(a)' "$step")
-  mapfile -t env_args < <(node -e '
-    for (const [k, v] of Object.entries(JSON.parse(process.argv[1]).env)) console.log(k + "=" + v)' "$step")
+  local prefix="$1" log="$2" background="$3"
+  local -n argv="${prefix}_argv" env_args="${prefix}_env" mounts="${prefix}_volumes"
   if [[ -n "$image" ]]; then
     local name="chart-run-$$-${#containers[@]}-$RANDOM"
     local -a run=(run --rm --name "$name" --network host --user 10001:10001 --read-only
       --cap-drop ALL --security-opt no-new-privileges --workdir /tmp)
-    mapfile -t mounts < <(node -e '
-      for (const [mount, local, ro] of JSON.parse(process.argv[1]).mounts)
-        console.log(`--volume=${local.slice(0, -1)}:${mount.slice(0, -1)}${ro ? ":ro" : ""}`);' "$step")
     run+=("${mounts[@]}")
     # The pod's writable /tmp: an emptyDir the chart mounts there, else a tmpfs.
     local tmp_mounted=0 m
@@ -199,21 +186,21 @@ for file in "${values[@]}"; do
     failed=$((failed + 1))
     continue
   fi
-  reason="$(plan "$out/plan.json" 'p.skip')"
-  if [[ -n "$reason" ]]; then
-    echo "skip: $name: $reason"
+  # shellcheck source=/dev/null
+  source "$out/plan.sh"
+  if [[ -n "$plan_skip" ]]; then
+    echo "skip: $name: $plan_skip"
     skipped=$((skipped + 1))
     continue
   fi
-  if ! make_certs "$out" "$out/plan.json"; then
+  if ! make_certs "$out"; then
     echo "FAIL: $name: cannot make the certificates with openssl"
     failed=$((failed + 1))
     continue
   fi
-  server_port="$(plan "$out/plan.json" 'p.modelServer?.port ?? ""')"
-  if [[ -n "$server_port" ]]; then
+  if [[ -n "$plan_model_server_port" ]]; then
     : >"$out/model-server.log"
-    node "$here/model_server.mjs" "$server_port" "$(plan "$out/plan.json" 'p.modelServer.dir')" \
+    node "$here/model_server.mjs" "$plan_model_server_port" "$plan_model_server_dir" \
       "$root/models/ced-brown-shared" >"$out/model-server.log" 2>&1 &
     pids+=($!)
     for _ in $(seq 100); do grep -q serving "$out/model-server.log" && break; sleep 0.1; done
@@ -223,18 +210,21 @@ for file in "${values[@]}"; do
   [[ -z "$image" ]] || chown -R 10001:10001 "$out"
   problem="" generated=""
   declare -A role_started=()
-  roles="$(plan "$out/plan.json" 'p.roles.length')"
+  roles=$plan_roles
   for ((i = 0; i < roles; i++)); do
     [[ -z "$problem" ]] || break
-    role="$(plan "$out/plan.json" "p.roles[$i].name")"
-    job="$(plan "$out/plan.json" "p.roles[$i].job")"
-    steps="$(plan "$out/plan.json" "p.roles[$i].steps.length")"
+    role="${plan_role_name[$i]}"
+    job="${plan_role_job[$i]}"
+    steps="${plan_role_steps[$i]}"
+    last="plan_step_${i}_$((steps - 1))"
     # Weights the operator puts on a volume: this tree's default model stands in for them.
-    config="$(plan "$out/plan.json" "p.roles[$i].steps.at(-1).config ?? ''")"
+    config_var="${last}_config"
+    config="${!config_var}"
     model="$(sed -n 's/^  model: //p' "$config" 2>/dev/null | head -1)"
     # In a container, the model's path is the pod's: where it lies here.
     if [[ -n "$image" && -n "$model" ]]; then
-      model="$(local_path "$(plan "$out/plan.json" "p.roles[$i].steps.at(-1)")" "$model")"
+      json_var="${last}_json"
+      model="$(local_path "${!json_var}" "$model")"
     fi
     if [[ "$job" == false && -n "$model" && ! -e "$model/config.json" && "$model" == "$out"/* ]] &&
       [[ "$model" == "$out"/hostpath/* || "$model" == "$out"/pvc/* ]]; then
@@ -257,7 +247,7 @@ for file in "${values[@]}"; do
       fi
     fi
     for ((s = 0; s < steps && ${#problem} == 0; s++)); do
-      step="$(plan "$out/plan.json" "p.roles[$i].steps[$s]")"
+      step="plan_step_${i}_$s"
       if [[ "$job" == false && $s -eq $((steps - 1)) ]]; then
         role_started[$role]="$(date +%s.%N)"
         run_step "$step" "$out/$role.log" 1
@@ -271,9 +261,9 @@ for file in "${values[@]}"; do
   health_pids=() serving=""
   for ((i = 0; i < roles; i++)); do
     [[ -z "$problem" ]] || break
-    [[ "$(plan "$out/plan.json" "p.roles[$i].job")" == true ]] && continue
-    role="$(plan "$out/plan.json" "p.roles[$i].name")"
-    port="$(plan "$out/plan.json" "p.roles[$i].healthPort")"
+    [[ "${plan_role_job[$i]}" == true ]] && continue
+    role="${plan_role_name[$i]}"
+    port="${plan_role_healthPort[$i]}"
     ( answer="$("$build/tools/batonctl" health --addr "127.0.0.1:$port" --wait-ms 90000)"
       echo "$? $(date +%s.%N) $port $answer" >"$out/$role.health" ) &
     health_pids+=($!)
@@ -281,8 +271,8 @@ for file in "${values[@]}"; do
   for pid in "${health_pids[@]}"; do wait "$pid"; done
   for ((i = 0; i < roles; i++)); do
     [[ -z "$problem" ]] || break
-    [[ "$(plan "$out/plan.json" "p.roles[$i].job")" == true ]] && continue
-    role="$(plan "$out/plan.json" "p.roles[$i].name")"
+    [[ "${plan_role_job[$i]}" == true ]] && continue
+    role="${plan_role_name[$i]}"
     read -r rc at port health <"$out/$role.health"
     if [[ "$rc" != 0 ]]; then
       problem="$role: health port $port answers '$health', not SERVING: $(tail -5 "$out/$role.log")"
@@ -292,10 +282,9 @@ for file in "${values[@]}"; do
     fi
   done
   if [[ -z "$problem" ]]; then
-    test_step="$(plan "$out/plan.json" 'p.test')"
-    if [[ "$test_step" == undefined ]]; then
+    if [[ "$plan_has_test" != 1 ]]; then
       problem="the chart renders no helm test pod"
-    elif ! run_step "$test_step" "$out/test.log" 0 || ! grep -q "finish" "$out/test.log"; then
+    elif ! run_step plan_test "$out/test.log" 0 || ! grep -q "finish" "$out/test.log"; then
       problem="the helm test pod's request was not served: $(tail -5 "$out/test.log")"
     fi
   fi
@@ -303,8 +292,13 @@ for file in "${values[@]}"; do
   # certificate: the URL its log announces, the chart's CA, the key the router was given.
   url=""
   if [[ -z "$problem" ]]; then
-    router_log="$out/$(plan "$out/plan.json" 'p.roles.find((r) => r.component === "router").name').log"
-    router_config="$(plan "$out/plan.json" 'p.roles.find((r) => r.component === "router").steps.at(-1).config')"
+    router_log=/dev/null router_config=/dev/null
+    for ((i = 0; i < roles; i++)); do
+      [[ "${plan_role_component[$i]}" == router ]] || continue
+      router_log="$out/${plan_role_name[$i]}.log"
+      config_var="plan_step_${i}_$((plan_role_steps[i] - 1))_config"
+      router_config="${!config_var}"
+    done
     url="$(grep -oE 'https?://[0-9.]+:[0-9]+/v1' "$router_log" | head -1 || true)"
     if [[ -z "$url" ]] && grep -q '^  http-port:' "$router_config"; then
       problem="the router has an http-port but announced no OpenAI API: $(tail -5 "$router_log")"
@@ -312,7 +306,7 @@ for file in "${values[@]}"; do
   fi
   if [[ -n "$url" ]] && ! grep -q '^  client-tls-ca:' "$router_config"; then
     auth=()
-    grep -q '^  api-keys:' "$router_config" && auth=(-H "Authorization: Bearer $(plan "$out/plan.json" 'p.apiKey')")
+    grep -q '^  api-keys:' "$router_config" && auth=(-H "Authorization: Bearer $plan_api_key")
     model="$(curl -sS --cacert "$out/ca.crt" "${auth[@]}" "$url/models" |
       node -e 'let t = ""; process.stdin.on("data", (d) => t += d).on("end", () =>
         console.log(JSON.parse(t).data[0].id))' 2>/dev/null)"

@@ -31,6 +31,12 @@ int RunHealth(const HealthOptions& o) {
     Authenticate(o.client, context);
     context.set_deadline(std::chrono::system_clock::now() +
                          std::chrono::milliseconds(o.timeout_ms));
+    // While there is time to ask again, a check waits for the connection (up to its deadline):
+    // a call that waits drives the channel's connection attempts, so a server that starts
+    // listening is seen at once. The last check fails fast, so that it says why.
+    const bool last =
+        std::chrono::steady_clock::now() + std::chrono::milliseconds(o.timeout_ms) >= until;
+    context.set_wait_for_ready(!last);
     grpc::health::v1::HealthCheckRequest request;
     request.set_service(o.service);
     grpc::health::v1::HealthCheckResponse response;
