@@ -1,6 +1,8 @@
 #include "baton/kvstore/prefill_placement.h"
 
 #include <algorithm>
+#include <array>
+#include <cmath>
 #include <numeric>
 
 namespace baton::kvstore {
@@ -57,6 +59,66 @@ int64_t RouterSlotShare(int64_t slots, int64_t routers) {
 
 double QueueAhead(double own_ms, double reported_ms, double own_at_report_ms) {
   return own_ms + std::max(0.0, reported_ms - own_at_report_ms);
+}
+
+double RateEvidence(uint32_t samples, double idle_ms) {
+  const double whole = samples == 0 ? 1.0 : std::min(1.0, samples / kFullEvidenceSamples);
+  return whole * std::exp2(-std::max(0.0, idle_ms) / kEvidenceHalfLifeMs);
+}
+
+namespace {
+
+// The four rates a node measures, in PooledRates' order.
+std::array<double*, 4> Measured(PrefillRates& r) {
+  return {&r.compute_ms_per_gflop, &r.local_ms_per_mib, &r.store_ms_per_mib, &r.fixed_ms};
+}
+bool IsMeasured(double rate) {
+  return rate > 0 && std::isfinite(rate);
+}
+
+}  // namespace
+
+void PooledRates::Add(const PrefillRates& rates, double evidence) {
+  PrefillRates r = rates;
+  const std::array<double*, 4> values = Measured(r);
+  // A node whose evidence has all aged away still counts a little: the pool is then the plain
+  // mean of what the nodes measured, not the prior.
+  const double weight = std::max(evidence, 1e-6);
+  for (size_t i = 0; i < values.size(); ++i) {
+    if (!IsMeasured(*values[i])) continue;
+    log_sum_[i] += weight * std::log(*values[i]);
+    weight_[i] += weight;
+    low_[i] = std::min(low_[i], *values[i]);
+    high_[i] = std::max(high_[i], *values[i]);
+  }
+}
+
+PrefillRates PooledRates::Pooled(const PrefillRates& fallback) const {
+  PrefillRates pooled = fallback;
+  const std::array<double*, 4> values = Measured(pooled);
+  for (size_t i = 0; i < values.size(); ++i) {
+    // Nodes that all measured one value pool to exactly it (exp of its log may differ in the
+    // last bit, and nodes priced a bit apart would break their ties by it).
+    if (weight_[i] > 0)
+      *values[i] = low_[i] == high_[i] ? low_[i] : std::exp(log_sum_[i] / weight_[i]);
+  }
+  return pooled;
+}
+
+PrefillRates CredibleRates(const PrefillRates& own, double evidence, const PrefillRates& pooled) {
+  PrefillRates credible = own;
+  PrefillRates pool = pooled;
+  const std::array<double*, 4> values = Measured(credible);
+  const std::array<double*, 4> pool_values = Measured(pool);
+  const double e = std::clamp(evidence, 0.0, 1.0);
+  for (size_t i = 0; i < values.size(); ++i) {
+    if (!IsMeasured(*values[i])) {
+      *values[i] = *pool_values[i];
+    } else if (e < 1 && IsMeasured(*pool_values[i]) && *values[i] != *pool_values[i]) {
+      *values[i] = std::exp(e * std::log(*values[i]) + (1 - e) * std::log(*pool_values[i]));
+    }
+  }
+  return credible;
 }
 
 void OwnPrefills::Took(double predicted_ms, double now_ms) {

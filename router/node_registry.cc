@@ -423,7 +423,7 @@ void NodeRegistry::UpdateLocked(const std::string& identity, const std::string& 
     node->pairing_key = PairingKey(request);
     node->id_hash = ChainHolders::IdHash(request.node_id());
     node->producers_only = request.held_layers() == v1::HELD_LAYERS_PRODUCERS;
-    node->NoteLoad(request.load());
+    node->NoteLoad(request.load(), NowMs());
     node->draining = request.draining();
     log::Info("node registered",
               {{"node", request.node_id()},
@@ -432,7 +432,7 @@ void NodeRegistry::UpdateLocked(const std::string& identity, const std::string& 
                {"message", absl::StrCat("node ", request.node_id(), " registered")}});
   } else {
     *node->info.mutable_load() = request.load();
-    node->NoteLoad(request.load());
+    node->NoteLoad(request.load(), NowMs());
     node->pending_at_report_ms = node->prefills.Ahead(NowMs()) + node->ended_since_report_ms;
     node->ended_since_report_ms = 0;
     node->info.set_weight_bytes(request.weight_bytes());
@@ -590,8 +590,12 @@ NodeLease NodeRegistry::Pick(v1::NodeRole role, const std::vector<std::string>& 
   return NodeLease(this, candidates[chosen]);
 }
 
-void RegisteredNode::NoteLoad(const v1::LoadReport& load) {
+void RegisteredNode::NoteLoad(const v1::LoadReport& load, double now_ms) {
   const v1::PrefillRates& r = load.rates();
+  // Its rates are fresh while it measures prefills or has work to: a node busy with one long
+  // prefill measures nothing new until it ends, and is not idle.
+  const bool fresh = reported.measured_at_ms == 0 || r.samples() != reported.samples ||
+                     load.prefill_work_ms() > 0 || load.queued_requests() > 0;
   reported = {.rates = {.compute_ms_per_gflop = r.compute_ms_per_gflop(),
                         .local_ms_per_mib = r.local_ms_per_mib(),
                         .store_ms_per_mib = r.store_ms_per_mib(),
@@ -599,7 +603,9 @@ void RegisteredNode::NoteLoad(const v1::LoadReport& load) {
               .prefill_work_ms = load.prefill_work_ms(),
               .queued_requests = load.queued_requests(),
               .routers = load.routers(),
-              .replay_ms_per_gflop = load.decode_rates().replay_ms_per_gflop()};
+              .replay_ms_per_gflop = load.decode_rates().replay_ms_per_gflop(),
+              .samples = r.samples(),
+              .measured_at_ms = fresh ? now_ms : reported.measured_at_ms};
 }
 
 uint32_t NodeRegistry::Roster::Intern(const std::string& text) {
@@ -626,28 +632,6 @@ const NodeRegistry::Roster& NodeRegistry::RosterLocked() const {
   roster_.version = roster_version_;
   return roster_;
 }
-
-namespace {
-
-// Each rate a candidate has not measured yet: the mean of the live nodes that have it (`sums`
-// and `counts` of compute, local, store and fixed), else the cost model's prior.
-void FillUnmeasuredRates(const double (&sums)[4], const int (&counts)[4],
-                         std::vector<NodeRegistry::PrefillCandidate>& open) {
-  const kvstore::PrefillRates defaults = kvstore::DefaultPrefillRates();
-  const double fallback[4] = {defaults.compute_ms_per_gflop, defaults.local_ms_per_mib,
-                              defaults.store_ms_per_mib, defaults.fixed_ms};
-  for (NodeRegistry::PrefillCandidate& candidate : open) {
-    kvstore::PrefillRates& r = candidate.rates;
-    double* values[4] = {&r.compute_ms_per_gflop, &r.local_ms_per_mib, &r.store_ms_per_mib,
-                         &r.fixed_ms};
-    for (int i = 0; i < 4; ++i) {
-      if (*values[i] > 0 && std::isfinite(*values[i])) continue;
-      *values[i] = counts[i] > 0 ? sums[i] / counts[i] : fallback[i];
-    }
-  }
-}
-
-}  // namespace
 
 NodeRegistry::PrefillChoice NodeRegistry::ChoosePrefill(size_t model,
                                                         const std::string& fingerprint,
@@ -684,11 +668,13 @@ NodeRegistry::PrefillChoice NodeRegistry::ChoosePrefill(size_t model,
     wanted = it == roster.interned.end() ? ~uint32_t{0} : it->second;
   }
   PrefillChoice choice;
-  // A node that has measured nothing yet (just started) is priced like its peers: each rate
-  // it lacks is the mean of the live nodes that have it (the cost model's priors only when
-  // none has). One pass over the nodes gathers both.
-  double sums[4] = {0, 0, 0, 0};
-  int counts[4] = {0, 0, 0, 0};
+  // Each node is priced at its own rates as far as its evidence goes (kvstore::RateEvidence:
+  // how many prefills they measured, and how long ago), and at its live peers' for the rest: a
+  // node that has measured nothing yet (just started) is priced like its peers, and one that
+  // got no work for a while drifts back to them (the cost model's priors only when no node has
+  // measured a rate). One pass over the nodes gathers both.
+  kvstore::PooledRates pool;
+  std::vector<double> evidence;
   const std::vector<RosterEntry>& prefill = roster.prefill;
   for (size_t i = 0; i < prefill.size(); ++i) {
     // The nodes lie apart in memory: the next few are fetched while this one is read.
@@ -696,20 +682,17 @@ NodeRegistry::PrefillChoice NodeRegistry::ChoosePrefill(size_t model,
       const char* ahead = reinterpret_cast<const char*>(prefill[i + 4].node.get());
       __builtin_prefetch(ahead);
       __builtin_prefetch(ahead + 64);
-      __builtin_prefetch(ahead + 127);  // its first fields span 120 bytes, aligned or not
+      __builtin_prefetch(ahead + 128);
+      __builtin_prefetch(ahead + 151);  // its first fields span 152 bytes, aligned or not
     }
     const RosterEntry& entry = prefill[i];
     const RegisteredNode& node = *entry.node;
     if (node.model != model || !Live(node, now)) continue;
     const kvstore::PrefillRates& r = node.reported.rates;
-    const double values[4] = {r.compute_ms_per_gflop, r.local_ms_per_mib, r.store_ms_per_mib,
-                              r.fixed_ms};
-    for (int i = 0; i < 4; ++i) {
-      if (values[i] > 0 && std::isfinite(values[i])) {
-        sums[i] += values[i];
-        ++counts[i];
-      }
-    }
+    // This router's own prefills there are work the node's next report will measure.
+    const double idle_ms = node.prefills.count > 0 ? 0 : now_ms - node.reported.measured_at_ms;
+    const double node_evidence = kvstore::RateEvidence(node.reported.samples, idle_ms);
+    pool.Add(r, node_evidence);
     if (node.draining || (wanted.has_value() && entry.fingerprint != *wanted) ||
         !decodable[entry.pairing] || Contains(exclude, node.id())) {
       continue;
@@ -724,8 +707,12 @@ NodeRegistry::PrefillChoice NodeRegistry::ChoosePrefill(size_t model,
          .reported_queued = node.reported.queued_requests,
          .rates = r,
          .replay_ms_per_gflop = node.producers_only ? decode_replay_ms_per_gflop : 0});
+    evidence.push_back(node_evidence);
   }
-  FillUnmeasuredRates(sums, counts, choice.open);
+  const kvstore::PrefillRates pooled = pool.Pooled(kvstore::DefaultPrefillRates());
+  for (size_t i = 0; i < choice.open.size(); ++i) {
+    choice.open[i].rates = kvstore::CredibleRates(choice.open[i].rates, evidence[i], pooled);
+  }
   return choice;
 }
 

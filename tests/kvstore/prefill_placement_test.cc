@@ -1,6 +1,6 @@
 // kvstore/prefill_placement.h on its own: the load order and its ties, each policy's rank, the
-// runner-up, what a node's cache keeps of a hit, and the two rules by which routers that share
-// nodes agree.
+// runner-up, what a node's cache keeps of a hit, the two rules by which routers that share
+// nodes agree, and how far a node's own measured rates price it.
 #include "baton/kvstore/prefill_placement.h"
 
 #include <vector>
@@ -125,6 +125,64 @@ TEST_F(PrefillPlacementTest, OwnPrefillsDrainAsTheNodeRunsThem) {
   own.Ended(100, 6000);
   EXPECT_DOUBLE_EQ(own.Ahead(6000), 0);
   EXPECT_DOUBLE_EQ(own.pending_ms, 0);
+}
+
+// How far a node's own rates price it: whole after kFullEvidenceSamples prefills (0 samples with
+// rates: a node that does not count them), and half as far for every half-life without work.
+TEST_F(PrefillPlacementTest, RateEvidenceGrowsWithSamplesAndHalvesWhileANodeHasNoWork) {
+  EXPECT_DOUBLE_EQ(RateEvidence(5, 0), 5 / kFullEvidenceSamples);
+  EXPECT_DOUBLE_EQ(RateEvidence(20, 0), 1);
+  EXPECT_DOUBLE_EQ(RateEvidence(400, 0), 1);
+  EXPECT_DOUBLE_EQ(RateEvidence(0, 0), 1);
+  EXPECT_DOUBLE_EQ(RateEvidence(20, kEvidenceHalfLifeMs), 0.5);
+  EXPECT_DOUBLE_EQ(RateEvidence(10, 2 * kEvidenceHalfLifeMs), 0.125);
+  EXPECT_DOUBLE_EQ(RateEvidence(20, -100), 1);  // a clock read out of order is no age
+}
+
+// The pool is a geometric mean weighted by evidence; a node is priced between its own rates and
+// the pool's by its evidence, and at the pool's for a rate it has not measured.
+TEST_F(PrefillPlacementTest, CredibleRatesLieBetweenANodesOwnAndItsPeersByItsEvidence) {
+  const PrefillRates fallback = DefaultPrefillRates();
+  EXPECT_DOUBLE_EQ(PooledRates().Pooled(fallback).fixed_ms, fallback.fixed_ms);
+  PooledRates pool;
+  pool.Add({.compute_ms_per_gflop = 10, .fixed_ms = 20}, 1);
+  pool.Add({.compute_ms_per_gflop = 1000, .fixed_ms = 0}, 1);   // fixed not measured
+  pool.Add({.compute_ms_per_gflop = 1e9, .fixed_ms = 1e9}, 0);  // aged away: a whisper
+  const PrefillRates pooled = pool.Pooled(fallback);
+  EXPECT_NEAR(pooled.compute_ms_per_gflop, 100, 0.01);  // sqrt(10 x 1000), not 505
+  EXPECT_NEAR(pooled.fixed_ms, 20, 0.01);
+  EXPECT_DOUBLE_EQ(pooled.local_ms_per_mib, fallback.local_ms_per_mib);  // none measured
+  // A lone node whose evidence has aged away is still priced at what it measured.
+  PooledRates alone;
+  alone.Add({.compute_ms_per_gflop = 40}, 0);
+  EXPECT_NEAR(alone.Pooled(fallback).compute_ms_per_gflop, 40, 1e-9);
+  // Nodes that measured one value are priced at exactly it, whatever their evidence: a price a
+  // bit apart would break their ties (least loaded first) differently.
+  PooledRates same;
+  for (const double evidence : {1.0, 0.3, 0.05})
+    same.Add({.compute_ms_per_gflop = 0.1 * 3}, evidence);
+  const PrefillRates same_pooled = same.Pooled(fallback);
+  EXPECT_EQ(same_pooled.compute_ms_per_gflop, 0.1 * 3);
+  EXPECT_EQ(CredibleRates({.compute_ms_per_gflop = 0.1 * 3}, 0.3, same_pooled).compute_ms_per_gflop,
+            0.1 * 3);
+
+  const PrefillRates own{.compute_ms_per_gflop = 400, .fixed_ms = 180, .replay_ms_per_gflop = 7};
+  const PrefillRates whole = CredibleRates(own, 1, pooled);
+  EXPECT_DOUBLE_EQ(whole.compute_ms_per_gflop, 400);
+  EXPECT_DOUBLE_EQ(whole.fixed_ms, 180);
+  EXPECT_NEAR(whole.store_ms_per_mib, pooled.store_ms_per_mib, 1e-9);  // not measured here
+  EXPECT_DOUBLE_EQ(whole.replay_ms_per_gflop, 7);
+  const PrefillRates half = CredibleRates(own, 0.5, pooled);
+  EXPECT_NEAR(half.compute_ms_per_gflop, 200, 0.01);  // sqrt(400 x 100)
+  EXPECT_NEAR(half.fixed_ms, 60, 0.01);               // sqrt(180 x 20)
+  const PrefillRates none = CredibleRates(own, 0, pooled);
+  EXPECT_NEAR(none.compute_ms_per_gflop, 100, 0.01);
+  EXPECT_NEAR(none.fixed_ms, 20, 0.01);
+  // Less evidence, nearer the pool, from either side.
+  EXPECT_LT(CredibleRates(own, 0.2, pooled).fixed_ms, CredibleRates(own, 0.6, pooled).fixed_ms);
+  const PrefillRates fast{.compute_ms_per_gflop = 25};
+  EXPECT_GT(CredibleRates(fast, 0.2, pooled).compute_ms_per_gflop,
+            CredibleRates(fast, 0.6, pooled).compute_ms_per_gflop);
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include "baton/router/node_registry.h"
 
 #include <chrono>
+#include <cmath>
 #include <functional>
 #include <limits>
 #include <map>
@@ -442,8 +443,9 @@ TEST_F(NodeRegistryTest, ReplayOnDecodeIsPricedAtTheDecodeNodesReportedRate) {
 
 // A prefill choice takes the live prefill nodes a live decode node pairs with (the same
 // weights), of the fingerprint asked for and not excluded, and prices a rate a node has not
-// measured at the mean of its live peers' (the cost model's prior when none has one); a node
-// that registers again with other weights is a new node and is chosen by its new ones.
+// measured at the (geometric) mean of its live peers' (the cost model's prior when none has
+// one); a node that registers again with other weights is a new node and is chosen by its new
+// ones. (These nodes report no sample count: their rates are taken whole.)
 TEST_F(NodeRegistryTest, AChoiceTakesPairedNodesAndFillsUnmeasuredRatesFromPeers) {
   v1::RegisterRequest decode = Registration("d1");
   decode.set_role(v1::NODE_ROLE_DECODE);
@@ -466,11 +468,18 @@ TEST_F(NodeRegistryTest, AChoiceTakesPairedNodesAndFillsUnmeasuredRatesFromPeers
     return compute;
   };
   // p4 is unpaired, but it is live and measured: its rate counts in the peers' mean.
-  const double mean = (10 + 30 + 50) / 3.0;
-  EXPECT_EQ(ids(Registry().ChoosePrefill(0, "", {}, {}, 2)),
-            (std::map<std::string, double>{{"p1", 10}, {"p2", 30}, {"p3", mean}}));
-  EXPECT_EQ(ids(Registry().ChoosePrefill(0, "", {"p2"}, {}, 2)),
-            (std::map<std::string, double>{{"p1", 10}, {"p3", mean}}));
+  const double mean = std::cbrt(10.0 * 30 * 50);
+  auto near = [](std::map<std::string, double> got, std::map<std::string, double> want) {
+    if (got.size() != want.size()) return false;
+    for (const auto& [id, rate] : want) {
+      if (!got.contains(id) || std::abs(got[id] - rate) > 1e-9 * rate) return false;
+    }
+    return true;
+  };
+  EXPECT_TRUE(near(ids(Registry().ChoosePrefill(0, "", {}, {}, 2)),
+                   {{"p1", 10}, {"p2", 30}, {"p3", mean}}));
+  EXPECT_TRUE(
+      near(ids(Registry().ChoosePrefill(0, "", {"p2"}, {}, 2)), {{"p1", 10}, {"p3", mean}}));
   EXPECT_TRUE(Registry().ChoosePrefill(0, "weights-b", {}, {}, 2).open.empty());
   EXPECT_TRUE(Registry().ChoosePrefill(0, "weights-c", {}, {}, 2).open.empty());
   // A decode node of weights-b: p4 pairs, and is chosen when its fingerprint is asked for.
@@ -496,6 +505,68 @@ TEST_F(NodeRegistryTest, AChoiceTakesPairedNodesAndFillsUnmeasuredRatesFromPeers
                    kvstore::DefaultPrefillRates().compute_ms_per_gflop);
   EXPECT_DOUBLE_EQ(unmeasured.open[0].rates.store_ms_per_mib,
                    kvstore::DefaultPrefillRates().store_ms_per_mib);
+}
+
+// A node's own rates price it as far as its evidence goes (kvstore::RateEvidence): a node with
+// few prefills measured is priced near its peers, and one that has had no work for a while
+// drifts back to them, so that a node priced high on a few slow prefills gets work to measure
+// again instead of being starved; work it reports, or this router's prefill there, keeps its
+// rates fresh.
+TEST_F(NodeRegistryTest, ANodeIsPricedAtItsOwnRatesAsFarAsItsEvidenceGoes) {
+  v1::RegisterRequest decode = Registration("d1");
+  decode.set_role(v1::NODE_ROLE_DECODE);
+  ASSERT_TRUE(Registry().RegisterFrom("spiffe://baton/decode", decode).ok());
+  auto beat = [&](const std::string& id, double fixed_ms, uint32_t samples, double work_ms = 0) {
+    v1::RegisterRequest request = Registration(id);
+    request.mutable_load()->mutable_rates()->set_fixed_ms(fixed_ms);
+    request.mutable_load()->mutable_rates()->set_samples(samples);
+    request.mutable_load()->set_prefill_work_ms(work_ms);
+    return Registry().RegisterFrom(kPrefillRole, request);
+  };
+  auto fixed = [&] {
+    std::map<std::string, double> out;
+    for (const auto& candidate : Registry().ChoosePrefill(0, "", {}, {}, 2).open) {
+      out[candidate.node->id()] = candidate.rates.fixed_ms;
+    }
+    return out;
+  };
+  ASSERT_TRUE(beat("fast", 20, 40).ok());
+  ASSERT_TRUE(beat("slow", 180, 5).ok());  // a quarter of the evidence
+  // The pool weighs them 1 and 1/4; "slow" is a quarter its own, three quarters the pool's.
+  const double pool = std::exp((std::log(20.0) + 0.25 * std::log(180.0)) / 1.25);
+  std::map<std::string, double> priced = fixed();
+  EXPECT_NEAR(priced["fast"], 20, 1e-9);
+  EXPECT_NEAR(priced["slow"], std::exp(0.25 * std::log(180.0) + 0.75 * std::log(pool)), 1e-6);
+  EXPECT_LT(priced["slow"], 60);
+  // Twenty prefills measured: its own rate, whatever its peers'.
+  ASSERT_TRUE(beat("slow", 180, 20).ok());
+  EXPECT_NEAR(fixed()["slow"], 180, 1e-9);
+  // Both keep reporting, but "slow" measures nothing new: after two half-lives it is a quarter
+  // its own. "fast" measured a prefill each beat and stays whole.
+  for (int beats = 0; beats < 20; ++beats) {
+    now_ms_ += kvstore::kEvidenceHalfLifeMs / 10;
+    ASSERT_TRUE(beat("fast", 20, 41 + beats).ok());
+    ASSERT_TRUE(beat("slow", 180, 20).ok());
+  }
+  const double aged_pool = std::exp((std::log(20.0) + 0.25 * std::log(180.0)) / 1.25);
+  priced = fixed();
+  EXPECT_NEAR(priced["fast"], 20, 1e-9);
+  EXPECT_NEAR(priced["slow"], std::exp(0.25 * std::log(180.0) + 0.75 * std::log(aged_pool)), 1e-6);
+  // Work it reports (a long prefill that has not ended) is not idleness: whole again.
+  ASSERT_TRUE(beat("slow", 180, 20, 900).ok());
+  EXPECT_NEAR(fixed()["slow"], 180, 1e-9);
+  // Idle again, then this router sends it a prefill: fresh while that prefill is in flight.
+  now_ms_ += 2 * kvstore::kEvidenceHalfLifeMs;
+  ASSERT_TRUE(beat("slow", 180, 20).ok());
+  EXPECT_LT(fixed()["slow"], 90);
+  const NodeRegistry::PrefillChoice choice = Registry().ChoosePrefill(0, "", {}, {}, 2);
+  for (const auto& candidate : choice.open) {
+    if (candidate.node->id() == "slow") {
+      NodeLease lease = Registry().TakePrefillSlot(candidate.node, 100);
+      EXPECT_NEAR(fixed()["slow"], 180, 1e-9);
+      Registry().PrefillDone(*candidate.node, 100);
+    }
+  }
 }
 
 }  // namespace

@@ -17,6 +17,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <span>
 #include <vector>
 
@@ -74,6 +75,39 @@ int64_t RouterSlotShare(int64_t slots, int64_t routers);
 // prefill_work_ms) beyond what this router had there at that report (`own_at_report_ms`): the
 // other routers' prefills.
 double QueueAhead(double own_ms, double reported_ms, double own_at_report_ms);
+
+// How far a router trusts a prefill node's own measured rates against its peers': its
+// evidence, from 0 (its peers' rates price it) to 1 (its own do). A node's rates are decayed
+// means over about its last kFullEvidenceSamples prefills (prefill_service.cc), so that many
+// make them whole, and 0 samples with rates is a node that does not count them (taken whole).
+// And they age: what a node measured is trusted half as much for every kEvidenceHalfLifeMs it
+// has had no prefill to measure (`idle_ms`). A node priced high on a few slow prefills (its
+// first contacts with decode nodes, or prefills run while a busier peer shared its cores) would
+// otherwise get no work to correct them with, and stay starved while its peers queue.
+inline constexpr double kFullEvidenceSamples = 20;
+inline constexpr double kEvidenceHalfLifeMs = 5000;
+double RateEvidence(uint32_t samples, double idle_ms);
+
+// The peers' rates: each node's measured rates (0: not measured, left out) weighted by its
+// evidence, as a geometric mean per rate (a rate is a factor: one peer ten times slower must
+// not make the others look slow); a rate no node measured is `fallback`'s.
+class PooledRates {
+ public:
+  void Add(const PrefillRates& rates, double evidence);
+  PrefillRates Pooled(const PrefillRates& fallback) const;
+
+ private:
+  static constexpr double kInf = std::numeric_limits<double>::infinity();
+  double log_sum_[4] = {0, 0, 0, 0};
+  double weight_[4] = {0, 0, 0, 0};
+  double low_[4] = {kInf, kInf, kInf, kInf};  // the least and the most measured
+  double high_[4] = {0, 0, 0, 0};
+};
+
+// The rates that price a node: each rate it measured blended with the pooled one by its
+// evidence, geometrically (evidence 1: its own; 0: the pool's); one it has not measured is the
+// pooled one. replay_ms_per_gflop is the node's own (the decode nodes' rate, not this node's).
+PrefillRates CredibleRates(const PrefillRates& own, double evidence, const PrefillRates& pooled);
 
 // A router's own prefills in flight on one prefill node, and the work they leave ahead of a
 // new one (`own_ms` above). The node computes its prefills one at a time in arrival order, so

@@ -75,8 +75,13 @@ struct RegisteredNode {
     int64_t queued_requests = 0;
     int64_t routers = 0;
     double replay_ms_per_gflop = 0;  // a decode node's DecodeRates.replay_ms_per_gflop
+    uint32_t samples = 0;            // PrefillRates.samples: prefills its rates measured
+    // When (the registry's NowMs) the node last measured a prefill or reported work: how old
+    // its rates are (kvstore::RateEvidence's idle time runs from here).
+    double measured_at_ms = 0;
   };
-  void NoteLoad(const v1::LoadReport& load);
+  // Copies what `load` reports into `reported`, at `now_ms` on the registry's clock.
+  void NoteLoad(const v1::LoadReport& load, double now_ms);
 
   // The fields a prefill choice reads come first, together.
   std::chrono::steady_clock::time_point last_seen;  // the epoch once marked down
@@ -205,8 +210,9 @@ class NodeRegistry {
     int64_t prefilling = 0;
     double pending_ms = 0;
     int64_t reported_queued = 0;  // the node's last heartbeat's queued_requests
-    // Its measured rates, each it lacks the mean of the live prefill nodes that have it (the
-    // cost model's defaults when none has); replay_ms_per_gflop is left 0 here.
+    // The rates that price it (kvstore::CredibleRates): its measured ones as far as its
+    // evidence goes, the live prefill nodes' pooled ones for the rest and for each it lacks (the
+    // cost model's defaults when none has measured it); replay_ms_per_gflop is left 0 here.
     kvstore::PrefillRates rates;
     // A node holding the producers only (replay-on-decode): its requests' replay runs on the
     // decode node, at the mean rate the live decode nodes reported (0: none has, or replay
