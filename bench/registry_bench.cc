@@ -14,6 +14,7 @@
 //
 //   baton_registry_bench [--nodes 50,200,1000] [--seconds 5] [--heartbeats-per-s 2]
 //                        [--requests-per-s 50] [--blocks-per-node 4096] [--events-per-batch 16]
+#include <malloc.h>
 #include <time.h>
 
 #include <algorithm>
@@ -194,7 +195,8 @@ nlohmann::json RunOne(int64_t nodes, const Options& o) {
       ask.tiers = [&](const router::RegisteredNode& node) {
         return kvstore::TierLookups{
             .local = per_node ? registry.cache_index().Lookup(node.id(), chain)
-                              : local.On(registry.cache_index(), chain, node.id(), node.id_hash)};
+                              : local.On(registry.cache_index(), chain, node.id_hash,
+                                         [&]() -> const std::string& { return node.id(); })};
       };
       grpc::ServerContext context;
       router::StreamHold hold;
@@ -232,6 +234,11 @@ nlohmann::json RunOne(int64_t nodes, const Options& o) {
 }  // namespace
 
 int main(int argc, char** argv) {
+#if defined(__GLIBC__)
+  // malloc as baton-router sets it (router/main.cc), so that what admission allocates is served
+  // as it is there.
+  mallopt(M_MMAP_THRESHOLD, 256 * 1024);
+#endif
   Options o;
   CLI::App app{"The router's registry and admission with many nodes, in process"};
   app.add_option("--nodes", o.nodes, "Prefill node counts, comma-separated (default 50,200,1000)");

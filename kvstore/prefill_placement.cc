@@ -63,12 +63,13 @@ double QueueAhead(double own_ms, double reported_ms, double own_at_report_ms) {
 
 double RateEvidence(uint32_t samples, double idle_ms) {
   const double whole = samples == 0 ? 1.0 : std::min(1.0, samples / kFullEvidenceSamples);
-  return whole * std::exp2(-std::max(0.0, idle_ms) / kEvidenceHalfLifeMs);
+  // A node with work is not idle (no exp2 for it: this runs for every node on every choice).
+  return idle_ms <= 0 ? whole : whole * std::exp2(-idle_ms / kEvidenceHalfLifeMs);
 }
 
 namespace {
 
-// The four rates a node measures, in PooledRates' order.
+// The four rates a node measures, in RateLogs' order.
 std::array<double*, 4> Measured(PrefillRates& r) {
   return {&r.compute_ms_per_gflop, &r.local_ms_per_mib, &r.store_ms_per_mib, &r.fixed_ms};
 }
@@ -78,7 +79,17 @@ bool IsMeasured(double rate) {
 
 }  // namespace
 
-void PooledRates::Add(const PrefillRates& rates, double evidence) {
+RateLogs LogsOf(const PrefillRates& rates) {
+  PrefillRates r = rates;
+  const std::array<double*, 4> values = Measured(r);
+  RateLogs logs;
+  for (size_t i = 0; i < values.size(); ++i) {
+    logs[i] = IsMeasured(*values[i]) ? std::log(*values[i]) : std::nan("");
+  }
+  return logs;
+}
+
+void PooledRates::Add(const PrefillRates& rates, const RateLogs& logs, double evidence) {
   PrefillRates r = rates;
   const std::array<double*, 4> values = Measured(r);
   // A node whose evidence has all aged away still counts a little: the pool is then the plain
@@ -86,7 +97,7 @@ void PooledRates::Add(const PrefillRates& rates, double evidence) {
   const double weight = std::max(evidence, 1e-6);
   for (size_t i = 0; i < values.size(); ++i) {
     if (!IsMeasured(*values[i])) continue;
-    log_sum_[i] += weight * std::log(*values[i]);
+    log_sum_[i] += weight * logs[i];
     weight_[i] += weight;
     low_[i] = std::min(low_[i], *values[i]);
     high_[i] = std::max(high_[i], *values[i]);
@@ -105,7 +116,8 @@ PrefillRates PooledRates::Pooled(const PrefillRates& fallback) const {
   return pooled;
 }
 
-PrefillRates CredibleRates(const PrefillRates& own, double evidence, const PrefillRates& pooled) {
+PrefillRates CredibleRates(const PrefillRates& own, const RateLogs& own_logs, double evidence,
+                           const PrefillRates& pooled, const RateLogs& pooled_logs) {
   PrefillRates credible = own;
   PrefillRates pool = pooled;
   const std::array<double*, 4> values = Measured(credible);
@@ -115,7 +127,7 @@ PrefillRates CredibleRates(const PrefillRates& own, double evidence, const Prefi
     if (!IsMeasured(*values[i])) {
       *values[i] = *pool_values[i];
     } else if (e < 1 && IsMeasured(*pool_values[i]) && *values[i] != *pool_values[i]) {
-      *values[i] = std::exp(e * std::log(*values[i]) + (1 - e) * std::log(*pool_values[i]));
+      *values[i] = std::exp(e * own_logs[i] + (1 - e) * pooled_logs[i]);
     }
   }
   return credible;

@@ -425,7 +425,8 @@ uint64_t CacheIndex::resyncs() const {
 }
 
 kvstore::ChainLookup ChainHolders::On(const CacheIndex& index, std::span<const Sha256Digest> chain,
-                                      const std::string& node_id, size_t id_hash) {
+                                      size_t id_hash,
+                                      absl::FunctionRef<const std::string&()> node_id) {
   // The version is read before the walk: a batch applied during it makes the next call walk
   // again.
   if (const uint64_t version = index.version(); version_ != version) {
@@ -436,7 +437,7 @@ kvstore::ChainLookup ChainHolders::On(const CacheIndex& index, std::span<const S
     std::sort(held_hashes_.begin(), held_hashes_.end());
   }
   if (!std::binary_search(held_hashes_.begin(), held_hashes_.end(), id_hash)) return {};
-  auto it = held_.find(node_id);
+  auto it = held_.find(node_id());
   return it == held_.end() ? kvstore::ChainLookup{} : it->second;
 }
 

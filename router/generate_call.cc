@@ -323,15 +323,22 @@ kvstore::HitPolicyInput GenerateCall::HitInput() const {
 kvstore::TierLookups GenerateCall::TiersOn(const RegisteredNode& node) {
   // A placement asks this of every open node, nearly all of one fingerprint: the last view
   // found is asked first.
-  const std::string& fingerprint = node.info.model_fingerprint();
-  if (last_view_ == nullptr || last_view_->first != fingerprint) {
-    ViewFor(fingerprint, /*look_up_store=*/false);
-    last_view_ = &*views_.find(fingerprint);
+  // Registered nodes of one fingerprint share its string (RegisteredNode::fingerprint): the
+  // same one as the last node's is the same view, without reading the string.
+  const std::string& fingerprint =
+      node.fingerprint != nullptr ? *node.fingerprint : node.info.model_fingerprint();
+  if (last_view_ == nullptr || node.fingerprint == nullptr ||
+      last_fingerprint_ != node.fingerprint) {
+    if (last_view_ == nullptr || last_view_->first != fingerprint) {
+      ViewFor(fingerprint, /*look_up_store=*/false);
+      last_view_ = &*views_.find(fingerprint);
+    }
+    last_fingerprint_ = node.fingerprint;
   }
   PrefixView& view = last_view_->second;
-  return {
-      .local = view.local.On(router_.registry.cache_index(), view.keys, node.id(), node.id_hash),
-      .store = view.store};
+  return {.local = view.local.On(router_.registry.cache_index(), view.keys, node.id_hash,
+                                 [&]() -> const std::string& { return node.id(); }),
+          .store = view.store};
 }
 
 kvstore::TieredHit GenerateCall::HitOn(const RegisteredNode& node) {

@@ -170,6 +170,8 @@ class GenerateCall {
   std::map<AttemptFailure, int> retries_;
   std::map<std::string, PrefixView> views_;  // by fingerprint
   std::pair<const std::string, PrefixView>* last_view_ = nullptr;  // TiersOn's last
+  // The registered fingerprint it was found for (held: a pointer is never reused meanwhile).
+  std::shared_ptr<const std::string> last_fingerprint_;
   std::optional<StoreSet> stores_;
   // The store nodes the prefill is sent when the lookup found some silent (ProbeOwners).
   std::optional<v1::StoreFleet> prefill_fleet_;

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <initializer_list>
+#include <memory_resource>
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
@@ -64,6 +65,35 @@ constexpr int kMaxFidelityTallies = 64;
 constexpr double kMaxTokensPerStep = 1024;
 // A decode node's steps' time over what its fits price them at (DecodeRates.step_stretch).
 constexpr double kMaxStepStretch = 1e4;
+
+// The memory registered nodes live in: one pool, so that they lie together. A prefill choice
+// reads the first lines of every node; scattered across a heap of cache indexes (half a GiB at
+// a thousand nodes), each would cost a TLB miss that the choice's prefetch cannot hide. Nodes
+// are freed by whichever thread drops the last hold on one, hence the lock.
+class NodeMemory final : public std::pmr::memory_resource {
+ public:
+  static std::pmr::memory_resource* Get() {
+    static NodeMemory* memory = new NodeMemory();  // nodes may outlive any registry
+    return memory;
+  }
+
+ private:
+  void* do_allocate(size_t bytes, size_t alignment) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return pool_.allocate(bytes, alignment);
+  }
+  void do_deallocate(void* p, size_t bytes, size_t alignment) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    pool_.deallocate(p, bytes, alignment);
+  }
+  bool do_is_equal(const std::pmr::memory_resource& other) const noexcept override {
+    return this == &other;
+  }
+
+  std::mutex mutex_;
+  std::pmr::unsynchronized_pool_resource pool_{
+      std::pmr::pool_options{.max_blocks_per_chunk = 256, .largest_required_pool_block = 8192}};
+};
 
 bool Contains(const std::vector<std::string>& ids, const std::string& id) {
   return std::find(ids.begin(), ids.end(), id) != ids.end();
@@ -406,9 +436,10 @@ void NodeRegistry::UpdateLocked(const std::string& identity, const std::string& 
       node->info.ucx_worker_address() != request.ucx_worker_address() ||
       node->info.held_layers() != request.held_layers() ||
       node->info.state_format_version() != request.state_format_version()) {
-    node = std::make_shared<RegisteredNode>();
+    node = std::allocate_shared<RegisteredNode>(
+        std::pmr::polymorphic_allocator<RegisteredNode>(NodeMemory::Get()));
     ++roster_version_;
-    node->model = model;
+    node->model = static_cast<uint32_t>(model);  // one of models_, a handful
     // The router sends prompts and state only to a server that proves the registered role.
     node->channel = security::InternalChannel(request.address(), *CertificateRole(request.role()));
     // A store node is connected to now: a prompt's probe has --lookup-timeout-ms (200 ms) for
@@ -422,6 +453,7 @@ void NodeRegistry::UpdateLocked(const std::string& identity, const std::string& 
     node->info.clear_cache_events();
     node->pairing_key = PairingKey(request);
     node->id_hash = ChainHolders::IdHash(request.node_id());
+    node->fingerprint = InternFingerprintLocked(request.model_fingerprint());
     node->producers_only = request.held_layers() == v1::HELD_LAYERS_PRODUCERS;
     node->NoteLoad(request.load(), NowMs());
     node->draining = request.draining();
@@ -602,10 +634,22 @@ void RegisteredNode::NoteLoad(const v1::LoadReport& load, double now_ms) {
                         .fixed_ms = r.fixed_ms()},
               .prefill_work_ms = load.prefill_work_ms(),
               .queued_requests = load.queued_requests(),
-              .routers = load.routers(),
               .replay_ms_per_gflop = load.decode_rates().replay_ms_per_gflop(),
+              .routers = load.routers(),
               .samples = r.samples(),
               .measured_at_ms = fresh ? now_ms : reported.measured_at_ms};
+  reported.rate_logs = kvstore::LogsOf(reported.rates);
+}
+
+std::shared_ptr<const std::string> NodeRegistry::InternFingerprintLocked(
+    const std::string& fingerprint) {
+  std::weak_ptr<const std::string>& slot = fingerprints_[fingerprint];
+  if (std::shared_ptr<const std::string> held = slot.lock()) return held;
+  auto made = std::make_shared<const std::string>(fingerprint);
+  slot = made;
+  // Those no node holds any more go as a new one comes: the map stays within the nodes' own.
+  std::erase_if(fingerprints_, [](const auto& entry) { return entry.second.expired(); });
+  return made;
 }
 
 uint32_t NodeRegistry::Roster::Intern(const std::string& text) {
@@ -652,7 +696,7 @@ NodeRegistry::PrefillChoice NodeRegistry::ChoosePrefill(size_t model,
   for (const RosterEntry& entry : roster.decode) {
     const RegisteredNode& node = *entry.node;
     if (!node.draining && node.model == model && Live(node, now) &&
-        !Contains(lost_decode, node.id())) {
+        (lost_decode.empty() || !Contains(lost_decode, node.id()))) {
       decodable[entry.pairing] = 1;
       if (const double rate = node.reported.replay_ms_per_gflop; rate > 0) {
         replay_sum += rate;
@@ -675,6 +719,7 @@ NodeRegistry::PrefillChoice NodeRegistry::ChoosePrefill(size_t model,
   // measured a rate). One pass over the nodes gathers both.
   kvstore::PooledRates pool;
   std::vector<double> evidence;
+  std::vector<const kvstore::RateLogs*> logs;  // the open nodes', held by `choice.open`'s nodes
   const std::vector<RosterEntry>& prefill = roster.prefill;
   for (size_t i = 0; i < prefill.size(); ++i) {
     // The nodes lie apart in memory: the next few are fetched while this one is read.
@@ -683,7 +728,7 @@ NodeRegistry::PrefillChoice NodeRegistry::ChoosePrefill(size_t model,
       __builtin_prefetch(ahead);
       __builtin_prefetch(ahead + 64);
       __builtin_prefetch(ahead + 128);
-      __builtin_prefetch(ahead + 151);  // its first fields span 152 bytes, aligned or not
+      __builtin_prefetch(ahead + 191);  // its first fields span 192 bytes, aligned or not
     }
     const RosterEntry& entry = prefill[i];
     const RegisteredNode& node = *entry.node;
@@ -692,9 +737,9 @@ NodeRegistry::PrefillChoice NodeRegistry::ChoosePrefill(size_t model,
     // This router's own prefills there are work the node's next report will measure.
     const double idle_ms = node.prefills.count > 0 ? 0 : now_ms - node.reported.measured_at_ms;
     const double node_evidence = kvstore::RateEvidence(node.reported.samples, idle_ms);
-    pool.Add(r, node_evidence);
+    pool.Add(r, node.reported.rate_logs, node_evidence);
     if (node.draining || (wanted.has_value() && entry.fingerprint != *wanted) ||
-        !decodable[entry.pairing] || Contains(exclude, node.id())) {
+        !decodable[entry.pairing] || (!exclude.empty() && Contains(exclude, node.id()))) {
       continue;
     }
     ++choice.live;
@@ -708,10 +753,13 @@ NodeRegistry::PrefillChoice NodeRegistry::ChoosePrefill(size_t model,
          .rates = r,
          .replay_ms_per_gflop = node.producers_only ? decode_replay_ms_per_gflop : 0});
     evidence.push_back(node_evidence);
+    logs.push_back(&node.reported.rate_logs);
   }
   const kvstore::PrefillRates pooled = pool.Pooled(kvstore::DefaultPrefillRates());
+  const kvstore::RateLogs pooled_logs = kvstore::LogsOf(pooled);
   for (size_t i = 0; i < choice.open.size(); ++i) {
-    choice.open[i].rates = kvstore::CredibleRates(choice.open[i].rates, evidence[i], pooled);
+    choice.open[i].rates =
+        kvstore::CredibleRates(choice.open[i].rates, *logs[i], evidence[i], pooled, pooled_logs);
   }
   return choice;
 }

@@ -215,6 +215,27 @@ TEST_F(CacheIndexTest, TheVersionChangesWithWhatIsHeld) {
   EXPECT_EQ(holders.On(index_, chain, "p").block_kv_blocks, 0);
 }
 
+// A node that holds nothing of the chain is answered from its id's hash: its id (a line of its
+// registration elsewhere in memory) is read only for a node the chain's walk found.
+TEST_F(CacheIndexTest, ChainHoldersReadANodesIdOnlyWhenItsHashIsAHolders) {
+  ASSERT_TRUE(Send("p", 0, {1, 2}, {}, /*snapshot=*/true));
+  ASSERT_TRUE(Send("q", 0, {7}, {}, /*snapshot=*/true));
+  const std::vector<Sha256Digest> chain = {Key(1), Key(2), Key(3)};
+  ChainHolders holders;
+  int reads = 0;
+  auto on = [&](const std::string& id) {
+    return holders.On(index_, chain, ChainHolders::IdHash(id), [&]() -> const std::string& {
+      ++reads;
+      return id;
+    });
+  };
+  EXPECT_EQ(on("q").block_kv_blocks, 0);
+  EXPECT_EQ(on("absent").block_kv_blocks, 0);
+  EXPECT_EQ(reads, 0);
+  EXPECT_EQ(on("p").block_kv_blocks, 2);
+  EXPECT_EQ(reads, 1);
+}
+
 // What the router placed on a node is indexed at once (Expect), and stays only as the node
 // confirms it: an expected block the node reports stored is kept past its deadline, one it
 // reports removed goes at once, one expected again has its time restarted, and the rest go at

@@ -569,5 +569,72 @@ TEST_F(NodeRegistryTest, ANodeIsPricedAtItsOwnRatesAsFarAsItsEvidenceGoes) {
   }
 }
 
+// The registry keeps each node's rates' logs from its heartbeat (the pool and the blend work in
+// them): a node's new rates price it from the heartbeat that brings them, exactly as
+// kvstore::CredibleRates prices those rates.
+TEST_F(NodeRegistryTest, ANodesNewRatesPriceItFromTheHeartbeatThatBringsThem) {
+  v1::RegisterRequest decode = Registration("d1");
+  decode.set_role(v1::NODE_ROLE_DECODE);
+  ASSERT_TRUE(Registry().RegisterFrom("spiffe://baton/decode", decode).ok());
+  auto beat = [&](const std::string& id, double compute, double fixed_ms, uint32_t samples) {
+    v1::RegisterRequest request = Registration(id);
+    request.mutable_load()->mutable_rates()->set_compute_ms_per_gflop(compute);
+    request.mutable_load()->mutable_rates()->set_fixed_ms(fixed_ms);
+    request.mutable_load()->mutable_rates()->set_samples(samples);
+    return Registry().RegisterFrom(kPrefillRole, request);
+  };
+  auto priced = [&](const std::string& id) {
+    for (const auto& candidate : Registry().ChoosePrefill(0, "", {}, {}, 2).open) {
+      if (candidate.node->id() == id) return candidate.rates;
+    }
+    ADD_FAILURE() << id << " is not open";
+    return kvstore::PrefillRates{};
+  };
+  ASSERT_TRUE(beat("a", 10, 20, 40).ok());
+  ASSERT_TRUE(beat("b", 30, 90, 10).ok());  // half its evidence
+  for (const auto& [compute, fixed_ms] : {std::pair{30.0, 90.0}, {5.0, 400.0}, {50.0, 35.0}}) {
+    ASSERT_TRUE(beat("b", compute, fixed_ms, 10).ok());
+    const kvstore::PrefillRates a = {.compute_ms_per_gflop = 10, .fixed_ms = 20};
+    const kvstore::PrefillRates b = {.compute_ms_per_gflop = compute, .fixed_ms = fixed_ms};
+    kvstore::PooledRates pool;
+    pool.Add(a, 1);
+    pool.Add(b, 0.5);
+    const kvstore::PrefillRates want =
+        kvstore::CredibleRates(b, 0.5, pool.Pooled(kvstore::DefaultPrefillRates()));
+    const kvstore::PrefillRates got = priced("b");
+    EXPECT_EQ(got.compute_ms_per_gflop, want.compute_ms_per_gflop) << compute;
+    EXPECT_EQ(got.fixed_ms, want.fixed_ms) << fixed_ms;
+    EXPECT_EQ(got.local_ms_per_mib, want.local_ms_per_mib);
+  }
+}
+
+// Nodes of one weights fingerprint share one copy of it (a placement tells a node's view by
+// the pointer, not by reading the string); a node that comes back with other weights takes
+// the other fingerprint's.
+TEST_F(NodeRegistryTest, NodesOfOneFingerprintShareOneCopyOfIt) {
+  auto node = [&](const std::string& id, const std::string& fingerprint) {
+    v1::RegisterRequest request = Registration(id);
+    request.set_model_fingerprint(fingerprint);
+    EXPECT_TRUE(Registry().RegisterFrom(kPrefillRole, request).ok());
+    for (const std::shared_ptr<RegisteredNode>& live : Registry().LiveServingNodes()) {
+      if (live->id() == id) return live;
+    }
+    return std::shared_ptr<RegisteredNode>();
+  };
+  const std::shared_ptr<RegisteredNode> p1 = node("p1", "weights-a");
+  const std::shared_ptr<RegisteredNode> p2 = node("p2", "weights-a");
+  const std::shared_ptr<RegisteredNode> p3 = node("p3", "weights-b");
+  ASSERT_TRUE(p1 && p2 && p3);
+  ASSERT_NE(p1->fingerprint, nullptr);
+  EXPECT_EQ(p1->fingerprint, p2->fingerprint);
+  EXPECT_NE(p1->fingerprint, p3->fingerprint);
+  EXPECT_EQ(*p1->fingerprint, "weights-a");
+  EXPECT_EQ(*p3->fingerprint, "weights-b");
+  const std::shared_ptr<RegisteredNode> p1_again = node("p1", "weights-b");
+  ASSERT_TRUE(p1_again);
+  EXPECT_EQ(p1_again->fingerprint, p3->fingerprint);
+  EXPECT_EQ(*p2->fingerprint, "weights-a");
+}
+
 }  // namespace
 }  // namespace baton::router

@@ -16,6 +16,7 @@
 // Pure functions; safe from any thread.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <limits>
 #include <span>
@@ -88,12 +89,21 @@ inline constexpr double kFullEvidenceSamples = 20;
 inline constexpr double kEvidenceHalfLifeMs = 5000;
 double RateEvidence(uint32_t samples, double idle_ms);
 
+// The logs of the four rates a node measures (compute, local, store, fixed; NaN where not
+// measured), which the pool and the blend below work in. A router takes a node's once per
+// heartbeat (RegisteredNode::NoteLoad), not once per node on every choice: a choice over a
+// thousand nodes would otherwise spend most of its time in log.
+using RateLogs = std::array<double, 4>;
+RateLogs LogsOf(const PrefillRates& rates);
+
 // The peers' rates: each node's measured rates (0: not measured, left out) weighted by its
 // evidence, as a geometric mean per rate (a rate is a factor: one peer ten times slower must
 // not make the others look slow); a rate no node measured is `fallback`'s.
 class PooledRates {
  public:
-  void Add(const PrefillRates& rates, double evidence);
+  // `logs` is LogsOf(rates).
+  void Add(const PrefillRates& rates, const RateLogs& logs, double evidence);
+  void Add(const PrefillRates& rates, double evidence) { Add(rates, LogsOf(rates), evidence); }
   PrefillRates Pooled(const PrefillRates& fallback) const;
 
  private:
@@ -107,7 +117,14 @@ class PooledRates {
 // The rates that price a node: each rate it measured blended with the pooled one by its
 // evidence, geometrically (evidence 1: its own; 0: the pool's); one it has not measured is the
 // pooled one. replay_ms_per_gflop is the node's own (the decode nodes' rate, not this node's).
-PrefillRates CredibleRates(const PrefillRates& own, double evidence, const PrefillRates& pooled);
+// `own_logs` and `pooled_logs` are LogsOf(own) and LogsOf(pooled), taken once per heartbeat and
+// once per choice.
+PrefillRates CredibleRates(const PrefillRates& own, const RateLogs& own_logs, double evidence,
+                           const PrefillRates& pooled, const RateLogs& pooled_logs);
+inline PrefillRates CredibleRates(const PrefillRates& own, double evidence,
+                                  const PrefillRates& pooled) {
+  return CredibleRates(own, LogsOf(own), evidence, pooled, LogsOf(pooled));
+}
 
 // A router's own prefills in flight on one prefill node, and the work they leave ahead of a
 // new one (`own_ms` above). The node computes its prefills one at a time in arrival order, so

@@ -30,6 +30,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/inlined_vector.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "baton/common/hash.h"
 #include "baton/kvstore/hit_policy.h"
@@ -144,12 +145,13 @@ class ChainHolders {
  public:
   kvstore::ChainLookup On(const CacheIndex& index, std::span<const Sha256Digest> chain,
                           const std::string& node_id) {
-    return On(index, chain, node_id, IdHash(node_id));
+    return On(index, chain, IdHash(node_id), [&]() -> const std::string& { return node_id; });
   }
-  // The same with `node_id`'s IdHash given: a node that holds nothing of the chain (nearly
-  // all of a thousand) is answered from the hash alone, without reading its id.
+  // The same with the node's IdHash given and its id read only through `node_id`: a node
+  // that holds nothing of the chain (nearly all of a thousand) is answered from the hash
+  // alone, without reading its id (a line of its registration elsewhere in memory).
   kvstore::ChainLookup On(const CacheIndex& index, std::span<const Sha256Digest> chain,
-                          const std::string& node_id, size_t id_hash);
+                          size_t id_hash, absl::FunctionRef<const std::string&()> node_id);
   static size_t IdHash(const std::string& node_id) { return std::hash<std::string>{}(node_id); }
 
  private:

@@ -71,10 +71,11 @@ struct RegisteredNode {
   // that a choice over a thousand nodes reads each node's few cache lines and no message.
   struct Reported {
     kvstore::PrefillRates rates;  // as reported: 0 where the node has measured nothing
+    kvstore::RateLogs rate_logs;  // kvstore::LogsOf(rates), taken once per heartbeat
     double prefill_work_ms = 0;   // LoadReport.prefill_work_ms
     int64_t queued_requests = 0;
-    int64_t routers = 0;
     double replay_ms_per_gflop = 0;  // a decode node's DecodeRates.replay_ms_per_gflop
+    uint32_t routers = 0;            // LoadReport.routers (at most kMaxReportedRouters)
     uint32_t samples = 0;            // PrefillRates.samples: prefills its rates measured
     // When (the registry's NowMs) the node last measured a prefill or reported work: how old
     // its rates are (kvstore::RateEvidence's idle time runs from here).
@@ -95,10 +96,15 @@ struct RegisteredNode {
   // next heartbeat).
   double pending_at_report_ms = 0;
   double ended_since_report_ms = 0;
-  size_t model = 0;             // its index in the served models (prefill and decode nodes)
+  uint32_t model = 0;           // its index in the served models (prefill and decode nodes)
   bool draining = false;        // its last registration said so: it gets no new request
   bool producers_only = false;  // info.held_layers() is HELD_LAYERS_PRODUCERS, fixed with it
-  Reported reported;            // from info.load()
+  size_t id_hash = 0;           // ChainHolders::IdHash of its node_id, fixed with it
+  // info.model_fingerprint(), fixed with it, and one object for every node of that fingerprint
+  // (NodeRegistry interns it): a placement asks which of its views a node's fingerprint is for
+  // of a thousand nodes, and equal pointers answer without reading the string.
+  std::shared_ptr<const std::string> fingerprint;
+  Reported reported;  // from info.load()
 
   std::chrono::steady_clock::time_point last_heard;  // its last registration (for forgetting)
   int64_t inflight = 0;  // requests this router sent there and has not finished
@@ -109,7 +115,6 @@ struct RegisteredNode {
   // from elsewhere (NodeRegistry::BindingOf).
   std::string binding;
   std::string pairing_key;  // NodeRegistry::PairingKey(info), fixed with it
-  size_t id_hash = 0;       // ChainHolders::IdHash of its node_id, fixed with it
   v1::RegisterRequest info;
 
   const std::string& id() const { return info.node_id(); }
@@ -340,6 +345,10 @@ class NodeRegistry {
   };
   const Roster& RosterLocked() const;
   mutable Roster roster_;
+  // The nodes' fingerprints as RegisteredNode::fingerprint holds them, one object each while a
+  // node holds it. Under mutex_.
+  std::shared_ptr<const std::string> InternFingerprintLocked(const std::string& fingerprint);
+  std::map<std::string, std::weak_ptr<const std::string>> fingerprints_;
   std::map<std::string, size_t> node_ids_by_identity_;  // of nodes_, per identity
   std::chrono::steady_clock::time_point last_forget_;   // the last ForgetLocked
   std::set<std::string> role_only_noted_;               // role-only identities already warned of
