@@ -63,8 +63,9 @@ double QueueAhead(double own_ms, double reported_ms, double own_at_report_ms) {
 
 double RateEvidence(uint32_t samples, double idle_ms) {
   const double whole = samples == 0 ? 1.0 : std::min(1.0, samples / kFullEvidenceSamples);
-  // A node with work is not idle (no exp2 for it: this runs for every node on every choice).
-  return idle_ms <= 0 ? whole : whole * std::exp2(-idle_ms / kEvidenceHalfLifeMs);
+  // A node with work is not idle (no exp2 for it: this runs for every node on every choice);
+  // neither is a time that is not a number (a clock read out of order is no age either).
+  return !(idle_ms > 0) ? whole : whole * std::exp2(-idle_ms / kEvidenceHalfLifeMs);
 }
 
 namespace {

@@ -3,6 +3,7 @@
 // nodes agree, and how far a node's own measured rates price it.
 #include "baton/kvstore/prefill_placement.h"
 
+#include <cmath>
 #include <vector>
 
 #include "baton/model/model_factory.h"
@@ -137,6 +138,7 @@ TEST_F(PrefillPlacementTest, RateEvidenceGrowsWithSamplesAndHalvesWhileANodeHasN
   EXPECT_DOUBLE_EQ(RateEvidence(20, kEvidenceHalfLifeMs), 0.5);
   EXPECT_DOUBLE_EQ(RateEvidence(10, 2 * kEvidenceHalfLifeMs), 0.125);
   EXPECT_DOUBLE_EQ(RateEvidence(20, -100), 1);  // a clock read out of order is no age
+  EXPECT_DOUBLE_EQ(RateEvidence(20, std::nan("")), 1);
 }
 
 // The pool is a geometric mean weighted by evidence; a node is priced between its own rates and
