@@ -18,8 +18,8 @@
 // in baton up's config); both. Prints one JSON object: heartbeats and requests sent, the
 // router's CPU (from /proc) per heartbeat (first phase, less the router's idle background
 // measured before any node registers) and per request (second phase, less its background with
-// the nodes registered and silent, measured just before), its resident
-// memory, and the requests' time to first token (p50, p99) in the second and third phases.
+// the nodes registered and silent: the lower of one keepalive period before it and one after), its
+// resident memory, and the requests' time to first token (p50, p99) in the second and third phases.
 // With --nodes 0 the same requests give the cluster's own time to first token: the difference
 // is what routing over the simulated nodes adds.
 #include <unistd.h>
@@ -39,6 +39,7 @@
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
 #include "baton/common/pki.h"
+#include "baton/common/security.h"
 #include "baton/kvstore/chain.h"
 #include "baton/model/weights.h"
 #include "baton/v1/generation.grpc.pb.h"
@@ -355,11 +356,16 @@ int main(int argc, char** argv) {
   // is measured above. Measured once the heartbeats already sent have been served (a second),
   // and again after the quiet phase, the lower taken: a background measured while the router
   // still works through the last heartbeats exceeds the whole quiet phase's CPU at a thousand
-  // nodes, and would price a request below zero.
+  // nodes, and would price a request below zero. Each window is one HTTP/2 keepalive period:
+  // the router pings every connection once a period and answers each node's ping, and the
+  // nodes, connected together, ping together (at a thousand nodes a burst of about 0.1 CPU s
+  // each period, by perf). A shorter window holds a burst or none, and the lower of two such
+  // windows left the quiet phase's bursts out of the background and charged them to requests.
   auto background_cores = [&] {
     const double held0 = CpuSeconds(router_pid);
-    std::this_thread::sleep_for(std::chrono::seconds(3));
-    return (CpuSeconds(router_pid) - held0) / 3;
+    const double window_s = baton::security::kKeepaliveMs / 1000.0;
+    std::this_thread::sleep_for(std::chrono::duration<double>(window_s));
+    return (CpuSeconds(router_pid) - held0) / window_s;
   };
   std::this_thread::sleep_for(std::chrono::seconds(1));
   const double held_before = background_cores();
