@@ -5,9 +5,11 @@
 // placement over every node's cache index lookup) and gives each slot back.
 //
 // Reports per N: the heartbeat thread's CPU per heartbeat, the request thread's CPU per
-// request, each request's admission latency (p50, p99), heartbeats and requests done against
-// those asked (a thread that cannot keep up falls behind), and the process's resident memory
-// with N nodes' cache indexes filled (--blocks-per-node keys in each region).
+// request, each request's admission latency (p50, p99) and the admitting thread's CPU time in
+// it (p50, p99), the share of the machine's CPU time its hypervisor stole meanwhile,
+// heartbeats and requests done against those asked (a thread that cannot keep up falls
+// behind), and the process's resident memory with N nodes' cache indexes filled
+// (--blocks-per-node keys in each region).
 //
 // What it leaves out: gRPC and TLS (a heartbeat's RPC and its certificate check cost the same
 // per call at any N), and the request's other stages.
@@ -47,6 +49,26 @@ double ThreadCpuSeconds() {
   timespec t{};
   clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
   return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_nsec) * 1e-9;
+}
+
+// The machine's CPU time so far, all of it and the part its hypervisor gave to others (steal),
+// in ticks of /proc/stat's "cpu" line: a virtual CPU that is stolen from stalls whatever runs
+// on it, so a latency tail with steal beside it says as much about the machine as the code.
+struct MachineTicks {
+  double total = 0, steal = 0;
+};
+MachineTicks ReadMachineTicks() {
+  std::ifstream stat("/proc/stat");
+  std::string cpu;
+  MachineTicks ticks;
+  stat >> cpu;
+  for (int field = 1; field <= 8 && stat; ++field) {
+    double value = 0;
+    stat >> value;
+    ticks.total += value;
+    if (field == 8) ticks.steal = value;
+  }
+  return ticks;
 }
 
 double ResidentMiB() {
@@ -144,7 +166,8 @@ nlohmann::json RunOne(int64_t nodes, const Options& o) {
   const auto until = start + std::chrono::duration<double>(o.seconds);
   int64_t heartbeats = 0, requests = 0;
   double heartbeat_cpu = 0, request_cpu = 0;
-  std::vector<double> admit_ms;
+  std::vector<double> admit_ms, admit_cpu_ms;
+  const MachineTicks ticks0 = ReadMachineTicks();
   std::thread beats([&] {
     const double cpu0 = ThreadCpuSeconds();
     const double period = 1.0 / (o.heartbeats_per_s * static_cast<double>(nodes));
@@ -202,8 +225,10 @@ nlohmann::json RunOne(int64_t nodes, const Options& o) {
       router::StreamHold hold;
       int64_t retry_after_ms = 0;
       const auto t0 = Clock::now();
+      const double cpu_t0 = ThreadCpuSeconds();
       absl::StatusOr<router::Admission::Admitted> admitted =
           admission.Admit(context, ask, hold, &retry_after_ms);
+      admit_cpu_ms.push_back((ThreadCpuSeconds() - cpu_t0) * 1e3);
       admit_ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
       if (!admitted.ok()) std::abort();
       admitted->slot.Done();
@@ -214,6 +239,7 @@ nlohmann::json RunOne(int64_t nodes, const Options& o) {
   });
   beats.join();
   load.join();
+  const MachineTicks ticks1 = ReadMachineTicks();
   const double asked_heartbeats = o.heartbeats_per_s * static_cast<double>(nodes) * o.seconds;
   const double asked_requests = o.requests_per_s * o.seconds;
   return {{"nodes", nodes},
@@ -227,6 +253,13 @@ nlohmann::json RunOne(int64_t nodes, const Options& o) {
           {"cpu_us_per_request", request_cpu / std::max<int64_t>(1, requests) * 1e6},
           {"admit_ms_p50", Percentile(admit_ms, 0.5)},
           {"admit_ms_p99", Percentile(admit_ms, 0.99)},
+          // The admitting thread's own CPU time per admission: where the wall time's tail is
+          // far above this one's, the thread waited (a lock, the scheduler, a stolen CPU).
+          {"admit_cpu_ms_p50", Percentile(admit_cpu_ms, 0.5)},
+          {"admit_cpu_ms_p99", Percentile(admit_cpu_ms, 0.99)},
+          {"steal_fraction", ticks1.total > ticks0.total
+                                 ? (ticks1.steal - ticks0.steal) / (ticks1.total - ticks0.total)
+                                 : 0.0},
           {"rss_mib_nodes_and_indexes", rss_filled - rss_before},
           {"rss_mib", ResidentMiB()}};
 }

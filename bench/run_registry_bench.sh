@@ -3,10 +3,12 @@
 # in one process): each node heartbeating twice a second with a cache event batch while 50
 # requests a second are admitted through the router's placement. Prints, per node count, the
 # CPU per heartbeat and per request, the cores the heartbeats take, the admission latency p50
-# and p99, and the memory of the nodes' cache indexes; each count twice in one run: with the
-# router's lookup (the chain walked once for every node) and with one lookup per open node (the
-# router's way before; LOOKUPS=holders to skip it), and with BEFORE_BUILD_DIR=<an older build>
-# that build's bench too, in the same run.
+# and p99 (and the p99 of the admitting thread's own CPU time in it, with the share of the
+# machine's CPU its hypervisor stole meanwhile: a wall-time tail far above the CPU-time one is
+# waiting, not work), and the memory of the nodes' cache indexes; each count twice in one run:
+# with the router's lookup (the chain walked once for every node) and with one lookup per open
+# node (the router's way before; LOOKUPS=holders to skip it), and with BEFORE_BUILD_DIR=<an
+# older build> that build's bench too, in the same run.
 #
 #   [NODES=50,200,1000] [SECONDS_PER_COUNT=5] [BLOCKS_PER_NODE=4096] [LOOKUPS="holders per-node"]
 #   bench/run_registry_bench.sh
@@ -75,13 +77,14 @@ fi
 import json, sys
 seconds = float(sys.argv[2])
 print(f"{'build, lookup':>16s} {'nodes':>6s} {'hb/s':>7s} {'us/hb':>7s} {'hb cores':>8s} {'us/req':>8s} "
-      f"{'admit p50 ms':>12s} {'p99 ms':>8s} {'index MiB':>9s}")
+      f"{'admit p50 ms':>12s} {'p99 ms':>8s} {'cpu p99 ms':>10s} {'steal %':>7s} {'index MiB':>9s}")
 for line in open(sys.argv[1]):
     r = json.loads(line)
     label = r.get('build', 'this') + ', ' + r.get('lookup', '')
     print(f"{label:>16s} {r['nodes']:6d} {r['heartbeats'] / seconds:7.0f} {r['cpu_us_per_heartbeat']:7.1f} "
           f"{r['heartbeat_cpu_cores']:8.3f} {r['cpu_us_per_request']:8.1f} "
           f"{r['admit_ms_p50']:12.3f} {r['admit_ms_p99']:8.3f} "
+          f"{r.get('admit_cpu_ms_p99', float('nan')):10.3f} {100 * r.get('steal_fraction', float('nan')):7.2f} "
           f"{r['rss_mib_nodes_and_indexes']:9.1f}"
           f"   ({r['heartbeats']} of {r['heartbeats_asked']:.0f} heartbeats, "
           f"{r['requests']} of {r['requests_asked']:.0f} requests)")
